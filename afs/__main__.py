@@ -1,0 +1,5 @@
+import sys
+
+from afs.cli import main
+
+sys.exit(main())

@@ -1,0 +1,375 @@
+"""The `afs` command line.
+
+    afs sandbox up|status|down|reset|import     the embedded PostgreSQL and its demo data
+    afs fork create|list|destroy|gc|psql|roundtrip   disposable forks, through the MCP server
+    afs mcp serve                               the fork provider as an MCP server (stdio)
+
+Exit codes: 0 success, 1 failure, 2 bad input or usage, 130 interrupted.
+Results go to stdout (`--json` for scripts); progress and logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from afs import log as afs_log
+from afs.config import Settings, load_settings
+from afs.errors import AfsError, InputError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+# -- output helpers --------------------------------------------------------------
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, default=str) if getattr(args, "json", False) else text)
+
+
+def progress(message: str) -> None:
+    if sys.stderr.isatty():
+        print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
+def progress_done() -> None:
+    if sys.stderr.isatty():
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def run_async(fn: Callable[..., Awaitable[int]], *args: Any) -> int:
+    return trio.run(fn, *args)
+
+
+# -- sandbox -----------------------------------------------------------------------
+async def _sandbox_status(settings: Settings) -> dict[str, Any]:
+    from afs.db import open_connection
+    from afs.sandbox.server import SandboxServer
+
+    server = SandboxServer(settings)
+    state = await trio.to_thread.run_sync(server.status)
+    info: dict[str, Any] = {
+        "running": state.running,
+        "dsn": server.dsn(settings.demo_database),
+        "database": settings.demo_database,
+        "size_mb": None,
+        "pid": state.pid,
+        "data_dir": str(settings.pgdata),
+        "forks": None,
+    }
+    if state.running:
+        async with open_connection(server.dsn()) as conn:
+            size = await conn.fetchval("SELECT pg_database_size(%s)", (settings.demo_database,))
+            info["size_mb"] = None if size is None else round(size / 1048576, 1)
+            if await conn.fetchval("SELECT to_regclass('afs.forks')"):
+                info["forks"] = await conn.fetchval("SELECT count(*) FROM afs.forks")
+    return info
+
+
+def _status_text(info: dict[str, Any]) -> str:
+    if not info["running"]:
+        return f"sandbox: stopped (data in {info['data_dir']})"
+    size = "not seeded" if info["size_mb"] is None else f"{info['size_mb']} MB"
+    return (f"sandbox: running (pid {info['pid']})\n"
+            f"database: {info['database']} ({size})\n"
+            f"dsn: {info['dsn']}\n"
+            f"forks: {info['forks'] or 0}")
+
+
+async def cmd_sandbox_up(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.sandbox.seeding import ensure_demo
+    from afs.sandbox.server import SandboxServer
+
+    server = SandboxServer(settings)
+    progress("starting the sandbox server")
+    started = await trio.to_thread.run_sync(server.start)
+    report = await ensure_demo(settings, server, args.scale or settings.scale, progress)
+    progress_done()
+    info = await _sandbox_status(settings)
+    info["started"] = started
+    info["seeded_seconds"] = None if report is None else round(report.seconds, 1)
+    text = _status_text(info)
+    if report is not None:
+        text += f"\nseeded {report.scale} data in {report.seconds:.1f} s"
+    emit(args, info, text)
+    return EXIT_OK
+
+
+async def cmd_sandbox_status(args: argparse.Namespace, settings: Settings) -> int:
+    info = await _sandbox_status(settings)
+    emit(args, info, _status_text(info))
+    return EXIT_OK
+
+
+async def cmd_sandbox_down(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.sandbox.server import SandboxServer
+
+    stopped = await trio.to_thread.run_sync(SandboxServer(settings).stop)
+    emit(args, {"running": False, "stopped": stopped},
+         "sandbox stopped" if stopped else "sandbox was not running")
+    return EXIT_OK
+
+
+async def cmd_sandbox_reset(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.sandbox.seeding import seed_demo
+    from afs.sandbox.server import SandboxServer
+
+    server = SandboxServer(settings)
+    await trio.to_thread.run_sync(server.start)
+    report = await seed_demo(settings, server, args.scale or settings.scale, progress)
+    progress_done()
+    info = await _sandbox_status(settings)
+    info["seeded_seconds"] = round(report.seconds, 1)
+    emit(args, info, _status_text(info) + f"\nseeded {report.scale} data in {report.seconds:.1f} s")
+    return EXIT_OK
+
+
+async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.sandbox.importer import import_database
+    from afs.sandbox.server import SandboxServer
+
+    source = args.source if args.source is not None else settings.target_dsn
+    if source is None:
+        raise InputError("name the database to import: --from DSN, AFS_DATABASE_URL or PG* variables")
+    server = SandboxServer(settings)
+    await trio.to_thread.run_sync(server.start)
+    progress(f"importing {'the schema of ' if args.schema_only else ''}the database")
+    report = await import_database(server, source, args.name, args.schema_only)
+    progress_done()
+    data = {"database": report.database, "origin": report.origin,
+            "seconds": round(report.seconds, 1), "schema_only": report.schema_only,
+            "dsn": server.dsn(report.database)}
+    emit(args, data, f"imported {report.origin} as {report.database} in {report.seconds:.1f} s;"
+                     f" fork it with: afs fork create --from {report.database}")
+    return EXIT_OK
+
+
+# -- forks ---------------------------------------------------------------------------
+async def _default_source(client: Any, settings: Settings) -> str:
+    if settings.target_dsn is not None:
+        from afs.sandbox.importer import origin_of
+
+        origin = origin_of(settings.target_dsn)
+        for source in (await client.list_services())["sources"]:
+            if source["origin"] == origin:
+                return str(source["name"])
+    return settings.demo_database
+
+
+def _fork_text(fork: dict[str, Any]) -> str:
+    return (f"{fork['name']}  parent={fork['parent']}  ttl={fork['ttl_seconds']}s"
+            f"  created={fork['created_at']}\n  dsn: {fork['dsn']}")
+
+
+async def cmd_fork_create(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.forks.client import open_fork_client
+
+    if args.ttl is not None and args.ttl <= 0:
+        raise InputError(f"--ttl must be a positive number of seconds, got {args.ttl}")
+    async with open_fork_client(settings) as client:
+        source = args.source or await _default_source(client, settings)
+        fork = await client.create(source, name=args.name,
+                                   ttl_seconds=args.ttl or settings.fork_ttl_seconds)
+    emit(args, fork.public(), _fork_text(fork.public()))
+    return EXIT_OK
+
+
+async def cmd_fork_list(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.forks.client import open_fork_client
+
+    async with open_fork_client(settings) as client:
+        services = await client.list_services()
+    forks = [{k: f[k] for k in ("name", "dsn", "parent", "created_at", "ttl_seconds")}
+             for f in services["forks"]]
+    emit(args, forks, "\n".join(_fork_text(f) for f in forks) or "no forks")
+    return EXIT_OK
+
+
+async def cmd_fork_destroy(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.forks.client import open_fork_client
+
+    async with open_fork_client(settings) as client:
+        deleted = await client.destroy(args.name)
+    emit(args, {"name": args.name, "deleted": deleted},
+         f"destroyed {args.name}" if deleted else f"{args.name} did not exist (nothing to do)")
+    return EXIT_OK
+
+
+async def cmd_fork_gc(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.forks.provider import LocalForkProvider
+    from afs.sandbox.server import SandboxServer
+
+    server = SandboxServer(settings)
+    await trio.to_thread.run_sync(server.start)
+    removed = await LocalForkProvider(server.dsn()).gc()
+    emit(args, {"removed": removed},
+         "\n".join(f"removed {name}" for name in removed) or "nothing to collect")
+    return EXIT_OK
+
+
+async def cmd_fork_psql(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.forks.client import open_fork_client
+    from afs.sandbox.server import pg_binary
+
+    async with open_fork_client(settings) as client:
+        info = await client.get(args.name)
+    if info.get("kind") != "fork":
+        raise InputError(f"{args.name!r} is not a fork")
+    if args.dsn:
+        print(info["dsn"])
+        return EXIT_OK
+    psql = pg_binary("psql")
+    os.execv(psql, [psql, info["dsn"]])
+
+
+async def cmd_fork_roundtrip(args: argparse.Namespace, settings: Settings) -> int:
+    """Sandbox up, then one fork through MCP: write in it, check the source, destroy it."""
+    from afs.db import open_connection
+    from afs.forks.client import open_fork_client
+    from afs.sandbox.seeding import ensure_demo
+    from afs.sandbox.server import SandboxServer
+
+    server = SandboxServer(settings)
+    progress("starting the sandbox server")
+    await trio.to_thread.run_sync(server.start)
+    await ensure_demo(settings, server, settings.scale, progress)
+    progress("forking the demo database through the MCP server")
+    started = time.monotonic()
+    async with open_fork_client(settings) as client:
+        async with client.open_fork(settings.demo_database) as fork:
+            created_ms = (time.monotonic() - started) * 1000
+            async with open_connection(fork.dsn) as conn:
+                items = await conn.fetchval("SELECT count(*) FROM order_items")
+                await conn.execute("CREATE INDEX roundtrip_idx ON orders (user_id)")
+                await conn.execute("TRUNCATE order_items")
+                in_fork = await conn.fetchval("SELECT count(*) FROM order_items")
+        left = [f["name"] for f in (await client.list_services())["forks"] if f["name"] == fork.name]
+    async with open_connection(server.dsn(settings.demo_database)) as conn:
+        in_source = await conn.fetchval("SELECT count(*) FROM order_items")
+        index_leaked = await conn.fetchval("SELECT to_regclass('roundtrip_idx') IS NOT NULL")
+    progress_done()
+    untouched = in_source == items and not index_leaked
+    ok = untouched and not left
+    data = {"fork": fork.name, "fork_create_ms": round(created_ms, 1),
+            "order_items_in_source": in_source, "order_items_in_fork": in_fork,
+            "source_untouched": untouched, "fork_destroyed": not left, "ok": ok}
+    emit(args, data, (
+        f"forked {settings.demo_database} as {fork.name} in {created_ms:.0f} ms (MCP round trip)\n"
+        f"in the fork: created an index, truncated order_items ({items} rows -> {in_fork})\n"
+        f"source untouched ({in_source} order_items, no new index): {'yes' if untouched else 'NO'}\n"
+        f"fork destroyed: {'yes' if not left else 'NO'}"))
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+# -- mcp ------------------------------------------------------------------------------
+def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.forks import server as mcp_server
+    from afs.forks.provider import LocalForkProvider
+    from afs.sandbox.server import SandboxServer
+
+    admin_dsn = args.admin_dsn
+    if admin_dsn is None:
+        sandbox = SandboxServer(settings)
+        sandbox.start()
+        admin_dsn = sandbox.dsn()
+    mcp_server.run(LocalForkProvider(admin_dsn), settings.fork_ttl_seconds)
+    return EXIT_OK
+
+
+# -- parser --------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="afs",
+        description="Agentic Fork Squad: make slow PostgreSQL queries fast by experiment, "
+                    "in disposable forks of the database.",
+        epilog="State lives in $AFS_HOME (default ~/.afs). Exit codes: 0 ok, 1 failed, "
+               "2 bad input, 130 interrupted.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def sub(group: Any, name: str, help_text: str, handler: Any, json_flag: bool = True) -> Any:
+        command = group.add_parser(name, help=help_text, description=help_text)
+        command.set_defaults(handler=handler)
+        if json_flag:
+            command.add_argument("--json", action="store_true", help="print one JSON document")
+        return command
+
+    scales = ("small", "demo", "large")
+    sandbox = commands.add_parser("sandbox", help="the embedded PostgreSQL sandbox and its demo data",
+                                  description="The embedded PostgreSQL 18 sandbox.")
+    sandbox_cmds = sandbox.add_subparsers(dest="action", metavar="ACTION", required=True)
+    up = sub(sandbox_cmds, "up", "start the sandbox; seed the demo database if it is missing",
+             cmd_sandbox_up)
+    up.add_argument("--scale", choices=scales, help="demo data size when seeding (default: demo)")
+    sub(sandbox_cmds, "status", "is the sandbox running; its DSN and size", cmd_sandbox_status)
+    sub(sandbox_cmds, "down", "stop the sandbox server (pg_ctl stop)", cmd_sandbox_down)
+    reset = sub(sandbox_cmds, "reset", "drop and re-seed the demo database", cmd_sandbox_reset)
+    reset.add_argument("--scale", choices=scales, help="demo data size (default: demo)")
+    imp = sub(sandbox_cmds, "import", "copy a database into the sandbox (pg_dump | pg_restore)",
+              cmd_sandbox_import)
+    imp.add_argument("--from", dest="source", metavar="DSN",
+                     help="the database to copy (default: AFS_DATABASE_URL or PG* variables)")
+    imp.add_argument("--as", dest="name", metavar="NAME", help="name in the sandbox")
+    imp.add_argument("--schema-only", action="store_true", help="copy the schema, not the data")
+
+    fork = commands.add_parser("fork", help="disposable forks of a database",
+                               description="Forks are made and destroyed through the MCP fork server.")
+    fork_cmds = fork.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = sub(fork_cmds, "create", "fork a database", cmd_fork_create)
+    create.add_argument("--from", dest="source", metavar="DB",
+                        help="source database in the sandbox (default: the demo database, "
+                             "or the configured target once imported)")
+    create.add_argument("--name", help="fork name (default: generated, afs-fork-…)")
+    create.add_argument("--ttl", type=int, metavar="SECONDS",
+                        help="collect the fork after this many seconds (default: 3600)")
+    sub(fork_cmds, "list", "list forks", cmd_fork_list)
+    destroy = sub(fork_cmds, "destroy", "destroy a fork (succeeds if it is gone already)",
+                  cmd_fork_destroy)
+    destroy.add_argument("name")
+    sub(fork_cmds, "gc", "destroy expired forks and forks whose owner process is gone", cmd_fork_gc)
+    psql = sub(fork_cmds, "psql", "open psql in a fork, as the fork's own role", cmd_fork_psql,
+               json_flag=False)
+    psql.add_argument("name")
+    psql.add_argument("--dsn", action="store_true", help="print the fork's DSN instead")
+    sub(fork_cmds, "roundtrip", "sandbox up, then fork, write, check isolation, destroy",
+        cmd_fork_roundtrip)
+
+    mcp = commands.add_parser("mcp", help="the MCP fork server")
+    mcp_cmds = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
+    serve = sub(mcp_cmds, "serve", "serve service_list/get/fork/delete over stdio", cmd_mcp_serve,
+                json_flag=False)
+    serve.add_argument("--admin-dsn", metavar="DSN",
+                       help="superuser DSN of the server to fork on (default: the sandbox)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings()
+        afs_log.configure(settings.log_dir, verbose=args.verbose)
+        handler = args.handler
+        if handler is cmd_mcp_serve:
+            return handler(args, settings)  # type: ignore[no-any-return]
+        return run_async(handler, args, settings)
+    except AfsError as exc:
+        progress_done()
+        print(f"afs: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        progress_done()
+        print("afs: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

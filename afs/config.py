@@ -1,0 +1,147 @@
+"""The one configuration object.
+
+`Settings` is built once, by `load_settings()`, from the environment and the
+optional YAML file `$AFS_HOME/settings.yaml`, then passed explicitly. The
+environment wins over the file; the file wins over the defaults below.
+
+Environment:
+    AFS_HOME                  state directory (default ~/.afs)
+    AFS_DATABASE_URL          the user's own database (libpq DSN or URL);
+                              PGHOST/PGPORT/PGDATABASE/PGUSER/PGSERVICE count too
+    AFS_FORK_SERVER_COMMAND   command of the MCP fork server (shell words)
+    AFS_STATEMENT_TIMEOUT_MS  server-side statement timeout of every connection
+    AFS_FORK_TTL_SECONDS      default lifetime of a fork
+    AFS_SCALE                 demo data scale: small | demo | large
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from afs.errors import ConfigError
+
+DEFAULT_HOME = "~/.afs"
+DEFAULT_STATEMENT_TIMEOUT_MS = 60_000
+DEFAULT_FORK_TTL_SECONDS = 3600
+DEFAULT_SCALE = "demo"
+DEFAULT_SEED = 42
+DEMO_DATABASE = "afs_demo"
+TEMPLATE_SUFFIX = "_template"
+# The longest unix socket path is 107 bytes; keep a margin for ".s.PGSQL.5432".
+_MAX_SOCKET_DIR = 90
+_LIBPQ_TARGET_VARS = ("PGHOST", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE", "PGHOSTADDR")
+
+
+def default_fork_server_command() -> tuple[str, ...]:
+    return (sys.executable, "-m", "afs", "mcp", "serve")
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    target_dsn: str | None = None
+    fork_server_command: tuple[str, ...] = field(default_factory=default_fork_server_command)
+    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
+    fork_ttl_seconds: int = DEFAULT_FORK_TTL_SECONDS
+    scale: str = DEFAULT_SCALE
+    seed: int = DEFAULT_SEED
+    demo_database: str = DEMO_DATABASE
+
+    @property
+    def sandbox_dir(self) -> Path:
+        return self.home / "sandbox"
+
+    @property
+    def pgdata(self) -> Path:
+        return self.sandbox_dir / "data"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def socket_dir(self) -> Path:
+        """Where the sandbox server puts its unix socket (short enough to bind)."""
+        preferred = self.home / "run"
+        if len(str(preferred)) <= _MAX_SOCKET_DIR:
+            return preferred
+        digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
+        return Path("/tmp") / f"afs-{digest}"
+
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+
+def _target_from_env(env: Mapping[str, str]) -> str | None:
+    if env.get("AFS_DATABASE_URL"):
+        return env["AFS_DATABASE_URL"]
+    if any(env.get(name) for name in _LIBPQ_TARGET_VARS):
+        return ""  # libpq fills everything in from the PG* variables
+    return None
+
+
+def _int(value: Any, name: str, source: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {name} must be an integer, got {value!r}") from None
+    if number <= 0:
+        raise ConfigError(f"{source}: {name} must be positive, got {number}")
+    return number
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Build the settings from `env` (default: the process environment) and the YAML file."""
+    env = os.environ if env is None else env
+    home = Path(env.get("AFS_HOME") or DEFAULT_HOME).expanduser().resolve()
+    file_values: dict[str, Any] = {}
+    settings_file = home / "settings.yaml"
+    if settings_file.exists():
+        try:
+            loaded = yaml.safe_load(settings_file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{settings_file}: not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{settings_file}: expected a mapping at the top level")
+        file_values = loaded
+
+    def pick(key: str, env_name: str) -> tuple[Any, str]:
+        if env.get(env_name):
+            return env[env_name], env_name
+        return file_values.get(key), str(settings_file)
+
+    settings = Settings(home=home)
+    changes: dict[str, Any] = {}
+    target = _target_from_env(env)
+    if target is None and file_values.get("database_url"):
+        target = str(file_values["database_url"])
+    changes["target_dsn"] = target
+
+    command, _ = pick("fork_server_command", "AFS_FORK_SERVER_COMMAND")
+    if command:
+        words = shlex.split(command) if isinstance(command, str) else [str(w) for w in command]
+        if not words:
+            raise ConfigError("the fork server command is empty")
+        changes["fork_server_command"] = tuple(words)
+    for key, env_name in (
+        ("statement_timeout_ms", "AFS_STATEMENT_TIMEOUT_MS"),
+        ("fork_ttl_seconds", "AFS_FORK_TTL_SECONDS"),
+    ):
+        value, source = pick(key, env_name)
+        if value is not None:
+            changes[key] = _int(value, key, source)
+    scale, source = pick("scale", "AFS_SCALE")
+    if scale is not None:
+        if scale not in ("small", "demo", "large"):
+            raise ConfigError(f"{source}: scale must be small, demo or large, got {scale!r}")
+        changes["scale"] = scale
+    return replace(settings, **changes)

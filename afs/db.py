@@ -1,0 +1,184 @@
+"""Database access under trio.
+
+psycopg's async API needs asyncio, so AFS uses the sync `psycopg.Connection`
+in worker threads (`trio.to_thread.run_sync`), one operation at a time per
+connection, with a `CapacityLimiter`. Trio cannot interrupt a thread, so when
+the caller is cancelled the running statement is cancelled on the server
+(`cancel_safe`) until the worker returns; the connection stays usable. Every
+connection also carries a server-side `statement_timeout`: the last line of
+defence.
+
+    async with open_connection(dsn, statement_timeout_ms=30_000) as conn:
+        rows = await conn.fetchall("SELECT ...", params)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg.errors
+import trio
+from psycopg.pq import TransactionStatus
+
+from afs.config import DEFAULT_STATEMENT_TIMEOUT_MS
+from afs.errors import DatabaseError, StatementTimeout
+
+T = TypeVar("T")
+
+# Threads that may talk to PostgreSQL at once, process-wide.
+DEFAULT_LIMITER = trio.CapacityLimiter(16)
+CONNECT_TIMEOUT_S = 10
+_CANCEL_POLL_S = 0.05
+
+
+def translate(exc: psycopg.Error, sql: str | None = None) -> DatabaseError:
+    """Turn a psycopg error into an AfsError (done once, here)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    text = str(exc).strip() or type(exc).__name__
+    if sql:
+        text = f"{text} [in: {' '.join(sql.split())[:200]}]"
+    cls = StatementTimeout if isinstance(exc, psycopg.errors.QueryCanceled) else DatabaseError
+    return cls(text, sqlstate=sqlstate)
+
+
+def connect_sync(dsn: str, statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+                 autocommit: bool = True) -> psycopg.Connection[Any]:
+    """Open a blocking connection with a server-side statement_timeout."""
+    try:
+        return psycopg.connect(
+            dsn,
+            autocommit=autocommit,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            options=f"-c statement_timeout={int(statement_timeout_ms)}",
+            application_name="afs",
+        )
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+
+
+async def run_in_thread(
+    conn: psycopg.Connection[Any],
+    fn: Callable[[psycopg.Connection[Any]], T],
+    limiter: trio.CapacityLimiter = DEFAULT_LIMITER,
+) -> T:
+    """Run `fn(conn)` in a worker thread; if trio cancels us, cancel it on the server.
+
+    The statement may or may not have begun when trio delivers Cancelled:
+    a state guarded by a lock tells the two cases apart, so a worker that
+    starts late never runs, and one that runs is cancelled until it returns.
+    """
+    lock = threading.Lock()
+    done = threading.Event()
+    state = ["pending"]
+
+    def work() -> T:
+        with lock:
+            if state[0] == "abandoned":
+                raise _Abandoned  # nobody waits for this result any more
+            state[0] = "running"
+        try:
+            return fn(conn)
+        finally:
+            done.set()
+
+    try:
+        return await trio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
+    except trio.Cancelled:
+        with lock:
+            began = state[0] == "running"
+            state[0] = "abandoned" if not began else state[0]
+        if began:
+            with trio.CancelScope(shield=True):
+                await _cancel_until_returned(conn, done)
+        raise
+
+
+async def _cancel_until_returned(conn: psycopg.Connection[Any], done: threading.Event) -> None:
+    while not done.is_set():
+        await trio.to_thread.run_sync(_cancel_quietly, conn)
+        await trio.to_thread.run_sync(done.wait, 0.5)
+    if conn.closed:
+        return
+    if conn.info.transaction_status == TransactionStatus.INERROR:
+        await trio.to_thread.run_sync(_rollback_quietly, conn)
+
+
+def _cancel_quietly(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.cancel_safe(timeout=5)
+    except (psycopg.Error, OSError):
+        pass
+
+
+def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.rollback()
+    except psycopg.Error:
+        pass
+
+
+class _Abandoned(Exception):
+    """The caller was cancelled before the worker thread began."""
+
+
+class Connection:
+    """A psycopg connection driven from trio: one statement at a time."""
+
+    def __init__(self, raw: psycopg.Connection[Any], limiter: trio.CapacityLimiter) -> None:
+        self.raw = raw
+        self._limiter = limiter
+        self._busy = trio.Lock()
+
+    async def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run a blocking function of the raw connection in a worker thread."""
+        async with self._busy:
+            return await run_in_thread(self.raw, fn, self._limiter)
+
+    async def execute(self, sql: str, params: Sequence[Any] | None = None) -> None:
+        await self.run(lambda c: _execute(c, sql, params, fetch=False))
+
+    async def fetchall(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        return await self.run(lambda c: _execute(c, sql, params, fetch=True))
+
+    async def fetchone(self, sql: str, params: Sequence[Any] | None = None) -> tuple[Any, ...] | None:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    async def fetchval(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        row = await self.fetchone(sql, params)
+        return None if row is None else row[0]
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self.raw.close)
+
+
+def _execute(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] | None,
+             fetch: bool) -> list[tuple[Any, ...]]:
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, params)  # type: ignore[arg-type]
+            if fetch and cur.description is not None:
+                return cur.fetchall()
+            return []
+    except psycopg.Error as exc:
+        raise translate(exc, sql) from exc
+
+
+@asynccontextmanager
+async def open_connection(
+    dsn: str,
+    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+    limiter: trio.CapacityLimiter = DEFAULT_LIMITER,
+) -> AsyncIterator[Connection]:
+    """Open a connection for trio code; closed on exit, even when cancelled."""
+    raw = await trio.to_thread.run_sync(connect_sync, dsn, statement_timeout_ms, limiter=limiter)
+    conn = Connection(raw, limiter)
+    try:
+        yield conn
+    finally:
+        await conn.aclose()

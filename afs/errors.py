@@ -1,0 +1,95 @@
+"""The one error tree of AFS.
+
+    AfsError                      anything AFS raises on purpose; `.exit_code` for the CLI
+    ├── ConfigError               settings file or environment is unusable            (exit 2)
+    ├── InputError                the user asked for something invalid                (exit 2)
+    │   └── UnknownServiceError   no source database or fork has that id              (exit 2)
+    ├── SandboxError              the embedded server cannot be set up, started or stopped
+    ├── DatabaseError             a statement failed on the server (`.sqlstate`)
+    │   └── StatementTimeout      the server's statement_timeout fired (or trio cancelled it)
+    └── ForkError                 the fork provider could not do what was asked
+        ├── ForkBusyError         the template is in use; retry in a few seconds (`.retryable`)
+        └── ForkServerError       the MCP fork server could not be reached or answered badly
+
+Third-party errors (psycopg, mcp, subprocess) are translated once, where they
+are caught, with `raise … from exc`; passwords are scrubbed from the message.
+"""
+
+from __future__ import annotations
+
+import re
+
+_URL_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*)@")
+_KW_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def scrub(text: str) -> str:
+    """Hide passwords in DSNs and libpq keyword strings."""
+    text = _URL_PASSWORD.sub(r"\1***@", text)
+    return _KW_PASSWORD.sub(r"\1***", text)
+
+
+class AfsError(Exception):
+    """Base class. The message is meant for a person and never holds a password."""
+
+    exit_code = 1
+    retryable = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(scrub(message))
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ConfigError(AfsError):
+    """Raised when the settings file or the environment cannot be used."""
+
+    exit_code = 2
+
+
+class InputError(AfsError):
+    """Raised for invalid user input: bad names, TTLs, SQL, options."""
+
+    exit_code = 2
+
+
+class UnknownServiceError(InputError):
+    """Raised when a service id names no source database and no fork."""
+
+    def __init__(self, service_id: str, known: list[str] | None = None,
+                 message: str | None = None) -> None:
+        hint = f" (known: {', '.join(sorted(known))})" if known else ""
+        super().__init__(message or f"unknown service {service_id!r}{hint}")
+        self.service_id = service_id
+
+
+class SandboxError(AfsError):
+    """Raised when the embedded PostgreSQL cannot be initialised, started or stopped."""
+
+
+class DatabaseError(AfsError):
+    """Raised when a statement fails on the server; `.sqlstate` holds the SQLSTATE code."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class StatementTimeout(DatabaseError):
+    """Raised when a statement was cancelled: by statement_timeout or by trio cancellation."""
+
+
+class ForkError(AfsError):
+    """Raised when a fork cannot be created, found or destroyed."""
+
+
+class ForkBusyError(ForkError):
+    """Raised when the fork template is being accessed by other sessions. Retry shortly."""
+
+    retryable = True
+
+
+class ForkServerError(ForkError):
+    """Raised when the MCP fork server cannot be started or answers with a protocol error."""

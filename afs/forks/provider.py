@@ -1,0 +1,466 @@
+"""The local fork provider: forks are databases copied from a quiet template.
+
+A source database `S` (registered in the catalog) has a template copy
+`S_template` that nobody may connect to (`ALLOW_CONNECTIONS false`), so an open
+psql session on `S` never breaks forking. A fork is
+
+    CREATE DATABASE "<fork>" TEMPLATE "S_template" STRATEGY FILE_COPY OWNER "<fork>"
+
+(copy-on-write with `file_copy_method = clone` on XFS/btrfs/ZFS), plus a login
+role of the same name that may connect to that fork only and owns its schemas
+and tables. Every fork has a row in the catalog (`afs.forks` in the admin
+database): parent, role password, owner process, TTL. The row is written
+before anything else is made and deleted last, so `gc()` can always find and
+remove what a killed process left behind: expired forks, forks whose owner
+process is gone, and fork databases or roles that have no row.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import psutil
+import trio
+from psycopg import conninfo
+
+from afs.db import Connection, open_connection
+from afs.forks.naming import FORK_PREFIX, InvalidForkName, random_fork_name, validate_fork_name
+from afs.errors import (
+    DatabaseError,
+    ForkBusyError,
+    ForkError,
+    InputError,
+    UnknownServiceError,
+)
+
+TEMPLATE_SUFFIX = "_template"
+FORK_CONNECTION_LIMIT = 20
+STUCK_CREATION_S = 600
+_SQLSTATE_IN_USE = "55006"
+_SQLSTATE_DUPLICATE_DB = "42P04"
+
+CATALOG_SQL = """
+CREATE SCHEMA IF NOT EXISTS afs;
+REVOKE ALL ON SCHEMA afs FROM PUBLIC;
+CREATE TABLE IF NOT EXISTS afs.sources (
+    name         text PRIMARY KEY,
+    origin       text NOT NULL,
+    refreshed_at timestamptz
+);
+CREATE TABLE IF NOT EXISTS afs.forks (
+    name          text PRIMARY KEY,
+    parent        text NOT NULL,
+    role_password text NOT NULL,
+    state         text NOT NULL DEFAULT 'creating' CHECK (state IN ('creating', 'ready')),
+    owner_host    text,
+    owner_pid     integer,
+    owner_started double precision,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    ttl_seconds   integer NOT NULL CHECK (ttl_seconds > 0),
+    expires_at    timestamptz NOT NULL
+);
+"""
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def validate_name(name: str) -> str:
+    try:
+        return validate_fork_name(name)
+    except InvalidForkName as exc:
+        raise InputError(str(exc)) from None
+
+
+def validate_ttl(ttl_seconds: int) -> int:
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds <= 0:
+        raise InputError(f"ttl_seconds must be a positive number of seconds, got {ttl_seconds!r}")
+    return ttl_seconds
+
+
+def template_name(source: str) -> str:
+    return source + TEMPLATE_SUFFIX
+
+
+def dsn_with(base_dsn: str, *, dbname: str, user: str, password: str | None) -> str:
+    """`base_dsn` (admin connection) with another database, user and password, as a URL."""
+    params = conninfo.conninfo_to_dict(base_dsn)
+    host = str(params.get("host", ""))
+    port = str(params.get("port", ""))
+    auth = quote(user, safe="")
+    if password is not None:
+        auth += ":" + quote(password, safe="")
+    query = ""
+    if host.startswith("/"):
+        netloc = f"{auth}@"
+        query = f"?host={quote(host, safe='/')}" + (f"&port={port}" if port else "")
+    else:
+        netloc = f"{auth}@{host}" + (f":{port}" if port else "")
+    return f"postgresql://{netloc}/{quote(dbname, safe='')}{query}"
+
+
+@dataclass(frozen=True)
+class ForkInfo:
+    name: str
+    dsn: str
+    parent: str
+    created_at: str
+    ttl_seconds: int
+    expires_at: str
+    owner: str | None
+
+    def public(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _process_start(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def owner_alive(host: str | None, pid: int | None, started: float | None) -> bool:
+    """Whether the process that owns a fork still runs (pids may be reused: compare start times)."""
+    if pid is None or host != socket.gethostname():
+        return True  # no owner, or another machine's: only the TTL applies
+    actual = _process_start(pid)
+    if actual is None:
+        return False
+    return started is None or abs(actual - started) < 1.0
+
+
+class LocalForkProvider:
+    """Fork databases on one PostgreSQL server, reached with a superuser DSN."""
+
+    def __init__(self, admin_dsn: str, statement_timeout_ms: int = 120_000) -> None:
+        self.admin_dsn = admin_dsn
+        self.statement_timeout_ms = statement_timeout_ms
+        self._catalog_ready = False
+
+    # -- plumbing -----------------------------------------------------------
+    def _admin(self) -> Any:
+        return open_connection(self.admin_dsn, self.statement_timeout_ms)
+
+    def _fork_dsn(self, name: str, password: str) -> str:
+        return dsn_with(self.admin_dsn, dbname=name, user=name, password=password)
+
+    async def ensure_catalog(self, conn: Connection) -> None:
+        if self._catalog_ready:
+            return
+        await conn.execute("SELECT pg_advisory_lock(hashtext('afs.catalog'))")
+        try:
+            await conn.execute(CATALOG_SQL)
+            admin_db = await conn.fetchval("SELECT current_database()")
+            # Fork roles must reach their own fork and nothing else.
+            for db in {admin_db, "template1"}:
+                await conn.execute(f"REVOKE CONNECT, TEMPORARY ON DATABASE {quote_ident(db)} FROM PUBLIC")
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(hashtext('afs.catalog'))")
+        self._catalog_ready = True
+
+    # -- sources ------------------------------------------------------------
+    async def register_source(self, source: str, origin: str) -> None:
+        """Make `source` forkable: catalog row, no PUBLIC access, fresh template."""
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            if not await self._database_exists(conn, source):
+                raise UnknownServiceError(source)
+            await conn.execute(f"REVOKE CONNECT, TEMPORARY ON DATABASE {quote_ident(source)} FROM PUBLIC")
+            await conn.execute(
+                "INSERT INTO afs.sources (name, origin) VALUES (%s, %s)"
+                " ON CONFLICT (name) DO UPDATE SET origin = EXCLUDED.origin",
+                (source, origin),
+            )
+        await self.refresh_template(source)
+
+    async def refresh_template(self, source: str) -> None:
+        """Copy `source` into its template (`<source>_template`).
+
+        The new copy is made under a scratch name and swapped in, so a failure
+        leaves the old template in place. Raises ForkBusyError when `source`
+        has other sessions (PostgreSQL waits 5 s for them, then gives up).
+        """
+        template = template_name(source)
+        scratch = template + "_new"
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            await self._drop_database(conn, scratch)
+            await self._create_database(conn, scratch, source)
+            await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} ALLOW_CONNECTIONS false")
+            await conn.execute(f"REVOKE ALL ON DATABASE {quote_ident(scratch)} FROM PUBLIC")
+            if await self._database_exists(conn, template):
+                await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE false")
+                await self._drop_database(conn, template)
+            await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(template)}")
+            await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE true")
+            await conn.execute(
+                "UPDATE afs.sources SET refreshed_at = now() WHERE name = %s", (source,)
+            )
+
+    async def list_sources(self, conn: Connection) -> list[dict[str, Any]]:
+        rows = await conn.fetchall(
+            "SELECT s.name, s.origin, s.refreshed_at, pg_database_size(d.oid)"
+            " FROM afs.sources s JOIN pg_database d ON d.datname = s.name ORDER BY s.name"
+        )
+        return [
+            {
+                "name": name,
+                "kind": "source",
+                "origin": origin,
+                "template_refreshed_at": refreshed.isoformat() if refreshed else None,
+                "size_mb": round(size / 1048576, 1),
+            }
+            for name, origin, refreshed, size in rows
+        ]
+
+    # -- the four tools -----------------------------------------------------
+    async def list_services(self) -> dict[str, Any]:
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            sources = await self.list_sources(conn)
+            forks = [f.public() for f in await self._forks(conn)]
+        return {"sources": sources, "forks": forks}
+
+    async def get_service(self, service_id: str) -> dict[str, Any]:
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            for fork in await self._forks(conn, service_id):
+                size = await conn.fetchval("SELECT pg_database_size(%s)", (service_id,))
+                return {"kind": "fork", **fork.public(), "size_mb": round((size or 0) / 1048576, 1)}
+            for source in await self.list_sources(conn):
+                if source["name"] == service_id:
+                    return source
+            raise UnknownServiceError(service_id, await self._known(conn))
+
+    async def fork(
+        self,
+        service_id: str,
+        name: str | None = None,
+        ttl_seconds: int = 3600,
+        owner_pid: int | None = None,
+    ) -> ForkInfo:
+        """Create a fork of `service_id` (a source or a fork) and its login role."""
+        validate_ttl(ttl_seconds)
+        name = validate_name(name or random_fork_name())
+        owner_started = _process_start(owner_pid) if owner_pid is not None else None
+        if owner_pid is not None and owner_started is None:
+            raise InputError(f"owner process {owner_pid} does not exist")
+        password = secrets.token_urlsafe(24)
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            template = await self._template_of(conn, service_id)
+            inserted = await conn.fetchval(
+                "INSERT INTO afs.forks (name, parent, role_password, owner_host, owner_pid,"
+                " owner_started, ttl_seconds, expires_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s))"
+                " ON CONFLICT (name) DO NOTHING RETURNING 1",
+                (name, service_id, password, socket.gethostname() if owner_pid else None,
+                 owner_pid, owner_started, ttl_seconds, ttl_seconds),
+            )
+            if not inserted or await self._database_exists(conn, name):
+                raise InputError(f"a fork named {name!r} exists already")
+            try:
+                await self._make_fork(conn, name, password, template)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await self._remove(conn, name)
+                raise
+            fork = (await self._forks(conn, name))[0]
+        await self._verify(fork)
+        return fork
+
+    async def delete(self, service_id: str) -> dict[str, Any]:
+        """Destroy a fork: database, role and catalog row. Idempotent."""
+        if service_id.endswith(TEMPLATE_SUFFIX) or not service_id.startswith(FORK_PREFIX):
+            raise InputError(f"{service_id!r} is not a fork; only forks can be deleted")
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            existed = await self._remove(conn, service_id)
+        return {"service_id": service_id, "deleted": existed}
+
+    async def gc(self) -> list[str]:
+        """Remove expired forks, forks of dead owners and leftovers without a catalog row."""
+        removed: list[str] = []
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            rows = await conn.fetchall(
+                "SELECT name, owner_host, owner_pid, owner_started,"
+                " expires_at < now() AS expired,"
+                " state = 'creating' AND created_at < now() - make_interval(secs => %s) AS stuck"
+                " FROM afs.forks",
+                (STUCK_CREATION_S,),
+            )
+            for name, host, pid, started, expired, stuck in rows:
+                if expired or stuck or not owner_alive(host, pid, started):
+                    await self._remove(conn, name)
+                    removed.append(name)
+            like = FORK_PREFIX.replace("_", r"\_") + "%"
+            stray = await conn.fetchall(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s"
+                " AND datname NOT IN (SELECT name FROM afs.forks)"
+                " UNION SELECT rolname FROM pg_roles WHERE rolname LIKE %s"
+                " AND rolname NOT IN (SELECT name FROM afs.forks)",
+                (like, like),
+            )
+            for (name,) in stray:
+                await self._remove(conn, name)
+                removed.append(name)
+        return sorted(set(removed))
+
+    # -- internals ------------------------------------------------------------
+    async def _make_fork(self, conn: Connection, name: str, password: str, template: str) -> None:
+        ident = quote_ident(name)
+        await conn.execute(
+            f"CREATE ROLE {ident} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION"
+            f" CONNECTION LIMIT {FORK_CONNECTION_LIMIT} PASSWORD {quote_literal(password)}"
+        )
+        await self._create_database(conn, name, template, owner=name)
+        await conn.execute(f"REVOKE ALL ON DATABASE {ident} FROM PUBLIC")
+        await conn.execute(f"GRANT CONNECT, TEMPORARY ON DATABASE {ident} TO {ident}")
+        fork_admin_dsn = dsn_with(self.admin_dsn, dbname=name,
+                                  user=str(conninfo.conninfo_to_dict(self.admin_dsn).get("user", "postgres")),
+                                  password=_admin_password(self.admin_dsn))
+        async with open_connection(fork_admin_dsn, self.statement_timeout_ms) as fork_conn:
+            await _hand_over_objects(fork_conn, name)
+        await conn.execute("UPDATE afs.forks SET state = 'ready' WHERE name = %s", (name,))
+
+    async def _verify(self, fork: ForkInfo) -> None:
+        """The seed's "verify fork accessible": log in as the fork's role."""
+        try:
+            async with open_connection(fork.dsn, 10_000) as conn:
+                await conn.fetchval("SELECT 1")
+        except DatabaseError as exc:
+            await self.delete(fork.name)
+            raise ForkError(f"fork {fork.name} was created but its role cannot log in: {exc}") from exc
+
+    async def _template_of(self, conn: Connection, service_id: str) -> str:
+        if not service_id or not isinstance(service_id, str):
+            raise InputError("service_id must name a source database or a fork")
+        if await conn.fetchval("SELECT 1 FROM afs.forks WHERE name = %s AND state = 'ready'", (service_id,)):
+            return service_id
+        if not await conn.fetchval("SELECT 1 FROM afs.sources WHERE name = %s", (service_id,)):
+            raise UnknownServiceError(service_id, await self._known(conn))
+        template = template_name(service_id)
+        if not await self._database_exists(conn, template):
+            raise ForkError(
+                f"source {service_id!r} has no template {template!r}; run `afs sandbox up`"
+                " (or re-import it) to make one"
+            )
+        return template
+
+    async def _create_database(self, conn: Connection, name: str, template: str,
+                               owner: str | None = None) -> None:
+        owner_sql = f" OWNER {quote_ident(owner)}" if owner else ""
+        try:
+            await conn.execute(
+                f"CREATE DATABASE {quote_ident(name)} TEMPLATE {quote_ident(template)}"
+                f" STRATEGY FILE_COPY{owner_sql}"
+            )
+        except DatabaseError as exc:
+            if exc.sqlstate == _SQLSTATE_IN_USE:
+                raise ForkBusyError(
+                    f"{template!r} is being accessed by other sessions, so it cannot be copied"
+                    " right now; close them or retry in a few seconds"
+                ) from exc
+            if exc.sqlstate == _SQLSTATE_DUPLICATE_DB:
+                raise InputError(f"a database named {name!r} exists already") from exc
+            raise
+
+    async def _remove(self, conn: Connection, name: str) -> bool:
+        """Drop database, role and catalog row of `name`, whichever exist."""
+        ident = quote_ident(name)
+        existed = await self._database_exists(conn, name)
+        await self._drop_database(conn, name)
+        if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)):
+            existed = True
+            await conn.execute(f"DROP ROLE IF EXISTS {ident}")
+        deleted = await conn.fetchval("DELETE FROM afs.forks WHERE name = %s RETURNING 1", (name,))
+        return existed or bool(deleted)
+
+    async def _drop_database(self, conn: Connection, name: str) -> None:
+        await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+
+    async def _database_exists(self, conn: Connection, name: str) -> bool:
+        return bool(await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = %s", (name,)))
+
+    async def _known(self, conn: Connection) -> list[str]:
+        rows = await conn.fetchall("SELECT name FROM afs.sources UNION SELECT name FROM afs.forks")
+        return [r[0] for r in rows]
+
+    async def _forks(self, conn: Connection, name: str | None = None) -> list[ForkInfo]:
+        rows = await conn.fetchall(
+            "SELECT name, role_password, parent, created_at, ttl_seconds, expires_at,"
+            " owner_host, owner_pid FROM afs.forks WHERE state = 'ready'"
+            " AND (%s::text IS NULL OR name = %s) ORDER BY created_at, name",
+            (name, name),
+        )
+        return [
+            ForkInfo(
+                name=fname,
+                dsn=self._fork_dsn(fname, password),
+                parent=parent,
+                created_at=_iso(created),
+                ttl_seconds=ttl,
+                expires_at=_iso(expires),
+                owner=f"pid {pid} on {host}" if pid else None,
+            )
+            for fname, password, parent, created, ttl, expires, host, pid in rows
+        ]
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat()
+
+
+def _admin_password(dsn: str) -> str | None:
+    value = conninfo.conninfo_to_dict(dsn).get("password")
+    return None if value is None else str(value)
+
+
+async def _hand_over_objects(conn: Connection, role: str) -> None:
+    """Make the fork's role own every schema and relation of the copied database."""
+    owners = await conn.fetchall(
+        "SELECT DISTINCT r.rolname, r.rolsuper FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_roles r ON r.oid = c.relowner"
+        " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
+        " UNION SELECT r.rolname, r.rolsuper FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner"
+        " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
+    )
+    target = quote_ident(role)
+    for owner, is_super in owners:
+        if owner in (role, "pg_database_owner"):
+            continue
+        if not is_super:
+            await conn.execute(f"REASSIGN OWNED BY {quote_ident(owner)} TO {target}")
+            continue
+        # A superuser cannot hand over everything it owns; move the user's objects one by one.
+        objects = await conn.fetchall(
+            "SELECT 'SCHEMA', quote_ident(n.nspname) FROM pg_namespace n JOIN pg_roles r"
+            " ON r.oid = n.nspowner WHERE r.rolname = %s AND n.nspname NOT IN"
+            " ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
+            " UNION ALL SELECT CASE c.relkind WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'v' THEN 'VIEW'"
+            " WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,"
+            " quote_ident(n.nspname) || '.' || quote_ident(c.relname)"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_roles r ON r.oid = c.relowner WHERE r.rolname = %s"
+            " AND c.relkind IN ('r', 'p', 'm', 'v', 'S', 'f')"
+            " AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
+            " AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid"
+            " AND d.deptype IN ('a', 'i')))",
+            (owner, owner),
+        )
+        for kind, qualified in objects:
+            await conn.execute(f"ALTER {kind} {qualified} OWNER TO {target}")
+
+
