@@ -44,10 +44,6 @@ def progress_done() -> None:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
-def run_async(fn: Callable[..., Awaitable[int]], *args: Any) -> int:
-    return trio.run(fn, *args)
-
-
 # -- sandbox -----------------------------------------------------------------------
 async def _sandbox_status(settings: Settings) -> dict[str, Any]:
     from afs.db import open_connection
@@ -279,7 +275,10 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
         sandbox = SandboxServer(settings)
         sandbox.start()
         admin_dsn = sandbox.dsn()
-    mcp_server.run(LocalForkProvider(admin_dsn), settings.fork_ttl_seconds)
+    provider = LocalForkProvider(admin_dsn)
+    for source in args.register:
+        trio.run(provider.register_source, source, "registered")
+    mcp_server.run(provider, settings.fork_ttl_seconds)
     return EXIT_OK
 
 
@@ -348,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
                 json_flag=False)
     serve.add_argument("--admin-dsn", metavar="DSN",
                        help="superuser DSN of the server to fork on (default: the sandbox)")
+    serve.add_argument("--register", action="append", default=[], metavar="DB",
+                       help="make database DB forkable first (refreshes its template); repeatable")
     return parser
 
 
@@ -357,10 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings()
         afs_log.configure(settings.log_dir, verbose=args.verbose)
-        handler = args.handler
-        if handler is cmd_mcp_serve:
-            return handler(args, settings)  # type: ignore[no-any-return]
-        return run_async(handler, args, settings)
+        handler: Callable[[argparse.Namespace, Settings], Awaitable[int]] = args.handler
+        if args.command == "mcp":  # sync: it runs its own event loop (anyio on trio)
+            return cmd_mcp_serve(args, settings)
+        exit_code: int = trio.run(handler, args, settings)
+        return exit_code
     except AfsError as exc:
         progress_done()
         print(f"afs: error: {exc}", file=sys.stderr)

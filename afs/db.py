@@ -14,6 +14,7 @@ defence.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -108,17 +109,13 @@ async def _cancel_until_returned(conn: psycopg.Connection[Any], done: threading.
 
 
 def _cancel_quietly(conn: psycopg.Connection[Any]) -> None:
-    try:
+    with contextlib.suppress(psycopg.Error, OSError):
         conn.cancel_safe(timeout=5)
-    except (psycopg.Error, OSError):
-        pass
 
 
 def _rollback_quietly(conn: psycopg.Connection[Any]) -> None:
-    try:
+    with contextlib.suppress(psycopg.Error):
         conn.rollback()
-    except psycopg.Error:
-        pass
 
 
 class _Abandoned(Exception):
@@ -161,7 +158,7 @@ def _execute(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] | No
              fetch: bool) -> list[tuple[Any, ...]]:
     try:
         with conn.cursor() as cur:
-            cur.execute(sql, params)  # type: ignore[arg-type]
+            cur.execute(sql, params)
             if fetch and cur.description is not None:
                 return cur.fetchall()
             return []

@@ -27,7 +27,6 @@ from mcp.client.stdio import StdioServerParameters
 from mcp_types import CallToolResult, TextContent
 
 from afs.config import Settings
-from afs.forks.naming import random_fork_name
 from afs.errors import (
     AfsError,
     DatabaseError,
@@ -37,6 +36,7 @@ from afs.errors import (
     InputError,
     UnknownServiceError,
 )
+from afs.forks.naming import random_fork_name
 
 log = structlog.get_logger(__name__)
 _UNKNOWN = re.compile(r"unknown service '([^']*)'")

@@ -29,7 +29,6 @@ import trio
 from psycopg import conninfo
 
 from afs.db import Connection, open_connection
-from afs.forks.naming import FORK_PREFIX, InvalidForkName, random_fork_name, validate_fork_name
 from afs.errors import (
     DatabaseError,
     ForkBusyError,
@@ -37,6 +36,7 @@ from afs.errors import (
     InputError,
     UnknownServiceError,
 )
+from afs.forks.naming import FORK_PREFIX, InvalidForkName, random_fork_name, validate_fork_name
 
 TEMPLATE_SUFFIX = "_template"
 FORK_CONNECTION_LIMIT = 20
@@ -125,7 +125,7 @@ class ForkInfo:
 
 def _process_start(pid: int) -> float | None:
     try:
-        return psutil.Process(pid).create_time()
+        return float(psutil.Process(pid).create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 

@@ -70,7 +70,7 @@ def build_server(provider: LocalForkProvider, default_ttl_seconds: int = 3600) -
         parent, created_at, ttl_seconds. `owner_pid`: the fork is collected when that
         process on this host is gone."""
         fork = await provider.fork(
-            service_id, name=name, ttl_seconds=ttl_seconds or default_ttl_seconds,
+            service_id, name=name, ttl_seconds=default_ttl_seconds if ttl_seconds is None else ttl_seconds,
             owner_pid=owner_pid,
         )
         log.info("fork_created", fork=fork.name, parent=fork.parent)

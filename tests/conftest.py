@@ -1,0 +1,73 @@
+"""Shared fixtures: one real embedded PostgreSQL for the whole session.
+
+The server lives in a temporary AFS_HOME, is seeded at the `small` scale once,
+and is stopped with pg_ctl when the session ends, even after failures.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from afs.config import Settings, load_settings
+from afs.forks.provider import LocalForkProvider
+from afs.sandbox.seeding import ensure_demo
+from afs.sandbox.server import SandboxServer
+
+
+@pytest.fixture(scope="session")
+def afs_home() -> Iterator[Path]:
+    # short path: the server's unix socket lives under it
+    home = Path(tempfile.mkdtemp(prefix="afs-t-"))
+    saved = {k: os.environ.get(k) for k in ("AFS_HOME", "AFS_SCALE", "AFS_DATABASE_URL")}
+    os.environ["AFS_HOME"] = str(home)
+    os.environ["AFS_SCALE"] = "small"
+    os.environ.pop("AFS_DATABASE_URL", None)
+    try:
+        yield home
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def settings(afs_home: Path) -> Settings:
+    return load_settings()
+
+
+@pytest.fixture(scope="session")
+def sandbox(settings: Settings) -> Iterator[SandboxServer]:
+    server = SandboxServer(settings)
+    try:
+        server.start()
+        trio.run(ensure_demo, settings, server, "small")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def provider(sandbox: SandboxServer) -> LocalForkProvider:
+    return LocalForkProvider(sandbox.dsn())
+
+
+@pytest.fixture
+async def no_leaked_forks(provider: LocalForkProvider):  # type: ignore[no-untyped-def]
+    """Fails the test if it leaves a fork behind; removes leftovers either way."""
+    before = {f["name"] for f in (await provider.list_services())["forks"]}
+    yield
+    after = {f["name"] for f in (await provider.list_services())["forks"]}
+    leaked = after - before
+    for name in leaked:
+        await provider.delete(name)
+    assert not leaked, f"forks left behind: {sorted(leaked)}"

@@ -1,0 +1,94 @@
+"""Pure parts: configuration, names, errors, layering. No server, no trio."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from afs.config import load_settings
+from afs.errors import AfsError, ConfigError, InputError, UnknownServiceError, scrub
+from afs.forks.naming import InvalidForkName, fork_name, validate_fork_name
+from afs.forks.provider import dsn_with
+
+PACKAGE = Path(__file__).resolve().parent.parent / "afs"
+
+
+def test_fork_name_follows_the_seed_pattern() -> None:
+    assert fork_name("gemini-2.5-pro", 123, now=1699901234) == "afs-fork-gemini25pro-task123-1699901234"
+
+
+@pytest.mark.parametrize("name", ["Bad", "x;drop", "a b", "x/y", "x" * 64, "é"])
+def test_invalid_fork_names(name: str) -> None:
+    with pytest.raises(InvalidForkName):
+        validate_fork_name(name)
+
+
+def test_prefix_is_added() -> None:
+    assert validate_fork_name("mine") == "afs-fork-mine"
+
+
+def test_settings_from_env_and_file(tmp_path: Path) -> None:
+    (tmp_path / "settings.yaml").write_text("fork_ttl_seconds: 99\nscale: small\n")
+    settings = load_settings({"AFS_HOME": str(tmp_path), "AFS_STATEMENT_TIMEOUT_MS": "1234"})
+    assert settings.home == tmp_path.resolve()
+    assert settings.fork_ttl_seconds == 99 and settings.scale == "small"
+    assert settings.statement_timeout_ms == 1234
+    assert settings.target_dsn is None
+    assert load_settings({"AFS_HOME": str(tmp_path), "PGHOST": "db"}).target_dsn == ""
+    url = "postgresql://u:p@h/db"
+    assert load_settings({"AFS_HOME": str(tmp_path), "AFS_DATABASE_URL": url}).target_dsn == url
+
+
+@pytest.mark.parametrize("text", ["scale: huge\n", "fork_ttl_seconds: -1\n", "[1, 2\n", "- a\n"])
+def test_bad_settings_file_names_the_file(tmp_path: Path, text: str) -> None:
+    (tmp_path / "settings.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"settings\.yaml") as caught:
+        load_settings({"AFS_HOME": str(tmp_path)})
+    assert caught.value.exit_code == 2
+
+
+def test_long_home_moves_the_socket_to_a_short_path(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 100)
+    settings = load_settings({"AFS_HOME": str(deep)})
+    assert len(str(settings.socket_dir)) < 100
+    assert settings.socket_dir != load_settings({"AFS_HOME": str(tmp_path)}).socket_dir
+
+
+def test_scrub_hides_passwords() -> None:
+    assert scrub("postgresql://bob:hunter2@host/db") == "postgresql://bob:***@host/db"
+    assert "hunter2" not in scrub("host=x password=hunter2 user=bob")
+    assert "hunter2" not in str(AfsError("failed for postgres://a:hunter2@h/d"))
+
+
+def test_error_tree_exit_codes() -> None:
+    assert InputError("x").exit_code == 2
+    assert UnknownServiceError("nope").exit_code == 2
+    assert "nope" in str(UnknownServiceError("nope", ["afs_demo"]))
+    assert AfsError("x").exit_code == 1
+
+
+def test_fork_dsn_keeps_host_and_swaps_the_rest() -> None:
+    socket_dsn = dsn_with("postgresql://postgres@/postgres?host=/tmp/s", dbname="afs-fork-a",
+                          user="afs-fork-a", password="p/w")
+    assert socket_dsn == "postgresql://afs-fork-a:p%2Fw@/afs-fork-a?host=/tmp/s"
+    tcp_dsn = dsn_with("host=db port=5433 user=postgres password=x dbname=postgres",
+                       dbname="f", user="f", password="y")
+    assert tcp_dsn == "postgresql://f:y@db:5433/f"
+
+
+PURE = ["config.py", "errors.py", "forks/naming.py", "sandbox/demo.py"]
+IO_LIBRARIES = {"trio", "psycopg", "mcp", "google", "httpx", "anyio", "subprocess"}
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_modules_import_no_io(module: str) -> None:
+    tree = ast.parse((PACKAGE / module).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert not imported & IO_LIBRARIES, f"{module} imports {imported & IO_LIBRARIES}"
