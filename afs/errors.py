@@ -3,7 +3,9 @@
     AfsError                      anything AFS raises on purpose; `.exit_code` for the CLI
     ├── ConfigError               settings file or environment is unusable            (exit 2)
     ├── InputError                the user asked for something invalid                (exit 2)
-    │   └── UnknownServiceError   no source database or fork has that id              (exit 2)
+    │   ├── UnknownServiceError   no source database or fork has that id              (exit 2)
+    │   └── UnsafeSqlError        SQL refused by the safety check (`.statement`, `.reason`)
+    ├── RulesError                routing_rules.yaml is broken (names file and rule)  (exit 2)
     ├── SandboxError              the embedded server cannot be set up, started or stopped
     ├── DatabaseError             a statement failed on the server (`.sqlstate`)
     │   └── StatementTimeout      the server's statement_timeout fired (or trio cancelled it)
@@ -63,6 +65,21 @@ class UnknownServiceError(InputError):
         hint = f" (known: {', '.join(sorted(known))})" if known else ""
         super().__init__(message or f"unknown service {service_id!r}{hint}")
         self.service_id = service_id
+
+
+class UnsafeSqlError(InputError):
+    """Raised when SQL is refused by the safety check; `.statement` and `.reason` say why."""
+
+    def __init__(self, statement: str, reason: str) -> None:
+        short = " ".join(statement.split())
+        short = short if len(short) <= 120 else short[:117] + "..."
+        super().__init__(f"refused SQL ({reason}): {short}")
+        self.statement = statement
+        self.reason = reason
+
+
+class RulesError(ConfigError):
+    """Raised when the routing rules file is unusable; the message names the file and the rule."""
 
 
 class SandboxError(AfsError):

@@ -1,0 +1,287 @@
+"""The plain data that flows through one optimization task (pure: no I/O).
+
+    query ─► QueryFeatures ─► RoutingDecision
+          ─► per agent: AnalysisResult ─► OptimizationProposal ─► ValidationResult
+                        ─► BenchmarkOutcome (Measurement per suite query) ─► AgentOutcome
+          ─► ConsensusDecision
+
+Field names follow the agent specification (seed 001) where it names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# -- agents -------------------------------------------------------------------------
+AgentKey = str  # "gemini25pro" | "gemini25flash" | "gemini20flash"
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    key: AgentKey
+    model: str  # the Gemini model name
+    specialization: str
+
+
+AGENTS: Mapping[AgentKey, AgentSpec] = {
+    "gemini25pro": AgentSpec("gemini25pro", "gemini-2.5-pro",
+                             "index design: composite, partial and covering indexes; query plans"),
+    "gemini25flash": AgentSpec("gemini25flash", "gemini-2.5-flash",
+                               "structure for large tables: BRIN, range partitioning"),
+    "gemini20flash": AgentSpec("gemini20flash", "gemini-2.0-flash",
+                               "pre-computation: materialized views and the rewrites that read them"),
+}
+# Tie-break preference (consensus): gemini-2.5-pro first.
+AGENT_PREFERENCE: tuple[AgentKey, ...] = ("gemini25pro", "gemini25flash", "gemini20flash")
+
+TaskType = Literal["query_optimization", "schema_improvement", "index_recommendation"]
+Priority = Literal["high", "normal", "low"]
+ColumnRole = Literal["equality", "range", "join", "group", "sort", "select", "other"]
+ProposalType = Literal[
+    "index", "partial_index", "composite_index", "query_rewrite",
+    "materialized_view", "partitioning", "denormalization",
+]
+PROPOSAL_TYPES: tuple[str, ...] = (
+    "index", "partial_index", "composite_index", "query_rewrite",
+    "materialized_view", "partitioning", "denormalization",
+)
+RiskLevel = Literal["low", "medium", "high"]
+SuiteName = Literal["baseline", "limit", "filter", "sort"]
+
+
+# -- the query ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ColumnUse:
+    """One use of a column in the query: `orders.status` as an equality filter, etc."""
+
+    table: str | None  # the base table it belongs to (resolved through aliases), if known
+    column: str
+    role: ColumnRole
+    operator: str | None = None  # "=", "<", ">=", "IN", "BETWEEN", "LIKE", "IS NULL", …
+    value: Any = None  # the constant compared with, when there is one
+
+
+@dataclass(frozen=True)
+class QueryFeatures:
+    join_count: int
+    subquery_count: int
+    aggregation_count: int
+    window_count: int
+    set_operation_count: int
+    order_by_count: int
+    has_limit: bool
+    tables: tuple[str, ...]  # base tables referenced, in order of appearance
+    aliases: Mapping[str, str]  # alias -> table
+    columns: tuple[ColumnUse, ...]
+    main_table: str | None  # the first table of the outermost FROM
+    complexity_score: int  # the seed's formula
+    complexity: Literal["low", "medium", "high"]  # 0-2, 3-5, 6+
+
+
+@dataclass(frozen=True)
+class QueryVariant:
+    name: SuiteName
+    sql: str
+    ordered: bool  # the query fixes a total order: results compare row by row
+    exact: bool  # False when a LIMIT without a total order makes only the row count comparable
+    note: str = ""
+
+
+# -- routing ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RoutingDecision:
+    agents: tuple[AgentKey, ...]
+    rationale: tuple[str, ...]
+    waiting: bool = False  # every candidate is at its hard capacity limit
+
+
+# -- what an agent sees (gathered in its fork by the analysis step) ----------------------
+@dataclass(frozen=True)
+class ColumnInfo:
+    name: str
+    data_type: str  # as format_type() prints it: "bigint", "timestamp with time zone", …
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class ColumnStats:
+    """pg_stats of one column (None where PostgreSQL has nothing)."""
+
+    null_frac: float = 0.0
+    n_distinct: float = 0.0  # > 0: distinct values; < 0: minus the fraction of rows
+    correlation: float | None = None  # physical order vs value order, -1 … 1
+    most_common_vals: tuple[str, ...] = ()  # as text
+    most_common_freqs: tuple[float, ...] = ()
+    histogram_bounds: tuple[str, ...] = ()  # as text
+
+
+@dataclass(frozen=True)
+class IndexInfo:
+    name: str
+    definition: str  # pg_get_indexdef()
+    columns: tuple[str, ...]  # key columns, in order (expressions as text)
+    unique: bool = False
+    primary: bool = False
+    size_mb: float = 0.0
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    name: str  # as referenced in the query (unqualified unless it was qualified)
+    rows: int  # reltuples (estimate) or a count
+    size_mb: float  # total relation size with indexes and TOAST
+    columns: tuple[ColumnInfo, ...]
+    indexes: tuple[IndexInfo, ...]
+    primary_key: tuple[str, ...] = ()
+    column_stats: Mapping[str, ColumnStats] = field(default_factory=dict)  # referenced columns only
+    writes_per_read: float = 0.0  # (ins + upd + del) / (seq + idx scans) from pg_stat_user_tables
+    ddl: str = ""  # CREATE TABLE … as a person would read it
+
+
+@dataclass(frozen=True)
+class AnalysisContext:
+    """Everything an agent (model or strategist) knows when it proposes."""
+
+    task_id: str
+    task_type: TaskType
+    query: str
+    features: QueryFeatures
+    plan: Mapping[str, Any]  # EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) → [0]["Plan"]
+    execution_ms: float
+    tables: Mapping[str, TableInfo]  # by name as used in features.tables
+    suite: tuple[QueryVariant, ...] = ()
+
+
+# -- one agent's work ---------------------------------------------------------------
+@dataclass(frozen=True)
+class AnalysisResult:
+    insights: tuple[str, ...]
+    proposed_actions: tuple[str, ...]
+    confidence: float  # 0.0 - 1.0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EstimatedImpact:
+    """The agent's own prediction: never reported as a measurement."""
+
+    query_time_improvement: float  # percent
+    storage_overhead_mb: float
+    complexity: Literal["low", "medium", "high"]
+    risk: RiskLevel
+
+
+@dataclass(frozen=True)
+class OptimizationProposal:
+    agent: AgentKey
+    proposal_type: ProposalType
+    sql_commands: tuple[str, ...]  # applied in the fork, in order
+    rollback_commands: tuple[str, ...]
+    rationale: str
+    estimated_impact: EstimatedImpact
+    rewritten_query: str | None = None  # the query to run instead (materialized views, rewrites)
+    needs_refresh: bool = False  # needs triggers or refresh jobs to stay correct
+    validation_steps: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class UnsafeStatement:
+    statement: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    is_valid: bool
+    risk_level: RiskLevel
+    reversibility: float  # 0.0 - 1.0
+    warnings: tuple[str, ...] = ()
+    rollback_commands: tuple[str, ...] = ()
+    rejected: tuple[UnsafeStatement, ...] = ()
+
+
+# -- measuring -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    spread_ms: float  # (max - min) / 2 of the measured runs
+    runs: int
+    buffers: int  # shared hit + read of the median run
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: SuiteName
+    baseline: Timing
+    optimized: Timing
+    rows: int
+    equivalent: bool  # same rows (multiset, ordered or count, per the variant)
+    significant: bool  # the difference beats the noise
+    note: str = ""
+
+    @property
+    def improvement_pct(self) -> float:
+        if self.baseline.median_ms <= 0:
+            return 0.0
+        return 100.0 * (self.baseline.median_ms - self.optimized.median_ms) / self.baseline.median_ms
+
+
+@dataclass(frozen=True)
+class BenchmarkOutcome:
+    measurements: tuple[Measurement, ...]
+    storage_before_mb: float
+    storage_after_mb: float
+    skipped: tuple[str, ...] = ()  # suite queries left out, with the reason
+
+    @property
+    def storage_delta_mb(self) -> float:
+        return max(0.0, self.storage_after_mb - self.storage_before_mb)
+
+    @property
+    def equivalent(self) -> bool:
+        return all(m.equivalent for m in self.measurements)
+
+    @property
+    def average_improvement_pct(self) -> float:
+        if not self.measurements:
+            return 0.0
+        return sum(m.improvement_pct for m in self.measurements) / len(self.measurements)
+
+
+AgentStatus = Literal["ok", "failed", "rejected"]
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    agent: AgentKey
+    status: AgentStatus
+    error: str | None = None
+    fork: str | None = None
+    analysis: AnalysisResult | None = None
+    proposal: OptimizationProposal | None = None
+    validation: ValidationResult | None = None
+    benchmark: BenchmarkOutcome | None = None
+    duration_s: float = 0.0
+    usage: Mapping[str, Any] = field(default_factory=dict)
+
+
+# -- consensus -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScoreBreakdown:
+    performance: float
+    storage: float
+    complexity: float
+    risk: float
+    total: float
+    disqualified: tuple[str, ...] = ()  # reasons; empty when the proposal may win
+
+
+@dataclass(frozen=True)
+class ConsensusDecision:
+    winner: AgentKey | None
+    scores: Mapping[AgentKey, ScoreBreakdown]
+    ranking: tuple[AgentKey, ...]
+    rationale: tuple[str, ...]
+    confidence: float  # 0.0 - 1.0; higher when agents agree on equivalent DDL
