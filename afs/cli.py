@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,7 @@ import trio
 
 from afs import log as afs_log
 from afs.config import Settings, load_settings
-from afs.errors import AfsError, InputError
+from afs.errors import AfsError, InputError, single_leaf
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -42,6 +43,29 @@ def progress(message: str) -> None:
 def progress_done() -> None:
     if sys.stderr.isatty():
         print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+async def run_interruptible(handler: Callable[[argparse.Namespace, Settings], Awaitable[int]],
+                            args: argparse.Namespace, settings: Settings) -> int:
+    """Run a command; Ctrl-C cancels it (so shielded cleanup runs) instead of killing it."""
+    result: list[int] = []
+    interrupted = False
+
+    async def watch(cancel_scope: trio.CancelScope) -> None:
+        nonlocal interrupted
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            async for _ in signals:
+                interrupted = True
+                cancel_scope.cancel()
+                return
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch, nursery.cancel_scope)
+        result.append(await handler(args, settings))
+        nursery.cancel_scope.cancel()
+    if interrupted or not result:
+        raise KeyboardInterrupt
+    return result[0]
 
 
 # -- sandbox -----------------------------------------------------------------------
@@ -270,6 +294,9 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
     from afs.forks.provider import LocalForkProvider
     from afs.sandbox.server import SandboxServer
 
+    # The client owns this process through its stdin; a terminal's Ctrl-C reaches the
+    # whole process group, and the client still needs us to destroy its forks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     admin_dsn = args.admin_dsn
     if admin_dsn is None:
         sandbox = SandboxServer(settings)
@@ -361,8 +388,15 @@ def main(argv: list[str] | None = None) -> int:
         handler: Callable[[argparse.Namespace, Settings], Awaitable[int]] = args.handler
         if args.command == "mcp":  # sync: it runs its own event loop (anyio on trio)
             return cmd_mcp_serve(args, settings)
-        exit_code: int = trio.run(handler, args, settings)
+        exit_code: int = trio.run(run_interruptible, handler, args, settings)
         return exit_code
+    except BaseExceptionGroup as group:
+        leaf = single_leaf(group)
+        if isinstance(leaf, AfsError):
+            progress_done()
+            print(f"afs: error: {leaf}", file=sys.stderr)
+            return leaf.exit_code
+        raise
     except AfsError as exc:
         progress_done()
         print(f"afs: error: {exc}", file=sys.stderr)

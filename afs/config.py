@@ -12,6 +12,10 @@ Environment:
     AFS_STATEMENT_TIMEOUT_MS  server-side statement timeout of every connection
     AFS_FORK_TTL_SECONDS      default lifetime of a fork
     AFS_SCALE                 demo data scale: small | demo | large
+    AFS_ROUTING_RULES         path of the routing rules file
+    AFS_TIMEOUT_<PHASE>_S     fork, model, benchmark, agent, task time limits
+
+The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}` and `runs`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,18 @@ DEFAULT_FORK_TTL_SECONDS = 3600
 DEFAULT_SCALE = "demo"
 DEFAULT_SEED = 42
 DEMO_DATABASE = "afs_demo"
+DEFAULT_RUNS = 5
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-phase time limits in seconds (the agent specification's defaults)."""
+
+    fork: float = 30.0
+    model: float = 120.0
+    benchmark: float = 300.0
+    agent: float = 600.0
+    task: float = 900.0
 TEMPLATE_SUFFIX = "_template"
 # The longest unix socket path is 107 bytes; keep a margin for ".s.PGSQL.5432".
 _MAX_SOCKET_DIR = 90
@@ -55,6 +71,9 @@ class Settings:
     scale: str = DEFAULT_SCALE
     seed: int = DEFAULT_SEED
     demo_database: str = DEMO_DATABASE
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    runs: int = DEFAULT_RUNS
+    routing_rules: Path | None = None  # default: routing_rules.yaml (see afs.router.load_rules)
 
     @property
     def sandbox_dir(self) -> Path:
@@ -139,6 +158,28 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         value, source = pick(key, env_name)
         if value is not None:
             changes[key] = _int(value, key, source)
+    value, source = pick("runs", "AFS_RUNS")
+    if value is not None:
+        changes["runs"] = _int(value, "runs", source)
+    rules, _ = pick("routing_rules", "AFS_ROUTING_RULES")
+    if rules:
+        changes["routing_rules"] = Path(str(rules)).expanduser()
+    limits: dict[str, float] = {}
+    file_timeouts = file_values.get("timeouts") or {}
+    if not isinstance(file_timeouts, dict):
+        raise ConfigError(f"{settings_file}: timeouts must be a mapping")
+    for phase in ("fork", "model", "benchmark", "agent", "task"):
+        env_name = f"AFS_TIMEOUT_{phase.upper()}_S"
+        raw = env.get(env_name) or file_timeouts.get(phase)
+        if raw is not None:
+            try:
+                limits[phase] = float(raw)
+            except (TypeError, ValueError):
+                raise ConfigError(f"timeout {phase} must be a number of seconds, got {raw!r}") from None
+            if limits[phase] <= 0:
+                raise ConfigError(f"timeout {phase} must be positive, got {raw!r}")
+    if limits:
+        changes["timeouts"] = Timeouts(**limits)
     scale, source = pick("scale", "AFS_SCALE")
     if scale is not None:
         if scale not in ("small", "demo", "large"):

@@ -25,6 +25,13 @@ _URL_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*)@")
 _KW_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 
+def single_leaf(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups (else `exc` itself)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def scrub(text: str) -> str:
     """Hide passwords in DSNs and libpq keyword strings."""
     text = _URL_PASSWORD.sub(r"\1***@", text)

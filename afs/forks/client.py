@@ -35,6 +35,7 @@ from afs.errors import (
     ForkServerError,
     InputError,
     UnknownServiceError,
+    single_leaf,
 )
 from afs.forks.naming import random_fork_name
 
@@ -123,9 +124,8 @@ class ForkClient:
 
     async def create(self, source: str, name: str | None = None, ttl_seconds: int | None = None,
                      owner_pid: int | None = None) -> Fork:
-        with trio.fail_after(CREATE_TIMEOUT_S):
-            data = await self.call("service_fork", service_id=source, name=name,
-                                   ttl_seconds=ttl_seconds, owner_pid=owner_pid)
+        data = await self.call("service_fork", service_id=source, name=name,
+                               ttl_seconds=ttl_seconds, owner_pid=owner_pid)
         return Fork.from_result(data)
 
     async def destroy(self, name: str) -> bool:
@@ -133,11 +133,16 @@ class ForkClient:
         return bool(data["deleted"])
 
     @asynccontextmanager
-    async def open_fork(self, source: str, name: str | None = None,
-                        ttl_seconds: int | None = None) -> AsyncIterator[Fork]:
-        """Create a fork owned by this process; destroy it on exit, whatever happens."""
-        fork = await self._create_or_clean_up(source, name or random_fork_name("client"),
-                                              ttl_seconds)
+    async def open_fork(self, source: str, name: str | None = None, ttl_seconds: int | None = None,
+                        create_timeout_s: float = CREATE_TIMEOUT_S) -> AsyncIterator[Fork]:
+        """Create a fork owned by this process; destroy it on exit, whatever happens.
+
+        Creation raises trio.TooSlowError after `create_timeout_s` (the fork is then
+        destroyed if the server finished it anyway).
+        """
+        with trio.fail_after(create_timeout_s):
+            fork = await self._create_or_clean_up(source, name or random_fork_name("client"),
+                                                  ttl_seconds)
         try:
             yield fork
         finally:
@@ -161,12 +166,6 @@ class ForkClient:
                 return
         if scope.cancelled_caught:
             log.warning("fork_destroy_timed_out", fork=name, timeout_s=CLEANUP_TIMEOUT_S)
-
-
-def single_leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 def server_parameters(settings: Settings) -> StdioServerParameters:
