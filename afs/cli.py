@@ -1,5 +1,6 @@
 """The `afs` command line.
 
+    afs optimize --query SQL                    measure how to make a query faster, in forks
     afs sandbox up|status|down|reset|import     the embedded PostgreSQL and its demo data
     afs fork create|list|destroy|gc|psql|roundtrip   disposable forks, through the MCP server
     afs mcp serve                               the fork provider as an MCP server (stdio)
@@ -288,6 +289,74 @@ async def cmd_fork_roundtrip(args: argparse.Namespace, settings: Settings) -> in
     return EXIT_OK if ok else EXIT_FAILED
 
 
+# -- optimize ---------------------------------------------------------------------------
+def choose_squad(provider: str, settings: Settings) -> Any:
+    """The brains: `heuristic` (offline strategists), `gemini`, or `auto`."""
+    from afs.agents import StrategistBrain
+    from afs.optimize import Squad
+
+    if provider == "gemini":
+        raise InputError("--provider gemini: the Gemini agents are not available in this version;"
+                         " use --provider heuristic (or auto)")
+    brain = StrategistBrain()
+    note = ("no Gemini model configured: the offline strategists ran" if provider == "auto"
+            else "offline strategists, as asked")
+    return Squad(brain_for=lambda _agent: brain, provider="heuristic", note=note)
+
+
+async def _optimize_source(client: Any, settings: Settings, dsn: str | None) -> str:
+    if dsn is None:
+        return settings.demo_database
+    from afs.sandbox.importer import origin_of
+
+    origin = origin_of(dsn)
+    for source in (await client.list_services())["sources"]:
+        if source["origin"] == origin:
+            return str(source["name"])
+    raise InputError(f"{origin} is not in the sandbox yet: copy it first with"
+                     f" `afs sandbox import --from DSN` (forks are made from that copy)")
+
+
+async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
+    from afs import report
+    from afs.display import LiveDisplay
+    from afs.events import Emitter, log_sink
+    from afs.features import extract_features
+    from afs.forks.client import open_fork_client
+    from afs.optimize import TaskRequest, new_task_id, optimize
+    from afs.router import load_rules
+    from afs.safety import check_query
+    from afs.sandbox.seeding import ensure_demo
+    from afs.sandbox.server import SandboxServer
+
+    if args.runs < 1:
+        raise InputError(f"--runs must be at least 1, got {args.runs}")
+    extract_features(check_query(args.query))  # bad input: refused before anything starts
+    rules = load_rules(settings.routing_rules)
+    squad = choose_squad(args.provider, settings)
+    server = SandboxServer(settings)
+    progress("starting the sandbox")
+    await trio.to_thread.run_sync(server.start)
+    if args.dsn is None:
+        await ensure_demo(settings, server, settings.scale, progress)
+    progress_done()
+    request = TaskRequest(query=args.query, task_type=args.type, priority=args.priority,
+                          runs=args.runs)
+    display = LiveDisplay(live=None if not args.json else False)
+    emitter = Emitter(new_task_id(), sinks=(log_sink, display.sink))
+    async with open_fork_client(settings) as client:
+        source = await _optimize_source(client, settings, args.dsn)
+        async with display.running():
+            result = await optimize(settings, request, source=source,
+                                    source_dsn=server.dsn(source), forks=client, squad=squad,
+                                    rules=rules, events=emitter)
+    if args.json:
+        print(json.dumps(report.to_json(result), default=str))
+    else:
+        print(report.render_text(result))
+    return EXIT_FAILED if result.status == "failed" else EXIT_OK
+
+
 # -- mcp ------------------------------------------------------------------------------
 def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
     from afs.forks import server as mcp_server
@@ -310,6 +379,12 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 # -- parser --------------------------------------------------------------------------
+def settings_default_runs() -> int:
+    from afs.config import DEFAULT_RUNS
+
+    return DEFAULT_RUNS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="afs",
@@ -367,6 +442,25 @@ def build_parser() -> argparse.ArgumentParser:
     psql.add_argument("--dsn", action="store_true", help="print the fork's DSN instead")
     sub(fork_cmds, "roundtrip", "sandbox up, then fork, write, check isolation, destroy",
         cmd_fork_roundtrip)
+
+    opt = sub(commands, "optimize", "find out, in forks, how to make a query faster", cmd_optimize)
+    opt.description = ("Route the query to a squad of agents; each forks the database, analyses "
+                       "the plan, proposes a change, checks it is safe and measures it with a "
+                       "four-query suite. A consensus ranks the measured proposals. Nothing is "
+                       "applied to your database.")
+    opt.add_argument("--query", required=True, metavar="SQL", help="one read-only SELECT")
+    opt.add_argument("--dsn", metavar="DSN",
+                     help="the database (its copy in the sandbox, see `afs sandbox import`); "
+                          "default: the sandbox's demo database")
+    opt.add_argument("--priority", choices=("high", "normal", "low"), default="normal",
+                     help="high assigns all three agents")
+    opt.add_argument("--type", choices=("query_optimization", "schema_improvement",
+                                        "index_recommendation"), default="query_optimization")
+    opt.add_argument("--provider", choices=("auto", "heuristic", "gemini"), default="auto",
+                     help="who thinks: Gemini models, offline strategists, or auto "
+                          "(Gemini when credentials are set)")
+    opt.add_argument("--runs", type=int, default=settings_default_runs(),
+                     help="measured runs per suite query and side (default: 5)")
 
     mcp = commands.add_parser("mcp", help="the MCP fork server")
     mcp_cmds = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)

@@ -80,7 +80,7 @@ class UnsafeSqlError(InputError):
     def __init__(self, statement: str, reason: str) -> None:
         short = " ".join(statement.split())
         short = short if len(short) <= 120 else short[:117] + "..."
-        super().__init__(f"refused SQL ({reason}): {short}")
+        super().__init__(f"refused SQL ({reason}): {short}" if short else f"refused SQL: {reason}")
         self.statement = statement
         self.reason = reason
 

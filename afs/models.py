@@ -285,3 +285,22 @@ class ConsensusDecision:
     ranking: tuple[AgentKey, ...]
     rationale: tuple[str, ...]
     confidence: float  # 0.0 - 1.0; higher when agents agree on equivalent DDL
+
+
+# -- the task ---------------------------------------------------------------------------
+TaskStatus = Literal["completed", "no_improvement", "failed"]
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    task_id: str
+    status: TaskStatus
+    query: str
+    source: str
+    routing: RoutingDecision
+    outcomes: tuple[AgentOutcome, ...]
+    decision: ConsensusDecision | None
+    provider: str
+    provider_note: str
+    duration_s: float
+    error: str | None = None

@@ -78,7 +78,8 @@ def test_fork_dsn_keeps_host_and_swaps_the_rest() -> None:
     assert tcp_dsn == "postgresql://f:y@db:5433/f"
 
 
-PURE = ["config.py", "errors.py", "forks/naming.py", "sandbox/demo.py"]
+PURE = ["config.py", "errors.py", "models.py", "forks/naming.py", "sandbox/demo.py", "features.py",
+        "router.py", "safety.py", "suite.py", "consensus.py", "report.py"]
 IO_LIBRARIES = {"trio", "psycopg", "mcp", "google", "httpx", "anyio", "subprocess"}
 
 

@@ -104,19 +104,24 @@ async def test_destroy_is_idempotent(client: ForkClient, sandbox: SandboxServer)
 
 async def test_three_forks_concurrently(client: ForkClient, provider: LocalForkProvider) -> None:
     names: list[str] = []
+    all_open = trio.Event()
+    seen_together: list[set[str]] = []
 
     async def one(agent: str) -> None:
         async with client.open_fork("afs_demo", name=fork_name(agent, 7)) as fork, \
                 open_connection(fork.dsn) as conn:
-            names.append(fork.name)
             assert await conn.fetchval("SELECT current_database()") == fork.name
-            await trio.sleep(0.2)  # all three exist at the same time
-            assert {n for n in names} <= await fork_names(provider)
+            names.append(fork.name)
+            if len(names) == 3:  # the last one in looks while all three are open
+                seen_together.append(await fork_names(provider))
+                all_open.set()
+            await all_open.wait()
 
     async with trio.open_nursery() as nursery:
         for agent in ("gemini-2.5-pro", "gemini-2.5-flash", "gemini-2.0-flash"):
             nursery.start_soon(one, agent)
     assert len(set(names)) == 3
+    assert set(names) <= seen_together[0]
     assert not set(names) & await fork_names(provider)
 
 

@@ -96,6 +96,7 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
         await trio.to_thread.run_sync(_dump_and_restore, source_dsn, server.dsn(scratch), schema_only)
         async with open_connection(server.dsn(scratch), 3_600_000) as conn:
             await conn.execute("ANALYZE")
+            await conn.execute("SELECT pg_stat_reset()")  # the restore is not the workload
         async with open_connection(admin) as conn:
             await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(name)}")
     except BaseException:

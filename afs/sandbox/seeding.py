@@ -58,6 +58,7 @@ async def seed_demo(settings: Settings, server: SandboxServer, scale: str,
         for number, sql in enumerate(statements, 1):
             progress(f"seeding {target} ({scale}): step {number}/{len(statements)}")
             await conn.execute(sql)
+        await conn.execute("SELECT pg_stat_reset()")  # loading is not the workload
     async with open_connection(admin) as conn:
         await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(target)} WITH (FORCE)")
         await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(target)}")

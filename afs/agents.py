@@ -1,0 +1,226 @@
+"""One workflow, several brains.
+
+The workflow is the same for every agent (the seed's agent contract):
+
+    open fork (MCP service_fork) ─► analyse (EXPLAIN ANALYZE, schema, pg_stats)
+    ─► propose (the brain) ─► validate (SQL allow-list) ─► benchmark (the suite,
+    before vs after, same fork) ─► close fork (MCP service_delete), always
+
+The brain is a `Brain`: an offline strategist (`StrategistBrain`) or a model.
+Expected failures come back as data (`AgentOutcome(status="failed")`); only
+bugs escape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from afs import strategists
+from afs.analysis import gather_context
+from afs.bench import benchmark
+from afs.config import Timeouts
+from afs.db import Connection, open_connection
+from afs.errors import AfsError
+from afs.events import Emitter
+from afs.forks.client import ForkClient
+from afs.forks.naming import fork_name
+from afs.models import (
+    AgentKey,
+    AgentOutcome,
+    AgentStatus,
+    AnalysisContext,
+    AnalysisResult,
+    BenchmarkOutcome,
+    OptimizationProposal,
+    QueryFeatures,
+    QueryVariant,
+    TaskType,
+    ValidationResult,
+)
+from afs.safety import check_query, validate_proposal
+from afs.suite import build_suite
+
+
+class Brain(Protocol):
+    """What thinks for an agent: a model or an offline strategist."""
+
+    name: str
+
+    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult: ...
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> OptimizationProposal | None: ...
+
+
+class StrategistBrain:
+    """The offline strategists: rules over the plan and the statistics."""
+
+    name = "heuristic"
+
+    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
+        return strategists.analyze(agent, ctx)
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> OptimizationProposal | None:
+        return strategists.propose(agent, ctx, analysis)
+
+
+@dataclass
+class SlowBrain:
+    """Another brain with a fixed latency per call: a stand-in for a model's think time."""
+
+    inner: Brain
+    latency_s: float
+    name: str = "simulated"
+
+    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
+        await trio.sleep(self.latency_s)
+        return await self.inner.analyze(agent, ctx)
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> OptimizationProposal | None:
+        await trio.sleep(self.latency_s)
+        return await self.inner.propose(agent, ctx, analysis)
+
+
+@dataclass(frozen=True)
+class AgentJob:
+    """What one agent needs to do its part of a task."""
+
+    task_id: str
+    task_type: TaskType
+    query: str
+    features: QueryFeatures
+    source: str  # the service to fork
+    source_stats: Mapping[str, tuple[int, float]]  # table -> (rows, writes per read)
+    runs: int
+    statement_timeout_ms: int
+    timeouts: Timeouts
+
+
+@dataclass
+class _Progress:
+    """What one agent has got so far (kept for the failure record)."""
+
+    agent: AgentKey
+    started: float
+    phase: str = "fork"
+    fork: str | None = None
+    analysis: AnalysisResult | None = None
+    proposal: OptimizationProposal | None = None
+    validation: ValidationResult | None = None
+    skipped: tuple[str, ...] = field(default=())
+
+    def outcome(self, status: AgentStatus, error: str | None = None,
+                bench: BenchmarkOutcome | None = None) -> AgentOutcome:
+        return AgentOutcome(
+            agent=self.agent, status=status, error=error, fork=self.fork,
+            analysis=self.analysis, proposal=self.proposal, validation=self.validation,
+            benchmark=bench, duration_s=trio.current_time() - self.started)
+
+
+async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain: Brain,
+                    bench_limiter: trio.CapacityLimiter, events: Emitter) -> AgentOutcome:
+    """The whole workflow of one agent; expected failures are returned, not raised."""
+    state = _Progress(agent=agent, started=trio.current_time())
+    limits = job.timeouts
+
+    def enter(phase: str) -> None:
+        state.phase = phase
+        events.emit("agent_phase", agent=agent, fork=state.fork, phase=phase,
+                    elapsed_s=round(trio.current_time() - state.started, 2))
+
+    try:
+        with trio.fail_after(limits.agent):
+            enter("fork")
+            async with forks.open_fork(job.source, name=fork_name(agent, job.task_id),
+                                       ttl_seconds=int(limits.task) + 300,
+                                       create_timeout_s=limits.fork) as fork:
+                state.fork = fork.name
+                events.emit("fork_created", agent=agent, fork=fork.name,
+                            duration_s=trio.current_time() - state.started)
+                async with open_connection(fork.dsn, job.statement_timeout_ms) as conn:
+                    outcome = await _work_in_fork(conn, job, state, brain, bench_limiter,
+                                                  events, enter)
+            enter("done")
+            return outcome
+    except trio.TooSlowError:
+        limit = {"fork": limits.fork, "analysis": limits.model, "propose": limits.model,
+                 "benchmark": limits.benchmark}.get(state.phase, limits.agent)
+        reason = f"timed out in the {state.phase} phase (limit {limit:g} s)"
+    except AfsError as exc:
+        reason = str(exc)
+    events.emit("agent_failed", agent=agent, fork=state.fork,
+                duration_s=trio.current_time() - state.started, phase=state.phase, error=reason)
+    return state.outcome("failed", reason)
+
+
+async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain: Brain,
+                        bench_limiter: trio.CapacityLimiter, events: Emitter,
+                        enter: Callable[[str], None]) -> AgentOutcome:
+    agent, limits = state.agent, job.timeouts
+    enter("analysis")
+    t0 = trio.current_time()
+    ctx = await gather_context(conn, task_id=job.task_id, task_type=job.task_type,
+                               query=job.query, features=job.features,
+                               source_stats=job.source_stats)
+    main = ctx.tables.get(job.features.main_table or "")
+    suite, skipped = build_suite(job.query, main, _alias_of(job.features))
+    ctx = dataclasses.replace(ctx, suite=suite)
+    state.skipped = tuple(skipped)
+    with trio.fail_after(limits.model):
+        state.analysis = await brain.analyze(agent, ctx)
+    events.emit("analysis_completed", agent=agent, fork=state.fork,
+                duration_s=trio.current_time() - t0, insights=list(state.analysis.insights[:3]))
+
+    enter("propose")
+    t0 = trio.current_time()
+    with trio.fail_after(limits.model):
+        state.proposal = await brain.propose(agent, ctx, state.analysis)
+    if state.proposal is None:
+        events.emit("proposal_submitted", agent=agent, fork=state.fork,
+                    duration_s=trio.current_time() - t0, proposal_type=None)
+        return state.outcome("ok")
+    proposal = state.proposal
+    state.validation = validate_proposal(proposal.sql_commands, proposal.proposal_type)
+    if not state.validation.is_valid:
+        reasons = "; ".join(f"{r.reason}: {r.statement[:80]}" for r in state.validation.rejected)
+        events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=reasons)
+        return state.outcome("rejected", f"unsafe SQL refused: {reasons}")
+    candidate_suite: tuple[QueryVariant, ...] | None = None
+    if proposal.rewritten_query is not None:
+        rewritten = check_query(proposal.rewritten_query)
+        candidate_suite, _ = build_suite(rewritten, None, None)
+    events.emit("proposal_submitted", agent=agent, fork=state.fork,
+                duration_s=trio.current_time() - t0, proposal_type=proposal.proposal_type,
+                sql=list(proposal.sql_commands))
+
+    enter("waiting for the benchmark slot")
+    async with bench_limiter:
+        enter("benchmark")
+        t0 = trio.current_time()
+        with trio.fail_after(limits.benchmark):
+            outcome = await benchmark(conn, suite, proposal, candidate_suite=candidate_suite,
+                                      tables=job.features.tables, runs=job.runs,
+                                      skipped=state.skipped)
+    events.emit("benchmark_completed", agent=agent, fork=state.fork,
+                duration_s=trio.current_time() - t0,
+                average_improvement_pct=round(outcome.average_improvement_pct, 1),
+                storage_delta_mb=outcome.storage_delta_mb, equivalent=outcome.equivalent)
+    if not outcome.equivalent:
+        differing = ", ".join(m.name for m in outcome.measurements if not m.equivalent)
+        return state.outcome("rejected", f"the proposal changes query results ({differing})",
+                             outcome)
+    return state.outcome("ok", None, outcome)
+
+
+def _alias_of(features: QueryFeatures) -> str | None:
+    for alias, table in features.aliases.items():
+        if table == features.main_table and alias != table:
+            return alias
+    return None

@@ -1,0 +1,154 @@
+"""The analysis step: what an agent learns about the query in its fork.
+
+EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of the query; for every table it
+references: row count, size, columns, indexes, primary key, the DDL a person
+would read, and pg_stats of the referenced columns and of the main table's
+timestamp columns (the suite's date filter needs them). pg_stats travels with
+the fork (it is a per-database catalog); activity counters do not, so
+`writes_per_read` comes from the source and is passed in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from afs.db import Connection
+from afs.models import (
+    AnalysisContext,
+    ColumnInfo,
+    ColumnStats,
+    IndexInfo,
+    QueryFeatures,
+    QueryVariant,
+    TableInfo,
+    TaskType,
+)
+
+MB = 1048576.0
+
+_TABLE_SQL = """
+SELECT c.oid, greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid)
+FROM pg_class c WHERE c.oid = to_regclass(%s) AND c.relkind IN ('r', 'p', 'm')
+"""
+_COLUMNS_SQL = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull
+FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+_INDEXES_SQL = """
+SELECT i.relname, pg_get_indexdef(x.indexrelid), x.indisunique, x.indisprimary,
+       pg_relation_size(x.indexrelid),
+       ARRAY(SELECT pg_get_indexdef(x.indexrelid, k, true)
+             FROM generate_series(1, x.indnkeyatts) AS k)
+FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+WHERE x.indrelid = %s ORDER BY i.relname
+"""
+_STATS_SQL = """
+SELECT s.attname, s.null_frac, s.n_distinct, s.correlation,
+       s.most_common_vals::text::text[], s.most_common_freqs,
+       s.histogram_bounds::text::text[]
+FROM pg_stats s JOIN pg_class c ON c.relname = s.tablename
+JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = s.schemaname
+WHERE c.oid = %s AND s.attname = ANY(%s)
+"""
+# Writes per read: rows written per scan since the statistics were last reset (seeding and
+# importing reset them); 0 until MIN_SCANS scans make the ratio mean something.
+MIN_SCANS = 100
+_SOURCE_STATS_SQL = f"""
+SELECT greatest(c.reltuples, 0)::bigint,
+       CASE WHEN s.seq_scan + coalesce(s.idx_scan, 0) >= {MIN_SCANS}
+            THEN (s.n_tup_ins + s.n_tup_upd + s.n_tup_del)::float8
+                 / (s.seq_scan + coalesce(s.idx_scan, 0))
+            ELSE 0 END
+FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid = to_regclass(%s)
+"""
+
+
+async def explain_analyze(conn: Connection, sql: str) -> tuple[dict[str, Any], float]:
+    """The plan (top node) and the execution time in ms, measured on the server."""
+    raw = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
+    doc = raw if isinstance(raw, list) else json.loads(raw)
+    return doc[0]["Plan"], float(doc[0]["Execution Time"])
+
+
+async def source_table_stats(conn: Connection, tables: tuple[str, ...]) -> dict[str, tuple[int, float]]:
+    """Row estimates and writes per read of `tables` on the source (read-only)."""
+    stats: dict[str, tuple[int, float]] = {}
+    for name in tables:
+        row = await conn.fetchone(_SOURCE_STATS_SQL, (name,))
+        if row is not None and row[0] is not None:
+            stats[name] = (int(row[0]), float(row[1] or 0.0))
+    return stats
+
+
+async def table_info(conn: Connection, name: str, columns_of_interest: set[str],
+                     writes_per_read: float = 0.0) -> TableInfo | None:
+    row = await conn.fetchone(_TABLE_SQL, (name,))
+    if row is None:
+        return None
+    oid, rows, size = row
+    columns = tuple(ColumnInfo(n, t, bool(nullable))
+                    for n, t, nullable in await conn.fetchall(_COLUMNS_SQL, (oid,)))
+    indexes = tuple(
+        IndexInfo(name=iname, definition=idef, columns=tuple(keys), unique=bool(uniq),
+                  primary=bool(prim), size_mb=round(isize / MB, 2))
+        for iname, idef, uniq, prim, isize, keys in await conn.fetchall(_INDEXES_SQL, (oid,))
+    )
+    primary = next((ix.columns for ix in indexes if ix.primary), ())
+    wanted = set(columns_of_interest) | {c.name for c in columns if _is_temporal(c.data_type)}
+    stats = {
+        att: ColumnStats(
+            null_frac=float(null_frac or 0.0),
+            n_distinct=float(n_distinct or 0.0),
+            correlation=None if corr is None else float(corr),
+            most_common_vals=tuple(mcv or ()),
+            most_common_freqs=tuple(float(f) for f in (mcf or ())),
+            histogram_bounds=tuple(hist or ()),
+        )
+        for att, null_frac, n_distinct, corr, mcv, mcf, hist
+        in await conn.fetchall(_STATS_SQL, (oid, sorted(wanted)))
+    }
+    return TableInfo(
+        name=name, rows=int(rows), size_mb=round(size / MB, 2), columns=columns, indexes=indexes,
+        primary_key=primary, column_stats=stats, writes_per_read=writes_per_read,
+        ddl=_ddl(name, columns, primary, indexes),
+    )
+
+
+async def gather_context(
+    conn: Connection,
+    *,
+    task_id: str,
+    task_type: TaskType,
+    query: str,
+    features: QueryFeatures,
+    source_stats: Mapping[str, tuple[int, float]],
+    suite: tuple[QueryVariant, ...] = (),
+) -> AnalysisContext:
+    """Run the analysis queries in the fork and build the agent's context."""
+    plan, execution_ms = await explain_analyze(conn, query)
+    tables: dict[str, TableInfo] = {}
+    for name in features.tables:
+        cols = {u.column for u in features.columns if u.table == name}
+        info = await table_info(conn, name, cols, source_stats.get(name, (0, 0.0))[1])
+        if info is not None:
+            tables[name] = info
+    return AnalysisContext(task_id=task_id, task_type=task_type, query=query, features=features,
+                           plan=plan, execution_ms=execution_ms, tables=tables, suite=suite)
+
+
+def _is_temporal(data_type: str) -> bool:
+    return data_type.startswith(("timestamp", "date"))
+
+
+def _ddl(name: str, columns: tuple[ColumnInfo, ...], primary: tuple[str, ...],
+         indexes: tuple[IndexInfo, ...]) -> str:
+    lines = [f"  {c.name} {c.data_type}{'' if c.nullable else ' NOT NULL'}" for c in columns]
+    if primary:
+        lines.append(f"  PRIMARY KEY ({', '.join(primary)})")
+    text = f"CREATE TABLE {name} (\n" + ",\n".join(lines) + "\n);"
+    extra = [ix.definition + ";" for ix in indexes if not ix.primary]
+    return "\n".join([text, *extra])

@@ -1,0 +1,562 @@
+"""Consensus: rank the measured proposals and pick at most one winner (pure: no I/O).
+
+    outcomes ─► candidates        status "ok" with a proposal, a validation and a benchmark;
+                                  the others are only listed in the rationale, with their error
+             ─► SCORERS           one 0–100 score per criterion (the original AFS rules)
+             ─► ADJUSTMENTS       ours: corrections to a score (the write cost of an index)
+             ─► total             weighted sum (WEIGHTS, overridable), rounded to 0.01
+             ─► GATES             reasons one proposal cannot win, judged on its own
+             ─► SURVIVOR_GATES    reasons that depend on who else survived (the lone survivor)
+             ─► ranking           qualified first; total, then the tie-breaks: the simpler change
+                                  (higher complexity score), less measured storage, AGENT_PREFERENCE
+             ─► confidence, rationale
+
+A new criterion is one function and one line: a gate `(candidate, breakdown) -> reason | None`
+goes into GATES; a correction `(candidate) -> Adjustment | None` into ADJUSTMENTS. A new scored
+criterion `score_<name>(candidate) -> float` goes into SCORERS; its name is the weight key and
+the ScoreBreakdown field (afs/models.py) it fills.
+
+Scores use what was measured (BenchmarkOutcome), never the agent's EstimatedImpact.
+
+Ours on top of the original rules:
+
+* a proposal whose suite queries return other rows than the original (not
+  BenchmarkOutcome.equivalent) cannot win;
+* a statistically inconclusive proposal cannot win. A measurement *beats the noise* when it is
+  `significant` and its improvement is positive. The proposal is conclusive when the suite's
+  "baseline" query (the query as the user wrote it) beats the noise, or when more than half of
+  all its measurements do; otherwise it is inconclusive;
+* the write cost of a new index on a write-heavy table: for index types (index, partial_index,
+  composite_index) the risk score loses min(15, 10 × writes_per_read), where writes_per_read is
+  `outcome.analysis.metadata["writes_per_read"]` (0 when absent). It is applied after the
+  original risk clamp and clamped to 0–100 again, so it counts in the risk gate too;
+* agreement between agents on equivalent DDL raises the confidence. DDL is compared as the set
+  of `normalize_ddl` statements (ANALYZE/VACUUM left out), so `CREATE INDEX a ON orders (user_id)`
+  ≡ `create index concurrently b on orders(user_id)`. Any other outcome with a proposal counts,
+  whatever became of it later (an independent proposal of the same change is evidence).
+
+Confidence is 0 without a winner; otherwise, clamped to 0–1,
+
+    0.30 + 0.30 · clamp((winner total − runner-up total) / 20, 0, 1)
+         + 0.25 · (share of the winner's measurements that beat the noise)
+         + 0.15 if another agent proposed equivalent DDL
+
+where the runner-up is the best other *qualified* proposal; a lone winner is measured against
+the bar it had to clear (60). The rationale ends with the numbers that went into it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from afs.models import (
+    AGENT_PREFERENCE,
+    AGENTS,
+    AgentKey,
+    AgentOutcome,
+    BenchmarkOutcome,
+    ConsensusDecision,
+    Measurement,
+    OptimizationProposal,
+    ScoreBreakdown,
+    ValidationResult,
+)
+
+# -- the rules, as named constants ------------------------------------------------------
+# (threshold, score): the first tier whose threshold the value reaches wins.
+PERFORMANCE_TIERS: tuple[tuple[float, float], ...] = (
+    (90.0, 100.0), (80.0, 95.0), (70.0, 85.0), (50.0, 70.0), (30.0, 50.0), (10.0, 30.0),
+)
+PERFORMANCE_FLOOR = 10.0  # below the last tier, but not slower
+STORAGE_TIERS: tuple[tuple[float, float], ...] = ((10.0, 100.0), (25.0, 90.0), (50.0, 75.0), (100.0, 50.0))
+STORAGE_MIN = 20.0  # beyond the last tier: max(STORAGE_MIN, 100 − MB/2)
+COMPLEXITY_BY_TYPE: Mapping[str, float] = MappingProxyType({
+    "index": 90.0,
+    "partial_index": 85.0,
+    "composite_index": 85.0,
+    "query_rewrite": 85.0,
+    "materialized_view": 70.0,
+    "partitioning": 50.0,
+    "denormalization": 40.0,
+})
+COMPLEXITY_PER_EXTRA_COMMAND = 5.0
+COMPLEXITY_REFRESH_PENALTY = 10.0
+COMPLEXITY_RANGE = (20.0, 100.0)
+RISK_BY_LEVEL: Mapping[str, float] = MappingProxyType({"low": 95.0, "medium": 70.0, "high": 40.0})
+RISK_PER_WARNING = 5.0
+RISK_ROLLBACK_BONUS = 5.0
+RISK_VALIDATION_STEPS_BONUS = 5.0
+RISK_RANGE = (0.0, 100.0)
+INDEX_TYPES = frozenset({"index", "partial_index", "composite_index"})
+WRITE_COST_PER_WRITE_PER_READ = 10.0
+WRITE_COST_MAX = 15.0
+
+MIN_IMPROVEMENT_PCT = 10.0
+MIN_RISK_SCORE = 40.0
+LONE_SURVIVOR_MIN_TOTAL = 60.0  # a lone survivor needs a total strictly above this
+
+# confidence = CONFIDENCE_BASE + CONFIDENCE_MARGIN·margin_term + CONFIDENCE_SIGNIFICANCE·significance_term
+#              (+ CONFIDENCE_AGREEMENT when another agent proposed equivalent DDL), clamped to 0–1
+CONFIDENCE_BASE = 0.30
+CONFIDENCE_MARGIN = 0.30
+CONFIDENCE_SIGNIFICANCE = 0.25
+CONFIDENCE_AGREEMENT = 0.15
+MARGIN_FOR_FULL_CONFIDENCE = 20.0  # points of total
+
+
+# -- what is scored ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Candidate:
+    """An outcome that can be scored: status "ok", with everything the scorers read."""
+
+    outcome: AgentOutcome
+    proposal: OptimizationProposal
+    validation: ValidationResult
+    benchmark: BenchmarkOutcome
+
+    @property
+    def agent(self) -> AgentKey:
+        return self.outcome.agent
+
+    @property
+    def writes_per_read(self) -> float:
+        """From the analysis metadata; 0 when absent or not a number."""
+        if self.outcome.analysis is None:
+            return 0.0
+        value = self.outcome.analysis.metadata.get("writes_per_read", 0.0)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return 0.0
+        return number if math.isfinite(number) and number > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """A correction of one criterion's score, with the sentence that explains it."""
+
+    criterion: str
+    delta: float
+    reason: str
+
+
+# -- scorers: (candidate) -> 0–100 --------------------------------------------------------
+def score_performance(candidate: Candidate) -> float:
+    """Average measured improvement over the suite queries, in tiers; slower scores 0."""
+    pct = candidate.benchmark.average_improvement_pct
+    if pct < 0:
+        return 0.0
+    for threshold, score in PERFORMANCE_TIERS:
+        if pct >= threshold:
+            return score
+    return PERFORMANCE_FLOOR
+
+
+def score_storage(candidate: Candidate) -> float:
+    """Measured extra storage in MB, in tiers; beyond them max(20, 100 − MB/2)."""
+    mb = candidate.benchmark.storage_delta_mb
+    for limit, score in STORAGE_TIERS:
+        if mb <= limit:
+            return score
+    return max(STORAGE_MIN, 100.0 - mb / 2.0)
+
+
+def score_complexity(candidate: Candidate) -> float:
+    """By proposal type; −5 per command beyond the first, −10 when it needs refreshing; 20–100.
+
+    An unknown type scores as the most complex known one.
+    """
+    proposal = candidate.proposal
+    score = COMPLEXITY_BY_TYPE.get(proposal.proposal_type, min(COMPLEXITY_BY_TYPE.values()))
+    score -= COMPLEXITY_PER_EXTRA_COMMAND * max(0, len(proposal.sql_commands) - 1)
+    if proposal.needs_refresh:
+        score -= COMPLEXITY_REFRESH_PENALTY
+    return _clamp(score, *COMPLEXITY_RANGE)
+
+
+def score_risk(candidate: Candidate) -> float:
+    """By validated risk level; −5 per warning, +5 with rollback SQL, +5 with validation steps; 0–100."""
+    validation, proposal = candidate.validation, candidate.proposal
+    score = RISK_BY_LEVEL[validation.risk_level] - RISK_PER_WARNING * len(validation.warnings)
+    if proposal.rollback_commands or validation.rollback_commands:
+        score += RISK_ROLLBACK_BONUS
+    if proposal.validation_steps:
+        score += RISK_VALIDATION_STEPS_BONUS
+    return _clamp(score, *RISK_RANGE)
+
+
+Scorer = Callable[[Candidate], float]
+SCORERS: tuple[Scorer, ...] = (score_performance, score_storage, score_complexity, score_risk)
+CRITERIA: tuple[str, ...] = tuple(scorer.__name__.removeprefix("score_") for scorer in SCORERS)
+WEIGHTS: Mapping[str, float] = MappingProxyType(
+    {"performance": 0.5, "storage": 0.2, "complexity": 0.2, "risk": 0.1}
+)
+RANGES: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {"complexity": COMPLEXITY_RANGE, "risk": RISK_RANGE}
+)  # after adjustments; others 0–100
+
+
+# -- adjustments: (candidate) -> Adjustment | None ------------------------------------------
+def index_write_cost(candidate: Candidate) -> Adjustment | None:
+    """A new index slows every write: risk −min(15, 10 × writes_per_read) for index types."""
+    writes = candidate.writes_per_read
+    if candidate.proposal.proposal_type not in INDEX_TYPES or writes <= 0:
+        return None
+    penalty = min(WRITE_COST_MAX, WRITE_COST_PER_WRITE_PER_READ * writes)
+    return Adjustment(
+        "risk", -penalty,
+        f"risk −{_num(penalty)} for the write cost of a new index ({_num(writes)} writes per read)",
+    )
+
+
+ADJUSTMENTS: tuple[Callable[[Candidate], Adjustment | None], ...] = (index_write_cost,)
+
+
+# -- gates: (candidate, breakdown) -> reason | None -----------------------------------------
+def gate_slower(candidate: Candidate, breakdown: ScoreBreakdown) -> str | None:
+    pct = candidate.benchmark.average_improvement_pct
+    return f"slower on average ({_num(pct)} %)" if pct < 0 else None
+
+
+def gate_min_improvement(candidate: Candidate, breakdown: ScoreBreakdown) -> str | None:
+    pct = candidate.benchmark.average_improvement_pct
+    if 0 <= pct < MIN_IMPROVEMENT_PCT:
+        return f"improves only {_num(pct)} % on average (needs at least {_num(MIN_IMPROVEMENT_PCT)} %)"
+    return None
+
+
+def gate_risk(candidate: Candidate, breakdown: ScoreBreakdown) -> str | None:
+    if breakdown.risk < MIN_RISK_SCORE:
+        return f"risk score {_num(breakdown.risk)} is below {_num(MIN_RISK_SCORE)}"
+    return None
+
+
+def gate_valid(candidate: Candidate, breakdown: ScoreBreakdown) -> str | None:
+    return None if candidate.validation.is_valid else "its SQL did not pass validation"
+
+
+def gate_same_results(candidate: Candidate, breakdown: ScoreBreakdown) -> str | None:
+    changed = [m.name for m in candidate.benchmark.measurements if not m.equivalent]
+    return f"changes query results ({', '.join(changed)})" if changed else None
+
+
+def gate_conclusive(candidate: Candidate, breakdown: ScoreBreakdown) -> str | None:
+    measurements = candidate.benchmark.measurements
+    if is_conclusive(measurements):
+        return None
+    wins = sum(beats_noise(m) for m in measurements)
+    return (f"statistically inconclusive: {wins} of {len(measurements)} suite queries beat the noise"
+            " and the baseline query did not")
+
+
+Gate = Callable[[Candidate, ScoreBreakdown], str | None]
+GATES: tuple[Gate, ...] = (
+    gate_slower, gate_min_improvement, gate_risk, gate_valid, gate_same_results, gate_conclusive,
+)
+
+
+# -- survivor gates: (candidate, breakdown, survivors) -> reason | None -----------------------
+def gate_lone_survivor(candidate: Candidate, breakdown: ScoreBreakdown,
+                       survivors: Sequence[Candidate]) -> str | None:
+    if len(survivors) == 1 and breakdown.total <= LONE_SURVIVOR_MIN_TOTAL:
+        return (f"as the lone surviving proposal it needs a total above {_num(LONE_SURVIVOR_MIN_TOTAL)}"
+                f" (has {_num(breakdown.total)})")
+    return None
+
+
+SurvivorGate = Callable[[Candidate, ScoreBreakdown, Sequence[Candidate]], str | None]
+SURVIVOR_GATES: tuple[SurvivorGate, ...] = (gate_lone_survivor,)
+
+
+# -- statistics and DDL ------------------------------------------------------------------
+def beats_noise(measurement: Measurement) -> bool:
+    """Significant and faster."""
+    return measurement.significant and measurement.improvement_pct > 0
+
+
+def is_conclusive(measurements: Sequence[Measurement]) -> bool:
+    """The "baseline" query beats the noise, or more than half of the measurements do."""
+    if any(m.name == "baseline" and beats_noise(m) for m in measurements):
+        return True
+    return 2 * sum(beats_noise(m) for m in measurements) > len(measurements)
+
+
+_QUOTED = re.compile(r"""('(?:[^']|'')*'|"(?:[^"]|"")*")""")  # literals and quoted names keep their case
+_SPACE = re.compile(r"\s+")
+_AROUND_PUNCT = re.compile(r"\s*([(),=<>])\s*")
+_DROPPED_WORDS = re.compile(r"\b(?:concurrently|if not exists)\b\s*")
+_INDEX_NAME = re.compile(r'^create (unique )?index (?:(?!on\b)(?:"(?:[^"]|"")*"|\S+) )?on\b')
+_NOT_DDL = re.compile(r"^(?:analyze|vacuum)\b")
+
+
+def normalize_ddl(statement: str) -> str:
+    """Lower-case, one space, no index name, no IF NOT EXISTS / CONCURRENTLY / USING btree.
+
+    `CREATE INDEX a ON orders (user_id)` and `create index concurrently b on orders(user_id)`
+    both become `create index on orders(user_id)`. String literals and quoted names are kept
+    as written; spaces around ( ) , = < > are dropped.
+    """
+    parts = _QUOTED.split(statement.strip().rstrip(";").strip())
+    for i in range(0, len(parts), 2):  # the even parts are outside quotes
+        text = _DROPPED_WORDS.sub("", _SPACE.sub(" ", parts[i].lower()))
+        parts[i] = _AROUND_PUNCT.sub(r"\1", text)
+    text = "".join(parts).strip().replace(" using btree(", "(")
+    return _INDEX_NAME.sub(r"create \1index on", text)
+
+
+def ddl_signature(proposal: OptimizationProposal) -> frozenset[str]:
+    """The normalized statements of a proposal; ANALYZE and VACUUM change no schema and are left out."""
+    normalized = (normalize_ddl(s) for s in proposal.sql_commands)
+    return frozenset(s for s in normalized if s and not _NOT_DDL.match(s))
+
+
+# -- the decision ------------------------------------------------------------------------
+def decide(outcomes: Sequence[AgentOutcome], weights: Mapping[str, float] | None = None) -> ConsensusDecision:
+    """Score every measured proposal, apply the gates, rank, and explain the result.
+
+    Raises ValueError for weights without exactly the keys of CRITERIA, with a negative or
+    non-finite weight, or not summing to 1; and for two outcomes of the same agent.
+    """
+    used = check_weights(weights)
+    agents = [o.agent for o in outcomes]
+    duplicates = sorted({a for a in agents if agents.count(a) > 1})
+    if duplicates:
+        raise ValueError(f"more than one outcome for agent(s): {', '.join(duplicates)}")
+
+    candidates = [c for c in map(_candidate, outcomes) if c is not None]
+    adjustments = {c.agent: [a for a in (adjust(c) for adjust in ADJUSTMENTS) if a is not None]
+                   for c in candidates}
+    scores = {c.agent: _breakdown(c, used, adjustments[c.agent]) for c in candidates}
+    for c in candidates:
+        reasons = tuple(r for r in (gate(c, scores[c.agent]) for gate in GATES) if r is not None)
+        scores[c.agent] = _disqualify(scores[c.agent], reasons)
+    survivors = [c for c in candidates if not scores[c.agent].disqualified]
+    for c in survivors:
+        b = scores[c.agent]
+        reasons = tuple(r for r in (gate(c, b, survivors) for gate in SURVIVOR_GATES) if r is not None)
+        scores[c.agent] = _disqualify(b, reasons)
+
+    ranked = sorted(candidates, key=lambda c: _rank_key(c, scores[c.agent]))
+    winner = ranked[0] if ranked and not scores[ranked[0].agent].disqualified else None
+    agreeing = _agreeing(winner, outcomes)
+    confidence, why_confident = _confidence(winner, ranked, scores, agreeing)
+    rationale = _rationale(outcomes, winner, ranked, scores, used, adjustments, agreeing, why_confident)
+    return ConsensusDecision(
+        winner=winner.agent if winner else None,
+        scores=MappingProxyType(scores),
+        ranking=tuple(c.agent for c in ranked),
+        rationale=rationale,
+        confidence=confidence,
+    )
+
+
+def check_weights(weights: Mapping[str, float] | None) -> Mapping[str, float]:
+    """The weights to use: WEIGHTS, or an override with exactly the same keys summing to 1."""
+    if weights is None:
+        return WEIGHTS
+    if set(weights) != set(CRITERIA):
+        raise ValueError(f"weights need exactly the keys {', '.join(CRITERIA)};"
+                         f" got {', '.join(sorted(weights))}")
+    values = {k: float(weights[k]) for k in CRITERIA}
+    bad = [k for k, v in values.items() if not math.isfinite(v) or v < 0]
+    if bad:
+        raise ValueError(f"weights must be finite and not negative: {', '.join(bad)}")
+    total = sum(values.values())
+    if not math.isclose(total, 1.0, abs_tol=1e-6):
+        raise ValueError(f"weights must sum to 1, not {total:g}")
+    return MappingProxyType(values)
+
+
+def _candidate(outcome: AgentOutcome) -> Candidate | None:
+    if outcome.status != "ok" or not (outcome.proposal and outcome.validation and outcome.benchmark):
+        return None
+    return Candidate(outcome, outcome.proposal, outcome.validation, outcome.benchmark)
+
+
+def _breakdown(candidate: Candidate, weights: Mapping[str, float],
+               adjustments: Sequence[Adjustment]) -> ScoreBreakdown:
+    values = {name: scorer(candidate) for name, scorer in zip(CRITERIA, SCORERS, strict=True)}
+    for adjustment in adjustments:
+        low, high = RANGES.get(adjustment.criterion, (0.0, 100.0))
+        values[adjustment.criterion] = _clamp(values[adjustment.criterion] + adjustment.delta, low, high)
+    total = round(sum(weights[name] * value for name, value in values.items()), 2)
+    fields: dict[str, Any] = dict(values)
+    return ScoreBreakdown(**fields, total=total)
+
+
+def _disqualify(breakdown: ScoreBreakdown, reasons: tuple[str, ...]) -> ScoreBreakdown:
+    if not reasons:
+        return breakdown
+    return ScoreBreakdown(
+        performance=breakdown.performance, storage=breakdown.storage, complexity=breakdown.complexity,
+        risk=breakdown.risk, total=breakdown.total, disqualified=breakdown.disqualified + reasons,
+    )
+
+
+def _preference(agent: AgentKey) -> int:
+    return AGENT_PREFERENCE.index(agent) if agent in AGENT_PREFERENCE else len(AGENT_PREFERENCE)
+
+
+def _rank_key(candidate: Candidate, b: ScoreBreakdown) -> tuple[bool, float, float, float, int, str]:
+    """Qualified first; higher total; simpler change; less storage; AGENT_PREFERENCE; name."""
+    return (bool(b.disqualified), -round(b.total, 2), -b.complexity,
+            round(candidate.benchmark.storage_delta_mb, 2), _preference(candidate.agent), candidate.agent)
+
+
+def _agreeing(winner: Candidate | None, outcomes: Sequence[AgentOutcome]) -> tuple[AgentKey, ...]:
+    """Other agents whose proposal (whatever became of it) has the winner's DDL, normalized."""
+    if winner is None:
+        return ()
+    signature = ddl_signature(winner.proposal)
+    if not signature:
+        return ()
+    return tuple(o.agent for o in outcomes
+                 if o.agent != winner.agent and o.proposal and ddl_signature(o.proposal) == signature)
+
+
+def _confidence(winner: Candidate | None, ranked: Sequence[Candidate],
+                scores: Mapping[AgentKey, ScoreBreakdown], agreeing: Sequence[AgentKey]) -> tuple[float, str]:
+    """0 without a winner; else
+
+        0.30 + 0.30 · margin_term + 0.25 · significance_term (+ 0.15 with agreement), clamped to 0–1
+
+    margin_term = clamp((winner total − runner-up total) / 20, 0, 1), the runner-up being the
+    best other qualified proposal; without one, the bar a lone survivor had to clear (60).
+    significance_term = the share of the winner's measurements that beat the noise.
+    """
+    if winner is None:
+        return 0.0, ""
+    total = scores[winner.agent].total
+    rivals = [c for c in ranked if c is not winner and not scores[c.agent].disqualified]
+    bar = scores[rivals[0].agent].total if rivals else LONE_SURVIVOR_MIN_TOTAL
+    margin_term = _clamp((total - bar) / MARGIN_FOR_FULL_CONFIDENCE, 0.0, 1.0)
+    measurements = winner.benchmark.measurements
+    wins = sum(beats_noise(m) for m in measurements)
+    significance_term = wins / len(measurements) if measurements else 0.0
+    value = CONFIDENCE_BASE + CONFIDENCE_MARGIN * margin_term + CONFIDENCE_SIGNIFICANCE * significance_term
+    if agreeing:
+        value += CONFIDENCE_AGREEMENT
+    value = round(_clamp(value, 0.0, 1.0), 4)
+    over = rivals[0].agent if rivals else f"the lone-survivor bar of {_num(LONE_SURVIVOR_MIN_TOTAL)}"
+    why = (f"Confidence {_num(value)}: margin {_num(total - bar)} over {over},"
+           f" {wins} of {len(measurements)} suite queries beat the noise"
+           + (f", {' and '.join(agreeing)} proposed equivalent DDL" if agreeing else "") + ".")
+    return value, why
+
+
+# -- the rationale -----------------------------------------------------------------------
+_TYPE_WORDS: Mapping[str, str] = MappingProxyType({
+    "index": "index", "partial_index": "partial index", "composite_index": "composite index",
+    "query_rewrite": "query rewrite", "materialized_view": "materialized view",
+    "partitioning": "partitioning", "denormalization": "denormalization",
+})
+
+
+def _rationale(outcomes: Sequence[AgentOutcome], winner: Candidate | None, ranked: Sequence[Candidate],
+               scores: Mapping[AgentKey, ScoreBreakdown], weights: Mapping[str, float],
+               adjustments: Mapping[AgentKey, Sequence[Adjustment]], agreeing: Sequence[AgentKey],
+               why_confident: str) -> tuple[str, ...]:
+    lines: list[str] = []
+    if winner is not None:
+        lines.append(_winner_sentence(winner, ranked, scores, weights))
+    elif not outcomes:
+        lines.append("No winner: no agent returned an outcome.")
+    elif not ranked:
+        lines.append("No winner: no proposal was measured.")
+    else:
+        lines.append("No winner: every measured proposal was disqualified.")
+    for c in ranked:
+        if c is not winner:
+            lines.append(_loser_sentence(c, winner, scores, weights))
+    for c in ranked:
+        lines.extend(f"{c.agent}: {a.reason}." for a in adjustments[c.agent])
+    scored = {c.agent for c in ranked}
+    lines.extend(_unscored_sentence(o) for o in outcomes if o.agent not in scored)
+    if why_confident:
+        lines.append(why_confident)
+    return tuple(lines)
+
+
+def _summary(c: Candidate, b: ScoreBreakdown) -> str:
+    pct = c.benchmark.average_improvement_pct
+    speed = f"{_num(pct)} % faster on average" if pct >= 0 else f"{_num(-pct)} % slower on average"
+    kind = _TYPE_WORDS.get(c.proposal.proposal_type, c.proposal.proposal_type)
+    commands = len(c.proposal.sql_commands)
+    return (f"{speed}, {_num(c.benchmark.storage_delta_mb)} MB of storage, {kind}"
+            f" ({commands} command{'s' if commands != 1 else ''}, complexity {_num(b.complexity)})")
+
+
+def _winner_sentence(winner: Candidate, ranked: Sequence[Candidate],
+                     scores: Mapping[AgentKey, ScoreBreakdown], weights: Mapping[str, float]) -> str:
+    b = scores[winner.agent]
+    head = f"{winner.agent} wins with {_num(b.total)}: {_summary(winner, b)}"
+    rivals = [c for c in ranked if c is not winner and not scores[c.agent].disqualified]
+    if not rivals:
+        return f"{head}; it is the only proposal that passed every gate."
+    rival = rivals[0]
+    r = scores[rival.agent]
+    if round(b.total, 2) == round(r.total, 2):
+        return (f"{head}; it ties with {rival.agent} and wins the tie-break on"
+                f" {_tie_break(winner, rival, scores)}.")
+    criterion = _deciding(b, r, weights)
+    return (f"{head}; it leads {rival.agent} by {_num(b.total - r.total)}, most on {criterion}"
+            f" ({_num(getattr(b, criterion))} vs {_num(getattr(r, criterion))}).")
+
+
+def _loser_sentence(c: Candidate, winner: Candidate | None,
+                    scores: Mapping[AgentKey, ScoreBreakdown], weights: Mapping[str, float]) -> str:
+    b = scores[c.agent]
+    if b.disqualified:
+        return f"{c.agent} cannot win ({_num(b.total)}; {_summary(c, b)}): {'; '.join(b.disqualified)}."
+    assert winner is not None  # a qualified proposal ranks below the winner only
+    w = scores[winner.agent]
+    if round(b.total, 2) == round(w.total, 2):
+        return (f"{c.agent} ties with {winner.agent} at {_num(b.total)} and loses the tie-break on"
+                f" {_tie_break(winner, c, scores)}.")
+    criterion = _deciding(w, b, weights)
+    return (f"{c.agent} loses with {_num(b.total)}, {_num(w.total - b.total)} below {winner.agent}"
+            f" ({_summary(c, b)}); the largest gap is {criterion}"
+            f" ({_num(getattr(b, criterion))} vs {_num(getattr(w, criterion))}).")
+
+
+def _deciding(better: ScoreBreakdown, worse: ScoreBreakdown, weights: Mapping[str, float]) -> str:
+    """The criterion that contributes most, weighted, to `better` leading `worse`."""
+    return max(CRITERIA, key=lambda k: weights[k] * (getattr(better, k) - getattr(worse, k)))
+
+
+def _tie_break(first: Candidate, second: Candidate, scores: Mapping[AgentKey, ScoreBreakdown]) -> str:
+    a, b = scores[first.agent], scores[second.agent]
+    if a.complexity != b.complexity:
+        return f"complexity (the simpler change: {_num(a.complexity)} vs {_num(b.complexity)})"
+    sa, sb = round(first.benchmark.storage_delta_mb, 2), round(second.benchmark.storage_delta_mb, 2)
+    if sa != sb:
+        return f"storage ({_num(sa)} MB vs {_num(sb)} MB)"
+    model = AGENTS[first.agent].model if first.agent in AGENTS else first.agent
+    return f"agent preference ({model} first)"
+
+
+def _unscored_sentence(outcome: AgentOutcome) -> str:
+    error = outcome.error or "no error recorded"
+    if outcome.status == "failed":
+        return f"{outcome.agent} failed: {error}."
+    if outcome.status == "rejected":
+        return f"{outcome.agent} was rejected: {error}."
+    missing = [name for name, value in (("proposal", outcome.proposal), ("validation", outcome.validation),
+                                        ("benchmark", outcome.benchmark)) if value is None]
+    return f"{outcome.agent} was not scored: no {', no '.join(missing)}."
+
+
+# -- small helpers -----------------------------------------------------------------------
+def _clamp(value: float, low: float, high: float) -> float:
+    return max(low, min(high, value))
+
+
+def _num(value: float) -> str:
+    """At most two decimals, no trailing zeros: 88.5, 3.1, 97, -0.01."""
+    text = f"{value:.2f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text

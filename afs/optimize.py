@@ -1,0 +1,189 @@
+"""One optimization task, end to end.
+
+    check the query (one read-only SELECT) ─► features ─► source statistics
+    ─► route ─► one nursery, one task per agent (afs.agents.run_agent)
+    ─► partial-failure rules ─► consensus ─► TaskResult
+
+Nothing is written to the source database: it is read for statistics and
+EXPLAIN (without ANALYZE) only; every change happens in forks.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from afs.agents import AgentJob, Brain, run_agent
+from afs.analysis import source_table_stats
+from afs.config import Settings
+from afs.consensus import decide
+from afs.db import open_connection
+from afs.errors import DatabaseError, InputError
+from afs.events import Emitter
+from afs.features import extract_features
+from afs.forks.client import ForkClient
+from afs.models import (
+    AgentKey,
+    AgentOutcome,
+    QueryFeatures,
+    RoutingDecision,
+    TaskResult,
+    TaskStatus,
+    TaskType,
+)
+from afs.router import RuleSet, consensus_weights, route
+from afs.safety import check_query
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    query: str
+    task_type: TaskType = "query_optimization"
+    priority: str = "normal"
+    runs: int = 5
+    weights: Mapping[str, float] | None = None  # overrides the rules file's consensus weights
+
+
+class AgentPool:
+    """Concurrent tasks per agent in this process (the router's capacity input)."""
+
+    def __init__(self) -> None:
+        self.load: dict[AgentKey, int] = {}
+        self._changed = trio.Event()
+
+    def snapshot(self) -> dict[AgentKey, int]:
+        return dict(self.load)
+
+    @contextmanager
+    def assigned(self, agents: Sequence[AgentKey]) -> Iterator[None]:
+        for agent in agents:
+            self.load[agent] = self.load.get(agent, 0) + 1
+        try:
+            yield
+        finally:
+            for agent in agents:
+                self.load[agent] -= 1
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def wait_for_change(self) -> None:
+        await self._changed.wait()
+
+
+@dataclass(frozen=True)
+class Squad:
+    """Who thinks for which agent, and what the report should say about it."""
+
+    brain_for: Callable[[AgentKey], Brain]
+    provider: str  # "heuristic" | "gemini" | "simulated"
+    note: str = ""
+    agents: tuple[AgentKey, ...] | None = None  # fixed squad (benchmarks, tests); None = route
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+def new_task_id() -> str:
+    return secrets.token_hex(4)
+
+
+async def prepare(request: TaskRequest,
+                  source_dsn: str) -> tuple[str, QueryFeatures, dict[str, tuple[int, float]]]:
+    """Refuse bad input before any fork exists: SQL safety, parse, tables, columns."""
+    query = check_query(request.query)
+    features = extract_features(query)
+    if not features.tables:
+        raise InputError("the query reads no table: there is nothing to optimize")
+    async with open_connection(source_dsn) as conn:
+        stats = await source_table_stats(conn, features.tables)
+        unknown = [t for t in features.tables if t not in stats]
+        if unknown:
+            raise InputError(f"unknown table {', '.join(unknown)} in the query")
+        try:
+            await conn.execute(f"EXPLAIN {query}")  # catches unknown columns, types; runs nothing
+        except DatabaseError as exc:
+            raise InputError(f"the query does not run on the source: {str(exc).splitlines()[0]}") from exc
+    return query, features, stats
+
+
+async def optimize(
+    settings: Settings,
+    request: TaskRequest,
+    *,
+    source: str,
+    source_dsn: str,
+    forks: ForkClient,
+    squad: Squad,
+    rules: RuleSet,
+    events: Emitter,
+    pool: AgentPool | None = None,
+) -> TaskResult:
+    """Run one task; returns its result (a failed task is a result, not an exception).
+
+    Raises InputError (and subclasses) for bad input, before any fork is made.
+    """
+    started = trio.current_time()
+    task_id = events.task_id
+    query, features, stats = await prepare(request, source_dsn)
+    pool = pool or AgentPool()
+    max_rows = max((rows for rows, _ in stats.values()), default=0)
+
+    while True:
+        if squad.agents is not None:
+            routing = RoutingDecision(agents=squad.agents, rationale=("fixed squad",))
+        else:
+            routing = route(rules, task_type=request.task_type, priority=request.priority,
+                            features=features, max_table_rows=max_rows,
+                            agent_load=pool.snapshot())
+        if not routing.waiting:
+            break
+        events.emit("waiting_for_agents", agents=list(routing.agents))
+        await pool.wait_for_change()
+    events.emit("agents_assigned", agents=list(routing.agents), rationale=list(routing.rationale),
+                provider=squad.provider)
+
+    job = AgentJob(task_id=task_id, task_type=request.task_type, query=query,
+                   features=features, source=source, source_stats=stats, runs=request.runs,
+                   statement_timeout_ms=settings.statement_timeout_ms, timeouts=settings.timeouts)
+    outcomes: dict[AgentKey, AgentOutcome] = {}
+    bench_limiter = trio.CapacityLimiter(1)  # benchmark phases never overlap on one server
+
+    async def one(agent: AgentKey) -> None:
+        outcomes[agent] = await run_agent(agent, job, forks=forks, brain=squad.brain_for(agent),
+                                          bench_limiter=bench_limiter, events=events)
+
+    with pool.assigned(routing.agents), trio.move_on_after(settings.timeouts.task) as task_scope:
+        async with trio.open_nursery() as nursery:
+            for agent in routing.agents:
+                nursery.start_soon(one, agent)
+    for agent in routing.agents:
+        if agent not in outcomes:  # cut off by the task time limit
+            outcomes[agent] = AgentOutcome(
+                agent=agent, status="failed",
+                error=f"cut off by the task time limit ({settings.timeouts.task:g} s)")
+    ordered = tuple(outcomes[a] for a in routing.agents)
+
+    failed = [o for o in ordered if o.status == "failed"]
+    error = None
+    decision = None
+    if len(failed) == len(ordered) or (len(ordered) > 1 and len(failed) >= 2):
+        status: TaskStatus = "failed"
+        error = (f"{len(failed)} of {len(ordered)} agents failed"
+                 + (" (task time limit reached)" if task_scope.cancelled_caught else "")
+                 + ": " + "; ".join(f"{o.agent}: {o.error}" for o in failed))
+    else:
+        weights = dict(request.weights) if request.weights else consensus_weights(rules)
+        decision = decide(ordered, weights)
+        status = "completed" if decision.winner else "no_improvement"
+    duration = trio.current_time() - started
+    if decision is not None:
+        events.emit("consensus_reached", winner=decision.winner, duration_s=duration,
+                    rationale=list(decision.rationale[:2]))
+    else:
+        events.emit("task_failed", duration_s=duration, error=error)
+    return TaskResult(task_id=task_id, status=status, query=query, source=source,
+                      routing=routing, outcomes=ordered, decision=decision,
+                      provider=squad.provider, provider_note=squad.note, duration_s=duration,
+                      error=error)

@@ -1,0 +1,683 @@
+"""The SQL safety gate: what a user may ask to optimize, and what an agent may change.
+
+Everything is parsed with pglast (the real PostgreSQL parser); anything that does not
+parse is refused. Two checks:
+
+* `check_query` — the query to optimize must be exactly one read-only SELECT (WITH …
+  SELECT, VALUES, TABLE, set operations): no SELECT INTO, no FOR UPDATE/SHARE, no
+  data-modifying WITH, no call of a function with side effects (`DENIED_FUNCTIONS`).
+* `validate_proposal` — an agent's DDL, one statement per command, against an
+  allow-list (DESIGN.md "Safety"):
+
+    CREATE [UNIQUE] INDEX [CONCURRENTLY] [IF NOT EXISTS] … USING btree|hash|gist|spgist|gin|brin
+        (expression, partial WHERE, INCLUDE, WITH (storage options); on tables and
+        materialized views)
+    CREATE MATERIALIZED VIEW … AS <read-only query>
+    REFRESH MATERIALIZED VIEW [CONCURRENTLY] …
+    ANALYZE [table …]
+    only in a "partitioning" proposal, the migration recipe:
+        CREATE TABLE … PARTITION BY RANGE|LIST|HASH (…)  /  CREATE TABLE … (LIKE …)
+        CREATE TABLE … PARTITION OF … FOR VALUES …
+        INSERT INTO <table created in this proposal> [(cols)] SELECT … FROM <table>
+        ALTER TABLE … RENAME TO …
+        ALTER TABLE … ATTACH PARTITION …
+        DROP TABLE <one table> (no CASCADE), only for a table this proposal created or
+            copied out of with INSERT … SELECT (the table being replaced)
+
+  Everything else is refused, and so is any allowed statement that calls a denied
+  function anywhere in its tree (an index expression, a view query, a column default).
+
+Functions defined by users cannot be judged from their name; the deny-list covers the
+built-in and common-extension functions with side effects (sleeping, signalling backends,
+files, large objects, sequences, advisory locks, replication, running SQL given as text).
+
+Pure module: pglast only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pglast import ast, enums, parse_sql, split
+from pglast.parser import ParseError, scan
+from pglast.stream import maybe_double_quote_name
+
+from afs.errors import InputError, UnsafeSqlError
+from afs.models import PROPOSAL_TYPES, RiskLevel, UnsafeStatement, ValidationResult
+
+__all__ = [
+    "DENIED_FUNCTIONS",
+    "INDEX_ACCESS_METHODS",
+    "check_query",
+    "denied_function",
+    "split_statements",
+    "validate_proposal",
+]
+
+# -- functions with side effects -------------------------------------------------------
+DENIED_FUNCTIONS: frozenset[str] = frozenset({
+    # sleeping: not a query worth optimizing, and it holds a fork's benchmark slot
+    "pg_sleep", "pg_sleep_for", "pg_sleep_until",
+    # other backends, server configuration and logs
+    "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf", "pg_rotate_logfile",
+    "pg_rotate_logfile_old", "set_config", "pg_log_backend_memory_contexts", "pg_log_standby_snapshot",
+    # server files
+    "pg_read_file", "pg_read_binary_file", "pg_ls_dir", "pg_stat_file", "pg_logdir_ls",
+    # large objects
+    "loread", "lowrite",
+    # sequences
+    "nextval", "setval",
+    # notifications
+    "pg_notify",
+    # WAL, backups, recovery, replication
+    "pg_switch_wal", "pg_switch_xlog", "pg_promote", "pg_logical_emit_message",
+    "pg_create_restore_point", "pg_start_backup", "pg_stop_backup", "pg_backup_start",
+    "pg_backup_stop", "pg_wal_replay_pause", "pg_wal_replay_resume", "pg_xlog_replay_pause",
+    "pg_xlog_replay_resume",
+    # functions that run SQL given as text
+    "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema", "cursor_to_xml",
+    "cursor_to_xmlschema", "ts_stat",
+    # statistics and caches the benchmark relies on
+    "pg_stat_statements_reset", "pg_prewarm", "autoprewarm_start_worker", "autoprewarm_dump_now",
+    "pg_truncate_visibility_map",
+    # index maintenance functions that write
+    "gin_clean_pending_list", "brin_summarize_new_values", "brin_summarize_range",
+    "brin_desummarize_range",
+    # catalog writes
+    "pg_import_system_collations", "pg_extension_config_dump",
+})
+_DENIED_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
+    r"^dblink",  # dblink, dblink_exec, dblink_connect, …
+    r"^pg_(try_)?advisory_",  # advisory locks
+    r"^lo_",  # lo_import, lo_export, lo_unlink, lo_put, …
+    r"^pg_read_", r"^pg_ls_", r"^pg_file_",  # server files (core and adminpack)
+    r"replication_slot", r"^pg_logical_slot_", r"^pg_replication_origin_",
+    r"^pg_stat_reset",  # pg_stat_reset, pg_stat_reset_shared, …
+    r"^pg_(restore|clear)_(relation|attribute)_stats$",  # planner statistics (PostgreSQL 18)
+    r"^binary_upgrade_",
+    r"^pg_background_",  # runs SQL in a background worker
+    r"^http(_|$)",  # pgsql-http, pg_net: network requests
+))
+_DENIED_SCHEMAS: frozenset[str] = frozenset({"dblink", "cron", "net"})
+
+
+def denied_function(funcname: Sequence[str]) -> bool:
+    """True when a function, named by its (possibly schema-qualified) parts, has side effects."""
+    if not funcname:
+        return False
+    name = funcname[-1].lower()
+    if len(funcname) > 1 and funcname[-2].lower() in _DENIED_SCHEMAS:
+        return True
+    return name in DENIED_FUNCTIONS or any(p.search(name) for p in _DENIED_PATTERNS)
+
+
+INDEX_ACCESS_METHODS: frozenset[str] = frozenset({"btree", "hash", "gist", "spgist", "gin", "brin"})
+_SYSTEM_SCHEMAS = frozenset({"pg_catalog", "information_schema", "pg_toast"})
+
+_REFUSED: dict[str, str] = {
+    "DoStmt": "DO blocks run arbitrary code",
+    "CopyStmt": "COPY reads or writes server files and programs",
+    "AlterSystemStmt": "ALTER SYSTEM changes the server configuration",
+    "GrantStmt": "GRANT/REVOKE changes privileges",
+    "GrantRoleStmt": "GRANT/REVOKE changes role membership",
+    "CreateRoleStmt": "roles and users are not changed by proposals",
+    "AlterRoleStmt": "roles and users are not changed by proposals",
+    "AlterRoleSetStmt": "roles and users are not changed by proposals",
+    "DropRoleStmt": "roles and users are not changed by proposals",
+    "ReassignOwnedStmt": "roles and users are not changed by proposals",
+    "DropOwnedStmt": "DROP OWNED drops objects",
+    "CreateFunctionStmt": "CREATE FUNCTION/PROCEDURE defines code",
+    "AlterFunctionStmt": "functions are not changed by proposals",
+    "CreateTrigStmt": "CREATE TRIGGER defines code that runs on writes",
+    "CreateEventTrigStmt": "event triggers define code",
+    "RuleStmt": "CREATE RULE rewrites queries",
+    "CreateExtensionStmt": "CREATE EXTENSION installs code",
+    "AlterExtensionStmt": "extensions are not changed by proposals",
+    "CallStmt": "CALL runs a procedure",
+    "CreatedbStmt": "CREATE DATABASE is not a query optimization",
+    "DropdbStmt": "DROP DATABASE destroys a database",
+    "AlterDatabaseStmt": "databases are not changed by proposals",
+    "AlterDatabaseSetStmt": "databases are not changed by proposals",
+    "CreateSchemaStmt": "schemas are not changed by proposals",
+    "ClusterStmt": "CLUSTER rewrites a table under an exclusive lock",
+    "ReindexStmt": "REINDEX is not in the allow-list",
+    "LockStmt": "LOCK takes table locks",
+    "ListenStmt": "LISTEN/NOTIFY is not a schema change",
+    "UnlistenStmt": "LISTEN/NOTIFY is not a schema change",
+    "NotifyStmt": "LISTEN/NOTIFY is not a schema change",
+    "PrepareStmt": "PREPARE/EXECUTE can hide any statement",
+    "ExecuteStmt": "PREPARE/EXECUTE can hide any statement",
+    "DeallocateStmt": "prepared statements are not part of a proposal",
+    "DiscardStmt": "DISCARD changes session state",
+    "LoadStmt": "LOAD loads a shared library",
+    "SecLabelStmt": "SECURITY LABEL changes security metadata",
+    "CommentStmt": "COMMENT ON is not a performance change",
+    "CheckPointStmt": "CHECKPOINT is a server operation",
+    "TransactionStmt": "transaction control is managed by AFS",
+    "ExplainStmt": "EXPLAIN is run by AFS, not proposed",
+    "TruncateStmt": "TRUNCATE destroys data",
+    "DeleteStmt": "DELETE modifies data",
+    "UpdateStmt": "UPDATE modifies data",
+    "MergeStmt": "MERGE modifies data",
+    "ViewStmt": "a plain view does not make a query faster (use a materialized view)",
+    "VariableShowStmt": "SHOW is not a schema change",
+    "CreateForeignServerStmt": "foreign servers reach other databases",
+    "CreateForeignTableStmt": "foreign tables reach other databases",
+    "CreateUserMappingStmt": "user mappings hold credentials",
+    "ImportForeignSchemaStmt": "foreign schemas reach other databases",
+    "CreateSubscriptionStmt": "logical replication is not a proposal",
+    "CreatePublicationStmt": "logical replication is not a proposal",
+    "DeclareCursorStmt": "cursors are not part of a proposal",
+    "FetchStmt": "cursors are not part of a proposal",
+    "ClosePortalStmt": "cursors are not part of a proposal",
+    "AlterOwnerStmt": "ownership is not changed by proposals",
+    "AlterObjectSchemaStmt": "moving objects between schemas is not in the allow-list",
+    "CreateTableSpaceStmt": "tablespaces are not changed by proposals",
+    "DropTableSpaceStmt": "tablespaces are not changed by proposals",
+}
+
+_PARTITIONING_ONLY = "allowed only as a step of a partitioning proposal"
+
+_RISK_ORDER: dict[RiskLevel, int] = {"low": 0, "medium": 1, "high": 2}
+
+
+class _Refused(Exception):
+    """One statement is refused; `reason` says why (internal to this module)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# -- tree walking --------------------------------------------------------------------------
+def _walk(node: Any) -> Iterator[ast.Node]:
+    """Every node below (and including) `node`."""
+    stack: list[Any] = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.Node):
+            yield item
+            stack.extend(getattr(item, attr) for attr in item)
+        elif isinstance(item, tuple | list):
+            stack.extend(item)
+
+
+def _func_name(call: ast.FuncCall) -> tuple[str, ...]:
+    return tuple(part.sval for part in call.funcname or () if isinstance(part, ast.String) and part.sval)
+
+
+def _side_effect_problem(node: Any) -> str | None:
+    for sub in _walk(node):
+        if isinstance(sub, ast.FuncCall):
+            parts = _func_name(sub)
+            if denied_function(parts):
+                return f"calls {'.'.join(parts)}(), which has side effects"
+    return None
+
+
+def _read_only_problem(stmt: Any) -> str | None:
+    """Why `stmt` is not one read-only SELECT, or None when it is."""
+    if not isinstance(stmt, ast.SelectStmt):
+        return f"{_describe(stmt)} is not a read-only SELECT"
+    for sub in _walk(stmt):
+        if isinstance(sub, ast.IntoClause):
+            return "SELECT INTO creates a table"
+        if isinstance(sub, ast.LockingClause):
+            return "FOR UPDATE/SHARE locks rows"
+        if isinstance(sub, ast.InsertStmt | ast.UpdateStmt | ast.DeleteStmt | ast.MergeStmt):
+            return "data-modifying WITH (INSERT/UPDATE/DELETE/MERGE)"
+    return _side_effect_problem(stmt)
+
+
+def _describe(stmt: Any) -> str:
+    """A short SQL-ish name for a statement node: 'DELETE', 'CREATE INDEX', …"""
+    special = {
+        "SelectStmt": "SELECT", "InsertStmt": "INSERT", "UpdateStmt": "UPDATE", "DeleteStmt": "DELETE",
+        "VariableSetStmt": "SET", "VariableShowStmt": "SHOW", "DoStmt": "DO", "CopyStmt": "COPY",
+        "IndexStmt": "CREATE INDEX", "CreateStmt": "CREATE TABLE", "RuleStmt": "CREATE RULE",
+        "TransactionStmt": "transaction control", "CreatedbStmt": "CREATE DATABASE",
+        "DropdbStmt": "DROP DATABASE", "CreateTrigStmt": "CREATE TRIGGER", "ViewStmt": "CREATE VIEW",
+        "RenameStmt": "ALTER … RENAME", "CreateSeqStmt": "CREATE SEQUENCE", "AlterSeqStmt": "ALTER SEQUENCE",
+        "SecLabelStmt": "SECURITY LABEL", "CommentStmt": "COMMENT ON",
+    }
+    name = type(stmt).__name__
+    if isinstance(stmt, ast.VacuumStmt):
+        return "ANALYZE" if not stmt.is_vacuumcmd else "VACUUM"
+    if isinstance(stmt, ast.DropStmt):
+        return f"DROP {_object_word(stmt.removeType)}"
+    if isinstance(stmt, ast.CreateTableAsStmt):
+        if stmt.objtype == enums.ObjectType.OBJECT_MATVIEW:
+            return "CREATE MATERIALIZED VIEW"
+        return "SELECT INTO" if stmt.is_select_into else "CREATE TABLE AS"
+    if name in special:
+        return special[name]
+    words = re.findall(r"[A-Z][a-z]*", name.removesuffix("Stmt"))
+    return " ".join(words).upper() if words else name
+
+
+# -- statement text ------------------------------------------------------------------------
+def _trim(text: str) -> str:
+    """Drop trailing comments (and a stray semicolon) so the text can be embedded safely."""
+    tokens = [t for t in scan(text) if t.name not in ("SQL_COMMENT", "C_COMMENT")]
+    while tokens and tokens[-1].name == "ASCII_59":  # ';'
+        tokens.pop()
+    if not tokens:
+        return ""
+    return text[: tokens[-1].end + 1].strip()
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a script into its statements (text, stripped, no semicolons, no trailing comments).
+
+    Uses the parser; when the script does not parse, falls back to the scanner so that each
+    piece can still be judged (and the broken one refused) on its own. Raises
+    `UnsafeSqlError` when not even the scanner can split it (an unterminated string, …).
+    """
+    try:
+        pieces = split(sql)
+    except ParseError:
+        try:
+            pieces = split(sql, with_parser=False)
+        except ParseError as exc:
+            raise UnsafeSqlError(sql, f"does not parse: {exc.args[0]}") from exc
+    out: list[str] = []
+    for piece in pieces:
+        try:
+            text = _trim(piece)
+        except ParseError:
+            text = piece.strip()
+        if text:
+            out.append(text)
+    return out
+
+
+def _with_leading_comments(sql: str, statement: str) -> str:
+    """`statement` with the comments that precede it in `sql` (planner hints like /*+ … */)."""
+    slices = split(sql, only_slices=True)
+    if len(slices) != 1:  # pragma: no cover - only called for one statement
+        return statement
+    prefix = sql[: slices[0].start]
+    if any(t.name not in ("SQL_COMMENT", "C_COMMENT") for t in scan(prefix)):
+        return statement
+    return (prefix + sql[slices[0]]).strip()
+
+
+def _parse_one(sql: str, *, what: str) -> tuple[str, ast.Node]:
+    """The single statement in `sql` (text and node), or `_Refused`."""
+    try:
+        pieces = split(sql)
+    except ParseError as exc:
+        raise _Refused(f"does not parse: {exc.args[0]}") from exc
+    if not pieces:
+        raise _Refused(f"empty {what}")
+    if len(pieces) > 1:
+        raise _Refused("several statements" if what == "query" else "several statements in one command")
+    text = _trim(_with_leading_comments(sql, pieces[0]))
+    try:
+        raw = parse_sql(text)
+    except ParseError as exc:  # pragma: no cover - split already parsed it
+        raise _Refused(f"does not parse: {exc.args[0]}") from exc
+    if len(raw) != 1 or raw[0].stmt is None:  # pragma: no cover - split agreed
+        raise _Refused("several statements")
+    return text, raw[0].stmt
+
+
+# -- the query ----------------------------------------------------------------------------
+def check_query(sql: str) -> str:
+    """The query to optimize: exactly one read-only SELECT, returned as text.
+
+    The text is stripped, without a trailing semicolon or trailing comments, so a caller
+    can wrap it (`EXPLAIN …`, `SELECT count(*) FROM (…) q`). Raises `UnsafeSqlError`.
+    """
+    try:
+        text, stmt = _parse_one(sql, what="query")
+    except _Refused as exc:
+        raise UnsafeSqlError(sql, exc.reason) from None
+    if isinstance(stmt, ast.SelectStmt):
+        problem = _read_only_problem(stmt)
+    else:
+        problem = f"only a SELECT can be optimized, not {_describe(stmt)}"
+    if problem:
+        raise UnsafeSqlError(text, problem)
+    return text
+
+
+# -- proposals -----------------------------------------------------------------------------
+def _qualified(schema: str | None, name: str) -> str:
+    parts = [schema, name] if schema else [name]
+    return ".".join(maybe_double_quote_name(p) for p in parts)
+
+
+def _rv_sql(rv: ast.RangeVar | None) -> str:
+    if rv is None or not rv.relname:
+        raise _Refused("statement names no relation")
+    return _qualified(rv.schemaname, rv.relname)
+
+
+def _rv_key(rv: ast.RangeVar | None) -> str:
+    """A name to compare relations by: `public.x` and `x` are the same."""
+    if rv is None or not rv.relname:
+        raise _Refused("statement names no relation")
+    schema = rv.schemaname if rv.schemaname not in (None, "public") else None
+    return f"{schema}.{rv.relname}" if schema else rv.relname
+
+
+def _check_target(rv: ast.RangeVar | None) -> None:
+    if rv is None or not rv.relname:
+        raise _Refused("statement names no relation")
+    if rv.catalogname:
+        raise _Refused("cross-database names are not allowed")
+    if rv.schemaname in _SYSTEM_SCHEMAS:
+        raise _Refused(f"system schema {rv.schemaname} is not changed by proposals")
+
+
+@dataclass
+class _Verdict:
+    risk: RiskLevel
+    reversibility: float
+    rollback: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    point_of_no_return: bool = False  # undoing earlier commands would destroy the only copy of data
+
+
+@dataclass
+class _Recipe:
+    """What a partitioning proposal has done so far, to judge its INSERT and DROP steps.
+
+    `names` maps a current name to the identity of the table behind it: ("created", name at
+    creation) or ("existing", original name); a name not in it is an existing table.
+    """
+
+    names: dict[str, tuple[str, str]] = field(default_factory=dict)
+    copied_from: set[tuple[str, str]] = field(default_factory=set)
+
+    def identity(self, key: str) -> tuple[str, str]:
+        return self.names.get(key, ("existing", key))
+
+
+def _check_index(stmt: ast.IndexStmt) -> _Verdict:
+    _check_target(stmt.relation)
+    if stmt.primary or stmt.isconstraint:
+        raise _Refused("constraints are not part of the allow-list")
+    method = (stmt.accessMethod or "btree").lower()
+    if method not in INDEX_ACCESS_METHODS:
+        raise _Refused(f"index access method {method} is not in the allow-list")
+    if stmt.tableSpace:
+        raise _Refused("TABLESPACE is not in the allow-list")
+    problem = _side_effect_problem(stmt)
+    if problem:
+        raise _Refused(problem)
+    warnings: list[str] = []
+    risk: RiskLevel = "low"
+    if not stmt.concurrent:
+        warnings.append("CREATE INDEX without CONCURRENTLY locks writes on a live database; "
+                        "AFS applies CONCURRENTLY when a person applies it")
+    if stmt.unique:
+        risk = "medium"
+        warnings.append("unique index can fail on existing duplicates and rejects later ones")
+    if method != "btree" and method != "hash":
+        risk = "medium"
+    if not stmt.idxname:
+        warnings.append("index name missing: PostgreSQL will choose one, so no rollback can be generated")
+        return _Verdict(risk, 0.5, (), tuple(warnings))
+    assert stmt.relation is not None  # _check_target
+    name = _qualified(stmt.relation.schemaname, stmt.idxname)
+    if stmt.if_not_exists:
+        warnings.append(f"IF NOT EXISTS: if an index {name} already exists nothing is built, "
+                        "and the rollback would drop the existing one")
+    return _Verdict(risk, 1.0, (f"DROP INDEX IF EXISTS {name}",), tuple(warnings))
+
+
+def _check_matview(stmt: ast.CreateTableAsStmt) -> _Verdict:
+    into = stmt.into
+    if into is None:  # pragma: no cover - the grammar always sets it
+        raise _Refused("materialized view without a name")
+    _check_target(into.rel)
+    if into.tableSpaceName:
+        raise _Refused("TABLESPACE is not in the allow-list")
+    problem = _read_only_problem(stmt.query)
+    if problem:
+        raise _Refused(f"materialized view query: {problem}")
+    name = _rv_sql(into.rel)
+    warnings = ["materialized view needs REFRESH to stay current"]
+    if into.skipData:
+        warnings.append("WITH NO DATA: the view cannot be read until it is refreshed")
+    if stmt.if_not_exists:
+        warnings.append(f"IF NOT EXISTS: if {name} already exists nothing is created, "
+                        "and the rollback would drop the existing one")
+    return _Verdict("medium", 1.0, (f"DROP MATERIALIZED VIEW IF EXISTS {name}",), tuple(warnings))
+
+
+def _check_refresh(stmt: ast.RefreshMatViewStmt) -> _Verdict:
+    _check_target(stmt.relation)
+    warnings = () if stmt.concurrent else (
+        "REFRESH MATERIALIZED VIEW without CONCURRENTLY blocks readers of the view while it runs",)
+    return _Verdict("medium", 1.0, (), warnings)
+
+
+def _check_analyze(stmt: ast.VacuumStmt) -> _Verdict:
+    if stmt.is_vacuumcmd:
+        raise _Refused("VACUUM is not in the allow-list (ANALYZE is)")
+    for opt in stmt.options or ():
+        if isinstance(opt, ast.DefElem) and (opt.defname or "").lower() not in ("verbose", "skip_locked",
+                                                                                  "buffer_usage_limit"):
+            raise _Refused(f"ANALYZE option {opt.defname} is not in the allow-list")
+    rels = stmt.rels or ()
+    for rel in rels:
+        if isinstance(rel, ast.VacuumRelation) and rel.relation is not None and rel.relation.catalogname:
+            raise _Refused("cross-database names are not allowed")
+    warnings = () if rels else ("ANALYZE without a table analyzes the whole database",)
+    return _Verdict("low", 1.0, (), warnings)
+
+
+def _check_create_table(stmt: ast.CreateStmt, recipe: _Recipe) -> _Verdict:
+    _check_target(stmt.relation)
+    assert stmt.relation is not None
+    if stmt.relation.relpersistence != "p":
+        raise _Refused("TEMPORARY and UNLOGGED tables are not in the allow-list")
+    if stmt.tablespacename:
+        raise _Refused("TABLESPACE is not in the allow-list")
+    if stmt.accessMethod not in (None, "heap"):
+        raise _Refused(f"table access method {stmt.accessMethod} is not in the allow-list")
+    if stmt.ofTypename is not None:
+        raise _Refused("typed tables (OF type) are not in the allow-list")
+    parents = stmt.inhRelations or ()
+    likes = [e for e in stmt.tableElts or () if isinstance(e, ast.TableLikeClause)]
+    if stmt.partbound is not None:
+        if len(parents) != 1:  # pragma: no cover - the grammar names exactly one parent
+            raise _Refused("PARTITION OF names one parent")
+        _check_target(parents[0])
+    elif parents:
+        raise _Refused("table inheritance (INHERITS) is not in the allow-list")
+    elif stmt.partspec is None and not likes:
+        raise _Refused("in a partitioning proposal CREATE TABLE must be PARTITION BY …, "
+                       "PARTITION OF … or (LIKE …)")
+    for like in likes:
+        _check_target(like.relation)
+    problem = _side_effect_problem(stmt)
+    if problem:
+        raise _Refused(problem)
+    key = _rv_key(stmt.relation)
+    recipe.names[key] = ("created", key)
+    return _Verdict("high", 0.8, (f"DROP TABLE IF EXISTS {_rv_sql(stmt.relation)}",),
+                    ("partitioning rollback is best effort: reverse renames, then drop the new tables",))
+
+
+def _check_insert(stmt: ast.InsertStmt, recipe: _Recipe) -> _Verdict:
+    _check_target(stmt.relation)
+    if stmt.withClause is not None:
+        raise _Refused("INSERT with WITH is not in the allow-list (use INSERT INTO … SELECT … FROM …)")
+    if stmt.onConflictClause is not None:
+        raise _Refused("INSERT … ON CONFLICT is not in the allow-list")
+    if stmt.returningClause is not None:
+        raise _Refused("INSERT … RETURNING is not in the allow-list")
+    select = stmt.selectStmt
+    if (not isinstance(select, ast.SelectStmt) or select.valuesLists
+            or select.op != enums.SetOperation.SETOP_NONE):
+        raise _Refused("only INSERT INTO <table> SELECT … FROM <table> is allowed")
+    sources = [item for item in select.fromClause or () if isinstance(item, ast.RangeVar)]
+    if not sources:
+        raise _Refused("only INSERT INTO <table> SELECT … FROM <table> is allowed")
+    problem = _read_only_problem(select)
+    if problem:
+        raise _Refused(f"INSERT source: {problem}")
+    target = recipe.identity(_rv_key(stmt.relation))
+    if target[0] != "created":
+        raise _Refused("INSERT only into a table created earlier in this proposal")
+    for source in sources:
+        _check_target(source)
+        recipe.copied_from.add(recipe.identity(_rv_key(source)))
+    return _Verdict("high", 0.8, (), (
+        "INSERT … SELECT copies every row: on a live database, writes made meanwhile are not copied",))
+
+
+def _check_rename(stmt: ast.RenameStmt, recipe: _Recipe) -> _Verdict:
+    if stmt.renameType != enums.ObjectType.OBJECT_TABLE or stmt.subname is not None or not stmt.newname:
+        raise _Refused("only ALTER TABLE … RENAME TO … is allowed (partitioning)")
+    _check_target(stmt.relation)
+    assert stmt.relation is not None and stmt.relation.relname
+    old_key = _rv_key(stmt.relation)
+    new_rv = ast.RangeVar(schemaname=stmt.relation.schemaname, relname=stmt.newname)
+    identity = recipe.identity(old_key)
+    recipe.names[old_key] = ("gone", old_key)
+    recipe.names[_rv_key(new_rv)] = identity
+    old_name = maybe_double_quote_name(stmt.relation.relname)
+    back = f"ALTER TABLE IF EXISTS {_rv_sql(new_rv)} RENAME TO {old_name}"
+    return _Verdict("high", 0.7, (back,), ())
+
+
+def _check_alter_table(stmt: ast.AlterTableStmt) -> _Verdict:
+    if stmt.objtype != enums.ObjectType.OBJECT_TABLE:
+        raise _Refused("only ALTER TABLE … RENAME TO and ALTER TABLE … ATTACH PARTITION are allowed")
+    _check_target(stmt.relation)
+    rollback: list[str] = []
+    for cmd in stmt.cmds or ():
+        if not isinstance(cmd, ast.AlterTableCmd) or cmd.subtype != enums.AlterTableType.AT_AttachPartition:
+            raise _Refused("only ALTER TABLE … RENAME TO and ALTER TABLE … ATTACH PARTITION are allowed")
+        part = cmd.def_
+        if not isinstance(part, ast.PartitionCmd):  # pragma: no cover - the grammar guarantees it
+            raise _Refused("ATTACH PARTITION without a partition")
+        _check_target(part.name)
+        rollback.append(f"ALTER TABLE IF EXISTS {_rv_sql(stmt.relation)} "
+                        f"DETACH PARTITION {_rv_sql(part.name)}")
+    problem = _side_effect_problem(stmt)
+    if problem:
+        raise _Refused(problem)
+    return _Verdict("high", 0.8, tuple(rollback), ())
+
+
+def _check_drop(stmt: ast.DropStmt, recipe: _Recipe) -> _Verdict:
+    if stmt.removeType != enums.ObjectType.OBJECT_TABLE:
+        raise _Refused(f"DROP {_object_word(stmt.removeType)} is not in the allow-list")
+    if stmt.behavior == enums.DropBehavior.DROP_CASCADE:
+        raise _Refused("DROP … CASCADE also drops dependent objects")
+    objects = stmt.objects or ()
+    if len(objects) != 1:
+        raise _Refused("DROP TABLE of several tables is not allowed")
+    parts = [p.sval for p in objects[0] if isinstance(p, ast.String) and p.sval]
+    if len(parts) > 2 or not parts:
+        raise _Refused("cross-database names are not allowed")
+    rv = ast.RangeVar(schemaname=parts[0] if len(parts) == 2 else None, relname=parts[-1])
+    _check_target(rv)
+    identity = recipe.identity(_rv_key(rv))
+    if identity[0] != "created" and identity not in recipe.copied_from:
+        raise _Refused("DROP TABLE only for a table this proposal created or copied out of "
+                       "(the table being replaced)")
+    if identity[0] == "created":
+        return _Verdict("high", 0.8, (), ())
+    name = _rv_sql(rv)
+    return _Verdict("high", 0.2, (), (f"DROP TABLE {name} cannot be undone: its rows survive only in "
+                                      "the new table, so the rollback stops at this point",),
+                    point_of_no_return=True)
+
+
+def _object_word(objtype: Any) -> str:
+    name = str(getattr(objtype, "name", objtype)).removeprefix("OBJECT_")
+    return {"MATVIEW": "MATERIALIZED VIEW", "FDW": "FOREIGN DATA WRAPPER"}.get(name, name.replace("_", " "))
+
+
+def _check_statement(stmt: ast.Node, partitioning: bool, recipe: _Recipe) -> _Verdict:
+    problem = _side_effect_problem(stmt)
+    if problem:
+        raise _Refused(problem)
+    if isinstance(stmt, ast.IndexStmt):
+        return _check_index(stmt)
+    if isinstance(stmt, ast.CreateTableAsStmt):
+        if stmt.objtype == enums.ObjectType.OBJECT_MATVIEW:
+            return _check_matview(stmt)
+        raise _Refused("CREATE TABLE AS is not in the allow-list")
+    if isinstance(stmt, ast.RefreshMatViewStmt):
+        return _check_refresh(stmt)
+    if isinstance(stmt, ast.VacuumStmt):
+        return _check_analyze(stmt)
+    if isinstance(stmt, ast.SelectStmt):
+        if stmt.intoClause is not None:
+            raise _Refused("SELECT INTO creates a table")
+        raise _Refused("a query is not a schema change")
+    if isinstance(stmt, ast.VariableSetStmt):
+        name = (stmt.name or "").lower()
+        if name in ("role", "session_authorization"):
+            raise _Refused("SET/RESET ROLE and SESSION AUTHORIZATION change the session's privileges")
+        raise _Refused("SET changes session settings")
+    if isinstance(stmt, ast.DropStmt) and stmt.removeType != enums.ObjectType.OBJECT_TABLE:
+        raise _Refused(f"DROP {_object_word(stmt.removeType)} is not in the allow-list")
+    recipe_steps = (ast.CreateStmt, ast.InsertStmt, ast.RenameStmt, ast.AlterTableStmt, ast.DropStmt)
+    if isinstance(stmt, recipe_steps):
+        if not partitioning:
+            raise _Refused(f"{_describe(stmt)} is {_PARTITIONING_ONLY}")
+        if isinstance(stmt, ast.CreateStmt):
+            return _check_create_table(stmt, recipe)
+        if isinstance(stmt, ast.InsertStmt):
+            return _check_insert(stmt, recipe)
+        if isinstance(stmt, ast.RenameStmt):
+            return _check_rename(stmt, recipe)
+        if isinstance(stmt, ast.AlterTableStmt):
+            return _check_alter_table(stmt)
+        return _check_drop(stmt, recipe)
+    reason = _REFUSED.get(type(stmt).__name__)
+    raise _Refused(reason or f"{_describe(stmt)} is not in the allow-list")
+
+
+def validate_proposal(sql_commands: Sequence[str], proposal_type: str) -> ValidationResult:
+    """Judge an agent's commands against the allow-list; never raises for bad SQL.
+
+    Every refused command becomes an `UnsafeStatement` in `rejected` (and `is_valid` is
+    False, risk "high", reversibility 0.0). Rollback commands undo the accepted ones in
+    reverse order; partitioning rollback is best effort (reverse renames, detach, drop the
+    new tables) and stops at a DROP of the replaced table, since undoing the steps before it
+    would drop the only copy of the data. Raises `InputError` only for an unknown proposal type.
+    """
+    if proposal_type not in PROPOSAL_TYPES:
+        raise InputError(f"unknown proposal type {proposal_type!r} (known: {', '.join(PROPOSAL_TYPES)})")
+    if isinstance(sql_commands, str):
+        sql_commands = [sql_commands]
+    partitioning = proposal_type == "partitioning"
+    recipe = _Recipe()
+    rejected: list[UnsafeStatement] = []
+    warnings: list[str] = []
+    rollback: list[str] = []
+    risk: RiskLevel = "low"
+    reversibility = 1.0
+    if not sql_commands:
+        rejected.append(UnsafeStatement("", "empty proposal: no commands"))
+    for command in sql_commands:
+        try:
+            _, stmt = _parse_one(command, what="command")
+            verdict = _check_statement(stmt, partitioning, recipe)
+        except _Refused as exc:
+            rejected.append(UnsafeStatement(command, exc.reason))
+            continue
+        if _RISK_ORDER[verdict.risk] > _RISK_ORDER[risk]:
+            risk = verdict.risk
+        reversibility = min(reversibility, verdict.reversibility)
+        if verdict.point_of_no_return:
+            rollback.clear()
+        rollback.extend(verdict.rollback)
+        warnings.extend(w for w in verdict.warnings if w not in warnings)
+    undo = tuple(reversed(rollback))
+    if rejected:
+        return ValidationResult(False, "high", 0.0, tuple(warnings), undo, tuple(rejected))
+    return ValidationResult(True, risk, reversibility, tuple(warnings), undo)

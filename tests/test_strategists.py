@@ -1,0 +1,708 @@
+"""Offline strategists: hand-built analysis contexts in, sensible and different proposals out.
+
+Plans and statistics are shaped after the demo data set (EXPLAIN (ANALYZE, BUFFERS,
+FORMAT JSON) on PostgreSQL 18 and pg_stats), scaled to 2 M orders. No database.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pglast
+import pytest
+
+from afs import strategists
+from afs.errors import InputError
+from afs.models import (
+    AGENTS,
+    PROPOSAL_TYPES,
+    AnalysisContext,
+    ColumnInfo,
+    ColumnStats,
+    ColumnUse,
+    IndexInfo,
+    OptimizationProposal,
+    QueryFeatures,
+    TableInfo,
+)
+from afs.strategists import (
+    STRATEGISTS,
+    analyze,
+    covering_index,
+    equality_selectivity,
+    materialize,
+    plan_nodes,
+    propose,
+    range_fraction,
+)
+
+# -- the factory ------------------------------------------------------------------------------
+ORDERS_ROWS = 2_000_000
+
+
+def _months(first: datetime, count: int) -> tuple[str, ...]:
+    step = timedelta(days=730 / (count - 1))
+    return tuple(f"{first + i * step:%Y-%m-%d %H:%M:%S}.123456+00" for i in range(count))
+
+
+ORDERS_STATS = {
+    "id": ColumnStats(n_distinct=-1, correlation=1.0, histogram_bounds=("1", "1000000", "2000000")),
+    "user_id": ColumnStats(
+        n_distinct=48_000, correlation=0.16,
+        most_common_vals=("1", "2", "3", "4", "5"),
+        most_common_freqs=(0.0092, 0.0025, 0.0017, 0.0014, 0.0011)),
+    "status": ColumnStats(
+        n_distinct=6, correlation=0.40,
+        most_common_vals=("completed", "shipped", "paid", "cancelled", "pending", "refunded"),
+        most_common_freqs=(0.5953, 0.1503, 0.0992, 0.0707, 0.0523, 0.0321)),
+    "total_amount": ColumnStats(n_distinct=-0.6, correlation=-0.02),
+    "shipping_country": ColumnStats(
+        n_distinct=14, correlation=0.17, most_common_vals=("US", "IN", "BR"),
+        most_common_freqs=(0.363, 0.0888, 0.0827)),
+    "created_at": ColumnStats(n_distinct=-1, correlation=1.0,
+                              histogram_bounds=_months(datetime(2024, 1, 2, tzinfo=UTC), 101)),
+}
+
+
+def orders(rows: int = ORDERS_ROWS, indexes: Sequence[IndexInfo] = (),
+           stats: Mapping[str, ColumnStats] = ORDERS_STATS, writes_per_read: float = 0.02) -> TableInfo:
+    return TableInfo(
+        name="orders", rows=rows, size_mb=round(rows * 150 / 1_048_576, 1),
+        columns=(ColumnInfo("id", "bigint", False), ColumnInfo("user_id", "bigint", False),
+                 ColumnInfo("status", "text", False), ColumnInfo("total_amount", "numeric(12,2)", False),
+                 ColumnInfo("shipping_country", "text", False),
+                 ColumnInfo("created_at", "timestamp with time zone", False),
+                 ColumnInfo("updated_at", "timestamp with time zone", False)),
+        indexes=(IndexInfo("orders_pkey", "CREATE UNIQUE INDEX orders_pkey ON public.orders USING btree (id)",
+                           ("id",), unique=True, primary=True, size_mb=rows * 22 / 1_048_576),
+                 *indexes),
+        primary_key=("id",), column_stats=stats, writes_per_read=writes_per_read)
+
+
+def users(rows: int = 80_000) -> TableInfo:
+    return TableInfo(
+        name="users", rows=rows, size_mb=rows * 120 / 1_048_576,
+        columns=(ColumnInfo("id", "bigint", False), ColumnInfo("email", "text", False),
+                 ColumnInfo("country", "text", False), ColumnInfo("tier", "text", False),
+                 ColumnInfo("created_at", "timestamp with time zone", False)),
+        indexes=(IndexInfo("users_pkey", "CREATE UNIQUE INDEX users_pkey ON public.users USING btree (id)",
+                           ("id",), unique=True, primary=True),),
+        primary_key=("id",),
+        column_stats={"id": ColumnStats(n_distinct=-1, correlation=1.0),
+                      "country": ColumnStats(n_distinct=14, most_common_vals=("US", "DE"),
+                                             most_common_freqs=(0.36, 0.09))})
+
+
+def use(table: str | None, column: str, role: str, operator: str | None = None,
+        value: Any = None) -> ColumnUse:
+    return ColumnUse(table=table, column=column, role=role, operator=operator, value=value)  # type: ignore[arg-type]
+
+
+def features(tables: Sequence[str], columns: Iterable[ColumnUse],
+             aliases: Mapping[str, str] | None = None, *, joins: int = 0, aggregations: int = 0,
+             order_by: int = 0, limit: bool = False) -> QueryFeatures:
+    score = joins * 2 + aggregations + order_by
+    return QueryFeatures(
+        join_count=joins, subquery_count=0, aggregation_count=aggregations, window_count=0,
+        set_operation_count=0, order_by_count=order_by, has_limit=limit, tables=tuple(tables),
+        aliases=dict(aliases or {}), columns=tuple(columns), main_table=tables[0],
+        complexity_score=score, complexity="low" if score <= 2 else "medium" if score <= 5 else "high")
+
+
+def node(node_type: str, *children: Mapping[str, Any], rows: float, ms: float, loops: float = 1,
+         **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "Node Type": node_type, "Parallel Aware": False, "Async Capable": False,
+        "Startup Cost": 0.0, "Total Cost": 1000.0, "Plan Rows": max(1, int(rows)), "Plan Width": 22,
+        "Actual Startup Time": 0.01, "Actual Total Time": ms, "Actual Rows": float(rows),
+        "Actual Loops": loops, "Disabled": False, "Shared Hit Blocks": 512, "Shared Read Blocks": 0,
+        **{k.replace("_", " "): v for k, v in extra.items()},
+    }
+    if children:
+        out["Plans"] = [dict(c, **{"Parent Relationship": "Outer" if i == 0 else "Inner"})
+                        for i, c in enumerate(children)]
+    return out
+
+
+def seq_scan(relation: str, alias: str, rows: float, removed: float, ms: float,
+             filter: str | None = None, loops: float = 1) -> dict[str, Any]:
+    extra: dict[str, Any] = {"Relation_Name": relation, "Alias": alias}
+    if filter:
+        extra |= {"Filter": filter, "Rows_Removed_by_Filter": removed}
+    return node("Seq Scan", rows=rows, ms=ms, loops=loops, **extra)
+
+
+def context(query: str, feats: QueryFeatures, plan: Mapping[str, Any], tables: Iterable[TableInfo],
+            execution_ms: float) -> AnalysisContext:
+    return AnalysisContext(task_id="t-1", task_type="query_optimization", query=query, features=feats,
+                           plan=plan, execution_ms=execution_ms, tables={t.name: t for t in tables})
+
+
+# -- the scenarios --------------------------------------------------------------------------
+USER_ID_INDEX_DEF = "CREATE INDEX orders_user_id_idx ON public.orders USING btree (user_id)"
+ISSUE_QUERY = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending' AND o.user_id = 4242 "
+               "ORDER BY o.created_at DESC")
+
+
+def issue_ctx(table: TableInfo | None = None, plan: Mapping[str, Any] | None = None,
+              execution_ms: float = 182.4) -> AnalysisContext:
+    """The issue's example: a Seq Scan over 2 M orders for a user's pending orders."""
+    feats = features(["orders"], [
+        use("orders", "id", "select"), use("orders", "total_amount", "select"),
+        use("orders", "status", "equality", "=", "pending"), use("orders", "user_id", "equality", "=", 4242),
+        use("orders", "created_at", "sort")], {"o": "orders"}, order_by=1)
+    plan = plan or node(
+        "Sort", node("Gather", seq_scan("orders", "o", rows=2, removed=666_650, ms=171.0, loops=3,
+                                        filter="((status = 'pending'::text) AND (user_id = 4242))"),
+                     rows=6, ms=181.9, Workers_Launched=2),
+        rows=6, ms=182.0, Sort_Key=["o.created_at DESC"], Sort_Method="quicksort",
+        Sort_Space_Used=25, Sort_Space_Type="Memory")
+    return context(ISSUE_QUERY, feats, plan, [table or orders()], execution_ms)
+
+
+RANGE_QUERY = ("SELECT o.id, o.total_amount FROM orders o "
+               "WHERE o.created_at >= '2025-06-01' AND o.created_at < '2025-07-01'")
+
+
+def range_ctx(rows: int = ORDERS_ROWS) -> AnalysisContext:
+    feats = features(["orders"], [
+        use("orders", "id", "select"), use("orders", "total_amount", "select"),
+        use("orders", "created_at", "range", ">=", "2025-06-01"),
+        use("orders", "created_at", "range", "<", "2025-07-01")], {"o": "orders"})
+    kept = rows * 30 / 730
+    condition = ("((created_at >= '2025-06-01 00:00:00+00'::timestamp with time zone) "
+                 "AND (created_at < '2025-07-01 00:00:00+00'::timestamp with time zone))")
+    plan = node("Gather", seq_scan("orders", "o", rows=kept / 3, removed=(rows - kept) / 3, ms=160.0,
+                                   loops=3, filter=condition),
+                rows=kept, ms=205.0, Workers_Launched=2)
+    return context(RANGE_QUERY, feats, plan, [orders(rows)], 205.3)
+
+
+AGG_QUERY = ("SELECT o.status, count(*) AS n, sum(o.total_amount) AS revenue FROM orders o "
+             "WHERE o.created_at >= '2025-01-01' GROUP BY o.status ORDER BY revenue DESC")
+
+
+def agg_ctx() -> AnalysisContext:
+    feats = features(["orders"], [
+        use("orders", "status", "group"), use("orders", "status", "select"),
+        use("orders", "total_amount", "select"), use("orders", "created_at", "range", ">=", "2025-01-01"),
+    ], {"o": "orders"}, aggregations=2, order_by=1)
+    plan = node("Sort", node(
+        "Aggregate", seq_scan("orders", "o", rows=1_000_000, removed=1_000_000, ms=310.0,
+                              filter="(created_at >= '2025-01-01 00:00:00+00'::timestamp with time zone)"),
+        rows=6, ms=520.0, Strategy="Hashed", Group_Key=["o.status"]),
+        rows=6, ms=520.2, Sort_Key=["(sum(o.total_amount)) DESC"], Sort_Method="quicksort")
+    return context(AGG_QUERY, feats, plan, [orders()], 520.6)
+
+
+INDEXED_QUERY = "SELECT o.id, o.total_amount FROM orders o WHERE o.user_id = 4242"
+
+
+def indexed_ctx() -> AnalysisContext:
+    """user_id already has an index and the plan uses it: 0.09 ms."""
+    table = orders(indexes=[IndexInfo("orders_user_id_idx", USER_ID_INDEX_DEF,
+                                      ("user_id",), size_mb=42.0)])
+    feats = features(["orders"], [use("orders", "id", "select"), use("orders", "total_amount", "select"),
+                                  use("orders", "user_id", "equality", "=", 4242)], {"o": "orders"})
+    plan = node("Index Scan", rows=41, ms=0.08, Index_Name="orders_user_id_idx", Relation_Name="orders",
+                Alias="o", Scan_Direction="Forward", Index_Cond="(user_id = 4242)")
+    return context(INDEXED_QUERY, feats, plan, [table], 0.09)
+
+
+JOIN_QUERY = ("SELECT u.email, o.id, o.total_amount FROM users u JOIN orders o ON o.user_id = u.id "
+              "WHERE u.country = 'DE' AND u.tier = 'gold'")
+
+
+def join_ctx() -> AnalysisContext:
+    """300 gold users in DE; orders (2 M) has no index on user_id: a hash join over everything."""
+    feats = features(["users", "orders"], [
+        use("users", "email", "select"), use("orders", "id", "select"),
+        use("orders", "total_amount", "select"),
+        use("orders", "user_id", "join", "="), use("users", "id", "join", "="),
+        use("users", "country", "equality", "=", "DE"), use("users", "tier", "equality", "=", "gold")],
+        {"u": "users", "o": "orders"}, joins=1)
+    plan = node(
+        "Hash Join",
+        seq_scan("orders", "o", rows=ORDERS_ROWS, removed=0, ms=140.0),
+        node("Hash", seq_scan("users", "u", rows=300, removed=79_700, ms=9.0,
+                              filter="((country = 'DE'::text) AND (tier = 'gold'::text))"), rows=300, ms=9.1),
+        rows=12_400, ms=395.0, Join_Type="Inner", Hash_Cond="(o.user_id = u.id)")
+    return context(JOIN_QUERY, feats, plan, [users(), orders()], 395.4)
+
+
+SCENARIOS: dict[str, Callable[[], AnalysisContext]] = {
+    "issue": issue_ctx, "range": range_ctx, "aggregate": agg_ctx, "indexed": indexed_ctx, "join": join_ctx}
+
+
+def all_outputs() -> Iterable[tuple[str, str, OptimizationProposal | None]]:
+    for name, make in SCENARIOS.items():
+        ctx = make()
+        for agent in STRATEGISTS:
+            yield name, agent, propose(agent, ctx, analyze(agent, ctx))
+
+
+# -- gemini-2.5-pro ---------------------------------------------------------------------------
+def test_issue_query_gets_a_partial_composite_covering_index() -> None:
+    ctx = issue_ctx()
+    analysis = analyze("gemini25pro", ctx)
+    proposal = propose("gemini25pro", ctx, analysis)
+    assert proposal is not None
+    assert proposal.proposal_type == "partial_index"
+    assert proposal.sql_commands == (
+        "CREATE INDEX afs_orders_user_id_created_at_idx ON orders (user_id, created_at DESC) "
+        "INCLUDE (id, total_amount) WHERE status = 'pending'",)
+    assert proposal.rollback_commands == ("DROP INDEX IF EXISTS afs_orders_user_id_created_at_idx",)
+    assert "Index Only Scan using afs_orders_user_id_created_at_idx" in proposal.validation_steps[0]
+    assert proposal.estimated_impact.risk == "low"
+    # a partial index over 5 % of 2 M rows is small
+    assert 0 < proposal.estimated_impact.storage_overhead_mb < 10
+    assert proposal.estimated_impact.query_time_improvement >= 80
+    insights = "\n".join(analysis.insights)
+    assert "Seq Scan on orders removes 1,999,950 rows to return 6" in insights
+    assert "status = 'pending' matches 5.2 % of rows (pg_stats MCV)" in insights
+    assert analysis.proposed_actions == ("Create index on orders (user_id, created_at DESC) "
+                                         "INCLUDE (id, total_amount) WHERE status = 'pending'",)
+    assert analysis.metadata["target_table"] == "orders"
+    assert analysis.metadata["writes_per_read"] == 0.02
+    assert analysis.metadata["query_complexity"] == "low"
+    assert 0.8 <= analysis.confidence <= 0.95
+
+
+def test_a_common_status_stays_in_the_key_not_in_a_partial_predicate() -> None:
+    """status = 'completed' is 60 % of rows: a partial index would not be small; key it instead."""
+    ctx = issue_ctx()
+    query = ctx.query.replace("'pending'", "'completed'")
+    cols = tuple(use(u.table, u.column, u.role, u.operator, "completed" if u.value == "pending" else u.value)
+                 for u in ctx.features.columns)
+    ctx = context(query, features(["orders"], cols, {"o": "orders"}, order_by=1), ctx.plan,
+                  ctx.tables.values(), ctx.execution_ms)
+    proposal = propose("gemini25pro", ctx, analyze("gemini25pro", ctx))
+    assert proposal is not None and proposal.proposal_type == "composite_index"
+    assert "(user_id, status, created_at DESC)" in proposal.sql_commands[0]
+    assert "WHERE" not in proposal.sql_commands[0]
+
+
+def test_already_indexed_query_gets_no_duplicate() -> None:
+    ctx = indexed_ctx()
+    analysis = analyze("gemini25pro", ctx)
+    assert propose("gemini25pro", ctx, analysis) is None
+    assert any("already" in line for line in analysis.insights)
+    assert analysis.proposed_actions[0].startswith("No change proposed")
+
+
+def test_an_existing_covering_index_is_not_proposed_again_even_when_the_plan_ignores_it() -> None:
+    existing = IndexInfo("orders_uc", "CREATE INDEX orders_uc ON public.orders USING btree "
+                                      "(status, user_id, created_at DESC)",
+                         ("status", "user_id", "created_at"))
+    ctx = issue_ctx(table=orders(indexes=[existing]))
+    analysis = analyze("gemini25pro", ctx)
+    assert propose("gemini25pro", ctx, analysis) is None
+    assert any("orders_uc already covers" in line for line in analysis.insights)
+
+
+def test_an_existing_single_column_index_used_by_the_plan_leaves_little_to_gain() -> None:
+    table = orders(indexes=[IndexInfo("orders_user_id_idx", USER_ID_INDEX_DEF,
+                                      ("user_id",))])
+    plan = node("Sort", node("Bitmap Heap Scan",
+                             node("Bitmap Index Scan", rows=41, ms=0.05, Index_Name="orders_user_id_idx",
+                                  Index_Cond="(user_id = 4242)"),
+                             rows=2, ms=0.4, Relation_Name="orders", Alias="o",
+                             Recheck_Cond="(user_id = 4242)",
+                             Filter="(status = 'pending'::text)", Rows_Removed_by_Filter=39),
+                rows=2, ms=0.45, Sort_Key=["o.created_at DESC"])
+    ctx = issue_ctx(table=table, plan=plan, execution_ms=0.5)
+    analysis = analyze("gemini25pro", ctx)
+    assert propose("gemini25pro", ctx, analysis) is None
+
+
+def test_join_gets_an_index_on_the_join_key_of_the_large_side() -> None:
+    ctx = join_ctx()
+    analysis = analyze("gemini25pro", ctx)
+    proposal = propose("gemini25pro", ctx, analysis)
+    assert proposal is not None
+    assert proposal.proposal_type == "index"
+    assert proposal.sql_commands == ("CREATE INDEX afs_orders_user_id_idx ON orders (user_id)",)
+    assert any("orders.user_id = users.id" in line and "no index" in line for line in analysis.insights)
+    # users (80 k rows) is filtered but small enough: no index proposed for it
+    assert analysis.metadata["target_table"] == "orders"
+
+
+def test_join_key_already_indexed_gives_no_join_index() -> None:
+    ctx = join_ctx()
+    table = orders(indexes=[IndexInfo("orders_user_id_idx", "CREATE INDEX orders_user_id_idx ON "
+                                      "public.orders USING btree (user_id)", ("user_id",))])
+    ctx = context(ctx.query, ctx.features, ctx.plan, [users(), table], ctx.execution_ms)
+    proposal = propose("gemini25pro", ctx, analyze("gemini25pro", ctx))
+    assert proposal is None or "orders (user_id)" not in proposal.sql_commands[0]
+
+
+def test_order_by_with_limit_gets_a_sort_index_and_without_limit_none() -> None:
+    query = "SELECT * FROM orders ORDER BY created_at DESC LIMIT 10"
+    feats = features(["orders"], [use("orders", "*", "select"), use("orders", "created_at", "sort")],
+                     order_by=1, limit=True)
+    plan = node("Limit", node("Sort", seq_scan("orders", "orders", rows=ORDERS_ROWS, removed=0, ms=240.0),
+                              rows=10, ms=530.0, Sort_Key=["created_at DESC"], Sort_Method="top-N heapsort"),
+                rows=10, ms=530.1)
+    ctx = context(query, feats, plan, [orders()], 530.3)
+    proposal = propose("gemini25pro", ctx, analyze("gemini25pro", ctx))
+    assert proposal is not None
+    assert proposal.sql_commands == ("CREATE INDEX afs_orders_created_at_idx ON orders (created_at DESC)",)
+    assert "no Sort node" in " ".join(proposal.validation_steps)
+
+    no_limit = context(query.replace(" LIMIT 10", ""), feats, plan, [orders()], 530.3)
+    analysis = analyze("gemini25pro", no_limit)
+    assert propose("gemini25pro", no_limit, analysis) is None
+    assert any("without LIMIT" in line for line in analysis.insights)
+
+
+def test_write_heavy_table_raises_the_risk() -> None:
+    ctx = issue_ctx(table=orders(writes_per_read=4.0))
+    analysis = analyze("gemini25pro", ctx)
+    proposal = propose("gemini25pro", ctx, analysis)
+    assert proposal is not None and proposal.estimated_impact.risk == "medium"
+    assert "write-heavy" in proposal.rationale
+    assert analysis.metadata["writes_per_read"] == 4.0
+
+
+def test_long_names_are_cut_to_63_bytes_and_stay_distinct() -> None:
+    table = "a_very_long_table_name_for_the_accounting_department_ledger"
+    first = strategists.index_name(table, ["customer_identifier", "transaction_created_timestamp"])
+    second = strategists.index_name(table, ["customer_identifier", "transaction_updated_timestamp"])
+    assert len(first) <= 63 and len(second) <= 63 and first != second
+    assert strategists.index_name("orders", ["user_id"]) == "afs_orders_user_id_idx"
+    assert strategists.index_name("orders", ["user_id"], taken=["afs_orders_user_id_idx"]) \
+        != "afs_orders_user_id_idx"
+
+
+# -- gemini-2.5-flash -------------------------------------------------------------------------
+def test_time_range_on_two_million_rows_gets_monthly_partitioning() -> None:
+    ctx = range_ctx()
+    analysis = analyze("gemini25flash", ctx)
+    proposal = propose("gemini25flash", ctx, analysis)
+    assert proposal is not None and proposal.proposal_type == "partitioning"
+    sql = proposal.sql_commands
+    assert sql[0] == ("CREATE TABLE orders_afs_part (LIKE orders INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
+                      "PARTITION BY RANGE (created_at)")
+    months = [s for s in sql if "FOR VALUES FROM" in s]
+    assert len(months) == 25  # 2024-01 … 2026-01: the histogram spans 2024-01-02 … 2026-01-01
+    assert months[0].endswith("FOR VALUES FROM ('2024-01-01 00:00:00+00') TO ('2024-02-01 00:00:00+00')")
+    assert any(s.endswith("PARTITION OF orders_afs_part DEFAULT") for s in sql)
+    assert "INSERT INTO orders_afs_part SELECT * FROM orders" in sql
+    # the primary key comes back as a unique index that includes the partition key
+    assert any(s.startswith("CREATE UNIQUE INDEX") and "(id, created_at)" in s for s in sql)
+    assert sql[-3:] == ("ALTER TABLE orders RENAME TO orders_afs_old",
+                        "ALTER TABLE orders_afs_part RENAME TO orders", "ANALYZE orders")
+    assert proposal.rollback_commands == ("ALTER TABLE orders RENAME TO orders_afs_part",
+                                          "ALTER TABLE orders_afs_old RENAME TO orders",
+                                          "DROP TABLE IF EXISTS orders_afs_part")
+    assert "Foreign keys" in proposal.rationale
+    assert proposal.estimated_impact.risk == "medium"
+    assert any("correlation with the physical row order is 1.00" in line for line in analysis.insights)
+    assert any("keeps ~4.1 % of them (histogram)" in line for line in analysis.insights)
+
+
+def test_time_range_on_a_smaller_correlated_table_gets_brin() -> None:
+    ctx = range_ctx(rows=400_000)
+    proposal = propose("gemini25flash", ctx, analyze("gemini25flash", ctx))
+    assert proposal is not None and proposal.proposal_type == "index"
+    assert proposal.sql_commands == (
+        "CREATE INDEX afs_orders_created_at_brin ON orders USING brin (created_at)",)
+    assert proposal.rollback_commands == ("DROP INDEX IF EXISTS afs_orders_created_at_brin",)
+    assert proposal.estimated_impact.storage_overhead_mb < 1
+    assert "correlation 1.00" in proposal.rationale
+
+
+def test_uncorrelated_time_column_gets_no_brin() -> None:
+    stats = dict(ORDERS_STATS)
+    stats["created_at"] = ColumnStats(n_distinct=-1, correlation=0.02,
+                                      histogram_bounds=ORDERS_STATS["created_at"].histogram_bounds)
+    base = range_ctx(rows=400_000)
+    ctx = context(base.query, base.features, base.plan, [orders(400_000, stats=stats)], base.execution_ms)
+    analysis = analyze("gemini25flash", ctx)
+    proposal = propose("gemini25flash", ctx, analysis)
+    assert proposal is None or "brin" not in proposal.sql_commands[0]
+    assert any("BRIN would not prune" in line for line in analysis.insights)
+
+
+def test_flash_on_equality_only_falls_back_to_a_plain_index() -> None:
+    ctx = issue_ctx()
+    analysis = analyze("gemini25flash", ctx)
+    proposal = propose("gemini25flash", ctx, analysis)
+    assert proposal is not None
+    assert proposal.sql_commands == ("CREATE INDEX afs_orders_user_id_idx ON orders (user_id)",)
+    assert any("structure changes" in line and "aren't warranted" in line for line in analysis.insights)
+
+
+def test_a_range_relative_to_now_is_judged_from_the_plan() -> None:
+    """`created_at >= now() - interval '7 days'` has no literal bound: the plan says 1 % is kept."""
+    query = "SELECT o.id FROM orders o WHERE o.created_at >= now() - interval '7 days'"
+    feats = features(["orders"], [use("orders", "id", "select"),
+                                  use("orders", "created_at", "range", ">=", None)], {"o": "orders"})
+    plan = node("Gather", seq_scan("orders", "o", rows=6_600, removed=660_000, ms=150.0, loops=3,
+                                   filter="(created_at >= (now() - '7 days'::interval))"),
+                rows=19_800, ms=190.0, Workers_Launched=2)
+    ctx = context(query, feats, plan, [orders(400_000)], 190.2)
+    analysis = analyze("gemini25flash", ctx)
+    proposal = propose("gemini25flash", ctx, analysis)
+    assert proposal is not None and "USING brin (created_at)" in proposal.sql_commands[0]
+    assert any("keeps ~0.99 % of them (observed in the plan)" in line for line in analysis.insights)
+    pro = propose("gemini25pro", ctx, analyze("gemini25pro", ctx))
+    assert pro is not None and "(created_at) INCLUDE (id)" in pro.sql_commands[0]
+
+
+def test_partitioning_is_capped_at_36_partitions_plus_default() -> None:
+    stats = dict(ORDERS_STATS)
+    stats["created_at"] = ColumnStats(n_distinct=-1, correlation=0.99,
+                                      histogram_bounds=("2019-03-04 10:00:00+00", "2022-01-01 00:00:00+00",
+                                                        "2025-12-31 23:00:00+00"))
+    base = range_ctx()
+    ctx = context(base.query, base.features, base.plan, [orders(stats=stats)], base.execution_ms)
+    proposal = propose("gemini25flash", ctx, analyze("gemini25flash", ctx))
+    assert proposal is not None and proposal.proposal_type == "partitioning"
+    parts = [s for s in proposal.sql_commands if "PARTITION OF" in s]
+    assert len(parts) <= 37
+    assert "by quarter" in proposal.rationale
+
+
+# -- gemini-2.0-flash -------------------------------------------------------------------------
+def test_aggregation_gets_a_materialized_view_and_the_rewrite_reading_it() -> None:
+    ctx = agg_ctx()
+    analysis = analyze("gemini20flash", ctx)
+    proposal = propose("gemini20flash", ctx, analysis)
+    assert proposal is not None and proposal.proposal_type == "materialized_view"
+    assert proposal.needs_refresh
+    mv = re.match(r"CREATE MATERIALIZED VIEW (afs_mv_[0-9a-f]{10}) AS (.*)$", proposal.sql_commands[0])
+    assert mv is not None
+    name, definition = mv.groups()
+    assert definition == ("SELECT o.status, COUNT(*) AS n, SUM(o.total_amount) AS revenue FROM orders AS o "
+                          "WHERE o.created_at >= '2025-01-01' GROUP BY o.status")
+    assert proposal.rewritten_query == f"SELECT * FROM {name} ORDER BY revenue DESC"
+    # six rows read whole: no index on the view, just statistics
+    assert proposal.sql_commands[1:] == (f"ANALYZE {name}",)
+    assert proposal.rollback_commands == (f"DROP MATERIALIZED VIEW IF EXISTS {name}",)
+    assert "a unique index on (status) would allow CONCURRENTLY" in proposal.rationale
+    assert any("2,000,000 rows to produce ~6 groups" in line for line in analysis.insights)
+    assert proposal.estimated_impact.query_time_improvement >= 90
+
+
+def test_a_filter_on_the_group_key_moves_to_the_rewrite_and_gets_the_index() -> None:
+    query = ("SELECT o.user_id, count(*) FROM orders o WHERE o.user_id = 4242 AND o.status <> 'cancelled' "
+             "GROUP BY o.user_id")
+    view = materialize(query)
+    assert isinstance(view, strategists.MaterializedView)
+    assert view.definition == ("SELECT o.user_id, COUNT(*) AS count FROM orders AS o "
+                               "WHERE o.status <> 'cancelled' GROUP BY o.user_id")
+    assert view.rewrite == f"SELECT * FROM {view.name} WHERE user_id = 4242"
+    assert view.filter_columns == ("user_id",) and view.group_columns == ("user_id",)
+
+
+def test_a_view_filtered_on_its_group_key_gets_a_unique_index_and_concurrent_refresh() -> None:
+    query = ("SELECT o.user_id, count(*) AS orders, sum(o.total_amount) AS spent FROM orders o "
+             "WHERE o.user_id = 4242 GROUP BY o.user_id")
+    feats = features(["orders"], [use("orders", "user_id", "select"), use("orders", "total_amount", "select"),
+                                  use("orders", "user_id", "equality", "=", 4242),
+                                  use("orders", "user_id", "group")], {"o": "orders"}, aggregations=2)
+    plan = node("Aggregate", seq_scan("orders", "o", rows=41, removed=1_999_959, ms=150.0,
+                                      filter="(user_id = 4242)"), rows=1, ms=150.2, Strategy="Plain")
+    ctx = context(query, feats, plan, [orders()], 150.4)
+    proposal = propose("gemini20flash", ctx, analyze("gemini20flash", ctx))
+    assert proposal is not None and proposal.proposal_type == "materialized_view"
+    name = proposal.sql_commands[0].split()[3]
+    assert proposal.sql_commands[1] == f"CREATE UNIQUE INDEX {name}_user_id_key ON {name} (user_id)"
+    assert proposal.rewritten_query == f"SELECT * FROM {name} WHERE user_id = 4242"
+    assert "REFRESH MATERIALIZED VIEW CONCURRENTLY" in proposal.rationale
+    assert "moves from the view to the rewrite" in proposal.rationale
+    # the view holds every user: sized from n_distinct, not from the plan's single group
+    assert proposal.estimated_impact.storage_overhead_mb > 1
+
+
+def test_materialize_keeps_names_order_and_limit() -> None:
+    query = ("SELECT date_trunc('month', created_at), count(*), count(DISTINCT user_id) FROM orders "
+             "GROUP BY 1 ORDER BY count(DISTINCT user_id) DESC, 1 LIMIT 5")
+    view = materialize(query)
+    assert isinstance(view, strategists.MaterializedView)
+    # two columns PostgreSQL would both call "count": the second gets a view name and is renamed back
+    assert view.columns == ("date_trunc", "count", "afs_c3")
+    assert view.rewrite == (f"SELECT date_trunc, count, afs_c3 AS count FROM {view.name} "
+                            "ORDER BY afs_c3 DESC, 1 LIMIT 5")
+
+
+def test_materialize_orders_by_a_hidden_column_when_the_sort_is_not_selected() -> None:
+    view = materialize("SELECT status FROM orders GROUP BY status ORDER BY sum(total_amount) DESC")
+    assert isinstance(view, strategists.MaterializedView)
+    assert view.definition == ("SELECT status, SUM(total_amount) AS afs_o2 FROM orders GROUP BY status")
+    assert view.rewrite == f"SELECT status FROM {view.name} ORDER BY afs_o2 DESC"
+
+
+@pytest.mark.parametrize(("query", "reason"), [
+    ("SELECT status, count(*) FROM orders WHERE created_at > now() - interval '1 day' GROUP BY status",
+     "freeze"),
+    ("SELECT status, count(*) FROM orders WHERE user_id = $1 GROUP BY status", "parameters"),
+    ("SELECT id, total_amount FROM orders WHERE user_id = 1", "no aggregation"),
+    ("SELECT DISTINCT ON (user_id) user_id, id FROM orders ORDER BY user_id, created_at DESC", "DISTINCT ON"),
+])
+def test_materialize_refuses_what_it_cannot_keep_equal(query: str, reason: str) -> None:
+    result = materialize(query)
+    assert isinstance(result, str) and reason in result
+
+
+def test_precomputation_on_a_non_aggregate_query_proposes_a_low_risk_index() -> None:
+    ctx = issue_ctx()
+    analysis = analyze("gemini20flash", ctx)
+    proposal = propose("gemini20flash", ctx, analysis)
+    assert proposal is not None and proposal.proposal_type == "index"
+    assert proposal.estimated_impact.risk == "low" and proposal.rewritten_query is None
+    assert any("no aggregation to precompute" in line for line in analysis.insights)
+
+
+def test_precomputation_skips_a_small_aggregation() -> None:
+    feats = features(["users"], [use("users", "country", "group")], aggregations=1)
+    plan = node("Aggregate", seq_scan("users", "users", rows=2000, removed=0, ms=0.2), rows=14, ms=0.6,
+                Strategy="Hashed", Group_Key=["country"])
+    ctx = context("SELECT country, count(*) FROM users GROUP BY country", feats, plan, [users(2000)], 0.7)
+    analysis = analyze("gemini20flash", ctx)
+    assert propose("gemini20flash", ctx, analysis) is None
+    assert any("would not pay" in line for line in analysis.insights)
+
+
+# -- all of them ------------------------------------------------------------------------------
+def test_different_queries_get_different_proposals() -> None:
+    seen: dict[tuple[str, ...], str] = {}
+    for name, make in SCENARIOS.items():
+        if name == "indexed":
+            continue
+        ctx = make()
+        best = next(p for p in (propose(a, ctx, analyze(a, ctx)) for a in STRATEGISTS) if p is not None)
+        assert best.sql_commands not in seen, f"{name} got the same proposal as {seen.get(best.sql_commands)}"
+        seen[best.sql_commands] = name
+    kinds = {name: {a: (p.proposal_type if p else None) for n, a, p in all_outputs() if n == name}
+             for name in SCENARIOS}
+    assert kinds["issue"]["gemini25pro"] == "partial_index"
+    assert kinds["range"]["gemini25flash"] == "partitioning"
+    assert kinds["aggregate"]["gemini20flash"] == "materialized_view"
+    assert kinds["join"]["gemini25pro"] == "index"
+    assert kinds["indexed"]["gemini25pro"] is None
+
+
+@pytest.mark.parametrize(("scenario", "agent"), [(s, a) for s in SCENARIOS for a in AGENTS])
+def test_every_output_is_well_formed(scenario: str, agent: str) -> None:
+    ctx = SCENARIOS[scenario]()
+    analysis = analyze(agent, ctx)
+    assert analysis.insights and analysis.proposed_actions
+    assert 0.0 <= analysis.confidence <= 1.0
+    assert {"query_complexity", "estimated_improvement", "writes_per_read", "target_table"} <= set(
+        analysis.metadata)
+    proposal = propose(agent, ctx, analysis)
+    if proposal is None:
+        return
+    assert proposal.agent == agent and proposal.proposal_type in PROPOSAL_TYPES
+    assert proposal.sql_commands and proposal.rollback_commands and proposal.validation_steps
+    assert proposal.rationale and re.search(r"\d", proposal.rationale)
+    impact = proposal.estimated_impact
+    assert 0 < impact.query_time_improvement <= 100 and impact.storage_overhead_mb >= 0
+    for statement in strategists.iter_proposal_sql(proposal):
+        assert not statement.rstrip().endswith(";")
+        assert "CONCURRENTLY" not in statement
+        assert len(pglast.parse_sql(statement)) == 1, statement
+    for statement in proposal.sql_commands:
+        for name in re.findall(r"CREATE (?:UNIQUE )?INDEX (\S+)|CREATE (?:MATERIALIZED VIEW|TABLE) (\S+)",
+                               statement):
+            assert all(len(n) <= 63 for n in name)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_features_extracted_from_the_query_give_the_same_proposals(scenario: str) -> None:
+    """The hand-built features above say what afs.features says about these queries."""
+    from afs.features import extract_features
+
+    ctx = SCENARIOS[scenario]()
+    real = context(ctx.query, extract_features(ctx.query), ctx.plan, ctx.tables.values(), ctx.execution_ms)
+    for agent in STRATEGISTS:
+        assert propose(agent, real, analyze(agent, real)) == propose(agent, ctx, analyze(agent, ctx))
+
+
+def test_analysis_is_deterministic() -> None:
+    for make in SCENARIOS.values():
+        ctx = make()
+        for agent in STRATEGISTS:
+            assert analyze(agent, ctx) == analyze(agent, ctx)
+            assert propose(agent, ctx, analyze(agent, ctx)) == propose(agent, ctx, analyze(agent, ctx))
+
+
+def test_unknown_agent_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="no offline strategist"):
+        analyze("gpt-7", issue_ctx())
+
+
+def test_one_strategist_per_agent() -> None:
+    assert set(STRATEGISTS) == set(AGENTS)
+
+
+def test_an_empty_plan_still_gives_a_proposal_from_the_statistics() -> None:
+    ctx = issue_ctx(plan={}, execution_ms=0.0)
+    proposal = propose("gemini25pro", ctx, analyze("gemini25pro", ctx))
+    assert proposal is not None and "WHERE status = 'pending'" in proposal.sql_commands[0]
+
+
+def test_the_module_is_pure() -> None:
+    tree = ast.parse(Path(strategists.__file__).read_text())
+    imported = {alias.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for alias in n.names}
+    imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not imported & {"trio", "psycopg", "mcp", "httpx", "google", "anyio"}
+
+
+# -- the shared evidence helpers ----------------------------------------------------------------
+def test_equality_selectivity_from_pg_stats() -> None:
+    status = ORDERS_STATS["status"]
+    assert equality_selectivity(status, ORDERS_ROWS, "pending") == pytest.approx(0.0523)
+    assert equality_selectivity(status, ORDERS_ROWS, ["pending", "paid"]) == pytest.approx(0.0523 + 0.0992)
+    user = ORDERS_STATS["user_id"]
+    rest = 1 - sum(user.most_common_freqs)
+    assert equality_selectivity(user, ORDERS_ROWS, 4242) == pytest.approx(rest / (48_000 - 5))
+    assert equality_selectivity(user, ORDERS_ROWS, 1) == pytest.approx(0.0092)
+    # n_distinct < 0 is a fraction of the rows
+    unique = ColumnStats(n_distinct=-1.0)
+    assert equality_selectivity(unique, 1000, 7) == pytest.approx(1 / 1000)
+    flags = ColumnStats(n_distinct=2, most_common_vals=("f", "t"), most_common_freqs=(0.9, 0.1))
+    assert equality_selectivity(flags, 1000, True) == pytest.approx(0.1)
+    assert equality_selectivity(None, 1000, 7) is None
+
+
+def test_range_fraction_from_the_histogram() -> None:
+    created = ORDERS_STATS["created_at"]
+    june = range_fraction(created, "2025-06-01", "2025-07-01")
+    assert june == pytest.approx(30 / 730, rel=0.05)
+    assert range_fraction(created, "2030-01-01", None) == 0.0
+    assert range_fraction(created, None, "2030-01-01") == pytest.approx(1.0)
+    assert range_fraction(ColumnStats(), 1, 2) is None
+
+
+def test_plan_nodes_multiply_loops_and_share_parallel_time() -> None:
+    nodes = plan_nodes({"Plan": issue_ctx().plan})
+    scan = next(n for n in nodes if n.node_type == "Seq Scan")
+    assert scan.rows == 6 and scan.removed == 1_999_950 and scan.loops == 3
+    assert scan.total_ms == pytest.approx(171.0)  # three processes, one wall-clock
+    assert [n.node_type for n in nodes] == ["Sort", "Gather", "Seq Scan"]
+
+
+def test_covering_index_matches_prefixes_only() -> None:
+    table = orders(indexes=[
+        IndexInfo("a", "CREATE INDEX a ON orders USING btree (user_id, created_at)",
+                  ("user_id", "created_at")),
+        IndexInfo("p", "CREATE INDEX p ON orders USING btree (user_id) WHERE (status = 'pending'::text)",
+                  ("user_id",))])
+    assert covering_index(table, ["user_id"]) is not None
+    assert covering_index(table, ["user_id"], ["created_at"]) is not None
+    assert covering_index(table, ["created_at"]) is None
+    assert covering_index(table, ["user_id", "status"]) is None
+    assert covering_index(table, [], ["user_id"], predicate="status = 'pending'") is not None
+    assert covering_index(table, [], ["user_id"], predicate="status = 'paid'") is not None  # via `a`
+    only_partial = orders(indexes=[table.indexes[2]])
+    assert covering_index(only_partial, [], ["user_id"], predicate="status = 'paid'") is None
+    assert covering_index(only_partial, [], ["user_id"], predicate="status = 'pending'") is not None
