@@ -115,13 +115,14 @@ class _Progress:
     proposal: OptimizationProposal | None = None
     validation: ValidationResult | None = None
     skipped: tuple[str, ...] = field(default=())
+    waited_s: float = 0.0
 
     def outcome(self, status: AgentStatus, error: str | None = None,
                 bench: BenchmarkOutcome | None = None) -> AgentOutcome:
         return AgentOutcome(
             agent=self.agent, status=status, error=error, fork=self.fork,
             analysis=self.analysis, proposal=self.proposal, validation=self.validation,
-            benchmark=bench, duration_s=trio.current_time() - self.started)
+            benchmark=bench, duration_s=trio.current_time() - self.started, waited_s=self.waited_s)
 
 
 async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain: Brain,
@@ -201,7 +202,9 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 sql=list(proposal.sql_commands))
 
     enter("waiting for the benchmark slot")
+    t0 = trio.current_time()
     async with bench_limiter:
+        state.waited_s = trio.current_time() - t0
         enter("benchmark")
         t0 = trio.current_time()
         with trio.fail_after(limits.benchmark):

@@ -264,6 +264,7 @@ class AgentOutcome:
     validation: ValidationResult | None = None
     benchmark: BenchmarkOutcome | None = None
     duration_s: float = 0.0
+    waited_s: float = 0.0  # of duration_s, spent waiting for the benchmark slot
     usage: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -38,6 +38,7 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
         "error": o.error,
         "fork": o.fork,
         "duration_s": round(o.duration_s, 2),
+        "waited_for_benchmark_s": round(o.waited_s, 2),
         "insights": list(o.analysis.insights) if o.analysis else [],
         "proposal_type": p.proposal_type if p else None,
         "sql_commands": list(p.sql_commands) if p else [],
