@@ -28,7 +28,7 @@ from afs.models import (
     OptimizationProposal,
     TaskResult,
 )
-from afs.optimize import Squad, TaskRequest, optimize
+from afs.optimize import AgentPool, Squad, TaskRequest, optimize
 from afs.report import to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -233,3 +233,54 @@ async def test_cli_bad_input_exits_2(sandbox: SandboxServer, query: str) -> None
     errors = [line for line in stderr.splitlines() if line.startswith("afs: error:")]
     assert len(errors) == 1 and errors[0] == stderr.strip().splitlines()[-1]
     assert "Traceback" not in stderr
+
+
+async def test_a_task_waits_for_agents_when_all_are_at_capacity(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    pool = AgentPool()
+    events = Emitter("wait")
+    busy = ("gemini25pro", "gemini25flash", "gemini20flash")
+    results: list[TaskResult] = []
+
+    async def task() -> None:
+        results.append(await optimize(
+            settings, TaskRequest(query="SELECT id FROM users WHERE id = 1", runs=1),
+            source="afs_demo", source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad(),
+            rules=load_rules(None), events=events, pool=pool))
+
+    async with trio.open_nursery() as nursery:
+        with pool.assigned(busy * 3):  # three running tasks on every agent: the hard limit
+            nursery.start_soon(task)
+            with trio.fail_after(30):
+                # polling the event history: the task under test gives no other signal
+                while not any(e.kind == "waiting_for_agents" for e in events.history):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            await trio.sleep(0.5)
+            assert not any(e.kind in ("agents_assigned", "fork_created") for e in events.history)
+        # leaving `pool.assigned` frees the agents: the task goes on
+    (result,) = results
+    assert result.status in ("completed", "no_improvement")
+    kinds = [e.kind for e in events.history]
+    assert kinds.index("waiting_for_agents") < kinds.index("agents_assigned")
+
+
+async def test_cli_optimizes_an_imported_database_by_its_dsn(sandbox: SandboxServer) -> None:
+    import psycopg
+
+    source = sandbox.dsn("afs_demo")  # stands in for "your database"
+    not_yet = await afs_cli("optimize", "--dsn", source, "--query", MISSING_INDEX)
+    assert not_yet.returncode == 2 and b"afs sandbox import" in not_yet.stderr
+    imported = await afs_cli("sandbox", "import", "--from", source, "--as", "shop_by_dsn")
+    assert imported.returncode == 0, imported.stderr.decode()
+    try:
+        result = await afs_cli("optimize", "--dsn", source, "--query", MISSING_INDEX, "--runs", "3",
+                               "--json")
+        assert result.returncode == 0, result.stderr.decode()
+        doc = json.loads(result.stdout)
+        assert doc["source"] == "shop_by_dsn" and doc["status"] == "completed"
+    finally:
+        with psycopg.connect(sandbox.dsn("postgres"), autocommit=True) as conn:
+            conn.execute("DROP DATABASE IF EXISTS shop_by_dsn WITH (FORCE)")
+            conn.execute("ALTER DATABASE shop_by_dsn_template IS_TEMPLATE false")
+            conn.execute("DROP DATABASE shop_by_dsn_template")
+            conn.execute("DELETE FROM afs.sources WHERE name = 'shop_by_dsn'")
