@@ -304,6 +304,28 @@ def choose_squad(provider: str, settings: Settings) -> Any:
     return Squad(brain_for=lambda _agent: brain, provider="heuristic", note=note)
 
 
+def parse_weights(text: str | None) -> dict[str, float] | None:
+    """`performance=0.6,storage=0.2,complexity=0.1,risk=0.1` → a checked mapping."""
+    if text is None:
+        return None
+    from afs.consensus import check_weights
+
+    weights: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        try:
+            weights[key.strip()] = float(value)
+        except ValueError:
+            raise InputError(f"--weights: expected name=number, got {part!r}") from None
+        if not sep:
+            raise InputError(f"--weights: expected name=number, got {part!r}")
+    try:
+        check_weights(weights)
+    except ValueError as exc:
+        raise InputError(f"--weights: {exc}") from None
+    return weights
+
+
 async def _optimize_source(client: Any, settings: Settings, dsn: str | None) -> str:
     if dsn is None:
         return settings.demo_database
@@ -332,6 +354,7 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     if args.runs < 1:
         raise InputError(f"--runs must be at least 1, got {args.runs}")
     extract_features(check_query(args.query))  # bad input: refused before anything starts
+    weights = parse_weights(args.weights)
     rules = load_rules(settings.routing_rules)
     squad = choose_squad(args.provider, settings)
     server = SandboxServer(settings)
@@ -341,7 +364,7 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
         await ensure_demo(settings, server, settings.scale, progress)
     progress_done()
     request = TaskRequest(query=args.query, task_type=args.type, priority=args.priority,
-                          runs=args.runs)
+                          runs=args.runs, weights=weights)
     display = LiveDisplay(live=None if not args.json else False)
     emitter = Emitter(new_task_id(), sinks=(log_sink, display.sink))
     async with open_fork_client(settings) as client:
@@ -459,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--provider", choices=("auto", "heuristic", "gemini"), default="auto",
                      help="who thinks: Gemini models, offline strategists, or auto "
                           "(Gemini when credentials are set)")
+    opt.add_argument("--weights", metavar="W",
+                     help="consensus weights for this task, e.g. performance=0.6,storage=0.2,"
+                          "complexity=0.1,risk=0.1 (must sum to 1; default: routing_rules.yaml)")
     opt.add_argument("--runs", type=int, default=settings_default_runs(),
                      help="measured runs per suite query and side (default: 5)")
 

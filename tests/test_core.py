@@ -93,3 +93,15 @@ def test_pure_modules_import_no_io(module: str) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert not imported & IO_LIBRARIES, f"{module} imports {imported & IO_LIBRARIES}"
+
+
+def test_weights_option_is_checked() -> None:
+    from afs.cli import parse_weights
+
+    assert parse_weights(None) is None
+    assert parse_weights("performance=0.6,storage=0.2,complexity=0.1,risk=0.1") == {
+        "performance": 0.6, "storage": 0.2, "complexity": 0.1, "risk": 0.1}
+    for bad in ("performance=0.9,storage=0.2", "performance=x", "performance",
+                "performance=0.5,storage=0.2,complexity=0.2,risk=0.2"):
+        with pytest.raises(InputError, match="--weights"):
+            parse_weights(bad)
