@@ -14,7 +14,7 @@ bugs escape.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +24,7 @@ from afs import strategists
 from afs.analysis import gather_context
 from afs.bench import benchmark
 from afs.config import Timeouts
+from afs.consensus import ddl_signature
 from afs.db import Connection, open_connection
 from afs.errors import AfsError
 from afs.events import Emitter
@@ -88,6 +89,49 @@ class SlowBrain:
         return await self.inner.propose(agent, ctx, analysis)
 
 
+@dataclass
+class _Measurement:
+    owner: AgentKey
+    done: trio.Event = field(default_factory=trio.Event)
+    outcome: BenchmarkOutcome | None = None
+
+
+class SharedMeasurements:
+    """Identical proposals (same normalized DDL and rewrite) are measured once per task.
+
+    The first agent to propose it measures it in its own fork; the others wait and
+    take that measurement (their forks hold the same data). If the measuring agent
+    fails, the next one measures it itself.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[frozenset[str], str | None], _Measurement] = {}
+
+    @staticmethod
+    def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None]:
+        rewrite = " ".join(proposal.rewritten_query.split()) if proposal.rewritten_query else None
+        return ddl_signature(proposal), rewrite
+
+    async def measure(self, agent: AgentKey, proposal: OptimizationProposal,
+                      run: Callable[[], Awaitable[BenchmarkOutcome]],
+                      waiting: Callable[[AgentKey], None]) -> tuple[BenchmarkOutcome, AgentKey | None]:
+        """The measurement and, when it was taken over from another agent, that agent."""
+        key = self.key(proposal)
+        while True:
+            entry = self._entries.get(key)
+            if entry is None or (entry.done.is_set() and entry.outcome is None):
+                entry = self._entries[key] = _Measurement(owner=agent)
+                try:
+                    entry.outcome = await run()
+                    return entry.outcome, None
+                finally:
+                    entry.done.set()
+            waiting(entry.owner)
+            await entry.done.wait()
+            if entry.outcome is not None:
+                return entry.outcome, entry.owner
+
+
 @dataclass(frozen=True)
 class AgentJob:
     """What one agent needs to do its part of a task."""
@@ -116,17 +160,20 @@ class _Progress:
     validation: ValidationResult | None = None
     skipped: tuple[str, ...] = field(default=())
     waited_s: float = 0.0
+    measured_by: AgentKey | None = None
 
     def outcome(self, status: AgentStatus, error: str | None = None,
                 bench: BenchmarkOutcome | None = None) -> AgentOutcome:
         return AgentOutcome(
             agent=self.agent, status=status, error=error, fork=self.fork,
             analysis=self.analysis, proposal=self.proposal, validation=self.validation,
-            benchmark=bench, duration_s=trio.current_time() - self.started, waited_s=self.waited_s)
+            benchmark=bench, duration_s=trio.current_time() - self.started, waited_s=self.waited_s,
+            measured_by=self.measured_by)
 
 
 async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain: Brain,
-                    bench_limiter: trio.CapacityLimiter, events: Emitter) -> AgentOutcome:
+                    bench_limiter: trio.CapacityLimiter, events: Emitter,
+                    shared: SharedMeasurements | None = None) -> AgentOutcome:
     """The whole workflow of one agent; expected failures are returned, not raised."""
     state = _Progress(agent=agent, started=trio.current_time())
     limits = job.timeouts
@@ -147,9 +194,10 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
                             duration_s=trio.current_time() - state.started)
                 async with open_connection(fork.dsn, job.statement_timeout_ms) as conn:
                     outcome = await _work_in_fork(conn, job, state, brain, bench_limiter,
-                                                  events, enter)
+                                                  events, enter, shared or SharedMeasurements())
             enter("done")
-            return outcome
+            # the agent's time includes closing its fork
+            return dataclasses.replace(outcome, duration_s=trio.current_time() - state.started)
     except trio.TooSlowError:
         limit = {"fork": limits.fork, "analysis": limits.model, "propose": limits.model,
                  "benchmark": limits.benchmark}.get(state.phase, limits.agent)
@@ -163,7 +211,7 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
 
 async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain: Brain,
                         bench_limiter: trio.CapacityLimiter, events: Emitter,
-                        enter: Callable[[str], None]) -> AgentOutcome:
+                        enter: Callable[[str], None], shared: SharedMeasurements) -> AgentOutcome:
     agent, limits = state.agent, job.timeouts
     enter("analysis")
     t0 = trio.current_time()
@@ -201,18 +249,26 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 duration_s=trio.current_time() - t0, proposal_type=proposal.proposal_type,
                 sql=list(proposal.sql_commands))
 
-    enter("waiting for the benchmark slot")
-    t0 = trio.current_time()
-    async with bench_limiter:
-        state.waited_s = trio.current_time() - t0
-        enter("benchmark")
+    async def measure() -> BenchmarkOutcome:
+        enter("waiting for the benchmark slot")
         t0 = trio.current_time()
-        with trio.fail_after(limits.benchmark):
-            outcome = await benchmark(conn, suite, proposal, candidate_suite=candidate_suite,
-                                      tables=job.features.tables, runs=job.runs,
-                                      skipped=state.skipped)
+        async with bench_limiter:
+            state.waited_s += trio.current_time() - t0
+            enter("benchmark")
+            with trio.fail_after(limits.benchmark):
+                return await benchmark(conn, suite, proposal, candidate_suite=candidate_suite,
+                                       tables=job.features.tables, runs=job.runs,
+                                       skipped=state.skipped)
+
+    def waiting(owner: AgentKey) -> None:
+        enter(f"waiting for {owner}, which measures the same proposal")
+
+    t0 = trio.current_time()
+    outcome, state.measured_by = await shared.measure(agent, proposal, measure, waiting)
+    if state.measured_by is not None:
+        state.waited_s += trio.current_time() - t0
     events.emit("benchmark_completed", agent=agent, fork=state.fork,
-                duration_s=trio.current_time() - t0,
+                duration_s=trio.current_time() - t0, measured_by=state.measured_by,
                 average_improvement_pct=round(outcome.average_improvement_pct, 1),
                 storage_delta_mb=outcome.storage_delta_mb, equivalent=outcome.equivalent)
     if not outcome.equivalent:

@@ -265,6 +265,7 @@ class AgentOutcome:
     benchmark: BenchmarkOutcome | None = None
     duration_s: float = 0.0
     waited_s: float = 0.0  # of duration_s, spent waiting for the benchmark slot
+    measured_by: AgentKey | None = None  # another agent measured this identical proposal
     usage: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from afs.agents import AgentJob, Brain, run_agent
+from afs.agents import AgentJob, Brain, SharedMeasurements, run_agent
 from afs.analysis import source_table_stats
 from afs.config import Settings
 from afs.consensus import decide
@@ -149,10 +149,12 @@ async def optimize(
                    statement_timeout_ms=settings.statement_timeout_ms, timeouts=settings.timeouts)
     outcomes: dict[AgentKey, AgentOutcome] = {}
     bench_limiter = trio.CapacityLimiter(1)  # benchmark phases never overlap on one server
+    shared = SharedMeasurements()  # identical proposals are measured once
 
     async def one(agent: AgentKey) -> None:
         outcomes[agent] = await run_agent(agent, job, forks=forks, brain=squad.brain_for(agent),
-                                          bench_limiter=bench_limiter, events=events)
+                                          bench_limiter=bench_limiter, events=events,
+                                          shared=shared)
 
     with pool.assigned(routing.agents), trio.move_on_after(settings.timeouts.task) as task_scope:
         async with trio.open_nursery() as nursery:

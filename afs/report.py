@@ -39,6 +39,7 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
         "fork": o.fork,
         "duration_s": round(o.duration_s, 2),
         "waited_for_benchmark_s": round(o.waited_s, 2),
+        "measured_by": o.measured_by,
         "insights": list(o.analysis.insights) if o.analysis else [],
         "proposal_type": p.proposal_type if p else None,
         "sql_commands": list(p.sql_commands) if p else [],
@@ -127,6 +128,8 @@ def render_text(result: TaskResult) -> str:
             out.append(f"  SQL: {sql}")
         if p["rewritten_query"]:
             out.append(f"  rewrite: {p['rewritten_query']}")
+        if p["measured_by"]:
+            out.append(f"  the same proposal as {p['measured_by']}'s: measured once, in its fork")
         if p["benchmarks"]:
             widths = [9, 16, 16, 9, 9, 17]
             out.append("  " + _row(["query", "baseline ms", "optimized ms", "speedup", "rows",

@@ -284,3 +284,37 @@ async def test_cli_optimizes_an_imported_database_by_its_dsn(sandbox: SandboxSer
             conn.execute("ALTER DATABASE shop_by_dsn_template IS_TEMPLATE false")
             conn.execute("DROP DATABASE shop_by_dsn_template")
             conn.execute("DELETE FROM afs.sources WHERE name = 'shop_by_dsn'")
+
+
+class FixedIndex:
+    """Every agent proposes the same index."""
+
+    name = "test"
+
+    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
+        return AnalysisResult(insights=("test",), proposed_actions=(), confidence=0.5)
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> OptimizationProposal:
+        return OptimizationProposal(
+            agent=agent, proposal_type="index",
+            sql_commands=(f"CREATE INDEX afs_{agent}_idx ON orders (user_id)",),
+            rollback_commands=(f"DROP INDEX IF EXISTS afs_{agent}_idx",), rationale="same",
+            estimated_impact=EstimatedImpact(90, 1.0, "low", "low"))
+
+
+async def test_identical_proposals_are_measured_once(settings: Settings, sandbox: SandboxServer,
+                                                     forks: ForkClient) -> None:
+    same = FixedIndex()
+    result, events = await run(settings, sandbox, forks, MISSING_INDEX,
+                               squad(("gemini25pro", "gemini25flash"),
+                                     {"gemini25pro": same, "gemini25flash": same}))
+    measured = [o for o in result.outcomes if o.measured_by is None]
+    borrowed = [o for o in result.outcomes if o.measured_by is not None]
+    assert len(measured) == 1 and len(borrowed) == 1
+    assert borrowed[0].measured_by == measured[0].agent
+    assert borrowed[0].benchmark == measured[0].benchmark
+    phases = [e for e in events.history if e.kind == "agent_phase" and e.data["phase"] == "benchmark"]
+    assert [e.agent for e in phases] == [measured[0].agent]
+    assert result.decision is not None and result.decision.confidence > 0
+    assert to_json(result)["proposals"][1]["measured_by"] in (None, measured[0].agent)
