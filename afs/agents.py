@@ -261,7 +261,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                                        skipped=state.skipped)
 
     def waiting(owner: AgentKey) -> None:
-        enter(f"waiting for {owner}, which measures the same proposal")
+        events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
+        enter("waiting for a shared measurement")
 
     t0 = trio.current_time()
     outcome, state.measured_by = await shared.measure(agent, proposal, measure, waiting)

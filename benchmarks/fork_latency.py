@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
+from harness import with_sandbox
 
 from afs import log as afs_log
 from afs.config import Settings, load_settings
@@ -252,45 +252,13 @@ def report(methods: list[Method], size_mb: float) -> dict[str, float]:
     return result
 
 
-async def cancel_on_signal(scope: trio.CancelScope,
-                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Turn the first Ctrl-C (or SIGTERM) into a cancellation, so cleanup runs as usual."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        task_status.started()
-        async for _ in signals:
-            progress("interrupted; cleaning up")
-            scope.cancel()
-            return
-
-
 async def run(args: argparse.Namespace, settings: Settings) -> int:
-    server = SandboxServer(settings)
     scale = args.scale or settings.scale
     dump_runs = args.runs if args.dump_runs is None else args.dump_runs
-    work = trio.CancelScope()
-    outcome: tuple[list[Method], float] | None = None
-    error: AfsError | None = None
-    async with trio.open_nursery() as nursery:
-        await nursery.start(cancel_on_signal, work)
-        started = False
-        try:
-            with work:
-                progress(f"starting the sandbox in {settings.home}")
-                started = await trio.to_thread.run_sync(server.start)
-                outcome = await measure(settings, server, scale, args.runs, dump_runs)
-        except AfsError as exc:  # caught here, or the nursery would wrap it in a group
-            error = exc
-        finally:
-            if started:
-                progress("stopping the sandbox (this script started it)")
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(server.stop)
-            nursery.cancel_scope.cancel()
-    if work.cancel_called:  # Ctrl-C also reaches the fork server: its errors are ours
+    outcome = await with_sandbox(
+        settings, lambda server: measure(settings, server, scale, args.runs, dump_runs), progress)
+    if outcome is None:
         return EXIT_INTERRUPTED
-    if error is not None:
-        raise error
-    assert outcome is not None
     result = report(*outcome)
     if args.json:
         print(json.dumps(result))

@@ -1,0 +1,46 @@
+"""The benchmark scripts run and print their JSON line (smoke tests at small scale).
+
+The figures themselves are measured at demo scale by running the scripts; a
+test only checks they work and keep the sandbox and forks as they found them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from afs.forks.provider import LocalForkProvider
+from afs.sandbox.server import SandboxServer
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+pytestmark = pytest.mark.usefixtures("no_leaked_forks")
+
+
+async def script(name: str, *args: str) -> dict[str, float]:
+    result = await trio.run_process([sys.executable, str(BENCHMARKS / name), "--json", *args],
+                                    capture_stdout=True, capture_stderr=True, check=False,
+                                    env=dict(os.environ))
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    last = result.stdout.decode().strip().splitlines()[-1]
+    data: dict[str, float] = json.loads(last)
+    return data
+
+
+async def test_fork_latency_script(sandbox: SandboxServer, provider: LocalForkProvider) -> None:
+    data = await script("fork_latency.py", "--quick", "--runs", "1", "--scale", "small")
+    assert set(data) == {"afs_ms", "raw_template_ms", "dump_restore_ms", "ratio_vs_raw_template",
+                         "ratio_vs_dump_restore", "db_size_mb"}
+    assert data["afs_ms"] > 0 and data["dump_restore_ms"] > data["raw_template_ms"] > 0
+    assert sandbox.status().running  # it did not stop a sandbox it had not started
+
+
+async def test_parallel_script(sandbox: SandboxServer) -> None:
+    data = await script("parallel.py", "--latency", "0.2", "--runs", "1", "--scale", "small")
+    assert set(data) == {"wall_s", "sum_agent_s", "ratio_parallel_vs_sequential"}
+    assert 0 < data["wall_s"] < data["sum_agent_s"]
+    assert sandbox.status().running
