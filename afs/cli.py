@@ -17,14 +17,15 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
 from afs import log as afs_log
 from afs.config import Settings, load_settings
-from afs.errors import AfsError, InputError, single_leaf
+from afs.errors import AfsError, ConfigError, InputError, single_leaf
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -290,18 +291,28 @@ async def cmd_fork_roundtrip(args: argparse.Namespace, settings: Settings) -> in
 
 
 # -- optimize ---------------------------------------------------------------------------
-def choose_squad(provider: str, settings: Settings) -> Any:
-    """The brains: `heuristic` (offline strategists), `gemini`, or `auto`."""
+@asynccontextmanager
+async def open_squad(provider: str, settings: Settings, env: Mapping[str, str]) -> AsyncIterator[Any]:
+    """The brains: `heuristic` (offline strategists), `gemini`, or `auto` (Gemini if credentials are set)."""
     from afs.agents import StrategistBrain
     from afs.optimize import Squad
 
-    if provider == "gemini":
-        raise InputError("--provider gemini: the Gemini agents are not available in this version;"
-                         " use --provider heuristic (or auto)")
+    if provider != "heuristic":
+        from afs.gemini.client import NO_CREDENTIALS, gemini_credentials
+
+        credentials = gemini_credentials(env)
+        if credentials is not None:
+            from afs.gemini.brain import open_gemini_squad
+
+            async with open_gemini_squad(settings, credentials, env) as squad:
+                yield squad
+            return
+        if provider == "gemini":
+            raise ConfigError(f"--provider gemini: {NO_CREDENTIALS}")
     brain = StrategistBrain()
-    note = ("no Gemini model configured: the offline strategists ran" if provider == "auto"
+    note = ("no Gemini credentials: the offline strategists ran" if provider == "auto"
             else "offline strategists, as asked")
-    return Squad(brain_for=lambda _agent: brain, provider="heuristic", note=note)
+    yield Squad(brain_for=lambda _agent: brain, provider="heuristic", note=note)
 
 
 def parse_weights(text: str | None) -> dict[str, float] | None:
@@ -356,23 +367,23 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     extract_features(check_query(args.query))  # bad input: refused before anything starts
     weights = parse_weights(args.weights)
     rules = load_rules(settings.routing_rules)
-    squad = choose_squad(args.provider, settings)
-    server = SandboxServer(settings)
-    progress("starting the sandbox")
-    await trio.to_thread.run_sync(server.start)
-    if args.dsn is None:
-        await ensure_demo(settings, server, settings.scale, progress)
-    progress_done()
-    request = TaskRequest(query=args.query, task_type=args.type, priority=args.priority,
-                          runs=args.runs, weights=weights)
-    display = LiveDisplay(live=None if not args.json else False)
-    emitter = Emitter(new_task_id(), sinks=(log_sink, display.sink))
-    async with open_fork_client(settings) as client:
-        source = await _optimize_source(client, settings, args.dsn)
-        async with display.running():
-            result = await optimize(settings, request, source=source,
-                                    source_dsn=server.dsn(source), forks=client, squad=squad,
-                                    rules=rules, events=emitter)
+    async with open_squad(args.provider, settings, os.environ) as squad:
+        server = SandboxServer(settings)
+        progress("starting the sandbox")
+        await trio.to_thread.run_sync(server.start)
+        if args.dsn is None:
+            await ensure_demo(settings, server, settings.scale, progress)
+        progress_done()
+        request = TaskRequest(query=args.query, task_type=args.type, priority=args.priority,
+                              runs=args.runs, weights=weights)
+        display = LiveDisplay(live=None if not args.json else False)
+        emitter = Emitter(new_task_id(), sinks=(log_sink, display.sink))
+        async with open_fork_client(settings) as client:
+            source = await _optimize_source(client, settings, args.dsn)
+            async with display.running():
+                result = await optimize(settings, request, source=source,
+                                        source_dsn=server.dsn(source), forks=client, squad=squad,
+                                        rules=rules, events=emitter)
     if args.json:
         print(json.dumps(report.to_json(result), default=str))
     else:

@@ -2,13 +2,15 @@
 
     AfsError                      anything AFS raises on purpose; `.exit_code` for the CLI
     ├── ConfigError               settings file or environment is unusable            (exit 2)
+    │   └── RulesError            routing_rules.yaml is broken (names file and rule)  (exit 2)
     ├── InputError                the user asked for something invalid                (exit 2)
     │   ├── UnknownServiceError   no source database or fork has that id              (exit 2)
     │   └── UnsafeSqlError        SQL refused by the safety check (`.statement`, `.reason`)
-    ├── RulesError                routing_rules.yaml is broken (names file and rule)  (exit 2)
     ├── SandboxError              the embedded server cannot be set up, started or stopped
     ├── DatabaseError             a statement failed on the server (`.sqlstate`)
     │   └── StatementTimeout      the server's statement_timeout fired (or trio cancelled it)
+    ├── ModelError                the model API failed (`.status` HTTP, `.code` API status, `.retryable`)
+    │   └── ModelOutputError      the model's answer is unusable even after re-prompts (`.reason`, `.raw`)
     └── ForkError                 the fork provider could not do what was asked
         ├── ForkBusyError         the template is in use; retry in a few seconds (`.retryable`)
         └── ForkServerError       the MCP fork server could not be reached or answered badly
@@ -103,6 +105,30 @@ class DatabaseError(AfsError):
 
 class StatementTimeout(DatabaseError):
     """Raised when a statement was cancelled: by statement_timeout or by trio cancellation."""
+
+
+class ModelError(AfsError):
+    """Raised when the model API fails: `.status` (HTTP) and `.code` (API status) say how.
+
+    `.retryable` is True for rate limits, server errors and timeouts (after the retries ran out).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None,
+                 retryable: bool = False, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s  # what the server asked us to wait, if it did
+
+
+class ModelOutputError(ModelError):
+    """Raised when a model's answer cannot be used; `.reason` is what to tell the model."""
+
+    def __init__(self, reason: str, raw: str = "") -> None:
+        super().__init__(f"unusable model output: {reason}")
+        self.reason = reason
+        self.raw = raw
 
 
 class ForkError(AfsError):

@@ -10,6 +10,7 @@ EXPLAIN (without ANALYZE) only; every change happens in forks.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -82,7 +83,7 @@ class Squad:
     provider: str  # "heuristic" | "gemini" | "simulated"
     note: str = ""
     agents: tuple[AgentKey, ...] | None = None  # fixed squad (benchmarks, tests); None = route
-    extra: Mapping[str, object] = field(default_factory=dict)
+    usage: Mapping[AgentKey, Mapping[str, object]] = field(default_factory=dict)  # tokens, cost
 
 
 def new_task_id() -> str:
@@ -152,9 +153,9 @@ async def optimize(
     shared = SharedMeasurements()  # identical proposals are measured once
 
     async def one(agent: AgentKey) -> None:
-        outcomes[agent] = await run_agent(agent, job, forks=forks, brain=squad.brain_for(agent),
-                                          bench_limiter=bench_limiter, events=events,
-                                          shared=shared)
+        outcome = await run_agent(agent, job, forks=forks, brain=squad.brain_for(agent),
+                                  bench_limiter=bench_limiter, events=events, shared=shared)
+        outcomes[agent] = dataclasses.replace(outcome, usage=dict(squad.usage.get(agent, {})))
 
     with pool.assigned(routing.agents), trio.move_on_after(settings.timeouts.task) as task_scope:
         async with trio.open_nursery() as nursery:
@@ -164,7 +165,8 @@ async def optimize(
         if agent not in outcomes:  # cut off by the task time limit
             outcomes[agent] = AgentOutcome(
                 agent=agent, status="failed",
-                error=f"cut off by the task time limit ({settings.timeouts.task:g} s)")
+                error=f"cut off by the task time limit ({settings.timeouts.task:g} s)",
+                usage=dict(squad.usage.get(agent, {})))
     ordered = tuple(outcomes[a] for a in routing.agents)
 
     failed = [o for o in ordered if o.status == "failed"]

@@ -33,7 +33,7 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
     scores = result.decision.scores.get(o.agent) if result.decision else None
     return {
         "agent": o.agent,
-        "model": AGENTS[o.agent].model if o.agent in AGENTS else o.agent,
+        "model": o.usage.get("model") or (AGENTS[o.agent].model if o.agent in AGENTS else o.agent),
         "status": o.status,
         "error": o.error,
         "fork": o.fork,
@@ -122,6 +122,14 @@ def render_text(result: TaskResult) -> str:
         out.append(title + f"  ({p['duration_s']} s, fork {p['fork'] or '-'})")
         if p["error"]:
             out.append(f"  {p['error']}")
+        usage = p["usage"]
+        if usage.get("calls"):
+            cost = usage.get("estimated_cost_usd")
+            price = "cost unknown" if cost is None else f"about ${float(cost):.4f} (list-price estimate)"
+            retries = f" ({usage['retries']} retried)" if usage.get("retries") else ""
+            out.append(f"  model: {usage.get('calls')} calls{retries},"
+                       f" {usage.get('prompt_tokens', 0)} prompt + {usage.get('output_tokens', 0)}"
+                       f" output tokens, {price}")
         if not p["proposal_type"] and p["insights"] and not p["error"]:
             out.append(f"  no proposal: {p['insights'][-1]}")
         for sql in p["sql_commands"]:

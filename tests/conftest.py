@@ -25,10 +25,14 @@ from afs.sandbox.server import SandboxServer
 def afs_home() -> Iterator[Path]:
     # short path: the server's unix socket lives under it
     home = Path(tempfile.mkdtemp(prefix="afs-t-"))
-    saved = {k: os.environ.get(k) for k in ("AFS_HOME", "AFS_SCALE", "AFS_DATABASE_URL")}
+    # a developer's real Gemini key must never reach the tests
+    cleared = ("AFS_DATABASE_URL", "GOOGLE_API_KEY", "GEMINI_API_KEY", "GOOGLE_GENAI_USE_VERTEXAI",
+               "AFS_GEMINI_BASE_URL")
+    saved = {k: os.environ.get(k) for k in ("AFS_HOME", "AFS_SCALE", *cleared)}
     os.environ["AFS_HOME"] = str(home)
     os.environ["AFS_SCALE"] = "small"
-    os.environ.pop("AFS_DATABASE_URL", None)
+    for key in cleared:
+        os.environ.pop(key, None)
     try:
         yield home
     finally:

@@ -79,7 +79,7 @@ def test_fork_dsn_keeps_host_and_swaps_the_rest() -> None:
 
 
 PURE = ["config.py", "errors.py", "models.py", "forks/naming.py", "sandbox/demo.py", "features.py",
-        "router.py", "safety.py", "suite.py", "consensus.py", "report.py"]
+        "router.py", "safety.py", "suite.py", "consensus.py", "report.py", "gemini/parsing.py"]
 IO_LIBRARIES = {"trio", "psycopg", "mcp", "google", "httpx", "anyio", "subprocess"}
 
 

@@ -1,0 +1,341 @@
+"""The Gemini API under trio: credentials, the client, one JSON call with retries, usage, cost.
+
+* `gemini_credentials(env)` reads the variables the SDK reads: `GOOGLE_API_KEY` or
+  `GEMINI_API_KEY` (API-key mode), or `GOOGLE_GENAI_USE_VERTEXAI=true` with
+  `GOOGLE_CLOUD_PROJECT` and `GOOGLE_CLOUD_LOCATION` (Vertex AI; application
+  default credentials, or an API key in express mode). `AFS_GEMINI_BASE_URL`
+  overrides the endpoint (tests, proxies).
+* `open_gemini_client(credentials)` makes the SDK's async client on an
+  `httpx.AsyncClient` (the SDK's default async transport needs asyncio).
+* `GeminiClient.generate_json` makes one call with our own retry loop (the
+  SDK's ignores Retry-After): 429, 5xx, timeouts and connection failures are
+  retried after 1, 2, 4 s (or the server's Retry-After), at most 4 attempts;
+  other 4xx fail at once with a message a person can act on.
+* `estimate_cost` prices the usage with list prices: an estimate, not a bill.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+import httpx
+import structlog
+import trio
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types
+
+from afs.errors import ConfigError, ModelError
+from afs.models import AGENTS, AgentKey
+
+log = structlog.get_logger("afs.gemini")
+
+ENV_BASE_URL: Final = "AFS_GEMINI_BASE_URL"
+ENV_MODEL_PREFIX: Final = "AFS_GEMINI_MODEL_"  # + the agent key in capitals: AFS_GEMINI_MODEL_GEMINI25PRO
+API_KEY_VARIABLES: Final = ("GOOGLE_API_KEY", "GEMINI_API_KEY")  # the SDK's order of preference
+GEMINI_API_VERSION: Final = "v1beta"  # structured output (responseJsonSchema) is documented there
+DEFAULT_VERTEX_LOCATION: Final = "global"  # what the SDK assumes without GOOGLE_CLOUD_LOCATION
+NO_CREDENTIALS: Final = (
+    "no Gemini credentials: set GOOGLE_API_KEY (or GEMINI_API_KEY) for the Gemini API, or "
+    "GOOGLE_GENAI_USE_VERTEXAI=true with GOOGLE_CLOUD_PROJECT (and GOOGLE_CLOUD_LOCATION) for "
+    "Vertex AI; or use --provider heuristic")
+
+Role = Literal["user", "model"]
+Turn = tuple[Role, str]  # one message of the conversation
+
+
+# -- credentials and configuration -----------------------------------------------------------
+@dataclass(frozen=True)
+class Credentials:
+    """How to reach Gemini; `api_key` never appears in repr() or in messages."""
+
+    api_key: str | None = field(default=None, repr=False)
+    vertexai: bool = False
+    project: str | None = None
+    location: str | None = None
+    base_url: str | None = None
+    source: str = ""  # the variable the key or the mode came from
+
+    def describe(self) -> str:
+        if self.vertexai and self.project:
+            where = f"Vertex AI (project {self.project}, {self.location or DEFAULT_VERTEX_LOCATION})"
+        elif self.vertexai:
+            where = f"Vertex AI express mode (API key from {self.source})"
+        else:
+            where = f"the Gemini API (API key from {self.source})"
+        return where + (f" at {self.base_url}" if self.base_url else "")
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("true", "1")
+
+
+def gemini_credentials(env: Mapping[str, str]) -> Credentials | None:
+    """The credentials the environment holds, or None when it holds none that can work."""
+    base_url = env.get(ENV_BASE_URL) or None
+    key_variable = next((name for name in API_KEY_VARIABLES if env.get(name, "").strip()), None)
+    api_key = env[key_variable].strip() if key_variable else None
+    if _truthy(env.get("GOOGLE_GENAI_USE_VERTEXAI")):
+        project = env.get("GOOGLE_CLOUD_PROJECT") or None
+        if project:
+            return Credentials(vertexai=True, project=project,
+                               location=env.get("GOOGLE_CLOUD_LOCATION") or DEFAULT_VERTEX_LOCATION,
+                               base_url=base_url, source="GOOGLE_CLOUD_PROJECT")
+        if api_key and key_variable:
+            return Credentials(api_key=api_key, vertexai=True, base_url=base_url, source=key_variable)
+        return None
+    if api_key and key_variable:
+        return Credentials(api_key=api_key, base_url=base_url, source=key_variable)
+    return None
+
+
+def gemini_models(env: Mapping[str, str]) -> dict[AgentKey, str]:
+    """The model of each agent: the defaults of `AGENTS`, or AFS_GEMINI_MODEL_<AGENT>."""
+    return {key: env.get(ENV_MODEL_PREFIX + key.upper()) or spec.model for key, spec in AGENTS.items()}
+
+
+# -- usage and cost -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Usage:
+    """Tokens of one call or a sum of calls; output includes the thinking tokens (billed as output)."""
+
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.prompt_tokens + other.prompt_tokens, self.output_tokens + other.output_tokens,
+                     self.total_tokens + other.total_tokens)
+
+
+def usage_of(response: types.GenerateContentResponse) -> Usage:
+    meta = response.usage_metadata
+    if meta is None:
+        return Usage()
+    prompt = meta.prompt_token_count or 0
+    output = (meta.candidates_token_count or 0) + (meta.thoughts_token_count or 0)
+    return Usage(prompt, output, meta.total_token_count or prompt + output)
+
+
+@dataclass(frozen=True)
+class Price:
+    input_per_mtok: float  # USD per 1M prompt tokens
+    output_per_mtok: float  # USD per 1M output tokens (thinking included)
+
+
+# Estimates: the Gemini Developer API's paid-tier list prices for text, as published on
+# ai.google.dev/gemini-api/docs/pricing in July 2025 (prompts up to 200k tokens; longer
+# prompts cost more on 2.5 Pro). Vertex AI lists the same prices. Not a bill.
+PRICES: Final[Mapping[str, Price]] = {
+    "gemini-2.5-pro": Price(1.25, 10.00),
+    "gemini-2.5-flash": Price(0.30, 2.50),
+    "gemini-2.0-flash": Price(0.10, 0.40),
+}
+
+
+_VERSION_SUFFIX: Final = r"(?:-(?:\d+|latest|preview[\w-]*|exp[\w-]*))?"
+
+
+def estimate_cost(model: str, usage: Usage) -> float | None:
+    """USD for `usage` on `model` (a versioned name, like gemini-2.0-flash-001, is priced as its
+    model); None for a model without a known price."""
+    name = model.removeprefix("models/")
+    price = next((p for family, p in PRICES.items()
+                  if re.fullmatch(re.escape(family) + _VERSION_SUFFIX, name)), None)
+    if price is None:
+        return None
+    return (usage.prompt_tokens * price.input_per_mtok + usage.output_tokens * price.output_per_mtok) / 1e6
+
+
+# -- errors ------------------------------------------------------------------------------------
+_KEY_IN_TEXT = re.compile(r"(key=)[^&\s]+")
+
+
+def _clean(text: str, secret: str | None) -> str:
+    text = _KEY_IN_TEXT.sub(r"\1***", " ".join(str(text).split()))
+    return text.replace(secret, "***") if secret else text
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Attempts and waits of `generate_json` (the seed's "Retry Strategy")."""
+
+    attempts: int = 4
+    backoff_s: tuple[float, ...] = (1.0, 2.0, 4.0)  # before the 2nd, 3rd, 4th attempt
+    max_wait_s: float = 60.0  # a longer Retry-After ends the retries at once
+
+    def backoff(self, attempt: int) -> float:
+        """The wait after failed attempt number `attempt` (1-based)."""
+        return self.backoff_s[min(attempt, len(self.backoff_s)) - 1]
+
+
+DEFAULT_RETRY: Final = RetryPolicy()
+RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def retry_after_s(exc: genai_errors.APIError, now: datetime | None = None) -> float | None:
+    """How long the server asks us to wait: the Retry-After header (seconds or a date), else
+    the RetryInfo detail of the error body ("27s"); None when it says nothing."""
+    headers = getattr(exc.response, "headers", None)  # the httpx.Response, when there is one
+    header = headers.get("retry-after") if headers is not None else None
+    if header:
+        header = header.strip()
+        try:
+            return max(0.0, float(header))
+        except ValueError:
+            pass
+        try:
+            moment = email.utils.parsedate_to_datetime(header)
+        except (TypeError, ValueError):
+            moment = None
+        if moment is not None:
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            return max(0.0, (moment - (now or datetime.now(UTC))).total_seconds())
+    body = exc.details if isinstance(exc.details, dict) else {}
+    error = body.get("error", body)
+    details = error.get("details") if isinstance(error, dict) else None
+    for detail in details if isinstance(details, list) else ():
+        delay = detail.get("retryDelay") if isinstance(detail, dict) else None
+        if isinstance(delay, str) and (match := re.fullmatch(r"\s*(\d+(?:\.\d+)?)s\s*", delay)):
+            return float(match[1])
+    return None
+
+
+# -- the client ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelReply:
+    text: str
+    usage: Usage  # of the successful attempt
+    attempts: int  # 1 + retries
+    finish_reason: str | None = None
+
+
+class GeminiClient:
+    """The SDK's async client plus what it needs under trio; made by `open_gemini_client`."""
+
+    def __init__(self, sdk: genai.Client, credentials: Credentials, google_auth: Any = None) -> None:
+        self.sdk = sdk
+        self.credentials = credentials
+        self._google_auth = google_auth  # Vertex AI credentials, refreshed here in a thread
+
+    async def _refresh_google_auth(self) -> None:
+        # The SDK refreshes tokens with asyncio.to_thread; with a valid token it never does.
+        auth = self._google_auth
+        if auth is not None and not auth.valid:
+            from google.auth.transport.requests import Request
+
+            await trio.to_thread.run_sync(auth.refresh, Request())
+
+    async def generate_json(self, *, model: str, system: str, turns: Sequence[Turn],
+                            schema: Mapping[str, Any], call_timeout_s: float,
+                            policy: RetryPolicy = DEFAULT_RETRY) -> ModelReply:
+        """Ask `model` for JSON matching `schema`; retries per `policy`; raises ModelError."""
+        config = types.GenerateContentConfig(
+            system_instruction=system, temperature=0.2, response_mime_type="application/json",
+            response_json_schema=dict(schema))
+        contents: list[types.ContentUnion] = [
+            types.Content(role=role, parts=[types.Part(text=text)]) for role, text in turns]
+        for attempt in range(1, policy.attempts + 1):
+            await self._refresh_google_auth()
+            with trio.move_on_after(call_timeout_s) as scope:
+                try:
+                    response = await self.sdk.aio.models.generate_content(
+                        model=model, contents=contents, config=config)
+                except genai_errors.APIError as exc:
+                    failure = self._failure(model, exc, policy)
+                except httpx.TransportError as exc:
+                    failure = ModelError(f"{model}: cannot reach the Gemini API ({type(exc).__name__}:"
+                                         f" {_clean(str(exc), self.credentials.api_key)})",
+                                         retryable=True)
+                else:
+                    candidates = response.candidates or []
+                    reason = candidates[0].finish_reason if candidates else None
+                    return ModelReply(text=response.text or "", usage=usage_of(response),
+                                      attempts=attempt, finish_reason=str(reason) if reason else None)
+            if scope.cancelled_caught:
+                failure = ModelError(f"{model}: no answer within {call_timeout_s:g} s", retryable=True)
+            if not failure.retryable or attempt == policy.attempts:
+                if failure.retryable:
+                    raise ModelError(f"{failure} (gave up after {attempt} attempts)", status=failure.status,
+                                     code=failure.code, retryable=True)
+                raise failure
+            wait = policy.backoff(attempt) if failure.retry_after_s is None else failure.retry_after_s
+            log.warning("model_retry", model=model, attempt=attempt, status=failure.status,
+                        error=str(failure), wait_s=wait)
+            await trio.sleep(wait)
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    def _failure(self, model: str, exc: genai_errors.APIError, policy: RetryPolicy) -> ModelError:
+        """The ModelError for an API error: retryable or not, with a message to act on."""
+        status, code = exc.code, exc.status
+        detail = _clean(f"{status} {code or ''}: {exc.message or ''}".replace(" :", ":"),
+                        self.credentials.api_key)
+        key_hint = ("check the API key in " + " or ".join(API_KEY_VARIABLES)
+                    if self.credentials.api_key else
+                    "check the application default credentials (gcloud auth application-default login)")
+        if status in RETRY_STATUSES:
+            what = f"{model}: {'rate limited' if status == 429 else 'the API failed'} ({detail})"
+            asked = retry_after_s(exc)
+            if asked is not None and asked > policy.max_wait_s:
+                return ModelError(f"{what}; the API asks to wait {asked:g} s, longer than AFS waits"
+                                  f" ({policy.max_wait_s:g} s): try again later or check the quota",
+                                  status=status, code=code)
+            return ModelError(what, status=status, code=code, retryable=True, retry_after_s=asked)
+        if status == 401 or "api key" in (exc.message or "").lower():
+            message = f"{model}: the API rejected the credentials ({detail}): {key_hint}"
+        elif status == 403:
+            message = (f"{model}: permission denied ({detail}): check that the key or project may use "
+                       f"{model} (API enabled, billing, region)")
+        elif status == 404:
+            message = (f"{model}: model not found ({detail}): check the model name "
+                       f"({ENV_MODEL_PREFIX}<AGENT>)")
+        else:
+            message = f"{model}: the API refused the request ({detail})"
+        return ModelError(message, status=status, code=code)
+
+
+def _default_google_auth() -> Any:
+    """Application default credentials for Vertex AI (blocking: run it in a thread)."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        auth, _project = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    except DefaultCredentialsError as exc:
+        raise ConfigError(f"Vertex AI needs application default credentials: run `gcloud auth "
+                          f"application-default login` or set GOOGLE_APPLICATION_CREDENTIALS ({exc})"
+                          ) from exc
+    return auth
+
+
+@asynccontextmanager
+async def open_gemini_client(credentials: Credentials, *,
+                             transport: httpx.AsyncBaseTransport | None = None,
+                             google_auth: Any = None) -> AsyncIterator[GeminiClient]:
+    """A Gemini client on its own httpx.AsyncClient, closed on exit.
+
+    `transport` replaces the network (tests: `FakeGemini.transport()`); `google_auth`
+    replaces the application default credentials of Vertex AI mode.
+    """
+    if credentials.vertexai and credentials.api_key is None and google_auth is None:
+        google_auth = await trio.to_thread.run_sync(_default_google_auth)
+    async with httpx.AsyncClient(timeout=None, transport=transport) as http:
+        options = types.HttpOptions(
+            httpx_async_client=http, base_url=credentials.base_url,
+            api_version=None if credentials.vertexai else GEMINI_API_VERSION)
+        try:
+            sdk = genai.Client(vertexai=credentials.vertexai, api_key=credentials.api_key,
+                               project=credentials.project, location=credentials.location,
+                               credentials=google_auth if credentials.api_key is None else None,
+                               http_options=options)
+        except ValueError as exc:
+            raise ConfigError(f"cannot configure the Gemini client: {_clean(str(exc), credentials.api_key)}"
+                              ) from exc
+        yield GeminiClient(sdk, credentials, google_auth)

@@ -1,0 +1,361 @@
+"""Model output → AFS data, robustly (the seed's "Response Parsing"). Pure: no I/O.
+
+    text ─► extract_json (fences, prose around the object)
+         ─► load_object (json; else repaired: comments, trailing commas, single quotes)
+         ─► parse_analysis / parse_proposal (required fields, types, ranges, enums)
+
+Critical problems raise `ModelOutputError`, whose reason goes back to the model in
+a re-prompt. Everything else is repaired, clamped or defaulted, and reported as a
+warning: out-of-range numbers are clamped, enum spellings are mapped
+(`create_index` → `index`), missing optional fields get defaults, and an analysis
+without `proposed_actions` falls back to its insights with confidence 0.5.
+Unknown extra fields are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, Final, cast
+
+from afs.errors import ModelOutputError, UnsafeSqlError
+from afs.models import (
+    PROPOSAL_TYPES,
+    AgentKey,
+    AnalysisResult,
+    EstimatedImpact,
+    OptimizationProposal,
+    ProposalType,
+    RiskLevel,
+)
+from afs.safety import split_statements
+
+NO_PROPOSAL: Final = "none"  # the proposal_type of "nothing is worth changing"
+UNCERTAIN: Final = 0.5  # confidence when the model gave none, or only partial analysis
+
+
+# -- structured output schemas (the seed's field names) ------------------------------------
+_STRINGS: Final = {"type": "array", "items": {"type": "string"}}
+ANALYSIS_SCHEMA: Final[Mapping[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "insights": {**_STRINGS, "minItems": 1,
+                     "description": "specific observations from the plan and statistics, with numbers"},
+        "proposed_actions": {**_STRINGS, "minItems": 1, "description": "high-level recommendations"},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        "metadata": {"type": "object", "properties": {
+            "bottleneck_type": {"type": "string"},
+            "estimated_improvement": {"type": "string"},
+        }},
+    },
+    "required": ["insights", "proposed_actions", "confidence"],
+}
+PROPOSAL_SCHEMA: Final[Mapping[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "proposal_type": {"type": "string", "enum": [*PROPOSAL_TYPES, NO_PROPOSAL]},
+        "sql_commands": {**_STRINGS, "description": "one SQL statement per item, applied in order"},
+        "rollback_commands": {**_STRINGS, "description": "statements that undo sql_commands"},
+        "rewritten_query": {"type": "string",
+                            "description": "the query to run instead, when the change needs a rewrite"},
+        "rationale": {"type": "string"},
+        "estimated_impact": {
+            "type": "object",
+            "properties": {
+                "query_time_improvement": {"type": "number", "minimum": 0, "maximum": 100},
+                "storage_overhead_mb": {"type": "number", "minimum": 0},
+                "complexity": {"type": "string", "enum": ["low", "medium", "high"]},
+                "risk": {"type": "string", "enum": ["low", "medium", "high"]},
+            },
+            "required": ["query_time_improvement", "storage_overhead_mb", "complexity", "risk"],
+        },
+        "validation_steps": {**_STRINGS, "description": "how to check the change works"},
+    },
+    "required": ["proposal_type", "sql_commands", "rationale", "estimated_impact"],
+}
+
+# -- step 1: extract -------------------------------------------------------------------------
+_FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_-]*[ \t]*\r?\n?(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def extract_json(text: str) -> str:
+    """The JSON text inside `text`: a fenced block's content, else from the first { to the last }."""
+    text = text.strip()
+    fenced = _FENCE.search(text)
+    if fenced:
+        text = fenced.group(1).strip()
+    if text.startswith(("{", "[")):
+        return text
+    start, end = text.find("{"), text.rfind("}")
+    return text[start:end + 1] if 0 <= start < end else text
+
+
+# -- step 2: parse, repairing what models commonly break -----------------------------------------
+def _skip_blank(text: str, i: int) -> int:
+    """The index of the first character at or after `i` that is not blank or in a comment."""
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = len(text) if end < 0 else end + 2
+        else:
+            break
+    return i
+
+
+def repair_json(text: str) -> str:
+    """Remove // and /* */ comments and trailing commas; turn 'single' into "double" quotes.
+
+    String contents are left alone (an apostrophe in a double-quoted string stays).
+    """
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+        elif c == "'":
+            j, chars = i + 1, []
+            while j < n and text[j] != "'":
+                if text[j] == "\\" and j + 1 < n:
+                    chars.append("'" if text[j + 1] == "'" else text[j:j + 2])
+                    j += 2
+                else:
+                    chars.append('\\"' if text[j] == '"' else text[j])
+                    j += 1
+            out.append('"' + "".join(chars) + '"')
+            i = j + 1
+        elif c.isspace() or text.startswith(("//", "/*"), i):
+            j = _skip_blank(text, i)
+            out.append(" " if "\n" not in text[i:j] else "\n")
+            i = j
+        elif c == ",":
+            j = _skip_blank(text, i + 1)
+            if j >= n or text[j] not in "}]":
+                out.append(c)
+            i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def load_object(text: str) -> dict[str, Any]:
+    """The JSON object in a model's answer; raises ModelOutputError when there is none."""
+    candidate = extract_json(text)
+    if not candidate:
+        raise ModelOutputError("the answer was empty; respond with one JSON object", text)
+    try:
+        value = json.loads(candidate)
+    except ValueError:
+        try:
+            value = json.loads(repair_json(candidate))
+        except ValueError as exc:
+            raise ModelOutputError(f"not valid JSON ({exc}); respond with one JSON object only",
+                                   text) from None
+    if not isinstance(value, dict):
+        raise ModelOutputError(f"expected a JSON object, got a JSON {type(value).__name__}", text)
+    return value
+
+
+# -- step 3 and 4: validate and sanitise --------------------------------------------------------
+def _strings(data: Mapping[str, Any], key: str, warnings: list[str]) -> list[str] | None:
+    """A list of non-empty trimmed strings; a lone string counts as a list of one; None if absent."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        warnings.append(f"{key}: a string where a list was expected; used as a list of one")
+        value = [value]
+    if not isinstance(value, list):
+        raise ModelOutputError(f"{key} must be a list of strings, got {type(value).__name__}")
+    items = [str(v).strip() for v in value if isinstance(v, str | int | float) and str(v).strip()]
+    if len(items) < len(value):
+        warnings.append(f"{key}: {len(value) - len(items)} empty or non-string item(s) dropped")
+    return items
+
+
+_NUMBER = re.compile(r"(?<![\d.])[-+]?\d+(?:\.\d+)?")
+
+
+def _number(value: Any) -> float | None:
+    """A float from a number or a string like "75%" or "60-85" (the midpoint); None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        found = [float(x) for x in _NUMBER.findall(value.replace(",", ""))]
+        if len(found) == 2 and re.search(r"\d\s*(?:-|–|to)\s*\d", value):
+            return (found[0] + found[1]) / 2
+        if found:
+            return found[0]
+    return None
+
+
+def _bounded(data: Mapping[str, Any], key: str, low: float, high: float, default: float,
+             warnings: list[str], prefix: str = "") -> float:
+    raw = data.get(key)
+    value = _number(raw)
+    if value is None:
+        warnings.append(f"{prefix}{key}: {'missing' if raw is None else f'not a number ({raw!r})'};"
+                        f" {default:g} assumed")
+        return default
+    if not low <= value <= high:
+        clamped = min(max(value, low), high)
+        warnings.append(f"{prefix}{key}: {value:g} is out of range; clamped to {clamped:g}")
+        value = clamped
+    return round(value, 2)
+
+
+def parse_analysis(text: str) -> tuple[AnalysisResult, list[str]]:
+    """The seed's AnalysisResult from a model's answer, and the warnings about it."""
+    data = load_object(text)
+    warnings: list[str] = []
+    try:
+        insights = _strings(data, "insights", warnings)
+        actions = _strings(data, "proposed_actions", warnings)
+    except ModelOutputError as exc:
+        raise ModelOutputError(exc.reason, text) from None
+    if not insights:
+        raise ModelOutputError("insights is missing or empty: list at least one observation", text)
+    if not actions:
+        warnings.append("proposed_actions missing: the insights are used instead, confidence 0.5")
+        actions, confidence = list(insights), UNCERTAIN
+    else:
+        confidence = _bounded(data, "confidence", 0.0, 1.0, UNCERTAIN, warnings)
+    metadata = data.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        warnings.append(f"metadata: expected an object, got {type(metadata).__name__}; dropped")
+        metadata = None
+    return AnalysisResult(insights=tuple(insights), proposed_actions=tuple(actions),
+                          confidence=confidence, metadata=metadata or {}), warnings
+
+
+# Spellings models use for the proposal types, after lower-casing, "-"/" " → "_", and
+# dropping a "create_" prefix and a plural "s".
+_TYPE_SYNONYMS: Final[Mapping[str, str]] = {
+    "btree_index": "index", "b_tree_index": "index", "brin_index": "index", "brin": "index",
+    "hash_index": "index", "gin_index": "index", "gist_index": "index", "covering_index": "index",
+    "unique_index": "index", "expression_index": "index", "single_column_index": "index",
+    "index_creation": "index", "new_index": "index", "btree": "index",
+    "multi_column_index": "composite_index", "multicolumn_index": "composite_index",
+    "composite": "composite_index", "compound_index": "composite_index",
+    "partial": "partial_index", "filtered_index": "partial_index",
+    "rewrite": "query_rewrite", "query_rewriting": "query_rewrite", "sql_rewrite": "query_rewrite",
+    "materialized": "materialized_view", "matview": "materialized_view", "mv": "materialized_view",
+    "materialised_view": "materialized_view", "summary_table": "materialized_view",
+    "partition": "partitioning", "range_partitioning": "partitioning",
+    "table_partitioning": "partitioning", "partitioned_table": "partitioning",
+    "denormalize": "denormalization", "denormalise": "denormalization",
+    "denormalisation": "denormalization",
+    "no_change": NO_PROPOSAL, "no_op": NO_PROPOSAL, "noop": NO_PROPOSAL, "nothing": NO_PROPOSAL,
+    "null": NO_PROPOSAL,
+}
+_LEVELS: Final[Mapping[str, RiskLevel]] = {
+    "low": "low", "medium": "medium", "high": "high",
+    "very_low": "low", "minimal": "low", "none": "low", "low_medium": "medium", "med": "medium",
+    "moderate": "medium", "medium_high": "high", "very_high": "high",
+}
+
+
+def _key(value: str) -> str:
+    return re.sub(r"[\s-]+", "_", value.strip().lower())
+
+
+def proposal_type_of(value: Any) -> str | None:
+    """A proposal type from a model's spelling ("create_index" → "index"), "none", or None."""
+    if not isinstance(value, str):
+        return None
+    key = _key(value)
+    for candidate in (key, key.removeprefix("create_"), key.removeprefix("create_").removesuffix("s")):
+        if candidate in PROPOSAL_TYPES or candidate == NO_PROPOSAL:
+            return candidate
+        if candidate in _TYPE_SYNONYMS:
+            return _TYPE_SYNONYMS[candidate]
+    return None
+
+
+def _level(impact: Mapping[str, Any], key: str, warnings: list[str]) -> RiskLevel:
+    raw = impact.get(key)
+    level = _LEVELS.get(_key(raw)) if isinstance(raw, str) else None
+    if level is not None:
+        return level
+    warnings.append(f"estimated_impact.{key}: {'missing' if raw is None else repr(raw)};"
+                    " medium assumed")
+    return "medium"
+
+
+def _commands(raw: list[str]) -> tuple[str, ...]:
+    """One statement per command (a command holding several is split); comment-only ones dropped."""
+    out: list[str] = []
+    for command in raw:
+        try:
+            out.extend(split_statements(command))
+        except UnsafeSqlError:
+            out.append(command)  # unsplittable: the safety check refuses it with its reason
+    return tuple(out)
+
+
+def parse_proposal(agent: AgentKey, text: str) -> tuple[OptimizationProposal | None, list[str]]:
+    """The agent's OptimizationProposal from a model's answer (None for "none"), and warnings.
+
+    The estimated impact is the model's own prediction; the benchmark measures the truth.
+    """
+    data = load_object(text)
+    warnings: list[str] = []
+    raw_type = data.get("proposal_type")
+    kind = proposal_type_of(raw_type)
+    if kind is None:
+        raise ModelOutputError(
+            f"proposal_type {raw_type!r} is not one of {', '.join((*PROPOSAL_TYPES, NO_PROPOSAL))}", text)
+    if isinstance(raw_type, str) and raw_type != kind:
+        warnings.append(f"proposal_type {raw_type!r} read as {kind!r}")
+    try:
+        sql = _strings(data, "sql_commands", warnings)
+        rollback = _strings(data, "rollback_commands", warnings) or []
+        steps = _strings(data, "validation_steps", warnings) or []
+    except ModelOutputError as exc:
+        raise ModelOutputError(exc.reason, text) from None
+    rationale = data.get("rationale")
+    rationale = rationale.strip() if isinstance(rationale, str) else ""
+    if kind == NO_PROPOSAL:
+        return None, warnings
+    commands = _commands(sql or [])
+    if not commands:
+        raise ModelOutputError("sql_commands is missing or empty: give the SQL statements to apply, "
+                               f"or proposal_type {NO_PROPOSAL!r} when nothing is worth changing", text)
+    if not rationale:
+        warnings.append("rationale missing")
+    impact = data.get("estimated_impact")
+    if not isinstance(impact, dict):
+        warnings.append("estimated_impact missing or not an object: neutral estimates assumed")
+        impact = {}
+    estimate = EstimatedImpact(
+        query_time_improvement=_bounded(impact, "query_time_improvement", 0.0, 100.0, 0.0, warnings,
+                                        "estimated_impact."),
+        storage_overhead_mb=_bounded(impact, "storage_overhead_mb", 0.0, math.inf, 0.0, warnings,
+                                     "estimated_impact."),
+        complexity=_level(impact, "complexity", warnings),
+        risk=_level(impact, "risk", warnings),
+    )
+    rewritten = data.get("rewritten_query")
+    rewritten = rewritten.strip().rstrip(";").strip() if isinstance(rewritten, str) else ""
+    proposal_type = cast(ProposalType, kind)  # one of PROPOSAL_TYPES: proposal_type_of says so
+    return OptimizationProposal(
+        agent=agent, proposal_type=proposal_type, sql_commands=commands,
+        rollback_commands=_commands(rollback), rationale=rationale or "(no rationale given)",
+        estimated_impact=estimate, rewritten_query=rewritten or None,
+        needs_refresh=proposal_type in ("materialized_view", "denormalization"),
+        validation_steps=tuple(steps),
+    ), warnings

@@ -1,0 +1,235 @@
+"""Fakes that ship with AFS, for tests, demos and docs.
+
+`FakeGemini` speaks the `generateContent` REST protocol of the Gemini API (and
+the Vertex AI path for it), scripted per test with a queue of `FakeReply`:
+a JSON body or a status code, headers (Retry-After), a delay. It records every
+request it receives. It has two sides, sharing one script:
+
+* `serve_fake_gemini(fake)` — a real HTTP server on 127.0.0.1 (an ephemeral
+  port) in a thread; point `AFS_GEMINI_BASE_URL` at it, from this process or
+  another one (the CLI in a subprocess).
+* `fake.transport()` — an `httpx.MockTransport` for an in-process client. Its
+  delays are `trio.sleep`, so they run on trio's (virtual) clock.
+
+    fake = FakeGemini(reply_json({"insights": [...], ...}), reply_error(429, retry_after=3))
+    with serve_fake_gemini(fake) as base_url:
+        ...
+    assert "SELECT" in fake.requests[0].prompt
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import trio
+
+_GENERATE = re.compile(r"/models/(?P<model>[^/:]+):generateContent$")
+_STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+                 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
+                 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+
+
+@dataclass(frozen=True)
+class FakeReply:
+    """One scripted answer: status, JSON body (or raw text), headers, and a delay before it."""
+
+    body: Any = None
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+
+    def encoded(self) -> bytes:
+        return self.body.encode() if isinstance(self.body, str) else json.dumps(self.body).encode()
+
+
+@dataclass(frozen=True)
+class FakeRequest:
+    """One request the fake received."""
+
+    method: str
+    path: str
+    model: str | None
+    headers: Mapping[str, str]  # lower-case names
+    body: Mapping[str, Any]
+
+    @property
+    def texts(self) -> list[str]:
+        """The text parts of the conversation, in order (system instruction excluded)."""
+        return [part.get("text", "") for content in self.body.get("contents") or ()
+                for part in content.get("parts") or ()]
+
+    @property
+    def prompt(self) -> str:
+        """The last user turn: the prompt the model is answering."""
+        turns = self.body.get("contents") or ()
+        last = turns[-1] if turns else {}
+        return "\n".join(part.get("text", "") for part in last.get("parts") or ())
+
+    @property
+    def system(self) -> str:
+        instruction = self.body.get("systemInstruction") or self.body.get("system_instruction") or {}
+        return "\n".join(part.get("text", "") for part in instruction.get("parts") or ())
+
+    @property
+    def generation_config(self) -> Mapping[str, Any]:
+        config: Mapping[str, Any] = self.body.get("generationConfig") or {}
+        return config
+
+
+def reply_text(text: str, *, prompt_tokens: int = 1000, output_tokens: int = 200,
+               thoughts_tokens: int = 0, delay_s: float = 0.0) -> FakeReply:
+    """A successful `generateContent` answer whose text is `text`, with usage metadata."""
+    usage = {"promptTokenCount": prompt_tokens, "candidatesTokenCount": output_tokens,
+             "totalTokenCount": prompt_tokens + output_tokens + thoughts_tokens}
+    if thoughts_tokens:
+        usage["thoughtsTokenCount"] = thoughts_tokens
+    body = {
+        "candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+                        "finishReason": "STOP", "index": 0}],
+        "usageMetadata": usage,
+        "modelVersion": "fake",
+    }
+    return FakeReply(body=body, delay_s=delay_s)
+
+
+def reply_json(document: Any, **kwargs: Any) -> FakeReply:
+    """A successful answer whose text is `document` as JSON."""
+    return reply_text(json.dumps(document), **kwargs)
+
+
+def reply_error(status: int, message: str = "", *, retry_after: str | float | None = None,
+                retry_delay: str | None = None, delay_s: float = 0.0) -> FakeReply:
+    """A Google API error body; `retry_after` sets the header, `retry_delay` a RetryInfo detail."""
+    error: dict[str, Any] = {"code": status, "message": message or f"fake error {status}",
+                             "status": _STATUS_NAMES.get(status, "UNKNOWN")}
+    if retry_delay is not None:
+        error["details"] = [{"@type": "type.googleapis.com/google.rpc.RetryInfo",
+                             "retryDelay": retry_delay}]
+    headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
+    return FakeReply(body={"error": error}, status=status, headers=headers, delay_s=delay_s)
+
+
+Responder = Callable[[FakeRequest], FakeReply]
+
+
+class FakeGemini:
+    """A scripted Gemini API: replies are taken from the queue, then from `fallback`.
+
+    With `api_key` set, a request whose `x-goog-api-key` differs gets a 401. Without
+    a reply left, the answer is a 500 that says so. Thread-safe.
+    """
+
+    def __init__(self, *replies: FakeReply, fallback: Responder | None = None,
+                 api_key: str | None = None) -> None:
+        self._queue: deque[FakeReply] = deque(replies)
+        self._lock = threading.Lock()
+        self.fallback = fallback
+        self.api_key = api_key
+        self.requests: list[FakeRequest] = []
+
+    def script(self, *replies: FakeReply) -> None:
+        with self._lock:
+            self._queue.extend(replies)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def respond(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> FakeReply:
+        """Record one request and choose its reply."""
+        match = _GENERATE.search(path.split("?", 1)[0])
+        try:
+            document = json.loads(body or b"{}")
+        except ValueError:
+            document = {}
+        request = FakeRequest(method, path, match["model"] if match else None,
+                              {k.lower(): v for k, v in headers.items()},
+                              document if isinstance(document, dict) else {})
+        with self._lock:
+            self.requests.append(request)
+            if method != "POST" or match is None:
+                return reply_error(404, f"fake Gemini: no such endpoint {method} {path}")
+            if self.api_key is not None and request.headers.get("x-goog-api-key") != self.api_key:
+                return reply_error(401, "API key not valid. Please pass a valid API key.")
+            if self._queue:
+                return self._queue.popleft()
+        if self.fallback is not None:
+            return self.fallback(request)
+        return reply_error(500, "fake Gemini: no scripted reply left")
+
+    def transport(self) -> httpx.MockTransport:
+        """An in-process transport; delays sleep on trio's clock."""
+
+        async def handle(request: httpx.Request) -> httpx.Response:
+            reply = self.respond(request.method, request.url.raw_path.decode(),
+                                 dict(request.headers), await request.aread())
+            if reply.delay_s:
+                await trio.sleep(reply.delay_s)
+            return httpx.Response(reply.status, headers={"content-type": "application/json",
+                                                         **reply.headers},
+                                  content=reply.encoded())
+
+        return httpx.MockTransport(handle)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, fake: FakeGemini) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.fake = fake
+        self.closing = threading.Event()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (a timeout in the test) is not an error of the fake."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        reply = self.server.fake.respond(self.command, self.path, dict(self.headers.items()), body)
+        if reply.delay_s and self.server.closing.wait(reply.delay_s):
+            return
+        payload = reply.encoded()
+        self.send_response(reply.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_POST = _serve
+    do_GET = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the fake records requests in `FakeGemini.requests` instead."""
+
+
+@contextmanager
+def serve_fake_gemini(fake: FakeGemini) -> Iterator[str]:
+    """Serve `fake` on 127.0.0.1 in a thread; yields the base URL; stops on exit."""
+    server = _Server(fake)
+    thread = threading.Thread(target=server.serve_forever, name="fake-gemini", daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        yield f"http://{host!s}:{port}"
+    finally:
+        server.closing.set()
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -1,0 +1,711 @@
+"""The Gemini brain against a fake Gemini API: parsing, prompts, credentials, retries, end to end.
+
+Protocol tests talk HTTP to `FakeGemini` on 127.0.0.1 (a threaded server). Timing
+tests (backoff, Retry-After, timeouts) use the same fake through
+`httpx.MockTransport` on trio's virtual clock: its delays are `trio.sleep`, so
+`autojump_clock` jumps over them and `trio.current_time()` shows exactly how long
+the retries waited. A threaded server sleeps in real time, which the virtual clock
+cannot see: with autojump it would time out every call at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import google.oauth2.credentials
+import httpx
+import pytest
+import structlog.testing
+import trio
+import trio.testing
+from google.genai import errors as genai_errors
+from mcp import Client
+
+from afs.config import Settings, Timeouts
+from afs.errors import ModelError, ModelOutputError
+from afs.events import Emitter
+from afs.features import extract_features
+from afs.forks.client import ForkClient
+from afs.forks.provider import LocalForkProvider
+from afs.forks.server import build_server
+from afs.gemini.brain import (
+    GeminiBrain,
+    analysis_prompt,
+    context_fields,
+    open_gemini_squad,
+    prompt_template,
+    proposal_prompt,
+    trim_plan,
+)
+from afs.gemini.client import (
+    NO_CREDENTIALS,
+    Credentials,
+    RetryPolicy,
+    Usage,
+    estimate_cost,
+    gemini_credentials,
+    gemini_models,
+    open_gemini_client,
+    retry_after_s,
+)
+from afs.gemini.parsing import (
+    extract_json,
+    load_object,
+    parse_analysis,
+    parse_proposal,
+    proposal_type_of,
+    repair_json,
+)
+from afs.models import (
+    AGENTS,
+    AnalysisContext,
+    AnalysisResult,
+    ColumnInfo,
+    ColumnStats,
+    IndexInfo,
+    TableInfo,
+)
+from afs.optimize import TaskRequest, optimize
+from afs.router import load_rules
+from afs.sandbox.server import SandboxServer
+from afs.suite import build_suite
+from afs.testing import (
+    FakeGemini,
+    FakeReply,
+    FakeRequest,
+    reply_error,
+    reply_json,
+    reply_text,
+    serve_fake_gemini,
+)
+
+PACKAGE = Path(__file__).resolve().parent.parent / "afs"
+KEY = "test-key-123"
+QUERY = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending' AND o.user_id = 42"
+         " ORDER BY o.created_at DESC")
+ANALYSIS: dict[str, Any] = {
+    "insights": ["Parallel Seq Scan on orders removes 999,990 rows to return 10 (Filter on status, user_id)"],
+    "proposed_actions": ["Composite index on orders (user_id, status, created_at DESC)"],
+    "confidence": 0.85,
+    "metadata": {"bottleneck_type": "sequential_scan", "estimated_improvement": "80-95%"},
+}
+INDEX_SQL = "CREATE INDEX orders_user_status_created_idx ON orders (user_id, status, created_at DESC)"
+PROPOSAL: dict[str, Any] = {
+    "proposal_type": "composite_index",
+    "sql_commands": [INDEX_SQL, "ANALYZE orders"],
+    "rollback_commands": ["DROP INDEX IF EXISTS orders_user_status_created_idx"],
+    "rationale": "Equality columns first, then the sort column: one index range scan, no sort.",
+    "estimated_impact": {"query_time_improvement": 90.0, "storage_overhead_mb": 2.0,
+                         "complexity": "low", "risk": "low"},
+    "validation_steps": ["EXPLAIN shows an Index Scan using orders_user_status_created_idx"],
+}
+
+
+# -- a context like the one the analysis step gathers ---------------------------------------------
+def plan_node(node_type: str, *children: dict[str, Any], ms: float, rows: float,
+              **extra: Any) -> dict[str, Any]:
+    node: dict[str, Any] = {"Node Type": node_type, "Parallel Aware": False, "Startup Cost": 0.0,
+                            "Total Cost": 100.0, "Plan Rows": int(rows), "Plan Width": 16,
+                            "Actual Startup Time": 0.01, "Actual Total Time": ms, "Actual Rows": rows,
+                            "Actual Loops": 1, "Shared Hit Blocks": 10, "Shared Read Blocks": 0,
+                            **{k.replace("_", " "): v for k, v in extra.items()}}
+    if children:
+        node["Plans"] = list(children)
+    return node
+
+
+ISSUE_PLAN = plan_node(
+    "Sort",
+    plan_node("Seq Scan", ms=171.0, rows=10, Relation_Name="orders", Alias="o",
+              Filter="((status = 'pending'::text) AND (user_id = 42))", Rows_Removed_by_Filter=999_990),
+    ms=182.0, rows=10, Sort_Key=["o.created_at DESC"], Sort_Method="quicksort")
+
+ORDERS = TableInfo(
+    name="orders", rows=1_000_000, size_mb=143.2,
+    columns=(ColumnInfo("id", "bigint", False), ColumnInfo("user_id", "bigint", False),
+             ColumnInfo("status", "text", False), ColumnInfo("total_amount", "numeric(12,2)", False),
+             ColumnInfo("created_at", "timestamp with time zone", False)),
+    indexes=(IndexInfo("orders_pkey", "CREATE UNIQUE INDEX orders_pkey ON public.orders USING btree (id)",
+                       ("id",), unique=True, primary=True, size_mb=21.4),),
+    primary_key=("id",),
+    column_stats={
+        "status": ColumnStats(n_distinct=6, correlation=0.4, most_common_vals=("completed", "pending"),
+                              most_common_freqs=(0.6, 0.05)),
+        "user_id": ColumnStats(n_distinct=48_000, correlation=0.16, avg_width=8),
+        "created_at": ColumnStats(n_distinct=-1, correlation=0.998,
+                                  histogram_bounds=("2024-01-02 00:00:00+00", "2025-12-30 00:00:00+00")),
+    },
+    writes_per_read=0.02,
+    referenced_by=("order_items",),
+    ddl="CREATE TABLE orders (\n  id bigint NOT NULL,\n  user_id bigint NOT NULL,\n  PRIMARY KEY (id)\n);",
+)
+
+
+def issue_context(plan: dict[str, Any] | None = None) -> AnalysisContext:
+    suite, _ = build_suite(QUERY, ORDERS, "o")
+    return AnalysisContext(task_id="t1", task_type="query_optimization", query=QUERY,
+                           features=extract_features(QUERY), plan=plan or ISSUE_PLAN,
+                           execution_ms=182.4, tables={"orders": ORDERS}, suite=suite)
+
+
+# -- parsing (pure) ----------------------------------------------------------------------------------
+def test_parsing_module_is_pure() -> None:
+    tree = ast.parse((PACKAGE / "gemini" / "parsing.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & {"trio", "psycopg", "mcp", "google", "httpx", "anyio", "subprocess", "os"}
+
+
+def test_fenced_json_with_prose_around_it() -> None:
+    text = f"Here is my analysis:\n```json\n{json.dumps(ANALYSIS, indent=2)}\n```\nHope it helps!"
+    result, warnings = parse_analysis(text)
+    assert result.insights == tuple(ANALYSIS["insights"]) and result.confidence == 0.85
+    assert result.metadata["bottleneck_type"] == "sequential_scan"
+    assert warnings == []
+
+
+def test_prose_without_fences() -> None:
+    assert extract_json('Sure! {"a": 1} That is all.') == '{"a": 1}'
+    assert extract_json("```\n{\"a\": 1}\n```") == '{"a": 1}'
+    assert extract_json("```json\n{\"a\": 1}") == '{"a": 1}'  # the closing fence cut off
+
+
+@pytest.mark.parametrize(("broken", "expected"), [
+    ('{"a": [1, 2,], "b": {"c": 3,},}', {"a": [1, 2], "b": {"c": 3}}),
+    ("{'a': 'it\\'s', 'b': 'say \"hi\"'}", {"a": "it's", "b": 'say "hi"'}),
+    ('{\n  // the count\n  "a": 1, /* trailing */\n  "b": 2 // end\n}', {"a": 1, "b": 2}),
+    ('{"a": 1, // last\n}', {"a": 1}),
+])
+def test_common_json_mistakes_are_repaired(broken: str, expected: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        json.loads(broken)
+    assert load_object(broken) == expected
+
+
+def test_repair_leaves_string_contents_alone() -> None:
+    text = '{"sql": "SELECT 1 -- it\'s /* not */ a, } comment // here", \'q\': \'a, ]\',}'
+    assert json.loads(repair_json(text)) == {"sql": "SELECT 1 -- it's /* not */ a, } comment // here",
+                                             "q": "a, ]"}
+
+
+@pytest.mark.parametrize("text", ["", "no json here", "[1, 2]", '{"a": ', "```json\n```"])
+def test_no_object_is_an_error_to_reprompt_with(text: str) -> None:
+    with pytest.raises(ModelOutputError) as caught:
+        load_object(text)
+    assert caught.value.reason
+
+
+def test_out_of_range_values_are_clamped() -> None:
+    result, warnings = parse_analysis(json.dumps({**ANALYSIS, "confidence": 1.7}))
+    assert result.confidence == 1.0 and any("clamped" in w for w in warnings)
+    proposal, warnings = parse_proposal("gemini25pro", json.dumps({**PROPOSAL, "estimated_impact": {
+        "query_time_improvement": 250, "storage_overhead_mb": -4, "complexity": "LOW", "risk": "Moderate"}}))
+    assert proposal is not None
+    impact = proposal.estimated_impact
+    assert (impact.query_time_improvement, impact.storage_overhead_mb) == (100.0, 0.0)
+    assert (impact.complexity, impact.risk) == ("low", "medium")
+    assert sum("clamped" in w for w in warnings) == 2
+
+
+def test_numbers_given_as_text() -> None:
+    proposal, _ = parse_proposal("gemini25pro", json.dumps({**PROPOSAL, "estimated_impact": {
+        "query_time_improvement": "60-80%", "storage_overhead_mb": "12 MB", "complexity": "low",
+        "risk": "low"}}))
+    assert proposal is not None
+    assert proposal.estimated_impact.query_time_improvement == 70.0
+    assert proposal.estimated_impact.storage_overhead_mb == 12.0
+
+
+@pytest.mark.parametrize(("spelling", "expected"), [
+    ("create_index", "index"), ("CREATE INDEX", "index"), ("B-tree index", "index"), ("brin", "index"),
+    ("Composite Index", "composite_index"), ("partial-index", "partial_index"),
+    ("materialized views", "materialized_view"), ("create_materialized_view", "materialized_view"),
+    ("range partitioning", "partitioning"), ("rewrite", "query_rewrite"), ("denormalize", "denormalization"),
+    ("none", "none"), ("no change", "none"),
+    ("hybrid", None), ("vacuum", None), (3, None),
+])
+def test_proposal_type_spellings(spelling: Any, expected: str | None) -> None:
+    assert proposal_type_of(spelling) == expected
+
+
+def test_unmappable_proposal_type_is_an_error() -> None:
+    with pytest.raises(ModelOutputError, match="proposal_type 'hybrid' is not one of"):
+        parse_proposal("gemini20flash", json.dumps({**PROPOSAL, "proposal_type": "hybrid"}))
+
+
+def test_missing_required_fields() -> None:
+    with pytest.raises(ModelOutputError, match="insights"):
+        parse_analysis(json.dumps({"proposed_actions": ["x"], "confidence": 0.5}))
+    with pytest.raises(ModelOutputError, match="sql_commands"):
+        parse_proposal("gemini25pro", json.dumps({k: v for k, v in PROPOSAL.items() if k != "sql_commands"}))
+    with pytest.raises(ModelOutputError, match="sql_commands must be a list"):
+        parse_proposal("gemini25pro", json.dumps({**PROPOSAL, "sql_commands": {"a": 1}}))
+
+
+def test_missing_optional_fields_get_defaults() -> None:
+    proposal, warnings = parse_proposal("gemini25pro", json.dumps(
+        {"proposal_type": "index", "sql_commands": [INDEX_SQL]}))
+    assert proposal is not None
+    assert proposal.rollback_commands == () and proposal.rewritten_query is None
+    assert proposal.estimated_impact.complexity == "medium"
+    assert proposal.rationale == "(no rationale given)"
+    assert any("rationale missing" in w for w in warnings)
+    assert any("estimated_impact" in w for w in warnings)
+
+
+def test_partial_analysis_uses_the_insights_as_actions() -> None:
+    result, warnings = parse_analysis(json.dumps({"insights": ["Seq Scan on orders reads 1 M rows"],
+                                                  "confidence": 0.9}))
+    assert result.proposed_actions == result.insights
+    assert result.confidence == 0.5
+    assert any("proposed_actions missing" in w for w in warnings)
+
+
+def test_unknown_fields_are_ignored_and_strings_trimmed() -> None:
+    result, _ = parse_analysis(json.dumps({**ANALYSIS, "insights": ["  padded  ", ""], "mood": "happy"}))
+    assert result.insights == ("padded",)
+    proposal, _ = parse_proposal("gemini25pro", json.dumps({**PROPOSAL, "maintenance_strategy": {}}))
+    assert proposal is not None and proposal.agent == "gemini25pro"
+    assert proposal.proposal_type == "composite_index"
+    assert proposal.sql_commands == (INDEX_SQL, "ANALYZE orders")
+    assert proposal.validation_steps == tuple(PROPOSAL["validation_steps"])
+
+
+def test_commands_are_split_into_statements_and_comments_dropped() -> None:
+    proposal, _ = parse_proposal("gemini20flash", json.dumps({
+        **PROPOSAL, "proposal_type": "materialized_view",
+        "sql_commands": ["CREATE MATERIALIZED VIEW mv AS SELECT status, count(*) FROM orders GROUP BY status;"
+                         "\nCREATE INDEX ON mv (status);", "-- refresh hourly"],
+        "rewritten_query": "SELECT * FROM mv;"}))
+    assert proposal is not None
+    assert proposal.sql_commands == (
+        "CREATE MATERIALIZED VIEW mv AS SELECT status, count(*) FROM orders GROUP BY status",
+        "CREATE INDEX ON mv (status)")
+    assert proposal.rewritten_query == "SELECT * FROM mv" and proposal.needs_refresh
+
+
+def test_nothing_worth_changing() -> None:
+    proposal, _ = parse_proposal("gemini25pro", json.dumps(
+        {"proposal_type": "none", "sql_commands": [], "rationale": "Already an index scan in 0.1 ms."}))
+    assert proposal is None
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("agent", list(AGENTS))
+def test_every_agent_has_its_prompts_filled_with_the_context(agent: str) -> None:
+    ctx = issue_context()
+    analysis = analysis_prompt(agent, ctx)
+    assert QUERY in analysis
+    assert '"Relation Name": "orders"' in analysis and "Rows Removed by Filter" in analysis
+    assert "CREATE TABLE orders" in analysis
+    assert "orders_pkey" in analysis and "1,000,000 rows" in analysis and "143.2 MB" in analysis
+    assert "orders.status: 6 distinct" in analysis and "'pending' 5.0%" in analysis
+    assert "correlation 0.998" in analysis and "avg_width 8 bytes" in analysis
+    assert "referenced by foreign keys of order_items" in analysis
+    assert all(v.sql in analysis for v in ctx.suite) and len(ctx.suite) >= 2
+    proposal = proposal_prompt(agent, ctx, AnalysisResult(("the insight",), ("the action",), 0.8))
+    assert QUERY in proposal and "- the insight" in proposal and "- the action" in proposal
+    assert "SAFETY RULES" in proposal and '"proposal_type": "none"' in proposal
+    assert "Respond ONLY with valid JSON" in analysis + proposal
+    system = prompt_template(f"system_{agent}").template
+    assert "You are" in system and "$" not in system
+    for text in (analysis, proposal):
+        assert "$" not in text.replace("$1", "")
+
+
+def wide_plan(cheap_nodes: int) -> dict[str, Any]:
+    """An Append of many cheap index scans and one slow Seq Scan deep down."""
+    cheap = [plan_node("Index Scan", ms=0.05, rows=1, Relation_Name=f"part_{i}", Index_Name=f"part_{i}_idx",
+                       Index_Cond=f"(id = {i})") for i in range(cheap_nodes)]
+    slow = plan_node("Hash", plan_node("Seq Scan", ms=900.0, rows=5_000_000, Relation_Name="events",
+                                       Filter="(kind = 'click'::text)", Rows_Removed_by_Filter=12_000_000),
+                     ms=950.0, rows=5_000_000)
+    return plan_node("Hash Join", plan_node("Append", *cheap, ms=20.0, rows=cheap_nodes), slow,
+                     ms=1000.0, rows=10)
+
+
+def test_small_plans_are_sent_whole() -> None:
+    text, note = trim_plan(ISSUE_PLAN)
+    assert json.loads(text) == ISSUE_PLAN and note == "complete, 2 nodes"
+
+
+def test_a_long_plan_keeps_its_most_expensive_nodes_within_the_budget() -> None:
+    plan = wide_plan(400)
+    assert len(json.dumps(plan, indent=1)) > 4 * 2000
+    text, note = trim_plan(plan, budget_tokens=2000)
+    assert len(text) <= 4 * 2000
+    kept = json.loads(text)
+    assert kept["Node Type"] == "Hash Join"
+    hash_node = kept["Plans"][1]
+    assert hash_node["Plans"][0]["Relation Name"] == "events"  # the slowest node, with its parents
+    assert hash_node["Plans"][0]["Rows Removed by Filter"] == 12_000_000
+    assert "Parallel Aware" not in hash_node
+    append = kept["Plans"][0]
+    omitted = [p["Omitted"] for p in append["Plans"] if "Omitted" in p]
+    assert omitted and "cheaper nodes under: Index Scan on part_" in omitted[0]
+    assert note.startswith("trimmed to the ") and "of 404 nodes" in note
+    ctx = issue_context(plan)
+    assert "Seq Scan" in context_fields(ctx, 2000)["explain_plan"]
+
+
+def test_a_plan_that_cannot_fit_is_cut() -> None:
+    plan = plan_node("Seq Scan", ms=1.0, rows=1, Relation_Name="t", Filter="x" * 10_000)
+    text, note = trim_plan(plan, budget_tokens=100)
+    assert len(text) <= 401 and "cut to 100 tokens" in note
+
+
+# -- credentials and configuration -----------------------------------------------------------------
+def test_api_key_mode() -> None:
+    assert gemini_credentials({}) is None
+    assert gemini_credentials({"GOOGLE_API_KEY": "  ", "GEMINI_API_KEY": ""}) is None
+    gemini = gemini_credentials({"GEMINI_API_KEY": "g"})
+    assert gemini is not None and gemini.api_key == "g" and not gemini.vertexai
+    both = gemini_credentials({"GOOGLE_API_KEY": "secret-a", "GEMINI_API_KEY": "secret-b",
+                               "AFS_GEMINI_BASE_URL": "http://127.0.0.1:9"})
+    assert both == Credentials(api_key="secret-a", base_url="http://127.0.0.1:9", source="GOOGLE_API_KEY")
+    assert "secret" not in repr(both) + both.describe()
+    assert "GOOGLE_API_KEY" in both.describe() and "127.0.0.1:9" in both.describe()
+
+
+def test_vertex_mode() -> None:
+    env = {"GOOGLE_GENAI_USE_VERTEXAI": "True", "GOOGLE_CLOUD_PROJECT": "proj",
+           "GOOGLE_CLOUD_LOCATION": "europe-west4", "GOOGLE_API_KEY": "k"}
+    vertex = gemini_credentials(env)
+    assert vertex == Credentials(vertexai=True, project="proj", location="europe-west4",
+                                 source="GOOGLE_CLOUD_PROJECT")
+    assert "Vertex AI (project proj, europe-west4)" in vertex.describe()
+    default_location = gemini_credentials({**env, "GOOGLE_CLOUD_LOCATION": ""})
+    assert default_location is not None and default_location.location == "global"
+    express = gemini_credentials({"GOOGLE_GENAI_USE_VERTEXAI": "1", "GOOGLE_API_KEY": "k"})
+    assert express is not None and express.vertexai and express.api_key == "k"
+    assert gemini_credentials({"GOOGLE_GENAI_USE_VERTEXAI": "true"}) is None
+    off = gemini_credentials({"GOOGLE_GENAI_USE_VERTEXAI": "false", "GOOGLE_CLOUD_PROJECT": "p"})
+    assert off is None
+
+
+def test_models_per_agent() -> None:
+    assert gemini_models({}) == {"gemini25pro": "gemini-2.5-pro", "gemini25flash": "gemini-2.5-flash",
+                                 "gemini20flash": "gemini-2.0-flash"}
+    assert gemini_models({"AFS_GEMINI_MODEL_GEMINI20FLASH": "gemini-2.5-flash-lite"})["gemini20flash"] \
+        == "gemini-2.5-flash-lite"
+
+
+def test_cost_estimates() -> None:
+    usage = Usage(prompt_tokens=1_000_000, output_tokens=100_000, total_tokens=1_100_000)
+    assert estimate_cost("gemini-2.5-pro", usage) == pytest.approx(1.25 + 1.0)
+    assert estimate_cost("gemini-2.0-flash-001", usage) == pytest.approx(0.10 + 0.04)
+    assert estimate_cost("gemini-2.5-flash-lite", usage) is None  # not priced as gemini-2.5-flash
+    assert estimate_cost("other-model", usage) is None
+
+
+def _api_error(headers: dict[str, str], body: dict[str, Any]) -> genai_errors.APIError:
+    return genai_errors.APIError(429, body, httpx.Response(429, headers=headers, json=body))
+
+
+def test_retry_after_sources() -> None:
+    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert retry_after_s(_api_error({"Retry-After": "3"}, {})) == 3.0
+    assert retry_after_s(_api_error({"Retry-After": "Wed, 01 Jan 2025 12:00:30 GMT"}, {}), now) == 30.0
+    detail = {"error": {"code": 429, "details": [
+        {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "27s"}]}}
+    assert retry_after_s(_api_error({}, detail)) == 27.0
+    assert retry_after_s(_api_error({"Retry-After": "soon"}, {})) is None
+
+
+# -- the client and the brain on the loopback fake ---------------------------------------------------
+@pytest.fixture
+def fake() -> FakeGemini:
+    return FakeGemini(api_key=KEY)
+
+
+@pytest.fixture
+def base_url(fake: FakeGemini) -> Iterator[str]:
+    with serve_fake_gemini(fake) as url:
+        yield url
+
+
+@asynccontextmanager
+async def open_brain(base_url: str = "http://fake.invalid", transport: httpx.AsyncBaseTransport | None = None,
+                     **options: Any) -> AsyncIterator[GeminiBrain]:
+    credentials = Credentials(api_key=KEY, base_url=base_url, source="GOOGLE_API_KEY")
+    async with open_gemini_client(credentials, transport=transport) as client:
+        yield GeminiBrain(client, gemini_models({}), **options)
+
+
+async def test_good_json(fake: FakeGemini, base_url: str) -> None:
+    fake.script(reply_json(ANALYSIS, prompt_tokens=1200, output_tokens=300, thoughts_tokens=100))
+    async with open_brain(base_url) as brain:
+        with structlog.testing.capture_logs() as logs:
+            result = await brain.analyze("gemini25pro", issue_context())
+    assert result.insights == tuple(ANALYSIS["insights"]) and result.confidence == 0.85
+    [request] = fake.requests
+    assert request.path == "/v1beta/models/gemini-2.5-pro:generateContent"
+    assert request.headers["x-goog-api-key"] == KEY
+    assert QUERY in request.prompt and '"Node Type": "Seq Scan"' in request.prompt
+    assert "Database Administrator" in request.system
+    schema = request.generation_config["responseJsonSchema"]
+    assert schema["required"] == ["insights", "proposed_actions", "confidence"]
+    assert request.generation_config["responseMimeType"] == "application/json"
+    usage = brain.usage["gemini25pro"]
+    assert (usage["prompt_tokens"], usage["output_tokens"], usage["total_tokens"]) == (1200, 400, 1600)
+    assert usage["estimated_cost_usd"] == pytest.approx((1200 * 1.25 + 400 * 10) / 1e6)
+    assert (usage["calls"], usage["retries"], usage["reprompts"]) == (1, 0, 0)
+    assert usage["model"] == "gemini-2.5-pro"
+    [call] = [entry for entry in logs if entry["event"] == "model_call"]
+    assert (call["agent"], call["purpose"], call["total_tokens"]) == ("gemini25pro", "analyze", 1600)
+    assert call["estimated_cost_usd"] == usage["estimated_cost_usd"]
+
+
+async def test_fenced_json(fake: FakeGemini, base_url: str) -> None:
+    fake.script(reply_text("```json\n" + json.dumps(PROPOSAL, indent=2) + "\n```"))
+    ctx = issue_context()
+    analysis = AnalysisResult(tuple(ANALYSIS["insights"]), ("index it",), 0.8)
+    async with open_brain(base_url) as brain:
+        proposal = await brain.propose("gemini25flash", ctx, analysis)
+    assert proposal is not None and proposal.agent == "gemini25flash"
+    assert proposal.sql_commands == (INDEX_SQL, "ANALYZE orders")
+    assert proposal.rollback_commands == ("DROP INDEX IF EXISTS orders_user_status_created_idx",)
+    [request] = fake.requests
+    assert request.path.endswith("/models/gemini-2.5-flash:generateContent")
+    roles = [c["role"] for c in request.body["contents"]]
+    assert roles == ["user", "model", "user"]  # the analysis conversation, then the proposal prompt
+    assert json.loads(request.texts[1])["insights"] == ANALYSIS["insights"]
+    assert "generate the SQL" in request.prompt
+    assert "proposal_type" in request.generation_config["responseJsonSchema"]["properties"]
+
+
+async def test_broken_then_good_reprompts_with_the_error(fake: FakeGemini, base_url: str) -> None:
+    fake.script(reply_text("I think you should add an index."), reply_json(ANALYSIS))
+    async with open_brain(base_url) as brain:
+        result = await brain.analyze("gemini20flash", issue_context())
+    assert result.confidence == 0.85
+    first, second = fake.requests
+    assert [c["role"] for c in second.body["contents"]] == ["user", "model", "user"]
+    assert second.texts[1] == "I think you should add an index."
+    assert "could not be used: not valid JSON" in second.prompt and first.prompt == second.texts[0]
+    assert brain.usage["gemini20flash"]["calls"] == 2 and brain.usage["gemini20flash"]["reprompts"] == 1
+
+
+async def test_broken_three_times_fails_after_two_reprompts(fake: FakeGemini, base_url: str) -> None:
+    fake.script(*[reply_json({"proposal_type": "vacuum_full", "sql_commands": ["VACUUM FULL"]})] * 3)
+    analysis = AnalysisResult(("x",), ("y",), 0.5)
+    async with open_brain(base_url) as brain:
+        with pytest.raises(ModelOutputError, match="after 2 re-prompts") as caught:
+            await brain.propose("gemini25pro", issue_context(), analysis)
+    assert "vacuum_full" in caught.value.reason and len(fake.requests) == 3
+
+
+@pytest.mark.parametrize(("status", "message", "hint"), [
+    (401, "Request had invalid authentication credentials.", "check the API key in GOOGLE_API_KEY"),
+    (400, "API key not valid. Please pass a valid API key.", "check the API key in GOOGLE_API_KEY"),
+    (403, "Permission denied on resource project.", "permission denied"),
+    (404, "models/gemini-2.5-pro is not found.", "AFS_GEMINI_MODEL_"),
+    (400, "Invalid JSON payload received.", "the API refused the request"),
+])
+async def test_client_errors_fail_fast_with_an_actionable_message(
+        fake: FakeGemini, base_url: str, status: int, message: str, hint: str) -> None:
+    fake.script(reply_error(status, message))
+    async with open_brain(base_url) as brain:
+        with pytest.raises(ModelError) as caught:
+            await brain.analyze("gemini25pro", issue_context())
+    assert caught.value.status == status and not caught.value.retryable
+    assert hint in str(caught.value) and message.split(".")[0] in str(caught.value)
+    assert len(fake.requests) == 1
+
+
+async def test_a_wrong_key_is_refused_and_never_echoed(fake: FakeGemini, base_url: str) -> None:
+    credentials = Credentials(api_key="wrong-key", base_url=base_url, source="GEMINI_API_KEY")
+    async with open_gemini_client(credentials) as client:
+        brain = GeminiBrain(client, gemini_models({}))
+        with pytest.raises(ModelError, match="check the API key") as caught:
+            await brain.analyze("gemini25pro", issue_context())
+    assert caught.value.status == 401 and "wrong-key" not in str(caught.value)
+
+
+async def test_a_slow_answer_is_cancelled_on_the_socket(fake: FakeGemini, base_url: str) -> None:
+    """Real time: trio cancels the request in flight; the fake still shuts down at once."""
+    fake.script(reply_json(ANALYSIS, delay_s=30), reply_json(ANALYSIS))
+    started = trio.current_time()
+    async with open_brain(base_url, call_timeout_s=0.3,
+                          policy=RetryPolicy(attempts=2, backoff_s=(0.1,))) as brain:
+        result = await brain.analyze("gemini25pro", issue_context())
+    assert result.confidence == 0.85
+    assert 0.4 <= trio.current_time() - started < 5
+    assert brain.usage["gemini25pro"]["retries"] == 1
+
+
+async def test_vertex_ai_mode_over_the_fake(fake: FakeGemini, base_url: str) -> None:
+    fake.api_key = None
+    fake.script(reply_json(ANALYSIS))
+    credentials = Credentials(vertexai=True, project="proj", location="europe-west4", base_url=base_url,
+                              source="GOOGLE_CLOUD_PROJECT")
+    token = google.oauth2.credentials.Credentials(token="vertex-token")  # type: ignore[no-untyped-call]
+    async with open_gemini_client(credentials, google_auth=token) as client:
+        await GeminiBrain(client, gemini_models({})).analyze("gemini25pro", issue_context())
+    [request] = fake.requests
+    assert request.path == ("/v1beta1/projects/proj/locations/europe-west4/publishers/google/models/"
+                            "gemini-2.5-pro:generateContent")
+    assert request.headers["authorization"] == "Bearer vertex-token"
+
+
+# -- retries and timeouts on the virtual clock (MockTransport) --------------------------------------
+async def test_429_then_good_honours_retry_after(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeGemini(reply_error(429, retry_after=3), reply_error(429), reply_json(ANALYSIS))
+    started = trio.current_time()
+    async with open_brain(transport=fake.transport()) as brain:
+        with structlog.testing.capture_logs() as logs:
+            await brain.analyze("gemini25pro", issue_context())
+    assert trio.current_time() - started == pytest.approx(3 + 2)  # Retry-After, then the 2nd backoff
+    retries = [(e["status"], e["wait_s"]) for e in logs if e["event"] == "model_retry"]
+    assert retries == [(429, 3.0), (429, 2.0)]
+    assert len(fake.requests) == 3 and brain.usage["gemini25pro"]["retries"] == 2
+
+
+async def test_retry_info_in_the_error_body_is_honoured(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeGemini(reply_error(429, retry_delay="7s"), reply_json(ANALYSIS))
+    started = trio.current_time()
+    async with open_brain(transport=fake.transport()) as brain:
+        await brain.analyze("gemini25pro", issue_context())
+    assert trio.current_time() - started == pytest.approx(7)
+
+
+async def test_a_retry_after_beyond_the_limit_fails_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeGemini(reply_error(429, "Quota exceeded", retry_after=3600))
+    async with open_brain(transport=fake.transport()) as brain:
+        with pytest.raises(ModelError, match="asks to wait 3600 s") as caught:
+            await brain.analyze("gemini25pro", issue_context())
+    assert caught.value.status == 429 and len(fake.requests) == 1
+
+
+async def test_500_four_times_gives_up_after_backoff(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeGemini(*[reply_error(500, "Internal error")] * 4, reply_json(ANALYSIS))
+    started = trio.current_time()
+    async with open_brain(transport=fake.transport()) as brain:
+        with pytest.raises(ModelError, match="gave up after 4 attempts") as caught:
+            await brain.analyze("gemini25pro", issue_context())
+    assert trio.current_time() - started == pytest.approx(1 + 2 + 4)
+    assert caught.value.status == 500 and caught.value.retryable
+    assert len(fake.requests) == 4 and fake.pending == 1
+    assert "gemini25pro" not in brain.usage  # nothing answered, nothing billed
+
+
+async def test_a_slow_answer_hits_the_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeGemini(*[reply_json(ANALYSIS, delay_s=600)] * 4)
+    started = trio.current_time()
+    async with open_brain(transport=fake.transport(), call_timeout_s=30) as brain:
+        with pytest.raises(ModelError, match="no answer within 30 s") as caught:
+            await brain.analyze("gemini25pro", issue_context())
+    assert trio.current_time() - started == pytest.approx(4 * 30 + 1 + 2 + 4)
+    assert "gave up after 4 attempts" in str(caught.value)
+
+
+async def test_slow_then_good(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeGemini(reply_json(ANALYSIS, delay_s=600), reply_json(ANALYSIS, delay_s=5))
+    started = trio.current_time()
+    async with open_brain(transport=fake.transport(), call_timeout_s=30) as brain:
+        await brain.analyze("gemini25pro", issue_context())
+    assert trio.current_time() - started == pytest.approx(30 + 1 + 5)
+
+
+# -- end to end: real sandbox, real forks, the fake model ---------------------------------------------
+def answers(proposal: dict[str, Any]) -> Any:
+    """A fallback responder: the analysis for analysis calls, `proposal` for proposal calls."""
+
+    def respond(request: FakeRequest) -> FakeReply:
+        schema = request.generation_config.get("responseJsonSchema") or {}
+        return reply_json(proposal if "proposal_type" in schema.get("properties", {}) else ANALYSIS)
+
+    return respond
+
+
+@pytest.fixture
+async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
+    async with Client(build_server(provider)) as client:
+        yield ForkClient(client)
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_model_proposal_is_validated_and_measured(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    fake = FakeGemini(fallback=answers(PROPOSAL))
+    credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
+    async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
+        squad = dataclasses.replace(squad, agents=("gemini25pro",))
+        result = await optimize(settings, TaskRequest(query=QUERY, runs=3), source="afs_demo",
+                                source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
+                                rules=load_rules(None), events=Emitter("g1"))
+    [outcome] = result.outcomes
+    assert outcome.status == "ok", outcome.error
+    assert outcome.proposal is not None and outcome.proposal.sql_commands[0] == INDEX_SQL
+    assert outcome.benchmark is not None and outcome.benchmark.measurements
+    assert result.provider == "gemini" and "gemini25pro = gemini-2.5-pro" in result.provider_note
+    assert result.status == "completed" and result.decision and result.decision.winner == "gemini25pro"
+    assert squad.usage["gemini25pro"]["calls"] == 2
+    assert any("SELECT o.id" in r.prompt and "Seq Scan" in r.prompt for r in fake.requests)
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_failing_model_fails_its_agent_with_the_reason(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    fake = FakeGemini(fallback=lambda _request: reply_error(401, "API key not valid."))
+    credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
+    settings = settings.with_(timeouts=Timeouts(model=30))
+    async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
+        squad = dataclasses.replace(squad, agents=("gemini25pro",))
+        result = await optimize(settings, TaskRequest(query=QUERY, runs=3), source="afs_demo",
+                                source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
+                                rules=load_rules(None), events=Emitter("g2"))
+    [outcome] = result.outcomes
+    assert outcome.status == "failed" and "check the API key" in (outcome.error or "")
+    assert result.status == "failed" and "gemini25pro" in (result.error or "")
+
+
+def _cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GOOGLE_API_KEY", "GEMINI_API_KEY", "GOOGLE_GENAI_USE_VERTEXAI")}
+    return {**env, **extra}
+
+
+async def _afs(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[bytes]:
+    return await trio.run_process([sys.executable, "-m", "afs", *args], capture_stdout=True,
+                                  capture_stderr=True, check=False, env=env)
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_cli_optimize_with_provider_gemini(sandbox: SandboxServer) -> None:
+    # the first call is rate limited: the CLI waits as told and retries
+    fake = FakeGemini(reply_error(429, "quota", retry_after=1), fallback=answers(PROPOSAL), api_key=KEY)
+    with serve_fake_gemini(fake) as url:
+        result = await _afs(_cli_env(GOOGLE_API_KEY=KEY, AFS_GEMINI_BASE_URL=url),
+                            "optimize", "--query", QUERY, "--provider", "gemini", "--runs", "3", "--json")
+    assert result.returncode == 0, result.stderr.decode()
+    doc = json.loads(result.stdout)
+    assert doc["provider"] == "gemini" and doc["status"] == "completed"
+    assert doc["winner"]["sql_commands"][0] == INDEX_SQL
+    for proposal in doc["proposals"]:
+        usage = proposal["usage"]
+        assert usage["prompt_tokens"] > 0 and usage["output_tokens"] > 0 and usage["total_tokens"] > 0
+        assert usage["estimated_cost_usd"] > 0
+    assert fake.requests and all(r.headers["x-goog-api-key"] == KEY for r in fake.requests)
+    assert any(QUERY in r.prompt for r in fake.requests)
+    assert sum(p["usage"]["retries"] for p in doc["proposals"]) == 1
+    assert len(fake.requests) == sum(p["usage"]["calls"] for p in doc["proposals"]) + 1
+
+
+async def test_cli_provider_gemini_without_credentials_exits_2() -> None:
+    result = await _afs(_cli_env(), "optimize", "--query", QUERY, "--provider", "gemini")
+    stderr = result.stderr.decode()
+    assert result.returncode == 2, stderr
+    assert NO_CREDENTIALS in stderr and "Traceback" not in stderr
