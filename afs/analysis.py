@@ -3,7 +3,8 @@
 EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of the query; for every table it
 references: row count, size, columns, indexes, primary key, the DDL a person
 would read, and pg_stats of the referenced columns and of the main table's
-timestamp columns (the suite's date filter needs them). pg_stats travels with
+timestamp columns (the suite's date filter needs them), with their average
+width, and the tables whose foreign keys reference it. pg_stats travels with
 the fork (it is a per-database catalog); activity counters do not, so
 `writes_per_read` comes from the source and is passed in.
 """
@@ -48,10 +49,17 @@ WHERE x.indrelid = %s ORDER BY i.relname
 _STATS_SQL = """
 SELECT s.attname, s.null_frac, s.n_distinct, s.correlation,
        s.most_common_vals::text::text[], s.most_common_freqs,
-       s.histogram_bounds::text::text[]
+       s.histogram_bounds::text::text[], s.avg_width
 FROM pg_stats s JOIN pg_class c ON c.relname = s.tablename
 JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = s.schemaname
 WHERE c.oid = %s AND s.attname = ANY(%s)
+"""
+# Tables whose foreign keys point at this one (top-level constraints: a foreign key of a
+# partitioned table is repeated on each partition with conparentid set).
+_REFERENCED_BY_SQL = """
+SELECT DISTINCT c.conrelid::regclass::text FROM pg_constraint c
+WHERE c.contype = 'f' AND c.confrelid = %s AND c.conparentid = 0
+ORDER BY 1
 """
 # Writes per read: rows written per scan since the statistics were last reset (seeding and
 # importing reset them); 0 until MIN_SCANS scans make the ratio mean something.
@@ -107,14 +115,16 @@ async def table_info(conn: Connection, name: str, columns_of_interest: set[str],
             most_common_vals=tuple(mcv or ()),
             most_common_freqs=tuple(float(f) for f in (mcf or ())),
             histogram_bounds=tuple(hist or ()),
+            avg_width=None if width is None else int(width),
         )
-        for att, null_frac, n_distinct, corr, mcv, mcf, hist
+        for att, null_frac, n_distinct, corr, mcv, mcf, hist, width
         in await conn.fetchall(_STATS_SQL, (oid, sorted(wanted)))
     }
+    referenced_by = tuple(str(t) for (t,) in await conn.fetchall(_REFERENCED_BY_SQL, (oid,)))
     return TableInfo(
         name=name, rows=int(rows), size_mb=round(size / MB, 2), columns=columns, indexes=indexes,
         primary_key=primary, column_stats=stats, writes_per_read=writes_per_read,
-        ddl=_ddl(name, columns, primary, indexes),
+        ddl=_ddl(name, columns, primary, indexes), referenced_by=referenced_by,
     )
 
 

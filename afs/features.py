@@ -277,7 +277,7 @@ class _Collector:
 
     def predicate(self, node: exp.Expr | None) -> None:
         for n in _local(node):
-            if not isinstance(n.parent, exp.Not):
+            if not _negated_or_alternative(n, node):
                 self.comparison(n)
 
     def comparison(self, node: exp.Expr) -> None:
@@ -299,7 +299,8 @@ class _Collector:
         elif isinstance(node, exp.Is):
             if isinstance(node.expression, exp.Null) and not node.args.get("negate"):
                 self.add(column, "equality", "IS NULL")
-        elif isinstance(node, exp.Like) and isinstance(node.expression, exp.Literal):
+        elif (isinstance(node, exp.Like) and isinstance(node.expression, exp.Literal)
+              and not node.args.get("negate")):
             pattern = _value(node.expression)
             if isinstance(pattern, str) and pattern[:1] not in ("", "%", "_"):
                 self.add(column, "range", "LIKE", pattern)
@@ -376,3 +377,13 @@ class _Collector:
             if id(column) not in self.claimed:
                 self.add(column, "other")
         return self.uses
+
+
+def _negated_or_alternative(node: exp.Expr, root: exp.Expr | None) -> bool:
+    """True under a NOT or an OR of the predicate: such a comparison filters nothing on its own."""
+    parent = node.parent
+    while parent is not None and node is not root:
+        if isinstance(parent, (exp.Not, exp.Or)):
+            return True
+        node, parent = parent, parent.parent
+    return False

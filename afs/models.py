@@ -115,6 +115,7 @@ class ColumnStats:
     most_common_vals: tuple[str, ...] = ()  # as text
     most_common_freqs: tuple[float, ...] = ()
     histogram_bounds: tuple[str, ...] = ()  # as text
+    avg_width: int | None = None  # average stored width in bytes (pg_stats.avg_width)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class TableInfo:
     column_stats: Mapping[str, ColumnStats] = field(default_factory=dict)  # referenced columns only
     writes_per_read: float = 0.0  # (ins + upd + del) / (seq + idx scans) from pg_stat_user_tables
     ddl: str = ""  # CREATE TABLE … as a person would read it
+    referenced_by: tuple[str, ...] = ()  # tables with a foreign key pointing at this one
 
 
 @dataclass(frozen=True)

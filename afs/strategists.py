@@ -4,9 +4,13 @@ One strategist per specialisation of the seed (`AGENTS` in models.py)::
 
     gemini25pro    index design     composite keys (equality → range → sort), partial
                                     indexes for rare constants, INCLUDE for index-only
-                                    scans, join-key indexes
+                                    scans, join-key indexes; `LIKE 'prefix%'` through a
+                                    pattern operator class, expression indexes for
+                                    `lower(col) = …` and `payload ->> 'key' = …`, GIN for
+                                    jsonb containment (`@>`) and key tests (`?`)
     gemini25flash  structure        BRIN on time-correlated columns; monthly range
                                     partitioning with its migration, done in the fork
+                                    (BRIN instead when foreign keys reference the table)
     gemini20flash  pre-computation  a materialized view of an aggregation plus the
                                     rewrite that reads it; otherwise one low-risk index
 
@@ -60,6 +64,7 @@ JOIN_MAX_FRACTION: Final = 0.1  # a nested loop over an index beats a hash join 
 PARTIAL_MAX_FREQ: Final = 0.2  # a constant this rare is worth a partial index …
 PARTIAL_MAX_DISTINCT: Final = 50  # … on a low-cardinality (enum-like) column
 INCLUDE_MAX_COLUMNS: Final = 3
+INCLUDE_MAX_TEXT_WIDTH: Final = 16  # avg bytes (pg_stats avg_width) of a text narrow enough to INCLUDE
 BRIN_MIN_ROWS: Final = 100_000
 BRIN_MIN_CORRELATION: Final = 0.9
 PARTITION_MIN_ROWS: Final = 1_000_000
@@ -69,6 +74,10 @@ MV_MIN_ROWS: Final = 10_000  # rows aggregated for a materialized view to pay of
 NAME_MAX: Final = 63  # PostgreSQL's NAMEDATALEN - 1
 DEFAULT_EQ_SEL: Final = 0.005  # PostgreSQL's DEFAULT_EQ_SEL, when there are no statistics
 DEFAULT_RANGE_SEL: Final = 1 / 3  # PostgreSQL's DEFAULT_INEQ_SEL
+DEFAULT_MATCH_SEL: Final = 0.005  # PostgreSQL's DEFAULT_MATCH_SEL (LIKE), when there are no statistics
+DEFAULT_CONTAIN_SEL: Final = 0.01  # PostgreSQL's DEFAULT_MATCHING_SEL (jsonb @>, ?), likewise
+JSON_VALUE_WIDTH: Final = 16  # bytes assumed for a value extracted from json (no statistics on it)
+GIN_BYTES_PER_WIDTH: Final = {"jsonb_path_ops": 0.15, None: 0.22}  # GIN size per byte of jsonb, measured
 MIN_IMPROVEMENT: Final = 10.0  # percent: the consensus gate; less is not worth proposing
 WRITE_HEAVY: Final = 1.0  # writes per read above which each index is a visible write cost
 
@@ -88,6 +97,16 @@ _TYPE_WIDTH: Final = {
     "smallint": 2, "integer": 4, "int": 4, "bigint": 8, "boolean": 1, "date": 4, "real": 4,
     "double precision": 8, "timestamp": 8, "time": 8, "uuid": 16, "numeric": 10, "oid": 4,
 }
+# the B-tree operator class that serves `LIKE 'prefix%'` whatever the collation, by column type
+PATTERN_OPCLASSES: Final = {
+    "text": "text_pattern_ops", "character varying": "varchar_pattern_ops",
+    "character": "bpchar_pattern_ops",
+}
+# casts of an extracted json value that are immutable, so that an index may hold them
+_INDEXABLE_CASTS: Final = frozenset({
+    "int", "integer", "bigint", "smallint", "numeric", "decimal", "boolean", "bool", "text",
+    "double precision", "real", "float",
+})
 
 
 # -- formatting -----------------------------------------------------------------------
@@ -439,10 +458,82 @@ def range_fraction(stats: ColumnStats | None, lower: Any = None, upper: Any = No
     return max(0.0, share) * (1.0 - stats.null_frac)
 
 
+def like_prefix(pattern: str) -> str:
+    """The fixed start of a LIKE pattern: up to the first unescaped `%` or `_`."""
+    out: list[str] = []
+    escaped = False
+    for ch in pattern:
+        if escaped:
+            out.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch in "%_":
+            break
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def prefix_fraction(stats: ColumnStats | None, prefix: str, rows: float) -> float | None:
+    """Fraction of rows whose text starts with `prefix`, from the MCV list and the histogram.
+
+    The MCVs that start with it count with their frequency; of the other rows, each
+    histogram bound that starts with it stands for about one bucket (a prefix that falls
+    between two bounds, for half a bucket). None without statistics to tell."""
+    if stats is None or not prefix:
+        return None
+    mcv = list(zip(stats.most_common_vals, stats.most_common_freqs, strict=False))
+    matched = sum(f for v, f in mcv if v.startswith(prefix))
+    rest = max(0.0, 1.0 - sum(f for _, f in mcv) - stats.null_frac)
+    bounds = stats.histogram_bounds
+    if len(bounds) >= 2:
+        inside = sum(1 for b in bounds if b.startswith(prefix))
+        share = min(1.0, max(inside, 0.5) / (len(bounds) - 1))
+    elif mcv and rest < 0.01:  # the MCVs are (nearly) all the values
+        share = 0.0
+    else:
+        return None
+    return min(1.0, max(matched + rest * share, 1.0 / max(rows, 1.0)))
+
+
 # -- existing indexes ----------------------------------------------------------------------
 def _norm_col(text: str) -> str:
     text = re.sub(r"\s+(ASC|DESC)\b.*$", "", text.strip(), flags=re.IGNORECASE)
     return text.strip('"').lower()
+
+
+def _norm_key(text: str) -> str:
+    """An index key column or expression, comparable with what pg_get_indexdef prints:
+    `lower(email)`, `(payload ->> 'kind'::text)` and `payload->>'kind'` all normalise alike."""
+    return _norm_predicate(_norm_col(text))
+
+
+def index_key_items(index: IndexInfo) -> list[str]:
+    """The key items of an index definition as written, operator classes included:
+    `CREATE INDEX i ON t USING btree (email text_pattern_ops, id)` → ["email text_pattern_ops", "id"]."""
+    m = re.search(r"\bUSING\s+\w+\s*\(", index.definition, re.IGNORECASE)
+    if not m:
+        return []
+    items: list[str] = []
+    depth, start, quoted = 1, m.end(), False
+    for i in range(m.end(), len(index.definition)):
+        ch = index.definition[i]
+        if ch == "'":
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                items.append(index.definition[start:i].strip())
+                break
+        elif ch == "," and depth == 1:
+            items.append(index.definition[start:i].strip())
+            start = i + 1
+    return items
 
 
 def index_method(index: IndexInfo) -> str:
@@ -461,22 +552,30 @@ def _norm_predicate(text: str) -> str:
 
 
 def covering_index(table: TableInfo, equality: Iterable[str], rest: Sequence[str] = (),
-                   predicate: str | None = None, method: str = "btree") -> IndexInfo | None:
+                   predicate: str | None = None, method: str = "btree",
+                   opclasses: Mapping[str, str] | None = None) -> IndexInfo | None:
     """An existing index that already serves this key, or None.
 
-    It must start with the `equality` columns (in any order), then `rest` in order; a
-    partial index counts only with the same predicate."""
-    eq = {c.lower() for c in equality}
-    want = [c.lower() for c in rest]
+    It must start with the `equality` columns (in any order), then `rest` in order
+    (columns or expressions such as `lower(email)`); a partial index counts only with the
+    same predicate; a column of `opclasses` only with that operator class."""
+    eq = {_norm_key(c) for c in equality}
+    want = [_norm_key(c) for c in rest]
+    classes = {_norm_key(c): o.lower() for c, o in (opclasses or {}).items()}
     width = len(eq) + len(want)
     if width == 0:
         return None
     for index in table.indexes:
         if index_method(index) != method:
             continue
-        cols = [_norm_col(c) for c in index.columns]
+        cols = [_norm_key(c) for c in index.columns]
         if len(cols) < width or set(cols[: len(eq)]) != eq or cols[len(eq): width] != want:
             continue
+        if classes:
+            items = index_key_items(index)
+            if any(c in classes and (p >= len(items) or classes[c] not in items[p].lower())
+                   for p, c in enumerate(cols[:width])):
+                continue
         theirs = index_predicate(index)
         if theirs is not None and (predicate is None
                                    or _norm_predicate(theirs) != _norm_predicate(predicate)):
@@ -500,11 +599,29 @@ def _column_type(table: TableInfo, column: str) -> str | None:
     return None
 
 
+def _base_type(data_type: str) -> str:
+    return re.sub(r"\(.*\)", "", data_type).split(" with")[0].split(" without")[0].strip()
+
+
 def _width(data_type: str | None) -> int:
     if data_type is None:
         return 16
-    base = re.sub(r"\(.*\)", "", data_type).split(" with")[0].split(" without")[0].strip()
-    return _TYPE_WIDTH.get(base, 16)
+    return _TYPE_WIDTH.get(_base_type(data_type), 16)
+
+
+def _column_width(table: TableInfo | None, column: str) -> int:
+    """Bytes per value: pg_stats avg_width when known, else by the type."""
+    stats = table.column_stats.get(column) if table else None
+    if stats is not None and stats.avg_width:
+        return stats.avg_width
+    return _width(_column_type(table, column) if table else None)
+
+
+def _pattern_opclass(data_type: str | None) -> str | None:
+    """The operator class that lets a B-tree serve `LIKE 'prefix%'` on this type, if any."""
+    if data_type is None or data_type.endswith("]"):
+        return None
+    return PATTERN_OPCLASSES.get(_base_type(data_type))
 
 
 def _btree_mb(rows: float, widths: Iterable[int]) -> float:
@@ -512,6 +629,12 @@ def _btree_mb(rows: float, widths: Iterable[int]) -> float:
     key = sum(widths)
     per_row = 8 + 8 * math.ceil(key / 8) + 4
     return round(rows * per_row / 0.9 / 1024 / 1024, 2)
+
+
+def _gin_mb(rows: float, width: int, opclass: str | None) -> float:
+    """A GIN index on jsonb: compressed posting lists, about a fifth of the column's bytes."""
+    per_byte = GIN_BYTES_PER_WIDTH.get(opclass, GIN_BYTES_PER_WIDTH[None])
+    return round(max(0.01, rows * max(width, 8) * per_byte / 1024 / 1024), 2)
 
 
 # -- the query --------------------------------------------------------------------------
@@ -522,6 +645,25 @@ class SortItem:
     desc: bool
     nulls_first: bool  # as sqlglot normalises it: PostgreSQL's default is NULLS FIRST for DESC
     sql: str
+
+
+@dataclass(frozen=True)
+class IndexablePredicate:
+    """A top-level WHERE term that an expression index or a GIN index can serve (QueryFeatures
+    calls its column's use "other"): `lower(email) = 'x'`, `payload ->> 'kind' = 'x'`,
+    `lower(email) LIKE 'ab%'`, `payload @> '{…}'`, `payload ? 'key'`."""
+
+    table: str
+    column: str  # the column the term reads
+    kind: Literal["equality", "prefix", "containment", "key_exists"]
+    expression: str | None  # the index key expression; None: the column itself (GIN)
+    label: str  # what the index name calls the key, e.g. "lower_email"
+    method: Literal["btree", "gin"]
+    opclass: str | None
+    shown: str  # the term as written
+    values: int = 1  # how many constants it compares with (IN lists)
+    prefix: str | None = None  # the fixed start of a LIKE pattern
+    from_json: bool = False  # the expression extracts a value from json
 
 
 @dataclass(frozen=True)
@@ -539,6 +681,10 @@ class QueryShape:
     volatile: tuple[str, ...] = ()
     parameters: bool = False
     limit: int | None = None
+    indexable: tuple[IndexablePredicate, ...] = ()
+    filters: Mapping[str, int] = field(default_factory=dict)  # top-level WHERE terms on one table
+    # (table, column, pattern) of the top-level `col LIKE 'pattern'` terms (not NOT LIKE, not in OR)
+    like_terms: frozenset[tuple[str, str, str]] = frozenset()
 
 
 def _parse(query: str) -> exp.Expr | None:
@@ -572,6 +718,133 @@ def _func_name(node: exp.Func) -> str:
     if isinstance(node, exp.Anonymous):
         return str(node.name).lower()
     return node.sql_name().lower()
+
+
+def _constant(node: exp.Expr) -> bool:
+    """A literal, a cast literal or an ARRAY of them."""
+    if isinstance(node, exp.Array):
+        return all(_constant(e) for e in node.expressions)
+    return _is_constant(node)
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _index_expression(node: exp.Expr, resolver: _Resolver) -> tuple[str, str, str, str, bool] | None:
+    """(table, column, expression SQL, label, from json) when `node` is an expression an index
+    can hold and the planner will match: lower/upper of a text column; `->` / `->>` with
+    literal keys on a json(b) column; an immutable cast of such an extracted value."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Lower | exp.Upper) and isinstance(node.this, exp.Column):
+        resolved = resolver.column(node.this)
+        info = resolver.tables.get(resolved[0]) if resolved else None
+        if resolved is None or info is None or _pattern_opclass(_column_type(info, resolved[1])) is None:
+            return None
+        fn = "lower" if isinstance(node, exp.Lower) else "upper"
+        return resolved[0], resolved[1], f"{fn}({ident(resolved[1])})", f"{fn}_{resolved[1]}", False
+    if isinstance(node, exp.Cast):
+        inner = _index_expression(node.this, resolver)
+        to = node.to.sql(dialect="postgres").lower()
+        if inner is None or not inner[4] or _base_type(to) not in _INDEXABLE_CASTS:
+            return None
+        table, column, sql, label, _ = inner
+        return table, column, f"({sql})::{to}", label, True
+    if isinstance(node, exp.JSONExtract | exp.JSONExtractScalar):
+        path = node.expression
+        parts = path.expressions if isinstance(path, exp.JSONPath) else []
+        if (len(parts) != 2 or not isinstance(parts[0], exp.JSONPathRoot)
+                or not isinstance(parts[1], exp.JSONPathKey) or not isinstance(parts[1].this, str)):
+            return None
+        key = parts[1].this
+        op = "->>" if isinstance(node, exp.JSONExtractScalar) else "->"
+        base = node.this
+        while isinstance(base, exp.Paren):
+            base = base.this
+        if isinstance(base, exp.Column):
+            resolved = resolver.column(base)
+            info = resolver.tables.get(resolved[0]) if resolved else None
+            data_type = _column_type(info, resolved[1]) if resolved and info else None
+            if resolved is None or data_type not in ("json", "jsonb"):
+                return None
+            table, column, sql, label = resolved[0], resolved[1], ident(resolved[1]), resolved[1]
+        elif isinstance(base, exp.JSONExtract):
+            inner = _index_expression(base, resolver)
+            if inner is None:
+                return None
+            table, column, sql, label, _ = inner
+        else:
+            return None
+        return table, column, f"{sql} {op} {_sql_string(key)}", f"{label}_{key}", True
+    return None
+
+
+_KEY_TESTS = (exp.JSONBContainsTopKey, exp.JSONBContainsAnyTopKeys, exp.JSONBContainsAllTopKeys)
+
+
+def _indexable_predicate(term: exp.Expr, resolver: _Resolver) -> IndexablePredicate | None:
+    """The index that can serve one top-level WHERE term, when QueryFeatures' plain-column
+    roles cannot describe it (see IndexablePredicate)."""
+    if term.args.get("negate"):
+        return None  # `NOT LIKE`, `NOT IN`: an index cannot find what is absent
+    shown = _shown(term)
+    if isinstance(term, exp.EQ | exp.In):
+        if isinstance(term, exp.EQ):
+            left, right = term.this, term.expression
+            if _constant(left):
+                left, right = right, left
+            if not _constant(right):
+                return None
+            values = 1
+        else:
+            if term.args.get("query") is not None or not term.expressions or not all(
+                    _constant(e) for e in term.expressions):
+                return None
+            left, values = term.this, len(term.expressions)
+        found = _index_expression(left, resolver)
+        if found is None:
+            return None
+        table, column, sql, label, from_json = found
+        return IndexablePredicate(table, column, "equality", sql, label, "btree", None, shown,
+                                  values=values, from_json=from_json)
+    if isinstance(term, exp.Like) and isinstance(term.expression, exp.Literal) and term.expression.is_string:
+        prefix = like_prefix(str(term.expression.this))
+        found = _index_expression(term.this, resolver)
+        if not prefix or found is None or "::" in found[2]:
+            return None
+        table, column, sql, label, from_json = found
+        return IndexablePredicate(table, column, "prefix", sql, f"{label}_pattern", "btree",
+                                  "text_pattern_ops", shown, prefix=prefix, from_json=from_json)
+    column_node: exp.Expr | None = None
+    kind: Literal["containment", "key_exists"] = "containment"
+    if isinstance(term, exp.ArrayContainsAll) and _constant(term.expression):
+        column_node = term.this
+    elif isinstance(term, exp.ArrayContainedBy) and _constant(term.this):
+        column_node = term.expression
+    elif isinstance(term, _KEY_TESTS) and _constant(term.expression):
+        column_node, kind = term.this, "key_exists"
+    while isinstance(column_node, exp.Paren):
+        column_node = column_node.this
+    if not isinstance(column_node, exp.Column):
+        return None
+    resolved = resolver.column(column_node)
+    info = resolver.tables.get(resolved[0]) if resolved else None
+    data_type = _column_type(info, resolved[1]) if resolved and info else None
+    if resolved is None or data_type is None:
+        return None
+    if data_type == "jsonb":
+        # jsonb_path_ops: smaller and faster for @>, but it has no operator for `?`
+        opclass = "jsonb_path_ops" if kind == "containment" else None
+    elif data_type.endswith("[]") and kind == "containment":
+        opclass = None
+    else:
+        return None
+    return IndexablePredicate(resolved[0], resolved[1], kind, None, resolved[1], "gin", opclass, shown)
+
+
+def _shown(term: exp.Expr) -> str:
+    return term.sql(dialect="postgres", normalize_functions="lower")
 
 
 def _volatile(tree: exp.Expr) -> tuple[str, ...]:
@@ -633,6 +906,9 @@ def query_shape(ctx: AnalysisContext) -> QueryShape:
     star: set[str] = set()
     grouped = False
     limit: int | None = None
+    indexable: list[IndexablePredicate] = []
+    filters: dict[str, int] = {}
+    likes: set[tuple[str, str, str]] = set()
     if select is not None:
         order = select.args.get("order")
         for item in order.expressions if order else ():
@@ -644,6 +920,19 @@ def query_shape(ctx: AnalysisContext) -> QueryShape:
                 sql=item.sql(dialect="postgres")))
         where = select.args.get("where")
         for term in conjuncts(where.this if where else None):
+            owners = {r[0] for r in (resolver.column(c) for c in term.find_all(exp.Column)) if r}
+            if len(owners) == 1:
+                owner = owners.pop()
+                filters[owner] = filters.get(owner, 0) + 1
+            found = _indexable_predicate(term, resolver)
+            if found is not None:
+                indexable.append(found)
+            if (isinstance(term, exp.Like) and not term.args.get("negate")
+                    and isinstance(term.this, exp.Column)
+                    and isinstance(term.expression, exp.Literal) and term.expression.is_string):
+                resolved = resolver.column(term.this)
+                if resolved:
+                    likes.add((*resolved, str(term.expression.this)))
             if isinstance(term, exp.EQ):
                 left, right = term.this, term.expression
                 if isinstance(right, exp.Column) and _is_constant(left):
@@ -682,7 +971,8 @@ def query_shape(ctx: AnalysisContext) -> QueryShape:
     return QueryShape(
         tree=tree, sort=tuple(sort), constant_predicates=constants, join_pairs=tuple(pairs),
         star_tables=frozenset(star), grouped=grouped, volatile=_volatile(tree),
-        parameters=tree.find(exp.Placeholder, exp.Parameter) is not None, limit=limit)
+        parameters=tree.find(exp.Placeholder, exp.Parameter) is not None, limit=limit,
+        indexable=tuple(indexable), filters=filters, like_terms=frozenset(likes))
 
 
 # -- evidence: the plan, the statistics and the query, indexed by table ---------------------
@@ -758,6 +1048,14 @@ class Evidence:
         info = self.table(table) if table else None
         return info.writes_per_read if info else 0.0
 
+    def only_filter(self, table: str) -> bool:
+        """The WHERE clause has exactly one top-level term on `table`: what the plan's Seq Scan
+        on it kept is that term's selectivity."""
+        return self.shape.filters.get(table, 0) == 1
+
+    def indexable(self, table: str) -> list[IndexablePredicate]:
+        return [p for p in self.shape.indexable if p.table == table]
+
 
 # -- what a strategist decides --------------------------------------------------------------
 @dataclass(frozen=True)
@@ -826,12 +1124,23 @@ def _write_risk(ev: Evidence, table: str) -> tuple[RiskLevel, list[str]]:
 # -- gemini-2.5-pro: index design -------------------------------------------------------------
 @dataclass(frozen=True)
 class KeyColumn:
-    name: str
+    name: str  # the column; for an expression, the column it reads
     desc: bool = False
     nulls_first: bool | None = None  # None: the default for the direction
+    expression: str | None = None  # an expression key, e.g. "lower(email)"
+    opclass: str | None = None  # a non-default operator class, e.g. "text_pattern_ops"
+    label: str | None = None  # what the index name calls the key, when not `name`
+
+    @property
+    def target(self) -> str:
+        """What an existing index's key must be to serve the same lookups."""
+        return self.expression or self.name
 
     def sql(self) -> str:
-        text = ident(self.name) + (" DESC" if self.desc else "")
+        text = f"({self.expression})" if self.expression else ident(self.name)
+        if self.opclass:
+            text += f" {self.opclass}"
+        text += " DESC" if self.desc else ""
         if self.nulls_first is not None and self.nulls_first != self.desc:
             text += " NULLS FIRST" if self.nulls_first else " NULLS LAST"
         return text
@@ -849,13 +1158,20 @@ class IndexDesign:
     where_fraction: float = 1.0  # the share of rows a partial index keeps
     reasons: tuple[str, ...] = ()
     sort_served: bool = False
+    method: Literal["btree", "gin"] = "btree"
+    analyze: bool = False  # an expression key: ANALYZE gives the planner statistics on it
 
     @property
     def columns(self) -> tuple[str, ...]:
         return tuple(k.name for k in self.key)
 
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(k.label or k.name for k in self.key)
+
     def describe(self) -> str:
-        text = f"{self.table} ({', '.join(k.sql() for k in self.key)})"
+        using = f" USING {self.method}" if self.method != "btree" else ""
+        text = f"{self.table}{using} ({', '.join(k.sql() for k in self.key)})"
         if self.include:
             text += f" INCLUDE ({', '.join(self.include)})"
         if self.where:
@@ -930,22 +1246,74 @@ def _range_estimate(ev: Evidence, table: str, column: str, uses: Sequence[Column
     return DEFAULT_RANGE_SEL, "no estimate, assuming a third of the rows"
 
 
-def _range_choice(ev: Evidence, table: str, exclude: set[str]) -> tuple[str, float, str] | None:
-    """The most selective range-filtered column: (column, fraction, note)."""
+@dataclass(frozen=True)
+class RangeChoice:
+    column: str
+    fraction: float
+    note: str
+    opclass: str | None = None  # a LIKE prefix: the pattern operator class that serves it
+
+
+def _range_choice(ev: Evidence, table: str, exclude: set[str]) -> RangeChoice | None:
+    """The most selective range-filtered column: a range of values, or a `LIKE 'prefix%'`
+    on a text column (served by the type's pattern operator class, whatever the collation)."""
     info = ev.table(table)
     rows = float(info.rows) if info else 0.0
     by_column: dict[str, list[ColumnUse]] = {}
     for u in ev.uses(table, "range"):
         if (u.operator or "").upper() in RANGE_OPS and u.column not in exclude:
             by_column.setdefault(u.column, []).append(u)
-    best: tuple[str, float, str] | None = None
+    patterns = _like_patterns(ev, table, exclude)
+    alone = not exclude and len(by_column) + len(patterns) == 1
+    best: RangeChoice | None = None
     for column, uses in by_column.items():
-        alone = not exclude and len(by_column) == 1
         frac, source = _range_estimate(ev, table, column, uses, only_filter=alone)
         note = f"{column} {_span(uses)} keeps ~{_pct(frac)} of rows (~{_n(frac * rows)}, {source})"
-        if best is None or frac < best[1]:
-            best = (column, frac, note)
+        if best is None or frac < best.fraction:
+            best = RangeChoice(column, frac, note)
+    for choice in _pattern_choices(ev, table, patterns, alone):
+        if best is None or choice.fraction < best.fraction:
+            best = choice
     return best
+
+
+def _like_patterns(ev: Evidence, table: str, exclude: Iterable[str] = ()) -> dict[str, list[str]]:
+    """column → its `LIKE 'prefix%'` patterns, for text columns a pattern operator class serves;
+    only patterns the WHERE clause requires (top-level terms, not negated, not inside OR)."""
+    info = ev.table(table)
+    patterns: dict[str, list[str]] = {}
+    for u in ev.uses(table, "range"):
+        if ((u.operator or "").upper() == "LIKE" and isinstance(u.value, str) and like_prefix(u.value)
+                and (table, u.column, u.value) in ev.shape.like_terms
+                and u.column not in exclude and info is not None
+                and _pattern_opclass(_column_type(info, u.column))):
+            patterns.setdefault(u.column, []).append(u.value)
+    return patterns
+
+
+def _pattern_choices(ev: Evidence, table: str, patterns: Mapping[str, list[str]],
+                     alone: bool) -> list[RangeChoice]:
+    """One RangeChoice per LIKE-prefixed column: the longest prefix, its estimated fraction."""
+    info = ev.table(table)
+    if info is None:
+        return []
+    rows = float(info.rows)
+    out: list[RangeChoice] = []
+    for column, values in patterns.items():
+        pattern = max(values, key=lambda v: len(like_prefix(v)))
+        estimate = prefix_fraction(ev.stats(table, column), like_prefix(pattern), rows)
+        observed = ev.observed_fraction(table) if alone else None
+        if estimate is not None:
+            frac, source = estimate, "pg_stats histogram"
+        elif observed is not None:
+            frac, source = observed, "observed in the plan"
+        else:
+            frac, source = DEFAULT_MATCH_SEL, f"no statistics, assuming {_pct(DEFAULT_MATCH_SEL)}"
+        opclass = _pattern_opclass(_column_type(info, column))
+        note = (f"{column} LIKE {_sql_string(pattern)} keeps ~{_pct(frac)} of rows (~{_n(frac * rows)}, "
+                f"{source}); a B-tree serves the prefix with {opclass}, whatever the collation")
+        out.append(RangeChoice(column, frac, note, opclass))
+    return out
 
 
 def _sort_columns(ev: Evidence, table: str) -> tuple[KeyColumn, ...]:
@@ -967,9 +1335,21 @@ def _include_columns(ev: Evidence, table: str, taken: set[str]) -> tuple[str, ..
         return ()
     for c in others:
         data_type = _column_type(info, c)
-        if data_type is None or any(w in data_type for w in WIDE_TYPES) or data_type == "text":
+        if data_type is None or any(w in data_type for w in WIDE_TYPES):
+            return ()
+        if _pattern_opclass(data_type) and not _narrow_text(info, c, data_type):
             return ()
     return tuple(others)
+
+
+def _narrow_text(info: TableInfo, column: str, data_type: str) -> bool:
+    """A text column narrow enough to carry in INCLUDE: by pg_stats avg_width, else by its
+    declared length (`varchar(8)`); plain text without statistics is not."""
+    stats = info.column_stats.get(column)
+    if stats is not None and stats.avg_width is not None:
+        return stats.avg_width <= INCLUDE_MAX_TEXT_WIDTH
+    declared = re.search(r"\((\d+)\)", data_type)
+    return declared is not None and int(declared.group(1)) + 1 <= INCLUDE_MAX_TEXT_WIDTH
 
 
 def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | None:
@@ -989,7 +1369,7 @@ def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | 
     ordered_eq = sorted(eq.items(), key=lambda kv: kv[1][0])  # most selective first
     rng = _range_choice(ev, table, set(eq))
     if rng:
-        notes.append(rng[2])
+        notes.append(rng.note)
     sort = tuple(s for s in _sort_columns(ev, table) if s.name not in eq)
     # a rare constant on an enum-like column becomes the partial index's WHERE
     partial: tuple[str, str, float] | None = None
@@ -1008,20 +1388,25 @@ def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | 
     key_eq = [c for c, _ in ordered_eq if partial is None or c != partial[0]]
     key = [KeyColumn(c) for c in key_eq]
     sort_served = False
-    if rng and sort and sort[0].name == rng[0]:
+    if rng and sort and sort[0].name == rng.column and rng.opclass is None:
         key.extend(sort)
         sort_served = True
     elif rng:
-        key.append(KeyColumn(rng[0]))
-        if sort:
+        key.append(KeyColumn(rng.column, opclass=rng.opclass,
+                             label=f"{rng.column}_pattern" if rng.opclass else None))
+        if sort and rng.opclass:
+            order = ", ".join(s.sql() for s in sort)
+            notes.append(f"{rng.opclass} orders {rng.column} byte by byte, not by the collation: "
+                         f"the index narrows the rows and the sort by {order} stays")
+        elif sort:
             notes.append(f"ORDER BY {', '.join(s.sql() for s in sort)} differs from the range "
-                         f"column {rng[0]}: the index narrows the rows and the sort stays")
+                         f"column {rng.column}: the index narrows the rows and the sort stays")
     elif sort:
         key.extend(sort)
         sort_served = True
     if not key:
         return None
-    fraction = math.prod(sel for sel, _ in eq.values()) * (rng[1] if rng else 1.0)
+    fraction = math.prod(sel for sel, _ in eq.values()) * (rng.fraction if rng else 1.0)
     limit = ev.shape.limit
     if not eq and not rng:  # ORDER BY only
         if limit is None:
@@ -1035,7 +1420,9 @@ def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | 
     where = partial[1] if partial else None
     eq_names = [*key_eq, *([partial[0]] if partial else [])]
     rest = [k.name for k in key[len(key_eq):]]
-    existing = covering_index(info, eq_names, rest) or covering_index(info, key_eq, rest, where)
+    classes = {k.name: k.opclass for k in key if k.opclass}
+    existing = (covering_index(info, eq_names, rest, opclasses=classes)
+                or covering_index(info, key_eq, rest, where, opclasses=classes))
     if existing is not None:
         how = "yet the planner still chose a Seq Scan" if ev.seq_scanned(table) else "and the plan uses it"
         notes.append(f"{existing.name} already covers ({', '.join(existing.columns)}) on {table}, {how}")
@@ -1113,14 +1500,109 @@ def _join_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesig
     return out
 
 
+def _indexable_fraction(ev: Evidence, table: str, pred: IndexablePredicate) -> tuple[float, str]:
+    """The fraction of rows an expression or containment term keeps, and where the number comes
+    from. pg_stats describes columns, not expressions: what the plan's Seq Scan kept comes first
+    when the term is the table's only filter; then the column's statistics; then PostgreSQL's
+    own defaults."""
+    info = ev.table(table)
+    rows = float(info.rows) if info else 0.0
+    observed = ev.observed_fraction(table) if ev.only_filter(table) else None
+    if observed is not None:
+        return observed, "observed in the plan"
+    stats = ev.stats(table, pred.column)
+    if pred.kind == "equality" and not pred.from_json:
+        sel = equality_selectivity(stats, rows)
+        if sel is not None:
+            return min(1.0, sel * pred.values), f"pg_stats n_distinct of {pred.column}"
+        return min(1.0, DEFAULT_EQ_SEL * pred.values), f"no statistics, assuming {_pct(DEFAULT_EQ_SEL)}"
+    if pred.kind == "equality":
+        return min(1.0, DEFAULT_EQ_SEL * pred.values), f"no statistics on it, assuming {_pct(DEFAULT_EQ_SEL)}"
+    if pred.kind == "prefix":
+        estimate = (prefix_fraction(stats, pred.prefix or "", rows) if not pred.from_json
+                    and pred.expression and pred.expression.startswith("lower") else None)
+        if estimate is not None:
+            return estimate, f"pg_stats histogram of {pred.column}"
+        return DEFAULT_MATCH_SEL, f"no statistics on it, assuming {_pct(DEFAULT_MATCH_SEL)}"
+    return DEFAULT_CONTAIN_SEL, f"no statistics on it, assuming {_pct(DEFAULT_CONTAIN_SEL)}"
+
+
+def _indexable_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
+    """Expression indexes (`lower(email)`, `payload ->> 'kind'`, with text_pattern_ops for a
+    LIKE prefix) and GIN indexes on jsonb or arrays (`@>`, `?`), one per term the WHERE clause
+    tests alone. Terms are not combined into composite keys: each design serves one term."""
+    info = ev.table(table)
+    if info is None:
+        return []
+    rows = float(max(info.rows, 1))
+    scans = ev.scans(table)
+    scanned = ev.scanned_rows(table) if scans else rows
+    out: list[IndexDesign] = []
+    seen: set[tuple[str, str | None, str | None]] = set()
+    for pred in ev.indexable(table):
+        key = KeyColumn(pred.column, expression=pred.expression, opclass=pred.opclass, label=pred.label)
+        if (key.target, key.opclass, pred.method) in seen:
+            continue
+        seen.add((key.target, key.opclass, pred.method))
+        fraction, source = _indexable_fraction(ev, table, pred)
+        note = f"{pred.shown} keeps ~{_pct(fraction)} of rows (~{_n(fraction * rows)}, {source})"
+        notes.append(note)
+        if fraction > INDEX_MAX_FRACTION:
+            notes.append(f"{pred.shown} keeps too many rows of {table} for an index to beat a "
+                         "sequential scan")
+            continue
+        if pred.method == "gin":
+            existing = covering_index(info, [], [pred.column], method="gin")
+            if existing is not None and pred.kind == "key_exists" and "jsonb_path_ops" in existing.definition:
+                existing = None  # jsonb_path_ops has no operator for `?`
+        else:
+            existing = covering_index(info, [], [key.target],
+                                      opclasses={key.target: pred.opclass} if pred.opclass else None)
+        if existing is not None:
+            how = ("yet the planner still chose a Seq Scan" if ev.seq_scanned(table)
+                   else "and the plan uses it")
+            notes.append(f"{existing.name} already serves {pred.shown} on {table}, {how}")
+            continue
+        benefit = scanned - fraction * rows
+        indexed = [n for n in scans if n.index_name]
+        if indexed and benefit < MIN_BENEFIT_ROWS:
+            notes.append(f"{indexed[0].label} already narrows {table}; an index for {pred.shown} "
+                         "would save little")
+            continue
+        if pred.method == "gin":
+            how = (f"a GIN index on {pred.column}"
+                   + (f" with {pred.opclass} (smaller and faster than the default jsonb_ops for @>)"
+                      if pred.opclass else "")
+                   + " answers it with a Bitmap Index Scan")
+        else:
+            what = f"the expression {pred.expression}" + (f" with {pred.opclass}" if pred.opclass else "")
+            how = (f"an index on {what} serves it (a plain index on {pred.column} cannot); ANALYZE then "
+                   "gives the planner statistics on the expression")
+        reason = (f"{scans[0].label} visits {_n(scanned)} rows to return {_n(sum(n.rows for n in scans))}"
+                  if scans else f"{table} has {_n(rows)} rows")
+        out.append(IndexDesign(
+            table=table, key=(key,), kind="filter", fraction=fraction, benefit=benefit,
+            reasons=(reason, note, f"{pred.shown}: {how}"), method=pred.method,
+            analyze=pred.expression is not None))
+    return out
+
+
+def _key_width(info: TableInfo | None, key: KeyColumn) -> int:
+    if key.expression is not None and info is not None and _column_type(info, key.name) in ("json", "jsonb"):
+        return JSON_VALUE_WIDTH
+    return _column_width(info, key.name)
+
+
 def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign, why: Sequence[str],
                     improvement: float) -> OptimizationProposal:
     info = ev.table(design.table)
     taken = [ix.name for ix in info.indexes] if info else []
-    name = index_name(design.table, design.columns, taken=taken)
+    gin = design.method == "gin"
+    name = index_name(design.table, design.labels, suffix="gin" if gin else "idx", taken=taken)
     schema, _ = _schema_and_rel(design.table)
     key = ", ".join(k.sql() for k in design.key)
-    sql = f"CREATE INDEX {ident(name)} ON {qualified(design.table)} ({key})"
+    using = f" USING {design.method}" if design.method != "btree" else ""
+    sql = f"CREATE INDEX {ident(name)} ON {qualified(design.table)}{using} ({key})"
     if design.include:
         sql += f" INCLUDE ({', '.join(ident(c) for c in design.include)})"
     if design.where:
@@ -1130,11 +1612,23 @@ def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign, why: Seq
                            else "index")
     rows = float(info.rows) if info else 0.0
     entries = rows * design.where_fraction
-    widths = [_width(_column_type(info, c) if info else None) for c in (*design.columns, *design.include)]
-    storage = _btree_mb(entries, widths)
+    widths = [_key_width(info, k) for k in design.key] + [_column_width(info, c) for c in design.include]
+    if gin:
+        storage = _gin_mb(entries, _column_width(info, design.key[0].name), design.key[0].opclass)
+    else:
+        storage = _btree_mb(entries, widths)
     risk, warnings = _write_risk(ev, design.table)
-    scan = "Index Only Scan" if design.include else "Index Scan (or Bitmap Index Scan)"
+    if gin:
+        risk = "medium"
+        warnings.append("A GIN index costs more on writes than a B-tree: each row adds several entries, "
+                        "batched in a pending list that reads must also scan until it is merged.")
+    scan = ("Bitmap Index Scan" if gin else "Index Only Scan" if design.include
+            else "Index Scan (or Bitmap Index Scan)")
     steps = [f"EXPLAIN shows {scan} using {name} on {_rel(design.table)}"]
+    commands = [sql]
+    if design.analyze:
+        commands.append(f"ANALYZE {qualified(design.table)}")
+        steps.insert(0, f"ANALYZE {_rel(design.table)} collects statistics on the indexed expression")
     if design.sort_served:
         steps.append("EXPLAIN shows no Sort node above that scan")
     steps.append("the query returns the same rows as before (count and checksum)")
@@ -1145,7 +1639,7 @@ def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign, why: Seq
         *warnings,
     ])
     return OptimizationProposal(
-        agent=agent, proposal_type=ptype, sql_commands=(sql,),
+        agent=agent, proposal_type=ptype, sql_commands=tuple(commands),
         rollback_commands=(f"DROP INDEX IF EXISTS {ident(schema) + '.' if schema else ''}{ident(name)}",),
         rationale=rationale,
         estimated_impact=EstimatedImpact(query_time_improvement=improvement,
@@ -1154,7 +1648,8 @@ def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign, why: Seq
 
 
 def decide_index_design(ctx: AnalysisContext, agent: AgentKey = "gemini25pro") -> Decision:
-    """gemini-2.5-pro: the best B-tree for the most expensive access in the plan."""
+    """gemini-2.5-pro: the best index for the most expensive access in the plan: a B-tree on
+    columns or expressions (with a pattern operator class for LIKE prefixes), or GIN for jsonb."""
     ev = Evidence(ctx)
     insights = plan_insights(ev.nodes, ctx.execution_ms)
     notes: list[str] = []
@@ -1168,13 +1663,14 @@ def decide_index_design(ctx: AnalysisContext, agent: AgentKey = "gemini25pro") -
         if info is None:
             continue
         if max(info.rows, ev.scanned_rows(table)) < SMALL_TABLE_ROWS:
-            if ev.uses(table, "equality", "range", "join"):
+            if ev.uses(table, "equality", "range", "join") or ev.indexable(table):
                 notes.append(f"{table} has {_n(info.rows)} rows: scanning it is cheap")
             continue
         found = _filter_design(ev, table, notes)
         if found:
             designs.append(found)
         designs.extend(_join_designs(ev, table, notes))
+        designs.extend(_indexable_designs(ev, table, notes))
     insights.extend(dict.fromkeys(notes))
     best = max(designs, key=lambda d: d.benefit, default=None)
     if best is None or best.benefit < MIN_BENEFIT_ROWS:
@@ -1296,13 +1792,22 @@ def _partitioning(ev: Evidence, table: str, column: str, data_type: str,
     return commands, rollback, count + 1, period
 
 
+def _names(tables: Sequence[str]) -> str:
+    return ", ".join(tables[:-1]) + " and " + tables[-1] if len(tables) > 1 else "".join(tables)
+
+
 def _fallback_index(agent: AgentKey, ev: Evidence, insights: list[str], why: str) -> Decision:
-    """One plain index on the most selective equality column, or nothing."""
-    best: tuple[float, str, ColumnUse] | None = None
+    """One index, or nothing: a low-risk B-tree on the most selective equality column,
+    LIKE-prefixed column (with its pattern operator class) or equality-tested expression;
+    GIN (medium risk) only when no B-tree fits, for jsonb containment or key tests."""
+    best: IndexDesign | None = None
     for table in ev.query_tables():
         info = ev.table(table)
         if info is None or max(info.rows, ev.scanned_rows(table)) < SMALL_TABLE_ROWS:
             continue
+        rows = float(info.rows)
+        visited = max(ev.scanned_rows(table), rows)
+        candidates: list[IndexDesign] = []
         for use in ev.uses(table, "equality"):
             if (use.operator or "=").upper() not in EQUALITY_OPS:
                 continue
@@ -1311,26 +1816,43 @@ def _fallback_index(agent: AgentKey, ev: Evidence, insights: list[str], why: str
                 continue
             sel, note = _selectivity_note(ev, table, use)
             insights.append(note)
-            if sel <= INDEX_MAX_FRACTION and (best is None or sel < best[0]):
-                best = (sel, table, use)
+            candidates.append(IndexDesign(
+                table=table, key=(KeyColumn(use.column),), kind="filter", fraction=sel,
+                benefit=visited * (1 - sel),
+                reasons=(f"{use.column} is the most selective equality filter on {table} "
+                         f"(~{_pct(sel)} of {_n(info.rows)} rows).",)))
+        for choice in _pattern_choices(ev, table, _like_patterns(ev, table), ev.only_filter(table)):
+            classes = {choice.column: choice.opclass or ""}
+            if covering_index(info, [], [choice.column], opclasses=classes):
+                insights.append(f"{choice.column} on {table} is already indexed with {choice.opclass}")
+                continue
+            insights.append(choice.note)
+            candidates.append(IndexDesign(
+                table=table, key=(KeyColumn(choice.column, opclass=choice.opclass,
+                                            label=f"{choice.column}_pattern"),),
+                kind="filter", fraction=choice.fraction, benefit=visited * (1 - choice.fraction),
+                reasons=(choice.note,)))
+        notes: list[str] = []
+        candidates.extend(_indexable_designs(ev, table, notes))
+        insights.extend(n for n in dict.fromkeys(notes) if n not in insights)
+        for design in candidates:
+            rank = (design.method != "btree", design.fraction)
+            if design.fraction <= INDEX_MAX_FRACTION and (
+                    best is None or rank < (best.method != "btree", best.fraction)):
+                best = design
     insights.append(why)
     if best is None:
-        return _nothing(insights, "no selective equality filter on a large table lacks an index", 0.6,
-                        ev.main_table())
-    sel, table, use = best
-    info = ev.table(table)
-    assert info is not None
-    design = IndexDesign(table=table, key=(KeyColumn(use.column),), kind="filter", fraction=sel,
-                         benefit=max(ev.scanned_rows(table), info.rows) * (1 - sel),
-                         reasons=(f"{use.column} is the most selective equality filter on {table} "
-                                  f"(~{_pct(sel)} of {_n(info.rows)} rows).",))
+        return _nothing(insights, "no selective equality, LIKE-prefix or expression filter on a large "
+                        "table lacks an index", 0.6, ev.main_table())
+    design, table = best, best.table
     if design.benefit < MIN_BENEFIT_ROWS:
         return _nothing(insights, "an index would spare too few row visits", 0.6, table)
-    improvement = _improvement(ev, table, sel)
+    improvement = _improvement(ev, table, design.fraction)
     if improvement < MIN_IMPROVEMENT:
         share = _time_share(ev, table)
-        return _nothing(insights, f"an index on {table} ({use.column}) would save at most ~{_pct(share)} of "
-                        f"the time: the cost is elsewhere in the plan", 0.6, table)
+        key = ", ".join(k.sql() for k in design.key)
+        return _nothing(insights, f"an index on {table} ({key}) would save at most ~{_pct(share)} of "
+                        "the time: the cost is elsewhere in the plan", 0.6, table)
     proposal = _index_proposal(agent, ev, design, design.reasons, improvement)
     return Decision(insights=tuple(insights), actions=(f"Create index on {design.describe()}",),
                     confidence=0.55, target_table=table, estimated_improvement=improvement,
@@ -1366,10 +1888,29 @@ def decide_structure(ctx: AnalysisContext, agent: AgentKey = "gemini25flash") ->
         insights.append(f"{column} correlation with the physical row order is {corr:.2f}")
     bounds = [parse_timestamp(b) for b in stats.histogram_bounds] if stats else []
     moments = [b for b in bounds if b is not None]
-    fk_note = ("Foreign keys that reference the table keep pointing at the renamed old copy, and "
-               "LIKE copies neither its primary key nor its own foreign keys; views on it follow "
-               "the old copy too. Fine in a fork; a production migration must recreate them.")
-    if rows >= PARTITION_MIN_ROWS and fraction <= PARTITION_MAX_FRACTION and len(moments) >= 2:
+    referenced = info.referenced_by
+    old_copy = f"{_rel(table)}_afs_old"
+    if referenced:
+        fk_note = (f"Foreign keys of {_names(referenced)} reference {table}: after the swap they still "
+                   f"point at the renamed old copy {old_copy}, and they cannot simply be recreated on "
+                   f"the partitioned table, whose unique keys must include {column}. LIKE copies "
+                   f"neither the primary key nor {table}'s own foreign keys; views on it follow the old "
+                   "copy too. Fine in a fork; a production migration must rework them.")
+    else:
+        fk_note = (f"No foreign key references {table}. LIKE copies neither its primary key nor its own "
+                   "foreign keys, and views on it follow the old copy. Fine in a fork; a production "
+                   "migration must recreate them.")
+    can_partition = rows >= PARTITION_MIN_ROWS and fraction <= PARTITION_MAX_FRACTION and len(moments) >= 2
+    can_brin = rows >= BRIN_MIN_ROWS and corr is not None and abs(corr) >= BRIN_MIN_CORRELATION
+    if can_partition and referenced and can_brin:
+        insights.append(f"{table} is referenced by foreign keys of {_names(referenced)}: partitioning it "
+                        f"would leave them on the old copy (a partitioned table's unique keys must include "
+                        f"{column}), so BRIN, which prunes as well on this correlated column, is preferred")
+        can_partition = False
+    elif can_partition and referenced:
+        insights.append(f"{table} is referenced by foreign keys of {_names(referenced)}, but BRIN would not "
+                        f"prune here: partitioning, with the foreign keys to rework")
+    if can_partition:
         commands, rollback, parts, period = _partitioning(ev, table, column, data_type,
                                                           min(moments), max(moments))
         improvement = round(max(10.0, min(90.0, 90.0 * (1.0 - fraction))), 1)
@@ -1388,15 +1929,16 @@ def decide_structure(ctx: AnalysisContext, agent: AgentKey = "gemini25flash") ->
             rollback_commands=tuple(rollback), rationale=rationale,
             estimated_impact=EstimatedImpact(query_time_improvement=improvement,
                                              storage_overhead_mb=round(info.size_mb, 1),
-                                             complexity="high", risk="medium"),
+                                             complexity="high", risk="high" if referenced else "medium"),
             validation_steps=(f"EXPLAIN shows only the partitions of {_rel(table)} that overlap the range",
                               f"SELECT count(*) FROM {qualified(table)} equals the count before",
                               "the query returns the same rows as before (count and checksum)"))
+        confidence = (0.7 if corr is not None else 0.6) - (0.15 if referenced else 0.0)
         return Decision(insights=tuple(insights),
                         actions=(f"Partition {table} by RANGE ({column}), one partition per {period}",),
-                        confidence=0.7 if corr is not None else 0.6, target_table=table,
+                        confidence=confidence, target_table=table,
                         estimated_improvement=improvement, proposal=proposal)
-    if rows >= BRIN_MIN_ROWS and corr is not None and abs(corr) >= BRIN_MIN_CORRELATION:
+    if can_brin and corr is not None:
         existing = covering_index(info, [], [column], method="brin")
         if existing is not None:
             return _nothing(insights, f"{existing.name} is already a BRIN index on {column}", 0.8, table)
@@ -1411,8 +1953,11 @@ def decide_structure(ctx: AnalysisContext, agent: AgentKey = "gemini25flash") ->
         risk, warnings = _write_risk(ev, table)
         rationale = (f"{table} has {_n(rows)} rows and {column} follows the physical row order "
                      f"(correlation {corr:.2f}), so a BRIN index of ~{_n(ranges)} block ranges "
-                     f"(~{storage} MB, against ~{_btree_mb(rows, [8]):.0f} MB for a B-tree) lets a Bitmap "
-                     f"Heap Scan skip the ~{_pct(1 - fraction)} of the table outside {column} {span}. "
+                     f"(~{storage} MB, against ~{_btree_mb(rows, [_column_width(info, column)]):.0f} MB for "
+                     f"a B-tree) lets a Bitmap Heap Scan skip the ~{_pct(1 - fraction)} of the table outside "
+                     f"{column} {span}. "
+                     + (f"Unlike partitioning, it leaves the foreign keys of {_names(referenced)} intact. "
+                        if referenced else "")
                      + " ".join(warnings))
         proposal = OptimizationProposal(
             agent=agent, proposal_type="index",
@@ -1709,7 +2254,11 @@ def decide_precomputation(ctx: AnalysisContext, agent: AgentKey = "gemini20flash
     commands.append(f"ANALYZE {mv.name}")
     wpr = ev.writes_per_read(table)
     risk: RiskLevel = "low" if wpr < 0.05 else "medium"
-    storage = round(max(0.01, groups * (24 + 8 * max(1, len(mv.columns)) + 4) / 1024 / 1024), 2)
+    info = ev.table(table) if table else None
+    # heap tuple header + the columns (real widths for the table's own columns, 8 bytes for
+    # aggregates) + line pointer
+    widths = [_column_width(info, c) if info and _column_type(info, c) else 8 for c in mv.columns]
+    storage = round(max(0.01, groups * (24 + max(8, sum(widths)) + 4) / 1024 / 1024), 2)
     improvement = round(max(10.0, min(95.0, 100.0 * (1.0 - groups / max(aggregated, 1.0)))), 1)
     if mv.filter_columns and unique:
         refresh = f"REFRESH MATERIALIZED VIEW CONCURRENTLY {mv.name} (the unique index allows it)"

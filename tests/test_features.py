@@ -232,3 +232,16 @@ def test_invalid_input_raises_input_error(sql: str, reason: str) -> None:
     with pytest.raises(InputError, match=reason) as caught:
         extract_features(sql)
     assert "\n" not in str(caught.value)
+
+
+def test_negated_and_alternative_conditions_filter_nothing_alone() -> None:
+    def roles(sql: str) -> dict[str, str]:
+        return {c.column: c.role for c in extract_features(sql).columns if c.role != "select"}
+
+    assert roles("SELECT id FROM users WHERE email NOT LIKE 'x%'") == {"email": "other"}
+    assert roles("SELECT id FROM users WHERE NOT (email LIKE 'x%')") == {"email": "other"}
+    assert roles("SELECT id FROM users WHERE email LIKE 'x%'") == {"email": "range"}
+    assert roles("SELECT id FROM users WHERE tier = 'a' OR country = 'b'") == {
+        "tier": "other", "country": "other"}
+    assert roles("SELECT id FROM users WHERE tier = 'a' AND (country = 'b' OR country = 'c')") == {
+        "tier": "equality", "country": "other"}

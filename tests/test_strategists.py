@@ -7,6 +7,7 @@ FORMAT JSON) on PostgreSQL 18 and pg_stats), scaled to 2 M orders. No database.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,7 @@ from afs.models import (
     QueryFeatures,
     TableInfo,
 )
+from afs.safety import validate_proposal
 from afs.strategists import (
     STRATEGISTS,
     analyze,
@@ -235,8 +237,80 @@ def join_ctx() -> AnalysisContext:
     return context(JOIN_QUERY, feats, plan, [users(), orders()], 395.4)
 
 
+# -- text patterns, expressions and jsonb (features extracted from the query itself) ---------
+USERS_ROWS = 100_000
+EMAILS = sorted(f"user{i}@example.com" for i in range(1, USERS_ROWS + 1))
+EMAIL_STATS = ColumnStats(n_distinct=-1, correlation=0.02, avg_width=19,
+                          histogram_bounds=tuple(EMAILS[i * (USERS_ROWS - 1) // 100] for i in range(101)))
+
+
+def users_table(rows: int = USERS_ROWS, email: ColumnStats = EMAIL_STATS, email_type: str = "text",
+                indexes: Sequence[IndexInfo] = ()) -> TableInfo:
+    base = users(rows)
+    return TableInfo(
+        name="users", rows=rows, size_mb=base.size_mb,
+        columns=tuple(ColumnInfo(c.name, email_type if c.name == "email" else c.data_type, c.nullable)
+                      for c in base.columns),
+        indexes=(*base.indexes, *indexes), primary_key=("id",),
+        column_stats={**base.column_stats, "email": email,
+                      "tier": ColumnStats(n_distinct=3, avg_width=5,
+                                          most_common_vals=("free", "pro", "enterprise"),
+                                          most_common_freqs=(0.8, 0.17, 0.03))})
+
+
+EVENTS_ROWS = 500_000
+
+
+def events(indexes: Sequence[IndexInfo] = ()) -> TableInfo:
+    return TableInfo(
+        name="events", rows=EVENTS_ROWS, size_mb=EVENTS_ROWS * 110 / 1_048_576,
+        columns=(ColumnInfo("id", "bigint", False), ColumnInfo("user_id", "bigint", False),
+                 ColumnInfo("kind", "text", False), ColumnInfo("payload", "jsonb", False),
+                 ColumnInfo("created_at", "timestamp with time zone", False)),
+        indexes=(IndexInfo("events_pkey", "CREATE UNIQUE INDEX events_pkey ON public.events USING btree (id)",
+                           ("id",), unique=True, primary=True), *indexes),
+        primary_key=("id",),
+        column_stats={"id": ColumnStats(n_distinct=-1, correlation=1.0, avg_width=8),
+                      "payload": ColumnStats(n_distinct=836, correlation=0.01, avg_width=50),
+                      "created_at": ColumnStats(n_distinct=-1, correlation=1.0, avg_width=8)})
+
+
+def scan_ctx(query: str, table: TableInfo, kept: float, filter: str, ms: float = 40.0) -> AnalysisContext:
+    """`query` over one table, whose plan is a Seq Scan keeping `kept` of its rows."""
+    from afs.features import extract_features
+
+    rows = table.rows * kept
+    plan = seq_scan(table.name, table.name, rows=rows, removed=table.rows - rows, ms=ms, filter=filter)
+    return context(query, extract_features(query), plan, [table], ms + 0.2)
+
+
+LIKE_QUERY = "SELECT u.id FROM users u WHERE u.email LIKE 'user12%'"
+LOWER_QUERY = "SELECT id, tier FROM users WHERE lower(email) = 'user4242@example.com'"
+CONTAINS_QUERY = """SELECT id, created_at FROM events WHERE payload @> '{"device": "tablet"}'"""
+JSON_KEY_QUERY = "SELECT e.id FROM events e WHERE e.payload ->> 'query' = 'lego'"
+
+
+def like_ctx(table: TableInfo | None = None) -> AnalysisContext:
+    return scan_ctx(LIKE_QUERY, table or users_table(), 1111 / USERS_ROWS, "(email ~~ 'user12%'::text)", 14.0)
+
+
+def lower_ctx() -> AnalysisContext:
+    return scan_ctx(LOWER_QUERY, users_table(), 1 / USERS_ROWS,
+                    "(lower(email) = 'user4242@example.com'::text)", 21.0)
+
+
+def contains_ctx(table: TableInfo | None = None) -> AnalysisContext:
+    return scan_ctx(CONTAINS_QUERY, table or events(), 0.05, """(payload @> '{"device": "tablet"}'::jsonb)""",
+                    95.0)
+
+
+def json_key_ctx() -> AnalysisContext:
+    return scan_ctx(JSON_KEY_QUERY, events(), 0.0125, "((payload ->> 'query'::text) = 'lego'::text)", 80.0)
+
+
 SCENARIOS: dict[str, Callable[[], AnalysisContext]] = {
-    "issue": issue_ctx, "range": range_ctx, "aggregate": agg_ctx, "indexed": indexed_ctx, "join": join_ctx}
+    "issue": issue_ctx, "range": range_ctx, "aggregate": agg_ctx, "indexed": indexed_ctx, "join": join_ctx,
+    "like": like_ctx, "lower": lower_ctx, "contains": contains_ctx, "json_key": json_key_ctx}
 
 
 def all_outputs() -> Iterable[tuple[str, str, OptimizationProposal | None]]:
@@ -379,6 +453,209 @@ def test_long_names_are_cut_to_63_bytes_and_stay_distinct() -> None:
         != "afs_orders_user_id_idx"
 
 
+# -- gemini-2.5-pro: patterns, expressions and jsonb ------------------------------------------
+def proposal_of(agent: str, ctx: AnalysisContext) -> OptimizationProposal:
+    proposal = propose(agent, ctx, analyze(agent, ctx))
+    assert proposal is not None, analyze(agent, ctx).insights
+    validation = validate_proposal(proposal.sql_commands, proposal.proposal_type)
+    assert validation.is_valid, validation.rejected
+    if proposal.proposal_type != "partitioning":  # the migration's rollback is the strategist's own
+        assert validation.rollback_commands == proposal.rollback_commands
+    return proposal
+
+
+def test_a_like_prefix_gets_a_btree_with_text_pattern_ops() -> None:
+    ctx = like_ctx()
+    analysis = analyze("gemini25pro", ctx)
+    proposal = proposal_of("gemini25pro", ctx)
+    assert proposal.sql_commands == (
+        "CREATE INDEX afs_users_email_pattern_idx ON users (email text_pattern_ops) INCLUDE (id)",)
+    assert proposal.rollback_commands == ("DROP INDEX IF EXISTS afs_users_email_pattern_idx",)
+    # 'user12%' is 1,111 of the 100,000 sorted emails: about one histogram bucket
+    assert any("email LIKE 'user12%' keeps ~1.0 % of rows (~1,000, pg_stats histogram)" in line
+               and "text_pattern_ops" in line for line in analysis.insights)
+    assert proposal.estimated_impact.query_time_improvement >= 80
+
+
+@pytest.mark.parametrize(("data_type", "opclass"), [
+    ("character varying(255)", "varchar_pattern_ops"), ("character(24)", "bpchar_pattern_ops")])
+def test_the_pattern_operator_class_follows_the_column_type(data_type: str, opclass: str) -> None:
+    proposal = proposal_of("gemini25pro", like_ctx(users_table(email_type=data_type)))
+    assert f"(email {opclass})" in proposal.sql_commands[0]
+
+
+def test_a_plain_index_does_not_serve_like_but_a_pattern_index_does() -> None:
+    plain = IndexInfo("users_email_idx", "CREATE INDEX users_email_idx ON public.users USING btree (email)",
+                      ("email",))
+    proposal = proposal_of("gemini25pro", like_ctx(users_table(indexes=[plain])))
+    assert "text_pattern_ops" in proposal.sql_commands[0]
+    pattern = IndexInfo("users_email_like", "CREATE INDEX users_email_like ON public.users USING btree "
+                                            "(email text_pattern_ops)", ("email",))
+    ctx = like_ctx(users_table(indexes=[pattern]))
+    analysis = analyze("gemini25pro", ctx)
+    assert propose("gemini25pro", ctx, analysis) is None
+    assert any("users_email_like already covers" in line for line in analysis.insights)
+
+
+@pytest.mark.parametrize("condition", [
+    "email NOT LIKE 'user12%'", "email LIKE '%12'", "email ILIKE 'user12%'",
+    "(email LIKE 'user12%' OR tier = 'pro')", "NOT (email LIKE 'user12%')"])
+def test_no_pattern_index_for_what_a_prefix_cannot_find(condition: str) -> None:
+    ctx = scan_ctx(f"SELECT id FROM users WHERE {condition}", users_table(), 0.01, "(x)")
+    for agent in STRATEGISTS:
+        proposal = propose(agent, ctx, analyze(agent, ctx))
+        assert proposal is None or "pattern_ops" not in proposal.sql_commands[0], (agent, proposal)
+
+
+def test_a_like_prefix_with_order_by_on_the_same_column_keeps_the_sort() -> None:
+    ctx = scan_ctx(LIKE_QUERY + " ORDER BY u.email", users_table(), 0.011, "(email ~~ 'user12%'::text)")
+    analysis = analyze("gemini25pro", ctx)
+    proposal = proposal_of("gemini25pro", ctx)
+    assert "(email text_pattern_ops)" in proposal.sql_commands[0]
+    assert "no Sort node" not in " ".join(proposal.validation_steps)
+    assert any("byte by byte" in line for line in analysis.insights)
+
+
+def test_lower_equality_gets_an_expression_index_and_analyze() -> None:
+    ctx = lower_ctx()
+    proposal = proposal_of("gemini25pro", ctx)
+    assert proposal.proposal_type == "index"
+    assert proposal.sql_commands == ("CREATE INDEX afs_users_lower_email_idx ON users ((lower(email)))",
+                                     "ANALYZE users")
+    assert proposal.rollback_commands == ("DROP INDEX IF EXISTS afs_users_lower_email_idx",)
+    assert "a plain index on email cannot" in proposal.rationale
+    assert "statistics on the indexed expression" in proposal.validation_steps[0]
+    # an existing index on the expression serves it: nothing to add
+    existing = IndexInfo("users_lower_email", "CREATE INDEX users_lower_email ON public.users USING btree "
+                                              "(lower(email))", ("lower(email)",))
+    again = context(ctx.query, ctx.features, ctx.plan, [users_table(indexes=[existing])], ctx.execution_ms)
+    analysis = analyze("gemini25pro", again)
+    assert propose("gemini25pro", again, analysis) is None
+    assert any("users_lower_email already serves lower(email) = " in line for line in analysis.insights)
+
+
+def test_lower_like_prefix_gets_an_expression_index_with_text_pattern_ops() -> None:
+    ctx = scan_ctx("SELECT id FROM users WHERE lower(email) LIKE 'user12%'", users_table(), 0.011,
+                   "(lower(email) ~~ 'user12%'::text)")
+    assert proposal_of("gemini25pro", ctx).sql_commands[0] == (
+        "CREATE INDEX afs_users_lower_email_pattern_idx ON users ((lower(email)) text_pattern_ops)")
+
+
+def test_jsonb_containment_gets_a_gin_index_with_jsonb_path_ops() -> None:
+    ctx = contains_ctx()
+    analysis = analyze("gemini25pro", ctx)
+    proposal = proposal_of("gemini25pro", ctx)
+    assert proposal.sql_commands == (
+        "CREATE INDEX afs_events_payload_gin ON events USING gin (payload jsonb_path_ops)",)
+    assert proposal.rollback_commands == ("DROP INDEX IF EXISTS afs_events_payload_gin",)
+    assert validate_proposal(proposal.sql_commands, proposal.proposal_type).risk_level == "medium"
+    assert proposal.estimated_impact.risk == "medium"
+    assert "GIN index costs more on writes" in proposal.rationale
+    assert "Bitmap Index Scan using afs_events_payload_gin" in proposal.validation_steps[0]
+    assert any("keeps ~5.0 % of rows (~25,000, observed in the plan)" in line for line in analysis.insights)
+    # sized from the jsonb's real width: 500,000 rows of ~50 bytes
+    assert 1 < proposal.estimated_impact.storage_overhead_mb < 10
+
+
+def test_an_existing_gin_index_serves_containment_but_jsonb_path_ops_cannot_test_keys() -> None:
+    path_ops = IndexInfo("events_payload_gin", "CREATE INDEX events_payload_gin ON public.events USING gin "
+                                               "(payload jsonb_path_ops)", ("payload",))
+    ctx = contains_ctx(events(indexes=[path_ops]))
+    assert propose("gemini25pro", ctx, analyze("gemini25pro", ctx)) is None
+    keys = scan_ctx("SELECT id FROM events WHERE payload ? 'method'", events(indexes=[path_ops]), 0.04,
+                    "(payload ? 'method'::text)")
+    assert proposal_of("gemini25pro", keys).sql_commands == (
+        "CREATE INDEX afs_events_payload_gin ON events USING gin (payload)",)
+
+
+def test_a_gin_index_for_array_containment() -> None:
+    posts = TableInfo(name="posts", rows=300_000, size_mb=60.0,
+                      columns=(ColumnInfo("id", "bigint", False), ColumnInfo("tags", "text[]")),
+                      indexes=(), primary_key=("id",))
+    ctx = scan_ctx("SELECT id FROM posts WHERE tags @> ARRAY['postgres']", posts, 0.002,
+                   "(tags @> '{postgres}'::text[])")
+    assert proposal_of("gemini25pro", ctx).sql_commands == (
+        "CREATE INDEX afs_posts_tags_gin ON posts USING gin (tags)",)
+
+
+def test_a_jsonb_key_equality_gets_an_expression_btree() -> None:
+    proposal = proposal_of("gemini25pro", json_key_ctx())
+    assert proposal.sql_commands == (
+        "CREATE INDEX afs_events_payload_query_idx ON events ((payload ->> 'query'))", "ANALYZE events")
+
+
+@pytest.mark.parametrize(("condition", "key"), [
+    ("(payload ->> 'product_id')::int = 54", "(((payload ->> 'product_id')::int))"),
+    ("payload -> 'a' ->> 'b' IN ('x', 'y')", "((payload -> 'a' ->> 'b'))"),
+    ("'lego' = payload ->> 'query'", "((payload ->> 'query'))"),
+])
+def test_json_expressions_the_planner_can_match(condition: str, key: str) -> None:
+    ctx = scan_ctx(f"SELECT id FROM events WHERE {condition}", events(), 0.001, "(x)")
+    assert proposal_of("gemini25pro", ctx).sql_commands[0].endswith(f" ON events {key}")
+
+
+@pytest.mark.parametrize("condition", [
+    "(payload ->> 'at')::timestamptz = '2025-01-01'",  # not immutable: CREATE INDEX would fail
+    "payload #>> '{a,b}' = 'x'", "lower(email) <> 'x'", "payload ->> 'query' = kind"])
+def test_no_expression_index_where_none_can_serve(condition: str) -> None:
+    table = users_table() if "email" in condition else events()
+    ctx = scan_ctx(f"SELECT id FROM {table.name} WHERE {condition}", table, 0.001, "(x)")
+    for agent in STRATEGISTS:
+        assert propose(agent, ctx, analyze(agent, ctx)) is None, agent
+
+
+def test_flash_falls_back_to_pattern_and_expression_btrees_and_to_gin_only_without_one() -> None:
+    for make, sql in ((like_ctx, "CREATE INDEX afs_users_email_pattern_idx ON users "
+                                 "(email text_pattern_ops)"),
+                      (lower_ctx, "CREATE INDEX afs_users_lower_email_idx ON users ((lower(email)))"),
+                      (contains_ctx, "CREATE INDEX afs_events_payload_gin ON events USING gin "
+                                     "(payload jsonb_path_ops)")):
+        for agent in ("gemini25flash", "gemini20flash"):
+            assert proposal_of(agent, make()).sql_commands[0] == sql
+    both = scan_ctx(CONTAINS_QUERY + " AND payload ->> 'device' = 'tablet'", events(), 0.05, "(x)")
+    assert "USING gin" not in proposal_of("gemini25flash", both).sql_commands[0]
+
+
+def test_a_narrow_text_column_rides_in_include_a_wide_one_does_not() -> None:
+    query = "SELECT o.id, o.status FROM orders o WHERE o.user_id = 4242"
+    plan = seq_scan("orders", "o", rows=41, removed=ORDERS_ROWS - 41, ms=150.0, filter="(user_id = 4242)")
+
+    def sql(status: ColumnStats) -> str:
+        from afs.features import extract_features
+
+        table = orders(stats={**ORDERS_STATS, "status": status})
+        ctx = context(query, extract_features(query), plan, [table], 150.2)
+        return proposal_of("gemini25pro", ctx).sql_commands[0]
+
+    narrow = dataclasses.replace(ORDERS_STATS["status"], avg_width=9)
+    wide = dataclasses.replace(ORDERS_STATS["status"], avg_width=40)
+    assert sql(narrow) == "CREATE INDEX afs_orders_user_id_idx ON orders (user_id) INCLUDE (id, status)"
+    assert sql(wide) == "CREATE INDEX afs_orders_user_id_idx ON orders (user_id)"
+    assert sql(ORDERS_STATS["status"]) == "CREATE INDEX afs_orders_user_id_idx ON orders (user_id)"  # unknown
+
+
+def test_storage_estimates_use_the_real_average_width() -> None:
+    def storage(width: int) -> float:
+        email = dataclasses.replace(EMAIL_STATS, avg_width=width)
+        proposal = proposal_of("gemini25pro", like_ctx(users_table(email=email)))
+        return proposal.estimated_impact.storage_overhead_mb
+
+    assert storage(60) > 1.5 * storage(19)
+
+
+def test_like_prefix_and_prefix_fraction() -> None:
+    assert strategists.like_prefix("user12%") == "user12"
+    assert strategists.like_prefix("a_b%") == "a"
+    assert strategists.like_prefix(r"50\%%") == "50%"
+    assert strategists.like_prefix("%x") == ""
+    assert strategists.prefix_fraction(EMAIL_STATS, "user12", USERS_ROWS) == pytest.approx(0.01)
+    assert strategists.prefix_fraction(EMAIL_STATS, "zzz", USERS_ROWS) == pytest.approx(0.005)
+    kinds = ColumnStats(n_distinct=3, most_common_vals=("page_view", "purchase", "click"),
+                        most_common_freqs=(0.55, 0.05, 0.4))
+    assert strategists.prefix_fraction(kinds, "pu", 1000) == pytest.approx(0.05)
+    assert strategists.prefix_fraction(None, "x", 1000) is None
+
+
 # -- gemini-2.5-flash -------------------------------------------------------------------------
 def test_time_range_on_two_million_rows_gets_monthly_partitioning() -> None:
     ctx = range_ctx()
@@ -400,10 +677,38 @@ def test_time_range_on_two_million_rows_gets_monthly_partitioning() -> None:
     assert proposal.rollback_commands == ("ALTER TABLE orders RENAME TO orders_afs_part",
                                           "ALTER TABLE orders_afs_old RENAME TO orders",
                                           "DROP TABLE IF EXISTS orders_afs_part")
-    assert "Foreign keys" in proposal.rationale
+    assert "No foreign key references orders" in proposal.rationale
     assert proposal.estimated_impact.risk == "medium"
     assert any("correlation with the physical row order is 1.00" in line for line in analysis.insights)
     assert any("keeps ~4.1 % of them (histogram)" in line for line in analysis.insights)
+
+
+def test_a_table_referenced_by_foreign_keys_gets_brin_instead_of_partitioning() -> None:
+    base = range_ctx()
+    table = dataclasses.replace(orders(), referenced_by=("order_items",))
+    ctx = context(base.query, base.features, base.plan, [table], base.execution_ms)
+    analysis = analyze("gemini25flash", ctx)
+    proposal = proposal_of("gemini25flash", ctx)
+    assert proposal.sql_commands == (
+        "CREATE INDEX afs_orders_created_at_brin ON orders USING brin (created_at)",)
+    assert "leaves the foreign keys of order_items intact" in proposal.rationale
+    assert any("referenced by foreign keys of order_items" in line and "BRIN" in line
+               for line in analysis.insights)
+
+
+def test_partitioning_a_referenced_table_names_the_foreign_keys_it_breaks() -> None:
+    """Uncorrelated: BRIN would not prune, so partitioning stays, with the caveat spelled out."""
+    stats = dict(ORDERS_STATS)
+    stats["created_at"] = dataclasses.replace(ORDERS_STATS["created_at"], correlation=0.1)
+    base = range_ctx()
+    table = dataclasses.replace(orders(stats=stats), referenced_by=("invoices", "order_items"))
+    ctx = context(base.query, base.features, base.plan, [table], base.execution_ms)
+    proposal = proposal_of("gemini25flash", ctx)
+    assert proposal.proposal_type == "partitioning"
+    assert ("Foreign keys of invoices and order_items reference orders: after the swap they still point "
+            "at the renamed old copy orders_afs_old") in proposal.rationale
+    assert "unique keys must include created_at" in proposal.rationale
+    assert proposal.estimated_impact.risk == "high"
 
 
 def test_time_range_on_a_smaller_correlated_table_gets_brin() -> None:
@@ -583,6 +888,8 @@ def test_different_queries_get_different_proposals() -> None:
     kinds = {name: {a: (p.proposal_type if p else None) for n, a, p in all_outputs() if n == name}
              for name in SCENARIOS}
     assert kinds["issue"]["gemini25pro"] == "partial_index"
+    assert kinds["like"]["gemini25pro"] == "composite_index"  # the pattern key INCLUDEs id
+    assert kinds["lower"]["gemini25pro"] == kinds["contains"]["gemini25pro"] == "index"
     assert kinds["range"]["gemini25flash"] == "partitioning"
     assert kinds["aggregate"]["gemini20flash"] == "materialized_view"
     assert kinds["join"]["gemini25pro"] == "index"
@@ -605,6 +912,8 @@ def test_every_output_is_well_formed(scenario: str, agent: str) -> None:
     assert proposal.rationale and re.search(r"\d", proposal.rationale)
     impact = proposal.estimated_impact
     assert 0 < impact.query_time_improvement <= 100 and impact.storage_overhead_mb >= 0
+    validation = validate_proposal(proposal.sql_commands, proposal.proposal_type)
+    assert validation.is_valid, validation.rejected
     for statement in strategists.iter_proposal_sql(proposal):
         assert not statement.rstrip().endswith(";")
         assert "CONCURRENTLY" not in statement
