@@ -14,6 +14,10 @@ One strategist per specialisation of the seed (`AGENTS` in models.py)::
     gemini20flash  pre-computation  a materialized view of an aggregation plus the
                                     rewrite that reads it; otherwise one low-risk index
 
+When the specialty of gemini25flash (or of gemini25pro on a complex query) finds
+nothing for an aggregation, it proposes the summary view too (`with_rollup`), as
+the seed's router and specialisations ask of them.
+
 Every strategist is a pure function of the `AnalysisContext`: the query (parsed
 with sqlglot), its EXPLAIN (ANALYZE, BUFFERS) plan and the table statistics. It
 decides once (`Decision`) and that decision yields both the seed's
@@ -2292,6 +2296,38 @@ def decide_precomputation(ctx: AnalysisContext, agent: AgentKey = "gemini20flash
                     estimated_improvement=improvement, proposal=proposal)
 
 
+# -- secondary expertise ---------------------------------------------------------------------
+# The seed's router sends aggregations to gemini-2.5-flash ("simple aggregation") and to
+# gemini-2.5-pro ("complex aggregation - include gemini-2.5-pro for mat views"), and lists
+# summary/rollup tables among gemini-2.5-flash's schema modifications. So when their own
+# specialty finds nothing for an aggregating query, they fall back to pre-computation.
+ROLLUP_MIN_COMPLEXITY: Final = {"gemini25flash": 0, "gemini25pro": 5}
+
+
+def with_rollup(primary: Callable[[AnalysisContext, AgentKey], Decision]
+                ) -> Callable[[AnalysisContext, AgentKey], Decision]:
+    """`primary`, falling back to a materialized view when it proposes nothing for an aggregation."""
+
+    def decide(ctx: AnalysisContext, agent: AgentKey) -> Decision:
+        decision = primary(ctx, agent)
+        aggregates = ctx.features.aggregation_count > 0 or Evidence(ctx).shape.grouped
+        if (decision.proposal is not None or not aggregates
+                or ctx.features.complexity_score < ROLLUP_MIN_COMPLEXITY.get(agent, 0)):
+            return decision
+        rollup = decide_precomputation(ctx, agent)
+        if rollup.proposal is None or rollup.proposal.proposal_type != "materialized_view":
+            return decision
+        why = (f"{decision.actions[0]}; as a summary table instead (secondary expertise), "
+               if decision.actions else "")
+        extra = tuple(i for i in rollup.insights if i not in decision.insights)
+        return Decision(insights=(*decision.insights, *extra),
+                        actions=(why + rollup.actions[0],) if why else rollup.actions,
+                        confidence=rollup.confidence - 0.05, target_table=rollup.target_table,
+                        estimated_improvement=rollup.estimated_improvement, proposal=rollup.proposal)
+
+    return decide
+
+
 # -- the registry ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Strategist:
@@ -2311,8 +2347,8 @@ class Strategist:
 
 
 STRATEGISTS: Mapping[AgentKey, Strategist] = {
-    "gemini25pro": Strategist("gemini25pro", decide_index_design),
-    "gemini25flash": Strategist("gemini25flash", decide_structure),
+    "gemini25pro": Strategist("gemini25pro", with_rollup(decide_index_design)),
+    "gemini25flash": Strategist("gemini25flash", with_rollup(decide_structure)),
     "gemini20flash": Strategist("gemini20flash", decide_precomputation),
 }
 

@@ -1015,3 +1015,21 @@ def test_covering_index_matches_prefixes_only() -> None:
     only_partial = orders(indexes=[table.indexes[2]])
     assert covering_index(only_partial, [], ["user_id"], predicate="status = 'paid'") is None
     assert covering_index(only_partial, [], ["user_id"], predicate="status = 'pending'") is not None
+
+
+def test_flash_falls_back_to_a_summary_view_for_an_aggregation() -> None:
+    """Routed a simple aggregation, gemini-2.5-flash proposes the rollup table of its seed role."""
+    from afs.strategists import STRATEGISTS
+
+    query = "SELECT o.status, count(*) AS n FROM orders o GROUP BY o.status"
+    feats = features(["orders"], [use("orders", "status", "group"), use("orders", "status", "select")],
+                     {"o": "orders"}, aggregations=1)
+    plan = node("HashAggregate", seq_scan("orders", "o", rows=2_000_000, removed=0, ms=250.0),
+                rows=6, ms=420.0, Group_Key=["o.status"])
+    ctx = context(query, feats, plan, [orders()], 421.0)
+    flash = STRATEGISTS["gemini25flash"].decide(ctx, "gemini25flash")
+    assert flash.proposal is not None and flash.proposal.proposal_type == "materialized_view"
+    assert flash.proposal.agent == "gemini25flash" and flash.proposal.rewritten_query
+    # gemini-2.5-pro only does so for complex aggregations (complexity ≥ 5)
+    pro = STRATEGISTS["gemini25pro"].decide(ctx, "gemini25pro")
+    assert pro.proposal is None or pro.proposal.proposal_type != "materialized_view"
