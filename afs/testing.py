@@ -1,5 +1,8 @@
 """Fakes that ship with AFS, for tests, demos and docs.
 
+`ScriptedBrain` and `HangingBrain` stand in for an agent's brain (a proposal
+chosen by the test; no answer at all).
+
 `FakeGemini` speaks the `generateContent` REST protocol of the Gemini API (and
 the Vertex AI path for it), scripted per test with a queue of `FakeReply`:
 a JSON body or a status code, headers (Retry-After), a delay. It records every
@@ -31,6 +34,8 @@ from typing import Any
 
 import httpx
 import trio
+
+from afs.models import AnalysisContext, AnalysisResult, OptimizationProposal
 
 _GENERATE = re.compile(r"/models/(?P<model>[^/:]+):generateContent$")
 _STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
@@ -233,3 +238,33 @@ def serve_fake_gemini(fake: FakeGemini) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+# -- brains ---------------------------------------------------------------------------------
+class ScriptedBrain:
+    """A brain whose proposal is whatever `script(agent)` returns (tests and demos)."""
+
+    name = "scripted"
+
+    def __init__(self, script: Callable[[str], OptimizationProposal | None]) -> None:
+        self.script = script
+
+    async def analyze(self, agent: str, ctx: AnalysisContext) -> AnalysisResult:
+        return AnalysisResult(insights=("scripted",), proposed_actions=(), confidence=0.5)
+
+    async def propose(self, agent: str, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> OptimizationProposal | None:
+        return self.script(agent)
+
+
+class HangingBrain:
+    """A brain that never answers: its agent runs into the model time limit."""
+
+    name = "hanging"
+
+    async def analyze(self, agent: str, ctx: AnalysisContext) -> AnalysisResult:
+        await trio.sleep_forever()
+
+    async def propose(self, agent: str, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> OptimizationProposal | None:
+        await trio.sleep_forever()

@@ -38,11 +38,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import harness
 import trio
 from harness import with_sandbox
 
-from afs import log as afs_log
-from afs.config import Settings, load_settings
+from afs.config import Settings
 from afs.db import Connection, open_connection
 from afs.errors import AfsError
 from afs.forks.client import ForkClient, open_fork_client
@@ -289,17 +289,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        settings = load_settings()
-        afs_log.configure(settings.log_dir)  # structlog to stderr and the log file, not stdout
-        return trio.run(run, args, settings)
-    except AfsError as exc:
-        print(f"fork_latency: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("fork_latency: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return harness.main("fork_latency", parse_args(argv), run)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,16 @@ of forks and scratch databases runs as usual.
 
 from __future__ import annotations
 
+import argparse
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import trio
 
-from afs.config import Settings
+from afs import log as afs_log
+from afs.config import Settings, load_settings
 from afs.errors import AfsError
 from afs.sandbox.server import SandboxServer
 
@@ -62,3 +65,22 @@ async def with_sandbox(settings: Settings, work: Callable[[SandboxServer], Await
     if error is not None:
         raise error
     return result[0]
+
+
+EXIT_INTERRUPTED = 130
+
+
+def main(tag: str, args: argparse.Namespace,
+         run: Callable[[argparse.Namespace, Settings], Awaitable[int]]) -> int:
+    """A script's entry point: settings, logging to stderr, its exit code; errors in one line."""
+    try:
+        settings = load_settings()
+        afs_log.configure(settings.log_dir)  # structlog to stderr and the log file, not stdout
+        exit_code: int = trio.run(run, args, settings)
+        return exit_code
+    except AfsError as exc:
+        print(f"{tag}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{tag}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -49,12 +49,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+import harness
 import trio
 from harness import with_sandbox
 
-from afs import log as afs_log
 from afs.agents import SlowBrain, StrategistBrain
-from afs.config import DEFAULT_RUNS, Settings, load_settings
+from afs.config import DEFAULT_RUNS, Settings
 from afs.errors import AfsError
 from afs.events import Emitter, Event, log_sink
 from afs.forks.client import ForkClient, open_fork_client
@@ -325,17 +325,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        settings = load_settings()
-        afs_log.configure(settings.log_dir)  # structlog to stderr and the log file, not stdout
-        return trio.run(run, args, settings)
-    except AfsError as exc:
-        print(f"parallel: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("parallel: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return harness.main("parallel", parse_args(argv), run)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
 from afs.models import (
     AgentKey,
-    AnalysisContext,
-    AnalysisResult,
     EstimatedImpact,
     OptimizationProposal,
     TaskResult,
@@ -32,6 +30,7 @@ from afs.optimize import AgentPool, Squad, TaskRequest, optimize
 from afs.report import to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
+from afs.testing import HangingBrain, ScriptedBrain
 
 pytestmark = pytest.mark.usefixtures("no_leaked_forks")
 
@@ -94,30 +93,22 @@ async def test_an_already_fast_query_ends_without_improvement(
     assert to_json(result)["winner"] is None
 
 
-class WrongRewrite:
-    """A brain whose materialized view drops rows: its results differ from the query's."""
-
-    name = "test"
-
-    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
-        return AnalysisResult(insights=("test",), proposed_actions=(), confidence=0.5)
-
-    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal:
-        return OptimizationProposal(
-            agent=agent, proposal_type="materialized_view",
-            sql_commands=("CREATE MATERIALIZED VIEW afs_mv_wrong AS SELECT status, count(*) AS n"
-                          " FROM orders WHERE status <> 'refunded' GROUP BY status",),
-            rollback_commands=("DROP MATERIALIZED VIEW IF EXISTS afs_mv_wrong",),
-            rationale="wrong on purpose",
-            estimated_impact=EstimatedImpact(90, 0.1, "low", "low"),
-            rewritten_query="SELECT status, n FROM afs_mv_wrong",
-            needs_refresh=True)
+def wrong_rewrite(agent: AgentKey) -> OptimizationProposal:
+    """A materialized view that drops rows: its results differ from the query's."""
+    return OptimizationProposal(
+        agent=agent, proposal_type="materialized_view",
+        sql_commands=("CREATE MATERIALIZED VIEW afs_mv_wrong AS SELECT status, count(*) AS n"
+                      " FROM orders WHERE status <> 'refunded' GROUP BY status",),
+        rollback_commands=("DROP MATERIALIZED VIEW IF EXISTS afs_mv_wrong",),
+        rationale="wrong on purpose",
+        estimated_impact=EstimatedImpact(90, 0.1, "low", "low"),
+        rewritten_query="SELECT status, n FROM afs_mv_wrong",
+        needs_refresh=True)
 
 
 async def test_a_result_changing_rewrite_is_rejected(settings: Settings, sandbox: SandboxServer,
                                                      forks: ForkClient) -> None:
-    wrong = WrongRewrite()
+    wrong = ScriptedBrain(wrong_rewrite)
     result, _ = await run(settings, sandbox, forks,
                           "SELECT status, count(*) AS n FROM orders GROUP BY status",
                           squad(("gemini20flash",), {"gemini20flash": wrong}))
@@ -125,18 +116,6 @@ async def test_a_result_changing_rewrite_is_rejected(settings: Settings, sandbox
     assert outcome.status == "rejected"
     assert outcome.error and "changes query results" in outcome.error
     assert result.status != "completed"
-
-
-class Hangs:
-    name = "test"
-
-    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
-        await trio.sleep_forever()
-        raise AssertionError
-
-    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | None:
-        raise AssertionError
 
 
 async def test_an_agent_that_times_out_lets_the_others_finish(
@@ -149,7 +128,7 @@ async def test_an_agent_that_times_out_lets_the_others_finish(
     started = trio.current_time()
     result, events = await run(settings, sandbox, forks, MISSING_INDEX,
                                squad(("gemini25pro", "gemini25flash", "gemini20flash"),
-                                     {"gemini20flash": Hangs()}))
+                                     {"gemini20flash": HangingBrain()}))
     by_agent = {o.agent: o for o in result.outcomes}
     assert by_agent["gemini20flash"].status == "failed"
     assert "timed out in the analysis phase (limit 120 s)" in (by_agent["gemini20flash"].error or "")
@@ -165,7 +144,7 @@ async def test_two_failures_of_three_fail_the_task(settings: Settings, sandbox: 
     mock_clock.autojump_threshold = 1.0
     result, _ = await run(settings, sandbox, forks, MISSING_INDEX,
                           squad(("gemini25pro", "gemini25flash", "gemini20flash"),
-                                {"gemini25flash": Hangs(), "gemini20flash": Hangs()}))
+                                {"gemini25flash": HangingBrain(), "gemini20flash": HangingBrain()}))
     assert result.status == "failed"
     assert result.error and "2 of 3 agents failed" in result.error
 
@@ -175,7 +154,7 @@ async def test_cancellation_leaves_no_fork(settings: Settings, sandbox: SandboxS
     with trio.move_on_after(2.0) as scope:
         await run(settings, sandbox, forks, MISSING_INDEX,
                   squad(("gemini25pro", "gemini25flash", "gemini20flash"),
-                        {"gemini20flash": Hangs()}))
+                        {"gemini20flash": HangingBrain()}))
     assert scope.cancelled_caught
     assert (await provider.list_services())["forks"] == []
 
@@ -265,8 +244,6 @@ async def test_a_task_waits_for_agents_when_all_are_at_capacity(
 
 
 async def test_cli_optimizes_an_imported_database_by_its_dsn(sandbox: SandboxServer) -> None:
-    import psycopg
-
     source = sandbox.dsn("afs_demo")  # stands in for "your database"
     not_yet = await afs_cli("optimize", "--dsn", source, "--query", MISSING_INDEX)
     assert not_yet.returncode == 2 and b"afs sandbox import" in not_yet.stderr
@@ -279,33 +256,21 @@ async def test_cli_optimizes_an_imported_database_by_its_dsn(sandbox: SandboxSer
         doc = json.loads(result.stdout)
         assert doc["source"] == "shop_by_dsn" and doc["status"] == "completed"
     finally:
-        with psycopg.connect(sandbox.dsn("postgres"), autocommit=True) as conn:
-            conn.execute("DROP DATABASE IF EXISTS shop_by_dsn WITH (FORCE)")
-            conn.execute("ALTER DATABASE shop_by_dsn_template IS_TEMPLATE false")
-            conn.execute("DROP DATABASE shop_by_dsn_template")
-            conn.execute("DELETE FROM afs.sources WHERE name = 'shop_by_dsn'")
+        await LocalForkProvider(sandbox.dsn()).drop_source("shop_by_dsn")
 
 
-class FixedIndex:
-    """Every agent proposes the same index."""
-
-    name = "test"
-
-    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
-        return AnalysisResult(insights=("test",), proposed_actions=(), confidence=0.5)
-
-    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal:
-        return OptimizationProposal(
-            agent=agent, proposal_type="index",
-            sql_commands=(f"CREATE INDEX afs_{agent}_idx ON orders (user_id)",),
-            rollback_commands=(f"DROP INDEX IF EXISTS afs_{agent}_idx",), rationale="same",
-            estimated_impact=EstimatedImpact(90, 1.0, "low", "low"))
+def same_index(agent: AgentKey) -> OptimizationProposal:
+    """Every agent proposes the same index (under its own name)."""
+    return OptimizationProposal(
+        agent=agent, proposal_type="index",
+        sql_commands=(f"CREATE INDEX afs_{agent}_idx ON orders (user_id)",),
+        rollback_commands=(f"DROP INDEX IF EXISTS afs_{agent}_idx",), rationale="same",
+        estimated_impact=EstimatedImpact(90, 1.0, "low", "low"))
 
 
 async def test_identical_proposals_are_measured_once(settings: Settings, sandbox: SandboxServer,
                                                      forks: ForkClient) -> None:
-    same = FixedIndex()
+    same = ScriptedBrain(same_index)
     result, events = await run(settings, sandbox, forks, MISSING_INDEX,
                                squad(("gemini25pro", "gemini25flash"),
                                      {"gemini25pro": same, "gemini25flash": same}))

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from afs.config import load_settings
+from afs.forks.provider import LocalForkProvider
 from afs.sandbox.server import SandboxServer
 
 
@@ -117,15 +119,9 @@ def test_import_copies_a_database_that_can_be_forked(sandbox: SandboxServer) -> 
         again = afs("sandbox", "import", "--from", source, "--as", "shop_copy", check=False)
         assert again.returncode == 2 and "already" in again.stderr
     finally:
-        with psycopg.connect(sandbox.dsn("postgres"), autocommit=True) as conn:
-            for name in ("shop_copy", "shop_schema"):
-                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-                if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
-                                (f"{name}_template",)).fetchone():
-                    conn.execute(f"ALTER DATABASE {name}_template IS_TEMPLATE false")
-                    conn.execute(f"DROP DATABASE {name}_template")
-            conn.execute("DELETE FROM afs.sources WHERE name = ANY(%s)",
-                         (["shop_copy", "shop_schema"],))
+        provider = LocalForkProvider(sandbox.dsn())
+        for name in ("shop_copy", "shop_schema"):
+            trio.run(provider.drop_source, name)
 
 
 def test_import_from_an_unreachable_database_fails_cleanly(sandbox: SandboxServer) -> None:

@@ -208,6 +208,17 @@ class LocalForkProvider:
                 "UPDATE afs.sources SET refreshed_at = now() WHERE name = %s", (source,)
             )
 
+    async def drop_source(self, source: str) -> None:
+        """Drop a source database, its template and its catalog row (forks of it stay)."""
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            template = template_name(source)
+            if await self._database_exists(conn, template):
+                await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE false")
+            for name in (template, source):
+                await self._drop_database(conn, name)
+            await conn.execute("DELETE FROM afs.sources WHERE name = %s", (source,))
+
     async def list_sources(self, conn: Connection) -> list[dict[str, Any]]:
         rows = await conn.fetchall(
             "SELECT s.name, s.origin, s.refreshed_at, pg_database_size(d.oid)"
