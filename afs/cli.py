@@ -153,6 +153,21 @@ async def cmd_sandbox_reset(args: argparse.Namespace, settings: Settings) -> int
     return EXIT_OK
 
 
+async def cmd_sandbox_refresh(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.forks.provider import LocalForkProvider, template_name
+    from afs.sandbox.server import SandboxServer
+
+    server = SandboxServer(settings)
+    await trio.to_thread.run_sync(server.start)
+    source = args.database or settings.demo_database
+    progress(f"copying {source} into {template_name(source)}")
+    await LocalForkProvider(server.dsn()).refresh_template(source)
+    progress_done()
+    emit(args, {"database": source, "template": template_name(source), "refreshed": True},
+         f"{template_name(source)} is a fresh copy of {source}: new forks see its current state")
+    return EXIT_OK
+
+
 async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> int:
     from afs.sandbox.importer import import_database
     from afs.sandbox.server import SandboxServer
@@ -448,6 +463,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub(sandbox_cmds, "down", "stop the sandbox server (pg_ctl stop)", cmd_sandbox_down)
     reset = sub(sandbox_cmds, "reset", "drop and re-seed the demo database", cmd_sandbox_reset)
     reset.add_argument("--scale", choices=scales, help="demo data size (default: demo)")
+    refresh = sub(sandbox_cmds, "refresh", "copy a source database into its fork template again, "
+                  "so new forks see what changed in it (needs no other session on it)",
+                  cmd_sandbox_refresh)
+    refresh.add_argument("database", nargs="?", help="the source database (default: the demo database)")
     imp = sub(sandbox_cmds, "import", "copy a database into the sandbox (pg_dump | pg_restore)",
               cmd_sandbox_import)
     imp.add_argument("--from", dest="source", metavar="DSN",

@@ -161,3 +161,24 @@ def test_help_describes_every_command() -> None:
         result = afs(*args)
         assert "usage: afs" in result.stdout
     assert "--ttl SECONDS" in afs("fork", "create", "--help").stdout
+
+
+def test_refresh_brings_source_changes_to_new_forks(sandbox: SandboxServer) -> None:
+    import psycopg
+
+    with psycopg.connect(sandbox.dsn("afs_demo"), autocommit=True) as conn:
+        conn.execute("CREATE TABLE refresh_probe (x int)")
+    try:
+        afs("sandbox", "refresh")
+        fork = json.loads(afs("fork", "create", "--json").stdout)
+        try:
+            with psycopg.connect(fork["dsn"]) as conn:
+                assert conn.execute("SELECT to_regclass('refresh_probe') IS NOT NULL").fetchone() == (True,)
+        finally:
+            afs("fork", "destroy", fork["name"])
+    finally:
+        with psycopg.connect(sandbox.dsn("afs_demo"), autocommit=True) as conn:
+            conn.execute("DROP TABLE refresh_probe")
+        afs("sandbox", "refresh")
+    unknown = afs("sandbox", "refresh", "nope", check=False)
+    assert unknown.returncode == 2 and "unknown service 'nope'" in unknown.stderr

@@ -195,6 +195,8 @@ class LocalForkProvider:
         scratch = template + "_new"
         async with self._admin() as conn:
             await self.ensure_catalog(conn)
+            if not await conn.fetchval("SELECT 1 FROM afs.sources WHERE name = %s", (source,)):
+                raise UnknownServiceError(source, [s["name"] for s in await self.list_sources(conn)])
             await self._drop_database(conn, scratch)
             await self._create_database(conn, scratch, source)
             await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} ALLOW_CONNECTIONS false")
