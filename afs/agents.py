@@ -26,7 +26,7 @@ from afs.bench import benchmark
 from afs.config import Timeouts
 from afs.consensus import ddl_signature
 from afs.db import Connection, open_connection
-from afs.errors import AfsError
+from afs.errors import AfsError, UnsafeSqlError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.forks.naming import fork_name
@@ -243,7 +243,11 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
         return state.outcome("rejected", f"unsafe SQL refused: {reasons}")
     candidate_suite: tuple[QueryVariant, ...] | None = None
     if proposal.rewritten_query is not None:
-        rewritten = check_query(proposal.rewritten_query)
+        try:
+            rewritten = check_query(proposal.rewritten_query)
+        except UnsafeSqlError as exc:
+            events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=exc.reason)
+            return state.outcome("rejected", f"unsafe rewrite refused: {exc}")
         candidate_suite, _ = build_suite(rewritten, None, None)
     events.emit("proposal_submitted", agent=agent, fork=state.fork,
                 duration_s=trio.current_time() - t0, proposal_type=proposal.proposal_type,

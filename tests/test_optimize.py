@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from mcp import Client
 
 from afs.agents import StrategistBrain
 from afs.config import Settings, Timeouts
+from afs.db import open_connection
 from afs.errors import InputError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
@@ -283,3 +285,25 @@ async def test_identical_proposals_are_measured_once(settings: Settings, sandbox
     assert [e.agent for e in phases] == [measured[0].agent]
     assert result.decision is not None and result.decision.confidence > 0
     assert to_json(result)["proposals"][1]["measured_by"] in (None, measured[0].agent)
+
+
+async def test_an_unsafe_proposal_or_rewrite_is_rejected_before_it_runs(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    def unsafe(agent: AgentKey) -> OptimizationProposal:
+        if agent == "gemini25pro":  # smuggles a second statement
+            return dataclasses.replace(same_index(agent), sql_commands=(
+                "CREATE INDEX afs_x ON orders (user_id); DROP TABLE order_items",))
+        return dataclasses.replace(wrong_rewrite(agent), rewritten_query="DELETE FROM orders")
+
+    result, events = await run(settings, sandbox, forks, MISSING_INDEX,
+                               squad(("gemini25pro", "gemini20flash"),
+                                     {"gemini25pro": ScriptedBrain(unsafe),
+                                      "gemini20flash": ScriptedBrain(unsafe)}))
+    by_agent = {o.agent: o for o in result.outcomes}
+    assert by_agent["gemini25pro"].status == "rejected"
+    assert "several statements" in (by_agent["gemini25pro"].error or "")
+    assert by_agent["gemini20flash"].status == "rejected"
+    assert "unsafe rewrite" in (by_agent["gemini20flash"].error or "")
+    assert not any(e.kind == "agent_phase" and e.data["phase"] == "benchmark" for e in events.history)
+    async with open_connection(sandbox.dsn("afs_demo")) as conn:  # nothing reached the source
+        assert await conn.fetchval("SELECT count(*) FROM order_items") > 0
