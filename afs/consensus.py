@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -390,12 +390,7 @@ def _breakdown(candidate: Candidate, weights: Mapping[str, float],
 
 
 def _disqualify(breakdown: ScoreBreakdown, reasons: tuple[str, ...]) -> ScoreBreakdown:
-    if not reasons:
-        return breakdown
-    return ScoreBreakdown(
-        performance=breakdown.performance, storage=breakdown.storage, complexity=breakdown.complexity,
-        risk=breakdown.risk, total=breakdown.total, disqualified=breakdown.disqualified + reasons,
-    )
+    return replace(breakdown, disqualified=breakdown.disqualified + reasons) if reasons else breakdown
 
 
 def _preference(agent: AgentKey) -> int:
@@ -404,8 +399,14 @@ def _preference(agent: AgentKey) -> int:
 
 def _rank_key(candidate: Candidate, b: ScoreBreakdown) -> tuple[bool, float, float, float, int, str]:
     """Qualified first; higher total; simpler change; less storage; AGENT_PREFERENCE; name."""
-    return (bool(b.disqualified), -round(b.total, 2), -b.complexity,
+    return (bool(b.disqualified), -b.total, -b.complexity,
             round(candidate.benchmark.storage_delta_mb, 2), _preference(candidate.agent), candidate.agent)
+
+
+def _runner_up(winner: Candidate, ranked: Sequence[Candidate],
+               scores: Mapping[AgentKey, ScoreBreakdown]) -> Candidate | None:
+    """The best qualified proposal after the winner (who ranks first)."""
+    return next((c for c in ranked if c is not winner and not scores[c.agent].disqualified), None)
 
 
 def _agreeing(winner: Candidate | None, outcomes: Sequence[AgentOutcome]) -> tuple[AgentKey, ...]:
@@ -432,8 +433,8 @@ def _confidence(winner: Candidate | None, ranked: Sequence[Candidate],
     if winner is None:
         return 0.0, ""
     total = scores[winner.agent].total
-    rivals = [c for c in ranked if c is not winner and not scores[c.agent].disqualified]
-    bar = scores[rivals[0].agent].total if rivals else LONE_SURVIVOR_MIN_TOTAL
+    rival = _runner_up(winner, ranked, scores)
+    bar = scores[rival.agent].total if rival else LONE_SURVIVOR_MIN_TOTAL
     margin_term = _clamp((total - bar) / MARGIN_FOR_FULL_CONFIDENCE, 0.0, 1.0)
     measurements = winner.benchmark.measurements
     wins = sum(beats_noise(m) for m in measurements)
@@ -442,7 +443,7 @@ def _confidence(winner: Candidate | None, ranked: Sequence[Candidate],
     if agreeing:
         value += CONFIDENCE_AGREEMENT
     value = round(_clamp(value, 0.0, 1.0), 4)
-    over = rivals[0].agent if rivals else f"the lone-survivor bar of {_num(LONE_SURVIVOR_MIN_TOTAL)}"
+    over = rival.agent if rival else f"the lone-survivor bar of {_num(LONE_SURVIVOR_MIN_TOTAL)}"
     why = (f"Confidence {_num(value)}: margin {_num(total - bar)} over {over},"
            f" {wins} of {len(measurements)} suite queries beat the noise"
            + (f", {' and '.join(agreeing)} proposed equivalent DDL" if agreeing else "") + ".")
@@ -495,12 +496,11 @@ def _winner_sentence(winner: Candidate, ranked: Sequence[Candidate],
                      scores: Mapping[AgentKey, ScoreBreakdown], weights: Mapping[str, float]) -> str:
     b = scores[winner.agent]
     head = f"{winner.agent} wins with {_num(b.total)}: {_summary(winner, b)}"
-    rivals = [c for c in ranked if c is not winner and not scores[c.agent].disqualified]
-    if not rivals:
+    rival = _runner_up(winner, ranked, scores)
+    if rival is None:
         return f"{head}; it is the only proposal that passed every gate."
-    rival = rivals[0]
     r = scores[rival.agent]
-    if round(b.total, 2) == round(r.total, 2):
+    if b.total == r.total:
         return (f"{head}; it ties with {rival.agent} and wins the tie-break on"
                 f" {_tie_break(winner, rival, scores)}.")
     criterion = _deciding(b, r, weights)
@@ -515,7 +515,7 @@ def _loser_sentence(c: Candidate, winner: Candidate | None,
         return f"{c.agent} cannot win ({_num(b.total)}; {_summary(c, b)}): {'; '.join(b.disqualified)}."
     assert winner is not None  # a qualified proposal ranks below the winner only
     w = scores[winner.agent]
-    if round(b.total, 2) == round(w.total, 2):
+    if b.total == w.total:
         return (f"{c.agent} ties with {winner.agent} at {_num(b.total)} and loses the tie-break on"
                 f" {_tie_break(winner, c, scores)}.")
     criterion = _deciding(w, b, weights)

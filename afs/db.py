@@ -54,7 +54,8 @@ def connect_sync(dsn: str, statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT
             dsn,
             autocommit=autocommit,
             connect_timeout=CONNECT_TIMEOUT_S,
-            options=f"-c statement_timeout={int(statement_timeout_ms)}",
+            # standard_conforming_strings: the server reads strings as pglast checked them
+            options=f"-c statement_timeout={int(statement_timeout_ms)} -c standard_conforming_strings=on",
             application_name="afs",
         )
     except psycopg.Error as exc:

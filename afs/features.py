@@ -2,7 +2,7 @@
 
 pglast (PostgreSQL's own parser) decides whether the text is one valid query; sqlglot
 (dialect "postgres") analyses it. Unquoted identifiers are folded to lower case, as
-PostgreSQL does.
+PostgreSQL does. These two steps, `select_text` and `parse_query`, are shared with afs.suite.
 
 Counts cover the whole statement, every nesting level included:
     join_count           JOIN clauses, comma joins included
@@ -49,6 +49,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 from afs.errors import InputError
 from afs.models import ColumnRole, ColumnUse, QueryFeatures
 
+DIALECT = "postgres"
 _BLOCKS = (exp.Select, exp.SetOperation)  # query blocks; exp.Subquery is only parentheses
 _COMPARISONS: dict[type[exp.Expr], tuple[ColumnRole, str, str]] = {  # role, operator, when flipped
     exp.EQ: ("equality", "=", "="),
@@ -70,7 +71,7 @@ def extract_features(sql: str) -> QueryFeatures:
         uses = sorted((use for scope in scopes for use in _Collector(scope).collect()),
                       key=lambda use: use[0])
     except SqlglotError as exc:  # e.g. an alias used twice in one FROM
-        raise InputError(f"cannot analyse the query: {_first_line(exc)}") from exc
+        raise InputError(f"cannot analyse the query: {first_line(exc)}") from exc
     aliases: dict[str, str] = {}
     for _, name, alias in sources:
         if alias:
@@ -100,12 +101,17 @@ def extract_features(sql: str) -> QueryFeatures:
     )
 
 
-# -- parsing ------------------------------------------------------------------------
-def _parse(sql: str) -> exp.Expr:
+# -- parsing (shared with afs.suite) -------------------------------------------------
+def select_text(sql: str) -> str:
+    """The text of the one query in `sql`, without its terminating `;` (pglast decides).
+
+    A query is what PostgreSQL parses as a SELECT: WITH … SELECT, VALUES, TABLE and set
+    operations included. Raises InputError for anything else.
+    """
     try:
         statements = pglast.parse_sql(sql)
     except pglast.parser.ParseError as exc:
-        raise InputError(f"invalid SQL: {_first_line(exc)}") from exc
+        raise InputError(f"invalid SQL: {first_line(exc)}") from exc
     if not statements:
         raise InputError("no SQL statement, only whitespace or comments")
     if len(statements) != 1:
@@ -113,16 +119,30 @@ def _parse(sql: str) -> exp.Expr:
     kind = type(statements[0].stmt).__name__
     if kind != "SelectStmt":
         raise InputError(f"expected a query (SELECT, WITH … SELECT, VALUES), got {kind}")
-    (text,) = pglast.split(sql)  # without the trailing `;` and comments
+    (text,) = pglast.split(sql)
+    return text
+
+
+def parse_query(text: str) -> exp.Expr:
+    """`text` as a sqlglot tree, unquoted names folded to lower case as PostgreSQL does.
+
+    Raises SqlglotError.
+    """
+    return normalize_identifiers(sqlglot.parse_one(text, dialect=DIALECT), dialect=DIALECT)
+
+
+def first_line(exc: Exception) -> str:
+    """The first line of an error message (the exception's type when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _parse(sql: str) -> exp.Expr:
+    text = select_text(sql)
     try:
-        tree = sqlglot.parse_one(text, dialect="postgres")
+        return parse_query(text)
     except SqlglotError as exc:
-        raise InputError(f"cannot analyse the query: {_first_line(exc)}") from exc
-    return normalize_identifiers(tree, dialect="postgres")
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"cannot analyse the query: {first_line(exc)}") from exc
 
 
 # -- counts -------------------------------------------------------------------------
@@ -253,11 +273,15 @@ class _Collector:
         use = ColumnUse(self.table_of(column), column.name, role, operator, value)
         self.uses.append((_position(column) if position is None else position, use))
 
+    def sole_table(self) -> str | None:
+        """The base table of a block that reads one source, and only one."""
+        sources = list(self.scope.selected_sources.values())
+        return _base_table(sources[0][1]) if len(sources) == 1 else None
+
     def table_of(self, column: exp.Column) -> str | None:
         qualifier = column.table
         if not qualifier:
-            sources = list(self.scope.selected_sources.values())
-            return _base_table(sources[0][1]) if len(sources) == 1 else None
+            return self.sole_table()
         scope: Scope | None = self.scope
         while scope is not None:
             if qualifier in scope.selected_sources:
@@ -271,9 +295,7 @@ class _Collector:
         return _base_table(selected[1]) if selected is not None else None
 
     def star(self, node: exp.Star) -> None:
-        sources = list(self.scope.selected_sources.values())
-        table = _base_table(sources[0][1]) if len(sources) == 1 else None
-        self.uses.append((_position(node), ColumnUse(table, "*", "select")))
+        self.uses.append((_position(node), ColumnUse(self.sole_table(), "*", "select")))
 
     def predicate(self, node: exp.Expr | None) -> None:
         for n in _local(node):

@@ -13,23 +13,28 @@ parse is refused. Two checks:
         (expression, partial WHERE, INCLUDE, WITH (storage options); on tables and
         materialized views)
     CREATE MATERIALIZED VIEW … AS <read-only query>
-    REFRESH MATERIALIZED VIEW [CONCURRENTLY] …
+    REFRESH MATERIALIZED VIEW [CONCURRENTLY] …   (not WITH NO DATA)
     ANALYZE [table …]
     only in a "partitioning" proposal, the migration recipe:
         CREATE TABLE … PARTITION BY RANGE|LIST|HASH (…)  /  CREATE TABLE … (LIKE …)
-        CREATE TABLE … PARTITION OF … FOR VALUES …
-        INSERT INTO <table created in this proposal> [(cols)] SELECT … FROM <table>
+        CREATE TABLE … PARTITION OF … FOR VALUES …   (CREATE TABLE without IF NOT EXISTS)
+        INSERT INTO <table created in this proposal> [(cols)] SELECT … FROM <table>,
+            unless that writes into an existing table (a partition of the target, or
+            the target's partitioned table)
         ALTER TABLE … RENAME TO …
-        ALTER TABLE … ATTACH PARTITION …
-        DROP TABLE <one table> (no CASCADE), only for a table this proposal created or
-            copied out of with INSERT … SELECT (the table being replaced)
+        ALTER TABLE <table created in this proposal> ATTACH PARTITION …
+        DROP TABLE <one table> (no CASCADE), only for a table this proposal created (and
+            no existing table attached to it), or for the table being replaced: one this
+            proposal copied whole (INSERT … SELECT <columns> FROM <it>, nothing filtered,
+            grouped or limited) into a table it still has
 
   Everything else is refused, and so is any allowed statement that calls a denied
   function anywhere in its tree (an index expression, a view query, a column default).
 
 Functions defined by users cannot be judged from their name; the deny-list covers the
 built-in and common-extension functions with side effects (sleeping, signalling backends,
-files, large objects, sequences, advisory locks, replication, running SQL given as text).
+files, large objects, sequences, advisory locks, replication, running SQL given as text,
+emptying the caches and statistics the benchmark relies on).
 
 Pure module: pglast only.
 """
@@ -79,7 +84,7 @@ DENIED_FUNCTIONS: frozenset[str] = frozenset({
     "pg_xlog_replay_resume",
     # functions that run SQL given as text
     "query_to_xml", "query_to_xmlschema", "query_to_xml_and_xmlschema", "cursor_to_xml",
-    "cursor_to_xmlschema", "ts_stat",
+    "cursor_to_xmlschema", "ts_stat", "ts_rewrite", "connectby", "xpath_table",
     # statistics and caches the benchmark relies on
     "pg_stat_statements_reset", "pg_prewarm", "autoprewarm_start_worker", "autoprewarm_dump_now",
     "pg_truncate_visibility_map",
@@ -95,8 +100,10 @@ _DENIED_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
     r"^lo_",  # lo_import, lo_export, lo_unlink, lo_put, …
     r"^pg_read_", r"^pg_ls_", r"^pg_file_",  # server files (core and adminpack)
     r"replication_slot", r"^pg_logical_slot_", r"^pg_replication_origin_",
-    r"^pg_stat_reset",  # pg_stat_reset, pg_stat_reset_shared, …
-    r"^pg_(restore|clear)_(relation|attribute)_stats$",  # planner statistics (PostgreSQL 18)
+    r"^crosstab",  # tablefunc: runs SQL given as text
+    r"^pg_stat_reset", r"^pg_\w*_reset$",  # pg_stat_reset_shared, pg_stat_statements_reset, …
+    r"^pg_(restore|clear)_\w*_stats$",  # planner statistics (PostgreSQL 18)
+    r"^pg_buffercache_evict",  # empties shared buffers (PostgreSQL 17, 18)
     r"^binary_upgrade_",
     r"^pg_background_",  # runs SQL in a background worker
     r"^http(_|$)",  # pgsql-http, pg_net: network requests
@@ -180,6 +187,7 @@ _REFUSED: dict[str, str] = {
 }
 
 _PARTITIONING_ONLY = "allowed only as a step of a partitioning proposal"
+_NUL = "contains a NUL character: PostgreSQL would not read what follows it, nor would this check"
 
 _RISK_ORDER: dict[RiskLevel, int] = {"low": 0, "medium": 1, "high": 2}
 
@@ -276,6 +284,8 @@ def split_statements(sql: str) -> list[str]:
     piece can still be judged (and the broken one refused) on its own. Raises
     `UnsafeSqlError` when not even the scanner can split it (an unterminated string, …).
     """
+    if "\x00" in sql:
+        raise UnsafeSqlError(sql, _NUL)
     try:
         pieces = split(sql)
     except ParseError:
@@ -307,6 +317,8 @@ def _with_leading_comments(sql: str, statement: str) -> str:
 
 def _parse_one(sql: str, *, what: str) -> tuple[str, ast.Node]:
     """The single statement in `sql` (text and node), or `_Refused`."""
+    if "\x00" in sql:
+        raise _Refused(_NUL)
     try:
         pieces = split(sql)
     except ParseError as exc:
@@ -383,19 +395,47 @@ class _Verdict:
     point_of_no_return: bool = False  # undoing earlier commands would destroy the only copy of data
 
 
+_Identity = tuple[str, str]  # ("created" | "existing" | "gone", a name)
+
+
 @dataclass
 class _Recipe:
-    """What a partitioning proposal has done so far, to judge its INSERT and DROP steps.
+    """What a partitioning proposal has done so far, to judge its INSERT, ATTACH and DROP steps.
 
     `names` maps a current name to the identity of the table behind it: ("created", name at
-    creation) or ("existing", original name); a name not in it is an existing table.
+    creation) or ("existing", original name); a name not in it is an existing table, and a
+    name renamed away or dropped is ("gone", name). `parents` maps a partition to its
+    partitioned table (PARTITION OF, ATTACH PARTITION); `copies` maps a table to the tables it
+    was copied into whole (`_whole_copy`); `dropped` holds the tables dropped so far.
     """
 
-    names: dict[str, tuple[str, str]] = field(default_factory=dict)
-    copied_from: set[tuple[str, str]] = field(default_factory=set)
+    names: dict[str, _Identity] = field(default_factory=dict)
+    parents: dict[_Identity, _Identity] = field(default_factory=dict)
+    copies: dict[_Identity, set[_Identity]] = field(default_factory=dict)
+    dropped: set[_Identity] = field(default_factory=set)
 
-    def identity(self, key: str) -> tuple[str, str]:
+    def identity(self, key: str) -> _Identity:
         return self.names.get(key, ("existing", key))
+
+    def ancestors(self, table: _Identity) -> list[_Identity]:
+        """The tables `table` is a partition of, nearest first."""
+        found: list[_Identity] = []
+        parent = self.parents.get(table)
+        while parent is not None and parent not in found:
+            found.append(parent)
+            parent = self.parents.get(parent)
+        return found
+
+    def partitions(self, table: _Identity) -> set[_Identity]:
+        """The partitions of `table`, at any depth."""
+        return {t for t in self.parents if table in self.ancestors(t)}
+
+    def family(self, table: _Identity) -> set[_Identity]:
+        return {table, *self.ancestors(table), *self.partitions(table)}
+
+    def copied_whole(self, table: _Identity) -> bool:
+        """Whether the rows of `table` are in a table of this proposal that is still in place."""
+        return any(not self.family(copy) & self.dropped for copy in self.copies.get(table, ()))
 
 
 def _check_index(stmt: ast.IndexStmt) -> _Verdict:
@@ -407,9 +447,6 @@ def _check_index(stmt: ast.IndexStmt) -> _Verdict:
         raise _Refused(f"index access method {method} is not in the allow-list")
     if stmt.tableSpace:
         raise _Refused("TABLESPACE is not in the allow-list")
-    problem = _side_effect_problem(stmt)
-    if problem:
-        raise _Refused(problem)
     warnings: list[str] = []
     risk: RiskLevel = "low"
     if not stmt.concurrent:
@@ -438,6 +475,8 @@ def _check_matview(stmt: ast.CreateTableAsStmt) -> _Verdict:
     _check_target(into.rel)
     if into.tableSpaceName:
         raise _Refused("TABLESPACE is not in the allow-list")
+    if into.accessMethod not in (None, "heap"):
+        raise _Refused(f"table access method {into.accessMethod} is not in the allow-list")
     problem = _read_only_problem(stmt.query)
     if problem:
         raise _Refused(f"materialized view query: {problem}")
@@ -453,6 +492,8 @@ def _check_matview(stmt: ast.CreateTableAsStmt) -> _Verdict:
 
 def _check_refresh(stmt: ast.RefreshMatViewStmt) -> _Verdict:
     _check_target(stmt.relation)
+    if stmt.skipData:
+        raise _Refused("REFRESH … WITH NO DATA empties the view: it cannot be read until refreshed again")
     warnings = () if stmt.concurrent else (
         "REFRESH MATERIALIZED VIEW without CONCURRENTLY blocks readers of the view while it runs",)
     return _Verdict("medium", 1.0, (), warnings)
@@ -478,6 +519,8 @@ def _check_create_table(stmt: ast.CreateStmt, recipe: _Recipe) -> _Verdict:
     assert stmt.relation is not None
     if stmt.relation.relpersistence != "p":
         raise _Refused("TEMPORARY and UNLOGGED tables are not in the allow-list")
+    if stmt.if_not_exists:
+        raise _Refused("CREATE TABLE IF NOT EXISTS would take an existing table of that name for a new one")
     if stmt.tablespacename:
         raise _Refused("TABLESPACE is not in the allow-list")
     if stmt.accessMethod not in (None, "heap"):
@@ -497,11 +540,10 @@ def _check_create_table(stmt: ast.CreateStmt, recipe: _Recipe) -> _Verdict:
                        "PARTITION OF … or (LIKE …)")
     for like in likes:
         _check_target(like.relation)
-    problem = _side_effect_problem(stmt)
-    if problem:
-        raise _Refused(problem)
     key = _rv_key(stmt.relation)
     recipe.names[key] = ("created", key)
+    if stmt.partbound is not None:
+        recipe.parents[("created", key)] = recipe.identity(_rv_key(parents[0]))
     return _Verdict("high", 0.8, (f"DROP TABLE IF EXISTS {_rv_sql(stmt.relation)}",),
                     ("partitioning rollback is best effort: reverse renames, then drop the new tables",))
 
@@ -527,11 +569,30 @@ def _check_insert(stmt: ast.InsertStmt, recipe: _Recipe) -> _Verdict:
     target = recipe.identity(_rv_key(stmt.relation))
     if target[0] != "created":
         raise _Refused("INSERT only into a table created earlier in this proposal")
+    existing = sorted(name for kind, name in recipe.family(target) if kind == "existing")
+    if existing:
+        raise _Refused(f"INSERT would write rows into the existing table {existing[0]} "
+                       "(a partition of it, or partitioned by it)")
     for source in sources:
         _check_target(source)
-        recipe.copied_from.add(recipe.identity(_rv_key(source)))
+    if _whole_copy(select):
+        recipe.copies.setdefault(recipe.identity(_rv_key(sources[0])), set()).add(target)
     return _Verdict("high", 0.8, (), (
         "INSERT … SELECT copies every row: on a live database, writes made meanwhile are not copied",))
+
+
+def _whole_copy(select: ast.SelectStmt) -> bool:
+    """SELECT <columns> FROM <one table, with its partitions>: every row, nothing computed.
+
+    Only such a copy lets the proposal drop the table it copied out of.
+    """
+    sources = select.fromClause or ()
+    return (len(sources) == 1 and isinstance(sources[0], ast.RangeVar) and bool(sources[0].inh)
+            and all(isinstance(t, ast.ResTarget) and isinstance(t.val, ast.ColumnRef)
+                    for t in select.targetList or ())
+            and not any((select.distinctClause, select.whereClause, select.groupClause,
+                         select.havingClause, select.windowClause, select.limitCount,
+                         select.limitOffset)))
 
 
 def _check_rename(stmt: ast.RenameStmt, recipe: _Recipe) -> _Verdict:
@@ -549,10 +610,11 @@ def _check_rename(stmt: ast.RenameStmt, recipe: _Recipe) -> _Verdict:
     return _Verdict("high", 0.7, (back,), ())
 
 
-def _check_alter_table(stmt: ast.AlterTableStmt) -> _Verdict:
+def _check_alter_table(stmt: ast.AlterTableStmt, recipe: _Recipe) -> _Verdict:
     if stmt.objtype != enums.ObjectType.OBJECT_TABLE:
         raise _Refused("only ALTER TABLE … RENAME TO and ALTER TABLE … ATTACH PARTITION are allowed")
     _check_target(stmt.relation)
+    parent = recipe.identity(_rv_key(stmt.relation))
     rollback: list[str] = []
     for cmd in stmt.cmds or ():
         if not isinstance(cmd, ast.AlterTableCmd) or cmd.subtype != enums.AlterTableType.AT_AttachPartition:
@@ -561,17 +623,16 @@ def _check_alter_table(stmt: ast.AlterTableStmt) -> _Verdict:
         if not isinstance(part, ast.PartitionCmd):  # pragma: no cover - the grammar guarantees it
             raise _Refused("ATTACH PARTITION without a partition")
         _check_target(part.name)
+        if any(kind != "created" for kind, _ in (parent, *recipe.ancestors(parent))):
+            raise _Refused("ATTACH PARTITION only to a table created in this proposal "
+                           "(attaching to an existing table changes its rows)")
+        recipe.parents[recipe.identity(_rv_key(part.name))] = parent
         rollback.append(f"ALTER TABLE IF EXISTS {_rv_sql(stmt.relation)} "
                         f"DETACH PARTITION {_rv_sql(part.name)}")
-    problem = _side_effect_problem(stmt)
-    if problem:
-        raise _Refused(problem)
     return _Verdict("high", 0.8, tuple(rollback), ())
 
 
 def _check_drop(stmt: ast.DropStmt, recipe: _Recipe) -> _Verdict:
-    if stmt.removeType != enums.ObjectType.OBJECT_TABLE:
-        raise _Refused(f"DROP {_object_word(stmt.removeType)} is not in the allow-list")
     if stmt.behavior == enums.DropBehavior.DROP_CASCADE:
         raise _Refused("DROP … CASCADE also drops dependent objects")
     objects = stmt.objects or ()
@@ -582,10 +643,17 @@ def _check_drop(stmt: ast.DropStmt, recipe: _Recipe) -> _Verdict:
         raise _Refused("cross-database names are not allowed")
     rv = ast.RangeVar(schemaname=parts[0] if len(parts) == 2 else None, relname=parts[-1])
     _check_target(rv)
-    identity = recipe.identity(_rv_key(rv))
-    if identity[0] != "created" and identity not in recipe.copied_from:
-        raise _Refused("DROP TABLE only for a table this proposal created or copied out of "
-                       "(the table being replaced)")
+    key = _rv_key(rv)
+    identity = recipe.identity(key)
+    if identity[0] != "created" and not (identity[0] == "existing" and recipe.copied_whole(identity)):
+        raise _Refused("DROP TABLE only for a table this proposal created, or copied whole into a table "
+                       "it keeps (the table being replaced)")
+    existing = sorted(name for kind, name in recipe.partitions(identity) if kind == "existing")
+    if existing:
+        raise _Refused(f"DROP TABLE {_rv_sql(rv)} would also drop the existing table {existing[0]}, "
+                       "attached as its partition")
+    recipe.names[key] = ("gone", key)
+    recipe.dropped.add(identity)
     if identity[0] == "created":
         return _Verdict("high", 0.8, (), ())
     name = _rv_sql(rv)
@@ -635,7 +703,7 @@ def _check_statement(stmt: ast.Node, partitioning: bool, recipe: _Recipe) -> _Ve
         if isinstance(stmt, ast.RenameStmt):
             return _check_rename(stmt, recipe)
         if isinstance(stmt, ast.AlterTableStmt):
-            return _check_alter_table(stmt)
+            return _check_alter_table(stmt, recipe)
         return _check_drop(stmt, recipe)
     reason = _REFUSED.get(type(stmt).__name__)
     raise _Refused(reason or f"{_describe(stmt)} is not in the allow-list")

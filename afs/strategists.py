@@ -41,8 +41,10 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 import sqlglot
+from pglast.keywords import RESERVED_KEYWORDS, TYPE_FUNC_NAME_KEYWORDS
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
+from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 from afs.errors import InputError
 from afs.models import (
@@ -71,6 +73,7 @@ INCLUDE_MAX_COLUMNS: Final = 3
 INCLUDE_MAX_TEXT_WIDTH: Final = 16  # avg bytes (pg_stats avg_width) of a text narrow enough to INCLUDE
 BRIN_MIN_ROWS: Final = 100_000
 BRIN_MIN_CORRELATION: Final = 0.9
+BRIN_MAX_FRACTION: Final = 0.8  # a range keeping more leaves BRIN too little to skip
 PARTITION_MIN_ROWS: Final = 1_000_000
 PARTITION_MAX_FRACTION: Final = 0.25  # pruning must skip most of the table; else BRIN
 MAX_PARTITIONS: Final = 36
@@ -140,20 +143,8 @@ def _short(text: str, limit: int = 120) -> str:
 
 # -- identifiers and names ----------------------------------------------------------------
 _SIMPLE_IDENT = re.compile(r"^[a-z_][a-z0-9_$]*$")
-_RESERVED: Final = frozenset({
-    "all", "analyse", "analyze", "and", "any", "array", "as", "asc", "asymmetric", "authorization",
-    "binary", "both", "case", "cast", "check", "collate", "collation", "column", "concurrently",
-    "constraint", "create", "cross", "current_catalog", "current_date", "current_role",
-    "current_schema", "current_time", "current_timestamp", "current_user", "default", "deferrable",
-    "desc", "distinct", "do", "else", "end", "except", "false", "fetch", "for", "foreign",
-    "freeze", "from", "full", "grant", "group", "having", "ilike", "in", "initially", "inner",
-    "intersect", "into", "is", "isnull", "join", "lateral", "leading", "left", "like", "limit",
-    "localtime", "localtimestamp", "natural", "not", "notnull", "null", "offset", "on", "only",
-    "or", "order", "outer", "overlaps", "placing", "primary", "references", "returning", "right",
-    "select", "session_user", "similar", "some", "symmetric", "system_user", "table",
-    "tablesample", "then", "to", "trailing", "true", "union", "unique", "user", "using",
-    "variadic", "verbose", "when", "where", "window", "with",
-})
+# keywords that cannot name a column unquoted (col_name keywords can)
+_RESERVED: Final = frozenset(RESERVED_KEYWORDS) | frozenset(TYPE_FUNC_NAME_KEYWORDS)
 
 
 def ident(name: str) -> str:
@@ -195,14 +186,17 @@ def object_name(*parts: str, suffix: str, taken: Iterable[str] = ()) -> str:
     """A deterministic name of at most 63 bytes: the slugged parts joined by `_`, then `suffix`.
 
     Too long (or already taken) names are cut and get a short hash of the full name,
-    so two different long keys never collide."""
+    so two different long keys never collide; a hashed name that is taken too is hashed again."""
     base = "_".join(s for s in (_slug(p) for p in parts) if s)
     name = f"{base}_{suffix}"
-    if len(name) <= NAME_MAX and name not in set(taken):
-        return name
-    tag = _hash(name, 8)
-    room = NAME_MAX - len(suffix) - len(tag) - 2
-    return f"{base[:room].rstrip('_')}_{tag}_{suffix}"
+    taken = set(taken)
+    seed = name
+    while len(name) > NAME_MAX or name in taken:
+        tag = _hash(seed, 8)
+        room = NAME_MAX - len(suffix) - len(tag) - 2
+        name = f"{base[:room].rstrip('_')}_{tag}_{suffix}"
+        seed = name
+    return name
 
 
 def index_name(table: str, columns: Sequence[str], suffix: str = "idx",
@@ -223,9 +217,7 @@ class PlanNode:
 
     node_type: str
     relation: str | None
-    alias: str | None
     index_name: str | None
-    index_cond: str | None
     filter: str | None
     rows: float  # rows returned, over all loops
     removed: float  # rows removed by Filter and by index recheck, over all loops
@@ -237,7 +229,6 @@ class PlanNode:
     sort_method: str | None = None
     sort_space_kb: float = 0.0
     sort_on_disk: bool = False
-    group_key: tuple[str, ...] = ()
     depth: int = 0
 
     @property
@@ -291,9 +282,7 @@ def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
         me = PlanNode(
             node_type=node_type,
             relation=node.get("Relation Name"),
-            alias=node.get("Alias"),
             index_name=str(index_name) if index_name else None,
-            index_cond=node.get("Index Cond") or node.get("Recheck Cond"),
             filter=node.get("Filter"),
             rows=_num(node.get("Actual Rows")) * loops,
             removed=removed,
@@ -305,7 +294,6 @@ def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
             sort_method=node.get("Sort Method"),
             sort_space_kb=_num(node.get("Sort Space Used")),
             sort_on_disk=node.get("Sort Space Type") == "Disk",
-            group_key=tuple(str(k) for k in node.get("Group Key") or ()),
             depth=depth,
         )
         return [me, *(n for k in kids for n in k)]
@@ -434,7 +422,9 @@ def parse_timestamp(text: str) -> datetime | None:
 
 
 def range_fraction(stats: ColumnStats | None, lower: Any = None, upper: Any = None) -> float | None:
-    """Fraction of rows between `lower` and `upper` (either open), from histogram_bounds."""
+    """Fraction of rows between `lower` and `upper` (either open), as PostgreSQL reckons it:
+    the MCVs in the range with their frequencies, plus the histogram's share of the other
+    rows, (1 − Σ mcv freqs − null_frac) × (buckets in the range / buckets)."""
     if stats is None or len(stats.histogram_bounds) < 2:
         return None
     bounds = [_ordinal(b) for b in stats.histogram_bounds]
@@ -459,7 +449,14 @@ def range_fraction(stats: ColumnStats | None, lower: Any = None, upper: Any = No
     if (lower is not None and lo is None) or (upper is not None and hi is None):
         return None
     share = (cdf(hi) if hi is not None else 1.0) - (cdf(lo) if lo is not None else 0.0)
-    return max(0.0, share) * (1.0 - stats.null_frac)
+    mcv = list(zip(stats.most_common_vals, stats.most_common_freqs, strict=False))
+    rest = max(0.0, 1.0 - sum(f for _, f in mcv) - stats.null_frac)
+    in_range = 0.0
+    for text, freq in mcv:
+        value = _ordinal(text)
+        if value is not None and (lo is None or value >= lo) and (hi is None or value <= hi):
+            in_range += freq
+    return min(1.0, in_range + max(0.0, share) * rest)
 
 
 def like_prefix(pattern: str) -> str:
@@ -513,16 +510,18 @@ def _norm_key(text: str) -> str:
     return _norm_predicate(_norm_col(text))
 
 
-def index_key_items(index: IndexInfo) -> list[str]:
-    """The key items of an index definition as written, operator classes included:
-    `CREATE INDEX i ON t USING btree (email text_pattern_ops, id)` → ["email text_pattern_ops", "id"]."""
-    m = re.search(r"\bUSING\s+\w+\s*\(", index.definition, re.IGNORECASE)
+def index_keys(index: IndexInfo) -> tuple[list[str], str] | None:
+    """The key items of an index definition as written, operator classes included, and what
+    follows them (INCLUDE, WHERE …): `CREATE INDEX i ON t USING btree (email text_pattern_ops, id)
+    WHERE x` → (["email text_pattern_ops", "id"], " WHERE x"). None when it has no key list."""
+    definition = index.definition
+    m = re.search(r"\bUSING\s+\w+\s*\(", definition, re.IGNORECASE)
     if not m:
-        return []
+        return None
     items: list[str] = []
     depth, start, quoted = 1, m.end(), False
-    for i in range(m.end(), len(index.definition)):
-        ch = index.definition[i]
+    for i in range(m.end(), len(definition)):
+        ch = definition[i]
         if ch == "'":
             quoted = not quoted
         elif quoted:
@@ -532,12 +531,12 @@ def index_key_items(index: IndexInfo) -> list[str]:
         elif ch == ")":
             depth -= 1
             if depth == 0:
-                items.append(index.definition[start:i].strip())
-                break
+                items.append(definition[start:i].strip())
+                return items, definition[i + 1:]
         elif ch == "," and depth == 1:
-            items.append(index.definition[start:i].strip())
+            items.append(definition[start:i].strip())
             start = i + 1
-    return items
+    return None
 
 
 def index_method(index: IndexInfo) -> str:
@@ -576,7 +575,8 @@ def covering_index(table: TableInfo, equality: Iterable[str], rest: Sequence[str
         if len(cols) < width or set(cols[: len(eq)]) != eq or cols[len(eq): width] != want:
             continue
         if classes:
-            items = index_key_items(index)
+            found = index_keys(index)
+            items = found[0] if found else []
             if any(c in classes and (p >= len(items) or classes[c] not in items[p].lower())
                    for p, c in enumerate(cols[:width])):
                 continue
@@ -585,14 +585,6 @@ def covering_index(table: TableInfo, equality: Iterable[str], rest: Sequence[str
                                    or _norm_predicate(theirs) != _norm_predicate(predicate)):
             continue
         return index
-    return None
-
-
-def _leading_index(table: TableInfo, column: str) -> IndexInfo | None:
-    for index in table.indexes:
-        if (index.columns and _norm_col(index.columns[0]) == column.lower()
-                and index_method(index) == "btree" and index_predicate(index) is None):
-            return index
     return None
 
 
@@ -682,8 +674,6 @@ class QueryShape:
     join_pairs: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = ()
     star_tables: frozenset[str] = frozenset()  # tables whose every column is selected
     grouped: bool = False  # GROUP BY, aggregates or DISTINCT at the top
-    volatile: tuple[str, ...] = ()
-    parameters: bool = False
     limit: int | None = None
     indexable: tuple[IndexablePredicate, ...] = ()
     filters: Mapping[str, int] = field(default_factory=dict)  # top-level WHERE terms on one table
@@ -692,11 +682,13 @@ class QueryShape:
 
 
 def _parse(query: str) -> exp.Expr | None:
+    """The one statement of `query`, unquoted identifiers folded to lower case as PostgreSQL
+    (and QueryFeatures) folds them; None unless sqlglot reads exactly one statement."""
     try:
         statements = [s for s in sqlglot.parse(query, read="postgres") if s is not None]
     except (SqlglotError, ValueError):
         return None
-    return statements[0] if len(statements) == 1 else None
+    return normalize_identifiers(statements[0], dialect="postgres") if len(statements) == 1 else None
 
 
 def conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
@@ -724,10 +716,10 @@ def _func_name(node: exp.Func) -> str:
     return node.sql_name().lower()
 
 
-def _constant(node: exp.Expr) -> bool:
+def _constant_or_array(node: exp.Expr) -> bool:
     """A literal, a cast literal or an ARRAY of them."""
     if isinstance(node, exp.Array):
-        return all(_constant(e) for e in node.expressions)
+        return all(_constant_or_array(e) for e in node.expressions)
     return _is_constant(node)
 
 
@@ -742,12 +734,12 @@ def _index_expression(node: exp.Expr, resolver: _Resolver) -> tuple[str, str, st
     while isinstance(node, exp.Paren):
         node = node.this
     if isinstance(node, exp.Lower | exp.Upper) and isinstance(node.this, exp.Column):
-        resolved = resolver.column(node.this)
-        info = resolver.tables.get(resolved[0]) if resolved else None
-        if resolved is None or info is None or _pattern_opclass(_column_type(info, resolved[1])) is None:
+        typed = resolver.typed_column(node.this)
+        if typed is None or _pattern_opclass(typed[2]) is None:
             return None
+        table, column, _ = typed
         fn = "lower" if isinstance(node, exp.Lower) else "upper"
-        return resolved[0], resolved[1], f"{fn}({ident(resolved[1])})", f"{fn}_{resolved[1]}", False
+        return table, column, f"{fn}({ident(column)})", f"{fn}_{column}", False
     if isinstance(node, exp.Cast):
         inner = _index_expression(node.this, resolver)
         to = node.to.sql(dialect="postgres").lower()
@@ -767,12 +759,11 @@ def _index_expression(node: exp.Expr, resolver: _Resolver) -> tuple[str, str, st
         while isinstance(base, exp.Paren):
             base = base.this
         if isinstance(base, exp.Column):
-            resolved = resolver.column(base)
-            info = resolver.tables.get(resolved[0]) if resolved else None
-            data_type = _column_type(info, resolved[1]) if resolved and info else None
-            if resolved is None or data_type not in ("json", "jsonb"):
+            typed = resolver.typed_column(base)
+            if typed is None or typed[2] not in ("json", "jsonb"):
                 return None
-            table, column, sql, label = resolved[0], resolved[1], ident(resolved[1]), resolved[1]
+            table, column, _ = typed
+            sql, label = ident(column), column
         elif isinstance(base, exp.JSONExtract):
             inner = _index_expression(base, resolver)
             if inner is None:
@@ -796,14 +787,14 @@ def _indexable_predicate(term: exp.Expr, resolver: _Resolver) -> IndexablePredic
     if isinstance(term, exp.EQ | exp.In):
         if isinstance(term, exp.EQ):
             left, right = term.this, term.expression
-            if _constant(left):
+            if _constant_or_array(left):
                 left, right = right, left
-            if not _constant(right):
+            if not _constant_or_array(right):
                 return None
             values = 1
         else:
             if term.args.get("query") is not None or not term.expressions or not all(
-                    _constant(e) for e in term.expressions):
+                    _constant_or_array(e) for e in term.expressions):
                 return None
             left, values = term.this, len(term.expressions)
         found = _index_expression(left, resolver)
@@ -822,21 +813,20 @@ def _indexable_predicate(term: exp.Expr, resolver: _Resolver) -> IndexablePredic
                                   "text_pattern_ops", shown, prefix=prefix, from_json=from_json)
     column_node: exp.Expr | None = None
     kind: Literal["containment", "key_exists"] = "containment"
-    if isinstance(term, exp.ArrayContainsAll) and _constant(term.expression):
+    if isinstance(term, exp.ArrayContainsAll) and _constant_or_array(term.expression):
         column_node = term.this
-    elif isinstance(term, exp.ArrayContainedBy) and _constant(term.this):
+    elif isinstance(term, exp.ArrayContainedBy) and _constant_or_array(term.this):
         column_node = term.expression
-    elif isinstance(term, _KEY_TESTS) and _constant(term.expression):
+    elif isinstance(term, _KEY_TESTS) and _constant_or_array(term.expression):
         column_node, kind = term.this, "key_exists"
     while isinstance(column_node, exp.Paren):
         column_node = column_node.this
     if not isinstance(column_node, exp.Column):
         return None
-    resolved = resolver.column(column_node)
-    info = resolver.tables.get(resolved[0]) if resolved else None
-    data_type = _column_type(info, resolved[1]) if resolved and info else None
-    if resolved is None or data_type is None:
+    typed = resolver.typed_column(column_node)
+    if typed is None:
         return None
+    table, column, data_type = typed
     if data_type == "jsonb":
         # jsonb_path_ops: smaller and faster for @>, but it has no operator for `?`
         opclass = "jsonb_path_ops" if kind == "containment" else None
@@ -844,11 +834,17 @@ def _indexable_predicate(term: exp.Expr, resolver: _Resolver) -> IndexablePredic
         opclass = None
     else:
         return None
-    return IndexablePredicate(resolved[0], resolved[1], kind, None, resolved[1], "gin", opclass, shown)
+    return IndexablePredicate(table, column, kind, None, column, "gin", opclass, shown)
 
 
 def _shown(term: exp.Expr) -> str:
     return term.sql(dialect="postgres", normalize_functions="lower")
+
+
+def _aggregates(select: exp.Select) -> bool:
+    """The select list calls an aggregate (not as a window function)."""
+    return any(agg.find_ancestor(exp.Window) is None
+               for item in select.expressions for agg in item.find_all(exp.AggFunc))
 
 
 def _volatile(tree: exp.Expr) -> tuple[str, ...]:
@@ -898,12 +894,18 @@ class _Resolver:
             return None
         return table, node.name
 
+    def typed_column(self, node: exp.Column) -> tuple[str, str, str] | None:
+        """(table, column, data type) of a column whose table the catalog describes."""
+        resolved = self.column(node)
+        info = self.tables.get(resolved[0]) if resolved else None
+        data_type = _column_type(info, resolved[1]) if resolved and info else None
+        return (*resolved, data_type) if resolved and data_type else None
 
-def query_shape(ctx: AnalysisContext) -> QueryShape:
-    tree = _parse(ctx.query)
+
+def query_shape(query: str, resolver: _Resolver) -> QueryShape:
+    tree = _parse(query)
     if tree is None:
         return QueryShape(tree=None)
-    resolver = _Resolver(ctx)
     select = tree if isinstance(tree, exp.Select) else None
     sort: list[SortItem] = []
     constants: dict[tuple[str, str], str] = {}
@@ -957,9 +959,7 @@ def query_shape(ctx: AnalysisContext) -> QueryShape:
                 key = resolver.table_key(item.table)
                 if key:
                     star.add(key)
-        grouped = bool(select.args.get("group") or select.args.get("distinct")) or any(
-            agg.find_ancestor(exp.Window) is None
-            for item in select.expressions for agg in item.find_all(exp.AggFunc))
+        grouped = bool(select.args.get("group") or select.args.get("distinct")) or _aggregates(select)
         lim = select.args.get("limit")
         if isinstance(lim, exp.Limit) and isinstance(lim.expression, exp.Literal):
             try:
@@ -974,8 +974,7 @@ def query_shape(ctx: AnalysisContext) -> QueryShape:
                 pairs.append((a, b))
     return QueryShape(
         tree=tree, sort=tuple(sort), constant_predicates=constants, join_pairs=tuple(pairs),
-        star_tables=frozenset(star), grouped=grouped, volatile=_volatile(tree),
-        parameters=tree.find(exp.Placeholder, exp.Parameter) is not None, limit=limit,
+        star_tables=frozenset(star), grouped=grouped, limit=limit,
         indexable=tuple(indexable), filters=filters, like_terms=frozenset(likes))
 
 
@@ -986,7 +985,7 @@ class Evidence:
     def __init__(self, ctx: AnalysisContext) -> None:
         self.ctx = ctx
         self.resolver = _Resolver(ctx)
-        self.shape = query_shape(ctx)
+        self.shape = query_shape(ctx.query, self.resolver)
         self.nodes = plan_nodes(ctx.plan)
         self._uses: dict[str, list[ColumnUse]] = {}
         for use in ctx.features.columns:
@@ -1021,6 +1020,13 @@ class Evidence:
     def scanned_rows(self, table: str) -> float:
         return sum(n.scanned for n in self.scans(table))
 
+    def visited_rows(self, table: str) -> float:
+        """Rows the plan's scans of `table` visit; all its rows when the plan has none."""
+        if self.scans(table):
+            return self.scanned_rows(table)
+        info = self.table(table)
+        return float(max(info.rows, 1)) if info else 1.0
+
     def returned_rows(self, table: str) -> float | None:
         scans = self.scans(table)
         return sum(n.rows for n in scans) if scans else None
@@ -1040,6 +1046,14 @@ class Evidence:
     # query
     def uses(self, table: str, *roles: str) -> list[ColumnUse]:
         return [u for u in self._uses.get(table, []) if not roles or u.role in roles]
+
+    def ranges(self, table: str) -> dict[str, list[ColumnUse]]:
+        """column → its range predicates (<, <=, >, >=, BETWEEN) on `table`."""
+        by_column: dict[str, list[ColumnUse]] = {}
+        for u in self.uses(table, "range"):
+            if (u.operator or "").upper() in RANGE_OPS:
+                by_column.setdefault(u.column, []).append(u)
+        return by_column
 
     def stats(self, table: str, column: str) -> ColumnStats | None:
         info = self.table(table)
@@ -1183,6 +1197,20 @@ class IndexDesign:
         return text
 
 
+def _scan_reason(ev: Evidence, table: str, rows: float) -> str:
+    """What reading `table` costs now: its scans in the plan, else its size."""
+    scans = ev.scans(table)
+    if not scans:
+        return f"{table} has {_n(rows)} rows"
+    return (f"{scans[0].label} visits {_n(ev.scanned_rows(table))} rows to return "
+            f"{_n(sum(n.rows for n in scans))}")
+
+
+def _planner_verdict(ev: Evidence, table: str) -> str:
+    """How the plan treats `table`, said of an index that already fits."""
+    return "yet the planner still chose a Seq Scan" if ev.seq_scanned(table) else "and the plan uses it"
+
+
 def _selectivity_note(ev: Evidence, table: str, use: ColumnUse) -> tuple[float, str]:
     """The fraction of rows an equality predicate keeps, and where the number comes from."""
     info = ev.table(table)
@@ -1263,10 +1291,7 @@ def _range_choice(ev: Evidence, table: str, exclude: set[str]) -> RangeChoice | 
     on a text column (served by the type's pattern operator class, whatever the collation)."""
     info = ev.table(table)
     rows = float(info.rows) if info else 0.0
-    by_column: dict[str, list[ColumnUse]] = {}
-    for u in ev.uses(table, "range"):
-        if (u.operator or "").upper() in RANGE_OPS and u.column not in exclude:
-            by_column.setdefault(u.column, []).append(u)
+    by_column = {c: uses for c, uses in ev.ranges(table).items() if c not in exclude}
     patterns = _like_patterns(ev, table, exclude)
     alone = not exclude and len(by_column) + len(patterns) == 1
     best: RangeChoice | None = None
@@ -1362,7 +1387,7 @@ def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | 
         return None
     rows = float(max(info.rows, 1))
     scans = ev.scans(table)
-    scanned = ev.scanned_rows(table) if scans else rows
+    scanned = ev.visited_rows(table)
     first_note = len(notes)
     eq: dict[str, tuple[float, ColumnUse]] = {}
     for use in ev.uses(table, "equality"):
@@ -1428,8 +1453,8 @@ def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | 
     existing = (covering_index(info, eq_names, rest, opclasses=classes)
                 or covering_index(info, key_eq, rest, where, opclasses=classes))
     if existing is not None:
-        how = "yet the planner still chose a Seq Scan" if ev.seq_scanned(table) else "and the plan uses it"
-        notes.append(f"{existing.name} already covers ({', '.join(existing.columns)}) on {table}, {how}")
+        notes.append(f"{existing.name} already covers ({', '.join(existing.columns)}) on {table}, "
+                     f"{_planner_verdict(ev, table)}")
         return None
     benefit = scanned - fraction * rows
     indexed = [n for n in scans if n.index_name]
@@ -1439,15 +1464,13 @@ def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | 
                      "a better index would save little")
         return None
     include = _include_columns(ev, table, {*eq_names, *rest})
-    reason = (f"{scans[0].label} visits {_n(scanned)} rows to return {_n(sum(n.rows for n in scans))}"
-              if scans else f"{table} has {_n(rows)} rows")
     if include:
         notes.append(f"INCLUDE ({', '.join(include)}) carries the other columns the query reads from "
                      f"{table}, for an Index Only Scan")
     return IndexDesign(table=table, key=tuple(key), kind="filter" if eq or rng else "sort",
                        fraction=fraction, benefit=benefit, include=include, where=where,
                        where_fraction=partial[2] if partial else 1.0,
-                       reasons=(reason, *notes[first_note:]),
+                       reasons=(_scan_reason(ev, table, rows), *notes[first_note:]),
                        sort_served=sort_served)
 
 
@@ -1476,7 +1499,7 @@ def _join_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesig
             if t != table or column in seen:
                 continue
             seen.add(column)
-            if _leading_index(info, column) is not None:
+            if covering_index(info, [column]) is not None:
                 continue
             if rows < SMALL_TABLE_ROWS:
                 continue
@@ -1491,7 +1514,7 @@ def _join_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesig
                 notes.append(f"join {table}.{column} = {partner}.{partner_col}: ~{_n(outer)} {partner} rows "
                              f"match ~{_n(expected)} of {_n(rows)} {table} rows, a hash join is right")
                 continue
-            scanned = ev.scanned_rows(table) if ev.scans(table) else rows
+            scanned = ev.visited_rows(table)
             note = (f"join {table}.{column} = {partner}.{partner_col}: only ~{_n(outer)} {partner} rows "
                     f"reach it, matching ~{_n(expected)} of {_n(rows)} {table} rows, "
                     f"but {table}.{column} has no index")
@@ -1540,7 +1563,7 @@ def _indexable_designs(ev: Evidence, table: str, notes: list[str]) -> list[Index
         return []
     rows = float(max(info.rows, 1))
     scans = ev.scans(table)
-    scanned = ev.scanned_rows(table) if scans else rows
+    scanned = ev.visited_rows(table)
     out: list[IndexDesign] = []
     seen: set[tuple[str, str | None, str | None]] = set()
     for pred in ev.indexable(table):
@@ -1563,9 +1586,8 @@ def _indexable_designs(ev: Evidence, table: str, notes: list[str]) -> list[Index
             existing = covering_index(info, [], [key.target],
                                       opclasses={key.target: pred.opclass} if pred.opclass else None)
         if existing is not None:
-            how = ("yet the planner still chose a Seq Scan" if ev.seq_scanned(table)
-                   else "and the plan uses it")
-            notes.append(f"{existing.name} already serves {pred.shown} on {table}, {how}")
+            notes.append(f"{existing.name} already serves {pred.shown} on {table}, "
+                         f"{_planner_verdict(ev, table)}")
             continue
         benefit = scanned - fraction * rows
         indexed = [n for n in scans if n.index_name]
@@ -1582,11 +1604,9 @@ def _indexable_designs(ev: Evidence, table: str, notes: list[str]) -> list[Index
             what = f"the expression {pred.expression}" + (f" with {pred.opclass}" if pred.opclass else "")
             how = (f"an index on {what} serves it (a plain index on {pred.column} cannot); ANALYZE then "
                    "gives the planner statistics on the expression")
-        reason = (f"{scans[0].label} visits {_n(scanned)} rows to return {_n(sum(n.rows for n in scans))}"
-                  if scans else f"{table} has {_n(rows)} rows")
         out.append(IndexDesign(
             table=table, key=(key,), kind="filter", fraction=fraction, benefit=benefit,
-            reasons=(reason, note, f"{pred.shown}: {how}"), method=pred.method,
+            reasons=(_scan_reason(ev, table, rows), note, f"{pred.shown}: {how}"), method=pred.method,
             analyze=pred.expression is not None))
     return out
 
@@ -1597,13 +1617,18 @@ def _key_width(info: TableInfo | None, key: KeyColumn) -> int:
     return _column_width(info, key.name)
 
 
-def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign, why: Sequence[str],
+def _drop_index(table: str, name: str) -> str:
+    """The rollback of an index named `name` on `table` (an index lives in its table's schema)."""
+    schema, _ = _schema_and_rel(table)
+    return f"DROP INDEX IF EXISTS {ident(schema) + '.' if schema else ''}{ident(name)}"
+
+
+def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign,
                     improvement: float) -> OptimizationProposal:
     info = ev.table(design.table)
     taken = [ix.name for ix in info.indexes] if info else []
     gin = design.method == "gin"
     name = index_name(design.table, design.labels, suffix="gin" if gin else "idx", taken=taken)
-    schema, _ = _schema_and_rel(design.table)
     key = ", ".join(k.sql() for k in design.key)
     using = f" USING {design.method}" if design.method != "btree" else ""
     sql = f"CREATE INDEX {ident(name)} ON {qualified(design.table)}{using} ({key})"
@@ -1637,14 +1662,14 @@ def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign, why: Seq
         steps.append("EXPLAIN shows no Sort node above that scan")
     steps.append("the query returns the same rows as before (count and checksum)")
     rationale = " ".join([
-        *(w.rstrip(".") + "." for w in why),
+        *(w.rstrip(".") + "." for w in design.reasons),
         f"Proposed: CREATE INDEX on {design.describe()} ({ptype}), about {_n(entries)} entries, "
         f"~{storage:.1f} MB; expected to read ~{_pct(design.fraction)} of {_n(rows)} rows.",
         *warnings,
     ])
     return OptimizationProposal(
         agent=agent, proposal_type=ptype, sql_commands=tuple(commands),
-        rollback_commands=(f"DROP INDEX IF EXISTS {ident(schema) + '.' if schema else ''}{ident(name)}",),
+        rollback_commands=(_drop_index(design.table, name),),
         rationale=rationale,
         estimated_impact=EstimatedImpact(query_time_improvement=improvement,
                                          storage_overhead_mb=storage, complexity="low", risk=risk),
@@ -1697,7 +1722,7 @@ def decide_index_design(ctx: AnalysisContext, agent: AgentKey = "gemini25pro") -
     action = f"Create index on {best.describe()}"
     if best.kind == "join":
         action += " to turn the join into a nested loop over the index"
-    proposal = _index_proposal(agent, ev, best, best.reasons, improvement)
+    proposal = _index_proposal(agent, ev, best, improvement)
     return Decision(insights=tuple(insights), actions=(action,), confidence=evidence_strength,
                     target_table=best.table, estimated_improvement=improvement, proposal=proposal)
 
@@ -1708,11 +1733,7 @@ def _time_columns(ev: Evidence, table: str) -> list[tuple[str, str, list[ColumnU
     if info is None:
         return []
     out: list[tuple[str, str, list[ColumnUse]]] = []
-    by_column: dict[str, list[ColumnUse]] = {}
-    for u in ev.uses(table, "range"):
-        if (u.operator or "").upper() in RANGE_OPS:
-            by_column.setdefault(u.column, []).append(u)
-    for column, uses in by_column.items():
+    for column, uses in ev.ranges(table).items():
         data_type = _column_type(info, column) or ""
         if data_type.startswith(TIME_TYPES):
             out.append((column, data_type, uses))
@@ -1736,22 +1757,28 @@ def _bound_literal(moment: datetime, data_type: str) -> str:
     return f"'{moment:%Y-%m-%d %H:%M:%S}'"
 
 
-def _reindex_on(index: IndexInfo, new_table: str, partition_column: str, old_table: str) -> str | None:
-    """The CREATE INDEX that gives the partitioned copy what `index` gave the old table."""
-    m = re.search(r"\bUSING\s+\w+\s*\(", index.definition, re.IGNORECASE)
-    if not m:
+def _reindex_on(index: IndexInfo, new_table: str, partition_column: str, old_table: str,
+                taken: set[str]) -> str | None:
+    """The CREATE INDEX that gives the partitioned copy what `index` gave the old table; its
+    name joins `taken`, so two indexes on the same columns (say B-tree and BRIN) get two names."""
+    found = index_keys(index)
+    if found is None:
         return None
-    depth, end = 1, m.end()
-    while end < len(index.definition) and depth:
-        depth += {"(": 1, ")": -1}.get(index.definition[end], 0)
-        end += 1
-    using, keys, tail = index.definition[m.start(): m.end() - 1], index.definition[m.end(): end - 1], \
-        index.definition[end:]
+    keys, tail = found
     unique = index.unique or index.primary
     if unique and partition_column not in [_norm_col(c) for c in index.columns]:
-        keys += f", {ident(partition_column)}"  # unique keys of a partitioned table include its key
-    name = object_name("afs", _rel(old_table), "p", *index.columns, suffix="key" if unique else "idx")
-    return f"CREATE {'UNIQUE ' if unique else ''}INDEX {ident(name)} ON {new_table} {using}({keys}){tail}"
+        keys.append(ident(partition_column))  # unique keys of a partitioned table include its key
+    name = object_name("afs", _rel(old_table), "p", *index.columns, suffix="key" if unique else "idx",
+                       taken=taken)
+    taken.add(name)
+    return (f"CREATE {'UNIQUE ' if unique else ''}INDEX {ident(name)} ON {new_table} "
+            f"USING {index_method(index)} ({', '.join(keys)}){tail}")
+
+
+def _migration_name(table: str, role: Literal["part", "old"]) -> str:
+    """`<table>_afs_part`, the partitioned copy, or `<table>_afs_old`, the table kept for
+    rollback: distinct even when a long table name must be cut to 63 bytes."""
+    return object_name(_rel(table), "afs", suffix=role)
 
 
 def _partitioning(ev: Evidence, table: str, column: str, data_type: str,
@@ -1761,8 +1788,7 @@ def _partitioning(ev: Evidence, table: str, column: str, data_type: str,
     assert info is not None
     schema, rel = _schema_and_rel(table)
     prefix = f"{ident(schema)}." if schema else ""
-    part = f"{rel}_afs_part"
-    old = f"{rel}_afs_old"
+    part, old = _migration_name(table, "part"), _migration_name(table, "old")
     start, stop = _month_floor(low), _add_months(_month_floor(high), 1)
     months = (stop.year - start.year) * 12 + stop.month - start.month
     periods = ((1, "month"), (3, "quarter"))
@@ -1783,8 +1809,9 @@ def _partitioning(ev: Evidence, table: str, column: str, data_type: str,
     commands.append(f"CREATE TABLE {prefix}{ident(object_name(rel, 'afs', suffix='default'))} "
                     f"PARTITION OF {target} DEFAULT")
     commands.append(f"INSERT INTO {target} SELECT * FROM {qualified(table)}")
+    index_names: set[str] = set()
     for index in info.indexes:
-        statement = _reindex_on(index, target, column, table)
+        statement = _reindex_on(index, target, column, table, index_names)
         if statement:
             commands.append(statement)
     commands += [f"ALTER TABLE {qualified(table)} RENAME TO {ident(old)}",
@@ -1815,7 +1842,7 @@ def _fallback_index(agent: AgentKey, ev: Evidence, insights: list[str], why: str
         for use in ev.uses(table, "equality"):
             if (use.operator or "=").upper() not in EQUALITY_OPS:
                 continue
-            if _leading_index(info, use.column) or covering_index(info, [use.column]):
+            if covering_index(info, [use.column]):
                 insights.append(f"{use.column} on {table} is already indexed")
                 continue
             sel, note = _selectivity_note(ev, table, use)
@@ -1857,7 +1884,7 @@ def _fallback_index(agent: AgentKey, ev: Evidence, insights: list[str], why: str
         key = ", ".join(k.sql() for k in design.key)
         return _nothing(insights, f"an index on {table} ({key}) would save at most ~{_pct(share)} of "
                         "the time: the cost is elsewhere in the plan", 0.6, table)
-    proposal = _index_proposal(agent, ev, design, design.reasons, improvement)
+    proposal = _index_proposal(agent, ev, design, improvement)
     return Decision(insights=tuple(insights), actions=(f"Create index on {design.describe()}",),
                     confidence=0.55, target_table=table, estimated_improvement=improvement,
                     proposal=proposal)
@@ -1893,7 +1920,7 @@ def decide_structure(ctx: AnalysisContext, agent: AgentKey = "gemini25flash") ->
     bounds = [parse_timestamp(b) for b in stats.histogram_bounds] if stats else []
     moments = [b for b in bounds if b is not None]
     referenced = info.referenced_by
-    old_copy = f"{_rel(table)}_afs_old"
+    old_copy = _migration_name(table, "old")
     if referenced:
         fk_note = (f"Foreign keys of {_names(referenced)} reference {table}: after the swap they still "
                    f"point at the renamed old copy {old_copy}, and they cannot simply be recreated on "
@@ -1927,7 +1954,7 @@ def decide_structure(ctx: AnalysisContext, agent: AgentKey = "gemini25flash") ->
                      f"incl. DEFAULT, from {min(moments):%Y-%m} to {max(moments):%Y-%m}) lets partition "
                      f"pruning skip the rest, and keeps old data cheap to archive. The migration copies "
                      f"the table in the fork and renames it into place; the old copy stays as "
-                     f"{_rel(table)}_afs_old for rollback. {fk_note}")
+                     f"{old_copy} for rollback. {fk_note}")
         proposal = OptimizationProposal(
             agent=agent, proposal_type="partitioning", sql_commands=tuple(commands),
             rollback_commands=tuple(rollback), rationale=rationale,
@@ -1946,11 +1973,10 @@ def decide_structure(ctx: AnalysisContext, agent: AgentKey = "gemini25flash") ->
         existing = covering_index(info, [], [column], method="brin")
         if existing is not None:
             return _nothing(insights, f"{existing.name} is already a BRIN index on {column}", 0.8, table)
-        if fraction > 0.8:
+        if fraction > BRIN_MAX_FRACTION:
             return _fallback_index(agent, ev, insights, f"the range keeps {_pct(fraction)} of rows: a BRIN "
                                    "index would skip too little")
         name = index_name(table, [column], suffix="brin", taken=[ix.name for ix in info.indexes])
-        schema, _ = _schema_and_rel(table)
         ranges = max(1.0, info.size_mb * 1024 / 8 / 128)  # 8 kB pages, 128 per range
         storage = round(max(0.02, ranges * 32 / 1024 / 1024), 2)
         improvement = round(max(5.0, min(85.0, 85.0 * (1.0 - fraction))), 1)
@@ -1966,7 +1992,7 @@ def decide_structure(ctx: AnalysisContext, agent: AgentKey = "gemini25flash") ->
         proposal = OptimizationProposal(
             agent=agent, proposal_type="index",
             sql_commands=(f"CREATE INDEX {ident(name)} ON {qualified(table)} USING brin ({ident(column)})",),
-            rollback_commands=(f"DROP INDEX IF EXISTS {ident(schema) + '.' if schema else ''}{ident(name)}",),
+            rollback_commands=(_drop_index(table, name),),
             rationale=rationale.strip(),
             estimated_impact=EstimatedImpact(query_time_improvement=improvement, storage_overhead_mb=storage,
                                              complexity="low", risk=risk),
@@ -2014,16 +2040,20 @@ def _output_name(node: exp.Expr) -> str:
     return "?column?"
 
 
-def _strip_tables(node: exp.Expr) -> str:
+def _expression_key(node: exp.Expr, one_table: bool) -> str:
+    """What identifies an expression of the query: its SQL, without table qualifiers when the
+    query reads one table (then `o.status` is `status`; in a join it may be another table's)."""
+    if not one_table:
+        return node.sql(dialect="postgres")
     copy = node.copy()
     for column in copy.find_all(exp.Column):
         column.set("table", None)
         column.set("db", None)
-    return copy.sql(dialect="postgres").lower()
+    return copy.sql(dialect="postgres")
 
 
 def _match_output(target: exp.Expr, items: Sequence[exp.Expr], names: Sequence[str],
-                  prefer_names: bool) -> int | None:
+                  prefer_names: bool, one_table: bool) -> int | None:
     """The select item an ORDER BY / GROUP BY expression denotes, as PostgreSQL resolves it."""
     if isinstance(target, exp.Literal) and not target.is_string:
         try:
@@ -2039,8 +2069,8 @@ def _match_output(target: exp.Expr, items: Sequence[exp.Expr], names: Sequence[s
     for i, base in enumerate(bases):
         if base == target:
             return i
-    stripped = _strip_tables(target)
-    hits = [i for i, base in enumerate(bases) if _strip_tables(base) == stripped]
+    key = _expression_key(target, one_table)
+    hits = [i for i, base in enumerate(bases) if _expression_key(base, one_table) == key]
     return hits[0] if len(hits) == 1 else None
 
 
@@ -2060,16 +2090,18 @@ def materialize(query: str) -> MaterializedView | str:
     commutes with grouping), so the view serves every value and an index on those
     columns serves the lookup. The rewrite keeps the original column names, order,
     ORDER BY and LIMIT, so it returns the same rows."""
-    tree = _parse(query)
+    return _materialize(_parse(query))
+
+
+def _materialize(tree: exp.Expr | None) -> MaterializedView | str:
+    """`materialize` of a parsed query (`tree` is left as it is)."""
     if not isinstance(tree, exp.Select):
         return "not a single SELECT"
     if tree.args.get("locks"):
         return "SELECT … FOR UPDATE cannot be precomputed"
     group = tree.args.get("group")
     distinct = tree.args.get("distinct")
-    aggregates = any(agg.find_ancestor(exp.Window) is None
-                     for item in tree.expressions for agg in item.find_all(exp.AggFunc))
-    if not (group or aggregates or distinct):
+    if not (group or distinct or _aggregates(tree)):
         return "no aggregation (GROUP BY, aggregate or DISTINCT) to precompute"
     volatile = _volatile(tree)
     if volatile:
@@ -2079,6 +2111,7 @@ def materialize(query: str) -> MaterializedView | str:
     if distinct is not None and distinct.args.get("on") is not None:
         return "DISTINCT ON depends on ORDER BY: not precomputed"
 
+    one_table = not tree.args.get("joins")
     core = tree.copy()
     order = core.args.get("order")
     limit, offset = core.args.get("limit"), core.args.get("offset")
@@ -2109,7 +2142,7 @@ def materialize(query: str) -> MaterializedView | str:
 
     def view_column(target: exp.Expr, prefix: str, prefer_names: bool) -> str | None:
         nonlocal explicit
-        found = _match_output(target, items, names, prefer_names)
+        found = _match_output(target, items, names, prefer_names, one_table)
         if found is not None:
             return view_names[found]
         if distinct is not None:
@@ -2140,14 +2173,14 @@ def materialize(query: str) -> MaterializedView | str:
     if plain_group and group is not None:
         for g in group.expressions:
             if isinstance(g, exp.Literal):
-                position = _match_output(g, items, names, False)
+                position = _match_output(g, items, names, False, one_table)
                 if position is None:
                     return "GROUP BY position out of range"
                 base = items[position]
                 group_exprs.append(base.unalias() if isinstance(base, exp.Alias) else base)
             else:
                 group_exprs.append(g)
-    group_sql = {_strip_tables(g) for g in group_exprs if isinstance(g, exp.Column)}
+    group_sql = {_expression_key(g, one_table) for g in group_exprs if isinstance(g, exp.Column)}
     moved: list[exp.Expr] = []
     filter_columns: list[str] = []
     where = core.args.get("where")
@@ -2155,7 +2188,7 @@ def materialize(query: str) -> MaterializedView | str:
         keep: list[exp.Expr] = []
         for term in conjuncts(where.this):
             columns = list(term.find_all(exp.Column))
-            movable = (columns and all(_strip_tables(c) in group_sql for c in columns)
+            movable = (columns and all(_expression_key(c, one_table) in group_sql for c in columns)
                        and term.find(exp.Subquery, exp.Select, exp.AggFunc, exp.Window) is None)
             if not movable:
                 keep.append(term)
@@ -2174,10 +2207,11 @@ def materialize(query: str) -> MaterializedView | str:
     group_columns: list[str] = []
     if plain_group:
         for g in group_exprs:
-            found = _match_output(g, items, names, False)
+            found = _match_output(g, items, names, False, one_table)
             if found is None:
                 hidden = [view_names[i] for i, it in enumerate(view_items)
-                          if i >= len(items) and _strip_tables(it.unalias()) == _strip_tables(g)]
+                          if i >= len(items)
+                          and _expression_key(it.unalias(), one_table) == _expression_key(g, one_table)]
                 if not hidden:
                     group_columns = []
                     break
@@ -2234,7 +2268,7 @@ def decide_precomputation(ctx: AnalysisContext, agent: AgentKey = "gemini20flash
     if not ev.shape.grouped and ctx.features.aggregation_count == 0:
         return _fallback_index(agent, ev, insights,
                                "no aggregation to precompute: a single low-risk index at most")
-    mv = materialize(ctx.query)
+    mv = _materialize(ev.shape.tree)
     if isinstance(mv, str):
         return _fallback_index(agent, ev, insights, f"no materialized view: {mv}")
     table = ev.main_table()
@@ -2310,11 +2344,10 @@ def with_rollup(primary: Callable[[AnalysisContext, AgentKey], Decision]
 
     def decide(ctx: AnalysisContext, agent: AgentKey) -> Decision:
         decision = primary(ctx, agent)
-        aggregates = ctx.features.aggregation_count > 0 or Evidence(ctx).shape.grouped
-        if (decision.proposal is not None or not aggregates
+        if (decision.proposal is not None
                 or ctx.features.complexity_score < ROLLUP_MIN_COMPLEXITY.get(agent, 0)):
             return decision
-        rollup = decide_precomputation(ctx, agent)
+        rollup = decide_precomputation(ctx, agent)  # a view only for an aggregation, else an index
         if rollup.proposal is None or rollup.proposal.proposal_type != "materialized_view":
             return decision
         why = (f"{decision.actions[0]}; as a summary table instead (secondary expertise), "

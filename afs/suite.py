@@ -50,14 +50,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import pglast
-import sqlglot
 from pglast import parser as pg_parser
 from pglast.keywords import COL_NAME_KEYWORDS, RESERVED_KEYWORDS, TYPE_FUNC_NAME_KEYWORDS
 from sqlglot import exp
 from sqlglot.errors import ErrorLevel, SqlglotError
-from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
+from afs.errors import InputError
+from afs.features import DIALECT, first_line, parse_query, select_text
 from afs.models import ColumnStats, QueryVariant, TableInfo
 
 __all__ = [
@@ -67,7 +66,6 @@ __all__ = [
     "result_checksum_sql",
 ]
 
-DIALECT = "postgres"
 SUITE_LIMIT = 10  # rows kept by the "limit" variant
 RECENT_SHARE = 0.25  # share of histogram rows the "filter" variant keeps (at least)
 FILTER_PAST_END = timedelta(days=1)  # hi = the last histogram bound + this
@@ -114,7 +112,7 @@ def build_suite(
     try:
         tree = _parse(baseline_sql)
     except SqlglotError as exc:
-        reason = f"sqlglot cannot edit this query ({_first_line(exc)})"
+        reason = f"sqlglot cannot edit this query ({first_line(exc)})"
         baseline = QueryVariant("baseline", baseline_sql, ordered=False,
                                 exact=not _pg_has_limit(baseline_sql))
         return (baseline,), tuple(f"{name}: {reason}" for name in ("limit", "filter", "sort"))
@@ -132,7 +130,7 @@ def build_suite(
         try:
             built = build(tree.copy(), main_table, main_alias)
         except SqlglotError as exc:  # unsupported by the generator: leave the variant out
-            built = f"sqlglot cannot render it ({_first_line(exc)})"
+            built = f"sqlglot cannot render it ({first_line(exc)})"
         if isinstance(built, str):
             skipped.append(f"{name}: {built}")
             continue
@@ -183,29 +181,17 @@ def result_checksum_sql(variant_sql: str, ordered: bool) -> str:
 def _single_select(query: str) -> str:
     """The text of the one SELECT statement in `query`, without the terminating `;`."""
     try:
-        stmts = pglast.parse_sql(query)
-    except pg_parser.ParseError as exc:
-        raise ValueError(f"not valid SQL: {exc}") from exc
-    if len(stmts) != 1:
-        raise ValueError(f"expected exactly one statement, got {len(stmts)}")
-    raw = stmts[0]
-    if type(raw.stmt).__name__ != "SelectStmt":
-        raise ValueError(f"expected a SELECT statement, got {type(raw.stmt).__name__}")
-    start = raw.stmt_location or 0
-    end = start + raw.stmt_len if raw.stmt_len else len(query)
-    return query[start:end].strip()
+        return select_text(query)
+    except InputError as exc:
+        raise ValueError(str(exc)) from exc
 
 
 def _pglast_problem(sql: str) -> str | None:
     """Why `sql` is not exactly one SELECT statement for PostgreSQL (None when it is)."""
     try:
-        stmts = pglast.parse_sql(sql)
-    except pg_parser.ParseError as exc:
+        select_text(sql)
+    except InputError as exc:
         return str(exc)
-    if len(stmts) != 1:
-        return f"{len(stmts)} statements"
-    if type(stmts[0].stmt).__name__ != "SelectStmt":
-        return f"a {type(stmts[0].stmt).__name__}"
     return None
 
 
@@ -232,22 +218,14 @@ def _stripped(node: Any) -> Any:
 
 
 def _parse(sql: str) -> exp.Query:
-    tree = sqlglot.parse_one(sql, dialect=DIALECT)
+    tree = parse_query(sql)
     if not isinstance(tree, exp.Select | exp.SetOperation):
         raise SqlglotError(f"sqlglot reads it as {type(tree).__name__}, not a SELECT")
-    # PostgreSQL folds unquoted names to lower case; so does the tree, for comparisons
-    normalized = normalize_identifiers(tree, dialect=DIALECT)
-    assert isinstance(normalized, exp.Select | exp.SetOperation)
-    return normalized
+    return tree
 
 
 def _sql(tree: exp.Expr) -> str:
     return tree.sql(dialect=DIALECT, unsupported_level=ErrorLevel.RAISE)
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def _with_note(variant: QueryVariant, note: str) -> QueryVariant:
@@ -488,7 +466,8 @@ def _fixes_total_order(query: exp.Query, main: _Main | None) -> bool:
 
 
 def _has_limit(query: exp.Expr) -> bool:
-    return any(query.args.get(key) for key in ("limit", "offset", "fetch"))
+    """LIMIT, OFFSET or FETCH FIRST (sqlglot keeps FETCH FIRST as an exp.Fetch under "limit")."""
+    return bool(query.args.get("limit") or query.args.get("offset"))
 
 
 def _limits_deterministic(tree: exp.Query, main: _Main | None) -> bool:
@@ -508,7 +487,7 @@ def _limit_variant(tree: exp.Query, main_table: TableInfo | None,
     limit = tree.args.get("limit")
     count = limit.expression if isinstance(limit, exp.Limit) else None
     own = _ordinal(count) if count is not None else None
-    if isinstance(tree, exp.Select) and not tree.args.get("fetch") and (limit is None or own is not None):
+    if isinstance(tree, exp.Select) and (limit is None or own is not None):
         edited = tree.limit(SUITE_LIMIT if own is None else min(own, SUITE_LIMIT), copy=False)
         note = (f"LIMIT {SUITE_LIMIT} added" if own is None
                 else f"the query's LIMIT {own} kept (not above {SUITE_LIMIT})" if own <= SUITE_LIMIT
@@ -517,7 +496,7 @@ def _limit_variant(tree: exp.Query, main_table: TableInfo | None,
                             exact=_limits_deterministic(edited, main), note=note)
     # a set operation, LIMIT $n / LIMIT ALL, or FETCH FIRST: limit the whole query from outside
     why = ("a set operation" if isinstance(tree, exp.SetOperation)
-           else "FETCH FIRST" if isinstance(limit, exp.Fetch) or tree.args.get("fetch")
+           else "FETCH FIRST" if isinstance(limit, exp.Fetch)
            else f"LIMIT {_sql(count)}" if count is not None else "its own row limit")
     wrapped = exp.select("*").from_(tree.subquery(WRAP_ALIAS, copy=False)).limit(SUITE_LIMIT)
     # the outer SELECT * keeps the inner query's order (a subquery scan does not reorder)
@@ -679,19 +658,19 @@ def _sort_targets(tree: exp.Query, main: _Main | None) -> tuple[list[exp.Expr], 
             return list(group.expressions), "the GROUP BY keys"
         return by_position or "grouping sets with * in the select list: nothing to sort by"
     distinct = tree.args.get("distinct")
-    in_scope = main is not None and main.select is tree and bool(main.info.primary_key)
+    keyed = main if main is not None and main.select is tree and main.info.primary_key else None
     if isinstance(distinct, exp.Distinct) and not distinct.args.get("on"):
         # SELECT DISTINCT may only order by what it selects: its outputs, or the key a * selects
         if by_position is not None:
             return by_position
-        if not (in_scope and main is not None and _selects_all_of(tree, main)):
+        if keyed is None or not _selects_all_of(tree, keyed):
             return "SELECT DISTINCT with a * that does not select the main table's primary key"
-    if in_scope and main is not None:
-        pk: list[exp.Expr] = [_column(col, main) for col in main.info.primary_key]
+    if keyed is not None:
+        pk: list[exp.Expr] = [_column(col, keyed) for col in keyed.info.primary_key]
         on = distinct.args.get("on") if isinstance(distinct, exp.Distinct) else None
         if isinstance(on, exp.Tuple) and not tree.args.get("order"):
             return [*on.expressions, *pk], "the DISTINCT ON keys, then the primary key"
-        return pk, f"the primary key of {main.info.name}"
+        return pk, f"the primary key of {keyed.info.name}"
     if by_position is not None:
         return by_position
     if not tree.args.get("order"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from afs.errors import InputError
-from afs.features import extract_features
+from afs.features import extract_features, parse_query, select_text
 from afs.models import ColumnUse, QueryFeatures
 
 
@@ -245,3 +245,10 @@ def test_negated_and_alternative_conditions_filter_nothing_alone() -> None:
         "tier": "other", "country": "other"}
     assert roles("SELECT id FROM users WHERE tier = 'a' AND (country = 'b' OR country = 'c')") == {
         "tier": "equality", "country": "other"}
+
+
+def test_shared_parsing_steps() -> None:
+    assert select_text("  -- the report\n  SELECT 1 ;  -- done\n") == "SELECT 1"
+    with pytest.raises(InputError, match="expected a query"):
+        select_text("DELETE FROM orders")
+    assert parse_query('SELECT Id FROM "Orders"').sql(dialect="postgres") == 'SELECT id FROM "Orders"'

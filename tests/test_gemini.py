@@ -16,12 +16,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import google.auth.exceptions
 import google.oauth2.credentials
 import httpx
 import pytest
@@ -180,6 +182,15 @@ def test_prose_without_fences() -> None:
     assert extract_json('Sure! {"a": 1} That is all.') == '{"a": 1}'
     assert extract_json("```\n{\"a\": 1}\n```") == '{"a": 1}'
     assert extract_json("```json\n{\"a\": 1}") == '{"a": 1}'  # the closing fence cut off
+
+
+def test_a_fence_inside_a_json_string_is_no_fence() -> None:
+    bare = json.dumps({**ANALYSIS, "insights": ["index it: ```sql\nCREATE INDEX ON orders (user_id)\n```"]})
+    assert extract_json(bare) == bare
+    assert extract_json("Here it is: " + bare) == bare
+    assert parse_analysis(bare)[0].insights[0].startswith("index it: ```sql")
+    example = "For example:\n```sql\nSELECT 1\n```\nThe answer:\n```json\n{\"a\": 2}\n```"
+    assert extract_json(example) == '{"a": 2}'  # the first block that holds JSON
 
 
 @pytest.mark.parametrize(("broken", "expected"), [
@@ -489,8 +500,11 @@ async def test_fenced_json(fake: FakeGemini, base_url: str) -> None:
 async def test_broken_then_good_reprompts_with_the_error(fake: FakeGemini, base_url: str) -> None:
     fake.script(reply_text("I think you should add an index."), reply_json(ANALYSIS))
     async with open_brain(base_url) as brain:
-        result = await brain.analyze("gemini20flash", issue_context())
+        with structlog.testing.capture_logs() as logs:
+            result = await brain.analyze("gemini20flash", issue_context())
     assert result.confidence == 0.85
+    [invalid] = [entry for entry in logs if entry["event"] == "model_output_invalid"]
+    assert invalid["finish_reason"] == "STOP"  # the API's name, not FinishReason.STOP
     first, second = fake.requests
     assert [c["role"] for c in second.body["contents"]] == ["user", "model", "user"]
     assert second.texts[1] == "I think you should add an index."
@@ -558,6 +572,59 @@ async def test_vertex_ai_mode_over_the_fake(fake: FakeGemini, base_url: str) -> 
     assert request.path == ("/v1beta1/projects/proj/locations/europe-west4/publishers/google/models/"
                             "gemini-2.5-pro:generateContent")
     assert request.headers["authorization"] == "Bearer vertex-token"
+
+
+VERTEX = Credentials(vertexai=True, project="proj", location="global", base_url="http://fake.invalid",
+                     source="GOOGLE_CLOUD_PROJECT")
+
+
+class ExpiredToken(google.oauth2.credentials.Credentials):
+    """Vertex AI credentials without a valid token: `refresh` (in a worker thread) makes one."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__(token=None)  # type: ignore[no-untyped-call]
+        self.error = error
+        self.refreshes = 0
+
+    def refresh(self, request: Any) -> None:
+        self.refreshes += 1
+        time.sleep(0.05)  # long enough for the other agents to find the token invalid too
+        if self.error is not None:
+            raise self.error
+        self.token = "fresh-token"
+
+
+async def test_agents_sharing_vertex_credentials_refresh_them_once() -> None:
+    fake = FakeGemini(fallback=lambda _request: reply_json(ANALYSIS))
+    auth = ExpiredToken()
+    async with open_gemini_client(VERTEX, transport=fake.transport(), google_auth=auth) as client:
+        brain = GeminiBrain(client, gemini_models({}))
+        async with trio.open_nursery() as nursery:
+            for agent in AGENTS:
+                nursery.start_soon(brain.analyze, agent, issue_context())
+    assert auth.refreshes == 1 and len(fake.requests) == 3
+    assert all(r.headers["authorization"] == "Bearer fresh-token" for r in fake.requests)
+    assert set(brain.usage) == set(AGENTS)
+
+
+async def test_a_failed_vertex_refresh_fails_the_agent_with_a_hint() -> None:
+    fake = FakeGemini()
+    refused = google.auth.exceptions.RefreshError("invalid_grant: token revoked")  # type: ignore[no-untyped-call]
+    auth = ExpiredToken(refused)
+    async with open_gemini_client(VERTEX, transport=fake.transport(), google_auth=auth) as client:
+        with pytest.raises(ModelError, match="gcloud auth application-default login") as caught:
+            await GeminiBrain(client, gemini_models({})).analyze("gemini25pro", issue_context())
+    assert "invalid_grant" in str(caught.value) and not caught.value.retryable
+    assert auth.refreshes == 1 and fake.requests == []
+
+
+async def test_an_answer_that_is_not_gemini_json_fails_fast() -> None:
+    """A proxy's HTML page with status 200 (a wrong AFS_GEMINI_BASE_URL): a ModelError, not a crash."""
+    fake = FakeGemini(FakeReply(body="<html>Welcome to the proxy</html>"), reply_json(ANALYSIS))
+    async with open_brain(transport=fake.transport()) as brain:
+        with pytest.raises(ModelError, match=r"not a Gemini response.*AFS_GEMINI_BASE_URL") as caught:
+            await brain.analyze("gemini25pro", issue_context())
+    assert not caught.value.retryable and len(fake.requests) == 1
 
 
 # -- retries and timeouts on the virtual clock (MockTransport) --------------------------------------
@@ -709,3 +776,8 @@ async def test_cli_provider_gemini_without_credentials_exits_2() -> None:
     stderr = result.stderr.decode()
     assert result.returncode == 2, stderr
     assert NO_CREDENTIALS in stderr and "Traceback" not in stderr
+
+
+def test_multi_line_sql_inside_a_json_string_is_accepted() -> None:
+    raw = '{"proposal_type": "index", "sql_commands": ["CREATE INDEX a\n  ON orders (user_id)"]}'
+    assert load_object(raw)["sql_commands"] == ["CREATE INDEX a\n  ON orders (user_id)"]

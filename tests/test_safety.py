@@ -181,6 +181,83 @@ DANGEROUS: list[Bad] = [
         "partitioning"),
     Bad("one-bad-among-good", ("CREATE INDEX i ON t (a)", "DROP TABLE t", "ANALYZE t"), "partitioning",
         culprit=1),
+    # partitioning recipes that reach existing data by a detour
+    Bad("create-table-if-not-exists",
+        ("CREATE TABLE IF NOT EXISTS customers (LIKE orders)", "DROP TABLE customers"),
+        "IF NOT EXISTS", "partitioning", culprit=0),
+    Bad("drop-after-partial-copy",
+        ("CREATE TABLE n (LIKE orders)", "INSERT INTO n SELECT * FROM orders WHERE false",
+         "DROP TABLE orders"),
+        "table being replaced", "partitioning"),
+    Bad("drop-after-limit-0-copy",
+        ("CREATE TABLE n (LIKE orders)", "INSERT INTO n SELECT * FROM orders LIMIT 0", "DROP TABLE orders"),
+        "table being replaced", "partitioning"),
+    Bad("drop-after-aggregate-copy",
+        ("CREATE TABLE n (c bigint) PARTITION BY RANGE (c)", "INSERT INTO n SELECT count(*) FROM orders",
+         "DROP TABLE orders"),
+        "table being replaced", "partitioning"),
+    Bad("drop-after-copy-of-only-the-parent",
+        ("CREATE TABLE n (LIKE orders)", "INSERT INTO n SELECT * FROM ONLY orders", "DROP TABLE orders"),
+        "table being replaced", "partitioning"),
+    Bad("drop-second-source-of-a-join-copy",
+        ("CREATE TABLE n (LIKE orders)", "INSERT INTO n SELECT orders.* FROM orders, customers",
+         "DROP TABLE customers"),
+        "table being replaced", "partitioning"),
+    Bad("drop-after-copy-was-dropped",
+        ("CREATE TABLE n (LIKE orders)", "INSERT INTO n SELECT * FROM orders", "DROP TABLE n",
+         "DROP TABLE orders"),
+        "table being replaced", "partitioning"),
+    Bad("drop-after-copy-lost-with-its-parent",
+        (*PARTITION_PREFIX[:2], "INSERT INTO orders_p_2024 SELECT * FROM orders", "DROP TABLE orders_p",
+         "DROP TABLE orders"),
+        "table being replaced", "partitioning"),
+    Bad("drop-parent-of-attached-existing-table",
+        ("CREATE TABLE p (LIKE customers) PARTITION BY HASH (id)",
+         "ALTER TABLE p ATTACH PARTITION customers FOR VALUES WITH (MODULUS 1, REMAINDER 0)", "DROP TABLE p"),
+        "would also drop the existing table customers", "partitioning"),
+    Bad("insert-through-attached-existing-table",
+        ("CREATE TABLE p (LIKE customers) PARTITION BY HASH (id)",
+         "ALTER TABLE p ATTACH PARTITION customers FOR VALUES WITH (MODULUS 1, REMAINDER 0)",
+         "INSERT INTO p SELECT * FROM customers"),
+        "existing table customers", "partitioning"),
+    Bad("insert-into-new-partition-of-existing-table",
+        ("CREATE TABLE orders_2030 PARTITION OF orders FOR VALUES FROM ('2030-01-01') TO ('2031-01-01')",
+         "INSERT INTO orders_2030 SELECT * FROM orders_archive"),
+        "existing table orders", "partitioning"),
+    Bad("attach-to-existing-table",
+        ("CREATE TABLE n (LIKE orders)", "INSERT INTO n SELECT * FROM orders",
+         "ALTER TABLE orders ATTACH PARTITION n DEFAULT"),
+        "ATTACH PARTITION only to a table created", "partitioning"),
+    # functions that run SQL given as text, or empty the caches the benchmark measures
+    Bad("ts-rewrite-runs-sql-in-mv",
+        ("CREATE MATERIALIZED VIEW mv AS SELECT ts_rewrite('a'::tsquery, "
+         "'SELECT pg_sleep(60)::text::tsquery, ''b''::tsquery')",),
+        "ts_rewrite", "materialized_view"),
+    Bad("crosstab-runs-sql-in-mv",
+        ("CREATE MATERIALIZED VIEW mv AS SELECT * FROM crosstab("
+         "'SELECT pg_terminate_backend(pid), 1, 1 FROM pg_stat_activity') AS t(a bool, b int)",),
+        "crosstab", "materialized_view"),
+    Bad("buffercache-evict-in-partial-index", ("CREATE INDEX i ON t (a) WHERE pg_buffercache_evict(1)",),
+        "pg_buffercache_evict"),
+    Bad("qualified-stats-reset-in-index",
+        ("CREATE INDEX i ON t ((public.pg_stat_statements_reset() IS NULL))",), "pg_stat_statements_reset"),
+    Bad("restore-stats-in-mv",
+        ("CREATE MATERIALIZED VIEW mv AS SELECT pg_catalog.pg_restore_relation_stats("
+         "'relation', 't'::regclass, 'reltuples', 1e9::real)",),
+        "pg_restore_relation_stats", "materialized_view"),
+    Bad("mv-other-access-method", ("CREATE MATERIALIZED VIEW mv USING columnar AS SELECT 1",),
+        "access method columnar", "materialized_view"),
+    Bad("unicode-escaped-sleep-in-index", ('CREATE INDEX i ON t ((U&"pg\\005fsleep"(1)))',), "pg_sleep"),
+    Bad("set-config-after-dollar-quote",
+        ("CREATE INDEX i ON t (a) WHERE $q$;$q$ = pg_catalog.set_config('role', 'postgres', false)",),
+        "set_config"),
+    Bad("refresh-with-no-data", ("REFRESH MATERIALIZED VIEW mv WITH NO DATA",), "WITH NO DATA",
+        "materialized_view"),
+    Bad("nul-hides-the-rest", ("CREATE INDEX i ON t (a)\x00; DROP TABLE t",), "NUL character"),
+    Bad("nextval-in-partition-bound",
+        ("CREATE TABLE p (LIKE orders) PARTITION BY RANGE (id)",
+         "CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (nextval('s')) TO (MAXVALUE)"),
+        "nextval", "partitioning"),
 ]
 
 
@@ -331,6 +408,25 @@ LEGITIMATE: list[Good] = [
           "DROP TABLE IF EXISTS m0",
           "DROP TABLE IF EXISTS m"),
          "partitioning", 0.8, warning="copies every row"),
+    Good("partitioning-attaches-the-old-table",
+         ("ALTER TABLE orders RENAME TO orders_old",
+          "CREATE TABLE orders (LIKE orders_old INCLUDING ALL) PARTITION BY RANGE (created_at)",
+          "ALTER TABLE orders ATTACH PARTITION orders_old FOR VALUES FROM (MINVALUE) TO ('2025-01-01')",
+          "CREATE TABLE orders_2025 PARTITION OF orders FOR VALUES FROM ('2025-01-01') TO (MAXVALUE)"),
+         "high",
+         ("DROP TABLE IF EXISTS orders_2025",
+          "ALTER TABLE IF EXISTS orders DETACH PARTITION orders_old",
+          "DROP TABLE IF EXISTS orders",
+          "ALTER TABLE IF EXISTS orders_old RENAME TO orders"),
+         "partitioning", 0.7),
+    Good("partitioning-copies-column-by-column-and-drops",
+         ("CREATE TABLE n (LIKE orders) PARTITION BY RANGE (created_at)",
+          "CREATE TABLE n_all PARTITION OF n DEFAULT",
+          "INSERT INTO n (id, created_at) SELECT o.id, created_at FROM public.orders AS o",
+          "ALTER TABLE orders RENAME TO orders_old",
+          "ALTER TABLE n RENAME TO orders",
+          "DROP TABLE public.orders_old"),
+         "high", (), "partitioning", 0.2, warning="cannot be undone"),
     Good("partitioning-drops-its-own-table",
          ("CREATE TABLE scratch (LIKE orders)", "DROP TABLE scratch"),
          "high", ("DROP TABLE IF EXISTS scratch",), "partitioning", 0.8),
@@ -453,6 +549,10 @@ def test_check_query_result_can_be_wrapped() -> None:
     ("SELECT query_to_xml('DELETE FROM t', true, true, '')", "query_to_xml"),
     ("SELECT count(*) FROM t GROUP BY a HAVING max(pg_logical_emit_message(true, 'x', 'y')::text) > ''",
      "pg_logical_emit_message"),
+    ("SELECT * FROM crosstab('SELECT pg_sleep(60)::text, 1, 1') AS t(a text, b int)", "crosstab"),
+    ("SELECT ts_rewrite('a'::tsquery, 'SELECT pg_reload_conf()')", "ts_rewrite"),
+    ("SELECT pg_buffercache_evict_all()", "pg_buffercache_evict"),
+    ("SELECT 1\x00; DROP TABLE t", "NUL character"),
 ])
 def test_check_query_refuses(sql: str, reason: str) -> None:
     with pytest.raises(UnsafeSqlError) as info:
@@ -485,6 +585,8 @@ def test_split_statements_keeps_broken_pieces_for_judging() -> None:
 def test_split_statements_refuses_what_cannot_be_scanned() -> None:
     with pytest.raises(UnsafeSqlError, match="does not parse"):
         split_statements("SELECT 'unterminated")
+    with pytest.raises(UnsafeSqlError, match="NUL character"):
+        split_statements("CREATE INDEX i ON t (a);\x00 DROP TABLE t")
 
 
 def test_denied_function_names() -> None:
@@ -495,4 +597,6 @@ def test_denied_function_names() -> None:
     assert not denied_function(("count",))
     assert not denied_function(("txid_current",))
     assert not denied_function(("date_trunc",))
+    assert denied_function(("pg_qualstats_reset",))
+    assert not denied_function(("pg_stat_get_db_stat_reset_time",))
     assert not denied_function(())

@@ -760,6 +760,37 @@ def test_a_range_relative_to_now_is_judged_from_the_plan() -> None:
     assert pro is not None and "(created_at) INCLUDE (id)" in pro.sql_commands[0]
 
 
+def test_partitioning_gives_each_copied_index_its_own_name() -> None:
+    """A B-tree and a BRIN on created_at both come back on the partitioned table."""
+    table = orders(indexes=[
+        IndexInfo("orders_created_at_idx", "CREATE INDEX orders_created_at_idx ON public.orders "
+                  "USING btree (created_at)", ("created_at",)),
+        IndexInfo("orders_created_at_brin", "CREATE INDEX orders_created_at_brin ON public.orders "
+                  "USING brin (created_at) WITH (pages_per_range='32')", ("created_at",))])
+    stats = dict(ORDERS_STATS)
+    stats["created_at"] = dataclasses.replace(ORDERS_STATS["created_at"], correlation=0.1)
+    base = range_ctx()
+    ctx = context(base.query, base.features, base.plan, [dataclasses.replace(table, column_stats=stats)],
+                  base.execution_ms)
+    proposal = proposal_of("gemini25flash", ctx)
+    assert proposal.proposal_type == "partitioning"
+    copies = [s for s in proposal.sql_commands if s.startswith("CREATE INDEX")]
+    assert len(copies) == 2 and len({s.split()[2] for s in copies}) == 2
+    assert copies[1].endswith("ON orders_afs_part USING brin (created_at) WITH (pages_per_range='32')")
+
+
+def test_object_names_stay_distinct_when_the_hashed_name_is_taken_too() -> None:
+    first = strategists.index_name("orders", ["user_id"])
+    second = strategists.index_name("orders", ["user_id"], taken=[first])
+    third = strategists.index_name("orders", ["user_id"], taken=[first, second])
+    assert len({first, second, third}) == 3 and all(len(n) <= 63 for n in (first, second, third))
+    # the partitioned copy and the old table of a long-named table: PostgreSQL would cut both to one name
+    table = "customer_transaction_ledger_entries_for_the_accounting_dept"
+    part, old = (strategists._migration_name(table, role) for role in ("part", "old"))
+    assert part != old and len(part) <= 63 and len(old) <= 63
+    assert strategists._migration_name("orders", "old") == "orders_afs_old"
+
+
 def test_partitioning_is_capped_at_36_partitions_plus_default() -> None:
     stats = dict(ORDERS_STATS)
     stats["created_at"] = ColumnStats(n_distinct=-1, correlation=0.99,
@@ -842,6 +873,34 @@ def test_materialize_orders_by_a_hidden_column_when_the_sort_is_not_selected() -
     assert isinstance(view, strategists.MaterializedView)
     assert view.definition == ("SELECT status, SUM(total_amount) AS afs_o2 FROM orders GROUP BY status")
     assert view.rewrite == f"SELECT status FROM {view.name} ORDER BY afs_o2 DESC"
+
+
+def test_materialize_folds_unquoted_names_as_postgresql_does() -> None:
+    """`N` names the view's column `n`: the rewrite must not quote it back into "N"."""
+    view = materialize("SELECT Status, count(*) AS N FROM Orders WHERE Status = 'x' GROUP BY Status "
+                       "ORDER BY N DESC")
+    assert isinstance(view, strategists.MaterializedView)
+    assert view.definition == "SELECT status, COUNT(*) AS n FROM orders GROUP BY status"
+    assert view.rewrite == f"SELECT * FROM {view.name} WHERE status = 'x' ORDER BY n DESC"
+    quoted = materialize('SELECT "Status", count(*) FROM t GROUP BY "Status" ORDER BY "Status"')
+    assert isinstance(quoted, strategists.MaterializedView)
+    assert quoted.rewrite == f'SELECT * FROM {quoted.name} ORDER BY "Status"'
+
+
+def test_materialize_in_a_join_keeps_apart_columns_of_the_same_name() -> None:
+    """`b.id = 5` filters other rows than `a.id = 5`: it stays in the view, and `ORDER BY b.id`
+    is not the output column a.id."""
+    kept = materialize("SELECT a.id, count(*) FROM a JOIN b ON b.a_id = a.id WHERE b.id = 5 GROUP BY a.id")
+    assert isinstance(kept, strategists.MaterializedView)
+    assert kept.moved == () and kept.definition.endswith("WHERE b.id = 5 GROUP BY a.id")
+    assert kept.rewrite == f"SELECT * FROM {kept.name}"
+    ordered = materialize("SELECT a.id, count(*) FROM a JOIN b ON b.a_id = a.id "
+                          "GROUP BY a.id, b.id ORDER BY b.id")
+    assert isinstance(ordered, strategists.MaterializedView)
+    assert ordered.definition == ("SELECT a.id, COUNT(*) AS count, b.id AS afs_o3 FROM a "
+                                  "JOIN b ON b.a_id = a.id GROUP BY a.id, b.id")
+    assert ordered.group_columns == ("id", "afs_o3")
+    assert ordered.rewrite == f"SELECT id, count FROM {ordered.name} ORDER BY afs_o3"
 
 
 @pytest.mark.parametrize(("query", "reason"), [
@@ -990,6 +1049,15 @@ def test_range_fraction_from_the_histogram() -> None:
     assert range_fraction(created, "2030-01-01", None) == 0.0
     assert range_fraction(created, None, "2030-01-01") == pytest.approx(1.0)
     assert range_fraction(ColumnStats(), 1, 2) is None
+
+
+def test_range_fraction_counts_the_most_common_values_apart() -> None:
+    """The histogram describes the rows that are neither NULL nor a most common value."""
+    stats = ColumnStats(null_frac=0.1, most_common_vals=("5", "50"), most_common_freqs=(0.3, 0.2),
+                        histogram_bounds=("0", "10", "20", "30", "40"))
+    assert range_fraction(stats, None, 20) == pytest.approx(0.3 + 0.5 * 0.4)
+    assert range_fraction(stats, 45, None) == pytest.approx(0.2)
+    assert range_fraction(stats, None, None) == pytest.approx(0.9)
 
 
 def test_plan_nodes_multiply_loops_and_share_parallel_time() -> None:

@@ -88,7 +88,6 @@ class _Node:
     raw: Mapping[str, Any]
     children: list[_Node]
     parent: _Node | None
-    self_cost: float = 0.0
 
 
 def _tree(raw: Mapping[str, Any], parent: _Node | None = None) -> _Node:
@@ -105,6 +104,10 @@ def _inclusive(raw: Mapping[str, Any]) -> float:
         return float(raw.get("Total Cost") or 0.0)
     except (TypeError, ValueError):
         return 0.0
+
+
+def _self_cost(node: _Node) -> float:
+    return max(0.0, _inclusive(node.raw) - sum(_inclusive(c.raw) for c in node.children))
 
 
 def _label(raw: Mapping[str, Any]) -> str:
@@ -152,9 +155,7 @@ def trim_plan(plan: Mapping[str, Any], budget_tokens: int = PLAN_TOKEN_BUDGET) -
     quiet = json.dumps(_render(root, every, True, None), indent=1)
     if len(quiet) <= budget:
         return quiet, f"all {len(nodes)} nodes, minor fields left out"
-    for node in nodes:
-        node.self_cost = max(0.0, _inclusive(node.raw) - sum(_inclusive(c.raw) for c in node.children))
-    ranked = sorted(nodes, key=lambda n: -n.self_cost)
+    ranked = sorted(nodes, key=_self_cost, reverse=True)  # stable: ties keep the plan's order
 
     def keeping(count: int, max_chars: int | None) -> str:
         kept: set[int] = set()

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import email.utils
+import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -28,8 +29,10 @@ import httpx
 import structlog
 import trio
 from google import genai
+from google.auth import exceptions as auth_errors
 from google.genai import errors as genai_errors
 from google.genai import types
+from pydantic import ValidationError
 
 from afs.errors import ConfigError, ModelError
 from afs.models import AGENTS, AgentKey
@@ -109,10 +112,6 @@ class Usage:
     output_tokens: int = 0
     total_tokens: int = 0
 
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(self.prompt_tokens + other.prompt_tokens, self.output_tokens + other.output_tokens,
-                     self.total_tokens + other.total_tokens)
-
 
 def usage_of(response: types.GenerateContentResponse) -> Usage:
     meta = response.usage_metadata
@@ -176,6 +175,7 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY: Final = RetryPolicy()
+# 408 and 429, and every 5xx but 501 (Not Implemented will not change on a retry)
 RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -224,14 +224,18 @@ class GeminiClient:
         self.sdk = sdk
         self.credentials = credentials
         self._google_auth = google_auth  # Vertex AI credentials, refreshed here in a thread
+        self._auth_lock = trio.Lock()  # the agents share the credentials: one refresh at a time
 
     async def _refresh_google_auth(self) -> None:
         # The SDK refreshes tokens with asyncio.to_thread; with a valid token it never does.
         auth = self._google_auth
-        if auth is not None and not auth.valid:
-            from google.auth.transport.requests import Request
+        if auth is None or auth.valid:
+            return
+        async with self._auth_lock:
+            if not auth.valid:  # another agent may have refreshed it while this one waited
+                from google.auth.transport.requests import Request
 
-            await trio.to_thread.run_sync(auth.refresh, Request())
+                await trio.to_thread.run_sync(auth.refresh, Request(), abandon_on_cancel=True)
 
     async def generate_json(self, *, model: str, system: str, turns: Sequence[Turn],
                             schema: Mapping[str, Any], call_timeout_s: float,
@@ -242,23 +246,33 @@ class GeminiClient:
             response_json_schema=dict(schema))
         contents: list[types.ContentUnion] = [
             types.Content(role=role, parts=[types.Part(text=text)]) for role, text in turns]
+        secret = self.credentials.api_key
         for attempt in range(1, policy.attempts + 1):
-            await self._refresh_google_auth()
             with trio.move_on_after(call_timeout_s) as scope:
                 try:
+                    await self._refresh_google_auth()
                     response = await self.sdk.aio.models.generate_content(
                         model=model, contents=contents, config=config)
                 except genai_errors.APIError as exc:
                     failure = self._failure(model, exc, policy)
                 except httpx.TransportError as exc:
                     failure = ModelError(f"{model}: cannot reach the Gemini API ({type(exc).__name__}:"
-                                         f" {_clean(str(exc), self.credentials.api_key)})",
-                                         retryable=True)
+                                         f" {_clean(str(exc), secret)})", retryable=True)
+                except auth_errors.GoogleAuthError as exc:
+                    offline = isinstance(exc, auth_errors.TransportError)  # token endpoint unreachable
+                    hint = "" if offline else ": run `gcloud auth application-default login`"
+                    failure = ModelError(f"{model}: cannot refresh the Vertex AI credentials"
+                                         f" ({type(exc).__name__}: {_clean(str(exc), secret)}){hint}",
+                                         retryable=offline or exc.retryable)
+                except (json.JSONDecodeError, ValidationError) as exc:  # a 200 that is not Gemini's
+                    failure = ModelError(f"{model}: the answer is not a Gemini response"
+                                         f" ({type(exc).__name__}: {_clean(str(exc), secret)[:200]}):"
+                                         f" check {ENV_BASE_URL} if it is set")
                 else:
                     candidates = response.candidates or []
                     reason = candidates[0].finish_reason if candidates else None
-                    return ModelReply(text=response.text or "", usage=usage_of(response),
-                                      attempts=attempt, finish_reason=str(reason) if reason else None)
+                    return ModelReply(text=response.text or "", usage=usage_of(response), attempts=attempt,
+                                      finish_reason=reason.value if reason else None)
             if scope.cancelled_caught:
                 failure = ModelError(f"{model}: no answer within {call_timeout_s:g} s", retryable=True)
             if not failure.retryable or attempt == policy.attempts:
@@ -280,7 +294,7 @@ class GeminiClient:
         key_hint = ("check the API key in " + " or ".join(API_KEY_VARIABLES)
                     if self.credentials.api_key else
                     "check the application default credentials (gcloud auth application-default login)")
-        if status in RETRY_STATUSES:
+        if status in RETRY_STATUSES or (status is not None and 500 <= status <= 599 and status != 501):
             what = f"{model}: {'rate limited' if status == 429 else 'the API failed'} ({detail})"
             asked = retry_after_s(exc)
             if asked is not None and asked > policy.max_wait_s:

@@ -81,11 +81,12 @@ _FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_-]*[ \t]*\r?\n?(.*?)(?:```|\Z)", re.DO
 
 
 def extract_json(text: str) -> str:
-    """The JSON text inside `text`: a fenced block's content, else from the first { to the last }."""
+    """The JSON text inside `text`: itself when it is bare JSON (a ``` in one of its strings is
+    no fence), else the first fenced block holding JSON, else from the first { to the last }."""
     text = text.strip()
-    fenced = _FENCE.search(text)
-    if fenced:
-        text = fenced.group(1).strip()
+    if not text.startswith(("{", "[")):
+        blocks = (match.group(1).strip() for match in _FENCE.finditer(text))
+        text = next((block for block in blocks if block.startswith(("{", "["))), text)
     if text.startswith(("{", "[")):
         return text
     start, end = text.find("{"), text.rfind("}")
@@ -156,10 +157,10 @@ def load_object(text: str) -> dict[str, Any]:
     if not candidate:
         raise ModelOutputError("the answer was empty; respond with one JSON object", text)
     try:
-        value = json.loads(candidate)
+        value = json.loads(candidate, strict=False)  # strict=False: raw newlines in strings (SQL)
     except ValueError:
         try:
-            value = json.loads(repair_json(candidate))
+            value = json.loads(repair_json(candidate), strict=False)
         except ValueError as exc:
             raise ModelOutputError(f"not valid JSON ({exc}); respond with one JSON object only",
                                    text) from None
