@@ -501,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "the plan, proposes a change, checks it is safe and measures it with a "
                        "four-query suite. A consensus ranks the measured proposals. Nothing is "
                        "applied to your database.")
+    opt.epilog = ("example: afs optimize --query \"SELECT o.id FROM orders o WHERE o.user_id = 4242 "
+                  "ORDER BY o.created_at DESC\"   (exit codes: 0 completed or no improvement, "
+                  "1 failed, 2 bad input)")
     opt.add_argument("--query", required=True, metavar="SQL", help="one read-only SELECT")
     opt.add_argument("--dsn", metavar="DSN",
                      help="the database (its copy in the sandbox, see `afs sandbox import`); "
