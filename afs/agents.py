@@ -241,6 +241,10 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
         reasons = "; ".join(f"{r.reason}: {r.statement[:80]}" for r in state.validation.rejected)
         events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=reasons)
         return state.outcome("rejected", f"unsafe SQL refused: {reasons}")
+    if state.validation.rollback_commands:
+        # the rollback derived from the parsed SQL, not what the brain wrote
+        proposal = state.proposal = dataclasses.replace(
+            proposal, rollback_commands=state.validation.rollback_commands)
     candidate_suite: tuple[QueryVariant, ...] | None = None
     if proposal.rewritten_query is not None:
         try:

@@ -307,3 +307,16 @@ async def test_an_unsafe_proposal_or_rewrite_is_rejected_before_it_runs(
     assert not any(e.kind == "agent_phase" and e.data["phase"] == "benchmark" for e in events.history)
     async with open_connection(sandbox.dsn("afs_demo")) as conn:  # nothing reached the source
         assert await conn.fetchval("SELECT count(*) FROM order_items") > 0
+
+
+async def test_the_reported_rollback_is_derived_from_the_sql_not_taken_from_the_brain(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    def careless(agent: AgentKey) -> OptimizationProposal:
+        return dataclasses.replace(same_index(agent), rollback_commands=("DROP TABLE orders",))
+
+    result, _ = await run(settings, sandbox, forks, MISSING_INDEX,
+                          squad(("gemini25pro",), {"gemini25pro": ScriptedBrain(careless)}))
+    (outcome,) = result.outcomes
+    assert outcome.proposal is not None
+    assert outcome.proposal.rollback_commands == ("DROP INDEX IF EXISTS afs_gemini25pro_idx",)
+    assert to_json(result)["winner"]["rollback_commands"] == ["DROP INDEX IF EXISTS afs_gemini25pro_idx"]
