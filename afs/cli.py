@@ -377,8 +377,9 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     from afs.sandbox.seeding import ensure_demo
     from afs.sandbox.server import SandboxServer
 
-    if args.runs < 1:
-        raise InputError(f"--runs must be at least 1, got {args.runs}")
+    runs = settings.runs if args.runs is None else args.runs
+    if runs < 1:
+        raise InputError(f"--runs must be at least 1, got {runs}")
     extract_features(check_query(args.query))  # bad input: refused before anything starts
     weights = parse_weights(args.weights)
     rules = load_rules(settings.routing_rules)
@@ -390,7 +391,7 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
             await ensure_demo(settings, server, settings.scale, progress)
         progress_done()
         request = TaskRequest(query=args.query, task_type=args.type, priority=args.priority,
-                              runs=args.runs, weights=weights)
+                              runs=runs, weights=weights)
         display = LiveDisplay(live=None if not args.json else False)
         emitter = Emitter(new_task_id(), sinks=(log_sink, display.sink))
         async with open_fork_client(settings) as client:
@@ -428,12 +429,6 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 # -- parser --------------------------------------------------------------------------
-def settings_default_runs() -> int:
-    from afs.config import DEFAULT_RUNS
-
-    return DEFAULT_RUNS
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="afs",
@@ -518,8 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--weights", metavar="W",
                      help="consensus weights for this task, e.g. performance=0.6,storage=0.2,"
                           "complexity=0.1,risk=0.1 (must sum to 1; default: routing_rules.yaml)")
-    opt.add_argument("--runs", type=int, default=settings_default_runs(),
-                     help="measured runs per suite query and side (default: 5)")
+    opt.add_argument("--runs", type=int,
+                     help="measured runs per suite query and side (default: AFS_RUNS or 5)")
 
     mcp = commands.add_parser("mcp", help="the MCP fork server")
     mcp_cmds = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
