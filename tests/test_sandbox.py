@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,7 +40,10 @@ def own_home() -> Iterator[Path]:
     try:
         yield home
     finally:
-        SandboxServer(load_settings({"AFS_HOME": str(home)})).destroy()
+        try:
+            SandboxServer(load_settings({"AFS_HOME": str(home)})).destroy()
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def test_status_json_points_at_the_demo_database(sandbox: SandboxServer) -> None:
