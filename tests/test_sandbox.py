@@ -75,7 +75,8 @@ def test_killed_half_way_then_up_and_down_still_work(own_home: Path) -> None:
     server = SandboxServer(load_settings({"AFS_HOME": str(own_home)}))
     assert server.status().running  # the server outlives the killed process...
 
-    info = json.loads(afs("sandbox", "up", "--scale", "small", "--json", home=own_home).stdout)  # ...and up manages it
+    # ...and up manages it
+    info = json.loads(afs("sandbox", "up", "--scale", "small", "--json", home=own_home).stdout)
     assert info["running"] and info["seeded_seconds"] is not None and info["size_mb"] > 10
     import psycopg
 
