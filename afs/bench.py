@@ -23,7 +23,6 @@ import json
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pglast
 import trio
@@ -231,11 +230,3 @@ async def _run_without(conn: Connection, indexes: Sequence[str], sql: str) -> Sa
 
 def _quote_qualified(name: str) -> str:
     return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
-
-
-def summary(outcome: BenchmarkOutcome) -> dict[str, Any]:
-    return {
-        "average_improvement_pct": round(outcome.average_improvement_pct, 1),
-        "storage_delta_mb": round(outcome.storage_delta_mb, 2),
-        "equivalent": outcome.equivalent,
-    }

@@ -189,14 +189,21 @@ async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> in
 
 
 # -- forks ---------------------------------------------------------------------------
-async def _default_source(client: Any, settings: Settings) -> str:
-    if settings.target_dsn is not None:
-        from afs.sandbox.importer import origin_of
+async def imported_copy(client: Any, dsn: str) -> str | None:
+    """The sandbox database imported from `dsn` (matched by host, port and name), if any."""
+    from afs.sandbox.importer import origin_of
 
-        origin = origin_of(settings.target_dsn)
-        for source in (await client.list_services())["sources"]:
-            if source["origin"] == origin:
-                return str(source["name"])
+    origin = origin_of(dsn)
+    for source in (await client.list_services())["sources"]:
+        if source["origin"] == origin:
+            return str(source["name"])
+    return None
+
+
+async def _default_source(client: Any, settings: Settings) -> str:
+    """The configured target once imported, else the demo database."""
+    if settings.target_dsn is not None:
+        return await imported_copy(client, settings.target_dsn) or settings.demo_database
     return settings.demo_database
 
 
@@ -355,14 +362,13 @@ def parse_weights(text: str | None) -> dict[str, float] | None:
 async def _optimize_source(client: Any, settings: Settings, dsn: str | None) -> str:
     if dsn is None:
         return settings.demo_database
-    from afs.sandbox.importer import origin_of
+    source = await imported_copy(client, dsn)
+    if source is None:
+        from afs.sandbox.importer import origin_of
 
-    origin = origin_of(dsn)
-    for source in (await client.list_services())["sources"]:
-        if source["origin"] == origin:
-            return str(source["name"])
-    raise InputError(f"{origin} is not in the sandbox yet: copy it first with"
-                     f" `afs sandbox import --from DSN` (forks are made from that copy)")
+        raise InputError(f"{origin_of(dsn)} is not in the sandbox yet: copy it first with"
+                         f" `afs sandbox import --from DSN` (forks are made from that copy)")
+    return source
 
 
 async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:

@@ -1187,14 +1187,18 @@ class IndexDesign:
     def labels(self) -> tuple[str, ...]:
         return tuple(k.label or k.name for k in self.key)
 
-    def describe(self) -> str:
+    def clauses(self, include: Sequence[str]) -> str:
+        """What follows the table name: method, key, INCLUDE (names as given), WHERE."""
         using = f" USING {self.method}" if self.method != "btree" else ""
-        text = f"{self.table}{using} ({', '.join(k.sql() for k in self.key)})"
-        if self.include:
-            text += f" INCLUDE ({', '.join(self.include)})"
+        text = f"{using} ({', '.join(k.sql() for k in self.key)})"
+        if include:
+            text += f" INCLUDE ({', '.join(include)})"
         if self.where:
             text += f" WHERE {self.where}"
         return text
+
+    def describe(self) -> str:
+        return f"{self.table}{self.clauses(self.include)}"
 
 
 def _scan_reason(ev: Evidence, table: str, rows: float) -> str:
@@ -1629,13 +1633,8 @@ def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign,
     taken = [ix.name for ix in info.indexes] if info else []
     gin = design.method == "gin"
     name = index_name(design.table, design.labels, suffix="gin" if gin else "idx", taken=taken)
-    key = ", ".join(k.sql() for k in design.key)
-    using = f" USING {design.method}" if design.method != "btree" else ""
-    sql = f"CREATE INDEX {ident(name)} ON {qualified(design.table)}{using} ({key})"
-    if design.include:
-        sql += f" INCLUDE ({', '.join(ident(c) for c in design.include)})"
-    if design.where:
-        sql += f" WHERE {design.where}"
+    sql = (f"CREATE INDEX {ident(name)} ON {qualified(design.table)}"
+           f"{design.clauses([ident(c) for c in design.include])}")
     ptype: ProposalType = ("partial_index" if design.where
                            else "composite_index" if len(design.key) + len(design.include) > 1
                            else "index")
