@@ -14,19 +14,22 @@ bugs escape.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import pglast
 import trio
+from pglast import ast as pg_ast
+from pglast.stream import RawStream
 
 from afs import strategists
 from afs.analysis import gather_context
-from afs.bench import benchmark
-from afs.config import Timeouts
-from afs.consensus import ddl_signature
+from afs.bench import ApplyError, benchmark, planner_cost, undo
+from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
+from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
-from afs.errors import AfsError, UnsafeSqlError
+from afs.errors import AfsError, DatabaseError, UnsafeSqlError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.forks.naming import fork_name
@@ -37,14 +40,19 @@ from afs.models import (
     AnalysisContext,
     AnalysisResult,
     BenchmarkOutcome,
+    CandidateResult,
+    FamilyQuery,
     OptimizationProposal,
     QueryFeatures,
     QueryVariant,
     TaskType,
     ValidationResult,
 )
-from afs.safety import check_query, validate_proposal
+from afs.params import ParameterSet, apply_parameters, baked_literals, parameter_sets
+from afs.safety import check_query, validate_candidate
 from afs.suite import build_suite
+
+Proposals = OptimizationProposal | Sequence[OptimizationProposal] | None
 
 
 class Brain(Protocol):
@@ -55,7 +63,9 @@ class Brain(Protocol):
     async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult: ...
 
     async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | None: ...
+                      analysis: AnalysisResult) -> Proposals:
+        """Ranked candidate designs, best first (one, several, or none)."""
+        ...
 
 
 class StrategistBrain:
@@ -84,7 +94,7 @@ class SlowBrain:
         return await self.inner.analyze(agent, ctx)
 
     async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | None:
+                      analysis: AnalysisResult) -> Proposals:
         await trio.sleep(self.latency_s)
         return await self.inner.propose(agent, ctx, analysis)
 
@@ -145,6 +155,10 @@ class AgentJob:
     runs: int
     statement_timeout_ms: int
     timeouts: Timeouts
+    candidates: int = DEFAULT_CANDIDATES  # designs screened per agent
+    measured: int = DEFAULT_MEASURED  # of those, measured in the fork
+    parameter_sets: int = DEFAULT_PARAMETER_SETS  # other literal values checked per proposal
+    slow_cap_s: float = 0.0  # cap of the one baseline run of a query past the statement timeout
 
 
 @dataclass
@@ -161,6 +175,9 @@ class _Progress:
     skipped: tuple[str, ...] = field(default=())
     waited_s: float = 0.0
     measured_by: AgentKey | None = None
+    candidates: tuple[CandidateResult, ...] = ()
+    writes_per_read: dict[str, float] = field(default_factory=dict)
+    shared_by: dict[int, AgentKey] = field(default_factory=dict)  # rank -> agent that measured it
 
     def outcome(self, status: AgentStatus, error: str | None = None,
                 bench: BenchmarkOutcome | None = None) -> AgentOutcome:
@@ -168,7 +185,8 @@ class _Progress:
             agent=self.agent, status=status, error=error, fork=self.fork,
             analysis=self.analysis, proposal=self.proposal, validation=self.validation,
             benchmark=bench, duration_s=trio.current_time() - self.started, waited_s=self.waited_s,
-            measured_by=self.measured_by)
+            measured_by=self.measured_by, candidates=self.candidates,
+            writes_per_read=dict(self.writes_per_read))
 
 
 async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain: Brain,
@@ -218,6 +236,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     ctx = await gather_context(conn, task_id=job.task_id, task_type=job.task_type,
                                query=job.query, features=job.features,
                                source_stats=job.source_stats)
+    state.writes_per_read = {name: info.writes_per_read for name, info in ctx.tables.items()}
     main = ctx.tables.get(job.features.main_table or "")
     suite, skipped = build_suite(job.query, main, _alias_of(job.features))
     ctx = dataclasses.replace(ctx, suite=suite)
@@ -230,61 +249,238 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     enter("propose")
     t0 = trio.current_time()
     with trio.fail_after(limits.model):
-        state.proposal = await brain.propose(agent, ctx, state.analysis)
-    if state.proposal is None:
+        proposals = as_candidates(await brain.propose(agent, ctx, state.analysis))[:job.candidates]
+    if not proposals:
         events.emit("proposal_submitted", agent=agent, fork=state.fork,
                     duration_s=trio.current_time() - t0, proposal_type=None)
         return state.outcome("ok")
-    proposal = state.proposal
-    state.validation = validate_proposal(proposal.sql_commands, proposal.proposal_type)
-    if not state.validation.is_valid:
-        reasons = "; ".join(f"{r.reason}: {r.statement[:80]}" for r in state.validation.rejected)
-        events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=reasons)
-        return state.outcome("rejected", f"unsafe SQL refused: {reasons}")
-    if state.validation.rollback_commands:
-        # the rollback derived from the parsed SQL, not what the brain wrote
-        proposal = state.proposal = dataclasses.replace(
-            proposal, rollback_commands=state.validation.rollback_commands)
-    candidate_suite: tuple[QueryVariant, ...] | None = None
-    if proposal.rewritten_query is not None:
-        try:
-            rewritten = check_query(proposal.rewritten_query)
-        except UnsafeSqlError as exc:
-            events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=exc.reason)
-            return state.outcome("rejected", f"unsafe rewrite refused: {exc}")
-        candidate_suite, _ = build_suite(rewritten, None, None)
     events.emit("proposal_submitted", agent=agent, fork=state.fork,
-                duration_s=trio.current_time() - t0, proposal_type=proposal.proposal_type,
-                sql=list(proposal.sql_commands))
+                duration_s=trio.current_time() - t0, proposal_type=proposals[0].proposal_type,
+                sql=list(proposals[0].sql_commands), candidates=len(proposals))
 
-    async def measure() -> BenchmarkOutcome:
-        enter("waiting for the benchmark slot")
+    tried: dict[int, CandidateResult] = {}
+    checked: list[tuple[int, OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None]] = []
+    for rank, proposal in enumerate(proposals, 1):
+        validation = validate_candidate(proposal)
+        if not validation.is_valid:
+            reasons = "; ".join(f"{r.reason}: {r.statement[:80]}" for r in validation.rejected)
+            events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=reasons, rank=rank)
+            tried[rank] = CandidateResult(proposal, "rejected", rank, validation,
+                                          note=f"unsafe SQL refused: {reasons}")
+            continue
+        if validation.rollback_commands:
+            # the rollback derived from the parsed SQL, not what the brain wrote
+            proposal = dataclasses.replace(proposal, rollback_commands=validation.rollback_commands)
+        candidate_suite: tuple[QueryVariant, ...] | None = None
+        if proposal.rewritten_query is not None:
+            try:
+                rewritten = check_query(proposal.rewritten_query)
+            except UnsafeSqlError as exc:
+                events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=exc.reason,
+                            rank=rank)
+                tried[rank] = CandidateResult(proposal, "rejected", rank, validation,
+                                              note=f"unsafe rewrite refused: {exc}")
+                continue
+            candidate_suite, _ = build_suite(rewritten, None, None)
+        checked.append((rank, proposal, validation, candidate_suite))
+    if not checked:
+        state.candidates = tuple(tried[r] for r in sorted(tried))
+        first = state.candidates[0]
+        state.proposal, state.validation = first.proposal, first.validation
+        return state.outcome("rejected", first.note)
+
+    enter("screen")
+    costs: dict[int, float | None] = {}
+    baseline_cost: float | None = None
+    if len(checked) > 1:
+        baseline_cost = await planner_cost(conn, job.query)
+        for rank, proposal, validation, _ in checked:
+            if proposal.proposal_type == "partitioning":
+                costs[rank] = None  # moving the data is too slow to try in a transaction
+                continue
+            try:
+                costs[rank] = await planner_cost(conn, proposal.rewritten_query or job.query, proposal)
+            except ApplyError as exc:
+                tried[rank] = CandidateResult(proposal, "failed", rank, validation,
+                                              baseline_cost=baseline_cost, note=str(exc))
+        events.emit("candidates_screened", agent=agent, fork=state.fork, baseline_cost=baseline_cost,
+                    costs={str(r): c for r, c in costs.items()})
+    chosen = choose_for_measurement(
+        [(rank, costs.get(rank), proposal.proposal_type == "partitioning")
+         for rank, proposal, _, _ in checked if rank not in tried],
+        baseline_cost, job.measured)
+    for rank, proposal, validation, _ in checked:
+        if rank not in tried and rank not in chosen:
+            tried[rank] = CandidateResult(
+                proposal, "screened_out", rank, validation, planner_cost=costs.get(rank),
+                baseline_cost=baseline_cost,
+                note="the planner expects it to be slower than the designs measured")
+
+    family = _family(job, ctx)
+    by_rank = {rank: (proposal, validation, cs) for rank, proposal, validation, cs in checked}
+    for position, rank in enumerate(chosen):
+        proposal, validation, candidate_suite = by_rank[rank]
+        last = position == len(chosen) - 1
+        measured_here = False
+
+        async def measure(proposal: OptimizationProposal = proposal,
+                          candidate_suite: tuple[QueryVariant, ...] | None = candidate_suite
+                          ) -> BenchmarkOutcome:
+            nonlocal measured_here
+            enter("waiting for the benchmark slot")
+            t0 = trio.current_time()
+            async with bench_limiter:
+                state.waited_s += trio.current_time() - t0
+                enter("benchmark")
+                measured_here = True
+                with trio.fail_after(limits.benchmark + job.slow_cap_s):
+                    return await benchmark(
+                        conn, suite, proposal, candidate_suite=candidate_suite,
+                        tables=job.features.tables, runs=job.runs, skipped=state.skipped,
+                        family=_family_for(job.query, family, proposal),
+                        statement_timeout_ms=job.statement_timeout_ms,
+                        slow_cap_ms=int(job.slow_cap_s * 1000))
+
+        def waiting(owner: AgentKey) -> None:
+            events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
+            enter("waiting for a shared measurement")
+
         t0 = trio.current_time()
-        async with bench_limiter:
+        try:
+            outcome, measured_by = await shared.measure(agent, proposal, measure, waiting)
+        except (ApplyError, DatabaseError) as exc:
+            tried[rank] = CandidateResult(proposal, "failed", rank, validation,
+                                          planner_cost=costs.get(rank), baseline_cost=baseline_cost,
+                                          note=str(exc))
+            if measured_here:
+                break  # the fork's state is unknown now: measure nothing more in it
+            continue
+        if measured_by is not None:
             state.waited_s += trio.current_time() - t0
-            enter("benchmark")
-            with trio.fail_after(limits.benchmark):
-                return await benchmark(conn, suite, proposal, candidate_suite=candidate_suite,
-                                       tables=job.features.tables, runs=job.runs,
-                                       skipped=state.skipped)
+        events.emit("benchmark_completed", agent=agent, fork=state.fork,
+                    duration_s=trio.current_time() - t0, measured_by=measured_by, rank=rank,
+                    average_improvement_pct=round(outcome.average_improvement_pct, 1),
+                    storage_delta_mb=outcome.storage_delta_mb, equivalent=outcome.equivalent)
+        note = f"measured by {measured_by} (the same proposal)" if measured_by else ""
+        tried[rank] = CandidateResult(proposal, "measured", rank, validation,
+                                      planner_cost=costs.get(rank), baseline_cost=baseline_cost,
+                                      benchmark=outcome, note=note)
+        if measured_by is not None:
+            state.shared_by[rank] = measured_by
+        if measured_here and not last:
+            try:
+                await undo(conn, proposal.rollback_commands)
+            except ApplyError as exc:
+                events.emit("agent_phase", agent=agent, fork=state.fork, phase="undo failed",
+                            error=str(exc))
+                break
 
-    def waiting(owner: AgentKey) -> None:
-        events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
-        enter("waiting for a shared measurement")
+    state.candidates = tuple(tried[r] for r in sorted(tried))
+    return _best(state)
 
-    t0 = trio.current_time()
-    outcome, state.measured_by = await shared.measure(agent, proposal, measure, waiting)
-    if state.measured_by is not None:
-        state.waited_s += trio.current_time() - t0
-    events.emit("benchmark_completed", agent=agent, fork=state.fork,
-                duration_s=trio.current_time() - t0, measured_by=state.measured_by,
-                average_improvement_pct=round(outcome.average_improvement_pct, 1),
-                storage_delta_mb=outcome.storage_delta_mb, equivalent=outcome.equivalent)
-    if not outcome.equivalent:
-        differing = ", ".join(m.name for m in outcome.measurements if not m.equivalent)
-        return state.outcome("rejected", f"the proposal changes query results ({differing})",
-                             outcome)
-    return state.outcome("ok", None, outcome)
+
+def as_candidates(raw: OptimizationProposal | Sequence[OptimizationProposal] | None
+                  ) -> tuple[OptimizationProposal, ...]:
+    """A brain's answer as a ranked tuple of candidates (best first)."""
+    if raw is None:
+        return ()
+    if isinstance(raw, OptimizationProposal):
+        return (raw,)
+    return tuple(raw)
+
+
+def choose_for_measurement(candidates: Sequence[tuple[int, float | None, bool]],
+                           baseline_cost: float | None, limit: int) -> list[int]:
+    """Which candidates (rank, planner cost, moves data) to measure, in measuring order.
+
+    The brain's first choice is always measured (the planner can be wrong: a corrected
+    estimate may cost more and run faster); the others by planner cost, cheapest first, when
+    they promise at least 10 % less than the query as it is. Designs that move data
+    (partitioning) are measured last: their undo is the slowest and least certain.
+    """
+    if not candidates:
+        return []
+    first, *rest = sorted(candidates)
+    promising = [c for c in rest if c[1] is None or baseline_cost is None or c[1] < 0.9 * baseline_cost]
+    promising.sort(key=lambda c: (c[1] is None, c[1] or 0.0, c[0]))
+    picked = [first, *promising][:max(1, limit)]
+    picked.sort(key=lambda c: (c[2], picked.index(c)))
+    return [rank for rank, _, _ in picked]
+
+
+def _best(state: _Progress) -> AgentOutcome:
+    """The agent's outcome: its best measured candidate, judged as consensus would."""
+    measured = [c for c in state.candidates if c.status == "measured" and c.benchmark is not None]
+    if not measured:
+        first = state.candidates[0]
+        state.proposal, state.validation = first.proposal, first.validation
+        status: AgentStatus = "rejected" if first.status == "rejected" else "failed"
+        return state.outcome(status, first.note or "no candidate could be measured")
+
+    def key(c: CandidateResult) -> tuple[bool, bool, float, int]:
+        trial = AgentOutcome(agent=state.agent, status="ok", proposal=c.proposal,
+                             validation=c.validation, benchmark=c.benchmark,
+                             writes_per_read=state.writes_per_read)
+        breakdown = score(trial)
+        assert c.benchmark is not None and breakdown is not None
+        return (not c.benchmark.equivalent, bool(breakdown.disqualified), -breakdown.total, c.rank)
+
+    best = min(measured, key=key)
+    assert best.benchmark is not None
+    state.proposal, state.validation = best.proposal, best.validation
+    state.measured_by = state.shared_by.get(best.rank)
+    if not best.benchmark.equivalent:
+        differing = [m.name for m in best.benchmark.measurements if not m.equivalent] + [
+            c.label for c in best.benchmark.parameter_checks if not c.equivalent]
+        return state.outcome("rejected", f"the proposal changes query results ({', '.join(differing)})",
+                             best.benchmark)
+    return state.outcome("ok", None, best.benchmark)
+
+
+def _family(job: AgentJob, ctx: AnalysisContext) -> tuple[ParameterSet, ...]:
+    """Other values for the query's literals, drawn from pg_stats (none without literals)."""
+    if job.parameter_sets <= 0:
+        return ()
+    return parameter_sets(job.query, ctx.tables, job.parameter_sets)
+
+
+def _family_for(query: str, sets: Sequence[ParameterSet],
+                proposal: OptimizationProposal) -> tuple[FamilyQuery, ...]:
+    """The query family for one proposal: the original and the proposal's query, same values.
+
+    A proposal whose materialized view bakes a literal of the query in gets a member
+    without a candidate query: an answer cache, whatever else it reads.
+    """
+    baked = [literal for definition in _view_definitions(proposal)
+             for literal in baked_literals(definition, query)]
+    members: list[FamilyQuery] = []
+    for pset in sets:
+        baseline_sql = apply_parameters(query, pset)
+        if baseline_sql is None:
+            continue
+        candidate_sql = (apply_parameters(proposal.rewritten_query, pset)
+                         if proposal.rewritten_query is not None else baseline_sql)
+        if baked:
+            candidate_sql = None
+        members.append(FamilyQuery(pset.label, baseline_sql, candidate_sql))
+    if baked and not members:
+        members.append(FamilyQuery(f"other values than {', '.join(baked)}", query, None))
+    return tuple(members)
+
+
+def _view_definitions(proposal: OptimizationProposal) -> list[str]:
+    """The SELECT of every materialized view the proposal creates."""
+    definitions = []
+    for command in proposal.sql_commands:
+        try:
+            statements = pglast.parse_sql(command)
+        except pglast.parser.ParseError:
+            continue
+        for raw in statements:
+            stmt = raw.stmt
+            if isinstance(stmt, pg_ast.CreateTableAsStmt) and stmt.query is not None:
+                definitions.append(RawStream()(stmt.query))
+    return definitions
 
 
 def _alias_of(features: QueryFeatures) -> str | None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from afs.db import Connection
+from afs.errors import StatementTimeout
 from afs.models import (
     AnalysisContext,
     ColumnInfo,
@@ -138,8 +139,20 @@ async def gather_context(
     source_stats: Mapping[str, tuple[int, float]],
     suite: tuple[QueryVariant, ...] = (),
 ) -> AnalysisContext:
-    """Run the analysis queries in the fork and build the agent's context."""
-    plan, execution_ms = await explain_analyze(conn, query)
+    """Run the analysis queries in the fork and build the agent's context.
+
+    A query that runs past the statement timeout gets a plain EXPLAIN (estimates only)
+    and the timeout as its execution time, a lower bound (`AnalysisContext.slow`).
+    """
+    slow = False
+    try:
+        plan, execution_ms = await explain_analyze(conn, query)
+    except StatementTimeout:
+        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {query}")
+        doc = raw if isinstance(raw, list) else json.loads(raw)
+        plan, slow = doc[0]["Plan"], True
+        execution_ms = float(await conn.fetchval(
+            "SELECT setting::float8 FROM pg_settings WHERE name = 'statement_timeout'") or 0)
     tables: dict[str, TableInfo] = {}
     for name in features.tables:
         cols = {u.column for u in features.columns if u.table == name}
@@ -147,7 +160,8 @@ async def gather_context(
         if info is not None:
             tables[name] = info
     return AnalysisContext(task_id=task_id, task_type=task_type, query=query, features=features,
-                           plan=plan, execution_ms=execution_ms, tables=tables, suite=suite)
+                           plan=plan, execution_ms=execution_ms, tables=tables, suite=suite,
+                           slow=slow)
 
 
 def _is_temporal(data_type: str) -> bool:

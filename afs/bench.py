@@ -19,6 +19,8 @@ Everything else is reported as inconclusive.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,8 +31,16 @@ import trio
 from pglast import ast
 
 from afs.db import Connection
-from afs.errors import AfsError, DatabaseError
-from afs.models import BenchmarkOutcome, Measurement, OptimizationProposal, QueryVariant, Timing
+from afs.errors import AfsError, DatabaseError, StatementTimeout
+from afs.models import (
+    BenchmarkOutcome,
+    FamilyQuery,
+    Measurement,
+    OptimizationProposal,
+    ParameterCheck,
+    QueryVariant,
+    Timing,
+)
 from afs.suite import result_checksum_sql
 
 MB = 1048576.0
@@ -134,12 +144,85 @@ async def _measure_alone(run: Callable[[], Awaitable[Sample]], runs: int) -> lis
     return [await run() for _ in range(runs)]
 
 
-async def apply(conn: Connection, proposal: OptimizationProposal) -> None:
+async def apply(conn: Connection, proposal: OptimizationProposal) -> float:
+    """Run the proposal's commands in the fork; the seconds it took (an index or view build)."""
+    started = trio.current_time()
     for command in proposal.sql_commands:
         try:
             await conn.execute(command)
         except DatabaseError as exc:
             raise ApplyError(f"applying the proposal failed: {exc}") from exc
+    return trio.current_time() - started
+
+
+async def undo(conn: Connection, rollback: Sequence[str]) -> None:
+    """Take a measured proposal out of the fork again (its validated rollback commands)."""
+    for command in rollback:
+        try:
+            await conn.execute(command)
+        except DatabaseError as exc:
+            raise ApplyError(f"undoing the proposal failed: {exc}") from exc
+
+
+async def planner_cost(conn: Connection, sql: str, proposal: OptimizationProposal | None = None) -> float:
+    """EXPLAIN's total cost of `sql`, with the proposal applied inside a rolled-back transaction."""
+    await conn.execute("BEGIN")
+    try:
+        if proposal is not None:
+            for command in proposal.sql_commands:
+                await conn.execute(command)
+            for name, value in proposal.settings:
+                await conn.execute(f"SET LOCAL {name} = {_setting_literal(value)}")
+        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}")
+    except DatabaseError as exc:
+        raise ApplyError(f"screening the proposal failed: {exc}") from exc
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+    doc = raw if isinstance(raw, list) else json.loads(raw)
+    return float(doc[0]["Plan"]["Total Cost"])
+
+
+def _setting_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+async def _run_with_settings(conn: Connection, settings: Sequence[tuple[str, str]], sql: str) -> Sample:
+    """One run with planner settings set for this transaction only (SET LOCAL, rolled back)."""
+    await conn.execute("BEGIN")
+    try:
+        for name, value in settings:
+            await conn.execute(f"SET LOCAL {name} = {_setting_literal(value)}")
+        return await run_once(conn, sql)
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+
+
+async def _long_run(conn: Connection, variant: QueryVariant, ordered: bool,
+                    cap_ms: int, normal_ms: int) -> tuple[Result | None, Sample]:
+    """The query run once under a longer cap: its result (None past the cap) and its time."""
+    await conn.execute(f"SET statement_timeout = {int(cap_ms)}")
+    started = trio.current_time()
+    try:
+        result: Result | None = await result_of(conn, variant, ordered)
+    except StatementTimeout:
+        result = None
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute(f"SET statement_timeout = {int(normal_ms)}")
+    elapsed = (trio.current_time() - started) * 1000.0
+    return result, Sample(ms=cap_ms if result is None else elapsed, buffers=0)
+
+
+@dataclass(frozen=True)
+class _Sides:
+    """How a baseline run and a candidate run of one pair of queries are made."""
+
+    baseline: Callable[[str], Awaitable[Sample]]
+    candidate: Callable[[str], Awaitable[Sample]]
+    interleaved: bool
+    note: str
 
 
 async def benchmark(
@@ -151,8 +234,19 @@ async def benchmark(
     tables: Sequence[str],
     runs: int = 5,
     skipped: Sequence[str] = (),
+    family: Sequence[FamilyQuery] = (),
+    family_runs: int = 3,
+    statement_timeout_ms: int = 0,
+    slow_cap_ms: int = 0,
 ) -> BenchmarkOutcome:
-    """Measure `suite` before and `candidate_suite` (default: the same) after the proposal."""
+    """Measure `suite` before and `candidate_suite` (default: the same) after the proposal.
+
+    `family` holds the query with other parameter values: each is result-checked and
+    timed too (`family_runs` runs a side). When the query as given exceeds the statement
+    timeout (`statement_timeout_ms`) before the change, it is run once under `slow_cap_ms`
+    and that single run is its baseline (a lower bound when it hit the cap); other variants
+    that exceed the timeout are left out.
+    """
     candidates = {v.name: v for v in (candidate_suite or suite)}
     pairs = [(v, candidates[v.name]) for v in suite if v.name in candidates]
     missing = [f"{v.name}: no equivalent query on the proposal's objects" for v in suite
@@ -162,50 +256,134 @@ async def benchmark(
 
     hidden = hideable_indexes(proposal)
     rewrite = proposal.rewritten_query is not None
+    settings = proposal.settings
     # A rewrite may order ties differently: compare its results as multisets.
     ordered = {v.name: v.ordered and c.ordered and not rewrite for v, c in pairs}
-    before_results = {v.name: await result_of(conn, v, ordered[v.name]) for v, _ in pairs}
-    sequential_baseline: dict[str, list[Sample]] = {}
-    if hidden is None and not rewrite:
-        for variant, _ in pairs:
-            async def run_before(v: QueryVariant = variant) -> Sample:
-                return await run_once(conn, v.sql)
-            sequential_baseline[variant.name] = await _measure_alone(run_before, runs)
+    before_results: dict[str, Result] = {}
+    slow_baseline: dict[str, Sample] = {}
+    kept: list[tuple[QueryVariant, QueryVariant]] = []
+    for variant, candidate in pairs:
+        try:
+            before_results[variant.name] = await result_of(conn, variant, ordered[variant.name])
+        except StatementTimeout:
+            if variant.name != "baseline" or not slow_cap_ms or not statement_timeout_ms:
+                missing.append(f"{variant.name}: exceeds the statement timeout before the change")
+                continue
+            result, sample = await _long_run(conn, variant, ordered[variant.name], slow_cap_ms,
+                                             statement_timeout_ms)
+            slow_baseline[variant.name] = sample
+            if result is not None:
+                before_results[variant.name] = result
+        kept.append((variant, candidate))
+    pairs = kept
 
-    await apply(conn, proposal)
+    sequential = hidden is None and not rewrite and not settings
+    sequential_baseline: dict[str, list[Sample]] = {}
+    family_before: dict[str, list[Sample]] = {}
+    if sequential:
+        for variant, _ in pairs:
+            if variant.name not in slow_baseline:
+                sequential_baseline[variant.name] = await _measure_alone(
+                    functools.partial(run_once, conn, variant.sql), runs)
+        for member in family:
+            if member.candidate_sql is not None:
+                family_before[member.label] = await _measure_alone(
+                    functools.partial(run_once, conn, member.baseline_sql), family_runs)
+
+    apply_s = await apply(conn, proposal)
     relations_after = float(await conn.fetchval(_USER_RELATIONS_SIZE))
+
+    async def plain(sql: str) -> Sample:
+        return await run_once(conn, sql)
+
+    async def with_settings(sql: str) -> Sample:
+        return await _run_with_settings(conn, settings, sql)
+
+    async def without_new_indexes(sql: str) -> Sample:
+        assert hidden is not None
+        return await _run_without(conn, hidden, sql)
+
+    run_candidate = with_settings if settings else plain
+    if hidden is not None:
+        sides = _Sides(without_new_indexes, run_candidate, True,
+                       "interleaved; baseline with the new indexes hidden in a rolled-back transaction")
+    elif rewrite or settings:
+        sides = _Sides(plain, run_candidate, True,
+                       "interleaved; original query against the "
+                       + ("rewrite" if rewrite else "query with the proposed settings"))
+    else:
+        sides = _Sides(plain, run_candidate, False, "baseline before the change, candidate after it")
 
     measurements: list[Measurement] = []
     for variant, candidate in pairs:
         after = await result_of(conn, candidate, ordered[variant.name])
-        before = before_results[variant.name]
+        before = before_results.get(variant.name)
         # a rewrite may cut a LIMIT at other rows (its order differs): compare counts there
         exact = variant.exact and candidate.exact and not (rewrite and variant.name == "limit")
-        equivalent = before.rows == after.rows and (not exact or before.checksum == after.checksum)
-
-        async def run_candidate(c: QueryVariant = candidate) -> Sample:
-            return await run_once(conn, c.sql)
-
-        if hidden is not None:
-            async def run_hidden(v: QueryVariant = variant) -> Sample:
-                return await _run_without(conn, hidden, v.sql)
-            base, cand = await _measure_pairs(run_hidden, run_candidate, runs)
-            note = "interleaved; baseline with the new indexes hidden in a rolled-back transaction"
-        elif rewrite:
-            async def run_original(v: QueryVariant = variant) -> Sample:
-                return await run_once(conn, v.sql)
-            base, cand = await _measure_pairs(run_original, run_candidate, runs)
-            note = "interleaved; original query against the rewrite"
+        if before is None:  # the baseline ran past the long cap: only the same query can be trusted
+            equivalent = not rewrite
+            before = Result(rows=after.rows, checksum=after.checksum)
+        else:
+            equivalent = before.rows == after.rows and (not exact or before.checksum == after.checksum)
+        note = sides.note
+        if variant.name in slow_baseline:
+            base = [slow_baseline[variant.name]]
+            cand = await _measure_alone(functools.partial(run_candidate, candidate.sql), runs)
+            note = (f"the query exceeds the statement timeout ({statement_timeout_ms / 1000:g} s) before "
+                    f"the change: baseline is one run under a {slow_cap_ms / 1000:g} s cap, a lower bound")
+        elif sides.interleaved:
+            base, cand = await _measure_pairs(functools.partial(sides.baseline, variant.sql),
+                                              functools.partial(sides.candidate, candidate.sql), runs)
         else:
             base = sequential_baseline[variant.name]
-            cand = await _measure_alone(run_candidate, runs)
-            note = "baseline before the change, candidate after it"
+            cand = await _measure_alone(functools.partial(sides.candidate, candidate.sql), runs)
         if not equivalent:
             note = (f"results differ: {before.rows} rows before, {after.rows} after"
                     + ("" if before.rows != after.rows else " (checksum differs)"))
+        base_timing = timing(base)
+        if variant.name in slow_baseline:
+            base_timing = dataclasses.replace(base_timing, lower_bound=True)
         measurements.append(Measurement(
-            name=variant.name, baseline=timing(base), optimized=timing(cand), rows=before.rows,
+            name=variant.name, baseline=base_timing, optimized=timing(cand), rows=before.rows,
             equivalent=equivalent, significant=significant(base, cand), note=note))
+
+    checks: list[ParameterCheck] = []
+    answer_cache: str | None = None
+    family_ordered = bool(pairs) and ordered.get(pairs[0][0].name, False)
+    family_exact = bool(pairs) and pairs[0][0].exact and pairs[0][1].exact
+    for member in family:
+        if member.candidate_sql is None:
+            answer_cache = answer_cache or (
+                f"its query has no place for other values ({member.label}): the literals are baked "
+                "into what it reads, a cache of today's answer")
+            checks.append(ParameterCheck(label=member.label, equivalent=False, slower=False,
+                                         note="the proposal cannot answer the query with these values"))
+            continue
+        probe = QueryVariant("baseline", member.baseline_sql, family_ordered, family_exact)
+        other = QueryVariant("baseline", member.candidate_sql, family_ordered, family_exact)
+        try:
+            before = await result_of(conn, probe, family_ordered)
+        except StatementTimeout:
+            checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False,
+                                         note="not checked: the original exceeds the statement timeout"
+                                              " for these values"))
+            continue
+        after = await result_of(conn, other, family_ordered)
+        equivalent = before.rows == after.rows and (not family_exact or before.checksum == after.checksum)
+        if member.label in family_before:
+            base = family_before[member.label]
+            cand = await _measure_alone(functools.partial(sides.candidate, member.candidate_sql),
+                                        family_runs)
+        else:
+            base, cand = await _measure_pairs(functools.partial(sides.baseline, member.baseline_sql),
+                                              functools.partial(sides.candidate, member.candidate_sql),
+                                              family_runs)
+        b, c = timing(base), timing(cand)
+        slower = significant(base, cand) and c.median_ms > b.median_ms
+        checks.append(ParameterCheck(
+            label=member.label, equivalent=equivalent, slower=slower, baseline=b, optimized=c,
+            rows=before.rows,
+            note="" if equivalent else f"results differ: {before.rows} rows before, {after.rows} after"))
 
     delta = max(0.0, relations_after - relations_before)
     return BenchmarkOutcome(
@@ -213,6 +391,10 @@ async def benchmark(
         storage_before_mb=round(storage_before / MB, 2),
         storage_after_mb=round((storage_before + delta) / MB, 2),
         skipped=(*skipped, *missing),
+        parameter_checks=tuple(checks),
+        answer_cache=answer_cache,
+        apply_s=round(apply_s, 3),
+        baseline_lower_bound=bool(slow_baseline),
     )
 
 

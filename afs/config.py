@@ -14,6 +14,10 @@ Environment:
     AFS_SCALE                 demo data scale: small | demo | large
     AFS_ROUTING_RULES         path of the routing rules file
     AFS_TIMEOUT_<PHASE>_S     fork, model, benchmark, agent, task time limits
+    AFS_CANDIDATES            designs each agent screens with the planner (default 4)
+    AFS_MEASURED              of those, how many it measures in its fork (default 3)
+    AFS_PARAMETER_SETS        other literal values each proposal is checked with (default 2)
+    AFS_SLOW_BASELINE_CAP_S   cap of the one baseline run of a query past the statement timeout
 
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
 GOOGLE_GENAI_USE_VERTEXAI with GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION), plus
@@ -21,7 +25,8 @@ AFS_GEMINI_BASE_URL (another endpoint: proxies, the fake server) and
 AFS_GEMINI_MODEL_<AGENT> (e.g. AFS_GEMINI_MODEL_GEMINI25PRO); `afs.gemini.client` reads
 them from the environment the CLI passes in.
 
-The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}` and `runs`.
+The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `candidates`,
+`measured`, `parameter_sets` and `slow_baseline_cap_s`.
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ DEFAULT_SCALE = "demo"
 DEFAULT_SEED = 42
 DEMO_DATABASE = "afs_demo"
 DEFAULT_RUNS = 5
+DEFAULT_CANDIDATES = 4  # designs an agent screens with the planner
+DEFAULT_MEASURED = 3  # of those, how many it measures for real in its fork
+DEFAULT_PARAMETER_SETS = 2  # other literal values every proposal is also checked with
+DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the statement timeout
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,10 @@ class Settings:
     demo_database: str = DEMO_DATABASE
     timeouts: Timeouts = field(default_factory=Timeouts)
     runs: int = DEFAULT_RUNS
+    candidates: int = DEFAULT_CANDIDATES
+    measured: int = DEFAULT_MEASURED
+    parameter_sets: int = DEFAULT_PARAMETER_SETS
+    slow_baseline_cap_s: float = DEFAULT_SLOW_BASELINE_CAP_S
     routing_rules: Path | None = None  # default: routing_rules.yaml (see afs.router.load_rules)
 
     @property
@@ -164,9 +177,18 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         value, source = pick(key, env_name)
         if value is not None:
             changes[key] = _int(value, key, source)
-    value, source = pick("runs", "AFS_RUNS")
+    for key, env_name in (
+        ("runs", "AFS_RUNS"),
+        ("candidates", "AFS_CANDIDATES"),
+        ("measured", "AFS_MEASURED"),
+        ("parameter_sets", "AFS_PARAMETER_SETS"),
+    ):
+        value, source = pick(key, env_name)
+        if value is not None:
+            changes[key] = _int(value, key, source)
+    value, source = pick("slow_baseline_cap_s", "AFS_SLOW_BASELINE_CAP_S")
     if value is not None:
-        changes["runs"] = _int(value, "runs", source)
+        changes["slow_baseline_cap_s"] = float(_int(value, "slow_baseline_cap_s", source))
     rules, _ = pick("routing_rules", "AFS_ROUTING_RULES")
     if rules:
         changes["routing_rules"] = Path(str(rules)).expanduser()

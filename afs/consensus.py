@@ -28,8 +28,14 @@ Ours on top of the original rules:
   all its measurements do; otherwise it is inconclusive;
 * the write cost of a new index on a write-heavy table: for index types (index, partial_index,
   composite_index) the risk score loses min(15, 10 × writes_per_read), where writes_per_read is
-  `outcome.analysis.metadata["writes_per_read"]` (0 when absent). It is applied after the
-  original risk clamp and clamped to 0–100 again, so it counts in the risk gate too;
+  the largest `outcome.writes_per_read` (measured on the source) of the tables the proposal
+  indexes (0 when unknown). It is applied after the original risk clamp and clamped to 0–100
+  again, so it counts in the risk gate too;
+* a materialized view is stale until refreshed and each refresh costs its build time, measured
+  in the fork (`BenchmarkOutcome.apply_s`): complexity −min(20, 2 per second);
+* a fix must serve the query family: a proposal that is an answer cache (the query's literals
+  baked into what it reads), returns other rows for another parameter set, or is slower than
+  the original for one (`BenchmarkOutcome.family_problem`) cannot win;
 * agreement between agents on equivalent DDL raises the confidence. DDL is compared as the set
   of `normalize_ddl` statements (ANALYZE/VACUUM left out), so `CREATE INDEX a ON orders (user_id)`
   ≡ `create index concurrently b on orders(user_id)`. Any other outcome with a proposal counts,
@@ -95,6 +101,8 @@ RISK_RANGE = (0.0, 100.0)
 INDEX_TYPES = frozenset({"index", "partial_index", "composite_index"})
 WRITE_COST_PER_WRITE_PER_READ = 10.0
 WRITE_COST_MAX = 15.0
+REFRESH_COST_PER_S = 2.0
+REFRESH_COST_MAX = 20.0
 
 MIN_IMPROVEMENT_PCT = 10.0
 MIN_RISK_SCORE = 40.0
@@ -125,15 +133,24 @@ class Candidate:
 
     @property
     def writes_per_read(self) -> float:
-        """From the analysis metadata; 0 when absent or not a number."""
-        if self.outcome.analysis is None:
-            return 0.0
-        value = self.outcome.analysis.metadata.get("writes_per_read", 0.0)
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            return 0.0
-        return number if math.isfinite(number) and number > 0 else 0.0
+        """Measured on the source: the most written table that gets a new index (0 if none)."""
+        tables = _indexed_tables(self.proposal)
+        rates = [rate for table, rate in self.outcome.writes_per_read.items()
+                 if table.lower().rsplit(".", 1)[-1] in tables and math.isfinite(rate) and rate > 0]
+        return max(rates, default=0.0)
+
+
+_INDEX_TABLE = re.compile(r'^create (?:unique )?index\b.*?\bon (?:only )?("(?:[^"]|"")*"|[^\s(]+)')
+
+
+def _indexed_tables(proposal: OptimizationProposal) -> set[str]:
+    """The tables the proposal's CREATE INDEX statements are on (lower case, without schema)."""
+    tables: set[str] = set()
+    for statement in proposal.sql_commands:
+        match = _INDEX_TABLE.match(normalize_ddl(statement))
+        if match:
+            tables.add(match[1].rsplit(".", 1)[-1].strip('"').lower())
+    return tables
 
 
 @dataclass(frozen=True)
@@ -214,7 +231,23 @@ def index_write_cost(candidate: Candidate) -> Adjustment | None:
     )
 
 
-ADJUSTMENTS: tuple[Callable[[Candidate], Adjustment | None], ...] = (index_write_cost,)
+def refresh_cost(candidate: Candidate) -> Adjustment | None:
+    """A view is stale until refreshed, and each refresh costs its measured build time:
+    complexity −min(20, 2 per second of build)."""
+    if not candidate.proposal.needs_refresh and candidate.proposal.proposal_type != "materialized_view":
+        return None
+    seconds = candidate.benchmark.apply_s
+    penalty = min(REFRESH_COST_MAX, REFRESH_COST_PER_S * seconds)
+    if penalty <= 0:
+        return None
+    return Adjustment(
+        "complexity", -penalty,
+        f"complexity −{_num(penalty)}: stale until refreshed, each refresh takes about "
+        f"{_num(seconds)} s (its build time in the fork)",
+    )
+
+
+ADJUSTMENTS: tuple[Callable[[Candidate], Adjustment | None], ...] = (index_write_cost, refresh_cost)
 
 
 # -- gates: (candidate, breakdown) -> reason | None -----------------------------------------
@@ -254,9 +287,16 @@ def gate_conclusive(candidate: Candidate, breakdown: ScoreBreakdown) -> str | No
             " and the baseline query did not")
 
 
+def gate_family(candidate: Candidate, breakdown: ScoreBreakdown) -> str | None:
+    """A fix serves the query with other values too: no answer cache, same rows, not slower."""
+    problem = candidate.benchmark.family_problem
+    return f"does not serve the query family: {problem}" if problem else None
+
+
 Gate = Callable[[Candidate, ScoreBreakdown], str | None]
 GATES: tuple[Gate, ...] = (
     gate_slower, gate_min_improvement, gate_risk, gate_valid, gate_same_results, gate_conclusive,
+    gate_family,
 )
 
 
@@ -353,6 +393,20 @@ def decide(outcomes: Sequence[AgentOutcome], weights: Mapping[str, float] | None
         rationale=rationale,
         confidence=confidence,
     )
+
+
+def score(outcome: AgentOutcome, weights: Mapping[str, float] | None = None) -> ScoreBreakdown | None:
+    """One measured outcome judged on its own (scores, adjustments, gates); None if unscored.
+
+    An agent uses it to keep the best of the candidates it measured.
+    """
+    candidate = _candidate(outcome)
+    if candidate is None:
+        return None
+    adjustments = [a for a in (adjust(candidate) for adjust in ADJUSTMENTS) if a is not None]
+    breakdown = _breakdown(candidate, check_weights(weights), adjustments)
+    reasons = tuple(r for r in (gate(candidate, breakdown) for gate in GATES) if r is not None)
+    return _disqualify(breakdown, reasons)
 
 
 def check_weights(weights: Mapping[str, float] | None) -> Mapping[str, float]:

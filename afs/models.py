@@ -154,6 +154,8 @@ class AnalysisContext:
     execution_ms: float
     tables: Mapping[str, TableInfo]  # by name as used in features.tables
     suite: tuple[QueryVariant, ...] = ()
+    slow: bool = False  # the query ran past the statement timeout: plan without ANALYZE,
+    #                     execution_ms is the timeout (a lower bound)
 
 
 # -- one agent's work ---------------------------------------------------------------
@@ -186,6 +188,9 @@ class OptimizationProposal:
     rewritten_query: str | None = None  # the query to run instead (materialized views, rewrites)
     needs_refresh: bool = False  # needs triggers or refresh jobs to stay correct
     validation_steps: tuple[str, ...] = ()
+    # planner settings for this query only (e.g. ("work_mem", "64MB")): measured with SET LOCAL,
+    # recommended per role or per query, never globally (afs.safety.check_settings)
+    settings: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,7 @@ class Timing:
     spread_ms: float  # (max - min) / 2 of the measured runs
     runs: int
     buffers: int  # shared hit + read of the median run
+    lower_bound: bool = False  # the run hit its time cap: the true time is at least median_ms
 
 
 @dataclass(frozen=True)
@@ -231,11 +237,41 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class FamilyQuery:
+    """The query with other parameter values, before and after the proposal.
+
+    `candidate_sql` is None when the proposal's query has no place for the new values:
+    the literals are baked into what it reads (an answer cache, not an optimization).
+    """
+
+    label: str  # which values, e.g. "status = 'shipped' (most common value)"
+    baseline_sql: str
+    candidate_sql: str | None
+
+
+@dataclass(frozen=True)
+class ParameterCheck:
+    """One other parameter set, measured and result-checked like the suite."""
+
+    label: str
+    equivalent: bool  # the same rows before and after for these values
+    slower: bool  # the proposal is slower than the original for these values (beyond the noise)
+    baseline: Timing | None = None
+    optimized: Timing | None = None
+    rows: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class BenchmarkOutcome:
     measurements: tuple[Measurement, ...]
     storage_before_mb: float
     storage_after_mb: float
     skipped: tuple[str, ...] = ()  # suite queries left out, with the reason
+    parameter_checks: tuple[ParameterCheck, ...] = ()  # the query family: other literals
+    answer_cache: str | None = None  # why the proposal only serves today's literals, if it does
+    apply_s: float = 0.0  # measured time to apply the proposal (an index or view build = its refresh cost)
+    baseline_lower_bound: bool = False  # the baseline exceeded the statement timeout: a lower bound
 
     @property
     def storage_delta_mb(self) -> float:
@@ -243,7 +279,21 @@ class BenchmarkOutcome:
 
     @property
     def equivalent(self) -> bool:
-        return all(m.equivalent for m in self.measurements)
+        return all(m.equivalent for m in self.measurements) and all(
+            c.equivalent for c in self.parameter_checks)
+
+    @property
+    def family_problem(self) -> str | None:
+        """Why the proposal does not serve the query with other values (None when it does)."""
+        if self.answer_cache:
+            return self.answer_cache
+        for check in self.parameter_checks:
+            if not check.equivalent:
+                return f"returns other rows for {check.label}"
+        for check in self.parameter_checks:
+            if check.slower:
+                return f"slower than the original for {check.label}"
+        return None
 
     @property
     def average_improvement_pct(self) -> float:
@@ -253,6 +303,21 @@ class BenchmarkOutcome:
 
 
 AgentStatus = Literal["ok", "failed", "rejected"]
+CandidateStatus = Literal["measured", "screened_out", "rejected", "failed"]
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """One design an agent tried: screened with the planner, and measured when promising."""
+
+    proposal: OptimizationProposal
+    status: CandidateStatus
+    rank: int  # the brain's order, 1 = its first choice
+    validation: ValidationResult | None = None
+    planner_cost: float | None = None  # EXPLAIN total cost of the query with the design in place
+    baseline_cost: float | None = None  # the same without it
+    benchmark: BenchmarkOutcome | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -269,6 +334,8 @@ class AgentOutcome:
     waited_s: float = 0.0  # of duration_s, spent waiting for the benchmark slot
     measured_by: AgentKey | None = None  # another agent measured this identical proposal
     usage: Mapping[str, Any] = field(default_factory=dict)
+    candidates: tuple[CandidateResult, ...] = ()  # every design tried; `proposal` is the best
+    writes_per_read: Mapping[str, float] = field(default_factory=dict)  # by table, measured on the source
 
 
 # -- consensus -------------------------------------------------------------------------

@@ -86,6 +86,15 @@ class Squad:
     usage: Mapping[AgentKey, Mapping[str, object]] = field(default_factory=dict)  # tokens, cost
 
 
+def slow_baseline_cap(settings: Settings) -> float:
+    """The cap of the one baseline run of a query past the statement timeout.
+
+    Bounded by the agent's time limit, leaving it a third for everything else.
+    """
+    return max(settings.statement_timeout_ms / 1000, min(settings.slow_baseline_cap_s,
+                                                         settings.timeouts.agent * 2 / 3))
+
+
 def new_task_id() -> str:
     return secrets.token_hex(4)
 
@@ -147,7 +156,10 @@ async def optimize(
 
     job = AgentJob(task_id=task_id, task_type=request.task_type, query=query,
                    features=features, source=source, source_stats=stats, runs=request.runs,
-                   statement_timeout_ms=settings.statement_timeout_ms, timeouts=settings.timeouts)
+                   statement_timeout_ms=settings.statement_timeout_ms, timeouts=settings.timeouts,
+                   candidates=settings.candidates, measured=settings.measured,
+                   parameter_sets=settings.parameter_sets,
+                   slow_cap_s=slow_baseline_cap(settings))
     outcomes: dict[AgentKey, AgentOutcome] = {}
     bench_limiter = trio.CapacityLimiter(1)  # benchmark phases never overlap on one server
     shared = SharedMeasurements()  # identical proposals are measured once

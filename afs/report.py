@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from afs.models import AGENTS, AgentOutcome, Measurement, TaskResult
+from afs.models import AGENTS, AgentOutcome, CandidateResult, Measurement, ParameterCheck, TaskResult
+from afs.safety import settings_sql
 
 NOT_APPLIED = ("Nothing was applied to your database: every change ran in a disposable fork, "
                "now destroyed.")
@@ -21,10 +22,46 @@ def _benchmarks(m: Measurement) -> dict[str, Any]:
         "optimized_buffers": m.optimized.buffers,
         "baseline_spread_ms": round(m.baseline.spread_ms, 3),
         "optimized_spread_ms": round(m.optimized.spread_ms, 3),
-        "runs": m.baseline.runs,
+        "runs": m.optimized.runs,
+        "baseline_runs": m.baseline.runs,
+        "baseline_lower_bound": m.baseline.lower_bound,
         "significant": m.significant,
         "equivalent": m.equivalent,
         "note": m.note,
+    }
+
+
+def _check(c: ParameterCheck) -> dict[str, Any]:
+    return {
+        "parameters": c.label,
+        "equivalent": c.equivalent,
+        "slower": c.slower,
+        "rows": c.rows,
+        "baseline_ms": round(c.baseline.median_ms, 3) if c.baseline else None,
+        "optimized_ms": round(c.optimized.median_ms, 3) if c.optimized else None,
+        "note": c.note,
+    }
+
+
+def _candidate(c: CandidateResult) -> dict[str, Any]:
+    b = c.benchmark
+    return {
+        "rank": c.rank,
+        "status": c.status,
+        "proposal_type": c.proposal.proposal_type,
+        "sql_commands": list(c.proposal.sql_commands),
+        "settings": dict(c.proposal.settings),
+        "rewritten_query": c.proposal.rewritten_query,
+        "rationale": c.proposal.rationale,
+        "planner_cost": c.planner_cost,
+        "baseline_planner_cost": c.baseline_cost,
+        "improvement_pct": round(b.average_improvement_pct, 1) if b else None,
+        "benchmarks": [_benchmarks(m) for m in b.measurements] if b else [],
+        "parameter_checks": [_check(x) for x in b.parameter_checks] if b else [],
+        "family_problem": b.family_problem if b else None,
+        "storage_mb": round(b.storage_delta_mb, 2) if b else None,
+        "apply_s": b.apply_s if b else None,
+        "note": c.note,
     }
 
 
@@ -43,6 +80,7 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
         "insights": list(o.analysis.insights) if o.analysis else [],
         "proposal_type": p.proposal_type if p else None,
         "sql_commands": list(p.sql_commands) if p else [],
+        "settings": dict(p.settings) if p else {},
         "rollback_commands": list(p.rollback_commands) if p else [],
         "rewritten_query": p.rewritten_query if p else None,
         "rationale": p.rationale if p else None,
@@ -55,6 +93,11 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
         "warnings": list(o.validation.warnings) if o.validation else [],
         "benchmarks": [_benchmarks(m) for m in b.measurements] if b else [],
         "skipped_benchmarks": list(b.skipped) if b else [],
+        "parameter_checks": [_check(x) for x in b.parameter_checks] if b else [],
+        "family_problem": b.family_problem if b else None,
+        "baseline_lower_bound": b.baseline_lower_bound if b else False,
+        "apply_s": b.apply_s if b else None,
+        "candidates": [_candidate(c) for c in o.candidates],
         "storage_mb": round(b.storage_delta_mb, 2) if b else None,
         "storage_before_mb": b.storage_before_mb if b else None,
         "storage_after_mb": b.storage_after_mb if b else None,
@@ -77,8 +120,10 @@ def to_json(result: TaskResult) -> dict[str, Any]:
             "proposal_type": outcome.proposal.proposal_type,
             "improvement_pct": round(outcome.benchmark.average_improvement_pct, 1),
             "sql_commands": list(outcome.proposal.sql_commands),
+            "settings": dict(outcome.proposal.settings),
             "rollback_commands": list(outcome.proposal.rollback_commands),
             "rewritten_query": outcome.proposal.rewritten_query,
+            "baseline_lower_bound": outcome.benchmark.baseline_lower_bound,
         }
     return {
         "task_id": result.task_id,
@@ -99,6 +144,11 @@ def to_json(result: TaskResult) -> dict[str, Any]:
             if result.decision else None),
         "applied": False,
     }
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
@@ -134,6 +184,8 @@ def render_text(result: TaskResult) -> str:
             out.append(f"  no proposal: {p['insights'][-1]}")
         for sql in p["sql_commands"]:
             out.append(f"  SQL: {sql}")
+        for sql in settings_sql(tuple(p["settings"].items())):
+            out.append(f"  setting (this query only): {sql}")
         if p["rewritten_query"]:
             out.append(f"  rewrite: {p['rewritten_query']}")
         if p["measured_by"]:
@@ -146,19 +198,42 @@ def render_text(result: TaskResult) -> str:
                 speed = (f"{m['baseline_ms'] / m['optimized_ms']:.1f}x" if m["optimized_ms"] > 0
                          else "-")
                 flag = "" if m["significant"] else " ~"
+                bound = ">" if m["baseline_lower_bound"] else ""
                 out.append("  " + _row([
                     m["name"],
-                    f"{m['baseline_ms']:.2f}±{m['baseline_spread_ms']:.2f}",
+                    f"{bound}{m['baseline_ms']:.2f}±{m['baseline_spread_ms']:.2f}",
                     f"{m['optimized_ms']:.2f}±{m['optimized_spread_ms']:.2f}",
                     speed + flag, str(m["rows"]),
                     f"{m['baseline_buffers']}→{m['optimized_buffers']}"], widths))
             out.append(f"  (median of {p['benchmarks'][0]['runs']} runs ± half the range;"
                        " ~ = within the noise)")
+            if p["baseline_lower_bound"]:
+                out.append("  the query as given ran past the statement timeout: its baseline is one run"
+                           " under a longer cap, a lower bound (> means at least)")
             for reason in p["skipped_benchmarks"]:
                 out.append(f"  skipped: {reason}")
+            for c in p["parameter_checks"]:
+                verdict = ("other rows" if not c["equivalent"] else "slower" if c["slower"] else "ok")
+                times = (f"{c['baseline_ms']:.2f} → {c['optimized_ms']:.2f} ms"
+                         if c["baseline_ms"] is not None and c["optimized_ms"] is not None else "not timed")
+                out.append(f"  other values: {c['parameters']}: {times}, {verdict}"
+                           + (f" ({c['note']})" if c["note"] else ""))
         if p["storage_mb"] is not None:
             out.append(f"  storage: +{p['storage_mb']} MB (touched tables {p['storage_before_mb']} MB"
                        f" → {p['storage_after_mb']} MB)")
+        if len(p["candidates"]) > 1 or any(c["status"] != "measured" for c in p["candidates"]):
+            out.append(f"  candidates tried ({len(p['candidates'])}):")
+            for c in p["candidates"]:
+                what = "; ".join([*c["sql_commands"], *settings_sql(tuple(c["settings"].items()))])
+                if c["rewritten_query"]:
+                    what += ("; " if what else "") + "rewrite: " + c["rewritten_query"]
+                cost = (f", planner cost {c['planner_cost']:.0f} vs {c['baseline_planner_cost']:.0f}"
+                        if c["planner_cost"] is not None and c["baseline_planner_cost"] is not None else "")
+                measured = (f", measured {c['improvement_pct']:+.1f} %"
+                            if c["improvement_pct"] is not None else "")
+                problem = f", {c['family_problem']}" if c["family_problem"] else ""
+                out.append(f"    #{c['rank']} {c['status']}: {c['proposal_type']}{cost}{measured}{problem}"
+                           f" — {_short(what)}" + (f" ({c['note']})" if c["note"] else ""))
         if p["scores"]:
             s = p["scores"]
             out.append(f"  scores: performance {s['performance']:g}, storage {s['storage']:g}, "
@@ -174,6 +249,8 @@ def render_text(result: TaskResult) -> str:
         out.append(f"winner: {winner['agent']} ({winner['proposal_type']}), "
                    f"{winner['improvement_pct']:.1f} % faster on average over the suite")
         out.extend(f"  apply:    {sql};" for sql in winner["sql_commands"])
+        out.extend(f"  setting:  {sql};  (for this query, or per role with ALTER ROLE … SET; never globally)"
+                   for sql in settings_sql(tuple(winner["settings"].items()), "SET"))
         if winner["rewritten_query"]:
             out.append(f"  and run:  {winner['rewritten_query']}")
         out.extend(f"  rollback: {sql};" for sql in winner["rollback_commands"])

@@ -42,7 +42,7 @@ Pure module: pglast only.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +51,7 @@ from pglast.parser import ParseError, scan
 from pglast.stream import maybe_double_quote_name
 
 from afs.errors import InputError, UnsafeSqlError
-from afs.models import PROPOSAL_TYPES, RiskLevel, UnsafeStatement, ValidationResult
+from afs.models import PROPOSAL_TYPES, OptimizationProposal, RiskLevel, UnsafeStatement, ValidationResult
 
 __all__ = [
     "DENIED_FUNCTIONS",
@@ -749,3 +749,53 @@ def validate_proposal(sql_commands: Sequence[str], proposal_type: str) -> Valida
     if rejected:
         return ValidationResult(False, "high", 0.0, tuple(warnings), undo, tuple(rejected))
     return ValidationResult(True, risk, reversibility, tuple(warnings), undo)
+
+
+# -- per-query settings -------------------------------------------------------------------------
+# Planner settings a proposal may recommend for one query (measured with SET LOCAL in the fork,
+# recommended per role or per query, never globally), with the largest value accepted.
+SETTING_LIMITS_KB: Mapping[str, int] = {"work_mem": 2 * 1024 * 1024, "hash_mem_multiplier": 0}
+_MEMORY = re.compile(r"^\s*(\d+)\s*(kB|MB|GB)?\s*$")
+_MULTIPLIER = re.compile(r"^\s*\d+(\.\d+)?\s*$")
+_UNIT_KB = {None: 1, "kB": 1, "MB": 1024, "GB": 1024 * 1024}
+
+
+def check_settings(settings: Sequence[tuple[str, str]]) -> list[UnsafeStatement]:
+    """The refused settings of a proposal, each with its reason (empty when all are allowed)."""
+    refused: list[UnsafeStatement] = []
+    for name, value in settings:
+        shown = f"SET LOCAL {name} = {value!r}"
+        if name not in SETTING_LIMITS_KB:
+            refused.append(UnsafeStatement(shown, f"only {', '.join(sorted(SETTING_LIMITS_KB))} may be set"))
+        elif name == "hash_mem_multiplier":
+            if not _MULTIPLIER.match(value) or not 1.0 <= float(value) <= 16.0:
+                refused.append(UnsafeStatement(shown, "hash_mem_multiplier must be a number from 1 to 16"))
+        else:
+            match = _MEMORY.match(value)
+            if match is None:
+                refused.append(UnsafeStatement(shown, "a memory size such as 64MB is expected"))
+            elif not 64 <= int(match[1]) * _UNIT_KB[match[2]] <= SETTING_LIMITS_KB[name]:
+                refused.append(UnsafeStatement(shown, f"{name} must be between 64kB and 2GB"))
+    return refused
+
+
+def settings_sql(settings: Sequence[tuple[str, str]], scope: str = "SET LOCAL") -> tuple[str, ...]:
+    """The statements that apply `settings` (already checked), e.g. for the report."""
+    return tuple(f"{scope} {name} = '{value.strip()}'" for name, value in settings)
+
+
+def validate_candidate(proposal: OptimizationProposal) -> ValidationResult:
+    """`validate_proposal` of its commands, and its per-query settings checked too.
+
+    A proposal may consist of settings alone (no commands): it changes nothing in the
+    database, so it is low risk and needs no rollback.
+    """
+    refused = check_settings(proposal.settings)
+    if proposal.sql_commands or not proposal.settings:
+        result = validate_proposal(proposal.sql_commands, proposal.proposal_type)
+    else:
+        result = ValidationResult(True, "low", 1.0)
+    if refused:
+        return ValidationResult(False, "high", 0.0, result.warnings, result.rollback_commands,
+                                (*result.rejected, *refused))
+    return result

@@ -26,7 +26,7 @@ import json
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -246,14 +246,15 @@ class ScriptedBrain:
 
     name = "scripted"
 
-    def __init__(self, script: Callable[[str], OptimizationProposal | None]) -> None:
+    def __init__(self, script: Callable[[str], OptimizationProposal | Sequence[OptimizationProposal] | None]
+                 ) -> None:
         self.script = script
 
     async def analyze(self, agent: str, ctx: AnalysisContext) -> AnalysisResult:
         return AnalysisResult(insights=("scripted",), proposed_actions=(), confidence=0.5)
 
     async def propose(self, agent: str, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | None:
+                      analysis: AnalysisResult) -> OptimizationProposal | Sequence[OptimizationProposal] | None:
         return self.script(agent)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from afs.consensus import (
     index_write_cost,
     is_conclusive,
     normalize_ddl,
+    refresh_cost,
+    score,
     score_complexity,
     score_performance,
     score_risk,
@@ -33,6 +36,7 @@ from afs.models import (
     EstimatedImpact,
     Measurement,
     OptimizationProposal,
+    ParameterCheck,
     SuiteName,
     Timing,
     ValidationResult,
@@ -66,7 +70,7 @@ def outcome(agent: str = "gemini25pro", *, pct: float = 95.0, mb: float = 3.0, p
     if measurements is None:
         measurements = tuple(measurement(name, pct, equivalent=equivalent, significant=significant)
                              for name in SUITE)
-    metadata = {} if writes_per_read is None else {"writes_per_read": writes_per_read}
+    rates = {} if writes_per_read is None else {"orders": writes_per_read, "users": 9.0}
     proposal = OptimizationProposal(
         agent=agent,
         proposal_type=ptype,  # type: ignore[arg-type]  # tests pass plain strings
@@ -84,9 +88,10 @@ def outcome(agent: str = "gemini25pro", *, pct: float = 95.0, mb: float = 3.0, p
     )
     return AgentOutcome(
         agent=agent, status="ok", fork=f"afs-fork-{agent}",
-        analysis=AnalysisResult(insights=(), proposed_actions=(), confidence=0.8, metadata=metadata),
+        analysis=AnalysisResult(insights=(), proposed_actions=(), confidence=0.8),
         proposal=proposal, validation=validation,
         benchmark=BenchmarkOutcome(measurements=measurements, storage_before_mb=0.0, storage_after_mb=mb),
+        writes_per_read=rates,
     )
 
 
@@ -174,7 +179,7 @@ def test_risk(kwargs: dict[str, Any], score: float) -> None:
 # -- our adjustment: the write cost of a new index -----------------------------------------
 @pytest.mark.parametrize(("ptype", "writes", "delta"), [
     ("index", 0.5, -5), ("partial_index", 1.0, -10), ("composite_index", 1.5, -15), ("index", 4.0, -15),
-    ("index", 0.0, None), ("index", None, None), ("index", "lots", None), ("index", -1.0, None),
+    ("index", 0.0, None), ("index", None, None), ("index", float("nan"), None), ("index", -1.0, None),
     ("materialized_view", 2.0, None), ("query_rewrite", 2.0, None),
 ])
 def test_index_write_cost(ptype: str, writes: Any, delta: float | None) -> None:
@@ -183,6 +188,17 @@ def test_index_write_cost(ptype: str, writes: Any, delta: float | None) -> None:
         assert adjustment is None
     else:
         assert adjustment is not None and adjustment.criterion == "risk" and adjustment.delta == delta
+
+
+def test_write_cost_comes_from_the_measured_rate_of_the_indexed_table_only() -> None:
+    # users is written 9 times per read but gets no index; a brain's metadata is never read
+    o = outcome(writes_per_read=0.5)
+    o = dataclasses.replace(o, analysis=AnalysisResult((), (), 0.8, metadata={"writes_per_read": 5.0}))
+    plain = decide([outcome()]).scores["gemini25pro"].risk
+    assert decide([o]).scores["gemini25pro"].risk == plain - 5
+    adjustment = index_write_cost(candidate(sql=("CREATE INDEX u ON public.users (email)",),
+                                            writes_per_read=0.5))
+    assert adjustment is not None and adjustment.delta == -15
 
 
 def test_write_cost_lowers_the_risk_score_and_is_explained() -> None:
@@ -522,3 +538,39 @@ def test_consensus_is_pure() -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert not imported & {"trio", "psycopg", "mcp", "httpx", "google", "anyio", "structlog"}
+
+
+# -- ours: the query family and the refresh cost of a view ---------------------------------
+def _with_family(o: AgentOutcome, **changes: Any) -> AgentOutcome:
+    assert o.benchmark is not None
+    return dataclasses.replace(o, benchmark=dataclasses.replace(o.benchmark, **changes))
+
+
+def test_an_answer_cache_cannot_win_however_fast() -> None:
+    cache = _with_family(outcome(pct=99.9, ptype="materialized_view"),
+                         answer_cache="its query has no place for other values")
+    decision = decide([cache, outcome("gemini25flash", pct=60.0)])
+    assert decision.winner == "gemini25flash"
+    assert any("query family" in r for r in decision.scores["gemini25pro"].disqualified)
+
+
+@pytest.mark.parametrize(("check", "reason"), [
+    (ParameterCheck("status = 'shipped'", equivalent=False, slower=False), "other rows"),
+    (ParameterCheck("status = 'shipped'", equivalent=True, slower=True), "slower than the original"),
+])
+def test_a_proposal_that_fails_another_parameter_set_cannot_win(check: ParameterCheck, reason: str) -> None:
+    o = _with_family(outcome(), parameter_checks=(check,))
+    decision = decide([o])
+    assert decision.winner is None
+    assert any(reason in r for r in decision.scores["gemini25pro"].disqualified)
+    fine = _with_family(outcome(), parameter_checks=(ParameterCheck("x", True, False),))
+    assert decide([fine]).winner == "gemini25pro"
+
+
+def test_a_view_pays_for_its_measured_refresh_time() -> None:
+    quick = _with_family(outcome(ptype="materialized_view", needs_refresh=True), apply_s=0.5)
+    slow = _with_family(outcome(ptype="materialized_view", needs_refresh=True), apply_s=30.0)
+    assert score(quick) is not None and score(slow) is not None
+    assert score(slow).complexity == score(quick).complexity - 19  # type: ignore[union-attr]
+    assert any("each refresh takes about 30 s" in line for line in decide([slow]).rationale)
+    assert refresh_cost(candidate(ptype="index")) is None

@@ -8,8 +8,15 @@ import pglast
 import pytest
 
 from afs.errors import InputError, UnsafeSqlError
-from afs.models import RiskLevel, ValidationResult
-from afs.safety import check_query, denied_function, split_statements, validate_proposal
+from afs.models import EstimatedImpact, OptimizationProposal, RiskLevel, ValidationResult
+from afs.safety import (
+    check_query,
+    check_settings,
+    denied_function,
+    split_statements,
+    validate_candidate,
+    validate_proposal,
+)
 
 
 # -- dangerous proposals -----------------------------------------------------------------------
@@ -600,3 +607,29 @@ def test_denied_function_names() -> None:
     assert denied_function(("pg_qualstats_reset",))
     assert not denied_function(("pg_stat_get_db_stat_reset_time",))
     assert not denied_function(())
+
+
+# -- per-query settings ------------------------------------------------------------------------
+@pytest.mark.parametrize("settings", [(("work_mem", "64MB"),), (("work_mem", "1GB"),),
+                                      (("hash_mem_multiplier", "4"),), (("work_mem", "65536"),)])
+def test_settings_a_proposal_may_recommend(settings: tuple[tuple[str, str], ...]) -> None:
+    assert check_settings(settings) == []
+
+
+@pytest.mark.parametrize("settings", [
+    (("shared_buffers", "1GB"),), (("work_mem", "64MB; DROP TABLE users"),), (("work_mem", "3GB"),),
+    (("work_mem", "1kB"),), (("search_path", "evil"),), (("hash_mem_multiplier", "1000"),),
+    (("session_replication_role", "replica"),),
+])
+def test_settings_refused(settings: tuple[tuple[str, str], ...]) -> None:
+    assert len(check_settings(settings)) == 1
+
+
+def test_a_settings_only_proposal_validates_without_commands() -> None:
+    def proposal(settings: tuple[tuple[str, str], ...]) -> OptimizationProposal:
+        return OptimizationProposal("gemini25pro", "query_rewrite", (), (), "sort in memory",
+                                    EstimatedImpact(50, 0, "low", "low"), settings=settings)
+    assert validate_candidate(proposal((("work_mem", "128MB"),))).is_valid
+    refused = validate_candidate(proposal((("fsync", "off"),)))
+    assert not refused.is_valid and "work_mem" in refused.rejected[0].reason
+    assert not validate_candidate(proposal(())).is_valid  # nothing at all

@@ -1,0 +1,175 @@
+"""Candidates: an agent screens several designs, measures the promising ones, keeps the best;
+the query family (other literals), answer caches, per-query settings and slow baselines."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+from mcp import Client
+
+from afs.agents import choose_for_measurement
+from afs.config import Settings
+from afs.events import Emitter
+from afs.forks.client import ForkClient
+from afs.forks.provider import LocalForkProvider
+from afs.forks.server import build_server
+from afs.models import AgentKey, EstimatedImpact, OptimizationProposal, ProposalType, TaskResult
+from afs.optimize import Squad, TaskRequest, optimize
+from afs.report import render_text, to_json
+from afs.router import load_rules
+from afs.sandbox.server import SandboxServer
+from afs.testing import ScriptedBrain
+
+pytestmark = pytest.mark.usefixtures("no_leaked_forks")
+
+
+# -- which candidates are measured (pure) ----------------------------------------------------
+def test_the_first_choice_is_always_measured_and_the_rest_by_planner_cost() -> None:
+    # rank, cost, moves data; the query costs 1000 as it is
+    picked = choose_for_measurement([(1, 2000.0, False), (2, 50.0, False), (3, 950.0, False),
+                                     (4, 10.0, False)], 1000.0, 3)
+    assert picked == [1, 4, 2]  # 3 promises < 10 %: screened out
+
+
+def test_data_moving_designs_are_measured_last_and_the_limit_holds() -> None:
+    assert choose_for_measurement([(1, None, True), (2, 5.0, False)], 100.0, 4) == [2, 1]
+    assert choose_for_measurement([(1, 5.0, False), (2, 4.0, False)], 100.0, 1) == [1]
+    assert choose_for_measurement([], 100.0, 3) == []
+
+
+# -- end to end in real forks ----------------------------------------------------------------
+@pytest.fixture
+async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
+    async with Client(build_server(provider)) as client:
+        yield ForkClient(client)
+
+
+def proposal(agent: AgentKey, ptype: ProposalType, *sql: str, rewrite: str | None = None,
+             settings: tuple[tuple[str, str], ...] = ()) -> OptimizationProposal:
+    return OptimizationProposal(agent=agent, proposal_type=ptype, sql_commands=sql, rollback_commands=(),
+                                rationale="test", estimated_impact=EstimatedImpact(50, 1, "low", "low"),
+                                rewritten_query=rewrite, settings=settings,
+                                needs_refresh=ptype == "materialized_view")
+
+
+async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, query: str,
+              brain: ScriptedBrain, agent: AgentKey = "gemini25pro") -> TaskResult:
+    events = Emitter("c" + os.urandom(3).hex())
+    squad = Squad(brain_for=lambda _: brain, provider="scripted", agents=(agent,))
+    return await optimize(settings, TaskRequest(query=query, runs=3), source="afs_demo",
+                          source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
+                          rules=load_rules(None), events=events)
+
+
+PENDING = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending' AND o.user_id = 42"
+           " ORDER BY o.created_at DESC")
+
+
+async def test_an_agent_tries_several_designs_and_keeps_the_best(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    brain = ScriptedBrain(lambda agent: (
+        proposal(agent, "index", "CREATE INDEX c_useless ON orders (total_amount)"),
+        proposal(agent, "index", "DROP TABLE orders"),
+        proposal(agent, "composite_index", "CREATE INDEX c_good ON orders (user_id, created_at)"),
+    ))
+    result = await run(settings, sandbox, forks, PENDING, brain)
+    (outcome,) = result.outcomes
+    statuses = {c.rank: c.status for c in outcome.candidates}
+    assert statuses[2] == "rejected" and statuses[1] == "measured" and statuses[3] == "measured"
+    assert outcome.proposal is not None and "c_good" in outcome.proposal.sql_commands[0]
+    assert result.status == "completed", to_json(result)
+    winner = to_json(result)["winner"]
+    assert winner["sql_commands"] == ["CREATE INDEX c_good ON orders (user_id, created_at)"]
+    text = render_text(result)
+    assert "candidates tried (3)" in text and "#2 rejected" in text
+    useless = next(c for c in outcome.candidates if c.rank == 1)
+    assert useless.benchmark is not None and useless.planner_cost is not None
+
+
+AGGREGATE = "SELECT count(*) AS n, sum(total_amount) AS total FROM orders WHERE status = 'pending'"
+
+
+async def test_a_view_of_todays_answer_cannot_win(settings: Settings, sandbox: SandboxServer,
+                                                 forks: ForkClient) -> None:
+    cache = ScriptedBrain(lambda agent: proposal(
+        agent, "materialized_view",
+        "CREATE MATERIALIZED VIEW c_cache AS SELECT count(*) AS n, sum(total_amount) AS total"
+        " FROM orders WHERE status = 'pending'",
+        rewrite="SELECT n, total FROM c_cache"))
+    result = await run(settings, sandbox, forks, AGGREGATE, cache, "gemini20flash")
+    (outcome,) = result.outcomes
+    assert outcome.benchmark is not None and outcome.benchmark.answer_cache
+    assert result.decision is not None and result.decision.winner is None
+    assert any("query family" in r for r in result.decision.scores["gemini20flash"].disqualified)
+
+
+async def test_a_view_grouped_by_the_filtered_column_serves_other_values(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    family_view = ScriptedBrain(lambda agent: proposal(
+        agent, "materialized_view",
+        "CREATE MATERIALIZED VIEW c_by_status AS SELECT status, count(*) AS n, sum(total_amount) AS total"
+        " FROM orders GROUP BY status",
+        rewrite="SELECT coalesce(sum(n), 0) AS n, sum(total) AS total FROM c_by_status"
+                " WHERE status = 'pending'"))
+    result = await run(settings, sandbox, forks, AGGREGATE, family_view, "gemini20flash")
+    (outcome,) = result.outcomes
+    assert outcome.status == "ok", outcome.error
+    b = outcome.benchmark
+    assert b is not None and b.answer_cache is None and b.apply_s > 0
+    assert len(b.parameter_checks) >= 2 and all(c.equivalent for c in b.parameter_checks)
+    assert {c.label for c in b.parameter_checks} != {""}
+
+
+async def test_a_rewrite_that_only_holds_for_todays_literal_is_rejected(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    # the same rows as the query for 'pending' (and for 'shipped'), none for 'completed',
+    # the most common status, which the parameter sets are drawn from
+    narrow = ScriptedBrain(lambda agent: proposal(
+        agent, "query_rewrite", rewrite=(
+            "SELECT count(*) AS n, sum(total_amount) AS total FROM orders"
+            " WHERE status = 'pending' AND status <> 'completed'")))
+    result = await run(settings, sandbox, forks, AGGREGATE, narrow)
+    (outcome,) = result.outcomes
+    assert outcome.status == "rejected", outcome.error
+    assert outcome.benchmark is not None
+    assert all(m.equivalent for m in outcome.benchmark.measurements)  # right for today's literal
+    assert any(not c.equivalent for c in outcome.benchmark.parameter_checks)
+    assert result.status != "completed"
+
+
+SORT = "SELECT id, total_amount, created_at FROM orders ORDER BY total_amount DESC, id OFFSET 40000"
+
+
+async def test_a_work_mem_setting_is_measured_per_query(settings: Settings, sandbox: SandboxServer,
+                                                        forks: ForkClient) -> None:
+    memory = ScriptedBrain(lambda agent: proposal(agent, "query_rewrite",
+                                                  settings=(("work_mem", "256MB"),)))
+    result = await run(settings, sandbox, forks, SORT, memory)
+    (outcome,) = result.outcomes
+    assert outcome.benchmark is not None, outcome.error
+    baseline = next(m for m in outcome.benchmark.measurements if m.name == "baseline")
+    assert baseline.equivalent and "proposed settings" in baseline.note
+    assert to_json(result)["proposals"][0]["settings"] == {"work_mem": "256MB"}
+
+
+async def test_a_query_past_the_statement_timeout_is_still_optimized(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    # a correlated subquery: one scan of orders per user (about 0.5 s at the small scale)
+    slow_query = ("SELECT count(*) AS n FROM users u WHERE u.id <= 200"
+                  " AND (SELECT count(*) FROM orders o WHERE o.user_id = u.id) > 5")
+    join = ScriptedBrain(lambda agent: proposal(
+        agent, "query_rewrite", rewrite=(
+            "SELECT count(*) AS n FROM users u JOIN (SELECT user_id, count(*) AS c FROM orders"
+            " GROUP BY user_id) s ON s.user_id = u.id WHERE u.id <= 200 AND s.c > 5")))
+    tight = settings.with_(statement_timeout_ms=200, slow_baseline_cap_s=60.0)
+    result = await run(tight, sandbox, forks, slow_query, join)
+    (outcome,) = result.outcomes
+    assert outcome.benchmark is not None, outcome.error
+    b = outcome.benchmark
+    assert b.baseline_lower_bound
+    baseline = next(m for m in b.measurements if m.name == "baseline")
+    assert baseline.baseline.lower_bound and baseline.baseline.runs == 1 and baseline.equivalent
+    assert baseline.baseline.median_ms > 200 > baseline.optimized.median_ms
+    assert "lower bound" in render_text(result)
