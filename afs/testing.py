@@ -253,8 +253,8 @@ class ScriptedBrain:
     async def analyze(self, agent: str, ctx: AnalysisContext) -> AnalysisResult:
         return AnalysisResult(insights=("scripted",), proposed_actions=(), confidence=0.5)
 
-    async def propose(self, agent: str, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | Sequence[OptimizationProposal] | None:
+    async def propose(self, agent: str, ctx: AnalysisContext, analysis: AnalysisResult
+                      ) -> OptimizationProposal | Sequence[OptimizationProposal] | None:
         return self.script(agent)
 
 
