@@ -190,9 +190,12 @@ def keyset_rewrite(query: str, probe: KeysetProbe, last_key: Sequence[object]) -
     if not isinstance(tree, exp.Select) or tree.args.get("order") is None:
         return None
     ordered = tree.args["order"].expressions
-    if tuple(o.this.name for o in ordered) != probe.keys or not all(
-            isinstance(o.this, exp.Column) for o in ordered):
-        return None
+    offset = tree.args.get("offset")
+    if (not all(isinstance(o.this, exp.Column) for o in ordered)
+            or tuple(o.this.name for o in ordered) != probe.keys
+            or any(bool(o.args.get("desc")) != probe.descending for o in ordered)
+            or offset is None or offset.expression.sql(DIALECT) != str(probe.offset)):
+        return None  # not the query the probe was made for
     page = tree.copy()
     assert isinstance(page, exp.Select)
     keys = [o.this.copy() for o in page.args["order"].expressions]

@@ -458,6 +458,8 @@ def test_keyset_rewrite_refuses_a_key_it_cannot_write() -> None:
     assert keyset_rewrite(query, probe, [b"\x00", 1]) is None
     assert keyset_rewrite(query, probe, [None, 1]) is None
     assert keyset_rewrite("SELECT * FROM orders ORDER BY id LIMIT 10 OFFSET 20", probe, [1, 2]) is None
+    assert keyset_rewrite(query.replace("OFFSET 20", "OFFSET 30"), probe, [1, 2]) is None
+    assert keyset_rewrite(query.replace(", id", ", id DESC"), probe, [1, 2]) is None
 
 
 # -- the whole -----------------------------------------------------------------------------------
