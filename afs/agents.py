@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import pglast
 import trio
@@ -45,10 +45,12 @@ from afs.models import (
     OptimizationProposal,
     QueryFeatures,
     QueryVariant,
+    TableInfo,
     TaskType,
     ValidationResult,
 )
 from afs.params import ParameterSet, apply_parameters, baked_literals, parameter_sets
+from afs.rewrites import keyset_probe, keyset_rewrite
 from afs.safety import check_query, validate_candidate
 from afs.suite import build_suite
 
@@ -237,6 +239,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                                query=job.query, features=job.features,
                                source_stats=job.source_stats)
     state.writes_per_read = {name: info.writes_per_read for name, info in ctx.tables.items()}
+    ctx = dataclasses.replace(ctx, keyset_last_key=await _last_key(conn, job.query, ctx.tables))
     main = ctx.tables.get(job.features.main_table or "")
     suite, skipped = build_suite(job.query, main, _alias_of(job.features))
     ctx = dataclasses.replace(ctx, suite=suite)
@@ -282,6 +285,9 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                                               note=f"unsafe rewrite refused: {exc}")
                 continue
             candidate_suite, _ = build_suite(rewritten, None, None)
+            if proposal.needs_application_change:
+                # a keyset page starts from the key of the unfiltered query: no filter variant
+                candidate_suite = tuple(v for v in candidate_suite if v.name != "filter")
         checked.append((rank, proposal, validation, candidate_suite))
     if not checked:
         state.candidates = tuple(tried[r] for r in sorted(tried))
@@ -323,7 +329,12 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
         last = position == len(chosen) - 1
         measured_here = False
 
+        members = _family_for(job.query, family, proposal)
+        if proposal.needs_application_change and ctx.keyset_last_key is not None:
+            members = await _keyset_family(conn, members, ctx.tables)
+
         async def measure(proposal: OptimizationProposal = proposal,
+                          members: tuple[FamilyQuery, ...] = members,
                           candidate_suite: tuple[QueryVariant, ...] | None = candidate_suite
                           ) -> BenchmarkOutcome:
             nonlocal measured_here
@@ -337,7 +348,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                     return await benchmark(
                         conn, suite, proposal, candidate_suite=candidate_suite,
                         tables=job.features.tables, runs=job.runs, skipped=state.skipped,
-                        family=_family_for(job.query, family, proposal),
+                        family=members,
                         statement_timeout_ms=job.statement_timeout_ms,
                         slow_cap_ms=int(job.slow_cap_s * 1000))
 
@@ -435,6 +446,31 @@ def _best(state: _Progress) -> AgentOutcome:
         return state.outcome("rejected", f"the proposal changes query results ({', '.join(differing)})",
                              best.benchmark)
     return state.outcome("ok", None, best.benchmark)
+
+
+async def _last_key(conn: Connection, query: str,
+                    tables: Mapping[str, TableInfo]) -> tuple[Any, ...] | None:
+    """For an OFFSET page: the ORDER BY key of the row before it (keyset pagination needs it)."""
+    probe = keyset_probe(query, tables)
+    if probe is None:
+        return None
+    try:
+        row = await conn.fetchone(probe.sql)
+    except DatabaseError:
+        return None
+    return tuple(row) if row is not None else None
+
+
+async def _keyset_family(conn: Connection, members: Sequence[FamilyQuery],
+                         tables: Mapping[str, TableInfo]) -> tuple[FamilyQuery, ...]:
+    """A keyset page for other values starts from their own last key, as the application's would."""
+    adjusted: list[FamilyQuery] = []
+    for member in members:
+        probe = keyset_probe(member.baseline_sql, tables)
+        last = await _last_key(conn, member.baseline_sql, tables)
+        page = keyset_rewrite(member.baseline_sql, probe, last) if probe and last else None
+        adjusted.append(dataclasses.replace(member, candidate_sql=page.sql if page else None))
+    return tuple(adjusted)
 
 
 def _family(job: AgentJob, ctx: AnalysisContext) -> tuple[ParameterSet, ...]:

@@ -156,6 +156,7 @@ class AnalysisContext:
     suite: tuple[QueryVariant, ...] = ()
     slow: bool = False  # the query ran past the statement timeout: plan without ANALYZE,
     #                     execution_ms is the timeout (a lower bound)
+    keyset_last_key: tuple[Any, ...] | None = None  # OFFSET pages: the key of the row before the page
 
 
 # -- one agent's work ---------------------------------------------------------------
@@ -191,6 +192,8 @@ class OptimizationProposal:
     # planner settings for this query only (e.g. ("work_mem", "64MB")): measured with SET LOCAL,
     # recommended per role or per query, never globally (afs.safety.check_settings)
     settings: tuple[tuple[str, str], ...] = ()
+    # the application must change too (keyset pagination: it passes the last key it showed)
+    needs_application_change: bool = False
 
 
 @dataclass(frozen=True)
