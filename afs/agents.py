@@ -16,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import trio
 
-from afs import strategists
 from afs.analysis import gather_context
 from afs.bench import benchmark
+from afs.brains import Brain
 from afs.config import Timeouts
 from afs.consensus import ddl_signature
 from afs.db import Connection, open_connection
@@ -34,7 +33,6 @@ from afs.models import (
     AgentKey,
     AgentOutcome,
     AgentStatus,
-    AnalysisContext,
     AnalysisResult,
     BenchmarkOutcome,
     OptimizationProposal,
@@ -45,48 +43,6 @@ from afs.models import (
 )
 from afs.safety import check_query, validate_proposal
 from afs.suite import build_suite
-
-
-class Brain(Protocol):
-    """What thinks for an agent: a model or an offline strategist."""
-
-    name: str
-
-    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult: ...
-
-    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | None: ...
-
-
-class StrategistBrain:
-    """The offline strategists: rules over the plan and the statistics."""
-
-    name = "heuristic"
-
-    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
-        return strategists.analyze(agent, ctx)
-
-    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | None:
-        return strategists.propose(agent, ctx, analysis)
-
-
-@dataclass
-class SlowBrain:
-    """Another brain with a fixed latency per call: a stand-in for a model's think time."""
-
-    inner: Brain
-    latency_s: float
-    name: str = "simulated"
-
-    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
-        await trio.sleep(self.latency_s)
-        return await self.inner.analyze(agent, ctx)
-
-    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | None:
-        await trio.sleep(self.latency_s)
-        return await self.inner.propose(agent, ctx, analysis)
 
 
 @dataclass
