@@ -99,6 +99,35 @@ def test_pure_modules_import_no_io(module: str) -> None:
     assert not imported & IO_LIBRARIES, f"{module} imports {imported & IO_LIBRARIES}"
 
 
+def _afs_imports(path: Path) -> set[str]:
+    """The afs modules a file imports (`from afs import x` counts as afs.x)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("afs.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "afs":
+            found |= ({f"afs.{alias.name}" for alias in node.names} if node.module == "afs"
+                      else {node.module})
+    return found
+
+
+# Nothing imports upward: what a folder may use of afs beside itself.
+ALLOWED_BELOW = {
+    "pg": ("afs.models", "afs.errors", "afs.pg"),
+    "brains": ("afs.models", "afs.errors", "afs.config", "afs.features", "afs.safety", "afs.pg",
+               "afs.brains"),
+}
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED_BELOW))
+def test_no_upward_imports(folder: str) -> None:
+    allowed = ALLOWED_BELOW[folder]
+    for path in (PACKAGE / folder).rglob("*.py"):
+        upward = {m for m in _afs_imports(path)
+                  if not any(m == a or m.startswith(a + ".") for a in allowed)}
+        assert not upward, f"{path.relative_to(PACKAGE)} imports {sorted(upward)}"
+
+
 def test_weights_option_is_checked() -> None:
     from afs.cli import parse_weights
 

@@ -162,7 +162,7 @@ def issue_context(plan: dict[str, Any] | None = None) -> AnalysisContext:
 
 # -- parsing (pure) ----------------------------------------------------------------------------------
 def test_parsing_module_is_pure() -> None:
-    tree = ast.parse((PACKAGE / "gemini" / "parsing.py").read_text())
+    tree = ast.parse((PACKAGE / "brains" / "gemini" / "parsing.py").read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)

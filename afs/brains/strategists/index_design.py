@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, TypeAlias
 
 from afs.brains.strategists.evidence import (
     FAST_MS,
@@ -136,6 +136,11 @@ class IndexDesign:
 
     def describe(self) -> str:
         return f"{self.table}{self.clauses(self.include)}"
+
+
+# One rule: the index designs one kind of access to a table calls for; it adds what it
+# noticed (numbers and reasons) to the list it is given.
+DesignRule: TypeAlias = Callable[[Evidence, str, list[str]], list[IndexDesign]]
 
 
 def _scan_reason(ev: Evidence, table: str, rows: float) -> str:
@@ -580,6 +585,17 @@ def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign,
         validation_steps=tuple(steps))
 
 
+def _filter_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
+    found = _filter_design(ev, table, notes)
+    return [found] if found else []
+
+
+# The designs for one large table, each rule one kind of access: the WHERE / ORDER BY
+# key (equality → range → sort), the join keys, the expressions and jsonb / array tests.
+# The design sparing the most row visits wins (the first of equals, in this order).
+DESIGN_RULES: Final[tuple[DesignRule, ...]] = (_filter_designs, _join_designs, _indexable_designs)
+
+
 def decide_index_design(ctx: AnalysisContext, agent: AgentKey = "gemini25pro") -> Decision:
     """gemini-2.5-pro: the best index for the most expensive access in the plan: a B-tree on
     columns or expressions (with a pattern operator class for LIKE prefixes), or GIN for jsonb."""
@@ -599,11 +615,8 @@ def decide_index_design(ctx: AnalysisContext, agent: AgentKey = "gemini25pro") -
             if ev.uses(table, "equality", "range", "join") or ev.indexable(table):
                 notes.append(f"{table} has {fmt_count(info.rows)} rows: scanning it is cheap")
             continue
-        found = _filter_design(ev, table, notes)
-        if found:
-            designs.append(found)
-        designs.extend(_join_designs(ev, table, notes))
-        designs.extend(_indexable_designs(ev, table, notes))
+        for rule in DESIGN_RULES:
+            designs.extend(rule(ev, table, notes))
     insights.extend(dict.fromkeys(notes))
     best = max(designs, key=lambda d: d.benefit, default=None)
     if best is None or best.benefit < MIN_BENEFIT_ROWS:
@@ -634,6 +647,64 @@ def decide_index_design(ctx: AnalysisContext, agent: AgentKey = "gemini25pro") -
 
 
 # -- one low-risk index: the fallback of the other specialisations ---------------------------
+def _equality_candidates(ev: Evidence, table: str, insights: list[str]) -> list[IndexDesign]:
+    """A single-column B-tree per equality-tested column that no index starts with."""
+    info = ev.table(table)
+    if info is None:
+        return []
+    visited = max(ev.scanned_rows(table), float(info.rows))
+    candidates: list[IndexDesign] = []
+    for use in ev.uses(table, "equality"):
+        if (use.operator or "=").upper() not in EQUALITY_OPS:
+            continue
+        if covering_index(info, [use.column]):
+            insights.append(f"{use.column} on {table} is already indexed")
+            continue
+        sel, note = _selectivity_note(ev, table, use)
+        insights.append(note)
+        candidates.append(IndexDesign(
+            table=table, key=(KeyColumn(use.column),), kind="filter", fraction=sel,
+            benefit=visited * (1 - sel),
+            reasons=(f"{use.column} is the most selective equality filter on {table} "
+                     f"(~{fmt_pct(sel)} of {fmt_count(info.rows)} rows).",)))
+    return candidates
+
+
+def _pattern_candidates(ev: Evidence, table: str, insights: list[str]) -> list[IndexDesign]:
+    """A B-tree with the pattern operator class per `LIKE 'prefix%'` column not yet so indexed."""
+    info = ev.table(table)
+    if info is None:
+        return []
+    visited = max(ev.scanned_rows(table), float(info.rows))
+    candidates: list[IndexDesign] = []
+    for choice in _pattern_choices(ev, table, _like_patterns(ev, table), ev.only_filter(table)):
+        classes = {choice.column: choice.opclass or ""}
+        if covering_index(info, [], [choice.column], opclasses=classes):
+            insights.append(f"{choice.column} on {table} is already indexed with {choice.opclass}")
+            continue
+        insights.append(choice.note)
+        candidates.append(IndexDesign(
+            table=table, key=(KeyColumn(choice.column, opclass=choice.opclass,
+                                        label=f"{choice.column}_pattern"),),
+            kind="filter", fraction=choice.fraction, benefit=visited * (1 - choice.fraction),
+            reasons=(choice.note,)))
+    return candidates
+
+
+def _expression_candidates(ev: Evidence, table: str, insights: list[str]) -> list[IndexDesign]:
+    """The expression and GIN designs of `_indexable_designs`, their notes said once."""
+    notes: list[str] = []
+    candidates = _indexable_designs(ev, table, notes)
+    insights.extend(n for n in dict.fromkeys(notes) if n not in insights)
+    return candidates
+
+
+# The fallback's candidates on one large table, in this order; the most selective B-tree
+# wins, GIN only when no B-tree fits.
+FALLBACK_RULES: Final[tuple[DesignRule, ...]] = (
+    _equality_candidates, _pattern_candidates, _expression_candidates)
+
+
 def fallback_index(agent: AgentKey, ev: Evidence, insights: list[str], why: str) -> Decision:
     """One index, or nothing: a low-risk B-tree on the most selective equality column,
     LIKE-prefixed column (with its pattern operator class) or equality-tested expression;
@@ -643,36 +714,7 @@ def fallback_index(agent: AgentKey, ev: Evidence, insights: list[str], why: str)
         info = ev.table(table)
         if info is None or max(info.rows, ev.scanned_rows(table)) < SMALL_TABLE_ROWS:
             continue
-        rows = float(info.rows)
-        visited = max(ev.scanned_rows(table), rows)
-        candidates: list[IndexDesign] = []
-        for use in ev.uses(table, "equality"):
-            if (use.operator or "=").upper() not in EQUALITY_OPS:
-                continue
-            if covering_index(info, [use.column]):
-                insights.append(f"{use.column} on {table} is already indexed")
-                continue
-            sel, note = _selectivity_note(ev, table, use)
-            insights.append(note)
-            candidates.append(IndexDesign(
-                table=table, key=(KeyColumn(use.column),), kind="filter", fraction=sel,
-                benefit=visited * (1 - sel),
-                reasons=(f"{use.column} is the most selective equality filter on {table} "
-                         f"(~{fmt_pct(sel)} of {fmt_count(info.rows)} rows).",)))
-        for choice in _pattern_choices(ev, table, _like_patterns(ev, table), ev.only_filter(table)):
-            classes = {choice.column: choice.opclass or ""}
-            if covering_index(info, [], [choice.column], opclasses=classes):
-                insights.append(f"{choice.column} on {table} is already indexed with {choice.opclass}")
-                continue
-            insights.append(choice.note)
-            candidates.append(IndexDesign(
-                table=table, key=(KeyColumn(choice.column, opclass=choice.opclass,
-                                            label=f"{choice.column}_pattern"),),
-                kind="filter", fraction=choice.fraction, benefit=visited * (1 - choice.fraction),
-                reasons=(choice.note,)))
-        notes: list[str] = []
-        candidates.extend(_indexable_designs(ev, table, notes))
-        insights.extend(n for n in dict.fromkeys(notes) if n not in insights)
+        candidates = [design for rule in FALLBACK_RULES for design in rule(ev, table, insights)]
         for design in candidates:
             rank = (design.method != "btree", design.fraction)
             if design.fraction <= INDEX_MAX_FRACTION and (
