@@ -189,6 +189,7 @@ def plan_insights(nodes: Sequence[PlanNode], execution_ms: float, *, large_rows:
 
 
 # -- trimming, for a prompt ------------------------------------------------------------------
+# Trimming works on the raw JSON nodes (kept whole for the model), not on PlanNode.
 # EXPLAIN keys that say little about where time goes; dropped first when the plan is too long.
 _QUIET_KEYS: Final = frozenset({
     "Parallel Aware", "Async Capable", "Plan Width", "Startup Cost", "Actual Startup Time",
@@ -203,15 +204,15 @@ _QUIET_KEYS: Final = frozenset({
 
 
 @dataclass
-class _Node:
+class _RawNode:
     raw: Mapping[str, Any]
-    children: list[_Node]
-    parent: _Node | None
+    children: list[_RawNode]
+    parent: _RawNode | None
 
 
-def _tree(raw: Mapping[str, Any], parent: _Node | None = None) -> _Node:
-    node = _Node(raw, [], parent)
-    node.children = [_tree(c, node) for c in raw.get("Plans") or () if isinstance(c, Mapping)]
+def _raw_tree(raw: Mapping[str, Any], parent: _RawNode | None = None) -> _RawNode:
+    node = _RawNode(raw, [], parent)
+    node.children = [_raw_tree(c, node) for c in raw.get("Plans") or () if isinstance(c, Mapping)]
     return node
 
 
@@ -225,16 +226,16 @@ def _inclusive(raw: Mapping[str, Any]) -> float:
         return 0.0
 
 
-def _self_cost(node: _Node) -> float:
+def _self_cost(node: _RawNode) -> float:
     return max(0.0, _inclusive(node.raw) - sum(_inclusive(c.raw) for c in node.children))
 
 
-def _label(raw: Mapping[str, Any]) -> str:
+def _raw_label(raw: Mapping[str, Any]) -> str:
     relation = raw.get("Relation Name")
     return f"{raw.get('Node Type', '?')}{f' on {relation}' if relation else ''}"
 
 
-def _render(node: _Node, kept: set[int], quiet: bool, max_chars: int | None) -> dict[str, Any]:
+def _render(node: _RawNode, kept: set[int], quiet: bool, max_chars: int | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in node.raw.items():
         if key == "Plans" or (quiet and key in _QUIET_KEYS):
@@ -245,7 +246,7 @@ def _render(node: _Node, kept: set[int], quiet: bool, max_chars: int | None) -> 
     plans = [_render(c, kept, quiet, max_chars) for c in node.children if id(c) in kept]
     dropped = [c for c in node.children if id(c) not in kept]
     if dropped:
-        names = ", ".join(_label(c.raw) for c in dropped[:5]) + (", …" if len(dropped) > 5 else "")
+        names = ", ".join(_raw_label(c.raw) for c in dropped[:5]) + (", …" if len(dropped) > 5 else "")
         hidden = sum(1 for c in dropped for _ in _walk(c))
         plans.append({"Omitted": f"{hidden} cheaper node{'s' if hidden != 1 else ''} under: {names}"})
     if plans:
@@ -253,7 +254,7 @@ def _render(node: _Node, kept: set[int], quiet: bool, max_chars: int | None) -> 
     return out
 
 
-def _walk(node: _Node) -> list[_Node]:
+def _walk(node: _RawNode) -> list[_RawNode]:
     return [node, *(n for c in node.children for n in _walk(c))]
 
 
@@ -265,7 +266,7 @@ def trim_plan(plan: Mapping[str, Any], budget_tokens: int = PLAN_TOKEN_BUDGET) -
     "Omitted" line each. A last resort shortens long strings, then cuts the text.
     """
     budget = budget_tokens * CHARS_PER_TOKEN
-    root = _tree(plan)
+    root = _raw_tree(plan)
     nodes = _walk(root)
     full = json.dumps(plan, indent=1)
     if len(full) <= budget:
@@ -279,7 +280,7 @@ def trim_plan(plan: Mapping[str, Any], budget_tokens: int = PLAN_TOKEN_BUDGET) -
     def keeping(count: int, max_chars: int | None) -> str:
         kept: set[int] = set()
         for node in ranked[:count]:
-            walker: _Node | None = node
+            walker: _RawNode | None = node
             while walker is not None and id(walker) not in kept:
                 kept.add(id(walker))
                 walker = walker.parent
