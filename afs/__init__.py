@@ -2,11 +2,13 @@
 
 Layering (lower layers never import higher ones):
 
-    pure core     models, config, errors, features, router, safety, suite, strategists,
-                  consensus, report, forks.naming, sandbox.demo
+    pure core     models, config, errors, pg (names, plan, stats), features, router,
+                  safety, suite, brains.strategists, brains.gemini.parsing, consensus,
+                  report, forks.naming, sandbox.demo
     I/O edges     db (psycopg under trio), sandbox.server (pg_ctl), sandbox.seeding,
                   sandbox.importer, forks.provider, forks.server (MCP), forks.client (MCP),
-                  analysis and bench (SQL in a fork), events, display
+                  analysis and bench (SQL in a fork), events, display,
+                  brains (Brain, Squad), brains.gemini (the model client and brain)
     workflow      agents (one agent: fork → analyse → propose → validate → benchmark),
                   optimize (one task: route, one nursery, consensus)
     entry points  cli, __main__

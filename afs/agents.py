@@ -16,16 +16,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import pglast
 import trio
 from pglast import ast as pg_ast
 from pglast.stream import RawStream
 
-from afs import strategists
 from afs.analysis import gather_context
 from afs.bench import ApplyError, benchmark, planner_cost, undo
+from afs.brains import Brain
 from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
 from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
@@ -53,52 +53,6 @@ from afs.params import ParameterSet, apply_parameters, baked_literals, parameter
 from afs.rewrites import keyset_probe, keyset_rewrite
 from afs.safety import check_query, validate_candidate
 from afs.suite import build_suite
-
-Proposals = OptimizationProposal | Sequence[OptimizationProposal] | None
-
-
-class Brain(Protocol):
-    """What thinks for an agent: a model or an offline strategist."""
-
-    name: str
-
-    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult: ...
-
-    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> Proposals:
-        """Ranked candidate designs, best first (one, several, or none)."""
-        ...
-
-
-class StrategistBrain:
-    """The offline strategists: rules over the plan and the statistics."""
-
-    name = "heuristic"
-
-    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
-        return strategists.analyze(agent, ctx)
-
-    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | None:
-        return strategists.propose(agent, ctx, analysis)
-
-
-@dataclass
-class SlowBrain:
-    """Another brain with a fixed latency per call: a stand-in for a model's think time."""
-
-    inner: Brain
-    latency_s: float
-    name: str = "simulated"
-
-    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
-        await trio.sleep(self.latency_s)
-        return await self.inner.analyze(agent, ctx)
-
-    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> Proposals:
-        await trio.sleep(self.latency_s)
-        return await self.inner.propose(agent, ctx, analysis)
 
 
 @dataclass
@@ -252,7 +206,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     enter("propose")
     t0 = trio.current_time()
     with trio.fail_after(limits.model):
-        proposals = as_candidates(await brain.propose(agent, ctx, state.analysis))[:job.candidates]
+        proposals = tuple(await brain.propose(agent, ctx, state.analysis))[:job.candidates]
     if not proposals:
         events.emit("proposal_submitted", agent=agent, fork=state.fork,
                     duration_s=trio.current_time() - t0, proposal_type=None)
@@ -388,16 +342,6 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     state.candidates = tuple(tried[r] for r in sorted(tried))
     return _best(state)
-
-
-def as_candidates(raw: OptimizationProposal | Sequence[OptimizationProposal] | None
-                  ) -> tuple[OptimizationProposal, ...]:
-    """A brain's answer as a ranked tuple of candidates (best first)."""
-    if raw is None:
-        return ()
-    if isinstance(raw, OptimizationProposal):
-        return (raw,)
-    return tuple(raw)
 
 
 def choose_for_measurement(candidates: Sequence[tuple[int, float | None, bool]],

@@ -11,7 +11,6 @@ the fork (it is a per-database catalog); activity counters do not, so
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +26,7 @@ from afs.models import (
     TableInfo,
     TaskType,
 )
+from afs.pg.plan import explained, plan_of
 
 MB = 1048576.0
 
@@ -79,8 +79,7 @@ WHERE c.oid = to_regclass(%s)
 async def explain_analyze(conn: Connection, sql: str) -> tuple[dict[str, Any], float]:
     """The plan (top node) and the execution time in ms, measured on the server."""
     raw = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
-    doc = raw if isinstance(raw, list) else json.loads(raw)
-    return doc[0]["Plan"], float(doc[0]["Execution Time"])
+    return explained(raw)
 
 
 async def source_table_stats(conn: Connection, tables: tuple[str, ...]) -> dict[str, tuple[int, float]]:
@@ -148,9 +147,7 @@ async def gather_context(
     try:
         plan, execution_ms = await explain_analyze(conn, query)
     except StatementTimeout:
-        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {query}")
-        doc = raw if isinstance(raw, list) else json.loads(raw)
-        plan, slow = doc[0]["Plan"], True
+        plan, slow = plan_of(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {query}")), True
         execution_ms = float(await conn.fetchval(
             "SELECT setting::float8 FROM pg_settings WHERE name = 'statement_timeout'") or 0)
     tables: dict[str, TableInfo] = {}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,8 @@ from afs.models import (
     QueryVariant,
     Timing,
 )
+from afs.pg.names import quote_qualified
+from afs.pg.plan import explained, plan_of, shared_buffers
 from afs.suite import result_checksum_sql
 
 MB = 1048576.0
@@ -75,10 +76,8 @@ class Result:
 
 async def run_once(conn: Connection, sql: str) -> Sample:
     raw = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {sql}")
-    doc = raw if isinstance(raw, list) else json.loads(raw)
-    plan = doc[0]["Plan"]
-    buffers = int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
-    return Sample(ms=float(doc[0]["Execution Time"]), buffers=buffers)
+    plan, ms = explained(raw)
+    return Sample(ms=ms, buffers=shared_buffers(plan))
 
 
 async def result_of(conn: Connection, variant: QueryVariant, ordered: bool) -> Result:
@@ -179,8 +178,7 @@ async def planner_cost(conn: Connection, sql: str, proposal: OptimizationProposa
     finally:
         with trio.CancelScope(shield=True):
             await conn.execute("ROLLBACK")
-    doc = raw if isinstance(raw, list) else json.loads(raw)
-    return float(doc[0]["Plan"]["Total Cost"])
+    return float(plan_of(raw)["Total Cost"])
 
 
 def _setting_literal(value: str) -> str:
@@ -403,12 +401,8 @@ async def _run_without(conn: Connection, indexes: Sequence[str], sql: str) -> Sa
     await conn.execute("BEGIN")
     try:
         for name in indexes:
-            await conn.execute(f"DROP INDEX {_quote_qualified(name)}")
+            await conn.execute(f"DROP INDEX {quote_qualified(name)}")
         return await run_once(conn, sql)
     finally:
         with trio.CancelScope(shield=True):
             await conn.execute("ROLLBACK")
-
-
-def _quote_qualified(name: str) -> str:
-    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))

@@ -316,15 +316,14 @@ async def cmd_fork_roundtrip(args: argparse.Namespace, settings: Settings) -> in
 @asynccontextmanager
 async def open_squad(provider: str, settings: Settings, env: Mapping[str, str]) -> AsyncIterator[Any]:
     """The brains: `heuristic` (offline strategists), `gemini`, or `auto` (Gemini if credentials are set)."""
-    from afs.agents import StrategistBrain
-    from afs.optimize import Squad
+    from afs.brains import Squad, StrategistBrain
 
     if provider != "heuristic":
-        from afs.gemini.client import NO_CREDENTIALS, gemini_credentials
+        from afs.brains.gemini.client import NO_CREDENTIALS, gemini_credentials
 
         credentials = gemini_credentials(env)
         if credentials is not None:
-            from afs.gemini.brain import open_gemini_squad
+            from afs.brains.gemini.brain import open_gemini_squad
 
             async with open_gemini_squad(settings, credentials, env) as squad:
                 yield squad

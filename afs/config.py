@@ -22,7 +22,7 @@ Environment:
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
 GOOGLE_GENAI_USE_VERTEXAI with GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION), plus
 AFS_GEMINI_BASE_URL (another endpoint: proxies, the fake server) and
-AFS_GEMINI_MODEL_<AGENT> (e.g. AFS_GEMINI_MODEL_GEMINI25PRO); `afs.gemini.client` reads
+AFS_GEMINI_MODEL_<AGENT> (e.g. AFS_GEMINI_MODEL_GEMINI25PRO); `afs.brains.gemini.client` reads
 them from the environment the CLI passes in.
 
 The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `candidates`,

@@ -32,12 +32,21 @@ columns of CTEs and derived tables.
     other     any other use: in functions, casts or aggregates, <>, NOT IN, IS NOT NULL, …
 A constant is an expression without columns of the block (a scalar subquery is one); `value`
 holds its Python value when it is a literal (a cast literal keeps its value), otherwise None.
+
+What the strategists need beyond QueryFeatures is `query_shape(query, Resolver(ctx))`, a
+QueryShape: the ORDER BY as SortItems, the top-level WHERE terms a partial index may rely on,
+the join pairs, the tables read with `*`, GROUP BY / aggregates / DISTINCT, LIMIT, and the
+IndexablePredicates (expressions and jsonb / array tests an expression or GIN index serves).
+`Resolver` finds a column's base table through the query's aliases and the catalog's columns.
+Helpers shared with other readers of queries: `read_query` (None rather than an error),
+`conjuncts`, `is_literal`, `is_literal_or_array`, `function_name`, `aggregates`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
 import pglast
 import sqlglot
@@ -47,7 +56,9 @@ from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from afs.errors import InputError
-from afs.models import ColumnRole, ColumnUse, QueryFeatures
+from afs.models import AnalysisContext, ColumnRole, ColumnUse, QueryFeatures
+from afs.pg.names import ident, quote_literal, relation_name
+from afs.pg.stats import base_type, column_type, like_prefix, pattern_opclass
 
 DIALECT = "postgres"
 _BLOCKS = (exp.Select, exp.SetOperation)  # query blocks; exp.Subquery is only parentheses
@@ -59,6 +70,11 @@ _COMPARISONS: dict[type[exp.Expr], tuple[ColumnRole, str, str]] = {  # role, ope
     exp.LTE: ("range", "<=", ">="),
 }
 _UNKNOWN_POSITION = 1 << 30
+# casts of an extracted json value that are immutable, so that an index may hold them
+_INDEXABLE_CASTS: Final = frozenset({
+    "int", "integer", "bigint", "smallint", "numeric", "decimal", "boolean", "bool", "text",
+    "double precision", "real", "float",
+})
 
 
 def extract_features(sql: str) -> QueryFeatures:
@@ -237,7 +253,7 @@ def _select_item(key: exp.Expr, selects: list[exp.Expr]) -> exp.Expr:
     return key
 
 
-def _is_constant(node: exp.Expr) -> bool:
+def _is_block_constant(node: exp.Expr) -> bool:
     """No column of this block in it: literals, parameters, functions of them, scalar subqueries."""
     return not any(isinstance(n, (exp.Column, exp.Star)) for n in _local(node))
 
@@ -311,12 +327,12 @@ class _Collector:
             return
         if isinstance(node, exp.Between):
             low, high = node.args["low"], node.args["high"]
-            if _is_constant(low) and _is_constant(high):
+            if _is_block_constant(low) and _is_block_constant(high):
                 self.add(column, "range", "BETWEEN", (_value(low), _value(high)))
         elif isinstance(node, exp.In):
             if node.args.get("query") is not None:
                 self.add(column, "join", "IN")
-            elif node.expressions and all(_is_constant(e) for e in node.expressions):
+            elif node.expressions and all(_is_block_constant(e) for e in node.expressions):
                 self.add(column, "equality", "IN", tuple(_value(e) for e in node.expressions))
         elif isinstance(node, exp.Is):
             if isinstance(node.expression, exp.Null) and not node.args.get("negate"):
@@ -335,9 +351,9 @@ class _Collector:
                 self.add(right, "join", "=")
             return
         role, operator, flipped = _COMPARISONS[type(node)]
-        if isinstance(left, exp.Column) and _is_constant(right):
+        if isinstance(left, exp.Column) and _is_block_constant(right):
             self.add(left, role, operator, _value(right))
-        elif isinstance(right, exp.Column) and _is_constant(left):
+        elif isinstance(right, exp.Column) and _is_block_constant(left):
             self.add(right, role, flipped, _value(left))
 
     def window(self, window: exp.Window) -> None:
@@ -409,3 +425,343 @@ def _negated_or_alternative(node: exp.Expr, root: exp.Expr | None) -> bool:
             return True
         node, parent = parent, parent.parent
     return False
+
+
+# -- the shape of a query, for the strategists --------------------------------------------
+# -- the query --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SortItem:
+    table: str | None
+    column: str | None  # None when the ORDER BY item is not a plain column of a table
+    desc: bool
+    nulls_first: bool  # as sqlglot normalises it: PostgreSQL's default is NULLS FIRST for DESC
+    sql: str
+
+
+@dataclass(frozen=True)
+class IndexablePredicate:
+    """A top-level WHERE term that an expression index or a GIN index can serve (QueryFeatures
+    calls its column's use "other"): `lower(email) = 'x'`, `payload ->> 'kind' = 'x'`,
+    `lower(email) LIKE 'ab%'`, `payload @> '{…}'`, `payload ? 'key'`."""
+
+    table: str
+    column: str  # the column the term reads
+    kind: Literal["equality", "prefix", "containment", "key_exists"]
+    expression: str | None  # the index key expression; None: the column itself (GIN)
+    label: str  # what the index name calls the key, e.g. "lower_email"
+    method: Literal["btree", "gin"]
+    opclass: str | None
+    shown: str  # the term as written
+    values: int = 1  # how many constants it compares with (IN lists)
+    prefix: str | None = None  # the fixed start of a LIKE pattern
+    from_json: bool = False  # the expression extracts a value from json
+
+
+@dataclass(frozen=True)
+class QueryShape:
+    """What sqlglot tells about the query beyond QueryFeatures."""
+
+    tree: exp.Expr | None
+    sort: tuple[SortItem, ...] = ()
+    # (table, column) → the predicate as an index WHERE clause, for top-level AND conjuncts
+    # `col = <constant>` and `col IS NULL` only: those a partial index may rely on.
+    constant_predicates: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    join_pairs: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = ()
+    star_tables: frozenset[str] = frozenset()  # tables whose every column is selected
+    grouped: bool = False  # GROUP BY, aggregates or DISTINCT at the top
+    limit: int | None = None
+    indexable: tuple[IndexablePredicate, ...] = ()
+    filters: Mapping[str, int] = field(default_factory=dict)  # top-level WHERE terms on one table
+    # (table, column, pattern) of the top-level `col LIKE 'pattern'` terms (not NOT LIKE, not in OR)
+    like_terms: frozenset[tuple[str, str, str]] = frozenset()
+
+
+def read_query(query: str) -> exp.Expr | None:
+    """The one statement of `query`, unquoted identifiers folded to lower case as PostgreSQL
+    (and QueryFeatures) folds them; None unless sqlglot reads exactly one statement."""
+    try:
+        statements = [s for s in sqlglot.parse(query, read=DIALECT) if s is not None]
+    except (SqlglotError, ValueError):
+        return None
+    return normalize_identifiers(statements[0], dialect=DIALECT) if len(statements) == 1 else None
+
+
+def conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
+    """The top-level AND terms of a condition."""
+    if node is None:
+        return []
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.And):
+        return conjuncts(node.left) + conjuncts(node.right)
+    return [node]
+
+
+def is_literal(node: exp.Expr) -> bool:
+    """A literal or a boolean, possibly cast, negated or in parentheses (what a partial index's
+    WHERE may hold); compare `_is_block_constant`, which also takes functions and subqueries."""
+    if isinstance(node, exp.Literal | exp.Boolean):
+        return True
+    if isinstance(node, exp.Cast | exp.Neg | exp.Paren):
+        return is_literal(node.this)
+    return False
+
+
+def function_name(node: exp.Func) -> str:
+    """The lower-case name of a function call, as PostgreSQL would look it up."""
+    if isinstance(node, exp.Anonymous):
+        return str(node.name).lower()
+    return node.sql_name().lower()
+
+
+def is_literal_or_array(node: exp.Expr) -> bool:
+    """A literal, a cast literal or an ARRAY of them."""
+    if isinstance(node, exp.Array):
+        return all(is_literal_or_array(e) for e in node.expressions)
+    return is_literal(node)
+
+
+def _index_expression(node: exp.Expr, resolver: Resolver) -> tuple[str, str, str, str, bool] | None:
+    """(table, column, expression SQL, label, from json) when `node` is an expression an index
+    can hold and the planner will match: lower/upper of a text column; `->` / `->>` with
+    literal keys on a json(b) column; an immutable cast of such an extracted value."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Lower | exp.Upper) and isinstance(node.this, exp.Column):
+        typed = resolver.typed_column(node.this)
+        if typed is None or pattern_opclass(typed[2]) is None:
+            return None
+        table, column, _ = typed
+        fn = "lower" if isinstance(node, exp.Lower) else "upper"
+        return table, column, f"{fn}({ident(column)})", f"{fn}_{column}", False
+    if isinstance(node, exp.Cast):
+        inner = _index_expression(node.this, resolver)
+        to = node.to.sql(dialect=DIALECT).lower()
+        if inner is None or not inner[4] or base_type(to) not in _INDEXABLE_CASTS:
+            return None
+        table, column, sql, label, _ = inner
+        return table, column, f"({sql})::{to}", label, True
+    if isinstance(node, exp.JSONExtract | exp.JSONExtractScalar):
+        path = node.expression
+        parts = path.expressions if isinstance(path, exp.JSONPath) else []
+        if (len(parts) != 2 or not isinstance(parts[0], exp.JSONPathRoot)
+                or not isinstance(parts[1], exp.JSONPathKey) or not isinstance(parts[1].this, str)):
+            return None
+        key = parts[1].this
+        op = "->>" if isinstance(node, exp.JSONExtractScalar) else "->"
+        base = node.this
+        while isinstance(base, exp.Paren):
+            base = base.this
+        if isinstance(base, exp.Column):
+            typed = resolver.typed_column(base)
+            if typed is None or typed[2] not in ("json", "jsonb"):
+                return None
+            table, column, _ = typed
+            sql, label = ident(column), column
+        elif isinstance(base, exp.JSONExtract):
+            inner = _index_expression(base, resolver)
+            if inner is None:
+                return None
+            table, column, sql, label, _ = inner
+        else:
+            return None
+        return table, column, f"{sql} {op} {quote_literal(key)}", f"{label}_{key}", True
+    return None
+
+
+_KEY_TESTS = (exp.JSONBContainsTopKey, exp.JSONBContainsAnyTopKeys, exp.JSONBContainsAllTopKeys)
+
+
+def _indexable_predicate(term: exp.Expr, resolver: Resolver) -> IndexablePredicate | None:
+    """The index that can serve one top-level WHERE term, when QueryFeatures' plain-column
+    roles cannot describe it (see IndexablePredicate)."""
+    if term.args.get("negate"):
+        return None  # `NOT LIKE`, `NOT IN`: an index cannot find what is absent
+    shown = _shown(term)
+    if isinstance(term, exp.EQ | exp.In):
+        if isinstance(term, exp.EQ):
+            left, right = term.this, term.expression
+            if is_literal_or_array(left):
+                left, right = right, left
+            if not is_literal_or_array(right):
+                return None
+            values = 1
+        else:
+            if term.args.get("query") is not None or not term.expressions or not all(
+                    is_literal_or_array(e) for e in term.expressions):
+                return None
+            left, values = term.this, len(term.expressions)
+        found = _index_expression(left, resolver)
+        if found is None:
+            return None
+        table, column, sql, label, from_json = found
+        return IndexablePredicate(table, column, "equality", sql, label, "btree", None, shown,
+                                  values=values, from_json=from_json)
+    if isinstance(term, exp.Like) and isinstance(term.expression, exp.Literal) and term.expression.is_string:
+        prefix = like_prefix(str(term.expression.this))
+        found = _index_expression(term.this, resolver)
+        if not prefix or found is None or "::" in found[2]:
+            return None
+        table, column, sql, label, from_json = found
+        return IndexablePredicate(table, column, "prefix", sql, f"{label}_pattern", "btree",
+                                  "text_pattern_ops", shown, prefix=prefix, from_json=from_json)
+    column_node: exp.Expr | None = None
+    kind: Literal["containment", "key_exists"] = "containment"
+    if isinstance(term, exp.ArrayContainsAll) and is_literal_or_array(term.expression):
+        column_node = term.this
+    elif isinstance(term, exp.ArrayContainedBy) and is_literal_or_array(term.this):
+        column_node = term.expression
+    elif isinstance(term, _KEY_TESTS) and is_literal_or_array(term.expression):
+        column_node, kind = term.this, "key_exists"
+    while isinstance(column_node, exp.Paren):
+        column_node = column_node.this
+    if not isinstance(column_node, exp.Column):
+        return None
+    typed = resolver.typed_column(column_node)
+    if typed is None:
+        return None
+    table, column, data_type = typed
+    if data_type == "jsonb":
+        # jsonb_path_ops: smaller and faster for @>, but it has no operator for `?`
+        opclass = "jsonb_path_ops" if kind == "containment" else None
+    elif data_type.endswith("[]") and kind == "containment":
+        opclass = None
+    else:
+        return None
+    return IndexablePredicate(table, column, kind, None, column, "gin", opclass, shown)
+
+
+def _shown(term: exp.Expr) -> str:
+    return term.sql(dialect=DIALECT, normalize_functions="lower")
+
+
+def aggregates(select: exp.Select) -> bool:
+    """The select list calls an aggregate (not as a window function)."""
+    return any(agg.find_ancestor(exp.Window) is None
+               for item in select.expressions for agg in item.find_all(exp.AggFunc))
+
+
+class Resolver:
+    """Column → base table, through the query's aliases and the tables' column lists."""
+
+    def __init__(self, ctx: AnalysisContext) -> None:
+        self.tables = ctx.tables
+        self.query_tables = tuple(ctx.features.tables) or tuple(ctx.tables)
+        self.aliases = {k.lower(): v for k, v in ctx.features.aliases.items()}
+
+    def table_key(self, name: str | None) -> str | None:
+        if not name:
+            return None
+        if name in self.tables:
+            return name
+        low = name.lower()
+        if low in self.aliases and self.aliases[low] in self.tables:
+            return self.aliases[low]
+        for key in self.tables:
+            if key.lower() == low or relation_name(key).lower() == low:
+                return key
+        return self.aliases.get(low)
+
+    def has_column(self, table: str, column: str) -> bool:
+        info = self.tables.get(table)
+        return info is None or not info.columns or any(c.name == column for c in info.columns)
+
+    def table_of(self, qualifier: str | None, column: str) -> str | None:
+        if qualifier:
+            return self.table_key(qualifier)
+        owners = [t for t in self.query_tables
+                  if t in self.tables and any(c.name == column for c in self.tables[t].columns)]
+        if len(owners) == 1:
+            return owners[0]
+        if len(self.query_tables) == 1:
+            return self.table_key(self.query_tables[0])
+        return None
+
+    def column(self, node: exp.Column) -> tuple[str, str] | None:
+        table = self.table_of(node.table or None, node.name)
+        if table is None or not self.has_column(table, node.name):
+            return None
+        return table, node.name
+
+    def typed_column(self, node: exp.Column) -> tuple[str, str, str] | None:
+        """(table, column, data type) of a column whose table the catalog describes."""
+        resolved = self.column(node)
+        info = self.tables.get(resolved[0]) if resolved else None
+        data_type = column_type(info, resolved[1]) if resolved and info else None
+        return (*resolved, data_type) if resolved and data_type else None
+
+
+def query_shape(query: str, resolver: Resolver) -> QueryShape:
+    tree = read_query(query)
+    if tree is None:
+        return QueryShape(tree=None)
+    select = tree if isinstance(tree, exp.Select) else None
+    sort: list[SortItem] = []
+    constants: dict[tuple[str, str], str] = {}
+    star: set[str] = set()
+    grouped = False
+    limit: int | None = None
+    indexable: list[IndexablePredicate] = []
+    filters: dict[str, int] = {}
+    likes: set[tuple[str, str, str]] = set()
+    if select is not None:
+        order = select.args.get("order")
+        for item in order.expressions if order else ():
+            target = item.this
+            resolved = resolver.column(target) if isinstance(target, exp.Column) else None
+            sort.append(SortItem(
+                table=resolved[0] if resolved else None, column=resolved[1] if resolved else None,
+                desc=bool(item.args.get("desc")), nulls_first=bool(item.args.get("nulls_first")),
+                sql=item.sql(dialect=DIALECT)))
+        where = select.args.get("where")
+        for term in conjuncts(where.this if where else None):
+            owners = {r[0] for r in (resolver.column(c) for c in term.find_all(exp.Column)) if r}
+            if len(owners) == 1:
+                owner = owners.pop()
+                filters[owner] = filters.get(owner, 0) + 1
+            found = _indexable_predicate(term, resolver)
+            if found is not None:
+                indexable.append(found)
+            if (isinstance(term, exp.Like) and not term.args.get("negate")
+                    and isinstance(term.this, exp.Column)
+                    and isinstance(term.expression, exp.Literal) and term.expression.is_string):
+                resolved = resolver.column(term.this)
+                if resolved:
+                    likes.add((*resolved, str(term.expression.this)))
+            if isinstance(term, exp.EQ):
+                left, right = term.this, term.expression
+                if isinstance(right, exp.Column) and is_literal(left):
+                    left, right = right, left
+                if isinstance(left, exp.Column) and is_literal(right):
+                    resolved = resolver.column(left)
+                    if resolved:
+                        constants[resolved] = f"{ident(left.name)} = {right.sql(dialect=DIALECT)}"
+            elif (isinstance(term, exp.Is) and isinstance(term.expression, exp.Null)
+                  and isinstance(term.this, exp.Column)):
+                resolved = resolver.column(term.this)
+                if resolved:
+                    constants[resolved] = f"{ident(term.this.name)} IS NULL"
+        for item in select.expressions:
+            if isinstance(item, exp.Star):
+                star.update(resolver.query_tables)
+            elif isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
+                key = resolver.table_key(item.table)
+                if key:
+                    star.add(key)
+        grouped = bool(select.args.get("group") or select.args.get("distinct")) or aggregates(select)
+        lim = select.args.get("limit")
+        if isinstance(lim, exp.Limit) and isinstance(lim.expression, exp.Literal):
+            try:
+                limit = int(lim.expression.this)
+            except ValueError:
+                limit = None
+    pairs: list[tuple[tuple[str, str], tuple[str, str]]] = []
+    for eq in tree.find_all(exp.EQ):
+        if isinstance(eq.this, exp.Column) and isinstance(eq.expression, exp.Column):
+            a, b = resolver.column(eq.this), resolver.column(eq.expression)
+            if a and b and a[0] != b[0] and (a, b) not in pairs:
+                pairs.append((a, b))
+    return QueryShape(
+        tree=tree, sort=tuple(sort), constant_predicates=constants, join_pairs=tuple(pairs),
+        star_tables=frozenset(star), grouped=grouped, limit=limit,
+        indexable=tuple(indexable), filters=filters, like_terms=frozenset(likes))

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
-from afs.agents import AgentJob, Brain, SharedMeasurements, run_agent
+from afs.agents import AgentJob, SharedMeasurements, run_agent
 from afs.analysis import source_table_stats
+from afs.brains import Squad
 from afs.config import Settings
 from afs.consensus import decide
 from afs.db import open_connection
@@ -73,17 +74,6 @@ class AgentPool:
 
     async def wait_for_change(self) -> None:
         await self._changed.wait()
-
-
-@dataclass(frozen=True)
-class Squad:
-    """Who thinks for which agent, and what the report should say about it."""
-
-    brain_for: Callable[[AgentKey], Brain]
-    provider: str  # "heuristic" | "gemini" | "simulated"
-    note: str = ""
-    agents: tuple[AgentKey, ...] | None = None  # fixed squad (benchmarks, tests); None = route
-    usage: Mapping[AgentKey, Mapping[str, object]] = field(default_factory=dict)  # tokens, cost
 
 
 def slow_baseline_cap(settings: Settings) -> float:

@@ -51,13 +51,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pglast import parser as pg_parser
-from pglast.keywords import COL_NAME_KEYWORDS, RESERVED_KEYWORDS, TYPE_FUNC_NAME_KEYWORDS
 from sqlglot import exp
 from sqlglot.errors import ErrorLevel, SqlglotError
 
 from afs.errors import InputError
-from afs.features import DIALECT, first_line, parse_query, select_text
+from afs.features import DIALECT, first_line, function_name, parse_query, select_text
 from afs.models import ColumnStats, QueryVariant, TableInfo
+from afs.pg.names import KEYWORDS, is_plain
 
 __all__ = [
     "RECENT_SHARE",
@@ -88,8 +88,6 @@ _SET_RETURNING = frozenset({
     "json_populate_recordset", "regexp_matches", "regexp_split_to_table", "string_to_table",
     "explode", "exploding_generate_series",
 })
-_KEYWORDS = frozenset(RESERVED_KEYWORDS) | frozenset(TYPE_FUNC_NAME_KEYWORDS) | frozenset(COL_NAME_KEYWORDS)
-_PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
 _REWRITTEN = ("sqlglot re-rendered the rest of the query with differences PostgreSQL's parser can see "
               "(such as now() as CURRENT_TIMESTAMP, 'day' as 'DAY')")
 _AST_NOISE = re.compile(r"location|stmt_len|.*list_start|.*list_end")
@@ -349,17 +347,13 @@ def _belongs_to(node: exp.Expr, select: exp.Expr) -> bool:
     return False
 
 
-def _function_name(func: exp.Func) -> str:
-    return func.name.lower() if isinstance(func, exp.Anonymous) else func.sql_name().lower()
-
-
 def _is_aggregate(select: exp.Select) -> bool:
     if select.args.get("group") or select.args.get("having"):
         return True
     for output in select.expressions:
         for func in output.find_all(exp.Func, exp.WithinGroup):
             is_agg = isinstance(func, exp.AggFunc | exp.WithinGroup) or (
-                isinstance(func, exp.Anonymous) and _function_name(func) in _ANONYMOUS_AGGREGATES)
+                isinstance(func, exp.Anonymous) and function_name(func) in _ANONYMOUS_AGGREGATES)
             if is_agg and _belongs_to(func, select):
                 return True
     return False
@@ -368,7 +362,7 @@ def _is_aggregate(select: exp.Select) -> bool:
 def _has_set_returning(select: exp.Select) -> bool:
     for output in select.expressions:
         for func in output.find_all(exp.Func):
-            if isinstance(func, exp.Explode | exp.Unnest) or _function_name(func) in _SET_RETURNING:
+            if isinstance(func, exp.Explode | exp.Unnest) or function_name(func) in _SET_RETURNING:
                 return True
     return False
 
@@ -577,8 +571,7 @@ def _literal(value: datetime, data_type: str) -> str:
 
 
 def _identifier(name: str) -> exp.Identifier:
-    safe = _PLAIN_IDENTIFIER.fullmatch(name) is not None and name not in _KEYWORDS
-    return exp.to_identifier(name, quoted=not safe)
+    return exp.to_identifier(name, quoted=not is_plain(name, keywords=KEYWORDS))
 
 
 def _column(name: str, main: _Main) -> exp.Column:

@@ -253,9 +253,12 @@ class ScriptedBrain:
     async def analyze(self, agent: str, ctx: AnalysisContext) -> AnalysisResult:
         return AnalysisResult(insights=("scripted",), proposed_actions=(), confidence=0.5)
 
-    async def propose(self, agent: str, ctx: AnalysisContext, analysis: AnalysisResult
-                      ) -> OptimizationProposal | Sequence[OptimizationProposal] | None:
-        return self.script(agent)
+    async def propose(self, agent: str, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
+        answer = self.script(agent)
+        if answer is None:
+            return ()
+        return (answer,) if isinstance(answer, OptimizationProposal) else tuple(answer)
 
 
 class HangingBrain:
@@ -267,5 +270,5 @@ class HangingBrain:
         await trio.sleep_forever()
 
     async def propose(self, agent: str, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | None:
+                      analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
         await trio.sleep_forever()

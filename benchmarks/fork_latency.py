@@ -47,7 +47,8 @@ from afs.db import Connection, open_connection
 from afs.errors import AfsError
 from afs.forks.client import ForkClient, open_fork_client
 from afs.forks.naming import random_fork_name
-from afs.forks.provider import LocalForkProvider, quote_ident, template_name
+from afs.forks.provider import LocalForkProvider, template_name
+from afs.pg.names import quote_ident
 from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer, pg_binary
 

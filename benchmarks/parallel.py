@@ -53,13 +53,13 @@ import harness
 import trio
 from harness import with_sandbox
 
-from afs.agents import SlowBrain, StrategistBrain
+from afs.brains import SlowBrain, Squad, StrategistBrain
 from afs.config import DEFAULT_RUNS, Settings
 from afs.errors import AfsError
 from afs.events import Emitter, Event, log_sink
 from afs.forks.client import ForkClient, open_fork_client
 from afs.models import AgentKey, AgentOutcome, TaskResult
-from afs.optimize import Squad, TaskRequest, new_task_id, optimize
+from afs.optimize import TaskRequest, new_task_id, optimize
 from afs.router import load_rules
 from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer

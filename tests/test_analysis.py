@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from afs.analysis import gather_context, source_table_stats, table_info
+from afs.brains.strategists import analyze, propose
 from afs.db import open_connection
 from afs.features import extract_features
 from afs.safety import validate_proposal
 from afs.sandbox.server import SandboxServer
-from afs.strategists import analyze, propose
 
 
 async def test_table_info_has_widths_and_the_tables_that_reference_it(sandbox: SandboxServer) -> None:

@@ -79,7 +79,11 @@ def test_fork_dsn_keeps_host_and_swaps_the_rest() -> None:
 
 
 PURE = ["config.py", "errors.py", "models.py", "forks/naming.py", "sandbox/demo.py", "features.py",
-        "router.py", "safety.py", "suite.py", "consensus.py", "report.py", "gemini/parsing.py"]
+        "router.py", "safety.py", "suite.py", "consensus.py", "report.py", "brains/gemini/parsing.py",
+        "pg/__init__.py", "pg/names.py", "pg/plan.py", "pg/stats.py",
+        "brains/strategists/__init__.py", "brains/strategists/evidence.py",
+        "brains/strategists/index_design.py", "brains/strategists/structure.py",
+        "brains/strategists/precomputation.py"]
 IO_LIBRARIES = {"trio", "psycopg", "mcp", "google", "httpx", "anyio", "subprocess"}
 
 
@@ -93,6 +97,35 @@ def test_pure_modules_import_no_io(module: str) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert not imported & IO_LIBRARIES, f"{module} imports {imported & IO_LIBRARIES}"
+
+
+def _afs_imports(path: Path) -> set[str]:
+    """The afs modules a file imports (`from afs import x` counts as afs.x)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("afs.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "afs":
+            found |= ({f"afs.{alias.name}" for alias in node.names} if node.module == "afs"
+                      else {node.module})
+    return found
+
+
+# Nothing imports upward: what a folder may use of afs beside itself.
+ALLOWED_BELOW = {
+    "pg": ("afs.models", "afs.errors", "afs.pg"),
+    "brains": ("afs.models", "afs.errors", "afs.config", "afs.features", "afs.safety", "afs.pg",
+               "afs.brains"),
+}
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED_BELOW))
+def test_no_upward_imports(folder: str) -> None:
+    allowed = ALLOWED_BELOW[folder]
+    for path in (PACKAGE / folder).rglob("*.py"):
+        upward = {m for m in _afs_imports(path)
+                  if not any(m == a or m.startswith(a + ".") for a in allowed)}
+        assert not upward, f"{path.relative_to(PACKAGE)} imports {sorted(upward)}"
 
 
 def test_weights_option_is_checked() -> None:

@@ -33,23 +33,15 @@ import trio.testing
 from google.genai import errors as genai_errors
 from mcp import Client
 
-from afs.config import Settings, Timeouts
-from afs.errors import ModelError, ModelOutputError
-from afs.events import Emitter
-from afs.features import extract_features
-from afs.forks.client import ForkClient
-from afs.forks.provider import LocalForkProvider
-from afs.forks.server import build_server
-from afs.gemini.brain import (
+from afs.brains.gemini.brain import (
     GeminiBrain,
     analysis_prompt,
     context_fields,
     open_gemini_squad,
     prompt_template,
     proposal_prompt,
-    trim_plan,
 )
-from afs.gemini.client import (
+from afs.brains.gemini.client import (
     NO_CREDENTIALS,
     Credentials,
     RetryPolicy,
@@ -60,7 +52,7 @@ from afs.gemini.client import (
     open_gemini_client,
     retry_after_s,
 )
-from afs.gemini.parsing import (
+from afs.brains.gemini.parsing import (
     extract_json,
     load_object,
     parse_analysis,
@@ -68,6 +60,13 @@ from afs.gemini.parsing import (
     proposal_type_of,
     repair_json,
 )
+from afs.config import Settings, Timeouts
+from afs.errors import ModelError, ModelOutputError
+from afs.events import Emitter
+from afs.features import extract_features
+from afs.forks.client import ForkClient
+from afs.forks.provider import LocalForkProvider
+from afs.forks.server import build_server
 from afs.models import (
     AGENTS,
     AnalysisContext,
@@ -78,6 +77,7 @@ from afs.models import (
     TableInfo,
 )
 from afs.optimize import TaskRequest, optimize
+from afs.pg.plan import trim_plan
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
 from afs.suite import build_suite
@@ -162,7 +162,7 @@ def issue_context(plan: dict[str, Any] | None = None) -> AnalysisContext:
 
 # -- parsing (pure) ----------------------------------------------------------------------------------
 def test_parsing_module_is_pure() -> None:
-    tree = ast.parse((PACKAGE / "gemini" / "parsing.py").read_text())
+    tree = ast.parse((PACKAGE / "brains" / "gemini" / "parsing.py").read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 from mcp import Client
 
-from afs.agents import StrategistBrain
+from afs.brains import Squad, StrategistBrain
 from afs.config import Settings, Timeouts
 from afs.db import open_connection
 from afs.errors import InputError
@@ -28,7 +28,7 @@ from afs.models import (
     OptimizationProposal,
     TaskResult,
 )
-from afs.optimize import AgentPool, Squad, TaskRequest, optimize
+from afs.optimize import AgentPool, TaskRequest, optimize
 from afs.report import to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer

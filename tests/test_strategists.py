@@ -17,7 +17,10 @@ from typing import Any
 import pglast
 import pytest
 
-from afs import strategists
+from afs.brains import strategists
+from afs.brains.strategists import STRATEGISTS, analyze, iter_proposal_sql, propose, structure
+from afs.brains.strategists.evidence import covering_index
+from afs.brains.strategists.precomputation import MaterializedView, materialize
 from afs.errors import InputError
 from afs.models import (
     AGENTS,
@@ -31,17 +34,10 @@ from afs.models import (
     QueryFeatures,
     TableInfo,
 )
+from afs.pg.names import index_name
+from afs.pg.plan import plan_nodes
+from afs.pg.stats import equality_selectivity, like_prefix, prefix_fraction, range_fraction
 from afs.safety import validate_proposal
-from afs.strategists import (
-    STRATEGISTS,
-    analyze,
-    covering_index,
-    equality_selectivity,
-    materialize,
-    plan_nodes,
-    propose,
-    range_fraction,
-)
 
 # -- the factory ------------------------------------------------------------------------------
 ORDERS_ROWS = 2_000_000
@@ -445,11 +441,11 @@ def test_write_heavy_table_raises_the_risk() -> None:
 
 def test_long_names_are_cut_to_63_bytes_and_stay_distinct() -> None:
     table = "a_very_long_table_name_for_the_accounting_department_ledger"
-    first = strategists.index_name(table, ["customer_identifier", "transaction_created_timestamp"])
-    second = strategists.index_name(table, ["customer_identifier", "transaction_updated_timestamp"])
+    first = index_name(table, ["customer_identifier", "transaction_created_timestamp"])
+    second = index_name(table, ["customer_identifier", "transaction_updated_timestamp"])
     assert len(first) <= 63 and len(second) <= 63 and first != second
-    assert strategists.index_name("orders", ["user_id"]) == "afs_orders_user_id_idx"
-    assert strategists.index_name("orders", ["user_id"], taken=["afs_orders_user_id_idx"]) \
+    assert index_name("orders", ["user_id"]) == "afs_orders_user_id_idx"
+    assert index_name("orders", ["user_id"], taken=["afs_orders_user_id_idx"]) \
         != "afs_orders_user_id_idx"
 
 
@@ -644,16 +640,16 @@ def test_storage_estimates_use_the_real_average_width() -> None:
 
 
 def test_like_prefix_and_prefix_fraction() -> None:
-    assert strategists.like_prefix("user12%") == "user12"
-    assert strategists.like_prefix("a_b%") == "a"
-    assert strategists.like_prefix(r"50\%%") == "50%"
-    assert strategists.like_prefix("%x") == ""
-    assert strategists.prefix_fraction(EMAIL_STATS, "user12", USERS_ROWS) == pytest.approx(0.01)
-    assert strategists.prefix_fraction(EMAIL_STATS, "zzz", USERS_ROWS) == pytest.approx(0.005)
+    assert like_prefix("user12%") == "user12"
+    assert like_prefix("a_b%") == "a"
+    assert like_prefix(r"50\%%") == "50%"
+    assert like_prefix("%x") == ""
+    assert prefix_fraction(EMAIL_STATS, "user12", USERS_ROWS) == pytest.approx(0.01)
+    assert prefix_fraction(EMAIL_STATS, "zzz", USERS_ROWS) == pytest.approx(0.005)
     kinds = ColumnStats(n_distinct=3, most_common_vals=("page_view", "purchase", "click"),
                         most_common_freqs=(0.55, 0.05, 0.4))
-    assert strategists.prefix_fraction(kinds, "pu", 1000) == pytest.approx(0.05)
-    assert strategists.prefix_fraction(None, "x", 1000) is None
+    assert prefix_fraction(kinds, "pu", 1000) == pytest.approx(0.05)
+    assert prefix_fraction(None, "x", 1000) is None
 
 
 # -- gemini-2.5-flash -------------------------------------------------------------------------
@@ -780,15 +776,15 @@ def test_partitioning_gives_each_copied_index_its_own_name() -> None:
 
 
 def test_object_names_stay_distinct_when_the_hashed_name_is_taken_too() -> None:
-    first = strategists.index_name("orders", ["user_id"])
-    second = strategists.index_name("orders", ["user_id"], taken=[first])
-    third = strategists.index_name("orders", ["user_id"], taken=[first, second])
+    first = index_name("orders", ["user_id"])
+    second = index_name("orders", ["user_id"], taken=[first])
+    third = index_name("orders", ["user_id"], taken=[first, second])
     assert len({first, second, third}) == 3 and all(len(n) <= 63 for n in (first, second, third))
     # the partitioned copy and the old table of a long-named table: PostgreSQL would cut both to one name
     table = "customer_transaction_ledger_entries_for_the_accounting_dept"
-    part, old = (strategists._migration_name(table, role) for role in ("part", "old"))
+    part, old = (structure._migration_name(table, role) for role in ("part", "old"))
     assert part != old and len(part) <= 63 and len(old) <= 63
-    assert strategists._migration_name("orders", "old") == "orders_afs_old"
+    assert structure._migration_name("orders", "old") == "orders_afs_old"
 
 
 def test_partitioning_is_capped_at_36_partitions_plus_default() -> None:
@@ -830,7 +826,7 @@ def test_a_filter_on_the_group_key_moves_to_the_rewrite_and_gets_the_index() -> 
     query = ("SELECT o.user_id, count(*) FROM orders o WHERE o.user_id = 4242 AND o.status <> 'cancelled' "
              "GROUP BY o.user_id")
     view = materialize(query)
-    assert isinstance(view, strategists.MaterializedView)
+    assert isinstance(view, MaterializedView)
     assert view.definition == ("SELECT o.user_id, COUNT(*) AS count FROM orders AS o "
                                "WHERE o.status <> 'cancelled' GROUP BY o.user_id")
     assert view.rewrite == f"SELECT * FROM {view.name} WHERE user_id = 4242"
@@ -861,7 +857,7 @@ def test_materialize_keeps_names_order_and_limit() -> None:
     query = ("SELECT date_trunc('month', created_at), count(*), count(DISTINCT user_id) FROM orders "
              "GROUP BY 1 ORDER BY count(DISTINCT user_id) DESC, 1 LIMIT 5")
     view = materialize(query)
-    assert isinstance(view, strategists.MaterializedView)
+    assert isinstance(view, MaterializedView)
     # two columns PostgreSQL would both call "count": the second gets a view name and is renamed back
     assert view.columns == ("date_trunc", "count", "afs_c3")
     assert view.rewrite == (f"SELECT date_trunc, count, afs_c3 AS count FROM {view.name} "
@@ -870,7 +866,7 @@ def test_materialize_keeps_names_order_and_limit() -> None:
 
 def test_materialize_orders_by_a_hidden_column_when_the_sort_is_not_selected() -> None:
     view = materialize("SELECT status FROM orders GROUP BY status ORDER BY sum(total_amount) DESC")
-    assert isinstance(view, strategists.MaterializedView)
+    assert isinstance(view, MaterializedView)
     assert view.definition == ("SELECT status, SUM(total_amount) AS afs_o2 FROM orders GROUP BY status")
     assert view.rewrite == f"SELECT status FROM {view.name} ORDER BY afs_o2 DESC"
 
@@ -879,11 +875,11 @@ def test_materialize_folds_unquoted_names_as_postgresql_does() -> None:
     """`N` names the view's column `n`: the rewrite must not quote it back into "N"."""
     view = materialize("SELECT Status, count(*) AS N FROM Orders WHERE Status = 'x' GROUP BY Status "
                        "ORDER BY N DESC")
-    assert isinstance(view, strategists.MaterializedView)
+    assert isinstance(view, MaterializedView)
     assert view.definition == "SELECT status, COUNT(*) AS n FROM orders GROUP BY status"
     assert view.rewrite == f"SELECT * FROM {view.name} WHERE status = 'x' ORDER BY n DESC"
     quoted = materialize('SELECT "Status", count(*) FROM t GROUP BY "Status" ORDER BY "Status"')
-    assert isinstance(quoted, strategists.MaterializedView)
+    assert isinstance(quoted, MaterializedView)
     assert quoted.rewrite == f'SELECT * FROM {quoted.name} ORDER BY "Status"'
 
 
@@ -891,12 +887,12 @@ def test_materialize_in_a_join_keeps_apart_columns_of_the_same_name() -> None:
     """`b.id = 5` filters other rows than `a.id = 5`: it stays in the view, and `ORDER BY b.id`
     is not the output column a.id."""
     kept = materialize("SELECT a.id, count(*) FROM a JOIN b ON b.a_id = a.id WHERE b.id = 5 GROUP BY a.id")
-    assert isinstance(kept, strategists.MaterializedView)
+    assert isinstance(kept, MaterializedView)
     assert kept.moved == () and kept.definition.endswith("WHERE b.id = 5 GROUP BY a.id")
     assert kept.rewrite == f"SELECT * FROM {kept.name}"
     ordered = materialize("SELECT a.id, count(*) FROM a JOIN b ON b.a_id = a.id "
                           "GROUP BY a.id, b.id ORDER BY b.id")
-    assert isinstance(ordered, strategists.MaterializedView)
+    assert isinstance(ordered, MaterializedView)
     assert ordered.definition == ("SELECT a.id, COUNT(*) AS count, b.id AS afs_o3 FROM a "
                                   "JOIN b ON b.a_id = a.id GROUP BY a.id, b.id")
     assert ordered.group_columns == ("id", "afs_o3")
@@ -973,7 +969,7 @@ def test_every_output_is_well_formed(scenario: str, agent: str) -> None:
     assert 0 < impact.query_time_improvement <= 100 and impact.storage_overhead_mb >= 0
     validation = validate_proposal(proposal.sql_commands, proposal.proposal_type)
     assert validation.is_valid, validation.rejected
-    for statement in strategists.iter_proposal_sql(proposal):
+    for statement in iter_proposal_sql(proposal):
         assert not statement.rstrip().endswith(";")
         assert "CONCURRENTLY" not in statement
         assert len(pglast.parse_sql(statement)) == 1, statement
@@ -1017,12 +1013,13 @@ def test_an_empty_plan_still_gives_a_proposal_from_the_statistics() -> None:
     assert proposal is not None and "WHERE status = 'pending'" in proposal.sql_commands[0]
 
 
-def test_the_module_is_pure() -> None:
-    tree = ast.parse(Path(strategists.__file__).read_text())
-    imported = {alias.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
-                for alias in n.names}
-    imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert not imported & {"trio", "psycopg", "mcp", "httpx", "google", "anyio"}
+def test_the_modules_are_pure() -> None:
+    for module in Path(strategists.__file__).parent.glob("*.py"):
+        tree = ast.parse(module.read_text())
+        imported = {alias.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                    for alias in n.names}
+        imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not imported & {"trio", "psycopg", "mcp", "httpx", "google", "anyio"}, module.name
 
 
 # -- the shared evidence helpers ----------------------------------------------------------------
@@ -1087,8 +1084,6 @@ def test_covering_index_matches_prefixes_only() -> None:
 
 def test_flash_falls_back_to_a_summary_view_for_an_aggregation() -> None:
     """Routed a simple aggregation, gemini-2.5-flash proposes the rollup table of its seed role."""
-    from afs.strategists import STRATEGISTS
-
     query = "SELECT o.status, count(*) AS n FROM orders o GROUP BY o.status"
     feats = features(["orders"], [use("orders", "status", "group"), use("orders", "status", "select")],
                      {"o": "orders"}, aggregations=1)

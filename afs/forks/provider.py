@@ -37,6 +37,7 @@ from afs.errors import (
     UnknownServiceError,
 )
 from afs.forks.naming import FORK_PREFIX, InvalidForkName, random_fork_name, validate_fork_name
+from afs.pg.names import quote_ident, quote_literal
 
 TEMPLATE_SUFFIX = "_template"
 FORK_CONNECTION_LIMIT = 20
@@ -65,14 +66,6 @@ CREATE TABLE IF NOT EXISTS afs.forks (
     expires_at    timestamptz NOT NULL
 );
 """
-
-
-def quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def quote_literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def validate_name(name: str) -> str:

@@ -22,7 +22,8 @@ from psycopg import conninfo
 
 from afs.db import open_connection
 from afs.errors import InputError, SandboxError, scrub
-from afs.forks.provider import LocalForkProvider, quote_ident
+from afs.forks.provider import LocalForkProvider
+from afs.pg.names import quote_ident
 from afs.sandbox.server import SandboxServer, pg_binary
 
 log = structlog.get_logger(__name__)

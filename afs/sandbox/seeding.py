@@ -16,7 +16,8 @@ import structlog
 from afs.config import Settings
 from afs.db import open_connection
 from afs.errors import ForkBusyError, InputError
-from afs.forks.provider import LocalForkProvider, quote_ident, template_name
+from afs.forks.provider import LocalForkProvider, template_name
+from afs.pg.names import quote_ident
 from afs.sandbox import demo
 from afs.sandbox.server import SandboxServer
 

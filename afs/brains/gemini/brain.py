@@ -1,4 +1,4 @@
-"""`GeminiBrain`: an agent's brain made of a Gemini model (the `Brain` protocol of afs.agents).
+"""`GeminiBrain`: an agent's brain made of a Gemini model (the `Brain` protocol of afs.brains).
 
     analyze: system prompt of the specialisation + analysis template filled with the
              context (query, trimmed EXPLAIN, DDL, indexes, sizes, pg_stats, suite)
@@ -10,7 +10,7 @@ Unusable output is sent back with the reason, at most `MAX_REPROMPTS` times; the
 the agent fails with a `ModelOutputError`. The proposal then goes through the same
 safety check and benchmark as a strategist's: the model's estimate is never a
 measurement. Token usage and estimated cost are kept per agent in `brain.usage`.
-The prompts are files in `afs/gemini/prompts/` (string.Template: `$query`, …).
+The prompts are files in `afs/brains/gemini/prompts/` (string.Template: `$query`, …).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import functools
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from importlib import resources
 from string import Template
 from typing import Any, Final, TypeVar
@@ -28,9 +27,8 @@ import httpx
 import structlog
 import trio
 
-from afs.config import Settings
-from afs.errors import ModelOutputError
-from afs.gemini.client import (
+from afs.brains import Squad
+from afs.brains.gemini.client import (
     DEFAULT_RETRY,
     Credentials,
     GeminiClient,
@@ -41,24 +39,23 @@ from afs.gemini.client import (
     gemini_models,
     open_gemini_client,
 )
-from afs.gemini.parsing import (
+from afs.brains.gemini.parsing import (
     ANALYSIS_SCHEMA,
     PROPOSAL_SCHEMA,
     parse_analysis,
     parse_proposal,
 )
+from afs.config import Settings
+from afs.errors import ModelOutputError
 from afs.models import AGENTS, AgentKey, AnalysisContext, AnalysisResult, OptimizationProposal, TableInfo
-from afs.optimize import Squad
+from afs.pg.plan import PLAN_TOKEN_BUDGET, trim_plan
 
 log = structlog.get_logger("afs.gemini")
 
 MAX_REPROMPTS: Final = 2  # the seed's "Re-prompt … Limit: 2 retry attempts"
 DEFAULT_CALL_TIMEOUT_S: Final = 60.0  # one HTTP attempt; the model phase limit bounds them all
-PLAN_TOKEN_BUDGET: Final = 4000  # the EXPLAIN JSON in a prompt, in tokens
-CHARS_PER_TOKEN: Final = 4  # the usual estimate for English and JSON
 MAX_VALUES_SHOWN: Final = 10  # most common values per column
 MAX_VALUE_CHARS: Final = 40
-MAX_PLAN_STRING_CHARS: Final = 300  # a plan's Filter or Index Cond, when even one node is too long
 
 T = TypeVar("T")
 
@@ -66,119 +63,9 @@ T = TypeVar("T")
 # -- prompts -----------------------------------------------------------------------------------
 @functools.cache
 def prompt_template(name: str) -> Template:
-    """A prompt file of afs/gemini/prompts (`system_<agent>`, `analysis_<agent>`, …)."""
-    return Template(resources.files("afs.gemini").joinpath("prompts", f"{name}.md").read_text("utf-8"))
-
-
-# EXPLAIN keys that say little about where time goes; dropped first when the plan is too long.
-_QUIET_KEYS: Final = frozenset({
-    "Parallel Aware", "Async Capable", "Plan Width", "Startup Cost", "Actual Startup Time",
-    "Inner Unique", "Output", "Shared Dirtied Blocks", "Shared Written Blocks", "Local Hit Blocks",
-    "Local Read Blocks", "Local Dirtied Blocks", "Local Written Blocks", "Temp Read Blocks",
-    "Temp Written Blocks", "WAL Records", "WAL FPI", "WAL Bytes", "WAL Buffers Full",
-    "Parent Relationship", "Scan Direction", "Single Copy", "Disabled", "Storage", "Maximum Storage",
-    "Heap Fetches", "Presorted Key", "Full-sort Groups", "Hash Buckets", "Original Hash Buckets",
-    "Hash Batches", "Original Hash Batches", "Peak Memory Usage", "Planned Partitions",
-    "HashAgg Batches", "Disk Usage", "Schema", "Index Searches",
-})
-
-
-@dataclass
-class _Node:
-    raw: Mapping[str, Any]
-    children: list[_Node]
-    parent: _Node | None
-
-
-def _tree(raw: Mapping[str, Any], parent: _Node | None = None) -> _Node:
-    node = _Node(raw, [], parent)
-    node.children = [_tree(c, node) for c in raw.get("Plans") or () if isinstance(c, Mapping)]
-    return node
-
-
-def _inclusive(raw: Mapping[str, Any]) -> float:
-    """A node's time over all its loops (ms); its estimated cost when there is no ANALYZE."""
-    try:
-        if "Actual Total Time" in raw:
-            return float(raw["Actual Total Time"]) * float(raw.get("Actual Loops") or 1)
-        return float(raw.get("Total Cost") or 0.0)
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def _self_cost(node: _Node) -> float:
-    return max(0.0, _inclusive(node.raw) - sum(_inclusive(c.raw) for c in node.children))
-
-
-def _label(raw: Mapping[str, Any]) -> str:
-    relation = raw.get("Relation Name")
-    return f"{raw.get('Node Type', '?')}{f' on {relation}' if relation else ''}"
-
-
-def _render(node: _Node, kept: set[int], quiet: bool, max_chars: int | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in node.raw.items():
-        if key == "Plans" or (quiet and key in _QUIET_KEYS):
-            continue
-        if max_chars is not None and isinstance(value, str) and len(value) > max_chars:
-            value = value[:max_chars] + "…"
-        out[key] = value
-    plans = [_render(c, kept, quiet, max_chars) for c in node.children if id(c) in kept]
-    dropped = [c for c in node.children if id(c) not in kept]
-    if dropped:
-        names = ", ".join(_label(c.raw) for c in dropped[:5]) + (", …" if len(dropped) > 5 else "")
-        hidden = sum(1 for c in dropped for _ in _walk(c))
-        plans.append({"Omitted": f"{hidden} cheaper node{'s' if hidden != 1 else ''} under: {names}"})
-    if plans:
-        out["Plans"] = plans
-    return out
-
-
-def _walk(node: _Node) -> list[_Node]:
-    return [node, *(n for c in node.children for n in _walk(c))]
-
-
-def trim_plan(plan: Mapping[str, Any], budget_tokens: int = PLAN_TOKEN_BUDGET) -> tuple[str, str]:
-    """The EXPLAIN JSON as text within `budget_tokens`, and a note on what was left out.
-
-    Over budget, quiet keys go first; then only the nodes with the most time of their own
-    (their ancestors kept for the shape) stay, as many as fit; cheaper subtrees become one
-    "Omitted" line each. A last resort shortens long strings, then cuts the text.
-    """
-    budget = budget_tokens * CHARS_PER_TOKEN
-    root = _tree(plan)
-    nodes = _walk(root)
-    full = json.dumps(plan, indent=1)
-    if len(full) <= budget:
-        return full, f"complete, {len(nodes)} nodes"
-    every = {id(n) for n in nodes}
-    quiet = json.dumps(_render(root, every, True, None), indent=1)
-    if len(quiet) <= budget:
-        return quiet, f"all {len(nodes)} nodes, minor fields left out"
-    ranked = sorted(nodes, key=_self_cost, reverse=True)  # stable: ties keep the plan's order
-
-    def keeping(count: int, max_chars: int | None) -> str:
-        kept: set[int] = set()
-        for node in ranked[:count]:
-            walker: _Node | None = node
-            while walker is not None and id(walker) not in kept:
-                kept.add(id(walker))
-                walker = walker.parent
-        return json.dumps(_render(root, kept, True, max_chars), indent=1)
-
-    for max_chars in (None, MAX_PLAN_STRING_CHARS):
-        low, high = 0, len(ranked) - 1  # the largest count that fits, by bisection
-        while low < high:
-            middle = (low + high + 1) // 2
-            if len(keeping(middle, max_chars)) <= budget:
-                low = middle
-            else:
-                high = middle - 1
-        if low:
-            return keeping(low, max_chars), (f"trimmed to the {low} most expensive of {len(nodes)}"
-                                             " nodes and their parents")
-    text = json.dumps(_render(root, {id(root)}, True, MAX_PLAN_STRING_CHARS), indent=1)
-    return text[:budget - 1] + "…", f"cut to {budget_tokens} tokens: only the top node, truncated"
+    """A prompt file of afs/brains/gemini/prompts (`system_<agent>`, `analysis_<agent>`, …)."""
+    prompts = resources.files("afs.brains.gemini").joinpath("prompts")
+    return Template(prompts.joinpath(f"{name}.md").read_text("utf-8"))
 
 
 def _value(text: str) -> str:
@@ -284,14 +171,15 @@ class GeminiBrain:
         return await self._ask(agent, "analyze", turns, ANALYSIS_SCHEMA, parse_analysis)
 
     async def propose(self, agent: AgentKey, ctx: AnalysisContext,
-                      analysis: AnalysisResult) -> OptimizationProposal | None:
+                      analysis: AnalysisResult) -> tuple[OptimizationProposal, ...]:
         turns: list[Turn] = [
             ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens)),
             ("model", _analysis_json(analysis)),
             ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens)),
         ]
-        return await self._ask(agent, "propose", turns, PROPOSAL_SCHEMA,
-                               functools.partial(parse_proposal, agent))
+        proposal = await self._ask(agent, "propose", turns, PROPOSAL_SCHEMA,
+                                   functools.partial(parse_proposal, agent))
+        return () if proposal is None else (proposal,)
 
     async def _ask(self, agent: AgentKey, purpose: str, turns: list[Turn], schema: Mapping[str, Any],
                    parse: Callable[[str], tuple[T, list[str]]]) -> T:

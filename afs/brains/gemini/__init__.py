@@ -4,7 +4,7 @@
                 (trio); one JSON call with retries (429, 5xx, timeouts), usage, cost
     parsing.py  pure: model text → AnalysisResult / OptimizationProposal, repaired,
                 validated, clamped; ModelOutputError says why for the re-prompt
-    brain.py    GeminiBrain (the Brain protocol of afs.agents): prompts filled with
+    brain.py    GeminiBrain (the Brain protocol of afs.brains): prompts filled with
                 the context, re-prompts, usage per agent; open_gemini_squad
     prompts/    system prompt, analysis and proposal templates per specialisation
 

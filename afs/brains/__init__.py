@@ -1,0 +1,80 @@
+"""The brains: what thinks for an agent, and who thinks for which agent.
+
+    Brain           the protocol: analyze(agent, ctx), then propose(agent, ctx, analysis):
+                    ranked candidate designs, best first
+    StrategistBrain the offline strategists (`afs.brains.strategists`, pure rules over the
+                    plan, the statistics and the query)
+    SlowBrain       another brain behind a fixed latency per call (benchmarks, demos)
+    Squad           the brains of one command, and what the report says about them
+    strategists/    one module per specialisation, over shared evidence
+    gemini/         Gemini models: client, parsing, prompts, GeminiBrain, open_gemini_squad
+
+The workflow that calls a brain is `afs.agents`; the orchestrator is `afs.optimize`.
+Neither is imported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from afs.brains import strategists
+from afs.models import AgentKey, AnalysisContext, AnalysisResult, OptimizationProposal
+
+
+class Brain(Protocol):
+    """What thinks for an agent: a model or an offline strategist."""
+
+    name: str
+
+    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult: ...
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
+        """Candidate designs, best first (the agent screens and measures them); () for none."""
+        ...
+
+
+class StrategistBrain:
+    """The offline strategists: rules over the plan and the statistics."""
+
+    name = "heuristic"
+
+    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
+        return strategists.analyze(agent, ctx)
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
+        return strategists.propose(agent, ctx, analysis)
+
+
+@dataclass
+class SlowBrain:
+    """Another brain with a fixed latency per call: a stand-in for a model's think time."""
+
+    inner: Brain
+    latency_s: float
+    name: str = "simulated"
+
+    async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
+        await trio.sleep(self.latency_s)
+        return await self.inner.analyze(agent, ctx)
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
+        await trio.sleep(self.latency_s)
+        return await self.inner.propose(agent, ctx, analysis)
+
+
+@dataclass(frozen=True)
+class Squad:
+    """Who thinks for which agent, and what the report should say about it."""
+
+    brain_for: Callable[[AgentKey], Brain]
+    provider: str  # "heuristic" | "gemini" | "simulated"
+    note: str = ""
+    agents: tuple[AgentKey, ...] | None = None  # fixed squad (benchmarks, tests); None = route
+    usage: Mapping[AgentKey, Mapping[str, object]] = field(default_factory=dict)  # tokens, cost

@@ -1,0 +1,14 @@
+"""PostgreSQL vocabulary: plain functions over names, plans and statistics (pure).
+
+    names.py   identifiers and object names: `ident` (bare when it can be), `quote_ident`
+               (always quoted), `qualified` / `quote_qualified` for "schema.name",
+               `quote_literal`, `object_name` and `index_name` (63 bytes at most)
+    plan.py    EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON): the document's plan and time,
+               shared buffers, `plan_nodes` (flattened, totals over loops),
+               `plan_insights`, and `trim_plan` (the plan within a token budget)
+    stats.py   pg_stats arithmetic: `equality_selectivity`, `range_fraction`,
+               `prefix_fraction`, `like_prefix`, `parse_timestamp`; column types,
+               widths and index size estimates
+
+Nothing here talks to a server, and nothing imports the rest of afs but its models.
+"""

@@ -1,0 +1,309 @@
+"""EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) plans, read and trimmed (pure).
+
+    explained        the document EXPLAIN returns → (top plan node, execution ms)
+    shared_buffers   shared hit + read blocks of a plan (the whole query: its top node)
+    plan_nodes       the plan flattened, parents first, rows and time totalled over loops
+    plan_insights    concrete observations about a plan, with its numbers
+    trim_plan        the plan as JSON text within a token budget (for a model's prompt)
+
+The `fmt_*` helpers write numbers in prose the same way everywhere an insight is written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+PLAN_TOKEN_BUDGET: Final = 4000  # the EXPLAIN JSON in a prompt, in tokens
+CHARS_PER_TOKEN: Final = 4  # the usual estimate for English and JSON
+MAX_PLAN_STRING_CHARS: Final = 300  # a plan's Filter or Index Cond, when even one node is too long
+
+
+# -- numbers in prose -------------------------------------------------------------------
+def fmt_count(x: float) -> str:
+    return f"{round(x):,}"
+
+
+def fmt_pct(fraction: float) -> str:
+    p = 100.0 * fraction
+    if p >= 10 or p == 0:
+        return f"{p:.0f} %"
+    if p >= 1:
+        return f"{p:.1f} %"
+    if p < 0.0001:
+        return "< 0.0001 %"
+    return f"{p:.2g} %"
+
+
+def fmt_ms(x: float) -> str:
+    return f"{x:,.1f} ms" if x >= 1 else f"{x:.3f} ms"
+
+
+def shorten(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- the document -------------------------------------------------------------------------
+def explained(raw: Any) -> tuple[dict[str, Any], float]:
+    """The top plan node and the execution time (ms) of what `EXPLAIN (ANALYZE, FORMAT JSON)`
+    returned: the parsed document, or its text."""
+    doc = raw if isinstance(raw, list) else json.loads(raw)
+    return doc[0]["Plan"], float(doc[0]["Execution Time"])
+
+
+def plan_of(raw: Any) -> dict[str, Any]:
+    """The top plan node of what `EXPLAIN (FORMAT JSON)` returned (with or without ANALYZE)."""
+    doc = raw if isinstance(raw, list) else json.loads(raw)
+    node: dict[str, Any] = doc[0]["Plan"]
+    return node
+
+
+def shared_buffers(plan: Mapping[str, Any]) -> int:
+    """Shared blocks hit and read by a plan node and all below it (EXPLAIN's BUFFERS)."""
+    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+
+
+# -- the plan ---------------------------------------------------------------------------
+_SCAN_TYPES: Final = frozenset({
+    "Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "Tid Scan", "Tid Range Scan",
+})
+
+
+@dataclass(frozen=True)
+class PlanNode:
+    """One node of an EXPLAIN ANALYZE plan, with totals over all its loops."""
+
+    node_type: str
+    relation: str | None
+    index_name: str | None
+    filter: str | None
+    rows: float  # rows returned, over all loops
+    removed: float  # rows removed by Filter and by index recheck, over all loops
+    loops: float
+    total_ms: float  # inclusive, as wall-clock time
+    self_ms: float  # without the children
+    input_rows: float  # rows returned by the first child, over all its loops
+    sort_key: tuple[str, ...] = ()
+    sort_method: str | None = None
+    sort_space_kb: float = 0.0
+    sort_on_disk: bool = False
+    depth: int = 0
+
+    @property
+    def scanned(self) -> float:
+        return self.rows + self.removed
+
+    @property
+    def is_scan(self) -> bool:
+        return self.node_type in _SCAN_TYPES
+
+    @property
+    def label(self) -> str:
+        if self.index_name and self.relation:
+            return f"{self.node_type} using {self.index_name} on {self.relation}"
+        if self.relation:
+            return f"{self.node_type} on {self.relation}"
+        return self.node_type
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
+    """The plan's nodes, parents before children (accepts the node or its {"Plan": …} wrapper).
+
+    Rows are multiplied by loops (EXPLAIN prints per-loop averages); under Gather the
+    time of a node is divided by the number of processes sharing it."""
+    root = plan.get("Plan", plan) if isinstance(plan.get("Plan"), Mapping) else plan
+    if not root or "Node Type" not in root:
+        return ()
+
+    def visit(node: Mapping[str, Any], processes: float, depth: int) -> list[PlanNode]:
+        children = [c for c in node.get("Plans") or () if isinstance(c, Mapping)]
+        node_type = str(node.get("Node Type", "?"))
+        inner = processes
+        if node_type in ("Gather", "Gather Merge"):
+            inner = _num(node.get("Workers Launched", node.get("Workers Planned", 0))) + 1
+        kids = [visit(c, inner, depth + 1) for c in children]
+        loops = _num(node.get("Actual Loops", 1)) or 1.0
+        total = _num(node.get("Actual Total Time")) * loops / max(processes, 1.0)
+        kids_ms = sum(k[0].total_ms for k in kids if k)
+        index_name = node.get("Index Name")
+        if index_name is None and node_type == "Bitmap Heap Scan":
+            index_name = next((n.index_name for k in kids for n in k if n.index_name), None)
+        removed = (_num(node.get("Rows Removed by Filter"))
+                   + _num(node.get("Rows Removed by Index Recheck"))) * loops
+        me = PlanNode(
+            node_type=node_type,
+            relation=node.get("Relation Name"),
+            index_name=str(index_name) if index_name else None,
+            filter=node.get("Filter"),
+            rows=_num(node.get("Actual Rows")) * loops,
+            removed=removed,
+            loops=loops,
+            total_ms=total,
+            self_ms=max(0.0, total - kids_ms),
+            input_rows=kids[0][0].rows if kids and kids[0] else 0.0,
+            sort_key=tuple(str(k) for k in node.get("Sort Key") or ()),
+            sort_method=node.get("Sort Method"),
+            sort_space_kb=_num(node.get("Sort Space Used")),
+            sort_on_disk=node.get("Sort Space Type") == "Disk",
+            depth=depth,
+        )
+        return [me, *(n for k in kids for n in k)]
+
+    return tuple(visit(root, 1.0, 0))
+
+
+def plan_insights(nodes: Sequence[PlanNode], execution_ms: float, *, large_rows: float) -> list[str]:
+    """Concrete observations about a plan, with its numbers; a Seq Scan is worth a word
+    when it reads `large_rows` rows or more."""
+    out: list[str] = []
+    scans = sorted((n for n in nodes if n.is_scan), key=lambda n: -n.scanned)
+    for n in scans[:3]:
+        loops = f" over {fmt_count(n.loops)} loops" if n.loops > 1 and n.node_type != "Seq Scan" else ""
+        if n.removed > 0 and n.scanned > 0:
+            what = f" (Filter: {shorten(n.filter, 90)})" if n.filter else ""
+            out.append(f"{n.label} removes {fmt_count(n.removed)} rows to return {fmt_count(n.rows)} "
+                       f"({fmt_pct(n.rows / n.scanned)}){loops}{what}")
+        elif n.node_type == "Seq Scan" and n.rows >= large_rows:
+            out.append(f"Seq Scan on {n.relation} reads all {fmt_count(n.rows)} rows")
+        elif n.index_name:
+            out.append(f"{n.label} returns {fmt_count(n.rows)} rows{loops}")
+    for n in nodes:
+        if n.node_type in ("Sort", "Incremental Sort") and n.sort_key:
+            where = f"on disk, {fmt_count(n.sort_space_kb)} kB" if n.sort_on_disk else "in memory"
+            method = f"{n.sort_method}, " if n.sort_method else ""
+            out.append(f"Sort by {', '.join(n.sort_key)} over {fmt_count(n.input_rows)} rows "
+                       f"({method}{where})")
+    timed = [n for n in nodes if n.self_ms > 0]
+    if timed and execution_ms > 0:
+        top = max(timed, key=lambda n: n.self_ms)
+        share = min(1.0, top.self_ms / execution_ms)
+        out.append(f"Most time goes to {top.label}: {fmt_ms(top.self_ms)} of {fmt_ms(execution_ms)} "
+                   f"({fmt_pct(share)})")
+    elif execution_ms > 0:
+        out.append(f"Execution time {fmt_ms(execution_ms)}")
+    return out
+
+
+
+# -- trimming, for a prompt ------------------------------------------------------------------
+# Trimming works on the raw JSON nodes (kept whole for the model), not on PlanNode.
+# EXPLAIN keys that say little about where time goes; dropped first when the plan is too long.
+_QUIET_KEYS: Final = frozenset({
+    "Parallel Aware", "Async Capable", "Plan Width", "Startup Cost", "Actual Startup Time",
+    "Inner Unique", "Output", "Shared Dirtied Blocks", "Shared Written Blocks", "Local Hit Blocks",
+    "Local Read Blocks", "Local Dirtied Blocks", "Local Written Blocks", "Temp Read Blocks",
+    "Temp Written Blocks", "WAL Records", "WAL FPI", "WAL Bytes", "WAL Buffers Full",
+    "Parent Relationship", "Scan Direction", "Single Copy", "Disabled", "Storage", "Maximum Storage",
+    "Heap Fetches", "Presorted Key", "Full-sort Groups", "Hash Buckets", "Original Hash Buckets",
+    "Hash Batches", "Original Hash Batches", "Peak Memory Usage", "Planned Partitions",
+    "HashAgg Batches", "Disk Usage", "Schema", "Index Searches",
+})
+
+
+@dataclass
+class _RawNode:
+    raw: Mapping[str, Any]
+    children: list[_RawNode]
+    parent: _RawNode | None
+
+
+def _raw_tree(raw: Mapping[str, Any], parent: _RawNode | None = None) -> _RawNode:
+    node = _RawNode(raw, [], parent)
+    node.children = [_raw_tree(c, node) for c in raw.get("Plans") or () if isinstance(c, Mapping)]
+    return node
+
+
+def _inclusive(raw: Mapping[str, Any]) -> float:
+    """A node's time over all its loops (ms); its estimated cost when there is no ANALYZE."""
+    try:
+        if "Actual Total Time" in raw:
+            return float(raw["Actual Total Time"]) * float(raw.get("Actual Loops") or 1)
+        return float(raw.get("Total Cost") or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _self_cost(node: _RawNode) -> float:
+    return max(0.0, _inclusive(node.raw) - sum(_inclusive(c.raw) for c in node.children))
+
+
+def _raw_label(raw: Mapping[str, Any]) -> str:
+    relation = raw.get("Relation Name")
+    return f"{raw.get('Node Type', '?')}{f' on {relation}' if relation else ''}"
+
+
+def _render(node: _RawNode, kept: set[int], quiet: bool, max_chars: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in node.raw.items():
+        if key == "Plans" or (quiet and key in _QUIET_KEYS):
+            continue
+        if max_chars is not None and isinstance(value, str) and len(value) > max_chars:
+            value = value[:max_chars] + "…"
+        out[key] = value
+    plans = [_render(c, kept, quiet, max_chars) for c in node.children if id(c) in kept]
+    dropped = [c for c in node.children if id(c) not in kept]
+    if dropped:
+        names = ", ".join(_raw_label(c.raw) for c in dropped[:5]) + (", …" if len(dropped) > 5 else "")
+        hidden = sum(1 for c in dropped for _ in _walk(c))
+        plans.append({"Omitted": f"{hidden} cheaper node{'s' if hidden != 1 else ''} under: {names}"})
+    if plans:
+        out["Plans"] = plans
+    return out
+
+
+def _walk(node: _RawNode) -> list[_RawNode]:
+    return [node, *(n for c in node.children for n in _walk(c))]
+
+
+def trim_plan(plan: Mapping[str, Any], budget_tokens: int = PLAN_TOKEN_BUDGET) -> tuple[str, str]:
+    """The EXPLAIN JSON as text within `budget_tokens`, and a note on what was left out.
+
+    Over budget, quiet keys go first; then only the nodes with the most time of their own
+    (their ancestors kept for the shape) stay, as many as fit; cheaper subtrees become one
+    "Omitted" line each. A last resort shortens long strings, then cuts the text.
+    """
+    budget = budget_tokens * CHARS_PER_TOKEN
+    root = _raw_tree(plan)
+    nodes = _walk(root)
+    full = json.dumps(plan, indent=1)
+    if len(full) <= budget:
+        return full, f"complete, {len(nodes)} nodes"
+    every = {id(n) for n in nodes}
+    quiet = json.dumps(_render(root, every, True, None), indent=1)
+    if len(quiet) <= budget:
+        return quiet, f"all {len(nodes)} nodes, minor fields left out"
+    ranked = sorted(nodes, key=_self_cost, reverse=True)  # stable: ties keep the plan's order
+
+    def keeping(count: int, max_chars: int | None) -> str:
+        kept: set[int] = set()
+        for node in ranked[:count]:
+            walker: _RawNode | None = node
+            while walker is not None and id(walker) not in kept:
+                kept.add(id(walker))
+                walker = walker.parent
+        return json.dumps(_render(root, kept, True, max_chars), indent=1)
+
+    for max_chars in (None, MAX_PLAN_STRING_CHARS):
+        low, high = 0, len(ranked) - 1  # the largest count that fits, by bisection
+        while low < high:
+            middle = (low + high + 1) // 2
+            if len(keeping(middle, max_chars)) <= budget:
+                low = middle
+            else:
+                high = middle - 1
+        if low:
+            return keeping(low, max_chars), (f"trimmed to the {low} most expensive of {len(nodes)}"
+                                             " nodes and their parents")
+    text = json.dumps(_render(root, {id(root)}, True, MAX_PLAN_STRING_CHARS), indent=1)
+    return text[:budget - 1] + "…", f"cut to {budget_tokens} tokens: only the top node, truncated"
+
