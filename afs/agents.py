@@ -26,6 +26,7 @@ from pglast.stream import RawStream
 from afs.analysis import gather_context
 from afs.bench import ApplyError, benchmark, planner_cost, undo
 from afs.brains import Brain
+from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
 from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
@@ -50,7 +51,6 @@ from afs.models import (
     ValidationResult,
 )
 from afs.params import ParameterSet, apply_parameters, baked_literals, parameter_sets
-from afs.rewrites import keyset_probe, keyset_rewrite
 from afs.safety import check_query, validate_candidate
 from afs.suite import build_suite
 

@@ -787,11 +787,12 @@ def settings_sql(settings: Sequence[tuple[str, str]], scope: str = "SET LOCAL") 
 def validate_candidate(proposal: OptimizationProposal) -> ValidationResult:
     """`validate_proposal` of its commands, and its per-query settings checked too.
 
-    A proposal may consist of settings alone (no commands): it changes nothing in the
-    database, so it is low risk and needs no rollback.
+    A proposal may consist of settings or a rewrite alone (no commands): it changes nothing
+    in the database, so it is low risk and needs no rollback. (The rewrite itself is checked
+    with `check_query` by the caller.)
     """
     refused = check_settings(proposal.settings)
-    if proposal.sql_commands or not proposal.settings:
+    if proposal.sql_commands or not (proposal.settings or proposal.rewritten_query):
         result = validate_proposal(proposal.sql_commands, proposal.proposal_type)
     else:
         result = ValidationResult(True, "low", 1.0)

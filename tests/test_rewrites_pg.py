@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from afs.analysis import table_info
+from afs.brains.strategists.rewrites import Rewrite, keyset_probe, keyset_rewrite, rewrites
 from afs.db import Connection, connect_sync, open_connection
 from afs.models import TableInfo
-from afs.rewrites import Rewrite, keyset_probe, keyset_rewrite, rewrites
 from afs.sandbox.server import SandboxServer
 
 pytestmark = pytest.mark.slow

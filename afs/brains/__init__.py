@@ -22,6 +22,7 @@ from typing import Protocol
 import trio
 
 from afs.brains import strategists
+from afs.brains.strategists.rewrites import rewrite_proposals
 from afs.models import AgentKey, AnalysisContext, AnalysisResult, OptimizationProposal
 
 
@@ -48,7 +49,18 @@ class StrategistBrain:
 
     async def propose(self, agent: AgentKey, ctx: AnalysisContext,
                       analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
-        return strategists.propose(agent, ctx, analysis)
+        return interleave(strategists.propose(agent, ctx, analysis), rewrite_proposals(agent, ctx))
+
+
+def interleave(specialised: Sequence[OptimizationProposal],
+               rewrites: Sequence[OptimizationProposal], lead: int = 2) -> tuple[OptimizationProposal, ...]:
+    """An agent's candidates: its specialisation's first `lead` designs, then the rewrites the
+    query admits, then the rest, so a capped candidate set still holds a rewrite when one exists
+    (the router may send a simple query to one agent only)."""
+    first, rest = list(specialised[:lead]), list(specialised[lead:])
+    if rewrites:
+        return (*first, rewrites[0], *rest[:1], *rewrites[1:], *rest[1:])
+    return (*first, *rest)
 
 
 @dataclass

@@ -40,7 +40,8 @@ from sqlglot.errors import SqlglotError
 
 from afs.errors import InputError
 from afs.features import DIALECT, parse_query, select_text
-from afs.models import TableInfo
+from afs.models import AnalysisContext, EstimatedImpact, OptimizationProposal, TableInfo
+from afs.pg.names import ident, index_name, qualified
 
 __all__ = [
     "RULES",
@@ -48,6 +49,7 @@ __all__ = [
     "Rewrite",
     "keyset_probe",
     "keyset_rewrite",
+    "rewrite_proposals",
     "rewrites",
 ]
 
@@ -1272,3 +1274,66 @@ RULES: tuple[Rule, ...] = (
     redundant_distinct,
     or_to_union,
 )
+
+
+# -- as candidates of an agent -----------------------------------------------------------------
+MAX_REWRITES = 3  # rewrite candidates per agent, the first found first
+
+
+def rewrite_proposals(agent: str, ctx: AnalysisContext) -> tuple[OptimizationProposal, ...]:
+    """The rewrites the query admits, as candidates: each alone, and, where an index would make
+    it pay and none exists yet, with that index in the same proposal (the combined one first)."""
+    try:
+        found = list(rewrites(ctx.query, ctx.tables))
+    except InputError:
+        return ()
+    probe = keyset_probe(ctx.query, ctx.tables)
+    if probe is not None and ctx.keyset_last_key is not None:
+        page = keyset_rewrite(ctx.query, probe, ctx.keyset_last_key)
+        if page is not None:
+            found.insert(0, page)
+    proposals: list[OptimizationProposal] = []
+    for rewrite in found[:MAX_REWRITES]:
+        indexes = _missing_indexes(rewrite, ctx.tables)
+        if indexes:
+            proposals.append(_proposal(agent, rewrite, indexes))
+        proposals.append(_proposal(agent, rewrite, ()))
+    return tuple(proposals)
+
+
+def _missing_indexes(rewrite: Rewrite, tables: Mapping[str, TableInfo]) -> tuple[str, ...]:
+    commands: list[str] = []
+    for table, columns in rewrite.index_hints:
+        info = tables.get(table)
+        if info is None or not columns:
+            continue
+        if any(tuple(ix.columns[:len(columns)]) == tuple(columns) for ix in info.indexes):
+            continue
+        name = index_name(table, columns, taken=[ix.name for ix in info.indexes])
+        commands.append(f"CREATE INDEX {ident(name)} ON {qualified(table)} "
+                        f"({', '.join(ident(c) for c in columns)})")
+    return tuple(dict.fromkeys(commands))
+
+
+def _proposal(agent: str, rewrite: Rewrite, indexes: tuple[str, ...]) -> OptimizationProposal:
+    what = rewrite.kind.replace("_", " ")
+    rationale = f"Rewrite ({what}): {rewrite.reason}"
+    if rewrite.changes:
+        rationale += f" Changed on purpose: {rewrite.changes}"
+    if rewrite.needs_application_change:
+        rationale += " The application must pass the last key it showed instead of an OFFSET."
+    if indexes:
+        rationale += " With an index so the rewritten predicate can use it."
+    return OptimizationProposal(
+        agent=agent,
+        proposal_type="query_rewrite",
+        sql_commands=indexes,
+        rollback_commands=(),
+        rationale=rationale,
+        estimated_impact=EstimatedImpact(query_time_improvement=50.0,
+                                         storage_overhead_mb=0.0,
+                                         complexity="low", risk="low"),
+        rewritten_query=rewrite.sql,
+        needs_application_change=rewrite.needs_application_change,
+        validation_steps=("the rewrite returns the same rows for the query and other parameter values",),
+    )
