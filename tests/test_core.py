@@ -83,7 +83,7 @@ PURE = ["config.py", "errors.py", "models.py", "forks/naming.py", "sandbox/demo.
         "pg/__init__.py", "pg/names.py", "pg/plan.py", "pg/stats.py",
         "brains/strategists/__init__.py", "brains/strategists/evidence.py",
         "brains/strategists/index_design.py", "brains/strategists/structure.py",
-        "brains/strategists/precomputation.py", "brains/strategists/rewrites.py"]
+        "brains/strategists/precomputation.py", "brains/strategists/rewrites.py", "params.py"]
 IO_LIBRARIES = {"trio", "psycopg", "mcp", "google", "httpx", "anyio", "subprocess"}
 
 
