@@ -71,12 +71,13 @@ class SharedMeasurements:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[frozenset[str], str | None], _Measurement] = {}
+        self._entries: dict[tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]], _Measurement] = {}
 
     @staticmethod
-    def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None]:
+    def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]:
         rewrite = " ".join(proposal.rewritten_query.split()) if proposal.rewritten_query else None
-        return ddl_signature(proposal), rewrite
+        # settings count: two settings-only proposals have the same (empty) DDL and no rewrite
+        return ddl_signature(proposal), rewrite, tuple(sorted(proposal.settings))
 
     async def measure(self, agent: AgentKey, proposal: OptimizationProposal,
                       run: Callable[[], Awaitable[BenchmarkOutcome]],
