@@ -534,11 +534,11 @@ def _check_statistics(stmt: ast.CreateStatsStmt) -> _Verdict:
                 raise _Refused("CREATE STATISTICS expression: aggregates and window functions are not "
                                "simple expressions")
     name = _qualified(*parts) if len(parts) == 2 else _qualified(None, parts[0])
-    warnings = ("ANALYZE the table (or its columns) to build the statistics",)
+    warnings = ["ANALYZE the table (or its columns) to build the statistics"]
     if stmt.if_not_exists:
-        warnings += (f"IF NOT EXISTS: if statistics {name} already exist nothing is created, "
-                     "and the rollback would drop the existing ones",)
-    return _Verdict("low", 1.0, (f"DROP STATISTICS IF EXISTS {name}",), warnings)
+        warnings.append(f"IF NOT EXISTS: if statistics {name} already exist nothing is created, "
+                        "and the rollback would drop the existing ones")
+    return _Verdict("low", 1.0, (f"DROP STATISTICS IF EXISTS {name}",), tuple(warnings))
 
 
 def _check_refresh(stmt: ast.RefreshMatViewStmt) -> _Verdict:
@@ -715,8 +715,8 @@ def _check_drop(stmt: ast.DropStmt, recipe: _Recipe) -> _Verdict:
 
 def _object_word(objtype: Any) -> str:
     name = str(getattr(objtype, "name", objtype)).removeprefix("OBJECT_")
-    return {"MATVIEW": "MATERIALIZED VIEW", "FDW": "FOREIGN DATA WRAPPER",
-                                                          "STATISTIC_EXT": "STATISTICS"}.get(name, name.replace("_", " "))
+    words = {"MATVIEW": "MATERIALIZED VIEW", "FDW": "FOREIGN DATA WRAPPER", "STATISTIC_EXT": "STATISTICS"}
+    return words.get(name, name.replace("_", " "))
 
 
 def _check_statement(stmt: ast.Node, partitioning: bool, recipe: _Recipe) -> _Verdict:

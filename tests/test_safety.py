@@ -361,8 +361,9 @@ LEGITIMATE: list[Good] = [
          ("DROP INDEX IF EXISTS sales.idx_s",)),
     Good("quoted-names", ('CREATE INDEX "Idx Mixed" ON "Orders" ("CustomerId")',), "low",
          ('DROP INDEX IF EXISTS "Idx Mixed"',)),
-    Good("extended-statistics", ("CREATE STATISTICS afs_orders_status_user_id_stats (dependencies, ndistinct, mcv) "
-                                 "ON status, user_id FROM orders", "ANALYZE orders (status, user_id)"),
+    Good("extended-statistics", ("CREATE STATISTICS afs_orders_status_user_id_stats "
+                                 "(dependencies, ndistinct, mcv) ON status, user_id FROM orders",
+                                 "ANALYZE orders (status, user_id)"),
          "low", ("DROP STATISTICS IF EXISTS afs_orders_status_user_id_stats",), "statistics",
          warning="ANALYZE"),
     Good("statistics-expressions", ('CREATE STATISTICS IF NOT EXISTS sales."S" ON (lower(email)), '

@@ -42,7 +42,8 @@ from afs.brains.strategists.structure import decide_structure
 from afs.errors import InputError
 from afs.models import AgentKey, AnalysisContext, AnalysisResult, OptimizationProposal
 
-__all__ = ["CANDIDATE_SOURCES", "STRATEGISTS", "Strategist", "analyze", "iter_proposal_sql", "propose", "with_rollup"]
+__all__ = ["CANDIDATE_SOURCES", "STRATEGISTS", "Strategist", "analyze", "iter_proposal_sql", "propose",
+           "with_rollup"]
 
 
 # -- secondary expertise ---------------------------------------------------------------------
@@ -77,15 +78,16 @@ def with_rollup(primary: Callable[[AnalysisContext, AgentKey], Decision]
 
 
 # -- where an agent's candidates come from ---------------------------------------------------
-CandidateSource = Callable[[Decision, AnalysisContext, AgentKey], tuple[OptimizationProposal, ...]]
+Candidates = tuple[OptimizationProposal, ...]
+CandidateSource = Callable[[Decision, AnalysisContext, AgentKey], Candidates]
 
 
-def specialisation(decision: Decision, ctx: AnalysisContext, agent: AgentKey) -> tuple[OptimizationProposal, ...]:
+def specialisation(decision: Decision, ctx: AnalysisContext, agent: AgentKey) -> Candidates:
     """The agent's own designs: its decision's first choice and alternatives."""
     return decision.candidates
 
 
-def plan_fixes(decision: Decision, ctx: AnalysisContext, agent: AgentKey) -> tuple[OptimizationProposal, ...]:
+def plan_fixes(decision: Decision, ctx: AnalysisContext, agent: AgentKey) -> Candidates:
     """Fixes for a wrong plan (afs.brains.strategists.plan_fixes), whatever the specialisation."""
     return plan_fix_proposals(ctx, agent)
 

@@ -157,7 +157,7 @@ def work_mem(ev: Evidence, agent: AgentKey) -> Iterator[OptimizationProposal]:
     spills = [(n, kb) for n in ev.nodes if (kb := _spilled_kb(n)) is not None]
     if not spills:
         return
-    node, spilled = max(spills, key=lambda s: s[1])
+    spilled = max(kb for _, kb in spills)
     mb = work_mem_mb(spilled)
     total = ev.ctx.execution_ms
     spill_ms = sum(n.self_ms for n, _ in spills)
@@ -186,7 +186,8 @@ def work_mem(ev: Evidence, agent: AgentKey) -> Iterator[OptimizationProposal]:
 
 def _spill_text(node: PlanNode) -> str:
     if node.sort_on_disk or (node.sort_method or "").startswith("external"):
-        return f"{node.label} spilled: {node.sort_method or 'external'}, {fmt_count(node.sort_space_kb)} kB on disk"
+        return (f"{node.label} spilled: {node.sort_method or 'external'}, "
+                f"{fmt_count(node.sort_space_kb)} kB on disk")
     if node.node_type == "Hash":
         return (f"{node.label} split into {node.hash_batches} batches "
                 f"({fmt_count(node.peak_memory_kb)} kB in memory each)")
