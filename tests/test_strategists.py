@@ -21,6 +21,8 @@ from afs.brains import strategists
 from afs.brains.strategists import STRATEGISTS, analyze, iter_proposal_sql, structure
 from afs.brains.strategists import propose as candidates
 from afs.brains.strategists.evidence import covering_index
+from afs.brains.strategists.plan_fixes import RULES as PLAN_FIX_RULES
+from afs.brains.strategists.plan_fixes import plan_fix_proposals, work_mem_mb
 from afs.brains.strategists.precomputation import MaterializedView, materialize
 from afs.errors import InputError
 from afs.models import (
@@ -38,7 +40,7 @@ from afs.models import (
 from afs.pg.names import index_name
 from afs.pg.plan import plan_nodes
 from afs.pg.stats import equality_selectivity, like_prefix, prefix_fraction, range_fraction
-from afs.safety import validate_proposal
+from afs.safety import check_settings, validate_candidate, validate_proposal
 
 # -- the factory ------------------------------------------------------------------------------
 ORDERS_ROWS = 2_000_000
@@ -826,7 +828,8 @@ def test_aggregation_gets_a_materialized_view_and_the_rewrite_reading_it() -> No
     assert mv is not None
     name, definition = mv.groups()
     # no 'DE' in the view: it keeps every country, and the rewrite sums up the one asked for
-    assert definition == ("SELECT o.status, o.shipping_country, COUNT(*) AS n, SUM(o.total_amount) AS revenue "
+    assert definition == ("SELECT o.status, o.shipping_country, COUNT(*) AS n, "
+                          "SUM(o.total_amount) AS revenue "
                           "FROM orders AS o GROUP BY o.status, o.shipping_country")
     assert proposal.rewritten_query == (
         f"SELECT status, CAST(COALESCE(SUM(n), 0) AS BIGINT) AS n, SUM(revenue) AS revenue FROM {name} "
@@ -930,7 +933,8 @@ def test_a_filter_beside_the_group_key_is_grouped_too() -> None:
     assert view.definition == ("SELECT o.user_id, o.status, COUNT(*) AS count FROM orders AS o "
                                "GROUP BY o.user_id, o.status")
     assert view.rewrite == ("SELECT user_id, CAST(COALESCE(SUM(count), 0) AS BIGINT) AS count "
-                            f"FROM {view.name} WHERE user_id = 4242 AND status <> 'cancelled' GROUP BY user_id")
+                            f"FROM {view.name} WHERE user_id = 4242 AND status <> 'cancelled' "
+                            "GROUP BY user_id")
 
 
 def test_having_moves_to_the_rewrite() -> None:
@@ -1031,7 +1035,8 @@ def test_materialize_in_a_join_keeps_apart_columns_of_the_same_name() -> None:
     `ORDER BY b.id` is not the output column a.id."""
     kept = materialize("SELECT a.id, count(*) FROM a JOIN b ON b.a_id = a.id WHERE b.id = 5 GROUP BY a.id")
     assert isinstance(kept, MaterializedView)
-    assert kept.definition == ("SELECT a.id, b.id AS afs_g1, COUNT(*) AS count FROM a JOIN b ON b.a_id = a.id "
+    assert kept.definition == ("SELECT a.id, b.id AS afs_g1, COUNT(*) AS count "
+                               "FROM a JOIN b ON b.a_id = a.id "
                                "GROUP BY a.id, b.id")
     assert kept.rewrite == (f"SELECT id, CAST(COALESCE(SUM(count), 0) AS BIGINT) AS count FROM {kept.name} "
                             "WHERE afs_g1 = 5 GROUP BY id")
@@ -1240,3 +1245,132 @@ def test_flash_falls_back_to_a_summary_view_for_an_aggregation() -> None:
     # gemini-2.5-pro only does so for complex aggregations (complexity ≥ 5)
     pro = STRATEGISTS["gemini25pro"].decide(ctx, "gemini25pro")
     assert pro.proposal is None or pro.proposal.proposal_type != "materialized_view"
+
+
+# -- plan fixes (every agent) -------------------------------------------------------------------
+CORRELATED_QUERY = ("SELECT o.id, o.total_amount FROM orders o "
+                    "WHERE o.status = 'pending' AND o.shipping_country = 'DE'")
+CORRELATED_FILTER = "((status = 'pending'::text) AND (shipping_country = 'DE'::text))"
+
+
+def correlated_ctx(planned: float, actual: float, filter: str = CORRELATED_FILTER,
+                   query: str = CORRELATED_QUERY) -> AnalysisContext:
+    from afs.features import extract_features
+
+    plan = seq_scan("orders", "o", rows=actual, removed=ORDERS_ROWS - actual, ms=150.0, filter=filter)
+    plan["Plan Rows"] = planned
+    return context(query, extract_features(query), plan, [orders()], 180.0)
+
+
+def test_a_tenfold_misestimate_on_two_filtered_columns_gets_extended_statistics() -> None:
+    (fix,) = plan_fix_proposals(correlated_ctx(planned=870, actual=52_000), "gemini25pro")
+    assert fix.proposal_type == "statistics" and fix.settings == ()
+    assert fix.sql_commands == (
+        "CREATE STATISTICS afs_orders_status_shipping_country_stats (dependencies, ndistinct, mcv) "
+        "ON status, shipping_country FROM orders",
+        "ANALYZE orders (status, shipping_country)")
+    assert fix.rollback_commands == ("DROP STATISTICS IF EXISTS afs_orders_status_shipping_country_stats",)
+    assert "underestimated 60×" in fix.rationale
+    assert validate_candidate(fix).is_valid
+
+
+def test_an_overestimate_counts_too_and_a_small_error_does_not() -> None:
+    (over,) = plan_fix_proposals(correlated_ctx(planned=52_000, actual=900), "gemini25pro")
+    assert "overestimated 58×" in over.rationale
+    assert plan_fix_proposals(correlated_ctx(planned=6_000, actual=52_000), "gemini25pro") == ()
+
+
+def test_no_extended_statistics_for_one_column_or_for_join_clauses() -> None:
+    one = "SELECT o.id FROM orders o WHERE o.status = 'pending'"
+    assert plan_fix_proposals(correlated_ctx(10, 52_000, "(status = 'pending'::text)", one), "x") == ()
+    # the inner side of a nested loop: user_id = u.id is a join clause, not a constant
+    joined = ("SELECT o.id FROM users u JOIN orders o ON o.user_id = u.id "
+              "WHERE u.country = 'DE' AND o.status = 'pending'")
+    from afs.features import extract_features
+
+    inner = node("Index Scan", rows=40, ms=0.2, loops=300, Relation_Name="orders", Alias="o",
+                 Index_Name="orders_user_id_idx", Index_Cond="(user_id = u.id)",
+                 Filter="(status = 'pending'::text)", Rows_Removed_by_Filter=2)
+    inner["Plan Rows"] = 1
+    plan = node("Nested Loop", seq_scan("users", "u", rows=300, removed=79_700, ms=9.0,
+                                        filter="(country = 'DE'::text)"), inner, rows=12_000, ms=80.0)
+    ctx = context(joined, extract_features(joined), plan, [users(), orders()], 81.0)
+    assert not [p for p in plan_fix_proposals(ctx, "x") if p.proposal_type == "statistics"]
+
+
+def sort_node(method: str, space_kb: float, space_type: str, **extra: Any) -> dict[str, Any]:
+    return node("Sort", seq_scan("orders", "o", rows=ORDERS_ROWS, removed=0, ms=140.0),
+                rows=ORDERS_ROWS, ms=900.0, Sort_Key=["o.total_amount DESC"], Sort_Method=method,
+                Sort_Space_Used=space_kb, Sort_Space_Type=space_type, **extra)
+
+
+def spill_ctx(plan: Mapping[str, Any]) -> AnalysisContext:
+    from afs.features import extract_features
+
+    query = "SELECT o.id, o.total_amount FROM orders o ORDER BY o.total_amount DESC"
+    return context(query, extract_features(query), plan, [orders()], 1000.0)
+
+
+def test_a_sort_that_spilled_gets_work_mem_for_this_query_only() -> None:
+    (fix,) = plan_fix_proposals(spill_ctx(sort_node("external merge", 30_000, "Disk")), "gemini25flash")
+    assert fix.proposal_type == "settings" and fix.sql_commands == () and fix.rollback_commands == ()
+    assert fix.settings == (("work_mem", "64MB"),)  # 2 × 29.3 MB → the next power of two
+    assert all(words in fix.rationale for words in ("ALTER ROLE", "SET LOCAL", "never globally"))
+    assert "external merge, 30,000 kB on disk" in fix.rationale
+    assert fix.estimated_impact.risk == "low"
+    assert validate_candidate(fix).is_valid and check_settings(fix.settings) == []
+
+
+def test_a_sort_in_memory_gets_no_setting() -> None:
+    assert plan_fix_proposals(spill_ctx(sort_node("quicksort", 3_000, "Memory")), "x") == ()
+
+
+def test_a_parallel_worker_that_spilled_counts() -> None:
+    sort = sort_node("quicksort", 900, "Memory", Workers=[
+        {"Worker Number": 0, "Sort Method": "external merge", "Sort Space Used": 20_000,
+         "Sort Space Type": "Disk"}])
+    (fix,) = plan_fix_proposals(spill_ctx(node("Gather Merge", sort, rows=ORDERS_ROWS, ms=950.0,
+                                               Workers_Launched=1)), "x")
+    assert fix.settings == (("work_mem", "64MB"),)
+
+
+def test_a_hash_in_batches_and_a_hash_aggregate_on_disk_get_work_mem() -> None:
+    hashed = node("Hash Join", seq_scan("orders", "o", rows=ORDERS_ROWS, removed=0, ms=140.0),
+                  node("Hash", seq_scan("users", "u", rows=80_000, removed=0, ms=9.0), rows=80_000, ms=30.0,
+                       Hash_Buckets=65536, Hash_Batches=8, Original_Hash_Batches=8, Peak_Memory_Usage=4_000),
+                  rows=ORDERS_ROWS, ms=700.0, Hash_Cond="(o.user_id = u.id)")
+    (fix,) = plan_fix_proposals(spill_ctx(hashed), "x")
+    # 8 batches of 4,000 kB under a hash_mem_multiplier of 2: 16,000 kB of work_mem, doubled
+    assert fix.settings == (("work_mem", "32MB"),) and "8 batches" in fix.rationale
+    aggregated = node("HashAggregate", seq_scan("orders", "o", rows=ORDERS_ROWS, removed=0, ms=140.0),
+                      rows=48_000, ms=600.0, HashAgg_Batches=5, Peak_Memory_Usage=4_100, Disk_Usage=50_000)
+    (fix,) = plan_fix_proposals(spill_ctx(aggregated), "x")
+    assert fix.settings == (("work_mem", "64MB"),) and "50,000 kB to disk" in fix.rationale
+    in_memory = node("HashAggregate", seq_scan("orders", "o", rows=ORDERS_ROWS, removed=0, ms=140.0),
+                     rows=6, ms=300.0, HashAgg_Batches=1, Peak_Memory_Usage=24)
+    assert plan_fix_proposals(spill_ctx(in_memory), "x") == ()
+
+
+def test_work_mem_is_a_power_of_two_within_bounds() -> None:
+    assert work_mem_mb(100) == 8  # never below the default it just spilled from, doubled
+    assert work_mem_mb(3_000) == 8
+    assert work_mem_mb(30_000) == 64
+    assert work_mem_mb(32_768) == 128  # 2 × 32 MB = 64 MB: the next power of two above it
+    assert work_mem_mb(5_000_000) == 2048
+    (huge,) = plan_fix_proposals(spill_ctx(sort_node("external merge", 5_000_000, "Disk")), "x")
+    assert huge.settings == (("work_mem", "2048MB"),) and huge.estimated_impact.risk == "medium"
+    assert check_settings(huge.settings) == []
+
+
+def test_every_agent_measures_the_plan_fixes_after_its_own_candidates() -> None:
+    ctx = spill_ctx(sort_node("external merge", 30_000, "Disk"))
+    for agent, strategist in STRATEGISTS.items():
+        own = strategist.decide(ctx, agent).candidates
+        found = candidates(agent, ctx, analyze(agent, ctx))
+        assert found[:len(own)] == own
+        assert [p.settings for p in found[len(own):]] == [(("work_mem", "64MB"),)]
+        assert all(p.agent == agent for p in found)
+
+
+def test_plan_fix_rules_are_a_tuple_of_small_functions() -> None:
+    assert [rule.__name__ for rule in PLAN_FIX_RULES] == ["extended_statistics", "work_mem"]
