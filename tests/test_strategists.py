@@ -1314,7 +1314,7 @@ def spill_ctx(plan: Mapping[str, Any]) -> AnalysisContext:
 def test_a_sort_that_spilled_gets_work_mem_for_this_query_only() -> None:
     (fix,) = plan_fix_proposals(spill_ctx(sort_node("external merge", 30_000, "Disk")), "gemini25flash")
     assert fix.proposal_type == "settings" and fix.sql_commands == () and fix.rollback_commands == ()
-    assert fix.settings == (("work_mem", "64MB"),)  # 2 × 29.3 MB → the next power of two
+    assert fix.settings == (("work_mem", "128MB"),)  # 2.5 × 29.3 MB → the next power of two
     assert all(words in fix.rationale for words in ("ALTER ROLE", "SET LOCAL", "never globally"))
     assert "external merge, 30,000 kB on disk" in fix.rationale
     assert fix.estimated_impact.risk == "low"
@@ -1331,7 +1331,7 @@ def test_a_parallel_worker_that_spilled_counts() -> None:
          "Sort Space Type": "Disk"}])
     (fix,) = plan_fix_proposals(spill_ctx(node("Gather Merge", sort, rows=ORDERS_ROWS, ms=950.0,
                                                Workers_Launched=1)), "x")
-    assert fix.settings == (("work_mem", "64MB"),)
+    assert fix.settings == (("work_mem", "64MB"),)  # 2.5 × 19.5 MB
 
 
 def test_a_hash_in_batches_and_a_hash_aggregate_on_disk_get_work_mem() -> None:
@@ -1340,12 +1340,12 @@ def test_a_hash_in_batches_and_a_hash_aggregate_on_disk_get_work_mem() -> None:
                        Hash_Buckets=65536, Hash_Batches=8, Original_Hash_Batches=8, Peak_Memory_Usage=4_000),
                   rows=ORDERS_ROWS, ms=700.0, Hash_Cond="(o.user_id = u.id)")
     (fix,) = plan_fix_proposals(spill_ctx(hashed), "x")
-    # 8 batches of 4,000 kB under a hash_mem_multiplier of 2: 16,000 kB of work_mem, doubled
-    assert fix.settings == (("work_mem", "32MB"),) and "8 batches" in fix.rationale
+    # 8 batches of 4,000 kB under a hash_mem_multiplier of 2: 16,000 kB of work_mem, × 2.5
+    assert fix.settings == (("work_mem", "64MB"),) and "8 batches" in fix.rationale
     aggregated = node("HashAggregate", seq_scan("orders", "o", rows=ORDERS_ROWS, removed=0, ms=140.0),
                       rows=48_000, ms=600.0, HashAgg_Batches=5, Peak_Memory_Usage=4_100, Disk_Usage=50_000)
     (fix,) = plan_fix_proposals(spill_ctx(aggregated), "x")
-    assert fix.settings == (("work_mem", "64MB"),) and "50,000 kB to disk" in fix.rationale
+    assert fix.settings == (("work_mem", "128MB"),) and "50,000 kB to disk" in fix.rationale
     in_memory = node("HashAggregate", seq_scan("orders", "o", rows=ORDERS_ROWS, removed=0, ms=140.0),
                      rows=6, ms=300.0, HashAgg_Batches=1, Peak_Memory_Usage=24)
     assert plan_fix_proposals(spill_ctx(in_memory), "x") == ()
@@ -1354,8 +1354,8 @@ def test_a_hash_in_batches_and_a_hash_aggregate_on_disk_get_work_mem() -> None:
 def test_work_mem_is_a_power_of_two_within_bounds() -> None:
     assert work_mem_mb(100) == 8  # never below the default it just spilled from, doubled
     assert work_mem_mb(3_000) == 8
-    assert work_mem_mb(30_000) == 64
-    assert work_mem_mb(32_768) == 128  # 2 × 32 MB = 64 MB: the next power of two above it
+    assert work_mem_mb(6_208) == 16  # 15.2 MB: a sort 12.6 MB large in memory fits
+    assert work_mem_mb(26_215) == 128  # 2.5 × 25.6 MB = 64 MB: the next power of two above it
     assert work_mem_mb(5_000_000) == 2048
     (huge,) = plan_fix_proposals(spill_ctx(sort_node("external merge", 5_000_000, "Disk")), "x")
     assert huge.settings == (("work_mem", "2048MB"),) and huge.estimated_impact.risk == "medium"
@@ -1368,7 +1368,7 @@ def test_every_agent_measures_the_plan_fixes_after_its_own_candidates() -> None:
         own = strategist.decide(ctx, agent).candidates
         found = candidates(agent, ctx, analyze(agent, ctx))
         assert found[:len(own)] == own
-        assert [p.settings for p in found[len(own):]] == [(("work_mem", "64MB"),)]
+        assert [p.settings for p in found[len(own):]] == [(("work_mem", "128MB"),)]
         assert all(p.agent == agent for p in found)
 
 

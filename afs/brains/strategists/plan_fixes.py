@@ -11,7 +11,7 @@ proposals; `RULES` is their tuple, as in sqlglot's optimizer:
                           them, then ANALYZE of those columns (which builds the statistics)
     work_mem              a Sort that spilled to disk (external merge), a Hash with more
                           than one batch, a HashAggregate that wrote to disk → work_mem for
-                          this query: the next power of two above twice what spilled
+                          this query: the next power of two above ~2.5× what spilled
                           (at least MIN_WORK_MEM_MB, at most MAX_WORK_MEM_MB), proposal type
                           "settings", measured with SET LOCAL
 
@@ -37,7 +37,9 @@ MISESTIMATE_FACTOR: Final = 10.0  # rows estimated vs actual, either way
 MAX_STATISTICS: Final = 2  # CREATE STATISTICS candidates per query
 STATISTICS_KINDS: Final = ("dependencies", "ndistinct", "mcv")
 CONSTANT_ROLES: Final = ("equality", "range")  # column uses compared with a constant
-WORK_MEM_FACTOR: Final = 2.0  # a sort in memory takes more room than its run files on disk
+# A sort in memory takes more room than its run files on disk: 2.0–2.2× on PostgreSQL 18
+# (140,000 narrow rows: 6.2 MB on disk, 12.6–13.8 MB in memory); 2.5 leaves a margin.
+WORK_MEM_FACTOR: Final = 2.5
 MIN_WORK_MEM_MB: Final = 8  # above PostgreSQL's default of 4MB, which just spilled
 MAX_WORK_MEM_MB: Final = 2048  # afs.safety.check_settings refuses more
 LARGE_WORK_MEM_MB: Final = 256  # from here on, concurrent queries may exhaust memory: medium risk
