@@ -30,6 +30,9 @@ parse is refused. Two checks:
             proposal copied whole (INSERT … SELECT <columns> FROM <it>, nothing filtered,
             grouped or limited) into a table it still has
 
+  A "settings" proposal carries no commands at all: its per-query settings are checked by
+  `check_settings` (`validate_candidate` checks both).
+
   Everything else is refused, and so is any allowed statement that calls a denied
   function anywhere in its tree (an index expression, a view query, a column default).
 
