@@ -1278,6 +1278,10 @@ def test_an_overestimate_counts_too_and_a_small_error_does_not() -> None:
     (over,) = plan_fix_proposals(correlated_ctx(planned=52_000, actual=900), "gemini25pro")
     assert "overestimated 58×" in over.rationale
     assert plan_fix_proposals(correlated_ctx(planned=6_000, actual=52_000), "gemini25pro") == ()
+    # a plan without ANALYZE (the query ran past the statement timeout) has no actual rows
+    slow = correlated_ctx(planned=870, actual=52_000)
+    unanalyzed = {k: v for k, v in slow.plan.items() if not k.startswith("Actual")}
+    assert plan_fix_proposals(dataclasses.replace(slow, plan=unanalyzed, slow=True), "x") == ()
 
 
 def test_no_extended_statistics_for_one_column_or_for_join_clauses() -> None:

@@ -97,10 +97,14 @@ class PlanNode:
     hash_batches: int = 0  # Hash: batches used (the largest of Hash Batches, Original Hash Batches)
     peak_memory_kb: float = 0.0  # Hash, HashAggregate: Peak Memory Usage
     disk_kb: float = 0.0  # HashAggregate: Disk Usage; the largest over the leader and its workers
+    analyzed: bool = False  # EXPLAIN ANALYZE ran it: actual rows and times are known
 
     @property
     def estimate_error(self) -> float:
-        """How far the row estimate is off, as a factor ≥ 1 either way (rows per loop, at least 1)."""
+        """How far the row estimate is off, as a factor ≥ 1 either way (rows per loop, at least 1);
+        1 without ANALYZE."""
+        if not self.analyzed:
+            return 1.0
         loops = max(self.loops, 1.0)
         actual, planned = max(self.rows / loops, 1.0), max(self.plan_rows / loops, 1.0)
         return max(actual, planned) / min(actual, planned)
@@ -185,6 +189,7 @@ def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
                                  *(_num(p.get("HashAgg Batches")) for p in processes_of))),
             peak_memory_kb=max(_num(p.get("Peak Memory Usage")) for p in processes_of),
             disk_kb=max(_num(p.get("Disk Usage")) for p in processes_of),
+            analyzed="Actual Loops" in node,
         )
         return [me, *(n for k in kids for n in k)]
 
