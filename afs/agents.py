@@ -71,12 +71,13 @@ class SharedMeasurements:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[frozenset[str], str | None], _Measurement] = {}
+        self._entries: dict[tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]], _Measurement] = {}
 
     @staticmethod
-    def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None]:
+    def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]:
         rewrite = " ".join(proposal.rewritten_query.split()) if proposal.rewritten_query else None
-        return ddl_signature(proposal), rewrite
+        # settings count: two settings-only proposals have the same (empty) DDL and no rewrite
+        return ddl_signature(proposal), rewrite, tuple(sorted(proposal.settings))
 
     async def measure(self, agent: AgentKey, proposal: OptimizationProposal,
                       run: Callable[[], Awaitable[BenchmarkOutcome]],
@@ -359,7 +360,7 @@ def choose_for_measurement(candidates: Sequence[tuple[int, float | None, bool]],
     promising = [c for c in rest if c[1] is None or baseline_cost is None or c[1] < 0.9 * baseline_cost]
     promising.sort(key=lambda c: (c[1] is None, c[1] or 0.0, c[0]))
     picked = [first, *promising][:max(1, limit)]
-    picked.sort(key=lambda c: (c[2], picked.index(c)))
+    picked.sort(key=lambda c: c[2])  # stable: the order above within each group
     return [rank for rank, _, _ in picked]
 
 

@@ -89,6 +89,10 @@ COMPLEXITY_BY_TYPE: Mapping[str, float] = MappingProxyType({
     "materialized_view": 70.0,
     "partitioning": 50.0,
     "denormalization": 40.0,
+    # ours: extended statistics and a per-query setting change no data or access path and
+    # are undone with one statement (or none): as easy to apply as a plain index
+    "statistics": 90.0,
+    "settings": 90.0,
 })
 COMPLEXITY_PER_EXTRA_COMMAND = 5.0
 COMPLEXITY_REFRESH_PENALTY = 10.0
@@ -509,6 +513,7 @@ _TYPE_WORDS: Mapping[str, str] = MappingProxyType({
     "index": "index", "partial_index": "partial index", "composite_index": "composite index",
     "query_rewrite": "query rewrite", "materialized_view": "materialized view",
     "partitioning": "partitioning", "denormalization": "denormalization",
+    "statistics": "extended statistics", "settings": "per-query setting",
 })
 
 

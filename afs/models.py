@@ -39,13 +39,15 @@ AGENT_PREFERENCE: tuple[AgentKey, ...] = ("gemini25pro", "gemini25flash", "gemin
 TaskType = Literal["query_optimization", "schema_improvement", "index_recommendation"]
 Priority = Literal["high", "normal", "low"]
 ColumnRole = Literal["equality", "range", "join", "group", "sort", "select", "other"]
+# "statistics": CREATE STATISTICS (extended statistics) and the ANALYZE that builds them;
+# "settings": per-query planner settings only (OptimizationProposal.settings), no DDL
 ProposalType = Literal[
     "index", "partial_index", "composite_index", "query_rewrite",
-    "materialized_view", "partitioning", "denormalization",
+    "materialized_view", "partitioning", "denormalization", "statistics", "settings",
 ]
 PROPOSAL_TYPES: tuple[str, ...] = (
     "index", "partial_index", "composite_index", "query_rewrite",
-    "materialized_view", "partitioning", "denormalization",
+    "materialized_view", "partitioning", "denormalization", "statistics", "settings",
 )
 RiskLevel = Literal["low", "medium", "high"]
 SuiteName = Literal["baseline", "limit", "filter", "sort"]

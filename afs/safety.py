@@ -14,7 +14,9 @@ parse is refused. Two checks:
         materialized views)
     CREATE MATERIALIZED VIEW … AS <read-only query>
     REFRESH MATERIALIZED VIEW [CONCURRENTLY] …   (not WITH NO DATA)
-    ANALYZE [table …]
+    CREATE STATISTICS [IF NOT EXISTS] name [(ndistinct | dependencies | mcv, …)]
+        ON column | (simple expression), … FROM <one table>   (rollback: DROP STATISTICS IF EXISTS)
+    ANALYZE [table [(columns)] …]
     only in a "partitioning" proposal, the migration recipe:
         CREATE TABLE … PARTITION BY RANGE|LIST|HASH (…)  /  CREATE TABLE … (LIKE …)
         CREATE TABLE … PARTITION OF … FOR VALUES …   (CREATE TABLE without IF NOT EXISTS)
@@ -27,6 +29,9 @@ parse is refused. Two checks:
             no existing table attached to it), or for the table being replaced: one this
             proposal copied whole (INSERT … SELECT <columns> FROM <it>, nothing filtered,
             grouped or limited) into a table it still has
+
+  A "settings" proposal carries no commands at all: its per-query settings are checked by
+  `check_settings` (`validate_candidate` checks both).
 
   Everything else is refused, and so is any allowed statement that calls a denied
   function anywhere in its tree (an index expression, a view query, a column default).
@@ -490,6 +495,55 @@ def _check_matview(stmt: ast.CreateTableAsStmt) -> _Verdict:
     return _Verdict("medium", 1.0, (f"DROP MATERIALIZED VIEW IF EXISTS {name}",), tuple(warnings))
 
 
+STATISTICS_KINDS: frozenset[str] = frozenset({"ndistinct", "dependencies", "mcv"})
+# what an expression of CREATE STATISTICS may be made of: columns, constants, operators,
+# casts and plain function calls (no aggregates, windows or subqueries; denied functions are
+# refused for every statement)
+_STATISTICS_EXPRESSION_NODES: tuple[type[ast.Node], ...] = (
+    ast.ColumnRef, ast.A_Const, ast.A_Expr, ast.TypeCast, ast.TypeName, ast.FuncCall, ast.String,
+    ast.Integer, ast.Float, ast.Boolean, ast.BoolExpr, ast.NullTest, ast.CoalesceExpr, ast.CaseExpr,
+    ast.CaseWhen, ast.CollateClause,
+)
+
+
+def _check_statistics(stmt: ast.CreateStatsStmt) -> _Verdict:
+    parts = [p.sval for p in stmt.defnames or () if isinstance(p, ast.String) and p.sval]
+    if not parts:
+        raise _Refused("CREATE STATISTICS needs a name, so that the rollback can drop it")
+    if len(parts) > 2:
+        raise _Refused("cross-database names are not allowed")
+    if len(parts) == 2 and parts[0] in _SYSTEM_SCHEMAS:
+        raise _Refused(f"system schema {parts[0]} is not changed by proposals")
+    relations = stmt.relations or ()
+    if len(relations) != 1 or not isinstance(relations[0], ast.RangeVar):
+        raise _Refused("CREATE STATISTICS on exactly one table is allowed")
+    _check_target(relations[0])
+    kinds = [k.sval for k in stmt.stat_types or () if isinstance(k, ast.String)]
+    unknown = sorted({(k or "").lower() for k in kinds} - STATISTICS_KINDS)
+    if unknown:
+        raise _Refused(f"statistics kind {unknown[0]} is not in the allow-list "
+                       f"({', '.join(sorted(STATISTICS_KINDS))})")
+    for element in stmt.exprs or ():
+        if not isinstance(element, ast.StatsElem):  # pragma: no cover - the grammar guarantees it
+            raise _Refused("CREATE STATISTICS lists columns or expressions")
+        if element.expr is None:
+            continue
+        for sub in _walk(element.expr):
+            if not isinstance(sub, _STATISTICS_EXPRESSION_NODES):
+                raise _Refused(f"CREATE STATISTICS expression: {type(sub).__name__} is not a simple "
+                               "expression (columns, constants, operators, casts, function calls)")
+            if isinstance(sub, ast.FuncCall) and (sub.over is not None or sub.agg_star or sub.agg_distinct
+                                                  or sub.agg_order or sub.agg_filter is not None):
+                raise _Refused("CREATE STATISTICS expression: aggregates and window functions are not "
+                               "simple expressions")
+    name = _qualified(*parts) if len(parts) == 2 else _qualified(None, parts[0])
+    warnings = ["ANALYZE the table (or its columns) to build the statistics"]
+    if stmt.if_not_exists:
+        warnings.append(f"IF NOT EXISTS: if statistics {name} already exist nothing is created, "
+                        "and the rollback would drop the existing ones")
+    return _Verdict("low", 1.0, (f"DROP STATISTICS IF EXISTS {name}",), tuple(warnings))
+
+
 def _check_refresh(stmt: ast.RefreshMatViewStmt) -> _Verdict:
     _check_target(stmt.relation)
     if stmt.skipData:
@@ -664,7 +718,8 @@ def _check_drop(stmt: ast.DropStmt, recipe: _Recipe) -> _Verdict:
 
 def _object_word(objtype: Any) -> str:
     name = str(getattr(objtype, "name", objtype)).removeprefix("OBJECT_")
-    return {"MATVIEW": "MATERIALIZED VIEW", "FDW": "FOREIGN DATA WRAPPER"}.get(name, name.replace("_", " "))
+    words = {"MATVIEW": "MATERIALIZED VIEW", "FDW": "FOREIGN DATA WRAPPER", "STATISTIC_EXT": "STATISTICS"}
+    return words.get(name, name.replace("_", " "))
 
 
 def _check_statement(stmt: ast.Node, partitioning: bool, recipe: _Recipe) -> _Verdict:
@@ -679,6 +734,8 @@ def _check_statement(stmt: ast.Node, partitioning: bool, recipe: _Recipe) -> _Ve
         raise _Refused("CREATE TABLE AS is not in the allow-list")
     if isinstance(stmt, ast.RefreshMatViewStmt):
         return _check_refresh(stmt)
+    if isinstance(stmt, ast.CreateStatsStmt):
+        return _check_statistics(stmt)
     if isinstance(stmt, ast.VacuumStmt):
         return _check_analyze(stmt)
     if isinstance(stmt, ast.SelectStmt):
@@ -733,6 +790,8 @@ def validate_proposal(sql_commands: Sequence[str], proposal_type: str) -> Valida
         rejected.append(UnsafeStatement("", "empty proposal: no commands"))
     for command in sql_commands:
         try:
+            if proposal_type == "settings":
+                raise _Refused("a settings proposal carries per-query settings, no commands")
             _, stmt = _parse_one(command, what="command")
             verdict = _check_statement(stmt, partitioning, recipe)
         except _Refused as exc:

@@ -265,6 +265,24 @@ DANGEROUS: list[Bad] = [
         ("CREATE TABLE p (LIKE orders) PARTITION BY RANGE (id)",
          "CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (nextval('s')) TO (MAXVALUE)"),
         "nextval", "partitioning"),
+    # extended statistics: one named object on one table, the three kinds, simple expressions
+    Bad("statistics-without-name", ("CREATE STATISTICS ON a, b FROM t",), "needs a name", "statistics"),
+    Bad("statistics-on-two-tables", ("CREATE STATISTICS s ON a, b FROM t, u",), "exactly one table",
+        "statistics"),
+    Bad("statistics-unknown-kind", ("CREATE STATISTICS s (correlation) ON a, b FROM t",),
+        "kind correlation", "statistics"),
+    Bad("statistics-subquery", ("CREATE STATISTICS s ON ((SELECT max(a) FROM u)), b FROM t",),
+        "not a simple expression", "statistics"),
+    Bad("statistics-side-effect", ("CREATE STATISTICS s ON (pg_sleep(a)), b FROM t",), "pg_sleep",
+        "statistics"),
+    Bad("statistics-window", ("CREATE STATISTICS s ON (row_number() OVER ()), b FROM t",),
+        "window", "statistics"),
+    Bad("statistics-on-a-catalog", ("CREATE STATISTICS s ON relname, relkind FROM pg_catalog.pg_class",),
+        "system schema", "statistics"),
+    Bad("statistics-in-a-catalog", ("CREATE STATISTICS pg_catalog.s ON a, b FROM t",), "system schema",
+        "statistics"),
+    Bad("drop-statistics", ("DROP STATISTICS s",), "DROP STATISTICS is not in the allow-list", "statistics"),
+    Bad("settings-with-commands", ("CREATE INDEX i ON t (a)",), "no commands", "settings"),
 ]
 
 
@@ -343,6 +361,16 @@ LEGITIMATE: list[Good] = [
          ("DROP INDEX IF EXISTS sales.idx_s",)),
     Good("quoted-names", ('CREATE INDEX "Idx Mixed" ON "Orders" ("CustomerId")',), "low",
          ('DROP INDEX IF EXISTS "Idx Mixed"',)),
+    Good("extended-statistics", ("CREATE STATISTICS afs_orders_status_user_id_stats "
+                                 "(dependencies, ndistinct, mcv) ON status, user_id FROM orders",
+                                 "ANALYZE orders (status, user_id)"),
+         "low", ("DROP STATISTICS IF EXISTS afs_orders_status_user_id_stats",), "statistics",
+         warning="ANALYZE"),
+    Good("statistics-expressions", ('CREATE STATISTICS IF NOT EXISTS sales."S" ON (lower(email)), '
+                                    "(created_at::date), country FROM sales.users",),
+         "low", ('DROP STATISTICS IF EXISTS sales."S"',), "statistics", warning="IF NOT EXISTS"),
+    Good("statistics-default-kinds", ("CREATE STATISTICS s ON a, b FROM t",), "low",
+         ("DROP STATISTICS IF EXISTS s",), "statistics"),
     Good("unnamed-index", ("CREATE INDEX ON orders (customer_id)",), "low", (), reversibility=0.5,
          warning="index name missing"),
     Good("comment-and-semicolon", ("/* covering */ CREATE INDEX idx_x ON orders (a); -- done",), "low",

@@ -91,6 +91,23 @@ class PlanNode:
     sort_space_kb: float = 0.0
     sort_on_disk: bool = False
     depth: int = 0
+    alias: str | None = None
+    plan_rows: float = 0.0  # the planner's row estimate, over all loops (EXPLAIN prints it per loop)
+    conditions: tuple[str, ...] = ()  # Index Cond, Recheck Cond, Filter, Hash/Merge Cond, Join Filter
+    hash_batches: int = 0  # Hash: batches used (the largest of Hash Batches, Original Hash Batches)
+    peak_memory_kb: float = 0.0  # Hash, HashAggregate: Peak Memory Usage
+    disk_kb: float = 0.0  # HashAggregate: Disk Usage; the largest over the leader and its workers
+    analyzed: bool = False  # EXPLAIN ANALYZE ran it: actual rows and times are known
+
+    @property
+    def estimate_error(self) -> float:
+        """How far the row estimate is off, as a factor ≥ 1 either way (rows per loop, at least 1);
+        1 without ANALYZE."""
+        if not self.analyzed:
+            return 1.0
+        loops = max(self.loops, 1.0)
+        actual, planned = max(self.rows / loops, 1.0), max(self.plan_rows / loops, 1.0)
+        return max(actual, planned) / min(actual, planned)
 
     @property
     def scanned(self) -> float:
@@ -107,6 +124,9 @@ class PlanNode:
         if self.relation:
             return f"{self.node_type} on {self.relation}"
         return self.node_type
+
+
+_CONDITION_KEYS: Final = ("Index Cond", "Recheck Cond", "Filter", "Hash Cond", "Merge Cond", "Join Filter")
 
 
 def _num(value: Any) -> float:
@@ -140,6 +160,12 @@ def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
             index_name = next((n.index_name for k in kids for n in k if n.index_name), None)
         removed = (_num(node.get("Rows Removed by Filter"))
                    + _num(node.get("Rows Removed by Index Recheck"))) * loops
+        # a parallel node's leader reports its own sort/hash; each worker its own, in "Workers"
+        processes_of = [node, *(w for w in node.get("Workers") or () if isinstance(w, Mapping))]
+        sort_kb = max(_num(p.get("Sort Space Used")) for p in processes_of)
+        on_disk = any(p.get("Sort Space Type") == "Disk" for p in processes_of)
+        sort_method = next((p.get("Sort Method") for p in processes_of
+                            if p.get("Sort Space Type") == "Disk"), node.get("Sort Method"))
         me = PlanNode(
             node_type=node_type,
             relation=node.get("Relation Name"),
@@ -152,10 +178,18 @@ def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
             self_ms=max(0.0, total - kids_ms),
             input_rows=kids[0][0].rows if kids and kids[0] else 0.0,
             sort_key=tuple(str(k) for k in node.get("Sort Key") or ()),
-            sort_method=node.get("Sort Method"),
-            sort_space_kb=_num(node.get("Sort Space Used")),
-            sort_on_disk=node.get("Sort Space Type") == "Disk",
+            sort_method=sort_method,
+            sort_space_kb=sort_kb,
+            sort_on_disk=on_disk,
             depth=depth,
+            alias=node.get("Alias"),
+            plan_rows=_num(node.get("Plan Rows")) * loops,
+            conditions=tuple(str(node[k]) for k in _CONDITION_KEYS if node.get(k)),
+            hash_batches=int(max(_num(node.get("Hash Batches")), _num(node.get("Original Hash Batches")),
+                                 *(_num(p.get("HashAgg Batches")) for p in processes_of))),
+            peak_memory_kb=max(_num(p.get("Peak Memory Usage")) for p in processes_of),
+            disk_kb=max(_num(p.get("Disk Usage")) for p in processes_of),
+            analyzed="Actual Loops" in node,
         )
         return [me, *(n for k in kids for n in k)]
 

@@ -8,8 +8,14 @@ One strategist per specialisation of the seed (`AGENTS` in models.py), one modul
                                        partitioning with its migration, done in the fork
     gemini20flash  precomputation.py   a materialized view of an aggregation plus the
                                        rewrite that reads it; otherwise one low-risk index
+    (every agent)  plan_fixes.py       for a wrong plan rather than a missing structure:
+                                       extended statistics behind a row misestimate,
+                                       work_mem for a sort or hash that spilled to disk
     (shared)       evidence.py         Evidence (the plan, the statistics and the query,
                                        by table), Decision, covering_index, estimates
+
+An agent's candidates are those of `CANDIDATE_SOURCES`, in order: its specialisation's
+decision first, then the plan fixes every agent measures too.
 
 When the specialty of gemini25flash (or of gemini25pro on a complex query) finds
 nothing for an aggregation, it proposes the summary view too (`with_rollup`), as
@@ -30,12 +36,14 @@ from typing import Final
 
 from afs.brains.strategists.evidence import Decision
 from afs.brains.strategists.index_design import decide_index_design
+from afs.brains.strategists.plan_fixes import plan_fix_proposals
 from afs.brains.strategists.precomputation import decide_precomputation
 from afs.brains.strategists.structure import decide_structure
 from afs.errors import InputError
 from afs.models import AgentKey, AnalysisContext, AnalysisResult, OptimizationProposal
 
-__all__ = ["STRATEGISTS", "Strategist", "analyze", "iter_proposal_sql", "propose", "with_rollup"]
+__all__ = ["CANDIDATE_SOURCES", "STRATEGISTS", "Strategist", "analyze", "iter_proposal_sql", "propose",
+           "with_rollup"]
 
 
 # -- secondary expertise ---------------------------------------------------------------------
@@ -69,6 +77,25 @@ def with_rollup(primary: Callable[[AnalysisContext, AgentKey], Decision]
     return decide
 
 
+# -- where an agent's candidates come from ---------------------------------------------------
+Candidates = tuple[OptimizationProposal, ...]
+CandidateSource = Callable[[Decision, AnalysisContext, AgentKey], Candidates]
+
+
+def specialisation(decision: Decision, ctx: AnalysisContext, agent: AgentKey) -> Candidates:
+    """The agent's own designs: its decision's first choice and alternatives."""
+    return decision.candidates
+
+
+def plan_fixes(decision: Decision, ctx: AnalysisContext, agent: AgentKey) -> Candidates:
+    """Fixes for a wrong plan (afs.brains.strategists.plan_fixes), whatever the specialisation."""
+    return plan_fix_proposals(ctx, agent)
+
+
+# In this order: an agent's own specialisation first.
+CANDIDATE_SOURCES: tuple[CandidateSource, ...] = (specialisation, plan_fixes)
+
+
 # -- the registry ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Strategist:
@@ -85,7 +112,8 @@ class Strategist:
         # its own prose back. (`analysis` matters to model brains; it is accepted for symmetry.)
         del analysis
         decision = self.decide(ctx, self.agent)
-        return decision.candidates
+        found = (p for source in CANDIDATE_SOURCES for p in source(decision, ctx, self.agent))
+        return tuple(dict.fromkeys(found))  # the same design twice is measured once
 
 
 STRATEGISTS: Mapping[AgentKey, Strategist] = {

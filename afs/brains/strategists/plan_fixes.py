@@ -1,0 +1,206 @@
+"""Plan fixes: candidates for a wrong plan rather than a missing structure (pure).
+
+Every strategist agent measures these after its own specialisation's candidates
+(`afs.brains.strategists.CANDIDATE_SOURCES`). Each rule is a small function over the
+Evidence (the EXPLAIN (ANALYZE, BUFFERS) plan, the statistics and the query) that yields
+proposals; `RULES` is their tuple, as in sqlglot's optimizer:
+
+    extended_statistics   a scan or join node whose row estimate is off by ≥ 10× (either
+                          way) and that filters on ≥ 2 columns of one table compared with
+                          constants → CREATE STATISTICS (dependencies, ndistinct, mcv) on
+                          them, then ANALYZE of those columns (which builds the statistics)
+    work_mem              a Sort that spilled to disk (external merge), a Hash with more
+                          than one batch, a HashAggregate that wrote to disk → work_mem for
+                          this query: the next power of two above ~2.5× what spilled
+                          (at least MIN_WORK_MEM_MB, at most MAX_WORK_MEM_MB), proposal type
+                          "settings", measured with SET LOCAL
+
+Neither changes what the query returns; whether the plan it leads to is faster is for the
+measurement to say, which is why they are candidates and not conclusions.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from typing import Final
+
+from afs.brains.strategists.evidence import SMALL_TABLE_ROWS, Evidence
+from afs.models import AgentKey, AnalysisContext, EstimatedImpact, OptimizationProposal
+from afs.pg.names import ident, object_name, qualified, relation_name, schema_and_relation
+from afs.pg.plan import PlanNode, fmt_count, fmt_ms, fmt_pct
+
+__all__ = ["RULES", "extended_statistics", "plan_fix_proposals", "work_mem", "work_mem_mb"]
+
+MISESTIMATE_FACTOR: Final = 10.0  # rows estimated vs actual, either way
+MAX_STATISTICS: Final = 2  # CREATE STATISTICS candidates per query
+STATISTICS_KINDS: Final = ("dependencies", "ndistinct", "mcv")
+CONSTANT_ROLES: Final = ("equality", "range")  # column uses compared with a constant
+# A sort in memory takes more room than its run files on disk: 2.0–2.2× on PostgreSQL 18
+# (140,000 narrow rows: 6.2 MB on disk, 12.6–13.8 MB in memory); 2.5 leaves a margin.
+WORK_MEM_FACTOR: Final = 2.5
+MIN_WORK_MEM_MB: Final = 8  # above PostgreSQL's default of 4MB, which just spilled
+MAX_WORK_MEM_MB: Final = 2048  # afs.safety.check_settings refuses more
+LARGE_WORK_MEM_MB: Final = 256  # from here on, concurrent queries may exhaust memory: medium risk
+HASH_MEM_MULTIPLIER: Final = 2.0  # PostgreSQL's default: hash tables get work_mem × this
+
+Rule = Callable[[Evidence, AgentKey], Iterator[OptimizationProposal]]
+
+
+# -- extended statistics ----------------------------------------------------------------------
+_IDENT = r'(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)'
+_NAME = re.compile(rf"(?<![\w$\"])(?:({_IDENT})\.)?({_IDENT})(?![\w$\"])")
+_STRING = re.compile(r"'(?:[^']|'')*'")
+
+
+def _unquote(name: str) -> str:
+    return name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
+
+
+def _condition_columns(ev: Evidence, node: PlanNode) -> dict[str, list[str]]:
+    """table → the columns of it that `node`'s conditions compare with constants in the query.
+
+    Column names are read from the condition text as EXPLAIN prints it (string literals and
+    type names after `::` ignored, function names skipped); an unqualified name belongs to the
+    scanned relation. Only columns the query compares with a constant count (features'
+    equality and range uses): extended statistics estimate `col = const` and `col < const`
+    clauses, not join clauses."""
+    own = ev.resolver.table_key(node.relation) if node.relation else None
+    found: dict[str, list[str]] = {}
+    for condition in node.conditions:
+        text = _STRING.sub("''", condition)
+        for match in _NAME.finditer(text):
+            before, after = text[:match.start()].rstrip(), text[match.end():].lstrip()
+            if before.endswith("::") or after.startswith("("):
+                continue  # a type name or a function name
+            qualifier, name = match.group(1), _unquote(match.group(2))
+            table = ev.resolver.table_key(_unquote(qualifier)) if qualifier else own
+            if table is None or not ev.resolver.has_column(table, name):
+                continue
+            constant = {u.column for u in ev.uses(table, *CONSTANT_ROLES)}
+            if name in constant and name not in found.get(table, []):
+                found.setdefault(table, []).append(name)
+    return found
+
+
+def extended_statistics(ev: Evidence, agent: AgentKey) -> Iterator[OptimizationProposal]:
+    """CREATE STATISTICS for correlated filter columns behind a row estimate off by ≥ 10×."""
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    for node in ev.nodes:
+        if len(seen) >= MAX_STATISTICS:
+            return
+        error = node.estimate_error
+        if error < MISESTIMATE_FACTOR or not node.conditions:
+            continue
+        for table, columns in _condition_columns(ev, node).items():
+            info = ev.table(table)
+            key = (table, tuple(sorted(columns)))
+            if len(columns) < 2 or info is None or info.rows < SMALL_TABLE_ROWS or key in seen:
+                continue
+            seen.add(key)
+            yield _statistics_proposal(ev, agent, node, table, columns, error)
+
+
+def _statistics_proposal(ev: Evidence, agent: AgentKey, node: PlanNode, table: str,
+                         columns: list[str], error: float) -> OptimizationProposal:
+    schema, _ = schema_and_relation(table)
+    name = object_name("afs", relation_name(table), *columns, suffix="stats")
+    full_name = f"{ident(schema)}.{ident(name)}" if schema else ident(name)
+    column_list = ", ".join(ident(c) for c in columns)
+    way = "under" if node.rows > node.plan_rows else "over"
+    share = min(1.0, node.total_ms / ev.ctx.execution_ms) if ev.ctx.execution_ms > 0 else 0.0
+    names = ", ".join(columns[:-1]) + " and " + columns[-1]
+    rationale = (
+        f"{node.label} was estimated at {fmt_count(node.plan_rows)} rows and returned "
+        f"{fmt_count(node.rows)}: {way}estimated {error:,.0f}×. It filters {table} on {names}, which "
+        "the planner takes for independent columns and multiplies their selectivities. Extended "
+        f"statistics ({', '.join(STATISTICS_KINDS)}) on ({column_list}) let it estimate them together; "
+        f"ANALYZE of those columns builds them. The node and what is above it take "
+        f"{fmt_pct(share)} of {fmt_ms(ev.ctx.execution_ms)}: a corrected estimate may change the join "
+        "order, the join method or the scan, and whether the new plan is faster is measured. The "
+        "statistics are a few kB and cost a little more ANALYZE time; nothing changes on writes.")
+    return OptimizationProposal(
+        agent=agent, proposal_type="statistics",
+        sql_commands=(f"CREATE STATISTICS {full_name} ({', '.join(STATISTICS_KINDS)}) "
+                      f"ON {column_list} FROM {qualified(table)}",
+                      f"ANALYZE {qualified(table)} ({column_list})"),
+        rollback_commands=(f"DROP STATISTICS IF EXISTS {full_name}",),
+        rationale=rationale,
+        estimated_impact=EstimatedImpact(query_time_improvement=round(max(5.0, 40.0 * share), 1),
+                                         storage_overhead_mb=0.01, complexity="low", risk="low"),
+        validation_steps=(f"EXPLAIN ANALYZE: the estimate of {node.label} is within "
+                          f"{MISESTIMATE_FACTOR:g}× of its actual rows",
+                          "the query returns the same rows as before (count and checksum)"))
+
+
+# -- work_mem ---------------------------------------------------------------------------------
+def _spilled_kb(node: PlanNode) -> float | None:
+    """The work_mem (kB) the node would have needed to stay in memory, roughly; None when it
+    did not spill. A Hash or HashAggregate gets work_mem × hash_mem_multiplier."""
+    if node.sort_on_disk or (node.sort_method or "").startswith("external"):
+        return node.sort_space_kb
+    if node.node_type == "Hash" and node.hash_batches > 1:
+        return node.peak_memory_kb * node.hash_batches / HASH_MEM_MULTIPLIER
+    if node.disk_kb > 0 or (node.node_type in ("Aggregate", "HashAggregate") and node.hash_batches > 1):
+        return (node.peak_memory_kb + node.disk_kb) / HASH_MEM_MULTIPLIER
+    return None
+
+
+def work_mem_mb(spilled_kb: float) -> int:
+    """The next power of two (MB) above WORK_MEM_FACTOR × what spilled, within the bounds."""
+    wanted = WORK_MEM_FACTOR * max(spilled_kb, 1.0) / 1024
+    power = 2 ** (math.floor(math.log2(wanted)) + 1) if wanted >= 1 else 1
+    return int(min(MAX_WORK_MEM_MB, max(MIN_WORK_MEM_MB, power)))
+
+
+def work_mem(ev: Evidence, agent: AgentKey) -> Iterator[OptimizationProposal]:
+    """work_mem for this query when a sort or a hash spilled to disk."""
+    spills = [(n, kb) for n in ev.nodes if (kb := _spilled_kb(n)) is not None]
+    if not spills:
+        return
+    spilled = max(kb for _, kb in spills)
+    mb = work_mem_mb(spilled)
+    total = ev.ctx.execution_ms
+    spill_ms = sum(n.self_ms for n, _ in spills)
+    share = min(1.0, spill_ms / total) if total > 0 else 0.5
+    what = "; ".join(_spill_text(n) for n, _ in spills[:3])
+    capped = (f" That is the {MAX_WORK_MEM_MB}MB cap: it may still spill, less." if mb == MAX_WORK_MEM_MB
+              else "")
+    rationale = (
+        f"{what}. Spilling writes and re-reads temporary files; the nodes that spilled take "
+        f"{fmt_ms(spill_ms)} of {fmt_ms(total)} ({fmt_pct(share)}). With work_mem = {mb}MB (about "
+        f"{WORK_MEM_FACTOR:g}× the {fmt_count(spilled)} kB that spilled, up to the next power of two) "
+        f"they fit in memory.{capped} Recommended per role (ALTER ROLE <role> SET work_mem = '{mb}MB') "
+        f"or per query (SET LOCAL work_mem = '{mb}MB' in its transaction), never globally: every sort "
+        "and hash of every connection may take that much. Measured here with SET LOCAL; the database "
+        "itself does not change.")
+    yield OptimizationProposal(
+        agent=agent, proposal_type="settings", sql_commands=(), rollback_commands=(),
+        rationale=rationale, settings=(("work_mem", f"{mb}MB"),),
+        estimated_impact=EstimatedImpact(query_time_improvement=round(max(5.0, 60.0 * share), 1),
+                                         storage_overhead_mb=0.0, complexity="low",
+                                         risk="medium" if mb >= LARGE_WORK_MEM_MB else "low"),
+        validation_steps=(f"EXPLAIN ANALYZE with SET LOCAL work_mem = '{mb}MB': no Sort Method external "
+                          "merge, Hash Batches 1, no Disk Usage",
+                          "the query returns the same rows as before (count and checksum)"))
+
+
+def _spill_text(node: PlanNode) -> str:
+    if node.sort_on_disk or (node.sort_method or "").startswith("external"):
+        return (f"{node.label} spilled: {node.sort_method or 'external'}, "
+                f"{fmt_count(node.sort_space_kb)} kB on disk")
+    if node.node_type == "Hash":
+        return (f"{node.label} split into {node.hash_batches} batches "
+                f"({fmt_count(node.peak_memory_kb)} kB in memory each)")
+    return f"{node.label} wrote {fmt_count(node.disk_kb)} kB to disk ({node.hash_batches} batches)"
+
+
+# -- the rules --------------------------------------------------------------------------------
+RULES: Final[tuple[Rule, ...]] = (extended_statistics, work_mem)
+
+
+def plan_fix_proposals(ctx: AnalysisContext, agent: AgentKey) -> tuple[OptimizationProposal, ...]:
+    """Every plan fix the plan calls for, in RULES order; () when the plan shows none."""
+    ev = Evidence(ctx)
+    return tuple(p for rule in RULES for p in rule(ev, agent))
