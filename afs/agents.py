@@ -385,6 +385,9 @@ def _best(state: _Progress) -> AgentOutcome:
     assert best.benchmark is not None
     state.proposal, state.validation = best.proposal, best.validation
     state.measured_by = state.shared_by.get(best.rank)
+    if best.benchmark.answer_cache:
+        return state.outcome("rejected", f"not an optimization: {best.benchmark.answer_cache}",
+                             best.benchmark)
     if not best.benchmark.equivalent:
         differing = [m.name for m in best.benchmark.measurements if not m.equivalent] + [
             c.label for c in best.benchmark.parameter_checks if not c.equivalent]
