@@ -460,8 +460,7 @@ def _join_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesig
             out.append(IndexDesign(
                 table=table, key=(KeyColumn(column),), kind="join", fraction=expected / rows,
                 benefit=scanned - expected,
-                reasons=(f"{table} is scanned for {fmt_count(scanned)} rows to join {fmt_count(outer)} "
-                         f"{partner} rows",
+                reasons=(f"{_scan_reason(ev, table, rows)}, to join {fmt_count(outer)} {partner} rows",
                          note + "; with one, the join becomes a nested loop of index lookups")))
     return out
 
