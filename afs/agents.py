@@ -359,7 +359,7 @@ def choose_for_measurement(candidates: Sequence[tuple[int, float | None, bool]],
     promising = [c for c in rest if c[1] is None or baseline_cost is None or c[1] < 0.9 * baseline_cost]
     promising.sort(key=lambda c: (c[1] is None, c[1] or 0.0, c[0]))
     picked = [first, *promising][:max(1, limit)]
-    picked.sort(key=lambda c: (c[2], picked.index(c)))
+    picked.sort(key=lambda c: c[2])  # stable: the order above within each group
     return [rank for rank, _, _ in picked]
 
 

@@ -154,7 +154,8 @@ def test_the_issue_s_four_table_join_gets_three_indexes_on_two_tables() -> None:
     assert decision.proposal is not None
     made = creates(decision.proposal)
     assert len(made) == 3
-    assert {m.split(" ON ")[1] for m in made} == {"items (product_id)", "items (order_id)", "orders (user_id)"}
+    assert {m.split(" ON ")[1] for m in made} == {
+        "items (product_id)", "items (order_id)", "orders (user_id)"}
 
 
 def test_a_cheap_dimension_scan_leaves_the_single_join_index_first() -> None:
@@ -291,8 +292,9 @@ def test_a_pattern_no_btree_serves_gets_a_trigram_gin_index(where: str) -> None:
     decision = decide(docs_ctx(where))
     first = decision.proposal
     assert first is not None
-    assert first.sql_commands == ("CREATE EXTENSION IF NOT EXISTS pg_trgm",
-                                  "CREATE INDEX afs_docs_title_trgm_gin ON docs USING gin (title gin_trgm_ops)")
+    assert first.sql_commands == (
+        "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+        "CREATE INDEX afs_docs_title_trgm_gin ON docs USING gin (title gin_trgm_ops)")
     assert first.rollback_commands == ("DROP INDEX IF EXISTS afs_docs_title_trgm_gin",)
     assert "needs the pg_trgm extension" in first.rationale and "Seq Scan on docs visits" in first.rationale
     assert first.estimated_impact.risk == "medium"
@@ -305,8 +307,8 @@ def test_no_trigram_index_where_it_cannot_narrow(where: str) -> None:
 
 
 def test_no_second_trigram_index() -> None:
-    existing = ("docs_title_trgm", "CREATE INDEX docs_title_trgm ON public.docs USING gin (title gin_trgm_ops)",
-                ("title",))
+    existing = ("docs_title_trgm",
+                "CREATE INDEX docs_title_trgm ON public.docs USING gin (title gin_trgm_ops)", ("title",))
     decision = decide(docs_ctx("title LIKE '%beef42%'", docs([existing])))
     assert decision.proposal is None
     assert any("docs_title_trgm already serves" in i

@@ -80,6 +80,7 @@ MIN_IMPROVEMENT: Final = 10.0  # percent: the consensus gate; less is not worth 
 MAX_CANDIDATES: Final = 4  # the first choice and up to three alternatives (the agent caps it too)
 TRAP_REMOVED_RATIO: Final = 10.0  # an index walk in sort order that filters this many rows per row kept
 SET_EXTRA_SHARE: Final = 0.2  # a set of indexes leads when the tables it adds take this share of the time
+SET_EXTRA_ROWS: Final = 0.25  # … or visit this share of the rows the best single design's table does
 SET_CLEARLY_BETTER: Final = 1.5  # … or when it spares this many times the row visits of the best single
 TRIGRAM_MIN_CHARS: Final = 3  # a pattern needs a run of this many characters for pg_trgm to narrow it
 TRIGRAM_OPCLASS: Final = "gin_trgm_ops"
@@ -993,16 +994,17 @@ def _set_improvement(ev: Evidence, designs: Sequence[IndexDesign]) -> float:
 
 def _clearly_better(ev: Evidence, found: IndexSet, best: IndexDesign | None) -> bool:
     """A set leads the single best design when the tables it adds take a good share of the
-    time (or, without timings, of the row visits), or it spares clearly more."""
+    time or of the row visits (what the single index leaves in place), or it spares clearly
+    more."""
     if best is None or best.benefit < MIN_BENEFIT_ROWS:
         return True
     if found.benefit >= SET_CLEARLY_BETTER * best.benefit:
         return True
     extra = {d.table for d in found.designs} - {best.table}
     total = ev.ctx.execution_ms
-    if total > 0 and any(n.self_ms > 0 for n in ev.nodes):
-        return sum(ev.scan_ms(t) for t in extra) / total >= SET_EXTRA_SHARE
-    return sum(ev.visited_rows(t) for t in extra) >= 0.5 * ev.visited_rows(best.table)
+    if total > 0 and sum(ev.scan_ms(t) for t in extra) >= SET_EXTRA_SHARE * total:
+        return True
+    return sum(ev.visited_rows(t) for t in extra) >= SET_EXTRA_ROWS * ev.visited_rows(best.table)
 
 
 def _confidence(ev: Evidence, best: IndexDesign) -> float:
