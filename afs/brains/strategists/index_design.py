@@ -1,14 +1,21 @@
 """gemini-2.5-pro: index design (pure).
 
-The best index for the most expensive access in the plan: a B-tree on columns or
-expressions, composite keys (equality → range → sort), partial indexes for rare
-constants, INCLUDE for index-only scans, join-key indexes, `LIKE 'prefix%'` through a
-pattern operator class, expression indexes for `lower(col) = …` and
-`payload ->> 'key' = …`, GIN for jsonb containment (`@>`) and key tests (`?`).
+A ranked set of index designs for the most expensive accesses in the plan: B-trees on
+columns or expressions, composite keys (equality → range → sort), partial indexes for rare
+constants, INCLUDE for index-only scans (and the plain key beside it), join-key indexes,
+`LIKE 'prefix%'` through a pattern operator class (unless the column sorts by the C
+collation), expression indexes for `lower(col) = …` and `payload ->> 'key' = …`, GIN for
+jsonb containment (`@>`, jsonb_path_ops) and key tests (`?`), GIN with pg_trgm's
+gin_trgm_ops for `LIKE '%…%'` and ILIKE, and the composite that springs the
+ORDER BY … LIMIT trap.
 
-Per table, each rule of `DESIGN_RULES` offers its designs; the one sparing the most
-row visits wins. `fallback_index` is the one low-risk index the other specialisations
-propose when their own specialty finds nothing (its candidates: `FALLBACK_RULES`).
+Per table, each rule of `DESIGN_RULES` offers its designs; each rule of `SET_RULES` offers
+indexes that pay only together, as one proposal: every foreign key a join walks from its
+filtered tables (plus their filter keys), one index per arm of an OR across columns. The
+single design sparing the most row visits is the first choice unless a set is clearly
+better; the others follow, each with different DDL (`Decision.alternatives`).
+`fallback_index` is the one low-risk index the other specialisations propose when their own
+specialty finds nothing (its candidates: `FALLBACK_RULES`).
 """
 
 from __future__ import annotations
