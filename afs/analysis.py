@@ -34,9 +34,19 @@ _TABLE_SQL = """
 SELECT c.oid, greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid)
 FROM pg_class c WHERE c.oid = to_regclass(%s) AND c.relkind IN ('r', 'p', 'm')
 """
+# the collation by its locale: the builtin provider orders by code point, as "C" does
 _COLUMNS_SQL = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull
-FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull,
+       CASE WHEN co.oid IS NULL THEN NULL
+            WHEN co.collname = 'default' THEN
+                (SELECT CASE d.datlocprovider WHEN 'b' THEN 'C' WHEN 'c' THEN d.datcollate
+                        ELSE d.datlocale END
+                 FROM pg_database d WHERE d.datname = current_database())
+            WHEN co.collprovider = 'b' THEN 'C'
+            WHEN co.collprovider = 'c' THEN co.collcollate
+            ELSE co.colllocale END
+FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
 _INDEXES_SQL = """
@@ -98,8 +108,8 @@ async def table_info(conn: Connection, name: str, columns_of_interest: set[str],
     if row is None:
         return None
     oid, rows, size = row
-    columns = tuple(ColumnInfo(n, t, bool(nullable))
-                    for n, t, nullable in await conn.fetchall(_COLUMNS_SQL, (oid,)))
+    columns = tuple(ColumnInfo(n, t, bool(nullable), collation)
+                    for n, t, nullable, collation in await conn.fetchall(_COLUMNS_SQL, (oid,)))
     indexes = tuple(
         IndexInfo(name=iname, definition=idef, columns=tuple(keys), unique=bool(uniq),
                   primary=bool(prim), size_mb=round(isize / MB, 2))

@@ -458,6 +458,17 @@ class IndexablePredicate:
 
 
 @dataclass(frozen=True)
+class Disjunction:
+    """A top-level WHERE term `a = 1 OR b < 2 OR …` on one table: each arm (or, for an arm
+    that is an AND, one of its terms) compares a plain column with constants, so one index per
+    column lets the planner answer it with a BitmapOr."""
+
+    table: str
+    columns: tuple[str, ...]  # one per arm: the column an index must lead with, in order
+    shown: str  # the term as written
+
+
+@dataclass(frozen=True)
 class QueryShape:
     """What sqlglot tells about the query beyond QueryFeatures."""
 
@@ -474,6 +485,10 @@ class QueryShape:
     filters: Mapping[str, int] = field(default_factory=dict)  # top-level WHERE terms on one table
     # (table, column, pattern) of the top-level `col LIKE 'pattern'` terms (not NOT LIKE, not in OR)
     like_terms: frozenset[tuple[str, str, str]] = frozenset()
+    # the same for `col ILIKE 'pattern'`
+    ilike_terms: frozenset[tuple[str, str, str]] = frozenset()
+    # top-level OR terms over one table whose every arm an index can serve (a BitmapOr)
+    disjunctions: tuple[Disjunction, ...] = ()
 
 
 def read_query(query: str) -> exp.Expr | None:
@@ -704,6 +719,8 @@ def query_shape(query: str, resolver: Resolver) -> QueryShape:
     indexable: list[IndexablePredicate] = []
     filters: dict[str, int] = {}
     likes: set[tuple[str, str, str]] = set()
+    ilikes: set[tuple[str, str, str]] = set()
+    disjunctions: list[Disjunction] = []
     if select is not None:
         order = select.args.get("order")
         for item in order.expressions if order else ():
@@ -722,12 +739,16 @@ def query_shape(query: str, resolver: Resolver) -> QueryShape:
             found = _indexable_predicate(term, resolver)
             if found is not None:
                 indexable.append(found)
-            if (isinstance(term, exp.Like) and not term.args.get("negate")
+            if (isinstance(term, exp.Like | exp.ILike) and not term.args.get("negate")
                     and isinstance(term.this, exp.Column)
                     and isinstance(term.expression, exp.Literal) and term.expression.is_string):
                 resolved = resolver.column(term.this)
                 if resolved:
-                    likes.add((*resolved, str(term.expression.this)))
+                    (likes if isinstance(term, exp.Like) else ilikes).add(
+                        (*resolved, str(term.expression.this)))
+            found_or = _disjunction(term, resolver)
+            if found_or is not None:
+                disjunctions.append(found_or)
             if isinstance(term, exp.EQ):
                 left, right = term.this, term.expression
                 if isinstance(right, exp.Column) and is_literal(left):
@@ -764,4 +785,65 @@ def query_shape(query: str, resolver: Resolver) -> QueryShape:
     return QueryShape(
         tree=tree, sort=tuple(sort), constant_predicates=constants, join_pairs=tuple(pairs),
         star_tables=frozenset(star), grouped=grouped, limit=limit,
-        indexable=tuple(indexable), filters=filters, like_terms=frozenset(likes))
+        indexable=tuple(indexable), filters=filters, like_terms=frozenset(likes),
+        ilike_terms=frozenset(ilikes), disjunctions=tuple(disjunctions))
+
+
+_ARM_COMPARISONS = (exp.EQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+
+
+def _serves_arm(arm: exp.Expr) -> bool:
+    """`col IN (constants)`, `col BETWEEN constants`, `col IS NULL`, `col LIKE 'prefix%'`."""
+    if isinstance(arm, exp.In):
+        return bool(arm.expressions) and all(is_literal(e) for e in arm.expressions)
+    if isinstance(arm, exp.Between):
+        return is_literal(arm.args["low"]) and is_literal(arm.args["high"])
+    if isinstance(arm, exp.Is):
+        return isinstance(arm.expression, exp.Null)
+    return (isinstance(arm, exp.Like) and isinstance(arm.expression, exp.Literal)
+            and bool(like_prefix(str(arm.expression.this))))
+
+
+def _arm_column(arm: exp.Expr, resolver: Resolver) -> tuple[str, str] | None:
+    """(table, column) of one OR arm that a B-tree on that column serves: `col op constant`,
+    `col IN (constants)`, `col BETWEEN constants`, `col IS NULL`, `col LIKE 'prefix%'`; for an
+    AND, its first such term (an index on it narrows the arm)."""
+    while isinstance(arm, exp.Paren):
+        arm = arm.this
+    if isinstance(arm, exp.And):
+        return next((found for term in conjuncts(arm) if (found := _arm_column(term, resolver))), None)
+    if arm.args.get("negate"):
+        return None
+    column: exp.Expr | None = None
+    if isinstance(arm, _ARM_COMPARISONS):
+        left, right = arm.this, arm.expression
+        if isinstance(right, exp.Column) and is_literal(left):
+            left, right = right, left
+        if is_literal(right):
+            column = left
+    elif _serves_arm(arm):
+        column = arm.this
+    return resolver.column(column) if isinstance(column, exp.Column) else None
+
+
+def _disjunction(term: exp.Expr, resolver: Resolver) -> Disjunction | None:
+    """The Disjunction of a top-level WHERE term, when it is an OR an index per arm serves."""
+    while isinstance(term, exp.Paren):
+        term = term.this
+    if not isinstance(term, exp.Or):
+        return None
+    arms: list[exp.Expr] = []
+    stack: list[exp.Expr] = [term]
+    while stack:
+        node = stack.pop()
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Or):
+            stack.extend((node.right, node.left))
+        else:
+            arms.append(node)
+    found = [_arm_column(arm, resolver) for arm in arms]
+    tables = {f[0] for f in found if f}
+    if any(f is None for f in found) or len(tables) != 1:
+        return None
+    return Disjunction(tables.pop(), tuple(f[1] for f in found if f), _shown(term))

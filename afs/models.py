@@ -105,6 +105,9 @@ class ColumnInfo:
     name: str
     data_type: str  # as format_type() prints it: "bigint", "timestamp with time zone", …
     nullable: bool = True
+    # the collation that orders it ("C", "en_US.UTF-8", …; the database's when the column has
+    # the default); None for types without collation, or when unknown
+    collation: str | None = None
 
 
 @dataclass(frozen=True)

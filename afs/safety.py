@@ -17,6 +17,9 @@ parse is refused. Two checks:
     CREATE STATISTICS [IF NOT EXISTS] name [(ndistinct | dependencies | mcv, …)]
         ON column | (simple expression), … FROM <one table>   (rollback: DROP STATISTICS IF EXISTS)
     ANALYZE [table [(columns)] …]
+    CREATE EXTENSION IF NOT EXISTS pg_trgm | btree_gin   (trusted extensions shipped with
+        PostgreSQL, for their index operator classes; no SCHEMA, VERSION or CASCADE; the
+        rollback leaves the extension in place)
     only in a "partitioning" proposal, the migration recipe:
         CREATE TABLE … PARTITION BY RANGE|LIST|HASH (…)  /  CREATE TABLE … (LIKE …)
         CREATE TABLE … PARTITION OF … FOR VALUES …   (CREATE TABLE without IF NOT EXISTS)
@@ -59,6 +62,7 @@ from afs.errors import InputError, UnsafeSqlError
 from afs.models import PROPOSAL_TYPES, OptimizationProposal, RiskLevel, UnsafeStatement, ValidationResult
 
 __all__ = [
+    "ALLOWED_EXTENSIONS",
     "DENIED_FUNCTIONS",
     "INDEX_ACCESS_METHODS",
     "check_query",
@@ -190,6 +194,10 @@ _REFUSED: dict[str, str] = {
     "CreateTableSpaceStmt": "tablespaces are not changed by proposals",
     "DropTableSpaceStmt": "tablespaces are not changed by proposals",
 }
+
+# extensions a proposal may create: trusted (a database owner may create them), shipped with
+# PostgreSQL, and only defining operator classes and functions without side effects
+ALLOWED_EXTENSIONS: frozenset[str] = frozenset({"pg_trgm", "btree_gin"})
 
 _PARTITIONING_ONLY = "allowed only as a step of a partitioning proposal"
 _NUL = "contains a NUL character: PostgreSQL would not read what follows it, nor would this check"
@@ -473,6 +481,20 @@ def _check_index(stmt: ast.IndexStmt) -> _Verdict:
     return _Verdict(risk, 1.0, (f"DROP INDEX IF EXISTS {name}",), tuple(warnings))
 
 
+def _check_extension(stmt: ast.CreateExtensionStmt) -> _Verdict:
+    name = stmt.extname or ""
+    if name not in ALLOWED_EXTENSIONS:
+        raise _Refused(f"CREATE EXTENSION {name} is not in the allow-list "
+                       f"(only {', '.join(sorted(ALLOWED_EXTENSIONS))})")
+    if not stmt.if_not_exists:
+        raise _Refused(f"CREATE EXTENSION {name} must say IF NOT EXISTS (the extension may be installed)")
+    if stmt.options:
+        raise _Refused("CREATE EXTENSION options (SCHEMA, VERSION, CASCADE) are not in the allow-list")
+    return _Verdict("low", 1.0, (), (
+        f"the target database needs the {name} extension; the rollback leaves it installed, "
+        "since other objects may depend on it",))
+
+
 def _check_matview(stmt: ast.CreateTableAsStmt) -> _Verdict:
     into = stmt.into
     if into is None:  # pragma: no cover - the grammar always sets it
@@ -728,6 +750,8 @@ def _check_statement(stmt: ast.Node, partitioning: bool, recipe: _Recipe) -> _Ve
         raise _Refused(problem)
     if isinstance(stmt, ast.IndexStmt):
         return _check_index(stmt)
+    if isinstance(stmt, ast.CreateExtensionStmt):
+        return _check_extension(stmt)
     if isinstance(stmt, ast.CreateTableAsStmt):
         if stmt.objtype == enums.ObjectType.OBJECT_MATVIEW:
             return _check_matview(stmt)

@@ -61,7 +61,7 @@ async def test_gather_context_then_a_strategist_proposes_gin_for_jsonb(sandbox: 
     events = ctx.tables["events"]
     assert events.rows == source["events"][0] and events.referenced_by == ()
     assert events.column_stats["payload"].avg_width
-    proposal = propose("gemini25pro", ctx, analyze("gemini25pro", ctx))
+    proposal = next(iter(propose("gemini25pro", ctx, analyze("gemini25pro", ctx))), None)  # the first choice
     assert proposal is not None
     assert proposal.sql_commands == (
         "CREATE INDEX afs_events_payload_gin ON events USING gin (payload jsonb_path_ops)",)
@@ -81,7 +81,23 @@ async def test_gather_context_for_a_join_and_a_like_prefix(sandbox: SandboxServe
     assert orders.column_stats["shipping_country"].avg_width == 3
     email = users.column_stats["email"].avg_width
     assert email is not None and email > 16  # 'user1234@example.com'
-    proposal = propose("gemini25pro", ctx, analyze("gemini25pro", ctx))
+    proposal = next(iter(propose("gemini25pro", ctx, analyze("gemini25pro", ctx))), None)  # the first choice
     assert proposal is not None
     assert "(shipping_country text_pattern_ops)" in proposal.sql_commands[0]
     assert validate_proposal(proposal.sql_commands, proposal.proposal_type).is_valid
+
+
+async def test_columns_carry_their_collation_the_database_default_included(sandbox: SandboxServer) -> None:
+    async with open_connection(sandbox.dsn("afs_demo")) as conn:
+        row = await conn.fetchone("SELECT datlocprovider, datcollate, datlocale FROM pg_database"
+                                  " WHERE datname = current_database()")
+        assert row is not None
+        provider, collate, locale = row
+        default = {"b": "C", "c": collate}.get(provider, locale)
+        # a session's temporary table: nothing of afs_demo changes
+        await conn.execute('CREATE TEMP TABLE collations (id int, plain text, c text COLLATE "C",'
+                           ' posix varchar(9) COLLATE "POSIX", basic text COLLATE ucs_basic)')
+        info = await table_info(conn, "collations", set())
+    assert info is not None
+    assert {c.name: c.collation for c in info.columns} == {
+        "id": None, "plain": default, "c": "C", "posix": "POSIX", "basic": "C"}

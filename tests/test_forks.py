@@ -237,3 +237,18 @@ async def test_killed_owner_fork_is_collected(settings: Settings, provider: Loca
     assert name in await fork_names(provider)  # killed: nothing cleaned up by itself...
     assert name in await provider.gc()        # ...until the collector runs
     assert not await database_exists(sandbox, name)
+
+
+async def test_a_fork_role_can_create_a_trusted_extension_in_its_fork_only(
+        client: ForkClient, sandbox: SandboxServer) -> None:
+    """pg_trgm (trusted, shipped with the server) for trigram indexes: the fork's role owns its
+    database, which is what CREATE EXTENSION of a trusted extension asks for."""
+    async with client.open_fork("afs_demo") as fork, open_connection(fork.dsn) as conn:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")  # idempotent
+        await conn.execute("CREATE INDEX fork_trgm ON users USING gin (email gin_trgm_ops)")
+        assert await conn.fetchval("SELECT count(*) FROM users WHERE email LIKE '%@%'") > 0
+        with pytest.raises(DatabaseError):  # not trusted: superusers only
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS dblink")
+    async with open_connection(sandbox.dsn("afs_demo")) as source:
+        assert await source.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm'") is None

@@ -24,7 +24,10 @@ DEFAULT_RANGE_SEL: Final = 1 / 3  # PostgreSQL's DEFAULT_INEQ_SEL
 DEFAULT_MATCH_SEL: Final = 0.005  # PostgreSQL's DEFAULT_MATCH_SEL (LIKE), when there are no statistics
 DEFAULT_CONTAIN_SEL: Final = 0.01  # PostgreSQL's DEFAULT_MATCHING_SEL (jsonb @>, ?), likewise
 JSON_VALUE_WIDTH: Final = 16  # bytes assumed for a value extracted from json (no statistics on it)
-GIN_BYTES_PER_WIDTH: Final = {"jsonb_path_ops": 0.15, None: 0.22}  # GIN size per byte of jsonb, measured
+GIN_BYTES_PER_WIDTH: Final = {"jsonb_path_ops": 0.15, None: 0.22,  # GIN size per byte of jsonb, measured
+                               "gin_trgm_ops": 1.5}  # a trigram per character: larger than the text
+# collations that order text byte by byte: a plain B-tree serves `LIKE 'prefix%'` under them
+C_COLLATIONS: Final = frozenset({"C", "POSIX"})
 _TYPE_WIDTH: Final = {
     "smallint": 2, "integer": 4, "int": 4, "bigint": 8, "boolean": 1, "date": 4, "real": 4,
     "double precision": 8, "timestamp": 8, "time": 8, "uuid": 16, "numeric": 10, "oid": 4,
@@ -234,6 +237,12 @@ def pattern_opclass(data_type: str | None) -> str | None:
     if data_type is None or data_type.endswith("]"):
         return None
     return PATTERN_OPCLASSES.get(base_type(data_type))
+
+
+def orders_like_c(collation: str | None) -> bool:
+    """Text under this collation sorts byte by byte (LIKE prefixes need no pattern opclass);
+    False when the collation is unknown."""
+    return collation in C_COLLATIONS
 
 
 def btree_mb(rows: float, widths: Iterable[int]) -> float:

@@ -2,8 +2,9 @@
 
 One strategist per specialisation of the seed (`AGENTS` in models.py), one module each::
 
-    gemini25pro    index_design.py     composite, partial, covering, expression and GIN
-                                       indexes; join-key indexes
+    gemini25pro    index_design.py     a ranked set: composite, partial, covering, expression,
+                                       GIN (jsonb, trigram) indexes; join-key indexes and
+                                       sets of them (a join's foreign keys, an OR's arms)
     gemini25flash  structure.py        BRIN on time-correlated columns; monthly range
                                        partitioning with its migration, done in the fork
     gemini20flash  precomputation.py   a materialized view of an aggregation plus the

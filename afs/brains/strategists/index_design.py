@@ -1,18 +1,26 @@
 """gemini-2.5-pro: index design (pure).
 
-The best index for the most expensive access in the plan: a B-tree on columns or
-expressions, composite keys (equality → range → sort), partial indexes for rare
-constants, INCLUDE for index-only scans, join-key indexes, `LIKE 'prefix%'` through a
-pattern operator class, expression indexes for `lower(col) = …` and
-`payload ->> 'key' = …`, GIN for jsonb containment (`@>`) and key tests (`?`).
+A ranked set of index designs for the most expensive accesses in the plan: B-trees on
+columns or expressions, composite keys (equality → range → sort), partial indexes for rare
+constants, INCLUDE for index-only scans (and the plain key beside it), join-key indexes,
+`LIKE 'prefix%'` through a pattern operator class (unless the column sorts by the C
+collation), expression indexes for `lower(col) = …` and `payload ->> 'key' = …`, GIN for
+jsonb containment (`@>`, jsonb_path_ops) and key tests (`?`), GIN with pg_trgm's
+gin_trgm_ops for `LIKE '%…%'` and ILIKE, and the composite that springs the
+ORDER BY … LIMIT trap.
 
-Per table, each rule of `DESIGN_RULES` offers its designs; the one sparing the most
-row visits wins. `fallback_index` is the one low-risk index the other specialisations
-propose when their own specialty finds nothing (its candidates: `FALLBACK_RULES`).
+Per table, each rule of `DESIGN_RULES` offers its designs; each rule of `SET_RULES` offers
+indexes that pay only together, as one proposal: every foreign key a join walks from its
+filtered tables (plus their filter keys), one index per arm of an OR across columns. The
+single design sparing the most row visits is the first choice unless a set is clearly
+better; the others follow, each with different DDL (`Decision.alternatives`).
+`fallback_index` is the one low-risk index the other specialisations propose when their own
+specialty finds nothing (its candidates: `FALLBACK_RULES`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,6 +34,7 @@ from afs.brains.strategists.evidence import (
     Decision,
     Evidence,
     covering_index,
+    index_method,
     insights_of,
     norm_column,
     nothing,
@@ -35,14 +44,16 @@ from afs.brains.strategists.evidence import (
     time_share,
     write_risk,
 )
-from afs.features import IndexablePredicate
+from afs.features import Disjunction, IndexablePredicate
 from afs.models import (
     AgentKey,
     AnalysisContext,
     ColumnUse,
     EstimatedImpact,
+    IndexInfo,
     OptimizationProposal,
     ProposalType,
+    RiskLevel,
     TableInfo,
 )
 from afs.pg.names import ident, index_name, qualified, quote_literal, relation_name, schema_and_relation
@@ -59,6 +70,7 @@ from afs.pg.stats import (
     equality_selectivity,
     gin_mb,
     like_prefix,
+    orders_like_c,
     pattern_opclass,
     prefix_fraction,
     value_matches,
@@ -72,6 +84,14 @@ PARTIAL_MAX_DISTINCT: Final = 50  # … on a low-cardinality (enum-like) column
 INCLUDE_MAX_COLUMNS: Final = 3
 INCLUDE_MAX_TEXT_WIDTH: Final = 16  # avg bytes (pg_stats avg_width) of a text narrow enough to INCLUDE
 MIN_IMPROVEMENT: Final = 10.0  # percent: the consensus gate; less is not worth proposing
+MAX_CANDIDATES: Final = 4  # the first choice and up to three alternatives (the agent caps it too)
+TRAP_REMOVED_RATIO: Final = 10.0  # an index walk in sort order that filters this many rows per row kept
+SET_EXTRA_SHARE: Final = 0.2  # a set of indexes leads when the tables it adds take this share of the time
+SET_EXTRA_ROWS: Final = 0.25  # … or visit this share of the rows the best single design's table does
+SET_CLEARLY_BETTER: Final = 1.5  # … or when it spares this many times the row visits of the best single
+TRIGRAM_MIN_CHARS: Final = 3  # a pattern needs a run of this many characters for pg_trgm to narrow it
+TRIGRAM_OPCLASS: Final = "gin_trgm_ops"
+TRIGRAM_EXTENSION: Final = "pg_trgm"
 EQUALITY_OPS: Final = frozenset({"=", "==", "IN", "IS NULL", "IS"})
 # types too wide (or unsortable) to carry in an index as INCLUDE columns
 WIDE_TYPES: Final = ("json", "jsonb", "bytea", "xml", "tsvector", "[]")
@@ -115,6 +135,7 @@ class IndexDesign:
     sort_served: bool = False
     method: Literal["btree", "gin"] = "btree"
     analyze: bool = False  # an expression key: ANALYZE gives the planner statistics on it
+    extension: str | None = None  # the (trusted) extension its operator class comes from
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -229,6 +250,19 @@ def _like_patterns(ev: Evidence, table: str, exclude: Iterable[str] = ()) -> dic
     return patterns
 
 
+def column_collation(info: TableInfo, column: str) -> str | None:
+    return next((c.collation for c in info.columns if c.name == column), None)
+
+
+def _prefix_opclass(info: TableInfo, column: str) -> str | None:
+    """The operator class a B-tree needs to serve `LIKE 'prefix%'` on a text column: none under
+    the C collation (the default order is byte order), else the type's pattern class
+    (text_pattern_ops, varchar_pattern_ops), which works whatever the collation."""
+    if orders_like_c(column_collation(info, column)):
+        return None
+    return pattern_opclass(column_type(info, column))
+
+
 def _pattern_choices(ev: Evidence, table: str, patterns: Mapping[str, list[str]],
                      alone: bool) -> list[RangeChoice]:
     """One RangeChoice per LIKE-prefixed column: the longest prefix, its estimated fraction."""
@@ -247,10 +281,11 @@ def _pattern_choices(ev: Evidence, table: str, patterns: Mapping[str, list[str]]
             frac, source = observed, "observed in the plan"
         else:
             frac, source = DEFAULT_MATCH_SEL, f"no statistics, assuming {fmt_pct(DEFAULT_MATCH_SEL)}"
-        opclass = pattern_opclass(column_type(info, column))
+        opclass = _prefix_opclass(info, column)
+        how = (f"a B-tree serves the prefix with {opclass}, whatever the collation" if opclass
+               else f"a plain B-tree serves the prefix: {column} sorts by the C collation")
         note = (f"{column} LIKE {quote_literal(pattern)} keeps ~{fmt_pct(frac)} of rows "
-                f"(~{fmt_count(frac * rows)}, {source}); a B-tree serves the prefix with {opclass}, "
-                "whatever the collation")
+                f"(~{fmt_count(frac * rows)}, {source}); {how}")
         out.append(RangeChoice(column, frac, note, opclass))
     return out
 
@@ -433,8 +468,7 @@ def _join_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesig
             out.append(IndexDesign(
                 table=table, key=(KeyColumn(column),), kind="join", fraction=expected / rows,
                 benefit=scanned - expected,
-                reasons=(f"{table} is scanned for {fmt_count(scanned)} rows to join {fmt_count(outer)} "
-                         f"{partner} rows",
+                reasons=(f"{_scan_reason(ev, table, rows)}, to join {fmt_count(outer)} {partner} rows",
                          note + "; with one, the join becomes a nested loop of index lookups")))
     return out
 
@@ -536,17 +570,35 @@ def drop_index(table: str, name: str) -> str:
     return f"DROP INDEX IF EXISTS {ident(schema) + '.' if schema else ''}{ident(name)}"
 
 
-def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign,
-                    improvement: float) -> OptimizationProposal:
+@dataclass(frozen=True)
+class _Built:
+    """One index of a proposal: its statements, size and what to check."""
+
+    name: str
+    commands: tuple[str, ...]
+    rollback: str
+    storage: float
+    entries: float
+    risk: RiskLevel
+    warnings: tuple[str, ...]
+    steps: tuple[str, ...]
+    summary: str  # "Proposed: CREATE INDEX on … (type), about N entries, ~X MB; expected …"
+
+
+def _design_type(design: IndexDesign) -> ProposalType:
+    return ("partial_index" if design.where
+            else "composite_index" if len(design.key) + len(design.include) > 1
+            else "index")
+
+
+def _build(ev: Evidence, design: IndexDesign, taken: Sequence[str]) -> _Built:
     info = ev.table(design.table)
-    taken = [ix.name for ix in info.indexes] if info else []
     gin = design.method == "gin"
-    name = index_name(design.table, design.labels, suffix="gin" if gin else "idx", taken=taken)
+    name = index_name(design.table, design.labels, suffix="gin" if gin else "idx",
+                      taken=[*(ix.name for ix in (info.indexes if info else ())), *taken])
     sql = (f"CREATE INDEX {ident(name)} ON {qualified(design.table)}"
            f"{design.clauses([ident(c) for c in design.include])}")
-    ptype: ProposalType = ("partial_index" if design.where
-                           else "composite_index" if len(design.key) + len(design.include) > 1
-                           else "index")
+    ptype = _design_type(design)
     rows = float(info.rows) if info else 0.0
     entries = rows * design.where_fraction
     widths = [_key_width(info, k) for k in design.key] + [column_width(info, c) for c in design.include]
@@ -569,36 +621,432 @@ def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign,
                      "expression")
     if design.sort_served:
         steps.append("EXPLAIN shows no Sort node above that scan")
-    steps.append("the query returns the same rows as before (count and checksum)")
+    summary = (f"Proposed: CREATE INDEX on {design.describe()} ({ptype}), about {fmt_count(entries)} "
+               f"entries, ~{storage:.1f} MB; expected to read ~{fmt_pct(design.fraction)} of "
+               f"{fmt_count(rows)} rows.")
+    return _Built(name, tuple(commands), drop_index(design.table, name), storage, entries, risk,
+                  tuple(warnings), tuple(steps), summary)
+
+
+def _extension_note(extension: str) -> str:
+    return (f"The target database needs the {extension} extension (trusted, shipped with PostgreSQL): "
+            f"the proposal starts with CREATE EXTENSION IF NOT EXISTS {extension}, and its rollback "
+            "leaves the extension installed (other objects may use it).")
+
+
+def _index_proposal(agent: AgentKey, ev: Evidence, design: IndexDesign,
+                    improvement: float) -> OptimizationProposal:
+    return _set_proposal(agent, ev, (design,), improvement)
+
+
+def _set_proposal(agent: AgentKey, ev: Evidence, designs: Sequence[IndexDesign], improvement: float,
+                  reasons: Sequence[str] = ()) -> OptimizationProposal:
+    """One proposal of one or more indexes, created together (and dropped together)."""
+    built: list[_Built] = []
+    for design in designs:
+        built.append(_build(ev, design, [b.name for b in built]))
+    extensions = list(dict.fromkeys(d.extension for d in designs if d.extension))
+    commands = [*(f"CREATE EXTENSION IF NOT EXISTS {e}" for e in extensions),
+                *(c for b in built for c in b.commands)]
+    types = {_design_type(d) for d in designs}
+    ptype: ProposalType = ("partial_index" if "partial_index" in types
+                           else "composite_index" if "composite_index" in types else "index")
+    risk: RiskLevel = "medium" if any(b.risk == "medium" for b in built) else "low"
+    warnings = list(dict.fromkeys(w for b in built for w in b.warnings))
+    steps = [*(st for b in built for st in b.steps),
+             "the query returns the same rows as before (count and checksum)"]
+    if len(designs) == 1:
+        said = [*designs[0].reasons]
+    else:
+        said = [*reasons, *dict.fromkeys(r for d in designs for r in d.reasons)]
     rationale = " ".join([
-        *(w.rstrip(".") + "." for w in design.reasons),
-        f"Proposed: CREATE INDEX on {design.describe()} ({ptype}), about {fmt_count(entries)} entries, "
-        f"~{storage:.1f} MB; expected to read ~{fmt_pct(design.fraction)} of {fmt_count(rows)} rows.",
+        *(w.rstrip(".") + "." for w in said),
+        *(b.summary for b in built),
+        *(_extension_note(e) for e in extensions),
         *warnings,
     ])
     return OptimizationProposal(
         agent=agent, proposal_type=ptype, sql_commands=tuple(commands),
-        rollback_commands=(drop_index(design.table, name),),
+        rollback_commands=tuple(b.rollback for b in reversed(built)),
         rationale=rationale,
         estimated_impact=EstimatedImpact(query_time_improvement=improvement,
-                                         storage_overhead_mb=storage, complexity="low", risk=risk),
+                                         storage_overhead_mb=round(sum(b.storage for b in built), 2),
+                                         complexity="low" if len(built) == 1 else "medium", risk=risk),
         validation_steps=tuple(steps))
 
 
 def _filter_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
+    """The WHERE / ORDER BY key; when it carries INCLUDE columns, the plain key as well (smaller,
+    cheaper to write; the covering one is listed first and wins a tie)."""
     found = _filter_design(ev, table, notes)
-    return [found] if found else []
+    if found is None:
+        return []
+    if not found.include:
+        return [found]
+    plain = dataclasses.replace(found, include=(), reasons=tuple(
+        r for r in found.reasons if not r.startswith("INCLUDE (")))
+    return [found, plain]
+
+
+def _pattern_runs(pattern: str) -> list[str]:
+    """The literal runs of a LIKE pattern, between its unescaped `%` and `_` wildcards."""
+    runs, current, escaped = [], [], False
+    for ch in pattern:
+        if escaped:
+            current.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch in "%_":
+            runs.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    runs.append("".join(current))
+    return [r for r in runs if r]
+
+
+def _trigram_index(info: TableInfo, column: str) -> IndexInfo | None:
+    return next((ix for ix in info.indexes if index_method(ix) == "gin"
+                 and TRIGRAM_OPCLASS in ix.definition.lower()
+                 and [norm_column(c) for c in ix.columns][:1] == [column.lower()]), None)
+
+
+def _trigram_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
+    """`col LIKE '%abc%'` or `col ILIKE '…'` on a text column: no B-tree serves a pattern
+    without a fixed prefix (or any case-insensitive one); a GIN index with pg_trgm's
+    gin_trgm_ops does, when the pattern holds a run of at least three characters."""
+    info = ev.table(table)
+    if info is None:
+        return []
+    rows = float(max(info.rows, 1))
+    terms = [(c, p, False) for t, c, p in sorted(ev.shape.like_terms) if t == table]
+    terms += [(c, p, True) for t, c, p in sorted(ev.shape.ilike_terms) if t == table]
+    out: list[IndexDesign] = []
+    seen: set[str] = set()
+    for column, pattern, ilike in terms:
+        op = "ILIKE" if ilike else "LIKE"
+        shown = f"{column} {op} {quote_literal(pattern)}"
+        if column in seen or pattern_opclass(column_type(info, column)) is None:
+            continue
+        if not ilike and like_prefix(pattern):
+            continue  # a B-tree serves the prefix (the filter rule)
+        if max((len(r) for r in _pattern_runs(pattern)), default=0) < TRIGRAM_MIN_CHARS:
+            notes.append(f"{shown} has no run of {TRIGRAM_MIN_CHARS} characters: a trigram index "
+                         "cannot narrow it")
+            continue
+        seen.add(column)
+        existing = _trigram_index(info, column)
+        if existing is not None:
+            notes.append(f"{existing.name} already serves {shown}, {_planner_verdict(ev, table)}")
+            continue
+        observed = ev.observed_fraction(table) if ev.only_filter(table) else None
+        fraction, source = ((observed, "observed in the plan") if observed is not None
+                            else (DEFAULT_MATCH_SEL, f"no statistics, assuming {fmt_pct(DEFAULT_MATCH_SEL)}"))
+        if fraction > INDEX_MAX_FRACTION:
+            notes.append(f"{shown} keeps ~{fmt_pct(fraction)} of {table}: an index would not beat a "
+                         "sequential scan")
+            continue
+        kind = "matched without case" if ilike else "without a fixed prefix"
+        note = (f"{shown} keeps ~{fmt_pct(fraction)} of rows (~{fmt_count(fraction * rows)}, {source}); "
+                f"no B-tree serves a pattern {kind}, "
+                f"a GIN index with {TRIGRAM_OPCLASS} (pg_trgm) answers it with a Bitmap Index Scan")
+        notes.append(note)
+        out.append(IndexDesign(
+            table=table, key=(KeyColumn(column, opclass=TRIGRAM_OPCLASS, label=f"{column}_trgm"),),
+            kind="filter", fraction=fraction, benefit=ev.visited_rows(table) - fraction * rows,
+            reasons=(_scan_reason(ev, table, rows), note), method="gin", extension=TRIGRAM_EXTENSION))
+    return out
+
+
+def _order_limit_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
+    """The ORDER BY … LIMIT trap: the planner walks an index in sort order hoping to meet the
+    filtered rows early, and filters most of what it walks away (the plan shows it), or an index
+    on the sort key invites it to. A composite key (equality columns, then the sort key) finds
+    the first rows in order at once."""
+    shape = ev.shape
+    info = ev.table(table)
+    if info is None or shape.limit is None or not shape.sort or shape.grouped:
+        return []
+    if not all(s.table == table and s.column for s in shape.sort):
+        return []
+    eq = list(dict.fromkeys(u.column for u in ev.uses(table, "equality")
+                            if (u.operator or "=").upper() in EQUALITY_OPS))
+    sort = tuple(KeyColumn(s.column or "", s.desc, s.nulls_first) for s in shape.sort if s.column not in eq)
+    if not eq or not sort:
+        return []
+    walks = [n for n in ev.scans(table) if n.node_type in ("Index Scan", "Index Only Scan")
+             and n.removed >= TRAP_REMOVED_RATIO * max(n.rows, 1.0)]
+    lead = sort[0].name.lower()
+    inviting = next((ix for ix in info.indexes if ix.columns and norm_column(ix.columns[0]) == lead), None)
+    if not walks and inviting is None:
+        return []
+    if covering_index(info, eq, [k.name for k in sort]) is not None:
+        return []
+    rows = float(max(info.rows, 1))
+    order = ", ".join(k.sql() for k in sort)
+    if walks:
+        walk = walks[0]
+        seen = (f"{walk.label} walks {table} in {order} order for LIMIT {shape.limit} and its Filter "
+                f"removes {fmt_count(walk.removed)} rows to return {fmt_count(walk.rows)}")
+    else:
+        seen = (f"{inviting.name if inviting else 'an index'} lets the planner walk {table} in {order} "
+                f"order for LIMIT {shape.limit}, filtering on {', '.join(eq)} as it goes: when those rows "
+                "are rare or elsewhere in the order it reads most of the table")
+    key = (*(KeyColumn(c) for c in eq), *sort)
+    note = (f"{seen}; an index on ({', '.join(k.sql() for k in key)}) finds the first {shape.limit} "
+            "matching rows in order at once")
+    notes.append(note)
+    fraction = min(1.0, shape.limit / rows)
+    return [IndexDesign(table=table, key=key, kind="sort", fraction=fraction,
+                        benefit=ev.visited_rows(table) - shape.limit,
+                        reasons=(_scan_reason(ev, table, rows), note), sort_served=True)]
 
 
 # The designs for one large table, each rule one kind of access: the WHERE / ORDER BY
-# key (equality → range → sort), the join keys, the expressions and jsonb / array tests.
+# key (equality → range → sort), the join keys, the expressions and jsonb / array tests,
+# LIKE / ILIKE patterns without a prefix (trigrams), the ORDER BY … LIMIT trap.
 # The design sparing the most row visits wins (the first of equals, in this order).
-DESIGN_RULES: Final[tuple[DesignRule, ...]] = (_filter_designs, _join_designs, _indexable_designs)
+DESIGN_RULES: Final[tuple[DesignRule, ...]] = (
+    _filter_designs, _join_designs, _indexable_designs, _trigram_designs, _order_limit_designs)
+
+
+# -- sets of indexes: one proposal, several CREATE INDEX ---------------------------------------
+@dataclass(frozen=True)
+class IndexSet:
+    """Indexes that pay only together: every foreign key a join walks, every arm of an OR."""
+
+    designs: tuple[IndexDesign, ...]
+    benefit: float  # row visits spared, over all its tables
+    reasons: tuple[str, ...]
+    action: str
+
+
+# One set rule: the index sets a query calls for, given the single-table designs found so far.
+SetRule: TypeAlias = Callable[[Evidence, Sequence[IndexDesign], list[str]], list[IndexSet]]
+
+
+def _own_rows(ev: Evidence, table: str) -> float | None:
+    """The rows of `table` its own equality filters keep (None: it has none)."""
+    info = ev.table(table)
+    if info is None:
+        return None
+    sels = {u.column: _selectivity_note(ev, table, u)[0] for u in ev.uses(table, "equality")
+            if (u.operator or "=").upper() in EQUALITY_OPS}
+    return float(max(info.rows, 1)) * math.prod(sels.values()) if sels else None
+
+
+def _distinct(ev: Evidence, table: str, column: str, partner: str) -> float:
+    """Distinct values of a join column: pg_stats; unique → every row; else the partner's rows."""
+    info = ev.table(table)
+    rows = float(max(info.rows, 1)) if info else 1.0
+    stats = ev.stats(table, column)
+    nd = distinct_values(stats, rows) if stats else None
+    if nd is not None:
+        return nd
+    if info and (tuple(info.primary_key) == (column,) or any(
+            ix.unique and [norm_column(c) for c in ix.columns] == [column.lower()] for ix in info.indexes)):
+        return rows
+    other = ev.table(partner)
+    return float(other.rows) if other and other.rows else rows
+
+
+def _join_set(ev: Evidence, singles: Sequence[IndexDesign], notes: list[str]) -> list[IndexSet]:
+    """Walk the joins from the tables the query filters: a table reached from a narrow one
+    through a join column keeps few rows too, and needs an index on that column for the
+    planner to look them up (a nested loop) instead of scanning it whole. Every such column
+    without an index, plus the filter key of every large filtered table the walk does not
+    index, is one proposal: one index alone often leaves the other scans in place."""
+    pairs = ev.shape.join_pairs
+    if not pairs:
+        return []
+    narrow: dict[str, float] = {}
+    for table in ev.query_tables():
+        info, own = ev.table(table), _own_rows(ev, table)
+        if info is not None and own is not None and own <= JOIN_MAX_FRACTION * max(info.rows, 1):
+            narrow[table] = max(1.0, own)
+    edges: dict[tuple[str, str], tuple[float, str]] = {}
+    for _ in range(2 * len(pairs) + 1):  # a fixpoint; each table's estimate only shrinks
+        changed = False
+        for a, b in pairs:
+            for (table, column), (partner, partner_col) in ((a, b), (b, a)):
+                info = ev.table(table)
+                looped = any(n.node_type == "Seq Scan" and n.loops > 1 for n in ev.scans(table))
+                if info is None or (partner not in narrow and not looped):
+                    continue
+                rows = float(max(info.rows, 1))
+                if partner in narrow:
+                    nd = _distinct(ev, table, column, partner)
+                    expected = max(1.0, narrow[partner] * rows / max(nd, 1.0))
+                else:  # the inner side of a nested loop, scanned once per outer row
+                    expected = max(1.0, sum(n.rows / n.loops for n in ev.scans(table)))
+                if expected > JOIN_MAX_FRACTION * rows:
+                    continue
+                if expected < narrow.get(table, math.inf) - 0.5:
+                    narrow[table] = expected
+                    changed = True
+                if (rows >= SMALL_TABLE_ROWS and covering_index(info, [column]) is None
+                        and ev.visited_rows(table) - expected >= MIN_BENEFIT_ROWS):
+                    loops = max(n.loops for n in ev.scans(table)) if looped else 0.0
+                    how = (f"~{fmt_count(narrow[partner])} {partner} rows reach it" if partner in narrow
+                           else f"the inner side of a nested loop, scanned {fmt_count(loops)} times")
+                    note = (f"join {table}.{column} = {partner}.{partner_col}: {how}, matching "
+                            f"~{fmt_count(expected)} of {fmt_count(rows)} {table} rows, but {table}.{column} "
+                            "has no index")
+                    if (table, column) not in edges or expected < edges[(table, column)][0]:
+                        edges[(table, column)] = (expected, note)
+        if not changed:
+            break
+    designs: list[IndexDesign] = []
+    for (table, column), (expected, note) in edges.items():
+        info = ev.table(table)
+        rows = float(max(info.rows, 1)) if info else 1.0
+        designs.append(IndexDesign(
+            table=table, key=(KeyColumn(column),), kind="join", fraction=expected / rows,
+            benefit=ev.visited_rows(table) - expected,
+            reasons=(_scan_reason(ev, table, rows), note)))
+    walked = {d.table for d in designs}
+    for table in dict.fromkeys(d.table for d in singles):
+        if table in walked:
+            continue
+        best = max((d for d in singles if d.table == table and d.kind == "filter" and d.method == "btree"
+                    and d.benefit >= MIN_BENEFIT_ROWS), key=lambda d: d.benefit, default=None)
+        if best is not None:
+            designs.append(best)
+    if len(designs) < 2:
+        return []
+    designs.sort(key=lambda d: -d.benefit)
+    benefit = sum(max(0.0, d.benefit) for d in {d.table: d for d in designs}.values())
+    described = "; ".join(d.describe() for d in designs)
+    notes.append(f"the joins walk {len({d.table for d in designs})} tables from the filtered ones: "
+                 f"{described} together")
+    start = ", ".join(f"{t} (~{fmt_count(r)} rows)" for t, r in narrow.items()
+                      if _own_rows(ev, t) is not None)
+    lead = (f"Walking the joins from the filtered tables {start}: each table on the way needs an "
+            "index on the column it is reached by (or on its own filter), or the plan scans it whole"
+            if start else "The joins scan tables whole where an index would look the rows up")
+    return [IndexSet(tuple(designs), benefit, (lead,), f"Create indexes {described} together")]
+
+
+def _or_fraction(ev: Evidence, disjunction: Disjunction) -> tuple[float, str]:
+    table = disjunction.table
+    observed = ev.observed_fraction(table) if ev.only_filter(table) else None
+    if observed is not None:
+        return observed, "observed in the plan"
+    info = ev.table(table)
+    rows = float(max(info.rows, 1)) if info else 1.0
+    total = 0.0
+    for column in disjunction.columns:
+        sel = equality_selectivity(ev.stats(table, column), rows)
+        total += sel if sel is not None else DEFAULT_EQ_SEL
+    return min(1.0, total), "pg_stats n_distinct of each arm's column"
+
+
+def _or_set(ev: Evidence, singles: Sequence[IndexDesign], notes: list[str]) -> list[IndexSet]:
+    """`a = 1 OR b = 2` across columns: no single B-tree serves it, one index per arm does
+    (the planner ORs their bitmaps). The arms' columns that no index leads with, together."""
+    del singles
+    out: list[IndexSet] = []
+    for disjunction in ev.shape.disjunctions:
+        table = disjunction.table
+        info = ev.table(table)
+        if info is None or max(info.rows, ev.scanned_rows(table)) < SMALL_TABLE_ROWS:
+            continue
+        columns = list(dict.fromkeys(disjunction.columns))
+        if len(columns) < 2:
+            continue  # an OR on one column is an IN list: the filter rule's
+        missing = [c for c in columns if covering_index(info, [c]) is None]
+        if not missing:
+            notes.append(f"every arm of {disjunction.shown} has an index on {table}, "
+                         f"{_planner_verdict(ev, table)}")
+            continue
+        fraction, source = _or_fraction(ev, disjunction)
+        rows = float(max(info.rows, 1))
+        if fraction > INDEX_MAX_FRACTION:
+            notes.append(f"{disjunction.shown} keeps ~{fmt_pct(fraction)} of {table}: a BitmapOr would "
+                         "not beat a sequential scan")
+            continue
+        note = (f"{disjunction.shown} keeps ~{fmt_pct(fraction)} of rows (~{fmt_count(fraction * rows)}, "
+                f"{source}); no single index serves an OR across columns, one index per arm "
+                f"({', '.join(missing)}{' missing' if len(missing) < len(columns) else ''}) "
+                "lets the planner combine them with a BitmapOr")
+        notes.append(note)
+        benefit = ev.visited_rows(table) - fraction * rows
+        designs = tuple(IndexDesign(table=table, key=(KeyColumn(c),), kind="filter",
+                                    fraction=fraction / len(columns), benefit=benefit / len(missing),
+                                    reasons=(_scan_reason(ev, table, rows), note)) for c in missing)
+        out.append(IndexSet(designs, benefit, (),
+                            f"Create an index per arm of {disjunction.shown}: "
+                            + "; ".join(d.describe() for d in designs)))
+    return out
+
+
+# Index sets: several indexes as one proposal (a join walked from its filtered tables, the
+# arms of an OR across columns).
+SET_RULES: Final[tuple[SetRule, ...]] = (_join_set, _or_set)
+
+
+def _set_improvement(ev: Evidence, designs: Sequence[IndexDesign]) -> float:
+    """Predicted percent for indexes on several tables: all the time but the other tables' scans."""
+    tables = {d.table for d in designs}
+    total = ev.ctx.execution_ms
+    if total > 0 and ev.nodes:
+        others = sum(ev.scan_ms(t) for t in ev.query_tables() if t not in tables)
+        share = max(0.0, min(1.0, 1.0 - others / total))
+    else:
+        share = 0.8
+    fraction = max(d.fraction for d in designs)
+    return round(max(1.0, min(90.0, 100.0 * share * (1.0 - min(1.0, fraction)))), 1)
+
+
+def _clearly_better(ev: Evidence, found: IndexSet, best: IndexDesign | None) -> bool:
+    """A set leads the single best design when the tables it adds take a good share of the
+    time or of the row visits (what the single index leaves in place), or it spares clearly
+    more."""
+    if best is None or best.benefit < MIN_BENEFIT_ROWS:
+        return True
+    if found.benefit >= SET_CLEARLY_BETTER * best.benefit:
+        return True
+    extra = {d.table for d in found.designs} - {best.table}
+    total = ev.ctx.execution_ms
+    if total > 0 and sum(ev.scan_ms(t) for t in extra) >= SET_EXTRA_SHARE * total:
+        return True
+    return sum(ev.visited_rows(t) for t in extra) >= SET_EXTRA_ROWS * ev.visited_rows(best.table)
+
+
+def _confidence(ev: Evidence, best: IndexDesign) -> float:
+    evidence_strength = 0.55
+    observed = ev.observed_fraction(best.table)
+    if ev.seq_scanned(best.table) or best.kind == "join":
+        evidence_strength += 0.2
+    if observed is not None and observed <= INDEX_MAX_FRACTION:
+        evidence_strength += 0.1
+    if all(ev.stats(best.table, c) is not None for c in best.columns):
+        evidence_strength += 0.1
+    if ev.writes_per_read(best.table) > WRITE_HEAVY:
+        evidence_strength -= 0.15
+    return evidence_strength
+
+
+def _single_action(design: IndexDesign) -> str:
+    action = f"Create index on {design.describe()}"
+    if design.kind == "join":
+        action += " to turn the join into a nested loop over the index"
+    return action
+
+
+def _single_improvement(ev: Evidence, design: IndexDesign) -> float:
+    return predicted_improvement(ev, design.table, design.fraction,
+                                 whole_join=design.kind == "join" or design.sort_served)
 
 
 def decide_index_design(ctx: AnalysisContext, agent: AgentKey = "gemini25pro") -> Decision:
-    """gemini-2.5-pro: the best index for the most expensive access in the plan: a B-tree on
-    columns or expressions (with a pattern operator class for LIKE prefixes), or GIN for jsonb."""
+    """gemini-2.5-pro: a ranked set of index designs for the most expensive accesses in the plan.
+
+    The first choice is the single index sparing the most row visits (a B-tree on columns or
+    expressions, with a pattern operator class for LIKE prefixes; GIN for jsonb and trigrams),
+    unless an index set (`SET_RULES`) is clearly better; the alternatives are the other sets,
+    then the other single designs, each with different DDL, up to MAX_CANDIDATES in all."""
     ev = Evidence(ctx)
     insights = insights_of(ev)
     notes: list[str] = []
@@ -617,33 +1065,48 @@ def decide_index_design(ctx: AnalysisContext, agent: AgentKey = "gemini25pro") -
             continue
         for rule in DESIGN_RULES:
             designs.extend(rule(ev, table, notes))
+    ranked = sorted(designs, key=lambda d: -d.benefit)  # stable: the first of equals stays first
+    best = ranked[0] if ranked else None
+    sets = sorted((found for rule in SET_RULES for found in rule(ev, ranked, notes)),
+                  key=lambda found: -found.benefit)
     insights.extend(dict.fromkeys(notes))
-    best = max(designs, key=lambda d: d.benefit, default=None)
-    if best is None or best.benefit < MIN_BENEFIT_ROWS:
+    if (best is None or best.benefit < MIN_BENEFIT_ROWS) and not sets:
         why = ("no filter, sort or join column of a large table lacks a fitting index"
                if best is None
                else f"the best index would spare too few row visits (~{fmt_count(best.benefit)})")
         confident = any("already" in n for n in notes)
         return nothing(insights, why, 0.85 if confident else 0.6, ev.main_table())
-    improvement = predicted_improvement(ev, best.table, best.fraction,
-                               whole_join=best.kind == "join" or best.sort_served)
-    evidence_strength = 0.55
-    observed = ev.observed_fraction(best.table)
-    if ev.seq_scanned(best.table) or best.kind == "join":
-        evidence_strength += 0.2
-    if observed is not None and observed <= INDEX_MAX_FRACTION:
-        evidence_strength += 0.1
-    if all(ev.stats(best.table, c) is not None for c in best.columns):
-        evidence_strength += 0.1
-    if ev.writes_per_read(best.table) > WRITE_HEAVY:
-        evidence_strength -= 0.15
-    action = f"Create index on {best.describe()}"
-    if best.kind == "join":
-        action += " to turn the join into a nested loop over the index"
-    proposal = _index_proposal(agent, ev, best, improvement)
-    return Decision(insights=tuple(insights), actions=(action,), confidence=evidence_strength,
-                    target_table=best.table, estimated_improvement=improvement, proposal=proposal)
 
+    # (proposal, action, improvement, confidence, target table), the first choice first
+    options: list[tuple[OptimizationProposal, str, float, float, str]] = []
+    lead = next((found for found in sets if _clearly_better(ev, found, best)), None)
+    if lead is not None:
+        main = lead.designs[0]
+        improvement = _set_improvement(ev, lead.designs)
+        options.append((_set_proposal(agent, ev, lead.designs, improvement, lead.reasons), lead.action,
+                        improvement, _confidence(ev, main) - 0.05, main.table))
+    for design in ranked[:1] if best is not None and best.benefit >= MIN_BENEFIT_ROWS else []:
+        improvement = _single_improvement(ev, design)
+        options.append((_index_proposal(agent, ev, design, improvement), _single_action(design),
+                        improvement, _confidence(ev, design), design.table))
+    for found in sets:
+        if found is not lead:
+            improvement = _set_improvement(ev, found.designs)
+            options.append((_set_proposal(agent, ev, found.designs, improvement, found.reasons),
+                            found.action, improvement, 0.5, found.designs[0].table))
+    for design in ranked[1:]:
+        if design.benefit >= MIN_BENEFIT_ROWS:
+            improvement = _single_improvement(ev, design)
+            options.append((_index_proposal(agent, ev, design, improvement), _single_action(design),
+                            improvement, 0.5, design.table))
+    distinct: dict[tuple[str, ...], OptimizationProposal] = {}
+    for proposal, *_ in options:
+        distinct.setdefault(proposal.sql_commands, proposal)
+    chosen = list(distinct.values())[:MAX_CANDIDATES]
+    first, action, improvement, confidence, target = options[0]
+    return Decision(insights=tuple(insights), actions=(action,), confidence=confidence,
+                    target_table=target, estimated_improvement=improvement, proposal=first,
+                    alternatives=tuple(chosen[1:]))
 
 
 # -- one low-risk index: the fallback of the other specialisations ---------------------------
@@ -678,14 +1141,15 @@ def _pattern_candidates(ev: Evidence, table: str, insights: list[str]) -> list[I
     visited = max(ev.scanned_rows(table), float(info.rows))
     candidates: list[IndexDesign] = []
     for choice in _pattern_choices(ev, table, _like_patterns(ev, table), ev.only_filter(table)):
-        classes = {choice.column: choice.opclass or ""}
+        classes = {choice.column: choice.opclass} if choice.opclass else None
         if covering_index(info, [], [choice.column], opclasses=classes):
-            insights.append(f"{choice.column} on {table} is already indexed with {choice.opclass}")
+            insights.append(f"{choice.column} on {table} is already indexed"
+                            + (f" with {choice.opclass}" if choice.opclass else ""))
             continue
         insights.append(choice.note)
         candidates.append(IndexDesign(
             table=table, key=(KeyColumn(choice.column, opclass=choice.opclass,
-                                        label=f"{choice.column}_pattern"),),
+                                        label=f"{choice.column}_pattern" if choice.opclass else None),),
             kind="filter", fraction=choice.fraction, benefit=visited * (1 - choice.fraction),
             reasons=(choice.note,)))
     return candidates

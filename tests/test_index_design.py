@@ -1,0 +1,378 @@
+"""gemini-2.5-pro's ranked candidate designs: each kind fires where the query admits it, and
+not where it does not. Synthetic contexts (the query read by afs.features, a hand-built
+EXPLAIN ANALYZE plan, pg_stats-like statistics); no database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from afs.brains.strategists.evidence import Decision
+from afs.brains.strategists.index_design import MAX_CANDIDATES, decide_index_design
+from afs.features import extract_features
+from afs.models import AnalysisContext, ColumnInfo, ColumnStats, IndexInfo, OptimizationProposal, TableInfo
+from afs.safety import validate_candidate
+
+
+# -- building blocks ---------------------------------------------------------------------------
+def table(name: str, rows: int, columns: Mapping[str, str], stats: Mapping[str, ColumnStats] | None = None,
+          indexes: Sequence[tuple[str, str, tuple[str, ...]]] = (),
+          collations: Mapping[str, str] | None = None) -> TableInfo:
+    """A table with a primary key on `id`, plus `indexes` as (name, definition, key columns)."""
+    pkey = IndexInfo(f"{name}_pkey", f"CREATE UNIQUE INDEX {name}_pkey ON public.{name} USING btree (id)",
+                     ("id",), unique=True, primary=True)
+    return TableInfo(
+        name=name, rows=rows, size_mb=rows * 100 / 1_048_576,
+        columns=tuple(ColumnInfo(c, t, False, (collations or {}).get(c)) for c, t in columns.items()),
+        indexes=(pkey, *(IndexInfo(n, d, k) for n, d, k in indexes)), primary_key=("id",),
+        column_stats=dict(stats or {}))
+
+
+def plan_node(node_type: str, *children: Mapping[str, Any], rows: float, ms: float, loops: float = 1,
+              **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"Node Type": node_type, "Actual Total Time": ms, "Actual Rows": rows,
+                           "Actual Loops": loops, "Total Cost": 1000.0,
+                           **{k.replace("_", " "): v for k, v in extra.items()}}
+    if children:
+        out["Plans"] = list(children)
+    return out
+
+
+def seq(relation: str, rows: float, removed: float, ms: float, filter: str | None = None,
+        loops: float = 1) -> dict[str, Any]:
+    extra: dict[str, Any] = {"Relation_Name": relation, "Alias": relation}
+    if filter:
+        extra |= {"Filter": filter, "Rows_Removed_by_Filter": removed / loops}
+    return plan_node("Seq Scan", rows=rows / loops, ms=ms / loops, loops=loops, **extra)
+
+
+def ctx_of(query: str, plan: Mapping[str, Any], tables: Iterable[TableInfo], ms: float) -> AnalysisContext:
+    return AnalysisContext(task_id="t", task_type="query_optimization", query=query,
+                           features=extract_features(query), plan=plan, execution_ms=ms,
+                           tables={t.name: t for t in tables})
+
+
+def decide(ctx: AnalysisContext) -> Decision:
+    decision = decide_index_design(ctx)
+    candidates = decision.candidates
+    assert len(candidates) <= MAX_CANDIDATES
+    assert len({c.sql_commands for c in candidates}) == len(candidates), "candidates differ in DDL"
+    for candidate in candidates:
+        assert validate_candidate(candidate).is_valid, candidate.sql_commands
+        assert candidate.rationale and len(candidate.rollback_commands) == sum(
+            c.startswith("CREATE INDEX") for c in candidate.sql_commands)
+    return decision
+
+
+def creates(proposal: OptimizationProposal) -> list[str]:
+    return [c for c in proposal.sql_commands if c.startswith("CREATE INDEX")]
+
+
+def with_ddl(decision: Decision, *fragments: str) -> OptimizationProposal | None:
+    """The candidate whose CREATE INDEX statements contain every fragment, one each."""
+    for candidate in decision.candidates:
+        made = creates(candidate)
+        if len(made) == len(fragments) and all(any(f in c for c in made) for f in fragments):
+            return candidate
+    return None
+
+
+# -- the schema: a shop ------------------------------------------------------------------------
+def users(rows: int = 100_000) -> TableInfo:
+    return table("users", rows, {"id": "bigint", "email": "text", "country": "text", "tier": "text"},
+                 {"id": ColumnStats(n_distinct=-1),
+                  "country": ColumnStats(n_distinct=14, most_common_vals=("US", "DE"),
+                                         most_common_freqs=(0.36, 0.09))})
+
+
+def orders(rows: int = 2_000_000, indexes: Sequence[tuple[str, str, tuple[str, ...]]] = ()) -> TableInfo:
+    return table("orders", rows, {"id": "bigint", "user_id": "bigint", "status": "text",
+                                  "amount": "numeric(12,2)", "country": "text", "payload": "jsonb",
+                                  "created_at": "timestamp with time zone"},
+                 {"id": ColumnStats(n_distinct=-1),
+                  "user_id": ColumnStats(n_distinct=50_000),
+                  "status": ColumnStats(n_distinct=5, most_common_vals=("completed", "shipped", "pending"),
+                                        most_common_freqs=(0.7, 0.2, 0.02)),
+                  "country": ColumnStats(n_distinct=14)}, indexes)
+
+
+def items(rows: int = 6_000_000) -> TableInfo:
+    return table("items", rows, {"id": "bigint", "order_id": "bigint", "product_id": "bigint",
+                                 "qty": "integer"},
+                 {"order_id": ColumnStats(n_distinct=-0.33), "product_id": ColumnStats(n_distinct=20_000)})
+
+
+def products(rows: int = 20_000) -> TableInfo:
+    return table("products", rows, {"id": "bigint", "name": "text"}, {"id": ColumnStats(n_distinct=-1)})
+
+
+# -- 1. multi-table designs: a join walked from its filtered tables ------------------------------
+CHAIN = ("SELECT count(*), sum(i.qty) FROM users u JOIN orders o ON o.user_id = u.id "
+         "JOIN items i ON i.order_id = o.id WHERE u.id = 42")
+
+
+def chain_ctx() -> AnalysisContext:
+    plan = plan_node(
+        "Aggregate", plan_node(
+            "Hash Join", seq("items", 6_000_000, 0, 420.0),
+            plan_node("Hash", plan_node(
+                "Nested Loop",
+                plan_node("Index Scan", rows=1, ms=0.02, Relation_Name="users", Index_Name="users_pkey"),
+                seq("orders", 40, 1_999_960, 160.0, filter="(user_id = 42)"), rows=40, ms=160.1),
+                rows=40, ms=160.2),
+            rows=120, ms=700.0), rows=1, ms=700.1)
+    return ctx_of(CHAIN, plan, [users(), orders(), items()], 700.3)
+
+
+def test_a_join_chain_gets_an_index_on_every_foreign_key_it_walks_together() -> None:
+    decision = decide(chain_ctx())
+    first = decision.proposal
+    assert first is not None
+    made = creates(first)
+    assert len(made) == 2
+    assert any("ON orders (user_id)" in c for c in made) and any("ON items (order_id)" in c for c in made)
+    assert "users (~1 rows)" in first.rationale and "Seq Scan on items visits" in first.rationale
+    assert first.rollback_commands == ("DROP INDEX IF EXISTS afs_orders_user_id_idx",
+                                       "DROP INDEX IF EXISTS afs_items_order_id_idx")
+    # each index alone stays a candidate
+    assert with_ddl(decision, "ON items (order_id)") is not None
+    assert with_ddl(decision, "ON orders (user_id)") is not None
+    assert decision.actions[0].startswith("Create indexes items (order_id); orders (user_id) together")
+
+
+def test_the_issue_s_four_table_join_gets_three_indexes_on_two_tables() -> None:
+    query = ("SELECT count(*) FROM users u JOIN orders o ON o.user_id = u.id "
+             "JOIN items i ON i.order_id = o.id JOIN products p ON p.id = i.product_id "
+             "WHERE u.id = 42 AND p.id = 7")
+    plan = plan_node("Aggregate", plan_node(
+        "Hash Join", seq("items", 300, 5_999_700, 480.0, filter="(product_id = 7)"),
+        plan_node("Hash", seq("orders", 40, 1_999_960, 150.0, filter="(user_id = 42)"), rows=40, ms=150.0),
+        rows=2, ms=640.0), rows=1, ms=640.1)
+    decision = decide(ctx_of(query, plan, [users(), orders(), items(), products()], 640.3))
+    assert decision.proposal is not None
+    made = creates(decision.proposal)
+    assert len(made) == 3
+    assert {m.split(" ON ")[1] for m in made} == {
+        "items (product_id)", "items (order_id)", "orders (user_id)"}
+
+
+def test_a_cheap_dimension_scan_leaves_the_single_join_index_first() -> None:
+    """Gold users in DE (9 ms of 395): the fact table's join key is the first choice; the set
+    with the dimension's filter index is an alternative."""
+    query = ("SELECT u.email, o.id FROM users u JOIN orders o ON o.user_id = u.id "
+             "WHERE u.country = 'DE' AND u.tier = 'gold'")
+    plan = plan_node("Hash Join", seq("orders", 2_000_000, 0, 140.0),
+                     plan_node("Hash", seq("users", 300, 99_700, 9.0, filter="(country = 'DE')"),
+                               rows=300, ms=9.1), rows=12_000, ms=395.0)
+    decision = decide(ctx_of(query, plan, [users(), orders()], 395.4))
+    assert decision.proposal is not None
+    assert creates(decision.proposal) == ["CREATE INDEX afs_orders_user_id_idx ON orders (user_id)"]
+    together = next(c for c in decision.alternatives if len(creates(c)) == 2)
+    assert any("ON users (" in c for c in creates(together))
+
+
+def test_an_unfiltered_join_gets_no_index_set() -> None:
+    query = "SELECT count(*) FROM orders o JOIN items i ON i.order_id = o.id"
+    plan = plan_node("Hash Join", seq("items", 6_000_000, 0, 400.0),
+                     plan_node("Hash", seq("orders", 2_000_000, 0, 150.0), rows=2_000_000, ms=300.0),
+                     rows=6_000_000, ms=900.0)
+    decision = decide(ctx_of(query, plan, [orders(), items()], 900.0))
+    assert all(len(creates(c)) < 2 for c in decision.candidates)
+
+
+def test_the_inner_side_of_a_nested_loop_gets_its_join_key_indexed() -> None:
+    query = ("SELECT count(*) FROM orders o JOIN items i ON i.order_id = o.id "
+             "WHERE o.created_at > now() - interval '1 hour'")
+    plan = plan_node("Nested Loop", seq("orders", 50, 1_999_950, 120.0, filter="(created_at > ...)"),
+                     seq("items", 150, 299_999_850, 9000.0, filter="(order_id = o.id)", loops=50),
+                     rows=150, ms=9120.0)
+    decision = decide(ctx_of(query, plan, [orders(), items()], 9120.0))
+    assert decision.proposal is not None
+    assert creates(decision.proposal) == ["CREATE INDEX afs_items_order_id_idx ON items (order_id)"]
+    assert "Seq Scan on items visits 300,000,000 rows to return 150" in decision.proposal.rationale
+
+
+# -- 2. covering and partial -----------------------------------------------------------------
+def test_narrow_aggregated_columns_get_a_covering_index_and_the_plain_one_as_alternative() -> None:
+    query = "SELECT count(*), sum(amount) FROM orders WHERE status = 'pending'"
+    plan = plan_node("Aggregate", seq("orders", 40_000, 1_960_000, 150.0, filter="(status = 'pending')"),
+                     rows=1, ms=160.0)
+    decision = decide(ctx_of(query, plan, [orders()], 160.2))
+    assert decision.proposal is not None
+    assert creates(decision.proposal) == [
+        "CREATE INDEX afs_orders_status_idx ON orders (status) INCLUDE (amount)"]
+    assert "Index Only Scan" in decision.proposal.validation_steps[0]
+    assert ("CREATE INDEX afs_orders_status_idx ON orders (status)",) in {
+        c.sql_commands for c in decision.alternatives}
+
+
+def test_a_wide_selected_column_is_not_carried_in_include() -> None:
+    query = "SELECT payload FROM orders WHERE status = 'pending'"
+    plan = seq("orders", 40_000, 1_960_000, 150.0, filter="(status = 'pending')")
+    decision = decide(ctx_of(query, plan, [orders()], 150.2))
+    assert all("INCLUDE" not in c for p in decision.candidates for c in p.sql_commands)
+
+
+def test_a_rare_constant_gets_a_partial_index_carrying_the_sort_key() -> None:
+    query = "SELECT id, amount FROM orders WHERE status = 'pending' ORDER BY created_at LIMIT 20"
+    plan = plan_node("Limit", plan_node(
+        "Sort", seq("orders", 40_000, 1_960_000, 150.0, filter="(status = 'pending')"),
+        rows=20, ms=170.0, Sort_Key=["created_at"]), rows=20, ms=170.1)
+    decision = decide(ctx_of(query, plan, [orders()], 170.3))
+    partial = next(c for c in decision.candidates if c.proposal_type == "partial_index")
+    assert "(created_at)" in partial.sql_commands[0]
+    assert partial.sql_commands[0].endswith("WHERE status = 'pending'")
+
+
+def test_a_common_constant_gets_no_partial_index() -> None:
+    query = "SELECT id FROM orders WHERE status = 'completed' AND user_id = 7 ORDER BY created_at"
+    plan = seq("orders", 30, 1_999_970, 150.0, filter="((status = 'completed') AND (user_id = 7))")
+    decision = decide(ctx_of(query, plan, [orders()], 150.2))
+    assert decision.candidates and all(c.proposal_type != "partial_index" for c in decision.candidates)
+
+
+# -- 3. OR across columns ----------------------------------------------------------------------
+OR_QUERY = "SELECT id FROM orders WHERE user_id = 42 OR country = 'IS'"
+
+
+def or_ctx(table: TableInfo) -> AnalysisContext:
+    plan = seq("orders", 2_000, 1_998_000, 180.0, filter="((user_id = 42) OR (country = 'IS'))")
+    return ctx_of(OR_QUERY, plan, [table], 180.2)
+
+
+def test_an_or_across_columns_gets_one_index_per_arm_together() -> None:
+    decision = decide(or_ctx(orders()))
+    assert decision.proposal is not None
+    assert creates(decision.proposal) == ["CREATE INDEX afs_orders_user_id_idx ON orders (user_id)",
+                                          "CREATE INDEX afs_orders_country_idx ON orders (country)"]
+    assert "BitmapOr" in decision.proposal.rationale
+    assert "Seq Scan on orders visits 2,000,000 rows" in decision.proposal.rationale
+
+
+def test_an_or_gets_only_the_missing_arm_and_nothing_when_every_arm_is_indexed() -> None:
+    one = orders(indexes=[("orders_user_id_idx", "CREATE INDEX orders_user_id_idx ON public.orders "
+                                                 "USING btree (user_id)", ("user_id",))])
+    decision = decide(or_ctx(one))
+    assert decision.proposal is not None
+    assert creates(decision.proposal) == ["CREATE INDEX afs_orders_country_idx ON orders (country)"]
+    both = orders(indexes=[
+        ("orders_user_id_idx", "CREATE INDEX orders_user_id_idx ON public.orders USING btree (user_id)",
+         ("user_id",)),
+        ("orders_country_idx", "CREATE INDEX orders_country_idx ON public.orders USING btree (country)",
+         ("country",))])
+    decision = decide(or_ctx(both))
+    assert decision.proposal is None
+    assert any("every arm" in i for i in decision.analysis(or_ctx(both)).insights)
+
+
+def test_an_or_with_an_arm_no_index_serves_gets_nothing() -> None:
+    query = "SELECT id FROM orders WHERE user_id = 42 OR country <> 'IS'"
+    plan = seq("orders", 2_000, 1_998_000, 180.0, filter="x")
+    decision = decide(ctx_of(query, plan, [orders()], 180.2))
+    assert decision.proposal is None
+
+
+# -- 4. operator classes ---------------------------------------------------------------------------
+def docs(indexes: Sequence[tuple[str, str, tuple[str, ...]]] = (), collation: str | None = None,
+         title_type: str = "text") -> TableInfo:
+    return table("docs", 500_000, {"id": "bigint", "title": title_type, "body": "jsonb"},
+                 {"title": ColumnStats(n_distinct=-1, avg_width=32)}, indexes,
+                 {"title": collation} if collation else None)
+
+
+def docs_ctx(where: str, table: TableInfo | None = None, kept: float = 50) -> AnalysisContext:
+    query = f"SELECT id FROM docs WHERE {where}"
+    return ctx_of(query, seq("docs", kept, 500_000 - kept, 90.0, filter="(x)"), [table or docs()], 90.2)
+
+
+@pytest.mark.parametrize("where", ["title LIKE '%beef42%'", "title ILIKE '%Beef%'", "title ILIKE 'beef%'"])
+def test_a_pattern_no_btree_serves_gets_a_trigram_gin_index(where: str) -> None:
+    decision = decide(docs_ctx(where))
+    first = decision.proposal
+    assert first is not None
+    assert first.sql_commands == (
+        "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+        "CREATE INDEX afs_docs_title_trgm_gin ON docs USING gin (title gin_trgm_ops)")
+    assert first.rollback_commands == ("DROP INDEX IF EXISTS afs_docs_title_trgm_gin",)
+    assert "needs the pg_trgm extension" in first.rationale and "Seq Scan on docs visits" in first.rationale
+    assert first.estimated_impact.risk == "medium"
+
+
+@pytest.mark.parametrize("where", ["title LIKE '%ab%'", "title NOT LIKE '%beef42%'"])
+def test_no_trigram_index_where_it_cannot_narrow(where: str) -> None:
+    decision = decide(docs_ctx(where))
+    assert all("gin_trgm_ops" not in c for p in decision.candidates for c in p.sql_commands)
+
+
+def test_no_second_trigram_index() -> None:
+    existing = ("docs_title_trgm",
+                "CREATE INDEX docs_title_trgm ON public.docs USING gin (title gin_trgm_ops)", ("title",))
+    decision = decide(docs_ctx("title LIKE '%beef42%'", docs([existing])))
+    assert decision.proposal is None
+    assert any("docs_title_trgm already serves" in i
+               for i in decision.analysis(docs_ctx("title LIKE '%beef42%'", docs([existing]))).insights)
+
+
+@pytest.mark.parametrize(("collation", "title_type", "key"), [
+    (None, "text", "(title text_pattern_ops)"),
+    ("en_US.UTF-8", "text", "(title text_pattern_ops)"),
+    ("en_US.UTF-8", "character varying(80)", "(title varchar_pattern_ops)"),
+    ("C", "text", "(title)"),
+    ("POSIX", "character varying(80)", "(title)"),
+])
+def test_a_like_prefix_gets_a_pattern_opclass_unless_the_collation_is_c(
+        collation: str | None, title_type: str, key: str) -> None:
+    decision = decide(docs_ctx("title LIKE 'beef4%'", docs(collation=collation, title_type=title_type)))
+    assert decision.proposal is not None
+    assert f"ON docs {key}" in decision.proposal.sql_commands[0]
+    assert all("gin_trgm_ops" not in c for p in decision.candidates for c in p.sql_commands)
+
+
+def test_jsonb_containment_gets_jsonb_path_ops() -> None:
+    decision = decide(docs_ctx("""body @> '{"lang": "is"}'""", kept=500))
+    assert decision.proposal is not None
+    assert decision.proposal.sql_commands == ("CREATE INDEX afs_docs_body_gin ON docs USING gin "
+                                              "(body jsonb_path_ops)",)
+
+
+# -- 5. the ORDER BY … LIMIT trap -------------------------------------------------------------
+TRAP = "SELECT id, amount FROM orders WHERE user_id = 42 ORDER BY created_at DESC LIMIT 10"
+CREATED = ("orders_created_at_idx", "CREATE INDEX orders_created_at_idx ON public.orders USING btree "
+                                    "(created_at)", ("created_at",))
+
+
+def test_an_index_walk_in_sort_order_that_filters_most_rows_gets_the_composite() -> None:
+    walk = plan_node("Index Scan", rows=10, ms=610.0, Relation_Name="orders",
+                     Index_Name="orders_created_at_idx", Scan_Direction="Backward",
+                     Filter="(user_id = 42)", Rows_Removed_by_Filter=1_500_000)
+    decision = decide(ctx_of(TRAP, plan_node("Limit", walk, rows=10, ms=610.1), [orders(indexes=[CREATED])],
+                             610.3))
+    assert decision.proposal is not None
+    assert creates(decision.proposal)[0].startswith(
+        "CREATE INDEX afs_orders_user_id_created_at_idx ON orders (user_id, created_at DESC)")
+    assert "walks orders in created_at DESC order for LIMIT 10" in decision.proposal.rationale
+    assert "removes 1,500,000 rows to return 10" in decision.proposal.rationale
+
+
+def test_no_trap_design_without_limit_or_with_the_composite_in_place() -> None:
+    no_limit = TRAP.removesuffix(" LIMIT 10")
+    plan = seq("orders", 40, 1_999_960, 150.0, filter="(user_id = 42)")
+    decision = decide(ctx_of(no_limit, plan, [orders(indexes=[CREATED])], 150.2))
+    assert not any("for LIMIT" in c.rationale for c in decision.candidates)
+    composite = ("orders_uc", "CREATE INDEX orders_uc ON public.orders USING btree (user_id, created_at)",
+                 ("user_id", "created_at"))
+    walk = plan_node("Index Scan", rows=10, ms=0.1, Relation_Name="orders", Index_Name="orders_uc")
+    decision = decide(ctx_of(TRAP, plan_node("Limit", walk, rows=10, ms=0.2),
+                             [orders(indexes=[CREATED, composite])], 0.3))
+    assert decision.proposal is None
+
+
+# -- the set as a whole -----------------------------------------------------------------------
+def test_alternatives_are_distinct_ranked_and_capped() -> None:
+    decision = decide(chain_ctx())
+    assert decision.candidates[0] is decision.proposal
+    assert 2 <= len(decision.candidates) <= MAX_CANDIDATES
+    improvements = [c.estimated_impact.query_time_improvement for c in decision.candidates]
+    assert all(i >= 1 for i in improvements)
