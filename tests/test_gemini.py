@@ -484,7 +484,7 @@ async def test_fenced_json(fake: FakeGemini, base_url: str) -> None:
     ctx = issue_context()
     analysis = AnalysisResult(tuple(ANALYSIS["insights"]), ("index it",), 0.8)
     async with open_brain(base_url) as brain:
-        proposal = await brain.propose("gemini25flash", ctx, analysis)
+        (proposal,) = await brain.propose("gemini25flash", ctx, analysis)
     assert proposal is not None and proposal.agent == "gemini25flash"
     assert proposal.sql_commands == (INDEX_SQL, "ANALYZE orders")
     assert proposal.rollback_commands == ("DROP INDEX IF EXISTS orders_user_status_created_idx",)
