@@ -33,6 +33,9 @@ Ours on top of the original rules:
   again, so it counts in the risk gate too;
 * a materialized view is stale until refreshed and each refresh costs its build time, measured
   in the fork (`BenchmarkOutcome.apply_s`): complexity −min(20, 2 per second);
+* performance is scored on the average improvement over the suite AND the other parameter
+  sets that were timed (`BenchmarkOutcome.family_improvement_pct`), so a design that serves
+  the whole query family beats one that serves only today's literals;
 * a fix must serve the query family: a proposal that is an answer cache (the query's literals
   baked into what it reads), returns other rows for another parameter set, or is slower than
   the original for one (`BenchmarkOutcome.family_problem`) cannot win;
@@ -168,8 +171,9 @@ class Adjustment:
 
 # -- scorers: (candidate) -> 0–100 --------------------------------------------------------
 def score_performance(candidate: Candidate) -> float:
-    """Average measured improvement over the suite queries, in tiers; slower scores 0."""
-    pct = candidate.benchmark.average_improvement_pct
+    """Average measured improvement over the suite queries and the other parameter sets (the
+    query family), in tiers; slower scores 0."""
+    pct = candidate.benchmark.family_improvement_pct
     if pct < 0:
         return 0.0
     for threshold, score in PERFORMANCE_TIERS:

@@ -291,6 +291,17 @@ class BenchmarkOutcome:
             c.equivalent for c in self.parameter_checks)
 
     @property
+    def family_improvement_pct(self) -> float:
+        """The average improvement over the suite and the other parameter sets that were timed:
+        what the query family gains, not only today's literals."""
+        values = [m.improvement_pct for m in self.measurements]
+        for check in self.parameter_checks:
+            if check.baseline is not None and check.optimized is not None and check.baseline.median_ms > 0:
+                values.append(100.0 * (check.baseline.median_ms - check.optimized.median_ms)
+                              / check.baseline.median_ms)
+        return sum(values) / len(values) if values else 0.0
+
+    @property
     def family_problem(self) -> str | None:
         """Why the proposal does not serve the query with other values (None when it does)."""
         if self.answer_cache:

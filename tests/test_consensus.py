@@ -574,3 +574,14 @@ def test_a_view_pays_for_its_measured_refresh_time() -> None:
     assert score(slow).complexity == score(quick).complexity - 19  # type: ignore[union-attr]
     assert any("each refresh takes about 30 s" in line for line in decide([slow]).rationale)
     assert refresh_cost(candidate(ptype="index")) is None
+
+
+def test_the_design_that_serves_the_whole_family_scores_higher() -> None:
+    def timed(before: float, after: float) -> ParameterCheck:
+        return ParameterCheck("status = 'completed'", True, False,
+                              Timing(before, 1.0, 3, 100), Timing(after, 1.0, 3, 10))
+    narrow = _with_family(outcome("gemini25pro", pct=99.0), parameter_checks=(timed(100.0, 100.0),) * 2)
+    broad = _with_family(outcome("gemini25flash", pct=95.0), parameter_checks=(timed(100.0, 5.0),) * 2)
+    decision = decide([narrow, broad])
+    assert decision.winner == "gemini25flash"
+    assert decision.scores["gemini25pro"].performance < decision.scores["gemini25flash"].performance
