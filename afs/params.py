@@ -1,363 +1,909 @@
-"""Parameter sets: the query family, not today's literals (pure).
+"""Parameter sets: the query's family, drawn from pg_stats (pure).
 
-A fix must serve the query with other values too. `parameter_sets` finds the literals
-of the query's filters (WHERE, JOIN … ON, HAVING, at any depth) and draws other values
-for them from `pg_stats` (pganalyze's workbooks call these parameter sets):
+A fix must serve the query family, not today's literals. `parameter_sets` reads
+the literals the query filters with and draws other values for them from the
+statistics of the compared columns; `apply_parameters` puts those values into any
+query of the family (the original, a suite variant, a proposal's rewrite);
+`baked_literals` tells whether a materialized view's SELECT bakes the query's
+literals in (an answer cache, never a fix).
 
-    col = v, col IN (…)     other most common values (a frequent one, then a rarer one),
-                            histogram bounds when there are no most common values
-    col > a [AND col < b]   both bounds moved together to another place of the histogram,
-    col BETWEEN a AND b     keeping the width
-    col LIKE 'abc%'         the prefix of another value, as long
-    HAVING count(*) > 5     a number compared with no column: doubled, then halved
+A *filter literal* is a literal operand of a comparison in a WHERE, HAVING or
+JOIN … ON clause, at any nesting level (aggregate FILTER clauses excluded):
+    col = lit, col <> lit, col < lit (<=, >, >=, either side), col BETWEEN lit AND lit,
+    col IN (lit, …), col LIKE / ILIKE 'pattern' (not with ESCAPE)
+A literal may carry casts (`'2024-01-01'::date`, `DATE '2024-01-01'`: the cast is
+kept) and a minus sign. Literals anywhere else — LIMIT / OFFSET, the select list,
+function arguments such as date_trunc('month', …)'s 'month' — are never touched.
 
-New values keep the shape of the old one (a date stays a date, an integer an integer).
-`apply_parameters` puts a set's values into any query of the family: the original, a
-suite variant, or a proposal's rewritten query, wherever a literal equal to the old value
-is compared with a column of the same name. When a value has no place to go, it returns
-None: the rewrite has the literal baked into what it reads (an answer cache).
-`baked_literals` lists the query's filter literals found inside a view's own filters.
+What a literal is compared with decides where its new values come from:
+    equality, <>   other most common values: a frequent one, then a rarer one (a
+                   histogram bound, or the least common value), alternately
+    IN (n items)   n other values, in the same order of preference
+    range          a lower and an upper bound on one column in one clause, or
+                   BETWEEN: shifted together, width kept, to the 25th, 75th, 50th …
+                   percentile of the histogram (without statistics: one width
+                   later, then earlier)
+    single bound   another histogram bound, by the same percentiles
+    LIKE           the pattern's first literal piece replaced by as many leading
+                   characters of another value (wildcards kept)
+    no column      a number compared with an expression (HAVING count(*) > 5):
+                   scaled ×0.5, ×2, ×0.25, ×4 …; an equality: ±1, ±2 (integers
+                   stay integers, decimals keep their digits)
+A number compared with a column without statistics is scaled the same way.
+Values keep the literal's format: a date stays a date, a timestamp keeps its
+separator, precision and zone style, and is rounded to the original's granularity
+(midnight stays midnight).
+
+Table names resolve through aliases in the comparison's query block; an unqualified
+column of a block reading several tables, or a column of a CTE or derived table,
+belongs to the one table of `tables` that has statistics for that name, if there is
+exactly one.
+
+Substitution is by text: a literal is found again by how it is written and by the
+(unqualified) name of the column it is compared with, so a rewrite that renames the
+column, or writes the literal differently ('2024-01-01 00:00' for '2024-01-01'),
+shows up as a place not found.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import date, datetime, timedelta, tzinfo
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+from typing import Literal
 
-import pglast
+import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
+from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from afs.errors import InputError
-from afs.features import DIALECT, parse_query, select_text
+from afs.features import DIALECT, first_line, parse_query, select_text
 from afs.models import ColumnStats, TableInfo
-from afs.pg.stats import parse_timestamp
 
-__all__ = ["ParameterSet", "Substitution", "apply_parameters", "baked_literals", "parameter_sets"]
+__all__ = [
+    "ParameterSet",
+    "Substitution",
+    "apply_parameters",
+    "baked_literals",
+    "parameter_sets",
+]
 
-_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
-_LOWER = (exp.GT, exp.GTE)  # col > v: v is a lower bound (flipped when the literal is on the left)
-_PATTERNS = (exp.Like, exp.ILike)
-_DATE_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_INTEGER = re.compile(r"^-?\d+$")
-_NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
-_FILTER_KEYS = ("where", "having")
-SCALES = (2.0, 0.5)  # numbers compared with no column
+DEFAULT_COUNT = 2  # parameter sets drawn per query
+# Histogram positions a range or a bound moves to, in order of preference.
+QUANTILES = (0.25, 0.75, 0.5, 0.1, 0.9, 0.4, 0.6)
+SCALE_FACTORS = ("0.5", "2", "0.25", "4", "0.1", "10")  # thresholds not tied to a column
+STEPS = (1, -1, 2, -2, 3, -3)  # integer equalities not tied to a column; range widths w/o stats
+
+
+# -- public API -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Substitution:
-    column: str | None  # the compared column's name (unqualified); None for e.g. HAVING count(*) > 5
-    old: str  # the literal's value as written (without quotes)
-    new: str  # the replacement value, the same kind
-    is_string: bool = True
+    """One literal of the query replaced by another of the same type."""
+
+    column: str | None  # "orders.created_at"; None for a literal not compared with a column
+    old: str  # the literal as written in the query (SQL text, quotes and sign included)
+    new: str  # the replacement literal, SQL text
 
 
 @dataclass(frozen=True)
 class ParameterSet:
-    label: str  # for people: "status = 'completed'; created_at from 2024-03-01"
+    label: str  # for a person: "orders.status = 'shipped' (a common value, 15% of rows); …"
     substitutions: tuple[Substitution, ...]
 
 
-@dataclass(frozen=True)
-class _Slot:
-    """One literal of a filter and what it is compared with."""
+def parameter_sets(query: str, tables: Mapping[str, TableInfo],
+                   count: int = DEFAULT_COUNT) -> tuple[ParameterSet, ...]:
+    """Up to `count` other parameter sets for `query`, each different from the original.
 
-    node: exp.Literal
-    column: exp.Column | None
-    role: str  # "eq" | "lower" | "upper" | "pattern" | "other"
+    `tables` maps table names as the query uses them to their TableInfo (with the
+    pg_stats of the compared columns). Fewer sets only when the query has no filter
+    literal (then ()) or the statistics give too few values. Deterministic. Raises
+    InputError unless `query` is one SELECT sqlglot can read.
+    """
+    if count < 1:
+        return ()
+    text, tree = _read_query(query)
+    slots = _slots(_operands(tree, text), _scopes(tree), tables)
+    choices = [_alternatives(slot, count) for slot in slots]
+    sets: list[ParameterSet] = []
+    for index in range(count):
+        chosen = [alts[index] for alts in choices if len(alts) > index]
+        if not chosen:
+            break
+        sets.append(ParameterSet("; ".join(alt.label for alt in chosen),
+                                 tuple(sub for alt in chosen for sub in alt.substitutions)))
+    return tuple(sets)
 
 
-# -- finding the literals of filters ------------------------------------------------------------
-def _in_filter(node: exp.Expr) -> bool:
-    """Inside a WHERE, HAVING or JOIN … ON of its query block (not in a select list, LIMIT, …)."""
-    child, parent = node, node.parent
-    while parent is not None and not isinstance(parent, exp.Select | exp.SetOperation):
-        if isinstance(parent, exp.Where | exp.Having):
-            return True
-        if isinstance(parent, exp.Join) and child.arg_key == "on":
-            return True
-        if isinstance(parent, exp.Limit | exp.Offset | exp.Order | exp.Group):
-            return False
-        child, parent = parent, parent.parent
-    return False
+def apply_parameters(sql: str, pset: ParameterSet) -> str | None:
+    """`sql` with the parameter set's literals in, or None when one has no place in it.
+
+    Any query of the family will do: a literal is replaced where it is written as
+    `old` in a filter and compared with a column of the same unqualified name (for
+    `column=None`: compared with anything), in every branch and block. None means
+    some substitution found no such literal — as for a cache of today's answer
+    (`SELECT * FROM mv`). The rest of the text is kept as written; the result is
+    re-parsed by pglast as exactly one SELECT. Raises InputError when `sql` is not
+    one SELECT sqlglot can read, or a `new` is not a literal.
+    """
+    text, tree = _read_query(sql)
+    operands = _operands(tree, text)
+    chosen: dict[int, tuple[_Operand, str]] = {}
+    for sub in pset.substitutions:
+        _check_literal(sub.new)
+        name = _unqualified(sub.column)
+        places = [op for op in operands if op.text == sub.old and _compared_with(op, name)]
+        if not places:
+            return None
+        for op in places:
+            chosen.setdefault(id(op.value), (op, sub.new))
+    return _substituted(text, tree, list(chosen.values()))
 
 
-def _bare(node: exp.Expr | None) -> exp.Expr | None:
-    while isinstance(node, exp.Paren | exp.Cast):
+def baked_literals(definition: str, query: str) -> tuple[str, ...]:
+    """The query's filter literals that the view's `definition` also filters with.
+
+    `definition` is the SELECT of a materialized view (a whole CREATE MATERIALIZED
+    VIEW … AS SELECT is read too). A literal counts when it is written the same way
+    and compared with a column of the same name (a literal the query compares with
+    no column: with no column in the view either). Non-empty means the view bakes
+    today's literals in. Raises InputError when either text is not a query.
+    """
+    query_text, query_tree = _read_query(query)
+    view_text, view_tree = _read_view(definition)
+    view_operands = _operands(view_tree, view_text)
+    found: list[str] = []
+    for op in _operands(query_tree, query_text):
+        if op.text in found:
+            continue
+        if op.column is None:
+            hit = any(v.text == op.text and v.column is None for v in view_operands)
+        else:
+            hit = any(v.text == op.text and _compared_with(v, op.column.name) for v in view_operands)
+        if hit:
+            found.append(op.text)
+    return tuple(found)
+
+
+# -- reading the query ------------------------------------------------------------------
+
+_BLOCKS = (exp.Select, exp.SetOperation)
+_BINARY: dict[type[exp.Expr], tuple[str, str]] = {  # operator, and as seen from the other side
+    exp.EQ: ("=", "="), exp.NEQ: ("<>", "<>"),
+    exp.NullSafeEQ: ("IS NOT DISTINCT FROM", "IS NOT DISTINCT FROM"),
+    exp.NullSafeNEQ: ("IS DISTINCT FROM", "IS DISTINCT FROM"),
+    exp.GT: (">", "<"), exp.GTE: (">=", "<="), exp.LT: ("<", ">"), exp.LTE: ("<=", ">="),
+}
+_EQUALITY = ("=", "<>", "IS NOT DISTINCT FROM", "IS DISTINCT FROM")
+_LOWER = (">", ">=")
+_UPPER = ("<", "<=")
+
+
+def _read_query(sql: str) -> tuple[str, exp.Expr]:
+    text = select_text(sql)
+    return text, _parse(text)
+
+
+def _parse(text: str) -> exp.Expr:
+    try:
+        tree = parse_query(text)
+    except SqlglotError as exc:
+        raise InputError(f"cannot read the query: {first_line(exc)}") from exc
+    if not isinstance(tree, exp.Query):
+        raise InputError(f"sqlglot reads it as {type(tree).__name__}, not a query")
+    return tree
+
+
+def _read_view(definition: str) -> tuple[str, exp.Expr]:
+    """The SELECT of a view: `definition` itself, or the query of CREATE … VIEW … AS."""
+    try:
+        return _read_query(definition)
+    except InputError as not_a_query:
+        try:
+            created = parse_query(definition.strip().rstrip(";"))
+        except SqlglotError:
+            raise not_a_query from None
+        body = created.expression if isinstance(created, exp.Create) else None
+        if not isinstance(body, exp.Query):
+            raise not_a_query from None
+        text = body.sql(dialect=DIALECT)
+        return text, _parse(text)
+
+
+@dataclass(frozen=True, eq=False)
+class _Operand:
+    """A filter literal and what it is compared with."""
+
+    value: exp.Expr  # the Literal, or Neg(Literal), that a substitution replaces (casts kept)
+    subject: exp.Expr  # the other side, casts stripped
+    operator: str  # as if the subject were on the left: "=", "<", "BETWEEN", "IN", "LIKE", …
+    comparison: exp.Expr
+    root: exp.Expr  # the WHERE, HAVING or ON condition it is in
+    text: str  # the literal as written
+    span: tuple[int, int] | None  # where it is written: text[start:end]
+
+    @property
+    def column(self) -> exp.Column | None:
+        subject = self.subject
+        return subject if isinstance(subject, exp.Column) and not subject.is_star else None
+
+    @property
+    def position(self) -> int:
+        return self.span[0] if self.span is not None else 1 << 30
+
+
+def _filter_roots(tree: exp.Expr) -> Iterator[exp.Expr]:
+    for node in tree.find_all(exp.Where, exp.Having, exp.Join):
+        if isinstance(node, exp.Join):
+            on = node.args.get("on")
+            if isinstance(on, exp.Expr):
+                yield on
+        elif not isinstance(node.parent, exp.Filter):  # count(*) FILTER (WHERE …): select list
+            yield node
+
+
+def _operands(tree: exp.Expr, text: str) -> list[_Operand]:
+    """The filter literals of `tree`, in the order they are written."""
+    found: list[_Operand] = []
+    seen: set[int] = set()
+    for root in _filter_roots(tree):
+        for node in _local(root):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            for value, subject, operator in _compared(node):
+                written, span = _written(value, text)
+                found.append(_Operand(value, subject, operator, node, root, written, span))
+    found.sort(key=lambda op: op.position)
+    return found
+
+
+def _local(root: exp.Expr) -> Iterator[exp.Expr]:
+    """`root` and what it contains, without descending into nested query blocks."""
+    yield from root.walk(bfs=False, prune=lambda n: n is not root and isinstance(n, _BLOCKS))
+
+
+def _compared(node: exp.Expr) -> Iterator[tuple[exp.Expr, exp.Expr, str]]:
+    """(literal, subject, operator) of each literal operand of a comparison."""
+    if type(node) in _BINARY:
+        operator, flipped = _BINARY[type(node)]
+        left, right = _value_node(node.this), _value_node(node.expression)
+        if right is not None and left is None:
+            yield right, _stripped(node.this), operator
+        elif left is not None and right is None:
+            yield left, _stripped(node.expression), flipped
+    elif isinstance(node, exp.Between) and _value_node(node.this) is None:
+        for key in ("low", "high"):
+            value = _value_node(node.args.get(key))
+            if value is not None:
+                yield value, _stripped(node.this), "BETWEEN"
+    elif isinstance(node, exp.In) and _value_node(node.this) is None:
+        for item in node.expressions:
+            value = _value_node(item)
+            if value is not None:
+                yield value, _stripped(node.this), "IN"
+    elif isinstance(node, exp.Like | exp.ILike) and not isinstance(node.parent, exp.Escape):
+        value = _value_node(node.expression)
+        if isinstance(value, exp.Literal) and value.is_string:
+            yield value, _stripped(node.this), "ILIKE" if isinstance(node, exp.ILike) else "LIKE"
+
+
+def _stripped(node: exp.Expr) -> exp.Expr:
+    while isinstance(node, exp.Cast | exp.Paren):
         node = node.this
     return node
 
 
-def _column_of(node: exp.Expr | None) -> exp.Column | None:
-    """The column an operand is: `col`, `t.col`, `col::date`, `(col)`."""
-    bare = _bare(node)
-    return bare if isinstance(bare, exp.Column) and isinstance(bare.this, exp.Identifier) else None
-
-
-def _slot(literal: exp.Literal) -> _Slot | None:
-    """What a filter literal is compared with, or None when it is not a comparison operand."""
-    operand: exp.Expr = literal
-    while isinstance(operand.parent, exp.Cast | exp.Paren | exp.Neg):
-        operand = operand.parent
-    parent = operand.parent
-    if isinstance(parent, _COMPARISONS):
-        other = parent.expression if operand.arg_key == "this" else parent.this
-        column = _column_of(other)
-        if isinstance(parent, exp.EQ):
-            role = "eq"
-        elif isinstance(parent, exp.NEQ):
-            role = "other"
-        else:
-            lower = isinstance(parent, _LOWER)
-            role = "lower" if lower == (operand.arg_key == "expression") else "upper"
-        return _Slot(literal, column, role if column is not None else "other")
-    if isinstance(parent, exp.In) and operand.arg_key == "expressions":
-        column = _column_of(parent.this)
-        return _Slot(literal, column, "eq") if column is not None else None
-    if isinstance(parent, exp.Between) and operand.arg_key in ("low", "high"):
-        column = _column_of(parent.this)
-        role = "lower" if operand.arg_key == "low" else "upper"
-        return _Slot(literal, column, role) if column is not None else None
-    if isinstance(parent, _PATTERNS) and operand.arg_key == "expression":
-        column = _column_of(parent.this)
-        return _Slot(literal, column, "pattern") if column is not None else None
+def _value_node(node: object) -> exp.Expr | None:
+    """The literal a substitution replaces, when `node` is one (casts aside)."""
+    if not isinstance(node, exp.Expr):
+        return None
+    node = _stripped(node)
+    if isinstance(node, exp.Literal):
+        return node
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        return node
     return None
 
 
-def _slots(tree: exp.Expr) -> Iterator[_Slot]:
-    for literal in tree.find_all(exp.Literal):
-        if not _in_filter(literal):
-            continue
-        slot = _slot(literal)
-        if slot is None:
-            continue
-        if slot.column is None and (literal.is_string or slot.role != "other"):
-            continue  # only numbers compared with no column (HAVING count(*) > 5) are varied
-        yield slot
+def _written(value: exp.Expr, text: str) -> tuple[str, tuple[int, int] | None]:
+    """How a literal is written in `text`, and where (None when sqlglot kept no position)."""
+    literal = value.this if isinstance(value, exp.Neg) else value
+    start, end = literal.meta.get("start"), literal.meta.get("end")
+    if isinstance(start, int) and isinstance(end, int):
+        written = text[start:end + 1]
+        plausible = (written[:1] == "'" == written[-1:] if literal.is_string
+                     else written == str(literal.this))
+        if isinstance(value, exp.Neg):
+            minus = start - 1
+            while minus >= 0 and text[minus].isspace():
+                minus -= 1
+            plausible = plausible and minus >= 0 and text[minus] == "-"
+            start, written = minus, "-" + written
+        if plausible:
+            return written, (start, end + 1)
+    return value.sql(dialect=DIALECT), None
 
 
-def _tree(sql: str) -> exp.Expr | None:
+def _unqualified(column: str | None) -> str | None:
+    return column.rsplit(".", 1)[-1] if column is not None else None
+
+
+def _compared_with(op: _Operand, name: str | None) -> bool:
+    """Whether `op` is compared with column `name` (or, for None, with anything)."""
+    if name is None:
+        return True
+    subject = op.subject
+    columns = [subject] if isinstance(subject, exp.Column) else subject.find_all(exp.Column)
+    return any(column.name == name for column in columns)
+
+
+# -- tables ---------------------------------------------------------------------------------
+
+
+def _scopes(tree: exp.Expr) -> dict[int, Scope]:
     try:
-        return parse_query(select_text(sql))
-    except (InputError, SqlglotError):
-        return None
+        return {id(scope.expression): scope for scope in traverse_scope(tree)}
+    except SqlglotError:  # e.g. an alias used twice: columns resolve by name only
+        return {}
 
 
-# -- drawing other values -------------------------------------------------------------------------
-def _stats_for(column: exp.Column, tree: exp.Expr,
-               tables: Mapping[str, TableInfo]) -> ColumnStats | None:
-    """pg_stats of the column: through its qualifier's alias, else the one table that has it."""
-    name = column.name
-    aliases: dict[str, str] = {}
-    for table in tree.find_all(exp.Table):
-        full = ".".join(p for p in (table.db, table.name) if p)
-        aliases[table.alias_or_name] = full
-        aliases.setdefault(table.name, full)
-    if column.table:
-        info = tables.get(aliases.get(column.table, column.table))
-        return info.column_stats.get(name) if info else None
-    owners = [info for info in tables.values() if name in info.column_stats]
-    return owners[0].column_stats[name] if len(owners) == 1 else None
+def _base_table(source: object) -> str | None:
+    if isinstance(source, exp.Table) and isinstance(source.this, exp.Identifier):
+        return ".".join(part for part in (source.catalog, source.db, source.name) if part)
+    return None
 
 
-def _shape(old: str, value: str) -> str | None:
-    """`value` (pg_stats text) written the way `old` is: a date, an integer, a number, text."""
-    if _DATE_ONLY.match(old):
-        moment = parse_timestamp(value)
-        return moment.date().isoformat() if moment else None
-    if _INTEGER.match(old):
-        try:
-            return str(int(float(value)))
-        except ValueError:
-            return None
-    if _NUMBER.match(old):
-        return value if _NUMBER.match(value) else None
-    if parse_timestamp(old) is not None:
-        moment = parse_timestamp(value)
-        if moment is None:
-            return None
-        has_zone = bool(re.search(r"([+-]\d{2}(:?\d{2})?|Z)$", old.strip()))
-        return moment.isoformat(sep=" ") if has_zone else moment.replace(tzinfo=None).isoformat(sep=" ")
-    return value
+def _block_of(node: exp.Expr, scopes: Mapping[int, Scope]) -> Scope | None:
+    parent = node.parent
+    while parent is not None and not isinstance(parent, _BLOCKS):
+        parent = parent.parent
+    return scopes.get(id(parent)) if parent is not None else None
 
 
-def _ordinal(text: str) -> float | None:
-    if _NUMBER.match(text.strip()):
-        return float(text)
-    moment = parse_timestamp(text)
-    return moment.timestamp() if moment else None
+def _has_column(info: TableInfo, name: str) -> bool:
+    return name in info.column_stats or any(c.name == name for c in info.columns)
 
 
-def _from_ordinal(old: str, value: float) -> str:
-    if _NUMBER.match(old.strip()):
-        return str(round(value)) if _INTEGER.match(old.strip()) else f"{value:g}"
-    moment = parse_timestamp(old)
-    assert moment is not None
-    shifted = moment + timedelta(seconds=value - moment.timestamp())
-    if _DATE_ONLY.match(old):
-        return shifted.date().isoformat()
-    return _shape(old, shifted.isoformat()) or shifted.isoformat(sep=" ")
-
-
-def _equal_values(stats: ColumnStats, old: Sequence[str], count: int) -> list[list[str]]:
-    """`count` lists of len(old) other values: frequent most common values first, then rarer ones."""
-    pool = [v for v in stats.most_common_vals if v not in old]
-    if len(pool) < 2 * len(old):  # the histogram adds values that are not among the most common
-        bounds = list(stats.histogram_bounds)
-        picks = [bounds[int(q * (len(bounds) - 1))] for q in (0.5, 0.25, 0.75, 0.1, 0.9)] if bounds else []
-        pool += [v for v in dict.fromkeys(picks) if v not in old and v not in pool]
-    width = len(old)
-    chosen: list[list[str]] = []
-    starts = [0, max(width, len(pool) - width)]  # the most common, then the rarest kept
-    for start in starts[:count]:
-        values = pool[start:start + width]
-        if len(values) == width and values not in chosen:
-            chosen.append(values)
-    return chosen
-
-
-def _range_values(stats: ColumnStats, bounds: Sequence[str], count: int) -> list[list[str]]:
-    """Other places for one or two bounds on the histogram, the width kept."""
-    points = [p for p in (_ordinal(b) for b in stats.histogram_bounds) if p is not None]
-    now = [_ordinal(b) for b in bounds]
-    if len(points) < 3 or any(p is None for p in now):
-        return []
-    current = [p for p in now if p is not None]
-    chosen: list[list[str]] = []
-    for quantile in (0.25, 0.6, 0.1, 0.85):
-        start = points[int(quantile * (len(points) - 1))]
-        if math.isclose(start, min(current)):
-            continue
-        shift = start - min(current)
-        values = [_from_ordinal(b, p + shift) for b, p in zip(bounds, current, strict=True)]
-        if values != list(bounds) and values not in chosen:
-            chosen.append(values)
-        if len(chosen) == count:
-            break
-    return chosen
-
-
-def _pattern_values(stats: ColumnStats, old: str, count: int) -> list[str]:
-    if not old.endswith("%") or "%" in old[:-1] or "_" in old[:-1]:
-        return []
-    length = len(old) - 1
-    values = [*stats.most_common_vals, *stats.histogram_bounds]
-    prefixes = dict.fromkeys(v[:length] for v in values if len(v) >= length)
-    return [p + "%" for p in prefixes if p + "%" != old and "%" not in p and "_" not in p][:count]
-
-
-def parameter_sets(query: str, tables: Mapping[str, TableInfo], count: int = 2) -> tuple[ParameterSet, ...]:
-    """Up to `count` other sets of values for the query's filter literals; () without any."""
-    tree = _tree(query)
-    if tree is None or count <= 0:
-        return ()
-    by_column: dict[str, list[_Slot]] = {}
-    loose: list[_Slot] = []
-    for slot in _slots(tree):
-        if slot.column is None:
-            loose.append(slot)
+def _table_of(column: exp.Column, scope: Scope | None, tables: Mapping[str, TableInfo]) -> str | None:
+    """The table of `tables` the column belongs to (module docstring), if known."""
+    if scope is not None:
+        if column.table:
+            here: Scope | None = scope
+            while here is not None:
+                if column.table in here.selected_sources:
+                    name = _base_table(here.selected_sources[column.table][1])
+                    if name is not None:
+                        return name if name in tables else None
+                    break  # a CTE or a derived table
+                here = here.parent
         else:
-            key = f"{slot.column.table}.{slot.column.name}"
-            by_column.setdefault(key, []).append(slot)
+            sources = [_base_table(source) for _, source in scope.selected_sources.values()]
+            known = [s for s in sources if s is not None and s in tables]
+            if len(sources) == 1 and known:
+                return known[0]
+            owners = [s for s in known if _has_column(tables[s], column.name)]
+            if len(owners) == 1:
+                return owners[0]
+    owners = [name for name, info in tables.items() if column.name in info.column_stats]
+    return owners[0] if len(owners) == 1 else None
 
-    options: list[list[tuple[Substitution, ...]]] = []  # per group: its alternatives
-    for slots in by_column.values():
-        column = slots[0].column
-        assert column is not None
-        stats = _stats_for(column, tree, tables)
-        if stats is None:
+
+# -- slots: the literals that vary together ---------------------------------------------------
+
+_SlotKind = Literal["equality", "in", "range", "bound", "like", "loose"]
+
+
+@dataclass(frozen=True)
+class _Slot:
+    kind: _SlotKind
+    column: str | None  # "orders.status", or the bare name when the table is unknown
+    stats: ColumnStats | None
+    operands: tuple[_Operand, ...]
+
+
+def _slots(operands: Sequence[_Operand], scopes: Mapping[int, Scope],
+           tables: Mapping[str, TableInfo]) -> list[_Slot]:
+    by_comparison: dict[int, list[_Operand]] = {}
+    for op in operands:
+        by_comparison.setdefault(id(op.comparison), []).append(op)
+    slots: list[_Slot] = []
+    bounds: dict[tuple[int, str], list[_Operand]] = {}  # (clause, column) -> single bounds
+    where: dict[str, tuple[str, ColumnStats | None]] = {}
+    for ops in by_comparison.values():
+        first = ops[0]
+        column = first.column
+        if column is None:
+            slots += [_Slot("loose", None, None, (op,)) for op in ops]
             continue
-        name = column.name
-        equal = [s for s in slots if s.role == "eq"]
-        ranged = [s for s in slots if s.role in ("lower", "upper")]
-        pattern = [s for s in slots if s.role == "pattern"]
-        if equal:
-            old = [s.node.name for s in equal]
-            shaped = [[_shape(o, v) for o, v in zip(old, alt, strict=True)]
-                      for alt in _equal_values(stats, old, count)]
-            options.append([tuple(Substitution(name, o, v, s.node.is_string)
-                                  for s, o, v in zip(equal, old, vals, strict=True) if v is not None)
-                            for vals in shaped if all(v is not None for v in vals)])
-        if ranged:
-            old = [s.node.name for s in ranged]
-            options.append([tuple(Substitution(name, o, v, s.node.is_string)
-                                  for s, o, v in zip(ranged, old, alt, strict=True))
-                            for alt in _range_values(stats, old, count)])
-        for slot in pattern:
-            options.append([(Substitution(name, slot.node.name, v, True),)
-                            for v in _pattern_values(stats, slot.node.name, count)])
-    for slot in loose:
-        number = slot.node.name
-        if not _NUMBER.match(number):
+        table = _table_of(column, _block_of(first.comparison, scopes), tables)
+        label = f"{table}.{column.name}" if table else column.name
+        stats = tables[table].column_stats.get(column.name) if table else None
+        if first.operator == "BETWEEN" and len(ops) == 2:
+            slots.append(_Slot("range", label, stats, (ops[0], ops[1])))
+        elif first.operator == "IN":
+            slots.append(_Slot("in", label, stats, tuple(ops)))
+        elif first.operator in ("LIKE", "ILIKE"):
+            slots.append(_Slot("like", label, stats, (first,)))
+        elif first.operator in _EQUALITY:
+            slots.append(_Slot("equality", label, stats, (first,)))
+        else:
+            key = f"{label}|{column.table}"
+            bounds.setdefault((id(first.root), key), []).extend(ops)
+            where[key] = (label, stats)
+    for (_, key), ops in bounds.items():
+        label, stats = where[key]
+        lows = [op for op in ops if op.operator in _LOWER]
+        highs = [op for op in ops if op.operator in _UPPER]
+        if len(lows) == 1 and len(highs) == 1:
+            slots.append(_Slot("range", label, stats, (lows[0], highs[0])))
+        else:
+            slots += [_Slot("bound", label, stats, (op,)) for op in ops]
+    slots.sort(key=lambda slot: min(op.position for op in slot.operands))
+    return _unambiguous(slots, operands)
+
+
+def _unambiguous(slots: list[_Slot], operands: Sequence[_Operand]) -> list[_Slot]:
+    """Drop slots whose literals a substitution could not tell from another slot's.
+
+    apply_parameters finds a literal by its text and its column's name: a second
+    slot with the same (name, text) would receive the first one's value anyway, and
+    a literal compared with no column must not be written like any compared with one.
+    """
+    tied = {op.text for op in operands if op.column is not None}
+    claimed: set[tuple[str | None, str]] = set()
+    kept: list[_Slot] = []
+    for slot in slots:
+        keys = {(op.column.name if op.column is not None else None, op.text) for op in slot.operands}
+        if keys & claimed or (slot.kind == "loose" and slot.operands[0].text in tied):
             continue
-        scaled: list[tuple[Substitution, ...]] = []
-        for scale in SCALES:
-            value = float(number) * scale
-            new = str(max(1, round(value))) if _INTEGER.match(number) else f"{value:g}"
-            if new != number:
-                scaled.append((Substitution(None, number, new, False),))
-        options.append(scaled[:count])
-
-    options = [o for o in options if o]
-    sets: list[ParameterSet] = []
-    for i in range(count):
-        subs = tuple(s for alts in options if i < len(alts) for s in alts[i])
-        if subs:
-            sets.append(ParameterSet(_label(subs), subs))
-    return tuple(sets)
+        claimed |= keys
+        kept.append(slot)
+    return kept
 
 
-def _label(subs: Sequence[Substitution]) -> str:
-    parts = []
-    for s in subs:
-        value = f"'{s.new}'" if s.is_string else s.new
-        parts.append(f"{s.column or 'a threshold'}: {s.old} → {value}")
-    return "; ".join(parts)
+# -- literal formats ----------------------------------------------------------------------------
+
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_TIMESTAMP = re.compile(
+    r"(?P<date>\d{4}-\d{2}-\d{2})(?P<sep>[ T])(?P<time>\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)"
+    r"\s*(?P<zone>Z|[+-]\d{2}(?::?\d{2})?)?")
+_INTEGER = re.compile(r"-?\d+")
+_Kind = Literal["date", "timestamp", "integer", "decimal", "text"]
+_Value = date | datetime | Decimal | str
 
 
-# -- putting values into a query of the family -------------------------------------------------
-def _matches(slot: _Slot, sub: Substitution) -> bool:
-    if slot.node.name != sub.old or slot.node.is_string != sub.is_string:
-        return False
-    if sub.column is None:
-        return slot.column is None
-    return slot.column is not None and slot.column.name == sub.column
+@dataclass(frozen=True)
+class _Shape:
+    """How a literal is written, so that new values are written alike."""
+
+    kind: _Kind
+    sep: str = " "
+    timespec: str = "seconds"  # "minutes" | "seconds" | "microseconds"
+    zone: str | None = None  # "Z", "short" (+02), "long" (+02:00); None: no zone written
+    tz: tzinfo | None = None
+    step: str = ""  # a timestamp's granularity: "day", "minute", "second" or ""
+    digits: int = 0  # a decimal's digits after the point
 
 
-def apply_parameters(sql: str, pset: ParameterSet) -> str | None:
-    """`sql` with the set's values in place of the old ones; None when one has no place in it."""
-    tree = _tree(sql)
-    if tree is None:
+def _shape(op: _Operand) -> tuple[_Shape, _Value] | None:
+    """The format and the value of a literal operand (None: not a literal we can vary)."""
+    literal = op.value.this if isinstance(op.value, exp.Neg) else op.value
+    if not isinstance(literal, exp.Literal):
         return None
-    slots = list(_slots(tree))
-    for sub in pset.substitutions:
-        hits = [slot for slot in slots if _matches(slot, sub)]
-        if not hits:
+    if not literal.is_string:
+        number = _decimal(op.text)
+        if number is None:
             return None
-        for slot in hits:
-            replacement = (exp.Literal.string(sub.new) if sub.is_string
-                           else exp.Literal.number(sub.new))
-            slot.node.replace(replacement)
-        slots = [slot for slot in slots if slot not in hits]
-    text = tree.sql(dialect=DIALECT)
+        if _INTEGER.fullmatch(op.text.replace(" ", "")):
+            return _Shape("integer"), number
+        digits = max(0, -int(number.as_tuple().exponent))
+        return _Shape("decimal", digits=digits), number
+    raw = str(literal.this)
+    if _DATE.fullmatch(raw):
+        shape = _Shape("date")
+    elif (match := _TIMESTAMP.fullmatch(raw)) is not None:
+        clock = match["time"]
+        timespec = "minutes" if len(clock) == 5 else "seconds" if len(clock) == 8 else "microseconds"
+        zone = match["zone"]
+        style = None if zone is None else "Z" if zone == "Z" else "short" if len(zone) == 3 else "long"
+        try:
+            parsed = datetime.fromisoformat(f"{match['date']}T{clock}{zone or ''}")
+        except ValueError:
+            return _Shape("text"), raw
+        step = ("day" if parsed.time() == datetime.min.time()
+                else "minute" if parsed.second == parsed.microsecond == 0
+                else "second" if parsed.microsecond == 0 else "")
+        shape = _Shape("timestamp", match["sep"], timespec, style, parsed.tzinfo, step)
+    else:
+        return _Shape("text"), raw
+    value = _read(shape, raw)
+    return (shape, value) if value is not None else (_Shape("text"), raw)
+
+
+def _decimal(text: str) -> Decimal | None:
     try:
-        statements = pglast.parse_sql(text)
-    except pglast.parser.ParseError:
+        number = Decimal(text.replace(" ", ""))
+    except InvalidOperation:
         return None
-    if len(statements) != 1 or type(statements[0].stmt).__name__ != "SelectStmt":
-        return None
-    return text
+    return number if number.is_finite() else None
 
 
-def baked_literals(definition: str, query: str) -> tuple[str, ...]:
-    """The query's filter literals that the view `definition` filters on itself (a cache)."""
-    view, asked = _tree(definition), _tree(query)
-    if view is None or asked is None:
-        return ()
-    wanted = {(s.node.name, s.node.is_string) for s in _slots(asked) if s.column is not None}
-    found = [s.node for s in _slots(view) if (s.node.name, s.node.is_string) in wanted]
-    return tuple(dict.fromkeys(n.sql(dialect=DIALECT) for n in found))
+def _read(shape: _Shape, raw: str) -> _Value | None:
+    """A value as pg_stats prints it (or as a literal holds it), in the literal's shape."""
+    raw = raw.strip()
+    if shape.kind in ("integer", "decimal"):
+        number = _decimal(raw)
+        return None if number is None else _quantized(shape, number)
+    if shape.kind == "text":
+        return raw
+    try:
+        stamp = datetime.fromisoformat(raw)
+    except ValueError:  # infinity, BC dates, a non-ISO DateStyle
+        return None
+    if shape.kind == "date":
+        return stamp.date()
+    if shape.tz is not None:
+        stamp = stamp.astimezone(shape.tz) if stamp.tzinfo is not None else stamp.replace(tzinfo=shape.tz)
+    else:
+        stamp = stamp.replace(tzinfo=None)
+    if shape.step == "day":
+        return stamp.replace(hour=0, minute=0, second=0, microsecond=0)
+    if shape.step == "minute":
+        return stamp.replace(second=0, microsecond=0)
+    if shape.step == "second":
+        return stamp.replace(microsecond=0)
+    return stamp
+
+
+def _quantized(shape: _Shape, number: Decimal) -> Decimal | None:
+    try:
+        return number.quantize(Decimal(1).scaleb(-shape.digits), rounding=ROUND_HALF_EVEN)
+    except InvalidOperation:
+        return None
+
+
+def _render(shape: _Shape, value: _Value) -> str:
+    """SQL text of a literal of `shape` holding `value`."""
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, datetime):
+        text = value.date().isoformat() + shape.sep + value.time().isoformat(shape.timespec)
+        offset = value.utcoffset()
+        if shape.zone is not None and offset is not None:
+            text += _zone(shape.zone, offset)
+        return _quote(text)
+    if isinstance(value, date):
+        return _quote(value.isoformat())
+    return _quote(value)
+
+
+def _zone(style: str, offset: timedelta) -> str:
+    seconds = int(offset.total_seconds())
+    if style == "Z" and seconds == 0:
+        return "Z"
+    sign = "-" if seconds < 0 else "+"
+    hours, minutes = divmod(abs(seconds) // 60, 60)
+    if style == "short" and minutes == 0:
+        return f"{sign}{hours:02d}"
+    return f"{sign}{hours:02d}:{minutes:02d}"
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _check_literal(text: str) -> None:
+    """Raise InputError unless `text` is one literal (a substitution never inserts more)."""
+    try:
+        node = sqlglot.parse_one(text, dialect=DIALECT)
+    except SqlglotError as exc:
+        raise InputError(f"not a literal: {text!r} ({first_line(exc)})") from exc
+    if _value_node(node) is not node:
+        raise InputError(f"not a literal: {text!r}")
+
+
+# -- alternatives -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Alt:
+    label: str
+    substitutions: tuple[Substitution, ...]
+
+
+def _alternatives(slot: _Slot, count: int) -> list[_Alt]:
+    """Up to `count` other values for the slot's literals, best first, each different."""
+    if slot.kind == "range":
+        return _range(slot, count)
+    if slot.kind == "in":
+        return _in_list(slot, count)
+    if slot.kind == "like":
+        return _like(slot, count)
+    op = slot.operands[0]
+    read = _shape(op)
+    if read is None:
+        return []
+    shape, _ = read
+    if slot.stats is not None:
+        if slot.kind == "equality":
+            found = _common(slot.stats, shape, exclude={op.text})
+        else:
+            found = _percentiles(_points(slot.stats, shape), shape, exclude={op.text})
+        if found:
+            subject = slot.column or "?"
+            return [_Alt(f"{subject} {op.operator} {new} ({how})", (_sub(slot, op, new),))
+                    for new, how in found[:count]]
+    return _loose(slot, op, count)
+
+
+def _sub(slot: _Slot, op: _Operand, new: str) -> Substitution:
+    return Substitution(slot.column, op.text, new)
+
+
+def _common(stats: ColumnStats, shape: _Shape, exclude: set[str]) -> list[tuple[str, str]]:
+    """Other values for an equality: a frequent one, then a rarer one, alternately."""
+    frequent: list[tuple[str, str]] = []
+    for index, raw in enumerate(stats.most_common_vals):
+        value = _read(shape, raw)
+        if value is not None:
+            share = stats.most_common_freqs[index] if index < len(stats.most_common_freqs) else None
+            how = f"a common value, {share:.0%} of rows" if share is not None else "a common value"
+            frequent.append((_render(shape, value), how))
+    frequent = _distinct(frequent, exclude)
+    bounds = [_render(shape, v) for v in (_read(shape, raw) for raw in stats.histogram_bounds)
+              if v is not None]
+    rare = _distinct([(bounds[i], "a rarer value") for i in _spread(len(bounds))],
+                     exclude | {new for new, _ in frequent})
+    if not rare:
+        rare = [(new, "a rare value") for new, _ in reversed(frequent)]
+    mixed = [pair for pairs in zip(frequent, rare, strict=False) for pair in pairs]
+    shorter = min(len(frequent), len(rare))
+    mixed += frequent[shorter:] + rare[shorter:]
+    return _distinct(mixed, exclude)
+
+
+def _distinct(pairs: Iterable[tuple[str, str]], exclude: set[str]) -> list[tuple[str, str]]:
+    seen = set(exclude)
+    found: list[tuple[str, str]] = []
+    for new, how in pairs:
+        if new not in seen:
+            seen.add(new)
+            found.append((new, how))
+    return found
+
+
+def _spread(n: int) -> list[int]:
+    """Indices 0 … n-1: the middle, the quartiles, … then the rest in order."""
+    if n == 0:
+        return []
+    first = [round(q * (n - 1)) for q in (0.5, *QUANTILES)]
+    return list(dict.fromkeys([*first, *range(n)]))
+
+
+def _points(stats: ColumnStats, shape: _Shape) -> list[_Value]:
+    """The column's distribution as ordered values: the histogram, else the sorted MCVs."""
+    values = [v for v in (_read(shape, raw) for raw in stats.histogram_bounds) if v is not None]
+    if len(values) >= 2:
+        return values
+    common = [v for v in (_read(shape, raw) for raw in stats.most_common_vals) if v is not None]
+    try:
+        return sorted(common)
+    except TypeError:  # zoned and unzoned timestamps
+        return []
+
+
+def _percentiles(points: Sequence[_Value], shape: _Shape, exclude: set[str]) -> list[tuple[str, str]]:
+    if not points:
+        return []
+    found = [(_render(shape, points[round(q * (len(points) - 1))]), f"the {round(q * 100)}th percentile")
+             for q in QUANTILES]
+    return _distinct(found, exclude)
+
+
+def _in_list(slot: _Slot, count: int) -> list[_Alt]:
+    reads = [_shape(op) for op in slot.operands]
+    if slot.stats is None or any(r is None for r in reads) or not reads:
+        return _loose_list(slot, count)
+    shape = reads[0][0] if reads[0] is not None else _Shape("text")
+    exclude = {op.text for op in slot.operands}
+    values = [new for new, _ in _common(slot.stats, shape, exclude)]
+    size = len(slot.operands)
+    if len(values) < size:
+        return _loose_list(slot, count)
+    alts: list[_Alt] = []
+    windows: list[list[str]] = []
+    for index in range(count):
+        start = min(index * size, len(values) - size)
+        window = values[start:start + size]
+        if window in windows:
+            break
+        windows.append(window)
+        subs = tuple(_sub(slot, op, new) for op, new in zip(slot.operands, window, strict=True))
+        alts.append(_Alt(f"{slot.column} IN ({', '.join(window)}): other common values", subs))
+    return alts
+
+
+def _loose_list(slot: _Slot, count: int) -> list[_Alt]:
+    """An IN list of numbers without statistics: every item moved alike."""
+    per_item = [_loose(slot, op, count) for op in slot.operands]
+    alts: list[_Alt] = []
+    for index in range(count):
+        if not all(len(alts_of_item) > index for alts_of_item in per_item):
+            break
+        subs = tuple(item[index].substitutions[0] for item in per_item)
+        alts.append(_Alt(f"{slot.column} IN ({', '.join(s.new for s in subs)})", subs))
+    return alts
+
+
+def _loose(slot: _Slot, op: _Operand, count: int) -> list[_Alt]:
+    """A number without statistics: scaled (an equality not tied to a column: ±1, ±2 …)."""
+    read = _shape(op)
+    if read is None or read[0].kind not in ("integer", "decimal"):
+        return []
+    shape, value = read
+    assert isinstance(value, Decimal)
+    found: list[tuple[str, str]] = []
+    if slot.column is None and op.operator in (*_EQUALITY, "IN") and shape.kind == "integer":
+        found += [(_render(shape, value + step), f"{step:+d}") for step in STEPS]
+    for factor in SCALE_FACTORS:
+        scaled = _quantized(shape, value * Decimal(factor))
+        if scaled is not None:
+            found.append((_render(shape, scaled), f"×{factor}"))
+    if shape.kind == "integer":
+        found += [(_render(shape, value + step), f"{step:+d}") for step in STEPS]
+    subject = slot.column or "threshold"
+    why = " (no statistics)" if slot.column is not None else ""
+    return [_Alt(f"{subject} {op.operator} {new} ({how}{why})", (_sub(slot, op, new),))
+            for new, how in _distinct(found, {op.text})[:count]]
+
+
+def _range(slot: _Slot, count: int) -> list[_Alt]:
+    """Both bounds moved together, the width kept."""
+    low, high = slot.operands
+    read_low, read_high = _shape(low), _shape(high)
+    if read_low is None or read_high is None or read_low[0].kind != read_high[0].kind:
+        return _alternatives(_Slot("bound", slot.column, slot.stats, (low,)), count)
+    shape, lo = read_low
+    _, hi = read_high
+    moved: list[tuple[_Value, _Value, str]] = []
+    if shape.kind == "text":
+        moved = _text_ranges(slot.stats, shape, str(lo), str(hi))
+    else:
+        width = _difference(lo, hi)
+        points = _points(slot.stats, shape) if slot.stats is not None else []
+        inside: list[tuple[_Value, _Value, str]] = []
+        past: list[tuple[_Value, _Value, str]] = []
+        for q in QUANTILES:
+            start = points[round(q * (len(points) - 1))] if points else None
+            end = _plus(start, width, 1) if start is not None else None
+            if start is None or end is None:
+                continue
+            within = _not_after(end, points[-1])
+            (inside if within else past).append((start, end, f"shifted to the {round(q * 100)}th percentile"))
+        moved = inside + past
+        if not moved:
+            for step in STEPS:
+                start, end = _plus(lo, width, step), _plus(hi, width, step)
+                if start is not None and end is not None:
+                    later = "later" if step > 0 else "earlier"
+                    moved.append((start, end, f"moved {abs(step)} width{'s' * (abs(step) > 1)} {later}"))
+    alts: list[_Alt] = []
+    seen = {(low.text, high.text)}
+    for start, end, how in moved:
+        pair = (_render(shape, start), _render(shape, end))
+        if pair in seen:
+            continue
+        seen.add(pair)
+        label = f"{slot.column} range {how} ({pair[0]} … {pair[1]})"
+        alts.append(_Alt(label, (_sub(slot, low, pair[0]), _sub(slot, high, pair[1]))))
+        if len(alts) == count:
+            break
+    return alts
+
+
+def _difference(lo: _Value, hi: _Value) -> timedelta | Decimal | None:
+    if isinstance(lo, datetime) and isinstance(hi, datetime):
+        try:
+            return hi - lo
+        except TypeError:  # zoned and unzoned
+            return None
+    if isinstance(lo, date) and isinstance(hi, date) and not isinstance(lo, datetime) \
+            and not isinstance(hi, datetime):
+        return hi - lo
+    if isinstance(lo, Decimal) and isinstance(hi, Decimal):
+        return hi - lo
+    return None
+
+
+def _plus(value: _Value | None, width: timedelta | Decimal | None, times: int) -> _Value | None:
+    try:
+        if isinstance(width, timedelta) and isinstance(value, date):
+            return value + width * times
+        if isinstance(width, Decimal) and isinstance(value, Decimal):
+            return value + width * times
+    except OverflowError:
+        return None
+    return None
+
+
+def _not_after(value: _Value, last: _Value) -> bool:
+    try:
+        return bool(value <= last)  # type: ignore[operator]  # one shape: values of one type
+    except TypeError:
+        return False
+
+
+def _text_ranges(stats: ColumnStats | None, shape: _Shape, lo: str,
+                 hi: str) -> list[tuple[_Value, _Value, str]]:
+    """Text bounds: as many histogram steps apart as the original bounds span (at least one)."""
+    points = [v for v in (_read(shape, raw) for raw in (stats.histogram_bounds if stats else ()))
+              if isinstance(v, str)]
+    if len(points) < 2:
+        return []
+    steps = max(1, sum(1 for p in points if lo <= p < hi))
+    moved: list[tuple[_Value, _Value, str]] = []
+    for q in QUANTILES:
+        start = min(round(q * (len(points) - 1)), len(points) - 1 - steps)
+        if start >= 0:
+            moved.append((points[start], points[min(start + steps, len(points) - 1)],
+                          f"shifted to the {round(q * 100)}th percentile"))
+    return moved
+
+
+_WILDCARDS = "%_"
+
+
+def _like(slot: _Slot, count: int) -> list[_Alt]:
+    """The pattern's first literal piece replaced by the start of another value."""
+    op = slot.operands[0]
+    literal = op.value
+    pattern = str(literal.this)
+    if slot.stats is None or "\\" in pattern:
+        return []
+    lead = len(pattern) - len(pattern.lstrip(_WILDCARDS))
+    end = next((i for i in range(lead, len(pattern)) if pattern[i] in _WILDCARDS), len(pattern))
+    piece, rest = pattern[lead:end], pattern[end:]
+    if not piece:
+        return []
+    whole = end == len(pattern) and lead == 0  # no wildcard: an equality in disguise
+
+    def fold(text: str) -> str:
+        return text.lower() if op.operator == "ILIKE" else text
+
+    found: list[tuple[str, str]] = []
+    for raw, _ in _common(slot.stats, _Shape("text"), exclude=set()):
+        value = raw[1:-1].replace("''", "'")
+        start = value if whole else value[:len(piece)]
+        if len(start) < len(piece) or any(c in start for c in _WILDCARDS + "\\"):
+            continue
+        if fold(start) == fold(piece):
+            continue
+        new_pattern = pattern[:lead] + start + rest
+        how = "another value" if whole else f"the start of another value ({_quote(value)})"
+        found.append((_quote(new_pattern), how))
+    return [_Alt(f"{slot.column} {op.operator} {new}: {how}", (_sub(slot, op, new),))
+            for new, how in _distinct(found, {op.text})[:count]]
+
+
+# -- writing --------------------------------------------------------------------------------------
+
+
+def _substituted(text: str, tree: exp.Expr, places: Sequence[tuple[_Operand, str]]) -> str:
+    """`text` with each place's literal replaced: spliced where positions are known."""
+    if all(op.span is not None for op, _ in places):
+        result = text
+        for op, new in sorted(places, key=lambda place: place[0].position, reverse=True):
+            assert op.span is not None
+            start, end = op.span
+            result = result[:start] + new + result[end:]
+    else:  # sqlglot kept no position: render the edited tree
+        for op, new in places:
+            op.value.replace(sqlglot.parse_one(new, dialect=DIALECT))
+        result = tree.sql(dialect=DIALECT)
+    return select_text(result)
