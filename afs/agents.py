@@ -24,7 +24,7 @@ from pglast import ast as pg_ast
 from pglast.stream import RawStream
 
 from afs.analysis import gather_context
-from afs.bench import ApplyError, benchmark, planner_cost, undo
+from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, undo
 from afs.brains import Brain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
@@ -72,6 +72,8 @@ class SharedMeasurements:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]], _Measurement] = {}
+        # one run of a query past the statement timeout, for every proposal of the task
+        self.slow_baselines: dict[str, tuple[Result | None, Sample]] = {}
 
     @staticmethod
     def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]:
@@ -305,7 +307,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                         tables=job.features.tables, runs=job.runs, skipped=state.skipped,
                         family=members,
                         statement_timeout_ms=job.statement_timeout_ms,
-                        slow_cap_ms=int(job.slow_cap_s * 1000))
+                        slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines)
 
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)

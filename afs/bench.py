@@ -236,6 +236,7 @@ async def benchmark(
     family_runs: int = 3,
     statement_timeout_ms: int = 0,
     slow_cap_ms: int = 0,
+    slow_cache: dict[str, tuple[Result | None, Sample]] | None = None,
 ) -> BenchmarkOutcome:
     """Measure `suite` before and `candidate_suite` (default: the same) after the proposal.
 
@@ -243,7 +244,8 @@ async def benchmark(
     timed too (`family_runs` runs a side). When the query as given exceeds the statement
     timeout (`statement_timeout_ms`) before the change, it is run once under `slow_cap_ms`
     and that single run is its baseline (a lower bound when it hit the cap); other variants
-    that exceed the timeout are left out.
+    that exceed the timeout are left out. `slow_cache` keeps that run for the next proposal
+    measured on the same data (by the query's text), so it is paid once per task.
     """
     candidates = {v.name: v for v in (candidate_suite or suite)}
     pairs = [(v, candidates[v.name]) for v in suite if v.name in candidates]
@@ -267,8 +269,14 @@ async def benchmark(
             if variant.name != "baseline" or not slow_cap_ms or not statement_timeout_ms:
                 missing.append(f"{variant.name}: exceeds the statement timeout before the change")
                 continue
-            result, sample = await _long_run(conn, variant, ordered[variant.name], slow_cap_ms,
-                                             statement_timeout_ms)
+            key = f"{ordered[variant.name]}:{variant.sql}"
+            cached = slow_cache.get(key) if slow_cache is not None else None
+            if cached is None:
+                cached = await _long_run(conn, variant, ordered[variant.name], slow_cap_ms,
+                                         statement_timeout_ms)
+                if slow_cache is not None:
+                    slow_cache[key] = cached
+            result, sample = cached
             slow_baseline[variant.name] = sample
             if result is not None:
                 before_results[variant.name] = result
