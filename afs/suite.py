@@ -57,6 +57,7 @@ from sqlglot.errors import ErrorLevel, SqlglotError
 from afs.errors import InputError
 from afs.features import DIALECT, first_line, function_name, parse_query, select_text
 from afs.models import ColumnStats, QueryVariant, TableInfo
+from afs.pg.functions import ANONYMOUS_AGGREGATES, SET_RETURNING
 from afs.pg.names import KEYWORDS, is_plain
 
 __all__ = [
@@ -71,23 +72,6 @@ RECENT_SHARE = 0.25  # share of histogram rows the "filter" variant keeps (at le
 FILTER_PAST_END = timedelta(days=1)  # hi = the last histogram bound + this
 WRAP_ALIAS = "afs_q"  # the subquery alias of wrapped variants
 
-# PostgreSQL aggregates sqlglot parses as anonymous functions.
-_ANONYMOUS_AGGREGATES = frozenset({
-    "jsonb_agg", "jsonb_agg_strict", "json_agg_strict", "json_object_agg", "jsonb_object_agg_strict",
-    "every", "xmlagg", "bit_or", "bit_xor", "range_agg", "range_intersect_agg", "any_value",
-    "array_agg", "string_agg", "covar_pop", "covar_samp", "stddev_pop", "stddev_samp", "var_pop",
-    "var_samp", "regr_count", "regr_avgx", "regr_avgy", "regr_intercept", "regr_r2", "regr_sxx",
-    "regr_sxy", "regr_syy",
-})
-# Set-returning functions: in a select list they multiply rows.
-_SET_RETURNING = frozenset({
-    "unnest", "generate_series", "generate_subscripts", "jsonb_array_elements",
-    "jsonb_array_elements_text", "json_array_elements", "json_array_elements_text", "jsonb_each",
-    "jsonb_each_text", "json_each", "json_each_text", "jsonb_object_keys", "json_object_keys",
-    "jsonb_path_query", "jsonb_to_recordset", "json_to_recordset", "jsonb_populate_recordset",
-    "json_populate_recordset", "regexp_matches", "regexp_split_to_table", "string_to_table",
-    "explode", "exploding_generate_series",
-})
 _REWRITTEN = ("sqlglot re-rendered the rest of the query with differences PostgreSQL's parser can see "
               "(such as now() as CURRENT_TIMESTAMP, 'day' as 'DAY')")
 _AST_NOISE = re.compile(r"location|stmt_len|.*list_start|.*list_end")
@@ -353,7 +337,7 @@ def _is_aggregate(select: exp.Select) -> bool:
     for output in select.expressions:
         for func in output.find_all(exp.Func, exp.WithinGroup):
             is_agg = isinstance(func, exp.AggFunc | exp.WithinGroup) or (
-                isinstance(func, exp.Anonymous) and function_name(func) in _ANONYMOUS_AGGREGATES)
+                isinstance(func, exp.Anonymous) and function_name(func) in ANONYMOUS_AGGREGATES)
             if is_agg and _belongs_to(func, select):
                 return True
     return False
@@ -362,7 +346,7 @@ def _is_aggregate(select: exp.Select) -> bool:
 def _has_set_returning(select: exp.Select) -> bool:
     for output in select.expressions:
         for func in output.find_all(exp.Func):
-            if isinstance(func, exp.Explode | exp.Unnest) or function_name(func) in _SET_RETURNING:
+            if isinstance(func, exp.Explode | exp.Unnest) or function_name(func) in SET_RETURNING:
                 return True
     return False
 

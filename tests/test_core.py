@@ -80,7 +80,7 @@ def test_fork_dsn_keeps_host_and_swaps_the_rest() -> None:
 
 PURE = ["config.py", "errors.py", "models.py", "forks/naming.py", "sandbox/demo.py", "features.py",
         "router.py", "safety.py", "suite.py", "consensus.py", "report.py", "brains/gemini/parsing.py",
-        "pg/__init__.py", "pg/names.py", "pg/plan.py", "pg/stats.py",
+        "pg/__init__.py", "pg/names.py", "pg/plan.py", "pg/stats.py", "pg/functions.py",
         "brains/strategists/__init__.py", "brains/strategists/evidence.py",
         "brains/strategists/index_design.py", "brains/strategists/structure.py",
         "brains/strategists/precomputation.py", "brains/strategists/rewrites.py", "params.py"]

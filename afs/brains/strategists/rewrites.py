@@ -41,6 +41,7 @@ from sqlglot.errors import SqlglotError
 from afs.errors import InputError
 from afs.features import DIALECT, parse_query, select_text
 from afs.models import AnalysisContext, EstimatedImpact, OptimizationProposal, TableInfo
+from afs.pg.functions import ANONYMOUS_AGGREGATES, SET_RETURNING
 from afs.pg.names import ident, index_name, qualified
 
 __all__ = [
@@ -56,23 +57,6 @@ __all__ = [
 DERIVED_ALIAS = "afs_s"  # the grouped derived table of scalar_subquery_to_join
 UNION_ALIAS = "afs_u"  # the derived table around or_to_union's branches
 
-# PostgreSQL aggregates sqlglot parses as anonymous functions (as in afs.suite).
-_ANONYMOUS_AGGREGATES = frozenset({
-    "jsonb_agg", "jsonb_agg_strict", "json_agg_strict", "json_object_agg", "jsonb_object_agg_strict",
-    "every", "xmlagg", "bit_or", "bit_xor", "range_agg", "range_intersect_agg", "any_value",
-    "array_agg", "string_agg", "covar_pop", "covar_samp", "stddev_pop", "stddev_samp", "var_pop",
-    "var_samp", "regr_count", "regr_avgx", "regr_avgy", "regr_intercept", "regr_r2", "regr_sxx",
-    "regr_sxy", "regr_syy",
-})
-# Set-returning functions: in a select list they multiply rows.
-_SET_RETURNING = frozenset({
-    "unnest", "generate_series", "generate_subscripts", "jsonb_array_elements",
-    "jsonb_array_elements_text", "json_array_elements", "json_array_elements_text", "jsonb_each",
-    "jsonb_each_text", "json_each", "json_each_text", "jsonb_object_keys", "json_object_keys",
-    "jsonb_path_query", "jsonb_to_recordset", "json_to_recordset", "jsonb_populate_recordset",
-    "json_populate_recordset", "regexp_matches", "regexp_split_to_table", "string_to_table",
-    "explode", "exploding_generate_series",
-})
 # Volatile functions: evaluated once per row in the original, they may not be in a rewrite.
 _VOLATILE = frozenset({"random", "rand", "nextval", "setval", "clock_timestamp", "timeofday",
                        "gen_random_uuid", "uuid", "random_normal", "txid_current"})
@@ -427,7 +411,7 @@ def _has_volatile(node: exp.Expr) -> bool:
 
 
 def _has_set_returning(node: exp.Expr) -> bool:
-    return any(name in _SET_RETURNING for name in _function_names(node))
+    return any(name in SET_RETURNING for name in _function_names(node))
 
 
 def _aggregates(node: exp.Expr) -> list[exp.Expr]:
@@ -435,7 +419,7 @@ def _aggregates(node: exp.Expr) -> list[exp.Expr]:
     found = []
     for n in _local(node):
         is_agg = isinstance(n, exp.AggFunc) or (
-            isinstance(n, exp.Anonymous) and str(n.this).lower() in _ANONYMOUS_AGGREGATES)
+            isinstance(n, exp.Anonymous) and str(n.this).lower() in ANONYMOUS_AGGREGATES)
         if is_agg and not isinstance(n.parent, exp.Window) and not (
                 isinstance(n.parent, exp.Filter) and isinstance(n.parent.parent, exp.Window)):
             found.append(n)
