@@ -9,6 +9,7 @@
     stats.py   pg_stats arithmetic: `equality_selectivity`, `range_fraction`,
                `prefix_fraction`, `like_prefix`, `parse_timestamp`; column types,
                widths and index size estimates
+    functions.py names of aggregates sqlglot leaves anonymous, set-returning functions
 
 Nothing here talks to a server, and nothing imports the rest of afs but its models.
 """
