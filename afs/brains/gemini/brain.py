@@ -3,18 +3,25 @@
     analyze: system prompt of the specialisation + analysis template filled with the
              context (query, trimmed EXPLAIN, DDL, indexes, sizes, pg_stats, suite)
              ─► generate_json (ANALYSIS_SCHEMA) ─► parse_analysis
-    propose: the same conversation + the analysis + the proposal template
-             ─► generate_json (PROPOSAL_SCHEMA) ─► parse_proposal
+    propose: the same conversation + the analysis + the proposal template (its
+             specialisation, then the shared blocks: how to answer with ranked
+             candidates, the query rewrites, the safety rules)
+             ─► generate_json (PROPOSAL_SCHEMA) ─► parse_proposals: up to
+             MAX_CANDIDATES designs, best first
 
 Unusable output is sent back with the reason, at most `MAX_REPROMPTS` times; then
-the agent fails with a `ModelOutputError`. The proposal then goes through the same
-safety check and benchmark as a strategist's: the model's estimate is never a
-measurement. Token usage and estimated cost are kept per agent in `brain.usage`.
-The prompts are files in `afs/brains/gemini/prompts/` (string.Template: `$query`, …).
+the agent fails with a `ModelOutputError`. For proposals that is an answer without
+a single usable candidate: malformed candidates among good ones are dropped with a
+warning. The candidates then go through the same safety check, screening and
+benchmark as a strategist's: the model's estimate is never a measurement. Token usage
+and estimated cost are kept per agent in `brain.usage`. The prompts are files in
+`afs/brains/gemini/prompts/` (string.Template: `$query`, …); `allowed_sql`,
+`candidates` and `rewrites` are the blocks every proposal prompt shares.
 """
 
 from __future__ import annotations
 
+import decimal
 import functools
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -41,9 +48,10 @@ from afs.brains.gemini.client import (
 )
 from afs.brains.gemini.parsing import (
     ANALYSIS_SCHEMA,
+    MAX_CANDIDATES,
     PROPOSAL_SCHEMA,
     parse_analysis,
-    parse_proposal,
+    parse_proposals,
 )
 from afs.config import Settings
 from afs.errors import ModelOutputError
@@ -131,11 +139,33 @@ def analysis_prompt(agent: AgentKey, ctx: AnalysisContext,
     return prompt_template(f"analysis_{agent}").substitute(context_fields(ctx, plan_budget_tokens))
 
 
+def _sql_literal(value: object) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | decimal.Decimal):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _keyset_note(ctx: AnalysisContext) -> str:
+    """The last key before the page, for a keyset rewrite of an OFFSET page (else nothing)."""
+    if ctx.keyset_last_key is None:
+        return ""
+    key = ", ".join(_sql_literal(v) for v in ctx.keyset_last_key)
+    return f"\n  For this query, the ORDER BY key of the row just before the page is ({key})."
+
+
 def proposal_prompt(agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
                     plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> str:
+    """The specialisation's proposal template, with the blocks every agent shares: ranked
+    candidates and how they are judged, the query rewrites, the safety rules."""
     return prompt_template(f"proposal_{agent}").substitute(
         context_fields(ctx, plan_budget_tokens), insights=_bullets(analysis.insights),
         proposed_actions=_bullets(analysis.proposed_actions),
+        candidates=prompt_template("candidates").substitute(max_candidates=MAX_CANDIDATES).strip(),
+        rewrites=prompt_template("rewrites").substitute(keyset=_keyset_note(ctx)).strip(),
         allowed_sql=prompt_template("allowed_sql").template.strip())
 
 
@@ -177,9 +207,8 @@ class GeminiBrain:
             ("model", _analysis_json(analysis)),
             ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens)),
         ]
-        proposal = await self._ask(agent, "propose", turns, PROPOSAL_SCHEMA,
-                                   functools.partial(parse_proposal, agent))
-        return () if proposal is None else (proposal,)
+        return await self._ask(agent, "propose", turns, PROPOSAL_SCHEMA,
+                               functools.partial(parse_proposals, agent))
 
     async def _ask(self, agent: AgentKey, purpose: str, turns: list[Turn], schema: Mapping[str, Any],
                    parse: Callable[[str], tuple[T, list[str]]]) -> T:

@@ -2,14 +2,20 @@
 
     text ─► extract_json (fences, prose around the object)
          ─► load_object (json; else repaired: comments, trailing commas, single quotes)
-         ─► parse_analysis / parse_proposal (required fields, types, ranges, enums)
+         ─► parse_analysis / parse_proposals (required fields, types, ranges, enums)
+
+A proposal answer is `{"candidates": [<proposal>, ...]}`: up to MAX_CANDIDATES designs,
+best first, each with the seed's proposal fields plus `rewritten_query`, `equivalence`,
+`settings` ({"work_mem": "64MB"} only) and `needs_application_change`. The single-proposal
+shape of the seed (one object with `proposal_type`) still reads as one candidate.
 
 Critical problems raise `ModelOutputError`, whose reason goes back to the model in
-a re-prompt. Everything else is repaired, clamped or defaulted, and reported as a
-warning: out-of-range numbers are clamped, enum spellings are mapped
-(`create_index` → `index`), missing optional fields get defaults, and an analysis
-without `proposed_actions` falls back to its insights with confidence 0.5.
-Unknown extra fields are ignored.
+a re-prompt; for proposals that is only when no candidate at all is usable (a malformed
+candidate among good ones is dropped with a warning). Everything else is repaired,
+clamped or defaulted, and reported as a warning: out-of-range numbers are clamped, enum
+spellings are mapped (`create_index` → `index`), missing optional fields get defaults,
+settings other than work_mem are dropped, and an analysis without `proposed_actions`
+falls back to its insights with confidence 0.5. Unknown extra fields are ignored.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from afs.models import (
     ProposalType,
     RiskLevel,
 )
-from afs.safety import split_statements
+from afs.safety import SETTING_LIMITS_KB, split_statements
 
 NO_PROPOSAL: Final = "none"  # the proposal_type of "nothing is worth changing"
 UNCERTAIN: Final = 0.5  # confidence when the model gave none, or only partial analysis
@@ -52,14 +58,25 @@ ANALYSIS_SCHEMA: Final[Mapping[str, Any]] = {
     },
     "required": ["insights", "proposed_actions", "confidence"],
 }
-PROPOSAL_SCHEMA: Final[Mapping[str, Any]] = {
+MAX_CANDIDATES: Final = 4  # candidate designs asked for in one answer (the agent screens them all)
+WORK_MEM: Final = "work_mem"  # the one per-query setting offered to the models
+CANDIDATE_SCHEMA: Final[Mapping[str, Any]] = {
     "type": "object",
     "properties": {
         "proposal_type": {"type": "string", "enum": [*PROPOSAL_TYPES, NO_PROPOSAL]},
-        "sql_commands": {**_STRINGS, "description": "one SQL statement per item, applied in order"},
+        "sql_commands": {**_STRINGS, "description": "one SQL statement per item, applied in order; "
+                                                    "empty for a rewrite or a setting alone"},
         "rollback_commands": {**_STRINGS, "description": "statements that undo sql_commands"},
         "rewritten_query": {"type": "string",
-                            "description": "the query to run instead, when the change needs a rewrite"},
+                            "description": "the complete query to run instead, when the design needs a "
+                                           "rewrite; it keeps every clause of the original"},
+        "equivalence": {"type": "string",
+                        "description": "for a rewrite: why it returns exactly the same rows"},
+        "settings": {"type": "object", "description": "planner settings for this query only",
+                     "properties": {WORK_MEM: {"type": "string", "description": "e.g. 64MB"}}},
+        "needs_application_change": {
+            "type": "boolean",
+            "description": "true when the application must change too (keyset pagination)"},
         "rationale": {"type": "string"},
         "estimated_impact": {
             "type": "object",
@@ -74,6 +91,15 @@ PROPOSAL_SCHEMA: Final[Mapping[str, Any]] = {
         "validation_steps": {**_STRINGS, "description": "how to check the change works"},
     },
     "required": ["proposal_type", "sql_commands", "rationale", "estimated_impact"],
+}
+PROPOSAL_SCHEMA: Final[Mapping[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "candidates": {"type": "array", "items": CANDIDATE_SCHEMA, "maxItems": MAX_CANDIDATES,
+                       "description": f"up to {MAX_CANDIDATES} distinct designs, best first; "
+                                      "empty when nothing is worth changing"},
+    },
+    "required": ["candidates"],
 }
 
 # -- step 1: extract -------------------------------------------------------------------------
@@ -151,19 +177,24 @@ def repair_json(text: str) -> str:
     return "".join(out)
 
 
-def load_object(text: str) -> dict[str, Any]:
-    """The JSON object in a model's answer; raises ModelOutputError when there is none."""
+def _load_json(text: str) -> Any:
+    """The JSON value in a model's answer (repaired if need be); raises ModelOutputError."""
     candidate = extract_json(text)
     if not candidate:
         raise ModelOutputError("the answer was empty; respond with one JSON object", text)
     try:
-        value = json.loads(candidate, strict=False)  # strict=False: raw newlines in strings (SQL)
+        return json.loads(candidate, strict=False)  # strict=False: raw newlines in strings (SQL)
     except ValueError:
         try:
-            value = json.loads(repair_json(candidate), strict=False)
+            return json.loads(repair_json(candidate), strict=False)
         except ValueError as exc:
             raise ModelOutputError(f"not valid JSON ({exc}); respond with one JSON object only",
                                    text) from None
+
+
+def load_object(text: str) -> dict[str, Any]:
+    """The JSON object in a model's answer; raises ModelOutputError when there is none."""
+    value = _load_json(text)
     if not isinstance(value, dict):
         raise ModelOutputError(f"expected a JSON object, got a JSON {type(value).__name__}", text)
     return value
@@ -308,36 +339,114 @@ def _commands(raw: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_proposal(agent: AgentKey, text: str) -> tuple[OptimizationProposal | None, list[str]]:
-    """The agent's OptimizationProposal from a model's answer (None for "none"), and warnings.
+_MEMORY_SIZE = re.compile(r"^\s*(\d+)\s*(kb|mb|gb)?\s*$", re.IGNORECASE)
+_UNIT_KB: Final[Mapping[str, int]] = {"kb": 1, "mb": 1024, "gb": 1024 * 1024}
+_MIN_WORK_MEM_KB: Final = 64  # PostgreSQL's own minimum
 
-    The estimated impact is the model's own prediction; the benchmark measures the truth.
-    """
-    data = load_object(text)
-    warnings: list[str] = []
+
+def _memory(kb: int) -> str:
+    """A memory size as PostgreSQL writes it, in the largest exact unit."""
+    for unit, size in (("GB", 1024 * 1024), ("MB", 1024)):
+        if kb % size == 0:
+            return f"{kb // size}{unit}"
+    return f"{kb}kB"
+
+
+def _setting_pairs(raw: Any, warnings: list[str]) -> list[tuple[Any, Any]]:
+    """`settings` as (name, value) pairs: an object, or a list of pairs, {name, value} or "a=b"."""
+    if isinstance(raw, dict):
+        return list(raw.items())
+    if not isinstance(raw, list):
+        raise ModelOutputError(f'settings must be an object such as {{"{WORK_MEM}": "64MB"}}, '
+                               f"got {type(raw).__name__}")
+    pairs: list[tuple[Any, Any]] = []
+    for item in raw:
+        if isinstance(item, dict) and "name" in item:
+            pairs.append((item["name"], item.get("value")))
+        elif isinstance(item, list) and len(item) == 2:
+            pairs.append((item[0], item[1]))
+        elif isinstance(item, str) and "=" in item:
+            name, _, value = item.partition("=")
+            pairs.append((name, value))
+        else:
+            warnings.append(f"settings: {item!r} is no name and value; dropped")
+    return pairs
+
+
+def _settings(data: Mapping[str, Any], warnings: list[str]) -> tuple[tuple[str, str], ...]:
+    """The per-query settings: work_mem only, as a memory size clamped to what the safety check
+    accepts. Anything else is dropped with a warning (the rest of the candidate stays)."""
+    raw = data.get("settings")
+    if raw is None:
+        return ()
+    found: dict[str, str] = {}
+    for name, value in _setting_pairs(raw, warnings):
+        key = _key(str(name)).removeprefix("set_local_").removeprefix("set_")
+        if key != WORK_MEM:
+            warnings.append(f"settings: {name!r} dropped (only {WORK_MEM} may be set for one query)")
+            continue
+        match = _MEMORY_SIZE.match(str(value)) if isinstance(value, str | int) and not isinstance(
+            value, bool) else None
+        if match is None:
+            warnings.append(f"settings: {WORK_MEM} {value!r} is not a memory size such as 64MB; dropped")
+            continue
+        kb = int(match[1]) * _UNIT_KB[(match[2] or "kb").lower()]  # no unit: kB, as PostgreSQL reads it
+        clamped = min(max(kb, _MIN_WORK_MEM_KB), SETTING_LIMITS_KB[WORK_MEM])
+        if clamped != kb:
+            warnings.append(f"settings: {WORK_MEM} {value!r} is out of range; clamped to {_memory(clamped)}")
+        found[WORK_MEM] = _memory(clamped)
+    return tuple(found.items())
+
+
+def _flag(data: Mapping[str, Any], key: str, warnings: list[str]) -> bool:
+    raw = data.get(key)
+    if raw is None or isinstance(raw, bool):
+        return bool(raw)
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "yes", "1"):
+        return True
+    if not (isinstance(raw, str) and raw.strip().lower() in ("false", "no", "0", "")):
+        warnings.append(f"{key}: {raw!r} is not true or false; false assumed")
+    return False
+
+
+def _text(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _candidate(agent: AgentKey, data: Mapping[str, Any],
+               warnings: list[str]) -> OptimizationProposal | None:
+    """One candidate design (None for "none"); raises ModelOutputError (without the text)."""
     raw_type = data.get("proposal_type")
     kind = proposal_type_of(raw_type)
     if kind is None:
         raise ModelOutputError(
-            f"proposal_type {raw_type!r} is not one of {', '.join((*PROPOSAL_TYPES, NO_PROPOSAL))}", text)
+            f"proposal_type {raw_type!r} is not one of {', '.join((*PROPOSAL_TYPES, NO_PROPOSAL))}")
     if isinstance(raw_type, str) and raw_type != kind:
         warnings.append(f"proposal_type {raw_type!r} read as {kind!r}")
-    try:
-        sql = _strings(data, "sql_commands", warnings)
-        rollback = _strings(data, "rollback_commands", warnings) or []
-        steps = _strings(data, "validation_steps", warnings) or []
-    except ModelOutputError as exc:
-        raise ModelOutputError(exc.reason, text) from None
-    rationale = data.get("rationale")
-    rationale = rationale.strip() if isinstance(rationale, str) else ""
+    sql = _strings(data, "sql_commands", warnings)
+    rollback = _strings(data, "rollback_commands", warnings) or []
+    steps = _strings(data, "validation_steps", warnings) or []
+    rationale = _text(data, "rationale")
     if kind == NO_PROPOSAL:
-        return None, warnings
+        return None
     commands = _commands(sql or [])
-    if not commands:
-        raise ModelOutputError("sql_commands is missing or empty: give the SQL statements to apply, "
-                               f"or proposal_type {NO_PROPOSAL!r} when nothing is worth changing", text)
+    rewritten = _text(data, "rewritten_query").rstrip(";").strip()
+    settings = _settings(data, warnings)
+    if kind == "query_rewrite" and not rewritten:
+        raise ModelOutputError('a "query_rewrite" needs the complete new query in rewritten_query')
+    if kind == "settings" and not settings:
+        raise ModelOutputError(f'a "settings" candidate needs settings, e.g. {{"{WORK_MEM}": "64MB"}}')
+    if not (commands or rewritten or settings):
+        raise ModelOutputError("sql_commands is missing or empty: give the SQL statements to apply "
+                               "(or rewritten_query for a rewrite, settings for work_mem), "
+                               f"or proposal_type {NO_PROPOSAL!r} when nothing is worth changing")
+    equivalence = _text(data, "equivalence")
+    if rewritten and not equivalence:
+        warnings.append("equivalence missing: the rewrite does not say why it returns the same rows")
     if not rationale:
         warnings.append("rationale missing")
+    rationale = " ".join(part for part in (rationale, equivalence and f"Same rows: {equivalence}") if part)
     impact = data.get("estimated_impact")
     if not isinstance(impact, dict):
         warnings.append("estimated_impact missing or not an object: neutral estimates assumed")
@@ -350,13 +459,92 @@ def parse_proposal(agent: AgentKey, text: str) -> tuple[OptimizationProposal | N
         complexity=_level(impact, "complexity", warnings),
         risk=_level(impact, "risk", warnings),
     )
-    rewritten = data.get("rewritten_query")
-    rewritten = rewritten.strip().rstrip(";").strip() if isinstance(rewritten, str) else ""
     proposal_type = cast(ProposalType, kind)  # one of PROPOSAL_TYPES: proposal_type_of says so
     return OptimizationProposal(
         agent=agent, proposal_type=proposal_type, sql_commands=commands,
         rollback_commands=_commands(rollback), rationale=rationale or "(no rationale given)",
         estimated_impact=estimate, rewritten_query=rewritten or None,
         needs_refresh=proposal_type in ("materialized_view", "denormalization"),
-        validation_steps=tuple(steps),
-    ), warnings
+        validation_steps=tuple(steps), settings=settings,
+        needs_application_change=_flag(data, "needs_application_change", warnings),
+    )
+
+
+def parse_proposal(agent: AgentKey, text: str) -> tuple[OptimizationProposal | None, list[str]]:
+    """One candidate object (the single-proposal shape) → the agent's proposal, None for "none".
+
+    The estimated impact is the model's own prediction; the benchmark measures the truth.
+    """
+    data = load_object(text)
+    warnings: list[str] = []
+    try:
+        return _candidate(agent, data, warnings), warnings
+    except ModelOutputError as exc:
+        raise ModelOutputError(exc.reason, text) from None
+
+
+def _candidate_list(value: Any, text: str, warnings: list[str]) -> list[Any]:
+    """The candidates of an answer: {"candidates": [...]}, a single proposal, or a bare list."""
+    if isinstance(value, list):
+        warnings.append("a bare list: read as the candidates")
+        return value
+    if not isinstance(value, dict):
+        raise ModelOutputError(f"expected a JSON object, got a JSON {type(value).__name__}", text)
+    for key in ("candidates", "proposals"):
+        if key in value:
+            listed = value[key]
+            if isinstance(listed, dict):
+                warnings.append(f"{key}: one object where a list was expected; used as a list of one")
+                return [listed]
+            if not isinstance(listed, list):
+                raise ModelOutputError(f"{key} must be a list of candidate objects, "
+                                       f"got {type(listed).__name__}", text)
+            return listed
+    if "proposal_type" in value:
+        return [value]  # the single-proposal shape: one candidate
+    raise ModelOutputError('expected {"candidates": [...]}: a list of candidate designs, best first', text)
+
+
+def _identity(proposal: OptimizationProposal) -> tuple[object, ...]:
+    rewrite = " ".join(proposal.rewritten_query.split()) if proposal.rewritten_query else None
+    return tuple(" ".join(c.split()) for c in proposal.sql_commands), rewrite, proposal.settings
+
+
+def parse_proposals(agent: AgentKey, text: str) -> tuple[tuple[OptimizationProposal, ...], list[str]]:
+    """The agent's candidate designs from a model's answer, in the model's order, and warnings.
+
+    A malformed candidate is dropped (with a warning naming it and why) and the others
+    are kept; a repeated one is dropped too. Only an answer with no usable candidate at
+    all raises ModelOutputError (all the reasons, for the re-prompt). An empty list, or
+    only "none" candidates, means nothing is worth changing: ().
+    """
+    warnings: list[str] = []
+    listed = _candidate_list(_load_json(text), text, warnings)
+    if len(listed) > MAX_CANDIDATES:
+        warnings.append(f"{len(listed)} candidates: only the first {MAX_CANDIDATES} are kept")
+        listed = listed[:MAX_CANDIDATES]
+    proposals: list[OptimizationProposal] = []
+    seen: set[tuple[object, ...]] = set()
+    problems: list[str] = []
+    for number, item in enumerate(listed, 1):
+        label = f"candidate {number}"
+        mine: list[str] = []
+        try:
+            if not isinstance(item, dict):
+                raise ModelOutputError(f"not a JSON object but a {type(item).__name__}")
+            proposal = _candidate(agent, item, mine)
+        except ModelOutputError as exc:
+            problems.append(f"{label}: {exc.reason}")
+            warnings.append(f"{label} dropped: {exc.reason}")
+            continue
+        warnings.extend(f"{label}: {w}" if len(listed) > 1 else w for w in mine)
+        if proposal is None:
+            continue
+        if _identity(proposal) in seen:
+            warnings.append(f"{label} dropped: the same design as an earlier candidate")
+            continue
+        seen.add(_identity(proposal))
+        proposals.append(proposal)
+    if not proposals and problems:
+        raise ModelOutputError("no usable candidate (" + "; ".join(problems) + ")", text)
+    return tuple(proposals), warnings
