@@ -53,10 +53,13 @@ from afs.brains.gemini.client import (
     retry_after_s,
 )
 from afs.brains.gemini.parsing import (
+    MAX_CANDIDATES,
+    PROPOSAL_SCHEMA,
     extract_json,
     load_object,
     parse_analysis,
     parse_proposal,
+    parse_proposals,
     proposal_type_of,
     repair_json,
 )
@@ -79,6 +82,7 @@ from afs.models import (
 from afs.optimize import TaskRequest, optimize
 from afs.pg.plan import trim_plan
 from afs.router import load_rules
+from afs.safety import validate_candidate
 from afs.sandbox.server import SandboxServer
 from afs.suite import build_suite
 from afs.testing import (
@@ -110,6 +114,29 @@ PROPOSAL: dict[str, Any] = {
     "estimated_impact": {"query_time_improvement": 90.0, "storage_overhead_mb": 2.0,
                          "complexity": "low", "risk": "low"},
     "validation_steps": ["EXPLAIN shows an Index Scan using orders_user_status_created_idx"],
+}
+PARTIAL_SQL = ("CREATE INDEX orders_pending_user_idx ON orders (user_id, created_at DESC)"
+               " WHERE status = 'pending'")
+PARTIAL: dict[str, Any] = {
+    "proposal_type": "partial_index", "sql_commands": [PARTIAL_SQL],
+    "rollback_commands": ["DROP INDEX IF EXISTS orders_pending_user_idx"],
+    "rationale": "Only the pending orders are indexed: smaller, but serves no other status.",
+    "estimated_impact": {"query_time_improvement": 85.0, "storage_overhead_mb": 0.5,
+                         "complexity": "low", "risk": "low"},
+}
+REWRITE: dict[str, Any] = {
+    "proposal_type": "query_rewrite", "sql_commands": [],
+    "rewritten_query": QUERY + " LIMIT ALL",
+    "equivalence": "LIMIT ALL limits nothing: the same rows in the same order.",
+    "rationale": "A rewrite the planner reads the same way (for the test).",
+    "estimated_impact": {"query_time_improvement": 0.0, "storage_overhead_mb": 0.0,
+                         "complexity": "low", "risk": "low"},
+}
+WORK_MEM: dict[str, Any] = {
+    "proposal_type": "settings", "sql_commands": [], "settings": {"work_mem": "64mb"},
+    "rationale": "The sort spills to disk: 64MB keeps it in memory.",
+    "estimated_impact": {"query_time_improvement": 20.0, "storage_overhead_mb": 0.0,
+                         "complexity": "low", "risk": "low"},
 }
 
 
@@ -313,6 +340,105 @@ def test_nothing_worth_changing() -> None:
     assert proposal is None
 
 
+# -- ranked candidates (pure) ------------------------------------------------------------------------
+def test_the_schema_asks_for_a_ranked_list_of_candidates() -> None:
+    assert PROPOSAL_SCHEMA["required"] == ["candidates"]
+    candidates = PROPOSAL_SCHEMA["properties"]["candidates"]
+    assert candidates["type"] == "array" and candidates["maxItems"] == MAX_CANDIDATES == 4
+    item = candidates["items"]
+    assert item["required"] == ["proposal_type", "sql_commands", "rationale", "estimated_impact"]
+    assert list(item["properties"]["settings"]["properties"]) == ["work_mem"]
+    assert item["properties"]["needs_application_change"]["type"] == "boolean"
+    assert {"rewritten_query", "equivalence"} <= set(item["properties"])
+
+
+def test_candidates_keep_the_model_order() -> None:
+    text = json.dumps({"candidates": [PROPOSAL, PARTIAL, REWRITE]})
+    proposals, warnings = parse_proposals("gemini25pro", text)
+    assert [p.proposal_type for p in proposals] == ["composite_index", "partial_index", "query_rewrite"]
+    assert all(p.agent == "gemini25pro" for p in proposals) and warnings == []
+    rewrite = proposals[2]
+    assert rewrite.sql_commands == () and rewrite.rewritten_query == QUERY + " LIMIT ALL"
+    assert rewrite.rationale.endswith("Same rows: LIMIT ALL limits nothing: the same rows in the same order.")
+
+
+def test_a_malformed_candidate_is_dropped_and_the_others_kept() -> None:
+    text = json.dumps({"candidates": [PROPOSAL, {"proposal_type": "vacuum_full", "sql_commands": ["VACUUM"]},
+                                      "CREATE INDEX ON orders (status)", PARTIAL]})
+    proposals, warnings = parse_proposals("gemini25pro", text)
+    assert [p.sql_commands[0] for p in proposals] == [INDEX_SQL, PARTIAL_SQL]
+    assert any(w.startswith("candidate 2 dropped: proposal_type 'vacuum_full'") for w in warnings)
+    assert any(w.startswith("candidate 3 dropped: not a JSON object") for w in warnings)
+
+
+def test_the_single_proposal_shape_is_one_candidate() -> None:
+    proposals, warnings = parse_proposals("gemini25pro", json.dumps(PROPOSAL))
+    assert [p.sql_commands for p in proposals] == [(INDEX_SQL, "ANALYZE orders")] and warnings == []
+    bare, warnings = parse_proposals("gemini25pro", json.dumps([PROPOSAL, PARTIAL]))
+    assert len(bare) == 2 and any("bare list" in w for w in warnings)
+
+
+def test_no_usable_candidate_is_an_error_with_every_reason() -> None:
+    text = json.dumps({"candidates": [{"proposal_type": "hybrid", "sql_commands": ["x"]},
+                                      {"proposal_type": "index", "sql_commands": []},
+                                      {**REWRITE, "rewritten_query": ""}]})
+    with pytest.raises(ModelOutputError) as caught:
+        parse_proposals("gemini25pro", text)
+    reason = caught.value.reason
+    assert reason.startswith("no usable candidate")
+    assert "candidate 1: proposal_type 'hybrid'" in reason
+    assert "candidate 2: sql_commands is missing" in reason
+    assert "candidate 3: a \"query_rewrite\" needs the complete new query" in reason
+    with pytest.raises(ModelOutputError, match=r"expected .*candidates"):
+        parse_proposals("gemini25pro", json.dumps({"insights": ["not a proposal"]}))
+    with pytest.raises(ModelOutputError, match="candidates must be a list"):
+        parse_proposals("gemini25pro", json.dumps({"candidates": "CREATE INDEX"}))
+
+
+def test_nothing_worth_changing_as_candidates() -> None:
+    assert parse_proposals("gemini25pro", '{"candidates": []}') == ((), [])
+    none = {"proposal_type": "none", "sql_commands": [], "rationale": "Already fast."}
+    assert parse_proposals("gemini25pro", json.dumps({"candidates": [none]}))[0] == ()
+    assert parse_proposals("gemini25pro", json.dumps(none))[0] == ()
+
+
+def test_repeated_and_surplus_candidates_are_dropped() -> None:
+    spaced = {**PROPOSAL, "sql_commands": [INDEX_SQL.replace(" ON ", "\n  ON "), "ANALYZE orders;"]}
+    others = [{**PARTIAL, "sql_commands": [PARTIAL_SQL.replace("pending_user", f"p{i}")]} for i in range(4)]
+    text = json.dumps({"candidates": [PROPOSAL, spaced, *others]})
+    proposals, warnings = parse_proposals("gemini25pro", text)
+    assert len(proposals) == 3  # the first four, less the repeated one
+    assert any("6 candidates: only the first 4" in w for w in warnings)
+    assert any("candidate 2 dropped: the same design" in w for w in warnings)
+
+
+def test_settings_are_work_mem_only_clamped_and_mapped() -> None:
+    [proposal], _ = parse_proposals("gemini25pro", json.dumps({"candidates": [WORK_MEM]}))
+    assert proposal.proposal_type == "settings" and proposal.settings == (("work_mem", "64MB"),)
+    assert proposal.sql_commands == () and validate_candidate(proposal).is_valid
+    mixed = {**PROPOSAL, "settings": {"work_mem": "8 GB", "enable_seqscan": "off"}}
+    [proposal], warnings = parse_proposals("gemini25pro", json.dumps(mixed))
+    assert proposal.settings == (("work_mem", "2GB"),) and proposal.sql_commands[0] == INDEX_SQL
+    assert any("'enable_seqscan' dropped" in w for w in warnings)
+    assert any("clamped to 2GB" in w for w in warnings)
+    for spelled, expected in ((["work_mem = 32MB"], "32MB"), ([{"name": "work_mem", "value": 4096}], "4MB"),
+                              ({"WORK_MEM": "100"}, "100kB")):
+        [proposal], _ = parse_proposals("gemini25pro", json.dumps({**PROPOSAL, "settings": spelled}))
+        assert proposal.settings == (("work_mem", expected),)
+    with pytest.raises(ModelOutputError, match="needs settings"):
+        parse_proposals("gemini25pro", json.dumps({**WORK_MEM, "settings": {"work_mem": "lots"}}))
+
+
+def test_a_keyset_rewrite_needs_the_application_change() -> None:
+    keyset = {**REWRITE, "needs_application_change": True,
+              "rewritten_query": "SELECT id FROM orders WHERE id > 1000 ORDER BY id LIMIT 20"}
+    proposals, _ = parse_proposals("gemini25pro", json.dumps({"candidates": [keyset, REWRITE]}))
+    assert [p.needs_application_change for p in proposals] == [True, False]
+    text = json.dumps({**keyset, "needs_application_change": "yes"})
+    [spelled], warnings = parse_proposals("gemini25pro", text)
+    assert spelled.needs_application_change and warnings == []
+
+
 # -- prompts ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("agent", list(AGENTS))
 def test_every_agent_has_its_prompts_filled_with_the_context(agent: str) -> None:
@@ -328,12 +454,25 @@ def test_every_agent_has_its_prompts_filled_with_the_context(agent: str) -> None
     assert all(v.sql in analysis for v in ctx.suite) and len(ctx.suite) >= 2
     proposal = proposal_prompt(agent, ctx, AnalysisResult(("the insight",), ("the action",), 0.8))
     assert QUERY in proposal and "- the insight" in proposal and "- the action" in proposal
-    assert "SAFETY RULES" in proposal and '"proposal_type": "none"' in proposal
+    assert "SAFETY RULES" in proposal and '{"candidates": []}' in proposal
+    assert '"candidates": [' in proposal and "up to 4 candidate designs" in proposal
+    assert "QUERY REWRITES" in proposal and "NOT EXISTS" in proposal and "keyset" in proposal
+    assert "must NOT bake the query's literal filter values" in proposal
+    assert '"work_mem"' in proposal and "needs_application_change" in proposal
     assert "Respond ONLY with valid JSON" in analysis + proposal
     system = prompt_template(f"system_{agent}").template
     assert "You are" in system and "$" not in system
+    assert "trigger maintenance" not in system and "Archive patterns" not in analysis  # not allowed
     for text in (analysis, proposal):
         assert "$" not in text.replace("$1", "")
+
+
+def test_a_keyset_rewrite_is_given_the_last_key_of_the_previous_page() -> None:
+    analysis = AnalysisResult(("the insight",), ("the action",), 0.8)
+    assert "the row just before the page" not in proposal_prompt("gemini25pro", issue_context(), analysis)
+    ctx = dataclasses.replace(issue_context(), keyset_last_key=("2024-03-01 10:00:00+00", 4711, "O'Hara"))
+    prompt = proposal_prompt("gemini25pro", ctx, analysis)
+    assert "the row just before the page is ('2024-03-01 10:00:00+00', 4711, 'O''Hara')" in prompt
 
 
 def wide_plan(cheap_nodes: int) -> dict[str, Any]:
@@ -494,7 +633,7 @@ async def test_fenced_json(fake: FakeGemini, base_url: str) -> None:
     assert roles == ["user", "model", "user"]  # the analysis conversation, then the proposal prompt
     assert json.loads(request.texts[1])["insights"] == ANALYSIS["insights"]
     assert "generate the SQL" in request.prompt
-    assert "proposal_type" in request.generation_config["responseJsonSchema"]["properties"]
+    assert "candidates" in request.generation_config["responseJsonSchema"]["properties"]
 
 
 async def test_broken_then_good_reprompts_with_the_error(fake: FakeGemini, base_url: str) -> None:
@@ -519,6 +658,95 @@ async def test_broken_three_times_fails_after_two_reprompts(fake: FakeGemini, ba
         with pytest.raises(ModelOutputError, match="after 2 re-prompts") as caught:
             await brain.propose("gemini25pro", issue_context(), analysis)
     assert "vacuum_full" in caught.value.reason and len(fake.requests) == 3
+
+
+ANALYZED = AnalysisResult(tuple(ANALYSIS["insights"]), tuple(ANALYSIS["proposed_actions"]), 0.85)
+
+
+async def test_three_candidates_in_one_answer(fake: FakeGemini, base_url: str) -> None:
+    fake.script(reply_json({"candidates": [PROPOSAL, PARTIAL, REWRITE]}))
+    async with open_brain(base_url) as brain:
+        proposals = await brain.propose("gemini25pro", issue_context(), ANALYZED)
+    assert isinstance(proposals, tuple)
+    assert [p.proposal_type for p in proposals] == ["composite_index", "partial_index", "query_rewrite"]
+    assert proposals[0].sql_commands == (INDEX_SQL, "ANALYZE orders")
+    assert proposals[1].sql_commands == (PARTIAL_SQL,)
+    assert proposals[2].rewritten_query == REWRITE["rewritten_query"]
+    [request] = fake.requests
+    schema = request.generation_config["responseJsonSchema"]
+    assert schema["required"] == ["candidates"] and schema["properties"]["candidates"]["maxItems"] == 4
+    assert brain.usage["gemini25pro"]["reprompts"] == 0
+
+
+async def test_a_malformed_candidate_among_good_ones_is_dropped(fake: FakeGemini, base_url: str) -> None:
+    bad = {**PROPOSAL, "sql_commands": {"not": "a list"}}
+    fake.script(reply_json({"candidates": [PROPOSAL, bad, WORK_MEM]}))
+    async with open_brain(base_url) as brain:
+        with structlog.testing.capture_logs() as logs:
+            proposals = await brain.propose("gemini25pro", issue_context(), ANALYZED)
+    assert [p.proposal_type for p in proposals] == ["composite_index", "settings"]
+    repaired = [e["warning"] for e in logs if e["event"] == "model_output_repaired"]
+    assert any(w.startswith("candidate 2 dropped: sql_commands must be a list") for w in repaired)
+    assert not [e for e in logs if e["event"] == "model_output_invalid"]
+    assert len(fake.requests) == 1 and brain.usage["gemini25pro"]["reprompts"] == 0
+
+
+async def test_the_single_proposal_shape_still_works(fake: FakeGemini, base_url: str) -> None:
+    fake.script(reply_json(PROPOSAL))
+    async with open_brain(base_url) as brain:
+        (proposal,) = await brain.propose("gemini20flash", issue_context(), ANALYZED)
+    assert proposal.agent == "gemini20flash" and proposal.sql_commands[0] == INDEX_SQL
+    assert len(fake.requests) == 1
+
+
+async def test_an_answer_without_a_usable_candidate_is_reprompted(fake: FakeGemini, base_url: str) -> None:
+    bad = {"candidates": [{"proposal_type": "vacuum_full", "sql_commands": ["VACUUM FULL"]},
+                          {**REWRITE, "rewritten_query": None}]}
+    fake.script(reply_json(bad), reply_json({"candidates": [REWRITE]}))
+    async with open_brain(base_url) as brain:
+        (proposal,) = await brain.propose("gemini25flash", issue_context(), ANALYZED)
+    assert proposal.proposal_type == "query_rewrite"
+    _, second = fake.requests
+    assert second.texts[-2] == json.dumps(bad)  # the unusable answer, then the reason
+    assert "could not be used: no usable candidate" in second.prompt
+    assert "candidate 1: proposal_type 'vacuum_full'" in second.prompt
+    assert 'candidate 2: a "query_rewrite" needs the complete new query' in second.prompt
+    assert brain.usage["gemini25flash"]["reprompts"] == 1
+
+
+async def test_every_agent_is_asked_for_rewrites_without_baked_literals(fake: FakeGemini,
+                                                                        base_url: str) -> None:
+    fake.fallback = lambda _request: reply_json({"candidates": []})
+    async with open_brain(base_url) as brain:
+        for agent in AGENTS:
+            assert await brain.propose(agent, issue_context(), ANALYZED) == ()
+    assert len(fake.requests) == len(AGENTS)
+    for request in fake.requests:
+        prompt = request.prompt
+        assert "up to 4 candidate designs" in prompt and "best first" in prompt
+        assert "QUERY REWRITES (every agent, after its specialisation's designs)" in prompt
+        for rewrite in ("NOT EXISTS", "keyset pagination", "needs_application_change",
+                        "col >= lo AND col < hi", "LEFT JOIN", "EXISTS (SELECT 1", "redundant DISTINCT",
+                        "UNION ALL", "one index per\n  disjunct"):
+            assert rewrite in prompt, rewrite
+        assert "Keep every clause of the original (ORDER BY, LIMIT, OFFSET, DISTINCT" in prompt
+        assert "Materialized views must NOT bake the query's literal filter values" in prompt
+        assert "Group by the\n  filtered columns" in prompt and "other parameter values" in prompt
+        assert '{"work_mem": "64MB"}' in prompt
+
+
+async def test_settings_and_the_application_change_are_mapped(fake: FakeGemini, base_url: str) -> None:
+    keyset = {**REWRITE, "needs_application_change": True,
+              "rewritten_query": "SELECT id FROM orders WHERE id > 1000 ORDER BY id LIMIT 20"}
+    index_with_work_mem = {**PROPOSAL, "settings": {"work_mem": "256MB"}}
+    fake.script(reply_json({"candidates": [index_with_work_mem, WORK_MEM, keyset]}))
+    async with open_brain(base_url) as brain:
+        index, work_mem, page = await brain.propose("gemini25pro", issue_context(), ANALYZED)
+    assert index.settings == (("work_mem", "256MB"),) and index.sql_commands[0] == INDEX_SQL
+    assert work_mem.settings == (("work_mem", "64MB"),) and work_mem.sql_commands == ()
+    assert not index.needs_application_change and not work_mem.needs_application_change
+    assert page.needs_application_change and page.proposal_type == "query_rewrite"
+    assert all(validate_candidate(p).is_valid for p in (index, work_mem, page))
 
 
 @pytest.mark.parametrize(("status", "message", "hint"), [
@@ -692,7 +920,7 @@ def answers(proposal: dict[str, Any]) -> Any:
 
     def respond(request: FakeRequest) -> FakeReply:
         schema = request.generation_config.get("responseJsonSchema") or {}
-        return reply_json(proposal if "proposal_type" in schema.get("properties", {}) else ANALYSIS)
+        return reply_json(proposal if "candidates" in schema.get("properties", {}) else ANALYSIS)
 
     return respond
 
@@ -706,7 +934,7 @@ async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
 @pytest.mark.usefixtures("no_leaked_forks")
 async def test_a_model_proposal_is_validated_and_measured(
         settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
-    fake = FakeGemini(fallback=answers(PROPOSAL))
+    fake = FakeGemini(fallback=answers({"candidates": [PROPOSAL, WORK_MEM]}))
     credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
     async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
         squad = dataclasses.replace(squad, agents=("gemini25pro",))
@@ -716,6 +944,11 @@ async def test_a_model_proposal_is_validated_and_measured(
     [outcome] = result.outcomes
     assert outcome.status == "ok", outcome.error
     assert outcome.proposal is not None and outcome.proposal.sql_commands[0] == INDEX_SQL
+    # both candidates of the one answer were screened in the fork; the index is measured
+    assert [(c.rank, c.proposal.proposal_type) for c in outcome.candidates] == [
+        (1, "composite_index"), (2, "settings")]
+    assert outcome.candidates[0].status == "measured"
+    assert outcome.candidates[1].proposal.settings == (("work_mem", "64MB"),)
     assert outcome.benchmark is not None and outcome.benchmark.measurements
     assert result.provider == "gemini" and "gemini25pro = gemini-2.5-pro" in result.provider_note
     assert result.status == "completed" and result.decision and result.decision.winner == "gemini25pro"
