@@ -307,7 +307,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                         tables=job.features.tables, runs=job.runs, skipped=state.skipped,
                         family=members,
                         statement_timeout_ms=job.statement_timeout_ms,
-                        slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines)
+                        slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,
+                        known_slow=ctx.slow)
 
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)

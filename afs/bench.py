@@ -237,6 +237,7 @@ async def benchmark(
     statement_timeout_ms: int = 0,
     slow_cap_ms: int = 0,
     slow_cache: dict[str, tuple[Result | None, Sample]] | None = None,
+    known_slow: bool = False,
 ) -> BenchmarkOutcome:
     """Measure `suite` before and `candidate_suite` (default: the same) after the proposal.
 
@@ -245,7 +246,9 @@ async def benchmark(
     timeout (`statement_timeout_ms`) before the change, it is run once under `slow_cap_ms`
     and that single run is its baseline (a lower bound when it hit the cap); other variants
     that exceed the timeout are left out. `slow_cache` keeps that run for the next proposal
-    measured on the same data (by the query's text), so it is paid once per task.
+    measured on the same data (by the query's text), so it is paid once per task. Once the
+    query as given is known to be that slow (`known_slow`: its analysis timed out too), it goes
+    to the long run at once and the other variants are left out.
     """
     candidates = {v.name: v for v in (candidate_suite or suite)}
     pairs = [(v, candidates[v.name]) for v in suite if v.name in candidates]
@@ -262,24 +265,34 @@ async def benchmark(
     before_results: dict[str, Result] = {}
     slow_baseline: dict[str, Sample] = {}
     kept: list[tuple[QueryVariant, QueryVariant]] = []
+    too_slow = known_slow
     for variant, candidate in pairs:
-        try:
-            before_results[variant.name] = await result_of(conn, variant, ordered[variant.name])
-        except StatementTimeout:
-            if variant.name != "baseline" or not slow_cap_ms or not statement_timeout_ms:
-                missing.append(f"{variant.name}: exceeds the statement timeout before the change")
+        long_run = bool(slow_cap_ms and statement_timeout_ms) and variant.name == "baseline"
+        if too_slow and not long_run:
+            missing.append(f"{variant.name}: the query exceeds the statement timeout before the change;"
+                           " only the query as given is measured")
+            continue
+        if not (too_slow and long_run):
+            try:
+                before_results[variant.name] = await result_of(conn, variant, ordered[variant.name])
+                kept.append((variant, candidate))
                 continue
-            key = f"{ordered[variant.name]}:{variant.sql}"
-            cached = slow_cache.get(key) if slow_cache is not None else None
-            if cached is None:
-                cached = await _long_run(conn, variant, ordered[variant.name], slow_cap_ms,
-                                         statement_timeout_ms)
-                if slow_cache is not None:
-                    slow_cache[key] = cached
-            result, sample = cached
-            slow_baseline[variant.name] = sample
-            if result is not None:
-                before_results[variant.name] = result
+            except StatementTimeout:
+                too_slow = True
+                if not long_run:
+                    missing.append(f"{variant.name}: exceeds the statement timeout before the change")
+                    continue
+        key = f"{ordered[variant.name]}:{variant.sql}"
+        cached = slow_cache.get(key) if slow_cache is not None else None
+        if cached is None:
+            cached = await _long_run(conn, variant, ordered[variant.name], slow_cap_ms,
+                                     statement_timeout_ms)
+            if slow_cache is not None:
+                slow_cache[key] = cached
+        result, sample = cached
+        slow_baseline[variant.name] = sample
+        if result is not None:
+            before_results[variant.name] = result
         kept.append((variant, candidate))
     pairs = kept
 
