@@ -421,8 +421,10 @@ def test_settings_are_work_mem_only_clamped_and_mapped() -> None:
     assert proposal.settings == (("work_mem", "2GB"),) and proposal.sql_commands[0] == INDEX_SQL
     assert any("'enable_seqscan' dropped" in w for w in warnings)
     assert any("clamped to 2GB" in w for w in warnings)
-    for spelled, expected in ((["work_mem = 32MB"], "32MB"), ([{"name": "work_mem", "value": 4096}], "4MB"),
-                              ({"WORK_MEM": "100"}, "100kB")):
+    spellings: list[tuple[Any, str]] = [
+        (["work_mem = 32MB"], "32MB"), ("work_mem=1GB", "1GB"),
+        ([{"name": "work_mem", "value": 4096}], "4MB"), ({"WORK_MEM": "100"}, "100kB")]
+    for spelled, expected in spellings:
         [proposal], _ = parse_proposals("gemini25pro", json.dumps({**PROPOSAL, "settings": spelled}))
         assert proposal.settings == (("work_mem", expected),)
     with pytest.raises(ModelOutputError, match="needs settings"):

@@ -353,9 +353,12 @@ def _memory(kb: int) -> str:
 
 
 def _setting_pairs(raw: Any, warnings: list[str]) -> list[tuple[Any, Any]]:
-    """`settings` as (name, value) pairs: an object, or a list of pairs, {name, value} or "a=b"."""
+    """`settings` as (name, value) pairs: an object, or a list of pairs, {name, value} or "a=b"
+    (a lone "a=b" too)."""
     if isinstance(raw, dict):
         return list(raw.items())
+    if isinstance(raw, str):
+        raw = [raw]
     if not isinstance(raw, list):
         raise ModelOutputError(f'settings must be an object such as {{"{WORK_MEM}": "64MB"}}, '
                                f"got {type(raw).__name__}")
