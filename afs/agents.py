@@ -277,7 +277,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             tried[rank] = CandidateResult(
                 proposal, "screened_out", rank, validation, planner_cost=costs.get(rank),
                 baseline_cost=baseline_cost,
-                note="the planner expects it to be slower than the designs measured")
+                note="beyond the measuring budget: the planner expects less of it than of those measured")
 
     family = _family(job, ctx)
     by_rank = {rank: (proposal, validation, cs) for rank, proposal, validation, cs in checked}
@@ -353,16 +353,21 @@ def choose_for_measurement(candidates: Sequence[tuple[int, float | None, bool]],
     """Which candidates (rank, planner cost, moves data) to measure, in measuring order.
 
     The brain's first choice is always measured (the planner can be wrong: a corrected
-    estimate may cost more and run faster); the others by planner cost, cheapest first, when
-    they promise at least 10 % less than the query as it is. Designs that move data
-    (partitioning) are measured last: their undo is the slowest and least certain.
+    estimate may cost more and run faster); the others by planner cost, cheapest first: those
+    that promise at least 10 % less than the query as it is before those that do not (the
+    planner misjudges exactly the queries worth fixing, such as correlated subqueries, so the
+    measuring budget is filled). Designs that move data (partitioning) are measured last:
+    their undo is the slowest and least certain.
     """
     if not candidates:
         return []
     first, *rest = sorted(candidates)
-    promising = [c for c in rest if c[1] is None or baseline_cost is None or c[1] < 0.9 * baseline_cost]
-    promising.sort(key=lambda c: (c[1] is None, c[1] or 0.0, c[0]))
-    picked = [first, *promising][:max(1, limit)]
+
+    def promising(c: tuple[int, float | None, bool]) -> bool:
+        return c[1] is None or baseline_cost is None or c[1] < 0.9 * baseline_cost
+
+    rest.sort(key=lambda c: (not promising(c), c[1] is None, c[1] or 0.0, c[0]))
+    picked = [first, *rest][:max(1, limit)]
     picked.sort(key=lambda c: c[2])  # stable: the order above within each group
     return [rank for rank, _, _ in picked]
 
@@ -391,6 +396,9 @@ def _best(state: _Progress) -> AgentOutcome:
     if best.benchmark.answer_cache:
         return state.outcome("rejected", f"not an optimization: {best.benchmark.answer_cache}",
                              best.benchmark)
+    unproven = [m.note for m in best.benchmark.measurements if m.note.startswith("not proven")]
+    if unproven:
+        return state.outcome("rejected", f"the rewrite is {unproven[0]}", best.benchmark)
     if not best.benchmark.equivalent:
         differing = [m.name for m in best.benchmark.measurements if not m.equivalent] + [
             c.label for c in best.benchmark.parameter_checks if not c.equivalent]

@@ -306,6 +306,9 @@ def _value_node(node: object) -> exp.Expr | None:
     node = _stripped(node)
     if isinstance(node, exp.Literal):
         return node
+    if isinstance(node, exp.Add | exp.Sub) and isinstance(_stripped(node.expression), exp.Interval):
+        # '2024-06-01'::date + interval '1 day': a bound derived from the literal moves with it
+        return _value_node(node.this)
     if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
         return node
     return None

@@ -28,7 +28,8 @@ def test_the_first_choice_is_always_measured_and_the_rest_by_planner_cost() -> N
     # rank, cost, moves data; the query costs 1000 as it is
     picked = choose_for_measurement([(1, 2000.0, False), (2, 50.0, False), (3, 950.0, False),
                                      (4, 10.0, False)], 1000.0, 3)
-    assert picked == [1, 4, 2]  # 3 promises < 10 %: screened out
+    assert picked == [1, 4, 2]  # 3 promises < 10 %: beyond the budget of 3
+    assert choose_for_measurement([(1, 2000.0, False), (2, 990.0, False)], 1000.0, 3) == [1, 2]
 
 
 def test_data_moving_designs_are_measured_last_and_the_limit_holds() -> None:
