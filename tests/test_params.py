@@ -250,3 +250,12 @@ def test_bad_input() -> None:
     with pytest.raises(InputError, match="not a literal"):
         apply_parameters("SELECT 1 FROM orders HAVING count(*) > 5", bad)
     assert parameter_sets(MONTH, TABLES, 0) == ()
+
+
+def test_a_bound_derived_from_the_literal_moves_with_it() -> None:
+    from afs.params import ParameterSet, Substitution
+    pset = ParameterSet("x", (Substitution("created_at", "'2024-06-01'", "'2024-12-28'"),))
+    sargable = ("SELECT id FROM orders WHERE created_at >= CAST('2024-06-01' AS DATE)"
+                " AND created_at < CAST('2024-06-01' AS DATE) + INTERVAL '1 day'")
+    moved = apply_parameters(sargable, pset)
+    assert moved is not None and moved.count("'2024-12-28'") == 2 and "'2024-06-01'" not in moved
