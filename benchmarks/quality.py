@@ -26,7 +26,9 @@ with its oracle: the DDL, rewrite or setting known to fix it), in one run:
 Verdicts per case:
 
     reach          AFS's time within 10 % of the oracle's (0.3 ms when the oracle is
-                   under 1 ms), or better; no winner means AFS's time is the baseline's
+                   under 1 ms), or better, with a winner that is neither a regression
+                   nor an answer cache (those never count, however fast); no winner
+                   means AFS's time is the baseline's
     regression     the winner is significantly slower than the baseline (complete
                    separation and ≥ 5 % between medians, afs.bench.significant) or
                    returns other rows
@@ -55,7 +57,8 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -201,8 +204,8 @@ class AfsRun:
     error: str | None = None
 
 
-async def run_afs(settings: Settings, server: SandboxServer, client: ForkClient, db: str,
-                  query: str, runs: int) -> AfsRun:
+async def run_afs(settings: Settings, server: SandboxServer, client: ForkClient,
+                  provider: LocalForkProvider, db: str, query: str, runs: int) -> AfsRun:
     """One `optimize()` task with the offline strategists and the routed squad."""
     brain = StrategistBrain()
     squad = Squad(brain_for=lambda _agent: brain, provider="heuristic",
@@ -229,7 +232,7 @@ async def run_afs(settings: Settings, server: SandboxServer, client: ForkClient,
         return run
     finally:
         run.seconds = time.monotonic() - started
-        await remove_leftover_forks(client, emitter.task_id)
+        await remove_leftover_forks(provider, emitter.task_id)
     run.status, run.error = result.status, result.error
     run.agents = tuple(o.agent for o in result.outcomes)
     run.winner = result.decision.winner if result.decision is not None else None
@@ -239,15 +242,35 @@ async def run_afs(settings: Settings, server: SandboxServer, client: ForkClient,
     return run
 
 
-async def remove_leftover_forks(client: ForkClient, task_id: str) -> None:
+async def remove_leftover_forks(provider: LocalForkProvider, task_id: str) -> None:
+    """The agents destroy their forks through MCP; destroy any of this task still there directly
+    (on Ctrl-C the MCP session may be gone before their cleanup ran)."""
     with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
         try:
-            for fork in (await client.list_services())["forks"]:
+            for fork in (await provider.list_services())["forks"]:
                 if f"-task{task_id}-" in fork["name"]:
                     progress(f"fork {fork['name']} was left behind; destroying it")
-                    await client.destroy(fork["name"])
+                    await provider.delete(fork["name"])
         except AfsError as exc:
             progress(f"could not check for leftover forks: {exc}")
+
+
+@asynccontextmanager
+async def measuring_fork(client: ForkClient, provider: LocalForkProvider, db: str,
+                         label: str) -> AsyncIterator[Connection]:
+    """A fork of `db` and a connection to it; the fork is destroyed on exit, directly if MCP is gone."""
+    name = random_fork_name(label)
+    try:
+        async with client.open_fork(db, name=name, ttl_seconds=FORK_TTL_S) as fork, \
+                open_connection(fork.dsn, MEASURE_TIMEOUT_MS) as conn:
+            yield conn
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
+            try:
+                if (await provider.delete(name))["deleted"]:
+                    progress(f"fork {name} was left behind by the MCP session; destroyed it directly")
+            except AfsError as exc:
+                progress(f"could not destroy fork {name}: {exc}")
 
 
 # -- measuring in one fork -------------------------------------------------------------------
@@ -390,12 +413,11 @@ async def oracle_query(conn: Connection, case: Case, values: Mapping[str, object
     return render(query, {f"p{i}": v for i, v in enumerate(row)})
 
 
-async def measure_case(client: ForkClient, db: str, case: Case, values: Mapping[str, object],
-                       afs: AfsRun, runs: int) -> dict[str, Config]:
+async def measure_case(client: ForkClient, provider: LocalForkProvider, db: str, case: Case,
+                       values: Mapping[str, object], afs: AfsRun, runs: int) -> dict[str, Config]:
     """Baseline, AFS's winner and the oracle, applied in one fork and measured interleaved."""
     query = render(case.query, values)
-    async with client.open_fork(db, name=random_fork_name("quality"), ttl_seconds=FORK_TTL_S) as fork, \
-            open_connection(fork.dsn, MEASURE_TIMEOUT_MS) as conn:
+    async with measuring_fork(client, provider, db, "quality") as conn:
         baseline = Config("baseline", (), query)
         configs = {"baseline": baseline}
         if afs.proposal is not None:
@@ -412,14 +434,14 @@ async def measure_case(client: ForkClient, db: str, case: Case, values: Mapping[
         await measure_configs(conn, shared, runs)
     for config in configs.values():
         if config.own_fork:
-            await measure_in_own_fork(client, db, config, runs)
+            await measure_in_own_fork(client, provider, db, config, runs)
     return configs
 
 
-async def measure_in_own_fork(client: ForkClient, db: str, config: Config, runs: int) -> None:
+async def measure_in_own_fork(client: ForkClient, provider: LocalForkProvider, db: str,
+                              config: Config, runs: int) -> None:
     """A configuration whose changes cannot be hidden: after the change, in a fork of its own."""
-    async with client.open_fork(db, name=random_fork_name("qualityown"), ttl_seconds=FORK_TTL_S) as fork, \
-            open_connection(fork.dsn, MEASURE_TIMEOUT_MS) as conn:
+    async with measuring_fork(client, provider, db, "qualityown") as conn:
         fresh = Config(config.label, config.ddl, config.query, config.settings)
         await apply(conn, fresh)
         fresh.created = []  # nothing to hide: it is alone in this fork
@@ -516,6 +538,7 @@ def winner_short(proposal: OptimizationProposal | None) -> str:
 @dataclass
 class Verdict:
     case: Case
+    query: str  # the case's query as run (placeholders filled)
     afs: AfsRun
     configs: dict[str, Config]
     peer: str
@@ -541,6 +564,11 @@ class Verdict:
 
     @property
     def reach(self) -> bool:
+        return self.fast and self.regression is None and self.cache is None
+
+    @property
+    def fast(self) -> bool:
+        """AFS's time alone: within 10 % of the oracle's (0.3 ms under 1 ms), or better."""
         afs, oracle = self.ms("afs"), self.ms("oracle")
         if afs is None or oracle is None:
             return False
@@ -571,7 +599,7 @@ class Verdict:
 
     @property
     def cache(self) -> str | None:
-        return answer_cache(self.case.query, self.afs.proposal)
+        return answer_cache(self.query, self.afs.proposal)
 
     def details(self) -> dict[str, Any]:
         def config_data(label: str) -> dict[str, Any] | None:
@@ -590,8 +618,9 @@ class Verdict:
             "case": self.case.name, "source": self.case.source, "note": self.case.note,
             "error": self.error, "build_s": round(self.build_s, 1),
             "baseline_ms": self.ms("baseline"), "afs_ms": self.ms("afs"), "oracle_ms": self.ms("oracle"),
-            "ratio_to_oracle": None if self.ratio is None else round(self.ratio, 3),
-            "reach": self.reach, "regression": self.regression, "answer_cache": self.cache,
+            "ratio_to_oracle": None if self.ratio is None else float(f"{self.ratio:.4g}"),
+            "reach": self.reach, "fast_as_oracle": self.fast, "regression": self.regression,
+            "answer_cache": self.cache,
             "peer": self.peer, "oracle": self.case.oracle_text,
             "afs": {"status": self.afs.status, "agents": list(self.afs.agents), "winner": self.afs.winner,
                     "proposal_type": proposal.proposal_type if proposal else None,
@@ -611,21 +640,22 @@ async def run_case(settings: Settings, server: SandboxServer, client: ForkClient
     if case.name == "prefix_like_collation":
         case = _with_note(case, facts.collation_note)
     db = database_name(case)
-    verdict = Verdict(case=case, afs=AfsRun(), configs={}, peer=facts.peer, build_s=0.0)
+    verdict = Verdict(case=case, query=render(case.query, values), afs=AfsRun(), configs={},
+                      peer=facts.peer, build_s=0.0)
     try:
         sizes = ", ".join(f"{k}={v}" for k, v in scaled(case.sizes, args.scale).items())
         progress(f"{case.name}: building {db} ({sizes})")
         verdict.build_s = await build_database(server, provider, case, values)
         if not args.no_afs:
             progress(f"{case.name}: AFS optimize (offline strategists, routed squad)")
-            verdict.afs = await run_afs(settings, server, client, db, render(case.query, values),
+            verdict.afs = await run_afs(settings, server, client, provider, db, verdict.query,
                                         args.afs_runs or settings.runs)
             progress(f"{case.name}: AFS {verdict.afs.status} in {verdict.afs.seconds:.1f} s, winner"
                      f" {verdict.afs.winner or 'none'}: {winner_short(verdict.afs.proposal)}")
         else:
             verdict.afs.status = "skipped (--no-afs)"
         progress(f"{case.name}: measuring baseline, AFS and oracle in one fork ({args.runs} rounds)")
-        verdict.configs = await measure_case(client, db, case, values, verdict.afs, args.runs)
+        verdict.configs = await measure_case(client, provider, db, case, values, verdict.afs, args.runs)
         oracle = verdict.configs.get("oracle")
         if oracle is not None and (oracle.error or verdict.differs("oracle")):
             verdict.error = f"the oracle is broken: {oracle.error or 'it returns other rows'}"
@@ -676,7 +706,7 @@ def summary(verdicts: Sequence[Verdict]) -> dict[str, Any]:
         "reach_share": round(sum(v.reach for v in measured) / len(measured), 3) if measured else 0.0,
         "regressions": sum(v.regression is not None for v in measured),
         "answer_caches": sum(v.cache is not None for v in measured),
-        "median_ratio_to_oracle": round(statistics.median(ratios), 3) if ratios else None,
+        "median_ratio_to_oracle": float(f"{statistics.median(ratios):.4g}") if ratios else None,
         "details": [v.details() for v in verdicts],
     }
 
@@ -701,7 +731,7 @@ def report(verdicts: Sequence[Verdict], wall_s: float, args: argparse.Namespace)
             flags.append(f"REGRESSION: {v.regression}")
         if v.cache:
             flags.append(f"ANSWER CACHE: {v.cache}")
-        ratio = "-" if v.ratio is None else (f"{v.ratio:.2f}" if v.ratio < 100 else f"{v.ratio:,.0f}")
+        ratio = "-" if v.ratio is None else (f"{v.ratio:.3g}" if v.ratio < 100 else f"{v.ratio:,.0f}")
         print(f"{v.case.name:<27} {_fmt(v.ms('baseline')):>11} {_fmt(v.ms('afs')):>9}"
               f" {_fmt(v.ms('oracle')):>9} {'n/a':>5} {ratio:>10} {'yes' if v.reach else 'no':>5}"
               f"  {winner_short(v.afs.proposal)[:70]}")
