@@ -10,10 +10,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
+from afs.db import open_connection
 from afs.forks.provider import LocalForkProvider
 from afs.sandbox.server import SandboxServer
 
@@ -21,13 +23,13 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 pytestmark = pytest.mark.usefixtures("no_leaked_forks")
 
 
-async def script(name: str, *args: str) -> dict[str, float]:
+async def script(name: str, *args: str) -> dict[str, Any]:
     result = await trio.run_process([sys.executable, str(BENCHMARKS / name), "--json", *args],
                                     capture_stdout=True, capture_stderr=True, check=False,
                                     env=dict(os.environ))
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     last = result.stdout.decode().strip().splitlines()[-1]
-    data: dict[str, float] = json.loads(last)
+    data: dict[str, Any] = json.loads(last)
     return data
 
 
@@ -43,4 +45,20 @@ async def test_parallel_script(sandbox: SandboxServer) -> None:
     data = await script("parallel.py", "--latency", "0.2", "--runs", "1", "--scale", "small")
     assert set(data) == {"wall_s", "sum_agent_s", "ratio_parallel_vs_sequential"}
     assert 0 < data["wall_s"] < data["sum_agent_s"]
+    assert sandbox.status().running
+
+
+async def test_quality_script(sandbox: SandboxServer) -> None:
+    data = await script("quality.py", "--quick", "--scale", "0.03", "--runs", "3", "--afs-runs", "1")
+    assert set(data) == {"cases", "reach_share", "regressions", "answer_caches",
+                         "median_ratio_to_oracle", "details"}
+    assert data["cases"] >= 3 and len(data["details"]) == data["cases"]
+    assert 0.0 <= data["reach_share"] <= 1.0
+    # the measuring stick measures: some oracle beats its baseline (a missing index at 30k rows)
+    assert any(d["oracle_ms"] is not None and d["baseline_ms"] is not None
+               and d["oracle_ms"] < d["baseline_ms"] for d in data["details"])
+    assert all(d["error"] is None for d in data["details"])
+    async with open_connection(sandbox.dsn()) as conn:
+        left = await conn.fetchall("SELECT datname FROM pg_database WHERE datname LIKE 'afs\\_qc\\_%'")
+    assert not left, f"case databases left behind: {left}"
     assert sandbox.status().running

@@ -1,0 +1,824 @@
+"""How good are AFS's answers? Public advisor cases against their known-good fix.
+
+For every case of `quality_cases.py` (a public advisor's test or doc example
+with its oracle: the DDL, rewrite or setting known to fix it), in one run:
+
+  1. build the case database `afs_qc_<name>` in the sandbox (schema, data with
+     generate_series, VACUUM ANALYZE) and register it as a fork source, as
+     `afs sandbox import` does for an imported database;
+  2. run AFS on the query: `optimize()` with the offline strategists and the
+     routed squad (what `afs optimize --provider heuristic` runs), and take its
+     winner, if any;
+  3. in ONE fork of the case database, measure the same way for all: the baseline,
+     AFS's winner (its DDL and its rewrite) and the oracle (its DDL, rewrite and
+     SET LOCAL settings). Everything is applied once; each run hides what belongs
+     to the other configurations inside a transaction that is rolled back
+     (`BEGIN; DROP INDEX …; SET LOCAL …; EXPLAIN ANALYZE …; ROLLBACK`), so the
+     runs interleave (baseline, AFS, oracle, rotating) and drift hits all alike:
+     one warm-up each, then --runs rounds, the median of server-side execution
+     time. Each configuration's rows are checked against the original query's
+     (count and order-independent checksum). A winner whose changes cannot be
+     hidden that way (it creates tables: partitioning) is measured in a fork of
+     its own, before and after;
+  4. the peer column: postgres-mcp's index tuning needs HypoPG; its absence is
+     detected and shown as "cannot run: <reason>".
+
+Verdicts per case:
+
+    reach          AFS's time within 10 % of the oracle's (0.3 ms when the oracle is
+                   under 1 ms), or better, with a winner that is neither a regression
+                   nor an answer cache (those never count, however fast); no winner
+                   means AFS's time is the baseline's
+    regression     the winner is significantly slower than the baseline (complete
+                   separation and ≥ 5 % between medians, afs.bench.significant) or
+                   returns other rows
+    answer cache   the winner creates a view whose predicates contain a literal of the
+                   query's WHERE/HAVING, or its rewrite reads a view it created without
+                   applying those literals (sqlglot, generic)
+
+The table's AFS/oracle is the measured ratio; median_ratio_to_oracle takes the baseline's
+time for a winner that is a regression or an answer cache (what AFS may honestly offer).
+
+    AFS_HOME=... python benchmarks/quality.py [--case NAME ...] [--quick] [--scale F]
+                 [--runs N] [--afs-runs N] [--no-afs] [--json]
+
+It uses the configured AFS_HOME, starts the sandbox if needed (and stops it only if
+it started it). Progress goes to stderr. `--json` prints {"cases", "reach_share",
+"regressions", "answer_caches", "median_ratio_to_oracle", "details"} as the last
+line of stdout. Case databases (and their templates) are dropped at the end of each
+case, also on failure and Ctrl-C; forks are destroyed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import re
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import harness
+import sqlglot
+import trio
+from harness import with_sandbox
+from quality_cases import CASES, Case, render, scaled
+from sqlglot import exp
+
+# -- AFS internals used here: kept in this one block (they are being reorganised) ---------
+from afs.bench import Sample, run_once, significant, timing
+from afs.config import Settings
+from afs.db import Connection, open_connection
+from afs.errors import AfsError, StatementTimeout
+from afs.events import Emitter, Event, log_sink
+from afs.forks.client import ForkClient, open_fork_client
+from afs.forks.naming import random_fork_name
+from afs.forks.provider import LocalForkProvider, quote_ident
+from afs.models import OptimizationProposal, TaskResult
+from afs.optimize import TaskRequest, new_task_id, optimize
+from afs.router import load_rules
+from afs.sandbox.server import SandboxServer
+from afs.suite import result_checksum_sql
+
+try:  # the reorganised layout (Squad and the brains in afs.brains)
+    from afs.brains import Squad, StrategistBrain  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # the layout of this branch
+    from afs.agents import StrategistBrain  # type: ignore[no-redef,unused-ignore]
+    from afs.optimize import Squad  # type: ignore[no-redef,unused-ignore]
+
+# ------------------------------------------------------------------------------------------
+DB_PREFIX = "afs_qc_"
+DEFAULT_RUNS = 7
+QUICK_SCALE = 0.05
+REACH_SHARE = 0.10  # within 10 % of the oracle
+REACH_ABS_MS = 0.3  # … or within 0.3 ms when the oracle is under 1 ms
+BUILD_TIMEOUT_MS = 1_800_000
+MEASURE_TIMEOUT_MS = 60_000
+FORK_TTL_S = 3600
+CLEANUP_TIMEOUT_S = 120
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def progress(message: str) -> None:
+    print(f"[quality] {message}", file=sys.stderr, flush=True)
+
+
+# -- the server ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServerFacts:
+    values: Mapping[str, str]  # placeholders the cases may use
+    collation_note: str
+    peer: str  # the peer column: "cannot run: …" or what is available
+
+
+async def non_c_collation(conn: Connection) -> str | None:
+    """A usable collation the planner does not treat as C (only libc C and POSIX are), if any.
+
+    Preference: an en_US locale, then ICU, then any other libc locale (glibc's C.UTF-8 too).
+    """
+    candidates = [str(r[0]) for r in await conn.fetchall(
+        "SELECT collname FROM pg_collation"
+        " WHERE (collprovider = 'c' AND collcollate NOT IN ('C', 'POSIX')) OR collprovider = 'i'"
+        " ORDER BY collname NOT LIKE 'en\\_US%', collprovider <> 'i', collname")]
+    for name in candidates:
+        try:
+            await conn.fetchval(f"SELECT 'a' COLLATE {quote_ident(name)} < 'B'")
+            return name
+        except AfsError:
+            continue
+    return None
+
+
+async def peer_status(conn: Connection) -> str:
+    reasons = []
+    if importlib.util.find_spec("postgres_mcp") is None and shutil.which("postgres-mcp") is None:
+        reasons.append("postgres-mcp is not installed")
+    if not await conn.fetchval("SELECT 1 FROM pg_available_extensions WHERE name = 'hypopg'"):
+        version = await conn.fetchval("SHOW server_version")
+        reasons.append(f"the server (PostgreSQL {version}) has no hypopg extension,"
+                       " which postgres-mcp's index tuning needs")
+    if reasons:
+        return "cannot run: " + "; ".join(reasons)
+    return "cannot run: postgres-mcp and HypoPG are present but not wired into this script yet"
+
+
+async def server_facts(admin_dsn: str) -> ServerFacts:
+    async with open_connection(admin_dsn) as conn:
+        collation = await non_c_collation(conn)
+        peer = await peer_status(conn)
+    if collation is not None:
+        values = {"collate_clause": f"COLLATE {quote_ident(collation)}",
+                  "pattern_opclass": "text_pattern_ops"}
+        note = f"column collation {collation}"
+    else:
+        values = {"collate_clause": "", "pattern_opclass": ""}
+        note = ("no non-C collation on this server: the column uses C, where a plain btree"
+                " serves LIKE 'x%'")
+    return ServerFacts(values=values, collation_note=note, peer=peer)
+
+
+# -- the case database ------------------------------------------------------------------------
+def database_name(case: Case) -> str:
+    return DB_PREFIX + case.name
+
+
+async def build_database(server: SandboxServer, provider: LocalForkProvider, case: Case,
+                         values: Mapping[str, object]) -> float:
+    """Create and fill the case database, then make it forkable; returns seconds."""
+    started = time.monotonic()
+    db = database_name(case)
+    await provider.drop_source(db)  # a leftover of an interrupted run
+    async with open_connection(server.dsn(), BUILD_TIMEOUT_MS) as conn:
+        await conn.execute(f"CREATE DATABASE {quote_ident(db)}")
+    async with open_connection(server.dsn(db), BUILD_TIMEOUT_MS) as conn:
+        # commits flushed at once: VACUUM marks pages all-visible only once the inserting
+        # transaction's commit is on disk (index-only scans need that)
+        await conn.execute("SET synchronous_commit = on")
+        for statement in (*case.schema, *case.data):
+            await conn.execute(render(statement, values))
+    await provider.register_source(db, origin=f"quality:{case.name}")
+    return time.monotonic() - started
+
+
+async def drop_database(provider: LocalForkProvider, case: Case) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
+        try:
+            await provider.drop_source(database_name(case))
+        except AfsError as exc:
+            progress(f"could not drop {database_name(case)}: {exc}")
+
+
+# -- AFS ----------------------------------------------------------------------------------------
+@dataclass
+class AfsRun:
+    status: str = "not run"
+    agents: tuple[str, ...] = ()
+    winner: str | None = None
+    proposal: OptimizationProposal | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+
+async def run_afs(settings: Settings, server: SandboxServer, client: ForkClient,
+                  provider: LocalForkProvider, db: str, query: str, runs: int) -> AfsRun:
+    """One `optimize()` task with the offline strategists and the routed squad."""
+    brain = StrategistBrain()
+    squad = Squad(brain_for=lambda _agent: brain, provider="heuristic",
+                  note="offline strategists (quality corpus)")
+    rules = load_rules(settings.routing_rules)
+
+    def sink(event: Event) -> None:
+        if event.kind == "agents_assigned":
+            progress(f"  afs: agents {', '.join(event.data.get('agents', []))}")
+        elif event.kind == "proposal_submitted" and event.data.get("proposal_type"):
+            progress(f"  afs: {event.agent} proposes {event.data['proposal_type']}")
+        elif event.kind == "agent_failed":
+            progress(f"  afs: {event.agent} failed: {event.data.get('error')}")
+
+    emitter = Emitter(new_task_id(), sinks=(log_sink, sink))
+    started = time.monotonic()
+    run = AfsRun()
+    try:
+        result: TaskResult = await optimize(
+            settings, TaskRequest(query=query, runs=runs), source=db, source_dsn=server.dsn(db),
+            forks=client, squad=squad, rules=rules, events=emitter)
+    except AfsError as exc:
+        run.status, run.error = "failed", str(exc)
+        return run
+    finally:
+        run.seconds = time.monotonic() - started
+        await remove_leftover_forks(provider, emitter.task_id)
+    run.status, run.error = result.status, result.error
+    run.agents = tuple(o.agent for o in result.outcomes)
+    run.winner = result.decision.winner if result.decision is not None else None
+    for outcome in result.outcomes:
+        if outcome.agent == run.winner:
+            run.proposal = outcome.proposal
+    return run
+
+
+async def remove_leftover_forks(provider: LocalForkProvider, task_id: str) -> None:
+    """The agents destroy their forks through MCP; destroy any of this task still there directly
+    (on Ctrl-C the MCP session may be gone before their cleanup ran)."""
+    with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
+        try:
+            for fork in (await provider.list_services())["forks"]:
+                if f"-task{task_id}-" in fork["name"]:
+                    progress(f"fork {fork['name']} was left behind; destroying it")
+                    await provider.delete(fork["name"])
+        except AfsError as exc:
+            progress(f"could not check for leftover forks: {exc}")
+
+
+@asynccontextmanager
+async def measuring_fork(client: ForkClient, provider: LocalForkProvider, db: str,
+                         label: str) -> AsyncIterator[Connection]:
+    """A fork of `db` and a connection to it; the fork is destroyed on exit, directly if MCP is gone."""
+    name = random_fork_name(label)
+    try:
+        async with client.open_fork(db, name=name, ttl_seconds=FORK_TTL_S) as fork, \
+                open_connection(fork.dsn, MEASURE_TIMEOUT_MS) as conn:
+            yield conn
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
+            try:
+                if (await provider.delete(name))["deleted"]:
+                    progress(f"fork {name} was left behind by the MCP session; destroyed it directly")
+            except AfsError as exc:
+                progress(f"could not destroy fork {name}: {exc}")
+
+
+# -- measuring in one fork -------------------------------------------------------------------
+@dataclass
+class Config:
+    """One way to run the query: its changes, its query, its settings, and what was measured."""
+
+    label: str
+    ddl: tuple[str, ...]
+    query: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+    created: list[tuple[str, str]] = field(default_factory=list)  # (kind, qualified name)
+    samples: list[Sample] = field(default_factory=list)
+    rows: int | None = None
+    checksum: str | None = None
+    error: str | None = None
+    note: str = ""
+    own_fork: bool = False  # its changes cannot be hidden: measured in a fork of its own
+
+    @property
+    def median_ms(self) -> float | None:
+        return timing(self.samples).median_ms if self.samples else None
+
+
+_OBJECTS = """
+SELECT CASE c.relkind WHEN 'i' THEN 'index' WHEN 'I' THEN 'index' WHEN 'm' THEN 'materialized view'
+                      WHEN 'v' THEN 'view' ELSE 'table' END,
+       format('%I.%I', n.nspname, c.relname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('i', 'I', 'm', 'v', 'r', 'p', 'f')
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%'
+UNION ALL
+SELECT 'statistics', format('%I.%I', n.nspname, s.stxname)
+FROM pg_statistic_ext s JOIN pg_namespace n ON n.oid = s.stxnamespace
+UNION ALL
+SELECT 'extension', quote_ident(extname) FROM pg_extension
+"""
+_HIDE_ORDER = ("extension", "materialized view", "view", "statistics", "index")
+
+
+async def objects(conn: Connection) -> set[tuple[str, str]]:
+    return {(str(k), str(n)) for k, n in await conn.fetchall(_OBJECTS)}
+
+
+def hide_statements(created: Sequence[tuple[str, str]]) -> list[str]:
+    """DROP statements for objects, run inside a transaction that is rolled back."""
+    statements = []
+    for kind in _HIDE_ORDER:
+        for k, name in created:
+            if k != kind:
+                continue
+            if kind == "index":
+                statements.append(f"DROP INDEX IF EXISTS {name}")
+            elif kind == "statistics":
+                statements.append(f"DROP STATISTICS IF EXISTS {name}")
+            else:
+                statements.append(f"DROP {kind.upper()} IF EXISTS {name} CASCADE")
+    return statements
+
+
+async def apply(conn: Connection, config: Config) -> None:
+    """Apply the configuration's DDL (committed); record what it created."""
+    before = await objects(conn)
+    for statement in config.ddl:
+        try:
+            await conn.execute(statement)
+        except AfsError as exc:
+            config.error = f"applying failed: {str(exc).splitlines()[0][:200]}"
+            break
+    after = await objects(conn)
+    config.created = sorted(after - before)
+    if any(kind == "table" for kind, _ in config.created) or before - after:
+        config.own_fork = True  # partitioning or a swap: cannot be hidden in a transaction
+
+
+async def in_transaction(conn: Connection, hide: Sequence[str], settings: Mapping[str, str],
+                         sql: str, fetch: bool) -> Any:
+    await conn.execute("BEGIN")
+    try:
+        for statement in hide:
+            await conn.execute(statement)
+        for name, value in settings.items():
+            await conn.execute(f"SET LOCAL {name} = {value}")
+        if fetch:
+            return await conn.fetchone(sql)
+        return await run_once(conn, sql)
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+
+
+async def check_rows(conn: Connection, config: Config, hide: Sequence[str]) -> None:
+    row = await in_transaction(conn, hide, config.settings, result_checksum_sql(config.query, False), True)
+    assert row is not None
+    config.rows, config.checksum = int(row[0]), str(row[1])
+
+
+async def measure_configs(conn: Connection, configs: Sequence[Config], runs: int) -> None:
+    """Warm-up, then `runs` rounds in rotating order; each run hides the others' objects."""
+    everything = [o for c in configs for o in c.created]
+
+    def hide_for(config: Config) -> list[str]:
+        return hide_statements([o for o in everything if o not in config.created])
+
+    live = [c for c in configs if c.error is None]
+    for config in live:
+        try:
+            await check_rows(conn, config, hide_for(config))
+        except AfsError as exc:
+            config.error = f"checking its rows failed: {str(exc).splitlines()[0][:200]}"
+    live = [c for c in live if c.error is None]
+    for config in live:  # warm-up
+        await _sample(conn, config, hide_for(config), keep=False)
+    for round_no in range(runs):
+        shift = round_no % len(live) if live else 0
+        for config in live[shift:] + live[:shift]:
+            if config.error is None:
+                await _sample(conn, config, hide_for(config), keep=True)
+
+
+async def _sample(conn: Connection, config: Config, hide: Sequence[str], keep: bool) -> None:
+    try:
+        sample = await in_transaction(conn, hide, config.settings, config.query, False)
+    except StatementTimeout:
+        config.error = f"timed out (over {MEASURE_TIMEOUT_MS / 1000:g} s)"
+        return
+    except AfsError as exc:
+        config.error = f"failed: {str(exc).splitlines()[0][:200]}"
+        return
+    if keep:
+        config.samples.append(sample)
+
+
+async def oracle_query(conn: Connection, case: Case, values: Mapping[str, object]) -> str:
+    query = render(case.oracle_query or case.query, values)
+    if case.oracle_params is None:
+        return query
+    row = await conn.fetchone(render(case.oracle_params, values))
+    assert row is not None, "the oracle's parameter query returned no row"
+    return render(query, {f"p{i}": v for i, v in enumerate(row)})
+
+
+async def measure_case(client: ForkClient, provider: LocalForkProvider, db: str, case: Case,
+                       values: Mapping[str, object], afs: AfsRun, runs: int) -> dict[str, Config]:
+    """Baseline, AFS's winner and the oracle, applied in one fork and measured interleaved."""
+    query = render(case.query, values)
+    async with measuring_fork(client, provider, db, "quality") as conn:
+        baseline = Config("baseline", (), query)
+        configs = {"baseline": baseline}
+        if afs.proposal is not None:
+            configs["afs"] = Config("afs", tuple(afs.proposal.sql_commands),
+                                    afs.proposal.rewritten_query or query)
+        if case.oracle_ddl or case.oracle_query or case.oracle_settings:
+            configs["oracle"] = Config("oracle", tuple(render(s, values) for s in case.oracle_ddl),
+                                       await oracle_query(conn, case, values),
+                                       dict(case.oracle_settings))
+        for config in configs.values():
+            if config.label != "baseline":
+                await apply(conn, config)
+        shared = [c for c in configs.values() if not c.own_fork]
+        await measure_configs(conn, shared, runs)
+    for config in configs.values():
+        if config.own_fork:
+            await measure_in_own_fork(client, provider, db, config, runs)
+    return configs
+
+
+async def measure_in_own_fork(client: ForkClient, provider: LocalForkProvider, db: str,
+                              config: Config, runs: int) -> None:
+    """A configuration whose changes cannot be hidden: after the change, in a fork of its own."""
+    async with measuring_fork(client, provider, db, "qualityown") as conn:
+        fresh = Config(config.label, config.ddl, config.query, config.settings)
+        await apply(conn, fresh)
+        fresh.created = []  # nothing to hide: it is alone in this fork
+        await measure_configs(conn, [fresh], runs)
+        config.samples, config.rows, config.checksum = fresh.samples, fresh.rows, fresh.checksum
+        config.error = config.error or fresh.error
+        config.note = "measured in a fork of its own after the change (its changes cannot be hidden)"
+
+
+# -- verdicts -------------------------------------------------------------------------------------
+def _literal(node: exp.Literal) -> str:
+    text = str(node.this)
+    if node.is_string:
+        return text
+    try:
+        return str(Decimal(text).normalize())
+    except InvalidOperation:
+        return text
+
+
+def predicate_literals(tree: exp.Expr) -> set[str]:
+    """Literals of the WHERE, HAVING and JOIN … ON conditions anywhere in `tree`."""
+    found: set[str] = set()
+    conditions: list[exp.Expr] = list(tree.find_all(exp.Where, exp.Having))
+    conditions += [j.args["on"] for j in tree.find_all(exp.Join) if j.args.get("on") is not None]
+    for condition in conditions:
+        found |= {_literal(lit) for lit in condition.find_all(exp.Literal)}
+    return found
+
+
+def _parse(sql: str) -> exp.Expr | None:
+    try:
+        return sqlglot.parse_one(sql, read="postgres")
+    except sqlglot.errors.SqlglotError:
+        return None
+
+
+def answer_cache(query: str, proposal: OptimizationProposal | None) -> str | None:
+    """Why the proposal caches today's answer instead of serving the query family, or None."""
+    if proposal is None:
+        return None
+    tree = _parse(query)
+    if tree is None:
+        return None
+    literals = predicate_literals(tree)
+    views: set[str] = set()
+    for command in proposal.sql_commands:
+        create = _parse(command)
+        if not isinstance(create, exp.Create) or str(create.args.get("kind", "")).upper() != "VIEW":
+            continue
+        target = create.this
+        table = target.this if isinstance(target, exp.Schema) else target
+        name = table.name if isinstance(table, exp.Table) else str(table)
+        views.add(name.lower())
+        body = create.expression
+        baked = literals & predicate_literals(body) if isinstance(body, exp.Expr) else set()
+        if baked:
+            return f"view {name} bakes in the query's literal(s) {', '.join(sorted(baked))}"
+    if views and proposal.rewritten_query:
+        rewrite = _parse(proposal.rewritten_query)
+        if rewrite is not None:
+            read = {t.name.lower() for t in rewrite.find_all(exp.Table)} & views
+            missing = literals - predicate_literals(rewrite)
+            if read and missing:
+                return (f"the rewrite reads {', '.join(sorted(read))} without the query's"
+                        f" literal(s) {', '.join(sorted(missing))}")
+    return None
+
+
+_INDEX = re.compile(r"^\s*CREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+NOT\s+EXISTS\s+)?"
+                    r"(?:\S+\s+)?ON\s+(?:ONLY\s+)?(.*)$", re.IGNORECASE | re.DOTALL)
+_VIEW = re.compile(r"^\s*CREATE\s+(MATERIALIZED\s+)?VIEW\s+(?:IF\s+NOT\s+EXISTS\s+)?(\S+)", re.IGNORECASE)
+
+
+def winner_short(proposal: OptimizationProposal | None) -> str:
+    if proposal is None:
+        return "none"
+    parts = []
+    for command in proposal.sql_commands:
+        text = " ".join(command.split())
+        if match := _INDEX.match(text):
+            parts.append("idx " + re.sub(r"^(public\.)", "", match.group(1)).replace('"', ""))
+        elif match := _VIEW.match(text):
+            parts.append(("mv " if match.group(1) else "view ") + match.group(2))
+        elif re.match(r"^\s*(ANALYZE|REFRESH)\b", text, re.IGNORECASE):
+            continue
+        else:
+            parts.append(text[:40])
+    if proposal.rewritten_query:
+        parts.append("rewrite")
+    return "; ".join(parts) or proposal.proposal_type
+
+
+@dataclass
+class Verdict:
+    case: Case
+    query: str  # the case's query as run (placeholders filled)
+    afs: AfsRun
+    configs: dict[str, Config]
+    peer: str
+    build_s: float
+    error: str | None = None
+
+    def ms(self, label: str) -> float | None:
+        config = self.configs.get(label)
+        if config is None:  # no winner / no oracle: the query as it is
+            config = self.configs.get("baseline")
+        return None if config is None or config.error else config.median_ms
+
+    def samples(self, label: str) -> list[Sample]:
+        config = self.configs.get(label) or self.configs.get("baseline")
+        return config.samples if config is not None else []
+
+    @property
+    def ratio(self) -> float | None:
+        return self._ratio(self.ms("afs"))
+
+    @property
+    def accepted_ratio(self) -> float | None:
+        """The ratio with a disqualified winner (regression, answer cache) replaced by no change."""
+        if self.regression is not None or self.cache is not None:
+            return self._ratio(self.ms("baseline"))
+        return self.ratio
+
+    def _ratio(self, afs: float | None) -> float | None:
+        oracle = self.ms("oracle")
+        if afs is None or oracle is None:
+            return None
+        return afs / oracle if oracle > 0 else math.inf
+
+    @property
+    def reach(self) -> bool:
+        return self.fast and self.regression is None and self.cache is None
+
+    @property
+    def fast(self) -> bool:
+        """AFS's time alone: within 10 % of the oracle's (0.3 ms under 1 ms), or better."""
+        afs, oracle = self.ms("afs"), self.ms("oracle")
+        if afs is None or oracle is None:
+            return False
+        if oracle < 1.0:
+            return afs <= oracle + REACH_ABS_MS
+        return afs <= oracle * (1 + REACH_SHARE)
+
+    def differs(self, label: str) -> bool:
+        config, baseline = self.configs.get(label), self.configs.get("baseline")
+        if config is None or baseline is None or config.rows is None:
+            return False
+        return (config.rows, config.checksum) != (baseline.rows, baseline.checksum)
+
+    @property
+    def regression(self) -> str | None:
+        afs = self.configs.get("afs")
+        if afs is None:
+            return None
+        if afs.error:
+            return afs.error
+        if self.differs("afs"):
+            return "returns other rows than the query"
+        base = self.samples("baseline")
+        if afs.samples and base and significant(base, afs.samples) \
+                and statistics.median(s.ms for s in afs.samples) > statistics.median(s.ms for s in base):
+            return "significantly slower than the baseline"
+        return None
+
+    @property
+    def cache(self) -> str | None:
+        return answer_cache(self.query, self.afs.proposal)
+
+    def details(self) -> dict[str, Any]:
+        def config_data(label: str) -> dict[str, Any] | None:
+            c = self.configs.get(label)
+            if c is None:
+                return None
+            t = timing(c.samples) if c.samples else None
+            return {"median_ms": t.median_ms if t else None, "spread_ms": t.spread_ms if t else None,
+                    "runs": len(c.samples), "buffers": t.buffers if t else None, "rows": c.rows,
+                    "same_rows": not self.differs(label), "ddl": list(c.ddl), "query": c.query,
+                    "settings": dict(c.settings), "created": [n for _, n in c.created],
+                    "error": c.error, "note": c.note}
+
+        proposal = self.afs.proposal
+        return {
+            "case": self.case.name, "source": self.case.source, "note": self.case.note,
+            "error": self.error, "build_s": round(self.build_s, 1),
+            "baseline_ms": self.ms("baseline"), "afs_ms": self.ms("afs"), "oracle_ms": self.ms("oracle"),
+            "ratio_to_oracle": None if self.ratio is None else float(f"{self.ratio:.4g}"),
+            "accepted_ratio_to_oracle": (None if self.accepted_ratio is None
+                                         else float(f"{self.accepted_ratio:.4g}")),
+            "reach": self.reach, "fast_as_oracle": self.fast, "regression": self.regression,
+            "answer_cache": self.cache,
+            "peer": self.peer, "oracle": self.case.oracle_text,
+            "afs": {"status": self.afs.status, "agents": list(self.afs.agents), "winner": self.afs.winner,
+                    "proposal_type": proposal.proposal_type if proposal else None,
+                    "sql": list(proposal.sql_commands) if proposal else [],
+                    "rewritten_query": proposal.rewritten_query if proposal else None,
+                    "short": winner_short(proposal), "seconds": round(self.afs.seconds, 1),
+                    "error": self.afs.error},
+            "measured": {label: config_data(label) for label in ("baseline", "afs", "oracle")},
+        }
+
+
+# -- one case, all cases ------------------------------------------------------------------------
+async def run_case(settings: Settings, server: SandboxServer, client: ForkClient,
+                   provider: LocalForkProvider, facts: ServerFacts, case: Case,
+                   args: argparse.Namespace) -> Verdict:
+    values: dict[str, object] = {**scaled(case.sizes, args.scale), **facts.values}
+    if case.name == "prefix_like_collation":
+        case = _with_note(case, facts.collation_note)
+    db = database_name(case)
+    verdict = Verdict(case=case, query=render(case.query, values), afs=AfsRun(), configs={},
+                      peer=facts.peer, build_s=0.0)
+    try:
+        sizes = ", ".join(f"{k}={v}" for k, v in scaled(case.sizes, args.scale).items())
+        progress(f"{case.name}: building {db} ({sizes})")
+        verdict.build_s = await build_database(server, provider, case, values)
+        if not args.no_afs:
+            progress(f"{case.name}: AFS optimize (offline strategists, routed squad)")
+            verdict.afs = await run_afs(settings, server, client, provider, db, verdict.query,
+                                        args.afs_runs or settings.runs)
+            progress(f"{case.name}: AFS {verdict.afs.status} in {verdict.afs.seconds:.1f} s, winner"
+                     f" {verdict.afs.winner or 'none'}: {winner_short(verdict.afs.proposal)}")
+        else:
+            verdict.afs.status = "skipped (--no-afs)"
+        progress(f"{case.name}: measuring baseline, AFS and oracle in one fork ({args.runs} rounds)")
+        verdict.configs = await measure_case(client, provider, db, case, values, verdict.afs, args.runs)
+        oracle = verdict.configs.get("oracle")
+        if oracle is not None and (oracle.error or verdict.differs("oracle")):
+            verdict.error = f"the oracle is broken: {oracle.error or 'it returns other rows'}"
+    except AfsError as exc:
+        verdict.error = str(exc)
+        progress(f"{case.name}: failed: {exc}")
+    finally:
+        await drop_database(provider, case)
+    return verdict
+
+
+def _with_note(case: Case, note: str) -> Case:
+    from dataclasses import replace
+
+    return replace(case, note=f"{case.note} ({note})")
+
+
+async def measure_all(settings: Settings, server: SandboxServer, cases: Sequence[Case],
+                      args: argparse.Namespace) -> list[Verdict]:
+    provider = LocalForkProvider(server.dsn(), statement_timeout_ms=BUILD_TIMEOUT_MS)
+    facts = await server_facts(server.dsn())
+    progress(f"peer (postgres-mcp): {facts.peer}")
+    verdicts = []
+    async with open_fork_client(settings) as client:
+        for number, case in enumerate(cases, 1):
+            progress(f"case {number}/{len(cases)}: {case.name}")
+            verdict = await run_case(settings, server, client, provider, facts, case, args)
+            verdicts.append(verdict)
+            progress(f"{case.name}: baseline {_fmt(verdict.ms('baseline'))} ms, AFS {_fmt(verdict.ms('afs'))}"
+                     f" ms, oracle {_fmt(verdict.ms('oracle'))} ms, reach {'yes' if verdict.reach else 'no'}")
+    return verdicts
+
+
+# -- the report -------------------------------------------------------------------------------------
+def _fmt(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if value < 10:
+        return f"{value:.{max(digits, 2)}f}"
+    return f"{value:,.{digits}f}"
+
+
+def summary(verdicts: Sequence[Verdict]) -> dict[str, Any]:
+    measured = [v for v in verdicts if v.error is None]
+    ratios = [v.accepted_ratio for v in measured if v.accepted_ratio is not None]
+    return {
+        "cases": len(measured),
+        "reach_share": round(sum(v.reach for v in measured) / len(measured), 3) if measured else 0.0,
+        "regressions": sum(v.regression is not None for v in measured),
+        "answer_caches": sum(v.cache is not None for v in measured),
+        "median_ratio_to_oracle": float(f"{statistics.median(ratios):.4g}") if ratios else None,
+        "details": [v.details() for v in verdicts],
+    }
+
+
+def report(verdicts: Sequence[Verdict], wall_s: float, args: argparse.Namespace) -> dict[str, Any]:
+    data = summary(verdicts)
+    peer = verdicts[0].peer if verdicts else "-"
+    print(f"AFS against the known-good fix (oracle), {len(verdicts)} public advisor cases,"
+          f" scale {args.scale:g}, {args.runs} interleaved rounds per configuration")
+    print(f"peer = postgres-mcp: {peer}")
+    print()
+    header = (f"{'case':<27} {'baseline ms':>11} {'AFS ms':>9} {'oracle ms':>9} {'peer':>5}"
+              f" {'AFS/oracle':>10} {'reach':>5}  AFS's winner")
+    print(header)
+    print("-" * (len(header) + 30))
+    for v in verdicts:
+        if v.error is not None:
+            print(f"{v.case.name:<27} error: {v.error[:120]}")
+            continue
+        flags = []
+        if v.regression:
+            flags.append(f"REGRESSION: {v.regression}")
+        if v.cache:
+            flags.append(f"ANSWER CACHE: {v.cache}")
+        ratio = "-" if v.ratio is None else (f"{v.ratio:.3g}" if v.ratio < 100 else f"{v.ratio:,.0f}")
+        print(f"{v.case.name:<27} {_fmt(v.ms('baseline')):>11} {_fmt(v.ms('afs')):>9}"
+              f" {_fmt(v.ms('oracle')):>9} {'n/a':>5} {ratio:>10} {'yes' if v.reach else 'no':>5}"
+              f"  {winner_short(v.afs.proposal)[:70]}")
+        for flag in flags:
+            print(f"{'':<27}   {flag}")
+    print()
+    print(f"cases {data['cases']}, reach {data['reach_share']:.0%}, regressions {data['regressions']},"
+          f" answer caches {data['answer_caches']}, median AFS/oracle"
+          f" {data['median_ratio_to_oracle']} (a disqualified winner counts as no change)"
+          f"  (wall time {wall_s / 60:.1f} min)")
+    return data
+
+
+# -- the script -------------------------------------------------------------------------------------
+QUICK_CASES = tuple(c.name for c in CASES if c.quick)
+
+
+def select_cases(args: argparse.Namespace) -> list[Case]:
+    known = {c.name: c for c in CASES}
+    if args.case:
+        unknown = [n for n in args.case if n not in known]
+        if unknown:
+            raise SystemExit(f"quality: unknown case {', '.join(unknown)} (known: {', '.join(known)})")
+        return [known[n] for n in args.case]
+    if args.quick:
+        return [known[n] for n in QUICK_CASES]
+    return list(CASES)
+
+
+async def run(args: argparse.Namespace, settings: Settings) -> int:
+    cases = select_cases(args)
+    started = time.monotonic()
+    verdicts = await with_sandbox(settings, lambda server: measure_all(settings, server, cases, args),
+                                  progress)
+    if verdicts is None:
+        return EXIT_INTERRUPTED
+    data = report(verdicts, time.monotonic() - started, args)
+    if args.json:
+        print(json.dumps(data, default=str))
+    return EXIT_FAILED if any(v.error for v in verdicts) else EXIT_OK
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="AFS against the known-good fix of public advisor cases: reach, regressions,"
+                    " answer caches.")
+    parser.add_argument("--case", action="append", metavar="NAME",
+                        help="run this case only (repeatable); known: " + ", ".join(c.name for c in CASES))
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a small subset ({', '.join(QUICK_CASES)}) at scale {QUICK_SCALE:g}")
+    parser.add_argument("--scale", type=float, metavar="F",
+                        help=f"row count factor (default 1, or {QUICK_SCALE:g} with --quick)")
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, metavar="N",
+                        help=f"interleaved measured rounds per configuration (default {DEFAULT_RUNS})")
+    parser.add_argument("--afs-runs", type=int, metavar="N",
+                        help="AFS's own runs per suite query and side (default: AFS_RUNS or 5)")
+    parser.add_argument("--no-afs", action="store_true", help="measure baseline and oracle only")
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary as one JSON object on the last line")
+    args = parser.parse_args(argv)
+    if args.scale is None:
+        args.scale = QUICK_SCALE if args.quick else 1.0
+    if args.scale <= 0:
+        parser.error("--scale must be positive")
+    if args.runs < 1 or (args.afs_runs is not None and args.afs_runs < 1):
+        parser.error("--runs and --afs-runs must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return harness.main("quality", parse_args(argv), run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,508 @@
+"""The corpus of `quality.py`: public advisor cases with their known-good fix (the oracle).
+
+Each case is rebuilt from a public source: an advisor's own test suite or docs
+(Dexter, postgres-mcp, HypoPG, pg_qualstats), PostgreSQL's docs and wiki, or
+Markus Winand's "Use The Index, Luke" (UTIL). The sources were written down from
+memory (no network here): `source` names the document and the shape taken from
+it; where a case follows common advice rather than one public test, it says so.
+
+A case is plain data:
+
+    schema   statements run first (tables, keys, extensions)
+    data     statements that fill the tables with generate_series: deterministic
+             (hashint4 of the row number, no random()), skewed where real data is,
+             ending with VACUUM ANALYZE; `{name}` is replaced by the scaled row count
+             `sizes[name]` (or by a server-dependent value, see `environment`)
+    query    the slow query
+    oracle   the known-good fix: DDL (`oracle_ddl`), a rewrite returning the same rows
+             (`oracle_query`), and per-query settings (`oracle_settings`, applied with
+             SET LOCAL); an empty oracle means "nothing to do: do not make it slower"
+    params   `oracle_params`: a query run in the fork before anything is changed, whose
+             one row fills `{p0}`, `{p1}`, … in `oracle_query` (the keyset of a page)
+
+Sizes are the full run's (scale 1.0): 0.3-2 M rows in the main table, a baseline of
+roughly 20-500 ms on two cores, a few seconds to build.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    source: str
+    schema: tuple[str, ...]
+    data: tuple[str, ...]
+    query: str
+    oracle_ddl: tuple[str, ...] = ()
+    oracle_query: str | None = None
+    oracle_settings: Mapping[str, str] = field(default_factory=dict)
+    oracle_params: str | None = None
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    note: str = ""
+    quick: bool = False  # part of the --quick subset (fast to build and to run)
+
+    @property
+    def oracle_text(self) -> str:
+        """The oracle in one line."""
+        parts = [*self.oracle_ddl]
+        if self.oracle_query is not None:
+            parts.append("rewrite: " + " ".join(self.oracle_query.split()))
+        parts += [f"SET LOCAL {k} = {v}" for k, v in self.oracle_settings.items()]
+        return "; ".join(parts) or "nothing (already fast)"
+
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def render(sql: str, values: Mapping[str, object]) -> str:
+    """Replace `{name}` for the names in `values`; anything else (JSON, arrays) stays."""
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0),
+                            sql)
+
+
+def scaled(sizes: Mapping[str, int], scale: float, floor: int = 200) -> dict[str, int]:
+    return {k: max(min(floor, v), math.ceil(v * scale)) for k, v in sizes.items()}
+
+
+def u(salt: int) -> str:
+    """SQL for a uniform number in [0, 1) derived from the row number `i` and a salt."""
+    return f"((hashint4(i * 7 + {salt}) & 2147483647)::float8 / 2147483648)"
+
+
+def skewed(n: str, salt: int, power: float = 2.0) -> str:
+    """SQL for an id in 1..{n}, Zipf-like: low ids are the busy ones."""
+    return f"(1 + floor({{{n}}} * power({u(salt)}, {power}))::int)"
+
+
+def pick(words: list[str], salt: int) -> str:
+    """SQL for one of `words`, uniformly."""
+    array = "ARRAY[" + ", ".join("'" + w + "'" for w in words) + "]"
+    return f"({array})[1 + floor({u(salt)} * {len(words)})::int]"
+
+
+VACUUM = "VACUUM ANALYZE"
+
+# -- shared shapes -------------------------------------------------------------------------
+SHOP_SCHEMA = (
+    "CREATE TABLE customers (id integer PRIMARY KEY, name text NOT NULL, country text NOT NULL,"
+    " email text NOT NULL)",
+    "CREATE TABLE products (id integer PRIMARY KEY, name text NOT NULL, category_id integer NOT NULL,"
+    " price numeric(10,2) NOT NULL)",
+    "CREATE TABLE orders (id integer PRIMARY KEY, customer_id integer NOT NULL,"
+    " status text NOT NULL, total numeric(12,2) NOT NULL, created_at timestamp NOT NULL)",
+    "CREATE TABLE order_items (id integer PRIMARY KEY, order_id integer NOT NULL,"
+    " product_id integer NOT NULL, quantity integer NOT NULL, unit_price numeric(10,2) NOT NULL)",
+)
+COUNTRIES = ["DE", "FR", "US", "GB", "JP", "BR", "IN", "NZ", "CA", "ES"]
+SHOP_CUSTOMERS = (
+    "INSERT INTO customers SELECT i, 'customer ' || i,"
+    # country IS only for every 5000th customer: a rare value
+    f" CASE WHEN i % 5000 = 0 THEN 'IS' ELSE {pick(COUNTRIES, 1)} END,"
+    " 'customer' || i || '@example.com' FROM generate_series(1, {customers}) i"
+)
+SHOP_PRODUCTS = (
+    "INSERT INTO products SELECT i, 'product ' || i, 1 + i % 50,"
+    f" round((5 + 200 * {u(2)})::numeric, 2) FROM generate_series(1, {{products}}) i"
+)
+SHOP_ORDERS = (
+    f"INSERT INTO orders SELECT i, {skewed('customers', 3)},"
+    " CASE WHEN i % 100 < 3 THEN 'returned' WHEN i % 100 < 8 THEN 'pending'"
+    " WHEN i % 100 < 10 THEN 'cancelled' ELSE 'shipped' END,"
+    f" round((10 + 490 * {u(4)})::numeric, 2),"
+    " timestamp '2023-01-01' + (i::float8 / {orders}) * interval '730 days'"
+    " FROM generate_series(1, {orders}) i"
+)
+SHOP_ITEMS = (
+    f"INSERT INTO order_items SELECT i, 1 + (i - 1) / 3, {skewed('products', 5)},"
+    f" 1 + floor(5 * {u(6)})::int, round((5 + 200 * {u(7)})::numeric, 2)"
+    " FROM generate_series(1, {items}) i"
+)
+SHOP_FOREIGN_KEYS = (
+    "ALTER TABLE orders ADD FOREIGN KEY (customer_id) REFERENCES customers",
+    "ALTER TABLE order_items ADD FOREIGN KEY (order_id) REFERENCES orders",
+    "ALTER TABLE order_items ADD FOREIGN KEY (product_id) REFERENCES products",
+)
+
+LAST_NAMES = ["Smith", "Miller", "Garcia", "Martin", "Schmidt", "Novak", "Rossi", "Tanaka",
+              "Kowalski", "Jensen", "Dubois", "Silva", "Kim", "Nguyen", "Hansen", "Weber"]
+ADJECTIVES = ["Compact", "Deluxe", "Classic", "Rugged", "Smart", "Vintage", "Slim", "Pro"]
+MATERIALS = ["steel", "oak", "titanium", "glass", "copper", "bamboo", "ceramic", "wool", "linen", "carbon"]
+THINGS = ["kettle", "lamp", "chair", "desk", "shelf", "mug", "clock", "vase", "rug", "fan", "stool",
+          "tray", "bowl", "frame", "hook"]
+SOURCES = ["web", "ios", "android", "api", "pos", "kiosk", "partner", "batch", "email", "other"]
+FIRST_NAMES = ["Anna", "Ben", "Chloe", "David", "Emma", "Felix", "Greta", "Hugo", "Ida", "Jonas"]
+
+
+# -- the cases ------------------------------------------------------------------------------
+CASES: tuple[Case, ...] = (
+    Case(
+        name="join4_dim_ids",
+        source="postgres-mcp tests/unit/index (DTA index tuning of multi-table join workloads);"
+               " Dexter test/index_test.rb join tests — shape: join filtered on two dimension ids",
+        schema=SHOP_SCHEMA,
+        data=(SHOP_CUSTOMERS, SHOP_PRODUCTS, SHOP_ORDERS, SHOP_ITEMS, *SHOP_FOREIGN_KEYS, VACUUM),
+        sizes={"customers": 50_000, "products": 5_000, "orders": 500_000, "items": 1_500_000},
+        query="SELECT o.id, o.created_at, p.name, oi.quantity FROM customers c"
+              " JOIN orders o ON o.customer_id = c.id JOIN order_items oi ON oi.order_id = o.id"
+              " JOIN products p ON p.id = oi.product_id"
+              " WHERE c.id = 1234 AND p.id <= 20 ORDER BY o.id, oi.quantity",
+        oracle_ddl=("CREATE INDEX qc_orders_customer ON orders (customer_id)",
+                    "CREATE INDEX qc_items_order ON order_items (order_id)",
+                    "CREATE INDEX qc_items_product ON order_items (product_id)"),
+        note="an index on every foreign key the join walks: 3 indexes on 2 tables",
+    ),
+    Case(
+        name="covering_sum",
+        source="Use The Index, Luke: ch. 'Index-Only Scan' (SUM(eur_value) WHERE subsidiary_id = ?)",
+        schema=("CREATE TABLE sales (id bigint PRIMARY KEY, subsidiary_id integer NOT NULL,"
+                " sale_date date NOT NULL, eur_value numeric(12,2) NOT NULL, notes text)",),
+        data=(f"INSERT INTO sales SELECT i, {skewed('subsidiaries', 11, 1.5)},"
+              " date '2022-01-01' + (i::float8 / {sales} * 1095)::int,"
+              f" round((1 + 999 * {u(12)})::numeric, 2),"
+              " 'order note ' || md5(i::text) FROM generate_series(1, {sales}) i", VACUUM),
+        sizes={"sales": 1_000_000, "subsidiaries": 30},
+        query="SELECT count(*), sum(eur_value) FROM sales WHERE subsidiary_id = 7",
+        oracle_ddl=("CREATE INDEX qc_sales_subsidiary ON sales (subsidiary_id) INCLUDE (eur_value)",),
+        note="count and sum over one value of a low-cardinality column: an index-only scan",
+        quick=True,
+    ),
+    Case(
+        name="partial_rare_status",
+        source="Use The Index, Luke: ch. 'Partial Indexes' (queue: WHERE processed = 'N');"
+               " PostgreSQL docs 11.8 'Partial Indexes'",
+        schema=("CREATE TABLE messages (id bigint PRIMARY KEY, receiver integer NOT NULL,"
+                " processed char(1) NOT NULL, created_at timestamp NOT NULL, message text NOT NULL)",),
+        data=("INSERT INTO messages SELECT i, 1 + i % 10000,"
+              f" CASE WHEN {u(21)} < 0.002 THEN 'N' ELSE 'Y' END,"
+              " timestamp '2024-01-01' + i * interval '1 second', 'message body ' || md5(i::text)"
+              " FROM generate_series(1, {messages}) i", VACUUM),
+        sizes={"messages": 1_000_000},
+        query="SELECT id, receiver, message FROM messages WHERE processed = 'N'"
+              " ORDER BY created_at, id LIMIT 100",
+        oracle_ddl=("CREATE INDEX qc_messages_unprocessed ON messages (created_at, id)"
+                    " WHERE processed = 'N'",),
+        note="the rare status in the index predicate, the sort key as the index key",
+    ),
+    Case(
+        name="composite_eq_range",
+        source="Use The Index, Luke: ch. 'Greater, Less and BETWEEN'"
+               " (subsidiary_id = ? AND date_of_birth BETWEEN ...: equality column first)",
+        schema=("CREATE TABLE employees (employee_id integer PRIMARY KEY, subsidiary_id integer NOT NULL,"
+                " first_name text NOT NULL, last_name text NOT NULL, date_of_birth date NOT NULL,"
+                " phone_number text)",),
+        data=(f"INSERT INTO employees SELECT i, {skewed('subsidiaries', 31, 1.5)},"
+              f" {pick(FIRST_NAMES, 32)}, {pick(LAST_NAMES, 33)},"
+              f" date '1950-01-01' + floor({u(34)} * 20000)::int, '+49 ' || i"
+              " FROM generate_series(1, {employees}) i", VACUUM),
+        sizes={"employees": 1_000_000, "subsidiaries": 200},
+        query="SELECT first_name, last_name, date_of_birth FROM employees"
+              " WHERE date_of_birth >= DATE '1971-01-01' AND date_of_birth <= DATE '1971-01-09'"
+              " AND subsidiary_id = 27",
+        oracle_ddl=("CREATE INDEX qc_employees_sub_dob ON employees (subsidiary_id, date_of_birth)",),
+    ),
+    Case(
+        name="order_limit_trap",
+        source="Use The Index, Luke: ch. 'Querying Top-N Rows' (a pipelined top-N needs the"
+               " WHERE column before the ORDER BY column in the index)",
+        schema=("CREATE TABLE events (id bigint PRIMARY KEY, user_id integer NOT NULL,"
+                " kind text NOT NULL, created_at timestamp NOT NULL, payload text)",),
+        data=("INSERT INTO events SELECT i, 1 + (i - 1) / 100,"
+              f" {pick(['view', 'click', 'cart', 'buy'], 41)},"
+              " timestamp '2023-01-01' + i * interval '10 seconds', md5(i::text)"
+              " FROM generate_series(1, {events}) i", VACUUM),
+        sizes={"events": 1_000_000},
+        query="SELECT id, kind, created_at FROM events WHERE user_id = 42 ORDER BY id DESC LIMIT 10",
+        oracle_ddl=("CREATE INDEX qc_events_user_id ON events (user_id, id)",),
+        note="the planner walks the primary key backwards hoping to meet user 42 soon;"
+             " user 42's rows are the oldest",
+    ),
+    Case(
+        name="or_two_columns",
+        source="PostgreSQL docs 11.5 'Combining Multiple Indexes' (WHERE x = 42 OR y = 42)",
+        schema=("CREATE TABLE transfers (id bigint PRIMARY KEY, from_account integer NOT NULL,"
+                " to_account integer NOT NULL, amount numeric(12,2) NOT NULL,"
+                " created_at timestamp NOT NULL)",),
+        data=(f"INSERT INTO transfers SELECT i, {skewed('accounts', 51, 1.3)},"
+              f" {skewed('accounts', 52, 1.3)}, round((1 + 999 * {u(53)})::numeric, 2),"
+              " timestamp '2023-01-01' + i * interval '15 seconds'"
+              " FROM generate_series(1, {transfers}) i", VACUUM),
+        sizes={"transfers": 1_000_000, "accounts": 50_000},
+        query="SELECT id, from_account, to_account, amount FROM transfers"
+              " WHERE from_account = 4711 OR to_account = 4711",
+        oracle_ddl=("CREATE INDEX qc_transfers_from ON transfers (from_account)",
+                    "CREATE INDEX qc_transfers_to ON transfers (to_account)"),
+        note="two single-column indexes combined with a BitmapOr",
+    ),
+    Case(
+        name="like_infix_trgm",
+        source="pg_trgm docs: 'Index Support' (gin_trgm_ops serves LIKE '%foo%bar')",
+        schema=("CREATE EXTENSION IF NOT EXISTS pg_trgm",
+                "CREATE TABLE catalog_items (id integer PRIMARY KEY, name text NOT NULL, stock integer)"),
+        data=("INSERT INTO catalog_items SELECT i,"
+              f" {pick(ADJECTIVES, 61)} || ' ' || {pick(MATERIALS, 62)} || ' ' || {pick(THINGS, 63)}"
+              " || ' #' || i, i % 100 FROM generate_series(1, {items}) i", VACUUM),
+        sizes={"items": 500_000},
+        query="SELECT id, name FROM catalog_items WHERE name LIKE '%titanium kettle%'",
+        oracle_ddl=("CREATE INDEX qc_items_name_trgm ON catalog_items USING gin (name gin_trgm_ops)",),
+    ),
+    Case(
+        name="ilike_trgm",
+        source="pg_qualstats README: the index advisor lists ILIKE (~~*) quals as not optimisable"
+               " by a btree; pg_trgm docs: gin_trgm_ops serves ILIKE",
+        schema=("CREATE EXTENSION IF NOT EXISTS pg_trgm",
+                "CREATE TABLE contacts (id integer PRIMARY KEY, full_name text NOT NULL,"
+                " city text NOT NULL)"),
+        data=("INSERT INTO contacts SELECT i, "
+              f"{pick(FIRST_NAMES, 71)} || ' ' || CASE WHEN i % 2000 = 0 THEN 'Zimmermann'"
+              f" ELSE {pick(LAST_NAMES, 72)} END || '-' || (i % 997),"
+              f" {pick(['Berlin', 'Lyon', 'Austin', 'Osaka', 'Leeds'], 73)}"
+              " FROM generate_series(1, {contacts}) i", VACUUM),
+        sizes={"contacts": 500_000},
+        query="SELECT id, full_name FROM contacts WHERE full_name ILIKE '%zimmer%'",
+        oracle_ddl=("CREATE INDEX qc_contacts_name_trgm ON contacts USING gin (full_name gin_trgm_ops)",),
+    ),
+    Case(
+        name="jsonb_contains",
+        source="PostgreSQL docs 8.14.4 'jsonb Indexing' (jdoc @> '{\"company\": ...}'"
+               " with a jsonb_path_ops GIN index)",
+        schema=("CREATE TABLE api_events (id bigint PRIMARY KEY, doc jsonb NOT NULL,"
+                " created_at timestamp NOT NULL)",),
+        data=("INSERT INTO api_events SELECT i, jsonb_build_object("
+              f"'type', CASE WHEN {u(81)} < 0.02 THEN 'refund' ELSE"
+              f" {pick(['view', 'search', 'purchase', 'login'], 82)} END,"
+              f" 'source', {pick(SOURCES, 83)},"
+              " 'user', 1 + i % 50000, 'amount', i % 1000),"
+              " timestamp '2024-01-01' + i * interval '5 seconds'"
+              " FROM generate_series(1, {events}) i", VACUUM),
+        sizes={"events": 500_000},
+        query="SELECT id, doc->>'amount' AS amount FROM api_events"
+              " WHERE doc @> '{\"type\": \"refund\", \"source\": \"ios\"}'",
+        oracle_ddl=("CREATE INDEX qc_api_events_doc ON api_events USING gin (doc jsonb_path_ops)",),
+    ),
+    Case(
+        name="prefix_like_collation",
+        source="PostgreSQL docs 11.10 'Operator Classes and Operator Families' (text_pattern_ops"
+               " for LIKE 'foo%' under a non-C locale); Use The Index, Luke: ch. 'LIKE Filters'",
+        schema=("CREATE TABLE people (id integer PRIMARY KEY,"
+                " last_name text {collate_clause} NOT NULL, first_name text NOT NULL)",),
+        data=("INSERT INTO people SELECT i, CASE WHEN i % 5000 = 0 THEN 'Winand' ELSE"
+              f" {pick(LAST_NAMES, 91)} END || lpad((i % 9973)::text, 4, '0'),"
+              f" {pick(FIRST_NAMES, 92)} FROM generate_series(1, {{people}}) i", VACUUM),
+        sizes={"people": 1_000_000},
+        query="SELECT id, last_name, first_name FROM people WHERE last_name LIKE 'Winand%'",
+        oracle_ddl=("CREATE INDEX qc_people_last_name ON people (last_name {pattern_opclass})",),
+        note="the column gets a non-C collation (libc C.UTF-8 counts: PostgreSQL treats only"
+             " C and POSIX as C), so LIKE 'x%' needs text_pattern_ops",
+    ),
+    Case(
+        name="lower_email",
+        source="Use The Index, Luke: ch. 'Case-Insensitive Search Using UPPER or LOWER'"
+               " (function-based index)",
+        schema=("CREATE TABLE users (id integer PRIMARY KEY, email text NOT NULL, name text NOT NULL,"
+                " created_at timestamp NOT NULL)",),
+        data=("INSERT INTO users SELECT i, 'User' || i || '@Example.COM', 'user ' || i,"
+              " timestamp '2020-01-01' + i * interval '1 minute' FROM generate_series(1, {users}) i",
+              VACUUM),
+        sizes={"users": 1_000_000},
+        query="SELECT id, email FROM users WHERE lower(email) = 'user4242@example.com'",
+        oracle_ddl=("CREATE INDEX qc_users_lower_email ON users (lower(email))",),
+        quick=True,
+    ),
+    Case(
+        name="not_in_subquery",
+        source="PostgreSQL wiki 'Don't Do This': Don't use NOT IN (a subquery too big to hash"
+               " is rescanned per row; NOT EXISTS becomes an anti join)",
+        schema=SHOP_SCHEMA[:1] + SHOP_SCHEMA[2:3],
+        data=(SHOP_CUSTOMERS,
+              # customers past 99 % have no orders
+              "INSERT INTO orders SELECT i, 1 + floor({customers} * 0.99 * " + u(101) + ")::int,"
+              " 'shipped', 10, timestamp '2023-01-01' + i * interval '1 minute'"
+              " FROM generate_series(1, {orders}) i", VACUUM),
+        # the subquery must stay above work_mem * hash_mem_multiplier (8 MB, ~262k rows) at scale 1
+        sizes={"customers": 1_000, "orders": 300_000},
+        query="SELECT c.id, c.name FROM customers c"
+              " WHERE c.id NOT IN (SELECT o.customer_id FROM orders o)",
+        oracle_query="SELECT c.id, c.name FROM customers c"
+                     " WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.customer_id = c.id)",
+        note="orders.customer_id is NOT NULL, so NOT EXISTS returns the same rows",
+    ),
+    Case(
+        name="offset_to_keyset",
+        source="Use The Index, Luke: ch. 'Paging Through Results' (seek method instead of OFFSET)",
+        schema=("CREATE TABLE posts (id bigint PRIMARY KEY, created_at timestamp NOT NULL,"
+                " title text NOT NULL, body text)",),
+        data=("INSERT INTO posts SELECT i, timestamp '2020-01-01' + (i / 3) * interval '1 minute',"
+              " 'post ' || i, repeat(md5(i::text), 2) FROM generate_series(1, {posts}) i", VACUUM),
+        sizes={"posts": 1_000_000, "offset": 100_000},
+        query="SELECT id, created_at, title FROM posts ORDER BY created_at DESC, id DESC"
+              " OFFSET {offset} LIMIT 20",
+        oracle_ddl=("CREATE INDEX qc_posts_created_id ON posts (created_at, id)",),
+        oracle_query="SELECT id, created_at, title FROM posts WHERE (created_at, id) < ({p0}, {p1})"
+                     " ORDER BY created_at DESC, id DESC LIMIT 20",
+        oracle_params="SELECT quote_literal(created_at::text) || '::timestamp', id::text FROM posts"
+                      " ORDER BY created_at DESC, id DESC OFFSET {offset} - 1 LIMIT 1",
+        note="the keyset is the last row of the previous page (what the application remembers)",
+    ),
+    Case(
+        name="date_cast_sargable",
+        source="Use The Index, Luke: ch. 'Obfuscated Conditions: Dates' (a range on the column"
+               " instead of a function of it)",
+        schema=("CREATE TABLE shop_sales (id bigint PRIMARY KEY, store_id integer NOT NULL,"
+                " created_at timestamp NOT NULL, amount numeric(12,2) NOT NULL)",),
+        data=("INSERT INTO shop_sales SELECT i, 1 + i % 300,"
+              " timestamp '2023-01-01' + (i::float8 / {sales}) * interval '730 days',"
+              f" round((1 + 299 * {u(111)})::numeric, 2) FROM generate_series(1, {{sales}}) i", VACUUM),
+        sizes={"sales": 1_000_000},
+        query="SELECT count(*), sum(amount) FROM shop_sales WHERE created_at::date = DATE '2024-03-15'",
+        oracle_ddl=("CREATE INDEX qc_shop_sales_created ON shop_sales (created_at)",),
+        oracle_query="SELECT count(*), sum(amount) FROM shop_sales"
+                     " WHERE created_at >= TIMESTAMP '2024-03-15' AND created_at < TIMESTAMP '2024-03-16'",
+    ),
+    Case(
+        name="correlated_scalar_subquery",
+        source="common advice, no single public advisor test: decorrelate a scalar subquery in the"
+               " select list into LEFT JOIN ... GROUP BY",
+        schema=SHOP_SCHEMA[:1] + SHOP_SCHEMA[2:3],
+        data=(SHOP_CUSTOMERS, SHOP_ORDERS, VACUUM),
+        sizes={"customers": 50_000, "orders": 600_000},
+        query="SELECT c.id, c.name, (SELECT count(*) FROM orders o WHERE o.customer_id = c.id)"
+              " AS order_count FROM customers c WHERE c.country = 'IS'",
+        oracle_query="SELECT c.id, c.name, count(o.id) AS order_count FROM customers c"
+                     " LEFT JOIN orders o ON o.customer_id = c.id WHERE c.country = 'IS'"
+                     " GROUP BY c.id, c.name",
+        note="one scan of orders instead of one per customer (an index on orders.customer_id"
+             " does even better: reaching or beating the oracle counts)",
+    ),
+    Case(
+        name="in_subquery",
+        source="Dexter test/index_test.rb (IN-list and subquery filters) — shape:"
+               " WHERE customer_id IN (SELECT id FROM customers WHERE country = ?)",
+        schema=SHOP_SCHEMA[:1] + SHOP_SCHEMA[2:3],
+        data=(SHOP_CUSTOMERS, SHOP_ORDERS, VACUUM),
+        sizes={"customers": 100_000, "orders": 1_000_000},
+        query="SELECT o.id, o.total FROM orders o"
+              " WHERE o.customer_id IN (SELECT c.id FROM customers c WHERE c.country = 'IS')",
+        oracle_ddl=("CREATE INDEX qc_orders_customer ON orders (customer_id)",
+                    "CREATE INDEX qc_customers_country ON customers (country)"),
+    ),
+    Case(
+        name="redundant_distinct",
+        source="common advice, no single public advisor test: DISTINCT over a join to a primary"
+               " key cannot remove anything (the row's own key is in the select list)",
+        schema=SHOP_SCHEMA[:1] + SHOP_SCHEMA[2:3],
+        data=(SHOP_CUSTOMERS, SHOP_ORDERS, VACUUM),
+        sizes={"customers": 50_000, "orders": 600_000},
+        query="SELECT DISTINCT o.id, o.total, o.created_at FROM orders o"
+              " JOIN customers c ON c.id = o.customer_id WHERE c.country IN ('DE', 'FR')",
+        oracle_query="SELECT o.id, o.total, o.created_at FROM orders o"
+                     " JOIN customers c ON c.id = o.customer_id WHERE c.country IN ('DE', 'FR')",
+    ),
+    Case(
+        name="analytic_date_range",
+        source="analytic query with a literal date range (AFS corpus); the known fix is an index"
+               " (Use The Index, Luke: ch. 'Index-Only Scan'), not a view of the answer",
+        schema=("CREATE TABLE sales (id bigint PRIMARY KEY, subsidiary_id integer NOT NULL,"
+                " sale_date date NOT NULL, eur_value numeric(12,2) NOT NULL, notes text)",),
+        data=(f"INSERT INTO sales SELECT i, {skewed('subsidiaries', 121, 1.5)},"
+              " date '2022-01-01' + (i::float8 / {sales} * 1095)::int,"
+              f" round((1 + 999 * {u(122)})::numeric, 2),"
+              " 'order note ' || md5(i::text) FROM generate_series(1, {sales}) i", VACUUM),
+        sizes={"sales": 1_000_000, "subsidiaries": 30},
+        query="SELECT sale_date, count(*) AS sales, sum(eur_value) AS revenue FROM sales"
+              " WHERE sale_date BETWEEN DATE '2024-05-01' AND DATE '2024-05-07'"
+              " GROUP BY sale_date ORDER BY sale_date",
+        oracle_ddl=("CREATE INDEX qc_sales_date ON sales (sale_date) INCLUDE (eur_value)",),
+    ),
+    Case(
+        name="analytic_having",
+        source="analytic query with a HAVING threshold (AFS corpus); the known fix is an index on"
+               " (filter, group key): an index-only scan feeding a GroupAggregate",
+        schema=SHOP_SCHEMA[:1] + SHOP_SCHEMA[2:3],
+        data=(SHOP_CUSTOMERS, SHOP_ORDERS, VACUUM),
+        sizes={"customers": 50_000, "orders": 1_000_000},
+        query="SELECT customer_id, count(*) AS returns FROM orders WHERE status = 'returned'"
+              " GROUP BY customer_id HAVING count(*) >= 3 ORDER BY customer_id",
+        oracle_ddl=("CREATE INDEX qc_orders_status_customer ON orders (status, customer_id)",),
+    ),
+    Case(
+        name="analytic_name_filter",
+        source="analytic query filtered on a name (AFS corpus); the known fix is an index on the"
+               " name and on the foreign key the join walks",
+        schema=(SHOP_SCHEMA[1], SHOP_SCHEMA[3]),
+        data=(SHOP_PRODUCTS,
+              f"INSERT INTO order_items SELECT i, 1 + (i - 1) / 3, {skewed('products', 131)},"
+              f" 1 + floor(5 * {u(132)})::int, round((5 + 200 * {u(133)})::numeric, 2)"
+              " FROM generate_series(1, {items}) i", VACUUM),
+        sizes={"products": 20_000, "items": 1_500_000},
+        query="SELECT p.name, sum(oi.quantity) AS units, sum(oi.quantity * oi.unit_price) AS revenue"
+              " FROM products p JOIN order_items oi ON oi.product_id = p.id"
+              " WHERE p.name = 'product 777' GROUP BY p.name",
+        oracle_ddl=("CREATE INDEX qc_products_name ON products (name)",
+                    "CREATE INDEX qc_items_product ON order_items (product_id)"),
+    ),
+    Case(
+        name="correlated_columns_stats",
+        source="PostgreSQL docs 14.2.2 'Extended Statistics' (city/zip: multivariate n-distinct"
+               " counts for GROUP BY on correlated columns)",
+        schema=("CREATE TABLE addresses (id integer PRIMARY KEY, city text NOT NULL, zip text NOT NULL,"
+                " street text NOT NULL)",),
+        data=("INSERT INTO addresses SELECT i, 'city ' || (z / 10), 'zip ' || z, 'street ' || (i % 9000)"
+              f" FROM (SELECT i, floor({{zips}} * power({u(141)}, 1.2))::int AS z"
+              " FROM generate_series(1, {addresses}) i) s", VACUUM),
+        sizes={"addresses": 1_000_000, "zips": 3_000},
+        query="SELECT city, zip, count(*) FROM addresses GROUP BY city, zip",
+        oracle_ddl=("CREATE STATISTICS qc_addresses_city_zip (ndistinct, dependencies)"
+                    " ON city, zip FROM addresses",
+                    "ANALYZE addresses"),
+        note="without the statistics the planner multiplies the distinct counts of city and zip",
+    ),
+    Case(
+        name="sort_spill_work_mem",
+        source="PostgreSQL docs 19.4.1 'work_mem' (a sort larger than work_mem spills to"
+               " temporary files: 'Sort Method: external merge')",
+        schema=("CREATE TABLE readings (id bigint PRIMARY KEY, device_id integer NOT NULL,"
+                " ts timestamp NOT NULL, value double precision NOT NULL)",),
+        data=(f"INSERT INTO readings SELECT i, 1 + floor({u(151)} * 5000)::int,"
+              " timestamp '2024-01-01' + i * interval '3 seconds', "
+              f"{u(152)} * 100 FROM generate_series(1, {{readings}}) i", VACUUM),
+        sizes={"readings": 300_000},
+        query="SELECT device_id, ts, value, value - lag(value) OVER (PARTITION BY device_id ORDER BY ts)"
+              " AS delta FROM readings ORDER BY device_id, ts",
+        oracle_settings={"work_mem": "'64MB'"},
+        note="a per-query setting, measured with SET LOCAL; on a machine whose temporary files"
+             " stay in the page cache an in-memory sort gains little",
+    ),
+    Case(
+        name="already_fast",
+        source="Dexter test suite (a lookup already served by an index gets no suggestion)",
+        schema=("CREATE TABLE accounts (id integer PRIMARY KEY, email text NOT NULL,"
+                " balance numeric(12,2) NOT NULL)",),
+        data=("INSERT INTO accounts SELECT i, 'acct' || i || '@example.com', i % 1000"
+              " FROM generate_series(1, {accounts}) i", VACUUM),
+        sizes={"accounts": 500_000},
+        query="SELECT id, email, balance FROM accounts WHERE id = 4242",
+        note="nothing to do: AFS must not make it slower",
+        quick=True,
+    ),
+    Case(
+        name="hypopg_readme",
+        source="HypoPG README (CREATE TABLE hypo (id integer, val text), 'line ' || i;"
+               " SELECT * FROM hypo WHERE id = 1; hypothetical index on hypo (id))",
+        schema=("CREATE TABLE hypo (id integer, val text)",),
+        data=("INSERT INTO hypo SELECT i, 'line ' || i FROM generate_series(1, {rows}) i", VACUUM),
+        sizes={"rows": 1_000_000},
+        query="SELECT * FROM hypo WHERE id = 1",
+        oracle_ddl=("CREATE INDEX qc_hypo_id ON hypo (id)",),
+        quick=True,
+    ),
+)
+
+
+def by_name() -> dict[str, Case]:
+    return {c.name: c for c in CASES}
