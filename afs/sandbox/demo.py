@@ -147,7 +147,11 @@ def seed_statements(scale: str, seed: int = 42) -> list[str]:
         "ALTER TABLE orders ADD FOREIGN KEY (user_id) REFERENCES users",
         "ALTER TABLE order_items ADD FOREIGN KEY (order_id) REFERENCES orders",
         "ALTER TABLE order_items ADD FOREIGN KEY (product_id) REFERENCES products",
-        # VACUUM sets the visibility map, so index-only scans work in the forks at once
+        # VACUUM sets the visibility map, so index-only scans work in the forks at once; it
+        # marks a page all-visible only once the inserting commits are flushed (they were
+        # asynchronous): flush them first
+        "SET synchronous_commit = on",
+        "SELECT pg_catalog.txid_current()",
         "VACUUM (ANALYZE)",
     ]
 
