@@ -88,13 +88,19 @@ def specialisation(decision: Decision, ctx: AnalysisContext, agent: AgentKey) ->
     return decision.candidates
 
 
+def index_designs(decision: Decision, ctx: AnalysisContext, agent: AgentKey) -> Candidates:
+    """The index designer's candidates, for every agent: the router sends simple queries to one
+    agent only, and a missing index is the most common fix of all."""
+    return decide_index_design(ctx, agent).candidates
+
+
 def plan_fixes(decision: Decision, ctx: AnalysisContext, agent: AgentKey) -> Candidates:
     """Fixes for a wrong plan (afs.brains.strategists.plan_fixes), whatever the specialisation."""
     return plan_fix_proposals(ctx, agent)
 
 
-# In this order: an agent's own specialisation first.
-CANDIDATE_SOURCES: tuple[CandidateSource, ...] = (specialisation, plan_fixes)
+# In this order: an agent's own specialisation first (rewrites are added by the brain).
+CANDIDATE_SOURCES: tuple[CandidateSource, ...] = (specialisation, index_designs, plan_fixes)
 
 
 # -- the registry ---------------------------------------------------------------------------
@@ -113,8 +119,11 @@ class Strategist:
         # its own prose back. (`analysis` matters to model brains; it is accepted for symmetry.)
         del analysis
         decision = self.decide(ctx, self.agent)
-        found = (p for source in CANDIDATE_SOURCES for p in source(decision, ctx, self.agent))
-        return tuple(dict.fromkeys(found))  # the same design twice is measured once
+        found = [p for source in CANDIDATE_SOURCES for p in source(decision, ctx, self.agent)]
+        unique: dict[tuple[object, ...], OptimizationProposal] = {}
+        for p in found:  # the same design twice (by its SQL) is measured once
+            unique.setdefault((p.sql_commands, p.rewritten_query, p.settings), p)
+        return tuple(unique.values())
 
 
 STRATEGISTS: Mapping[AgentKey, Strategist] = {
