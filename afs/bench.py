@@ -393,14 +393,28 @@ async def benchmark(
             continue
         after = await result_of(conn, other, family_ordered)
         equivalent = before.rows == after.rows and (not family_exact or before.checksum == after.checksum)
-        if member.label in family_before:
-            base = family_before[member.label]
-            cand = await _measure_alone(functools.partial(sides.candidate, member.candidate_sql),
-                                        family_runs)
-        else:
-            base, cand = await _measure_pairs(functools.partial(sides.baseline, member.baseline_sql),
-                                              functools.partial(sides.candidate, member.candidate_sql),
-                                              family_runs)
+        try:
+            if member.label in family_before:
+                base = family_before[member.label]
+                cand = await _measure_alone(functools.partial(sides.candidate, member.candidate_sql),
+                                            family_runs)
+            else:
+                base, cand = await _measure_pairs(
+                    functools.partial(sides.baseline, member.baseline_sql),
+                    functools.partial(sides.candidate, member.candidate_sql), family_runs)
+        except StatementTimeout:
+            # which side ran past the timeout? the proposal's query alone tells
+            try:
+                await sides.candidate(member.candidate_sql)
+                slow_side, slower = "the original", False
+            except StatementTimeout:
+                slow_side, slower = "the proposal's query", True
+            checks.append(ParameterCheck(
+                label=member.label, equivalent=equivalent, slower=slower, rows=before.rows,
+                note=f"not timed: {slow_side} exceeds the statement timeout for these values"
+                     + ("" if equivalent else f"; results differ: {before.rows} rows before, "
+                        f"{after.rows} after")))
+            continue
         b, c = timing(base), timing(cand)
         slower = significant(base, cand) and c.median_ms > b.median_ms
         checks.append(ParameterCheck(
