@@ -167,21 +167,29 @@ def range_fraction(stats: ColumnStats | None, lower: Any = None, upper: Any = No
     return min(1.0, in_range + max(0.0, share) * rest)
 
 
-def like_prefix(pattern: str) -> str:
-    """The fixed start of a LIKE pattern: up to the first unescaped `%` or `_`."""
-    out: list[str] = []
+def pattern_runs(pattern: str) -> list[str]:
+    """The literal runs of a LIKE pattern, between its unescaped `%` and `_` wildcards."""
+    runs: list[str] = []
+    current: list[str] = []
     escaped = False
     for ch in pattern:
         if escaped:
-            out.append(ch)
+            current.append(ch)
             escaped = False
         elif ch == "\\":
             escaped = True
         elif ch in "%_":
-            break
+            runs.append("".join(current))
+            current = []
         else:
-            out.append(ch)
-    return "".join(out)
+            current.append(ch)
+    runs.append("".join(current))
+    return runs
+
+
+def like_prefix(pattern: str) -> str:
+    """The fixed start of a LIKE pattern: up to the first unescaped `%` or `_`."""
+    return pattern_runs(pattern)[0]
 
 
 def prefix_fraction(stats: ColumnStats | None, prefix: str, rows: float) -> float | None:

@@ -72,6 +72,7 @@ from afs.pg.stats import (
     like_prefix,
     orders_like_c,
     pattern_opclass,
+    pattern_runs,
     prefix_fraction,
     value_matches,
 )
@@ -688,24 +689,6 @@ def _filter_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDes
     return [found, plain]
 
 
-def _pattern_runs(pattern: str) -> list[str]:
-    """The literal runs of a LIKE pattern, between its unescaped `%` and `_` wildcards."""
-    runs, current, escaped = [], [], False
-    for ch in pattern:
-        if escaped:
-            current.append(ch)
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch in "%_":
-            runs.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    runs.append("".join(current))
-    return [r for r in runs if r]
-
-
 def _trigram_index(info: TableInfo, column: str) -> IndexInfo | None:
     return next((ix for ix in info.indexes if index_method(ix) == "gin"
                  and TRIGRAM_OPCLASS in ix.definition.lower()
@@ -731,7 +714,7 @@ def _trigram_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDe
             continue
         if not ilike and like_prefix(pattern):
             continue  # a B-tree serves the prefix (the filter rule)
-        if max((len(r) for r in _pattern_runs(pattern)), default=0) < TRIGRAM_MIN_CHARS:
+        if max((len(r) for r in pattern_runs(pattern)), default=0) < TRIGRAM_MIN_CHARS:
             notes.append(f"{shown} has no run of {TRIGRAM_MIN_CHARS} characters: a trigram index "
                          "cannot narrow it")
             continue

@@ -39,7 +39,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from afs.errors import InputError
-from afs.features import DIALECT, parse_query, select_text
+from afs.features import DIALECT, conjuncts, parse_query, select_text
 from afs.models import AnalysisContext, EstimatedImpact, OptimizationProposal, TableInfo
 from afs.pg.functions import ANONYMOUS_AGGREGATES, SET_RETURNING
 from afs.pg.names import ident, index_name, qualified
@@ -374,19 +374,9 @@ def _copy_at(tree: exp.Expr, node: exp.Expr) -> tuple[exp.Expr, exp.Expr]:
     return copy, _locate(copy, _path(node))
 
 
-def _conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
-    if node is None:
-        return []
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.And):
-        return _conjuncts(node.left) + _conjuncts(node.right)
-    return [node]
-
-
 def _where_conjuncts(select: exp.Select) -> list[exp.Expr]:
     where = select.args.get("where")
-    return _conjuncts(where.this) if where is not None else []
+    return conjuncts(where.this) if where is not None else []
 
 
 def _replace(node: exp.Expr, new: exp.Expr) -> None:
