@@ -19,26 +19,35 @@ Environment:
     AFS_PARAMETER_SETS        other literal values each proposal is checked with (default 2)
     AFS_SLOW_BASELINE_CAP_S   cap of the one baseline run of a query past the statement timeout
 
+    AFS_GEMINI_MODEL_<AGENT>  the model behind an agent, e.g. AFS_GEMINI_MODEL_GEMINI25PRO
+
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
 GOOGLE_GENAI_USE_VERTEXAI with GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION), plus
-AFS_GEMINI_BASE_URL (another endpoint: proxies, the fake server) and
-AFS_GEMINI_MODEL_<AGENT> (e.g. AFS_GEMINI_MODEL_GEMINI25PRO); `afs.brains.gemini.client` reads
-them from the environment the CLI passes in.
+AFS_GEMINI_BASE_URL (another endpoint: proxies, the fake server); `afs.brains.gemini.client`
+reads them from the environment the CLI passes in.
 
 The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `candidates`,
-`measured`, `parameter_sets` and `slow_baseline_cap_s`.
+`measured`, `parameter_sets`, `slow_baseline_cap_s`, and `gemini:` with `models` (agent →
+model) and `model_settings` (model → generation settings, merged over MODEL_SETTINGS):
+
+    gemini:
+      models: {gemini25pro: gemini-3.1-pro-preview}
+      model_settings:
+        gemini-3.1-pro-preview: {thinking_level: high, call_timeout_s: 100}
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -72,6 +81,98 @@ _MAX_SOCKET_DIR = 90
 _LIBPQ_TARGET_VARS = ("PGHOST", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE", "PGHOSTADDR")
 
 
+# -- Gemini models -------------------------------------------------------------------------
+# The agents keep the seed's identities (gemini25pro, gemini25flash, gemini20flash: routing,
+# reports, tie-breaks); the model behind each moves on. Defaults chosen on 2026-11-23 from the
+# Gemini API's model and deprecation pages: gemini-2.0-flash is shut down, gemini-2.5-pro and
+# gemini-2.5-flash are deprecated (shutdown announced for 2026). Each role gets the current
+# model of its tier: the Pro for index design and review, the newest GA Flash for structure,
+# the GA Flash-Lite for pre-computation (the cheap tier 2.0-flash held).
+GEMINI_DEFAULTS_CHOSEN: Final = "2026-11-23"
+DEFAULT_GEMINI_MODELS: Final[Mapping[str, str]] = {
+    "gemini25pro": "gemini-3.1-pro-preview",
+    "gemini25flash": "gemini-3.8-flash",
+    "gemini20flash": "gemini-3.1-flash-lite",
+}
+ENV_GEMINI_MODEL_PREFIX: Final = "AFS_GEMINI_MODEL_"  # + the agent key in capitals
+THINKING_LEVELS: Final = ("minimal", "low", "medium", "high")
+DEFAULT_CALL_TIMEOUT_S: Final = 60.0  # one HTTP attempt of a model without an entry below
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """How AFS calls one model: thinking, sampling, output limit, time per call, price.
+
+    `thinking_level` is for Gemini 3.x, `thinking_budget` (tokens; -1 dynamic, 0 off) for 2.5;
+    2.5-pro always thinks (no budget 0); None sends nothing (2.0 models do not think).
+    `temperature` None leaves the vendor's default (Gemini 3 advises keeping it: lower values can
+    loop). `max_output_tokens` includes the thinking tokens. Prices are USD per million tokens,
+    output including thinking (list prices: an estimate, not a bill); None: unknown.
+    """
+
+    thinking_level: str | None = None
+    thinking_budget: int | None = None
+    temperature: float | None = None
+    max_output_tokens: int = 16_384
+    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
+    input_usd_per_mtok: float | None = None
+    output_usd_per_mtok: float | None = None
+
+
+# Per model family (a versioned name such as gemini-2.5-pro-002 reads its family's entry).
+# Prices: the Gemini API's paid tier for text prompts up to 200k tokens, as listed on the
+# chosen date (2.x: July 2025). A thinking Pro call can take more than a minute: its per-call
+# timeout is longer, still inside the 120 s model phase.
+MODEL_SETTINGS: Final[Mapping[str, ModelSettings]] = {
+    "gemini-3.1-pro-preview": ModelSettings(thinking_level="high", max_output_tokens=32_768,
+                                            call_timeout_s=100.0, input_usd_per_mtok=2.00,
+                                            output_usd_per_mtok=12.00),
+    "gemini-3.8-flash": ModelSettings(thinking_level="medium", max_output_tokens=32_768,
+                                      call_timeout_s=75.0, input_usd_per_mtok=0.75,
+                                      output_usd_per_mtok=3.75),
+    "gemini-3.1-flash-lite": ModelSettings(thinking_level="medium", max_output_tokens=16_384,
+                                           call_timeout_s=60.0, input_usd_per_mtok=0.25,
+                                           output_usd_per_mtok=1.50),
+    "gemini-2.5-pro": ModelSettings(thinking_budget=8_192, temperature=0.2, max_output_tokens=32_768,
+                                    call_timeout_s=100.0, input_usd_per_mtok=1.25,
+                                    output_usd_per_mtok=10.00),
+    "gemini-2.5-flash": ModelSettings(thinking_budget=4_096, temperature=0.2, max_output_tokens=16_384,
+                                      call_timeout_s=75.0, input_usd_per_mtok=0.30,
+                                      output_usd_per_mtok=2.50),
+    "gemini-2.0-flash": ModelSettings(temperature=0.2, max_output_tokens=8_192, call_timeout_s=60.0,
+                                      input_usd_per_mtok=0.10, output_usd_per_mtok=0.40),
+}
+_VERSION_SUFFIX: Final = re.compile(r"-(?:\d+|latest|preview|exp\w*)$")  # one segment at a time
+
+
+@dataclass(frozen=True)
+class GeminiSettings:
+    """The model behind each agent, and the generation settings of each model."""
+
+    models: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_GEMINI_MODELS))
+    model_settings: Mapping[str, ModelSettings] = field(default_factory=lambda: dict(MODEL_SETTINGS))
+
+    def model_of(self, agent: str) -> str:
+        return self.models.get(agent) or DEFAULT_GEMINI_MODELS.get(agent) or DEFAULT_GEMINI_MODELS[
+            "gemini25pro"]
+
+    def settings_of(self, model: str) -> ModelSettings:
+        """The entry of `model`, else of its family (without a version suffix), else defaults."""
+        name = model.removeprefix("models/")
+        while True:
+            if name in self.model_settings:
+                return self.model_settings[name]
+            shorter = _VERSION_SUFFIX.sub("", name)
+            if shorter == name:
+                return ModelSettings()
+            name = shorter
+
+    @staticmethod
+    def setting_names(agent: str) -> str:
+        """Where a person changes the model of `agent`."""
+        return f"gemini.models.{agent} in settings.yaml or {ENV_GEMINI_MODEL_PREFIX}{agent.upper()}"
+
+
 def default_fork_server_command() -> tuple[str, ...]:
     return (sys.executable, "-m", "afs", "mcp", "serve")
 
@@ -93,6 +194,7 @@ class Settings:
     parameter_sets: int = DEFAULT_PARAMETER_SETS
     slow_baseline_cap_s: float = DEFAULT_SLOW_BASELINE_CAP_S
     routing_rules: Path | None = None  # default: routing_rules.yaml (see afs.router.load_rules)
+    gemini: GeminiSettings = field(default_factory=GeminiSettings)
 
     @property
     def sandbox_dir(self) -> Path:
@@ -208,9 +310,100 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                 raise ConfigError(f"timeout {phase} must be positive, got {raw!r}")
     if limits:
         changes["timeouts"] = Timeouts(**limits)
+    changes["gemini"] = _gemini_settings(file_values.get("gemini"), env, str(settings_file))
     scale, source = pick("scale", "AFS_SCALE")
     if scale is not None:
         if scale not in ("small", "demo", "large"):
             raise ConfigError(f"{source}: scale must be small, demo or large, got {scale!r}")
         changes["scale"] = scale
     return replace(settings, **changes)
+
+
+_MODEL_SETTING_FIELDS: Final = frozenset(f.name for f in fields(ModelSettings))
+
+
+def _model_settings(model: str, raw: Any, base: ModelSettings, source: str) -> ModelSettings:
+    """One model's entry of `gemini.model_settings`, checked, over `base`."""
+    where = f"{source}: gemini.model_settings.{model}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping")
+    unknown = sorted(set(raw) - _MODEL_SETTING_FIELDS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(_MODEL_SETTING_FIELDS))})")
+    values = {**{f.name: getattr(base, f.name) for f in fields(ModelSettings)}, **raw}
+    if "thinking_level" in raw and raw["thinking_level"] is not None and "thinking_budget" not in raw:
+        values["thinking_budget"] = None  # the one given replaces the other
+    if "thinking_budget" in raw and raw["thinking_budget"] is not None and "thinking_level" not in raw:
+        values["thinking_level"] = None
+    level, budget = values["thinking_level"], values["thinking_budget"]
+    if level is not None:
+        level = str(level).lower()
+        if level not in THINKING_LEVELS:
+            raise ConfigError(f"{where}: thinking_level must be one of {', '.join(THINKING_LEVELS)}, "
+                              f"got {values['thinking_level']!r}")
+    if budget is not None:
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
+            raise ConfigError(f"{where}: thinking_budget must be a number of tokens (-1: dynamic, "
+                              f"0: off), got {budget!r}")
+        if budget == 0 and "2.5-pro" in model:
+            raise ConfigError(f"{where}: {model} always thinks: thinking_budget 0 is refused "
+                              f"(use 128 or more, or -1)")
+    if level is not None and budget is not None:
+        raise ConfigError(f"{where}: give thinking_level (Gemini 3) or thinking_budget (2.5), not both")
+    temperature = values["temperature"]
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(
+            temperature, int | float) or not 0 <= temperature <= 2):
+        raise ConfigError(f"{where}: temperature must be a number from 0 to 2 (or null for the "
+                          f"vendor's default), got {temperature!r}")
+    numbers: dict[str, float | None] = {}
+    for name in ("max_output_tokens", "call_timeout_s", "input_usd_per_mtok", "output_usd_per_mtok"):
+        value = values[name]
+        optional = name.endswith("_per_mtok")
+        if value is None and optional:
+            numbers[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or value < 0 or (value == 0 and not optional):
+            raise ConfigError(f"{where}: {name} must be a positive number, got {value!r}")
+        numbers[name] = value
+    return ModelSettings(thinking_level=level, thinking_budget=budget,
+                         temperature=None if temperature is None else float(temperature),
+                         max_output_tokens=int(numbers["max_output_tokens"] or 0),
+                         call_timeout_s=float(numbers["call_timeout_s"] or 0),
+                         input_usd_per_mtok=numbers["input_usd_per_mtok"],
+                         output_usd_per_mtok=numbers["output_usd_per_mtok"])
+
+
+def _gemini_settings(raw: Any, env: Mapping[str, str], source: str) -> GeminiSettings:
+    """`gemini:` of the settings file, then AFS_GEMINI_MODEL_<AGENT> over its models."""
+    raw = raw if raw is not None else {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: gemini must be a mapping (models, model_settings)")
+    unknown = sorted(set(raw) - {"models", "model_settings"})
+    if unknown:
+        raise ConfigError(f"{source}: gemini: unknown key {', '.join(unknown)} (known: models, "
+                          f"model_settings)")
+    models = dict(DEFAULT_GEMINI_MODELS)
+    file_models = raw.get("models") or {}
+    if not isinstance(file_models, dict):
+        raise ConfigError(f"{source}: gemini.models must map agents to model names")
+    for agent, model in file_models.items():
+        if agent not in DEFAULT_GEMINI_MODELS:
+            raise ConfigError(f"{source}: gemini.models: unknown agent {agent!r} "
+                              f"(agents: {', '.join(DEFAULT_GEMINI_MODELS)})")
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigError(f"{source}: gemini.models.{agent} must be a model name, got {model!r}")
+        models[agent] = model.strip()
+    for agent in DEFAULT_GEMINI_MODELS:
+        from_env = env.get(ENV_GEMINI_MODEL_PREFIX + agent.upper(), "").strip()
+        if from_env:
+            models[agent] = from_env
+    table = dict(MODEL_SETTINGS)
+    file_table = raw.get("model_settings") or {}
+    if not isinstance(file_table, dict):
+        raise ConfigError(f"{source}: gemini.model_settings must map model names to settings")
+    defaults = GeminiSettings(models={}, model_settings=table)
+    for model, entry in file_table.items():
+        table[str(model)] = _model_settings(str(model), entry, defaults.settings_of(str(model)), source)
+    return GeminiSettings(models=models, model_settings=table)

@@ -6,7 +6,10 @@ chosen by the test; no answer at all).
 `FakeGemini` speaks the `generateContent` REST protocol of the Gemini API (and
 the Vertex AI path for it), scripted per test with a queue of `FakeReply`:
 a JSON body or a status code, headers (Retry-After), a delay. It records every
-request it receives. It has two sides, sharing one script:
+`generateContent` request it receives in `requests`, and every `models.get` in
+`lookups`: that one answers from the model list, not the script (any model
+exists, except those named in `retired`, which get the 404 of a shut-down model).
+It has two sides, sharing one script:
 
 * `serve_fake_gemini(fake)` — a real HTTP server on 127.0.0.1 (an ephemeral
   port) in a thread; point `AFS_GEMINI_BASE_URL` at it, from this process or
@@ -22,11 +25,12 @@ request it receives. It has two sides, sharing one script:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,6 +42,7 @@ import trio
 from afs.models import AnalysisContext, AnalysisResult, OptimizationProposal
 
 _GENERATE = re.compile(r"/models/(?P<model>[^/:]+):generateContent$")
+_MODEL = re.compile(r"/models/(?P<model>[^/:]+)$")  # models.get
 _STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
                  404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
                  503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
@@ -51,6 +56,7 @@ class FakeReply:
     status: int = 200
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    drop: bool = False  # hang up without an answer (a transport error on the client's side)
 
     def encoded(self) -> bytes:
         return self.body.encode() if isinstance(self.body, str) else json.dumps(self.body).encode()
@@ -106,6 +112,33 @@ def reply_text(text: str, *, prompt_tokens: int = 1000, output_tokens: int = 200
     return FakeReply(body=body, delay_s=delay_s)
 
 
+def reply_drop(delay_s: float = 0.0) -> FakeReply:
+    """No answer at all: the connection is closed (the client sees a transport error)."""
+    return FakeReply(drop=True, delay_s=delay_s)
+
+
+def reply_stopped(finish_reason: str, text: str = "", **kwargs: Any) -> FakeReply:
+    """An answer that stopped for `finish_reason` (MAX_TOKENS, SAFETY, …), with `text` so far."""
+    reply = reply_text(text, **kwargs)
+    body = json.loads(json.dumps(reply.body))
+    body["candidates"][0]["finishReason"] = finish_reason
+    return dataclasses.replace(reply, body=body)
+
+
+def reply_blocked(block_reason: str = "SAFETY", message: str = "") -> FakeReply:
+    """The answer to a prompt the API blocked: no candidate, only `promptFeedback`."""
+    feedback = {"blockReason": block_reason, **({"blockReasonMessage": message} if message else {})}
+    return FakeReply(body={"promptFeedback": feedback,
+                           "usageMetadata": {"promptTokenCount": 1000, "totalTokenCount": 1000}})
+
+
+def model_resource(model: str) -> dict[str, Any]:
+    """What `models.get` answers for a model that exists."""
+    return {"name": f"models/{model}", "version": "fake", "displayName": model,
+            "inputTokenLimit": 1_048_576, "outputTokenLimit": 65_536,
+            "supportedGenerationMethods": ["generateContent", "countTokens"], "thinking": True}
+
+
 def reply_json(document: Any, **kwargs: Any) -> FakeReply:
     """A successful answer whose text is `document` as JSON."""
     return reply_text(json.dumps(document), **kwargs)
@@ -134,12 +167,14 @@ class FakeGemini:
     """
 
     def __init__(self, *replies: FakeReply, fallback: Responder | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, retired: Iterable[str] = ()) -> None:
         self._queue: deque[FakeReply] = deque(replies)
         self._lock = threading.Lock()
         self.fallback = fallback
         self.api_key = api_key
+        self.retired = set(retired)
         self.requests: list[FakeRequest] = []
+        self.lookups: list[str] = []  # the models asked for with models.get, in order
 
     def script(self, *replies: FakeReply) -> None:
         with self._lock:
@@ -153,6 +188,9 @@ class FakeGemini:
     def respond(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> FakeReply:
         """Record one request and choose its reply."""
         match = _GENERATE.search(path.split("?", 1)[0])
+        lookup = _MODEL.search(path.split("?", 1)[0]) if method == "GET" else None
+        if lookup is not None:
+            return self._model(lookup["model"], headers)
         try:
             document = json.loads(body or b"{}")
         except ValueError:
@@ -172,6 +210,18 @@ class FakeGemini:
             return self.fallback(request)
         return reply_error(500, "fake Gemini: no scripted reply left")
 
+    def _model(self, model: str, headers: Mapping[str, str]) -> FakeReply:
+        """models.get: the model's resource, a 404 for a retired one."""
+        with self._lock:
+            self.lookups.append(model)
+            key = {k.lower(): v for k, v in headers.items()}.get("x-goog-api-key")
+            if self.api_key is not None and key != self.api_key:
+                return reply_error(401, "API key not valid. Please pass a valid API key.")
+            if model in self.retired:
+                return reply_error(404, f"models/{model} is not found for API version v1beta, or is not "
+                                        f"supported for generateContent.")
+        return FakeReply(body=model_resource(model))
+
     def transport(self) -> httpx.MockTransport:
         """An in-process transport; delays sleep on trio's clock."""
 
@@ -180,6 +230,9 @@ class FakeGemini:
                                  dict(request.headers), await request.aread())
             if reply.delay_s:
                 await trio.sleep(reply.delay_s)
+            if reply.drop:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.",
+                                                request=request)
             return httpx.Response(reply.status, headers={"content-type": "application/json",
                                                          **reply.headers},
                                   content=reply.encoded())
@@ -207,6 +260,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         reply = self.server.fake.respond(self.command, self.path, dict(self.headers.items()), body)
         if reply.delay_s and self.server.closing.wait(reply.delay_s):
+            return
+        if reply.drop:
+            self.close_connection = True
             return
         payload = reply.encoded()
         self.send_response(reply.status)

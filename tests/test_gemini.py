@@ -14,6 +14,8 @@ import ast
 import dataclasses
 import json
 import os
+import random
+import re
 import subprocess
 import sys
 import time
@@ -36,6 +38,7 @@ from mcp import Client
 from afs.brains.gemini.brain import (
     GeminiBrain,
     analysis_prompt,
+    check_models,
     context_fields,
     open_gemini_squad,
     prompt_template,
@@ -48,7 +51,6 @@ from afs.brains.gemini.client import (
     Usage,
     estimate_cost,
     gemini_credentials,
-    gemini_models,
     open_gemini_client,
     retry_after_s,
 )
@@ -63,8 +65,15 @@ from afs.brains.gemini.parsing import (
     proposal_type_of,
     repair_json,
 )
-from afs.config import Settings, Timeouts
-from afs.errors import ModelError, ModelOutputError
+from afs.config import (
+    DEFAULT_GEMINI_MODELS,
+    MODEL_SETTINGS,
+    GeminiSettings,
+    Settings,
+    Timeouts,
+    load_settings,
+)
+from afs.errors import ConfigError, ModelError, ModelOutputError
 from afs.events import Emitter
 from afs.features import extract_features
 from afs.forks.client import ForkClient
@@ -89,8 +98,11 @@ from afs.testing import (
     FakeGemini,
     FakeReply,
     FakeRequest,
+    reply_blocked,
+    reply_drop,
     reply_error,
     reply_json,
+    reply_stopped,
     reply_text,
     serve_fake_gemini,
 )
@@ -547,19 +559,15 @@ def test_vertex_mode() -> None:
     assert off is None
 
 
-def test_models_per_agent() -> None:
-    assert gemini_models({}) == {"gemini25pro": "gemini-2.5-pro", "gemini25flash": "gemini-2.5-flash",
-                                 "gemini20flash": "gemini-2.0-flash"}
-    assert gemini_models({"AFS_GEMINI_MODEL_GEMINI20FLASH": "gemini-2.5-flash-lite"})["gemini20flash"] \
-        == "gemini-2.5-flash-lite"
-
-
 def test_cost_estimates() -> None:
     usage = Usage(prompt_tokens=1_000_000, output_tokens=100_000, total_tokens=1_100_000)
-    assert estimate_cost("gemini-2.5-pro", usage) == pytest.approx(1.25 + 1.0)
-    assert estimate_cost("gemini-2.0-flash-001", usage) == pytest.approx(0.10 + 0.04)
-    assert estimate_cost("gemini-2.5-flash-lite", usage) is None  # not priced as gemini-2.5-flash
-    assert estimate_cost("other-model", usage) is None
+    table = GeminiSettings()
+    assert estimate_cost(table.settings_of("gemini-2.5-pro"), usage) == pytest.approx(1.25 + 1.0)
+    assert estimate_cost(table.settings_of("gemini-2.0-flash-001"), usage) == pytest.approx(0.10 + 0.04)
+    assert estimate_cost(table.settings_of("gemini-3.1-pro-preview"), usage) == pytest.approx(2.0 + 1.2)
+    # not priced as gemini-2.5-flash
+    assert estimate_cost(table.settings_of("gemini-2.5-flash-lite"), usage) is None
+    assert estimate_cost(table.settings_of("other-model"), usage) is None
 
 
 def _api_error(headers: dict[str, str], body: dict[str, Any]) -> genai_errors.APIError:
@@ -588,12 +596,19 @@ def base_url(fake: FakeGemini) -> Iterator[str]:
         yield url
 
 
+# The seed's models behind the seed's agents: they still answer on the fake, and their entries
+# of the settings table (thinking budgets, temperature, prices) are the ones to check.
+SEED_MODELS = GeminiSettings(models={agent: spec.model for agent, spec in AGENTS.items()})
+STEADY = RetryPolicy(jitter=False)  # waits of exactly 1, 2, 4 s, for the virtual-clock tests
+
+
 @asynccontextmanager
 async def open_brain(base_url: str = "http://fake.invalid", transport: httpx.AsyncBaseTransport | None = None,
-                     **options: Any) -> AsyncIterator[GeminiBrain]:
+                     gemini: GeminiSettings = SEED_MODELS, **options: Any) -> AsyncIterator[GeminiBrain]:
     credentials = Credentials(api_key=KEY, base_url=base_url, source="GOOGLE_API_KEY")
+    options.setdefault("policy", STEADY)
     async with open_gemini_client(credentials, transport=transport) as client:
-        yield GeminiBrain(client, gemini_models({}), **options)
+        yield GeminiBrain(client, gemini, **options)
 
 
 async def test_good_json(fake: FakeGemini, base_url: str) -> None:
@@ -772,7 +787,7 @@ async def test_client_errors_fail_fast_with_an_actionable_message(
 async def test_a_wrong_key_is_refused_and_never_echoed(fake: FakeGemini, base_url: str) -> None:
     credentials = Credentials(api_key="wrong-key", base_url=base_url, source="GEMINI_API_KEY")
     async with open_gemini_client(credentials) as client:
-        brain = GeminiBrain(client, gemini_models({}))
+        brain = GeminiBrain(client, SEED_MODELS)
         with pytest.raises(ModelError, match="check the API key") as caught:
             await brain.analyze("gemini25pro", issue_context())
     assert caught.value.status == 401 and "wrong-key" not in str(caught.value)
@@ -783,7 +798,7 @@ async def test_a_slow_answer_is_cancelled_on_the_socket(fake: FakeGemini, base_u
     fake.script(reply_json(ANALYSIS, delay_s=30), reply_json(ANALYSIS))
     started = trio.current_time()
     async with open_brain(base_url, call_timeout_s=0.3,
-                          policy=RetryPolicy(attempts=2, backoff_s=(0.1,))) as brain:
+                          policy=RetryPolicy(attempts=2, backoff_s=(0.1,), jitter=False)) as brain:
         result = await brain.analyze("gemini25pro", issue_context())
     assert result.confidence == 0.85
     assert 0.4 <= trio.current_time() - started < 5
@@ -797,7 +812,7 @@ async def test_vertex_ai_mode_over_the_fake(fake: FakeGemini, base_url: str) -> 
                               source="GOOGLE_CLOUD_PROJECT")
     token = google.oauth2.credentials.Credentials(token="vertex-token")  # type: ignore[no-untyped-call]
     async with open_gemini_client(credentials, google_auth=token) as client:
-        await GeminiBrain(client, gemini_models({})).analyze("gemini25pro", issue_context())
+        await GeminiBrain(client, SEED_MODELS).analyze("gemini25pro", issue_context())
     [request] = fake.requests
     assert request.path == ("/v1beta1/projects/proj/locations/europe-west4/publishers/google/models/"
                             "gemini-2.5-pro:generateContent")
@@ -828,7 +843,7 @@ async def test_agents_sharing_vertex_credentials_refresh_them_once() -> None:
     fake = FakeGemini(fallback=lambda _request: reply_json(ANALYSIS))
     auth = ExpiredToken()
     async with open_gemini_client(VERTEX, transport=fake.transport(), google_auth=auth) as client:
-        brain = GeminiBrain(client, gemini_models({}))
+        brain = GeminiBrain(client, SEED_MODELS)
         async with trio.open_nursery() as nursery:
             for agent in AGENTS:
                 nursery.start_soon(brain.analyze, agent, issue_context())
@@ -843,7 +858,7 @@ async def test_a_failed_vertex_refresh_fails_the_agent_with_a_hint() -> None:
     auth = ExpiredToken(refused)
     async with open_gemini_client(VERTEX, transport=fake.transport(), google_auth=auth) as client:
         with pytest.raises(ModelError, match="gcloud auth application-default login") as caught:
-            await GeminiBrain(client, gemini_models({})).analyze("gemini25pro", issue_context())
+            await GeminiBrain(client, SEED_MODELS).analyze("gemini25pro", issue_context())
     assert "invalid_grant" in str(caught.value) and not caught.value.retryable
     assert auth.refreshes == 1 and fake.requests == []
 
@@ -895,17 +910,22 @@ async def test_500_four_times_gives_up_after_backoff(autojump_clock: trio.testin
     assert trio.current_time() - started == pytest.approx(1 + 2 + 4)
     assert caught.value.status == 500 and caught.value.retryable
     assert len(fake.requests) == 4 and fake.pending == 1
-    assert "gemini25pro" not in brain.usage  # nothing answered, nothing billed
+    usage = brain.usage["gemini25pro"]  # nothing answered, nothing billed, every attempt counted
+    assert (usage["calls"], usage["attempts"], usage["failed_attempts"]) == (1, 4, 4)
+    assert usage["total_tokens"] == 0 and usage["estimated_cost_usd"] == 0
 
 
-async def test_a_slow_answer_hits_the_timeout(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_timed_out_call_is_retried_once_only(autojump_clock: trio.testing.MockClock) -> None:
     fake = FakeGemini(*[reply_json(ANALYSIS, delay_s=600)] * 4)
     started = trio.current_time()
     async with open_brain(transport=fake.transport(), call_timeout_s=30) as brain:
         with pytest.raises(ModelError, match="no answer within 30 s") as caught:
             await brain.analyze("gemini25pro", issue_context())
-    assert trio.current_time() - started == pytest.approx(4 * 30 + 1 + 2 + 4)
-    assert "gave up after 4 attempts" in str(caught.value)
+    assert trio.current_time() - started == pytest.approx(30 + 1 + 30)
+    assert "2 attempts timed out" in str(caught.value) and "call_timeout_s" in str(caught.value)
+    assert len(fake.requests) == 2 and fake.pending == 2
+    usage = brain.usage["gemini25pro"]
+    assert (usage["attempts"], usage["failed_attempts"], usage["timeouts"]) == (2, 2, 2)
 
 
 async def test_slow_then_good(autojump_clock: trio.testing.MockClock) -> None:
@@ -952,7 +972,7 @@ async def test_a_model_proposal_is_validated_and_measured(
     assert outcome.candidates[0].status == "measured"
     assert outcome.candidates[1].proposal.settings == (("work_mem", "64MB"),)
     assert outcome.benchmark is not None and outcome.benchmark.measurements
-    assert result.provider == "gemini" and "gemini25pro = gemini-2.5-pro" in result.provider_note
+    assert result.provider == "gemini" and "gemini25pro = gemini-3.1-pro-preview" in result.provider_note
     assert result.status == "completed" and result.decision and result.decision.winner == "gemini25pro"
     assert squad.usage["gemini25pro"]["calls"] == 2
     assert any("SELECT o.id" in r.prompt and "Seq Scan" in r.prompt for r in fake.requests)
@@ -1016,3 +1036,239 @@ async def test_cli_provider_gemini_without_credentials_exits_2() -> None:
 def test_multi_line_sql_inside_a_json_string_is_accepted() -> None:
     raw = '{"proposal_type": "index", "sql_commands": ["CREATE INDEX a\n  ON orders (user_id)"]}'
     assert load_object(raw)["sql_commands"] == ["CREATE INDEX a\n  ON orders (user_id)"]
+
+
+# -- models that exist, and how each is called (settings.yaml + environment) ------------------------
+def _settings_with(tmp_path: Path, text: str, **env: str) -> Settings:
+    (tmp_path / "settings.yaml").write_text(text)
+    return load_settings({"AFS_HOME": str(tmp_path), **env})
+
+
+def test_models_per_agent_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    assert load_settings({"AFS_HOME": str(tmp_path)}).gemini.models == DEFAULT_GEMINI_MODELS
+    assert set(DEFAULT_GEMINI_MODELS) == set(AGENTS)  # the seed's agents, whatever model is behind
+    settings = _settings_with(tmp_path, """
+gemini:
+  models: {gemini25pro: gemini-2.5-pro, gemini20flash: gemini-2.0-flash}
+  model_settings:
+    gemini-2.5-pro: {thinking_budget: 2048, call_timeout_s: 90}
+    my-tuned-model: {thinking_level: LOW, input_usd_per_mtok: 1, output_usd_per_mtok: 2}
+""", AFS_GEMINI_MODEL_GEMINI20FLASH="gemini-3.1-flash-lite")
+    gemini = settings.gemini
+    assert gemini.models == {"gemini25pro": "gemini-2.5-pro", "gemini25flash": "gemini-3.8-flash",
+                             "gemini20flash": "gemini-3.1-flash-lite"}  # the environment wins
+    pro = gemini.settings_of("gemini-2.5-pro")
+    assert (pro.thinking_budget, pro.call_timeout_s, pro.temperature) == (2048, 90.0, 0.2)  # merged
+    assert gemini.settings_of("my-tuned-model").thinking_level == "low"
+    assert gemini.settings_of("gemini-3.8-flash") == MODEL_SETTINGS["gemini-3.8-flash"]
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("gemini-2.5-pro: {thinking_budget: 0}", "always thinks"),
+    ("gemini-3.8-flash: {thinking_level: deep}", "thinking_level must be one of"),
+    ("gemini-3.8-flash: {thinking_level: low, thinking_budget: 100}", "not both"),
+    ("gemini-3.8-flash: {temperature: 3}", "temperature must be a number from 0 to 2"),
+    ("gemini-3.8-flash: {call_timeout_s: 0}", "call_timeout_s must be a positive number"),
+    ("gemini-3.8-flash: {top_k: 3}", "unknown setting top_k"),
+])
+def test_bad_model_settings_are_refused_with_the_place(tmp_path: Path, entry: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        _settings_with(tmp_path, f"gemini:\n  model_settings:\n    {entry}\n")
+    assert "gemini.model_settings." in str(caught.value) and caught.value.exit_code == 2
+    with pytest.raises(ConfigError, match="unknown agent 'gemini30pro'"):
+        _settings_with(tmp_path, "gemini:\n  models: {gemini30pro: gemini-3.1-pro-preview}\n")
+
+
+async def test_every_configured_model_is_checked() -> None:
+    fake = FakeGemini(api_key=KEY)
+    credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
+    async with open_gemini_client(credentials, transport=fake.transport()) as client:
+        await check_models(client, GeminiSettings())
+    assert sorted(fake.lookups) == sorted(DEFAULT_GEMINI_MODELS.values()) and not fake.requests
+
+
+async def test_a_retired_model_is_refused_before_any_fork_exists(settings: Settings) -> None:
+    fake = FakeGemini(api_key=KEY, retired={"gemini-2.0-flash"})
+    settings = settings.with_(gemini=GeminiSettings(models={**DEFAULT_GEMINI_MODELS,
+                                                            "gemini20flash": "gemini-2.0-flash"}))
+    credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
+    reached = False
+    with pytest.raises(ConfigError) as caught:
+        async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()):
+            reached = True  # where optimize() would make the forks
+    message = str(caught.value)
+    assert not reached and not fake.requests  # no fork, no model call
+    assert "model gemini-2.0-flash of agent gemini20flash" in message and "no such model" in message
+    assert "gemini.models.gemini20flash in settings.yaml" in message
+    assert "AFS_GEMINI_MODEL_GEMINI20FLASH" in message and "gemini25pro" not in message.split("(")[0]
+
+
+async def test_cli_refuses_a_retired_model_with_exit_2(tmp_path: Path) -> None:
+    fake = FakeGemini(api_key=KEY, retired={"gemini-2.5-pro"})
+    with serve_fake_gemini(fake) as url:
+        result = await _afs(_cli_env(GOOGLE_API_KEY=KEY, AFS_GEMINI_BASE_URL=url, AFS_HOME=str(tmp_path),
+                                     AFS_GEMINI_MODEL_GEMINI25PRO="gemini-2.5-pro"),
+                            "optimize", "--query", QUERY, "--provider", "gemini")
+    stderr = result.stderr.decode()
+    assert result.returncode == 2, stderr
+    assert "model gemini-2.5-pro of agent gemini25pro" in stderr and "AFS_GEMINI_MODEL_GEMINI25PRO" in stderr
+    assert "Traceback" not in stderr and not fake.requests
+    assert not (tmp_path / "sandbox").exists()  # refused before the sandbox, let alone a fork
+
+
+# -- generation settings per model -------------------------------------------------------------------
+async def test_thinking_settings_are_in_the_request() -> None:
+    fake = FakeGemini(fallback=lambda _request: reply_json(ANALYSIS))
+    async with open_brain(transport=fake.transport(), gemini=GeminiSettings()) as brain:
+        for agent in AGENTS:
+            await brain.analyze(agent, issue_context())
+    async with open_brain(transport=fake.transport()) as brain:  # the seed's 2.x models
+        for agent in AGENTS:
+            await brain.analyze(agent, issue_context())
+    configs = {r.model: r.generation_config for r in fake.requests}
+    for config in configs.values():  # the SDK writes some fields in snake_case (proto JSON reads both)
+        if "thinkingConfig" in config:
+            config["thinkingConfig"] = {re.sub(r"_(\w)", lambda m: m[1].upper(), k): v
+                                        for k, v in config["thinkingConfig"].items()}
+    assert configs["gemini-3.1-pro-preview"]["thinkingConfig"] == {"thinkingLevel": "HIGH"}
+    assert configs["gemini-3.8-flash"]["thinkingConfig"] == {"thinkingLevel": "MEDIUM"}
+    assert configs["gemini-3.1-flash-lite"]["thinkingConfig"] == {"thinkingLevel": "MEDIUM"}
+    for model in ("gemini-3.1-pro-preview", "gemini-3.8-flash", "gemini-3.1-flash-lite"):
+        assert "temperature" not in configs[model]  # Gemini 3: the vendor's default
+    assert configs["gemini-2.5-pro"]["thinkingConfig"] == {"thinkingBudget": 8192}
+    assert configs["gemini-2.5-flash"]["thinkingConfig"] == {"thinkingBudget": 4096}
+    assert "thinkingConfig" not in configs["gemini-2.0-flash"]  # 2.0 does not think
+    assert configs["gemini-2.5-pro"]["temperature"] == 0.2
+    assert configs["gemini-3.1-pro-preview"]["maxOutputTokens"] == 32768
+    assert configs["gemini-2.0-flash"]["maxOutputTokens"] == 8192
+
+
+async def test_thinking_tokens_are_counted_and_priced() -> None:
+    fake = FakeGemini(reply_json(ANALYSIS, prompt_tokens=1000, output_tokens=200, thoughts_tokens=3000))
+    async with open_brain(transport=fake.transport(), gemini=GeminiSettings()) as brain:
+        await brain.analyze("gemini25pro", issue_context())
+    usage = brain.usage["gemini25pro"]
+    assert usage["model"] == "gemini-3.1-pro-preview"
+    assert (usage["thinking_tokens"], usage["output_tokens"], usage["total_tokens"]) == (3000, 3200, 4200)
+    assert usage["estimated_cost_usd"] == pytest.approx((1000 * 2.0 + 3200 * 12.0) / 1e6)
+
+
+async def test_each_model_gets_its_own_call_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    """The Pro's call may take 100 s (a thinking call), a Flash's 75 s; within the model phase."""
+    fake = FakeGemini(reply_json(ANALYSIS, delay_s=90), reply_json(ANALYSIS, delay_s=90),
+                      reply_json(ANALYSIS, delay_s=10))
+    async with open_brain(transport=fake.transport(), gemini=GeminiSettings()) as brain:
+        started = trio.current_time()
+        await brain.analyze("gemini25pro", issue_context())
+        assert trio.current_time() - started == pytest.approx(90)
+        started = trio.current_time()
+        await brain.analyze("gemini25flash", issue_context())  # 75 s, 1 s backoff, then 10 s
+        assert trio.current_time() - started == pytest.approx(75 + 1 + 10)
+    assert brain.usage["gemini25flash"]["timeouts"] == 1
+
+
+# -- client robustness ---------------------------------------------------------------------------------
+def test_backoff_has_full_jitter() -> None:
+    policy = RetryPolicy(random=random.Random(7).random)
+    waits = [[policy.backoff(attempt) for attempt in (1, 2, 3)] for _agent in range(3)]
+    for first, second, third in waits:
+        assert 0 <= first < 1 and 0 <= second < 2 and 0 <= third < 4
+    assert len({w[0] for w in waits}) == 3  # three agents do not retry in lockstep
+    assert RetryPolicy(jitter=False).backoff(2) == 2.0
+
+
+async def test_agents_sharing_a_key_retry_apart(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeGemini(reply_error(429), reply_error(429), reply_error(429),
+                      fallback=lambda _request: reply_json(ANALYSIS))
+    async with open_brain(transport=fake.transport(),
+                          policy=RetryPolicy(random=random.Random(3).random)) as brain:
+        with structlog.testing.capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                for agent in AGENTS:
+                    nursery.start_soon(brain.analyze, agent, issue_context())
+    waits = [e["wait_s"] for e in logs if e["event"] == "model_retry"]
+    assert len(waits) == 3 and len(set(waits)) == 3 and all(0 <= w < 1 for w in waits)
+
+
+async def test_transport_errors_and_503_are_retried(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeGemini(reply_drop(), reply_error(503, "The model is overloaded."), reply_json(ANALYSIS))
+    started = trio.current_time()
+    async with open_brain(transport=fake.transport()) as brain:
+        with structlog.testing.capture_logs() as logs:
+            result = await brain.analyze("gemini25pro", issue_context())
+    assert result.confidence == 0.85 and trio.current_time() - started == pytest.approx(1 + 2)
+    retried = [(e["status"], e["error"]) for e in logs if e["event"] == "model_retry"]
+    assert retried[0][0] is None and "cannot reach the Gemini API (RemoteProtocolError" in retried[0][1]
+    assert retried[1][0] == 503 and "overloaded" in retried[1][1]
+    assert brain.usage["gemini25pro"]["failed_attempts"] == 2
+
+
+async def test_a_dropped_connection_on_the_loopback_server(fake: FakeGemini, base_url: str) -> None:
+    fake.script(reply_drop(), reply_json(ANALYSIS))
+    async with open_brain(base_url, policy=RetryPolicy(backoff_s=(0.01,), jitter=False)) as brain:
+        assert (await brain.analyze("gemini25pro", issue_context())).confidence == 0.85
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize(("reply", "expected"), [
+    (reply_stopped("MAX_TOKENS", '{"insights": ["Seq Sc'), "cut at max_output_tokens (32768"),
+    (reply_stopped("SAFETY"), "stopped by the API's SAFETY filter"),
+    (reply_blocked("PROHIBITED_CONTENT", "blocked by policy"), "blocked the prompt (PROHIBITED_CONTENT"),
+])
+async def test_answers_that_stop_for_good_are_not_reprompted(reply: FakeReply, expected: str) -> None:
+    fake = FakeGemini(reply, fallback=lambda _request: reply_json(ANALYSIS))
+    async with open_brain(transport=fake.transport()) as brain:
+        with pytest.raises(ModelError, match=re.escape(expected)) as caught:
+            await brain.analyze("gemini25pro", issue_context())
+    assert not isinstance(caught.value, ModelOutputError) and not caught.value.retryable
+    assert len(fake.requests) == 1  # no doomed re-prompt, no retry
+    assert brain.usage["gemini25pro"]["prompt_tokens"] == 1000  # billed all the same
+    if "max_output_tokens" in expected:
+        assert "gemini.model_settings.gemini-2.5-pro.max_output_tokens" in str(caught.value)
+
+
+# -- refusals go back to the model ------------------------------------------------------------------
+REFUSED: dict[str, Any] = {**PROPOSAL, "sql_commands": [INDEX_SQL, "DELETE FROM orders WHERE status = 'x'"]}
+
+
+async def test_a_refused_proposal_is_reprompted_with_the_reason_then_accepted() -> None:
+    fake = FakeGemini(reply_json({"candidates": [REFUSED]}), reply_json({"candidates": [PROPOSAL]}))
+    async with open_brain(transport=fake.transport()) as brain:
+        with structlog.testing.capture_logs() as logs:
+            (proposal,) = await brain.propose("gemini25pro", issue_context(), ANALYZED)
+    assert proposal.sql_commands == (INDEX_SQL, "ANALYZE orders")
+    assert validate_candidate(proposal).is_valid
+    first, second = fake.requests
+    assert second.texts[-2] == json.dumps({"candidates": [REFUSED]})  # its answer, then why it was refused
+    assert "the safety check refused them" in second.prompt
+    assert "candidate 1 (composite_index)" in second.prompt and "DELETE FROM orders" in second.prompt
+    assert "SAFETY RULES" in first.prompt
+    usage = brain.usage["gemini25pro"]
+    assert (usage["calls"], usage["reprompts"], usage["refusals_reprompted"]) == (2, 1, 1)
+    [refused] = [e for e in logs if e["event"] == "model_proposal_refused"]
+    assert refused["reprompt"] is True
+
+
+async def test_refusals_stop_after_the_reprompt_bound() -> None:
+    """Still refused after two re-prompts: the candidates come back, and the agent reports them."""
+    fake = FakeGemini(fallback=lambda _request: reply_json({"candidates": [REFUSED]}))
+    async with open_brain(transport=fake.transport()) as brain:
+        (proposal,) = await brain.propose("gemini25pro", issue_context(), ANALYZED)
+    assert not validate_candidate(proposal).is_valid and len(fake.requests) == 3
+
+
+async def test_one_acceptable_candidate_is_enough() -> None:
+    fake = FakeGemini(reply_json({"candidates": [REFUSED, PARTIAL]}))
+    async with open_brain(transport=fake.transport()) as brain:
+        proposals = await brain.propose("gemini25pro", issue_context(), ANALYZED)
+    assert [p.proposal_type for p in proposals] == ["composite_index", "partial_index"]
+    assert len(fake.requests) == 1  # the refused one is reported as refused by the agent
+
+
+async def test_an_unsafe_rewrite_is_refused_and_reprompted() -> None:
+    unsafe = {**REWRITE, "rewritten_query": "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"}
+    fake = FakeGemini(reply_json({"candidates": [unsafe]}), reply_json({"candidates": [REWRITE]}))
+    async with open_brain(transport=fake.transport()) as brain:
+        (proposal,) = await brain.propose("gemini25flash", issue_context(), ANALYZED)
+    assert proposal.rewritten_query == REWRITE["rewritten_query"]
+    assert "the rewritten query is refused" in fake.requests[1].prompt

@@ -37,13 +37,12 @@ import trio
 from afs.brains import Squad
 from afs.brains.gemini.client import (
     DEFAULT_RETRY,
+    CallStats,
     Credentials,
     GeminiClient,
     RetryPolicy,
     Turn,
-    Usage,
     estimate_cost,
-    gemini_models,
     open_gemini_client,
 )
 from afs.brains.gemini.parsing import (
@@ -53,15 +52,22 @@ from afs.brains.gemini.parsing import (
     parse_analysis,
     parse_proposals,
 )
-from afs.config import Settings
-from afs.errors import ModelOutputError
+from afs.config import (
+    DEFAULT_GEMINI_MODELS,
+    GEMINI_DEFAULTS_CHOSEN,
+    GeminiSettings,
+    ModelSettings,
+    Settings,
+    Timeouts,
+)
+from afs.errors import ConfigError, ModelOutputError, UnsafeSqlError
 from afs.models import AGENTS, AgentKey, AnalysisContext, AnalysisResult, OptimizationProposal, TableInfo
 from afs.pg.plan import PLAN_TOKEN_BUDGET, trim_plan
+from afs.safety import check_query, validate_candidate
 
 log = structlog.get_logger("afs.gemini")
 
-MAX_REPROMPTS: Final = 2  # the seed's "Re-prompt … Limit: 2 retry attempts"
-DEFAULT_CALL_TIMEOUT_S: Final = 60.0  # one HTTP attempt; the model phase limit bounds them all
+MAX_REPROMPTS: Final = 2  # the seed's "Re-prompt … Limit: 2 retry attempts" (repairs and refusals)
 MAX_VALUES_SHOWN: Final = 10  # most common values per column
 MAX_VALUE_CHARS: Final = 40
 
@@ -178,23 +184,60 @@ def _analysis_json(analysis: AnalysisResult) -> str:
 
 
 # -- the brain ------------------------------------------------------------------------------------
+def refusal(proposal: OptimizationProposal) -> str | None:
+    """Why the safety check refuses `proposal` (the agent's own check, afs.safety), or None."""
+    validation = validate_candidate(proposal)
+    if not validation.is_valid:
+        return "; ".join(f"{r.reason}" + (f" ({_short(r.statement)})" if r.statement else "")
+                         for r in validation.rejected)
+    if proposal.rewritten_query is not None:
+        try:
+            check_query(proposal.rewritten_query)
+        except UnsafeSqlError as exc:
+            return f"the rewritten query is refused: {exc.reason}"
+    return None
+
+
+def _short(sql: str, limit: int = 160) -> str:
+    sql = " ".join(sql.split())
+    return sql if len(sql) <= limit else sql[:limit] + "…"
+
+
+def refusals(proposals: Sequence[OptimizationProposal]) -> str | None:
+    """The reasons to send back when every candidate is refused; None when one can be measured
+    (the refused ones are reported as such) or there is none."""
+    reasons = []
+    for number, proposal in enumerate(proposals, 1):
+        reason = refusal(proposal)
+        if reason is None:
+            return None
+        reasons.append(f"- candidate {number} ({proposal.proposal_type}): {reason}")
+    return "\n".join(reasons) or None
+
+
 class GeminiBrain:
-    """Gemini models as the agents' brains; `usage[agent]` sums tokens and estimated cost."""
+    """Gemini models as the agents' brains; `usage[agent]` sums tokens and estimated cost.
+
+    The model of each agent and its generation settings come from `GeminiSettings` (afs.config).
+    Each call's timeout is the model's `call_timeout_s`, within the model phase (`model_phase_s`);
+    `call_timeout_s` here overrides it (tests).
+    """
 
     name = "gemini"
 
-    def __init__(self, client: GeminiClient, models: Mapping[AgentKey, str], *,
-                 call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, policy: RetryPolicy = DEFAULT_RETRY,
-                 plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> None:
+    def __init__(self, client: GeminiClient, gemini: GeminiSettings | None = None, *,
+                 model_phase_s: float = Timeouts().model, call_timeout_s: float | None = None,
+                 policy: RetryPolicy = DEFAULT_RETRY, plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> None:
         self.client = client
-        self.models = dict(models)
+        self.gemini = gemini or GeminiSettings()
+        self.model_phase_s = model_phase_s
         self.call_timeout_s = call_timeout_s
         self.policy = policy
         self.plan_budget_tokens = plan_budget_tokens
         self.usage: dict[AgentKey, dict[str, Any]] = {}
 
     def model_of(self, agent: AgentKey) -> str:
-        return self.models.get(agent) or AGENTS[agent].model
+        return self.gemini.model_of(agent)
 
     async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
         turns: list[Turn] = [("user", analysis_prompt(agent, ctx, self.plan_budget_tokens))]
@@ -202,36 +245,48 @@ class GeminiBrain:
 
     async def propose(self, agent: AgentKey, ctx: AnalysisContext,
                       analysis: AnalysisResult) -> tuple[OptimizationProposal, ...]:
+        """The candidates, best first. When the safety check refuses every one of them, the
+        reasons go back to the model (within the re-prompt bound); after that the refused
+        candidates are returned as they are, and the agent reports them as refused."""
         turns: list[Turn] = [
             ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens)),
             ("model", _analysis_json(analysis)),
             ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens)),
         ]
         return await self._ask(agent, "propose", turns, PROPOSAL_SCHEMA,
-                               functools.partial(parse_proposals, agent))
+                               functools.partial(parse_proposals, agent), judge=refusals)
 
     async def _ask(self, agent: AgentKey, purpose: str, turns: list[Turn], schema: Mapping[str, Any],
-                   parse: Callable[[str], tuple[T, list[str]]]) -> T:
-        """One question; unusable answers go back with the reason, MAX_REPROMPTS times at most."""
+                   parse: Callable[[str], tuple[T, list[str]]],
+                   judge: Callable[[T], str | None] | None = None) -> T:
+        """One question; unusable answers (and, with `judge`, refused ones) go back with the
+        reason, MAX_REPROMPTS times at most in all."""
         model = self.model_of(agent)
-        system = prompt_template(f"system_{agent}").template
+        settings = self.gemini.settings_of(model)
+        timeout = self.call_timeout_s or min(settings.call_timeout_s, self.model_phase_s)
+        system = prompt_template(f"system_{agent}").template + "\n" + prompt_template("data_rule").template
         for reprompts in range(MAX_REPROMPTS + 1):
             started = trio.current_time()
-            reply = await self.client.generate_json(model=model, system=system, turns=turns,
-                                                    schema=schema, call_timeout_s=self.call_timeout_s,
-                                                    policy=self.policy)
-            cost = self._record(agent, model, reply.usage, reply.attempts - 1, reprompts > 0)
-            log.info("model_call", agent=agent, model=model, purpose=purpose, attempts=reply.attempts,
-                     prompt_tokens=reply.usage.prompt_tokens, output_tokens=reply.usage.output_tokens,
-                     total_tokens=reply.usage.total_tokens, estimated_cost_usd=cost,
-                     duration_s=round(trio.current_time() - started, 3))
+            stats = CallStats()
+            try:
+                reply = await self.client.generate_json(model=model, system=system, turns=turns,
+                                                        schema=schema, settings=settings,
+                                                        call_timeout_s=timeout, policy=self.policy,
+                                                        stats=stats)
+            finally:
+                cost = self._record(agent, model, settings, stats, reprompts > 0)
+            log.info("model_call", agent=agent, model=model, purpose=purpose, attempts=stats.attempts,
+                     prompt_tokens=stats.usage.prompt_tokens, output_tokens=stats.usage.output_tokens,
+                     thinking_tokens=stats.usage.thinking_tokens, total_tokens=stats.usage.total_tokens,
+                     estimated_cost_usd=cost, duration_s=round(trio.current_time() - started, 3))
+            last = reprompts == MAX_REPROMPTS
             try:
                 value, warnings = parse(reply.text)
             except ModelOutputError as exc:
                 log.warning("model_output_invalid", agent=agent, model=model, purpose=purpose,
                             reason=exc.reason, finish_reason=reply.finish_reason,
                             response=reply.text[:2000])
-                if reprompts == MAX_REPROMPTS:
+                if last:
                     raise ModelOutputError(f"{model} ({purpose}): {exc.reason} "
                                            f"(still after {MAX_REPROMPTS} re-prompts)", reply.text) from None
                 retry = prompt_template("reprompt").substitute(error=exc.reason)
@@ -240,27 +295,65 @@ class GeminiBrain:
             for warning in warnings:
                 log.warning("model_output_repaired", agent=agent, model=model, purpose=purpose,
                             warning=warning)
+            refused = judge(value) if judge is not None else None
+            if refused is not None:
+                log.warning("model_proposal_refused", agent=agent, model=model, reasons=refused,
+                            reprompt=not last)
+                if not last:
+                    self.usage[agent]["refusals_reprompted"] += 1
+                    retry = prompt_template("refused").substitute(reasons=refused)
+                    turns = [*turns, ("model", reply.text), ("user", retry)]
+                    continue
             return value
         raise AssertionError("unreachable: the last round returns or raises")  # pragma: no cover
 
-    def _record(self, agent: AgentKey, model: str, usage: Usage, retries: int,
+    def _record(self, agent: AgentKey, model: str, settings: ModelSettings, stats: CallStats,
                 reprompt: bool) -> float | None:
-        """Add one answered call to `usage[agent]`; returns its estimated cost."""
+        """Add one call (answered or not) to `usage[agent]`; returns its estimated cost."""
         entry = self.usage.setdefault(agent, {
-            "model": model, "prompt_tokens": 0, "output_tokens": 0, "total_tokens": 0,
-            "estimated_cost_usd": 0.0, "calls": 0, "retries": 0, "reprompts": 0})
+            "model": model, "prompt_tokens": 0, "output_tokens": 0, "thinking_tokens": 0,
+            "total_tokens": 0, "estimated_cost_usd": 0.0, "calls": 0, "attempts": 0, "retries": 0,
+            "failed_attempts": 0, "timeouts": 0, "reprompts": 0, "refusals_reprompted": 0})
+        usage = stats.usage
         entry["prompt_tokens"] += usage.prompt_tokens
         entry["output_tokens"] += usage.output_tokens
+        entry["thinking_tokens"] += usage.thinking_tokens
         entry["total_tokens"] += usage.total_tokens
         entry["calls"] += 1
-        entry["retries"] += retries
+        entry["attempts"] += stats.attempts
+        entry["retries"] += max(0, stats.attempts - 1)
+        entry["failed_attempts"] += stats.failed
+        entry["timeouts"] += stats.timeouts
         entry["reprompts"] += int(reprompt)
-        cost = estimate_cost(model, usage)
+        cost = estimate_cost(settings, usage)
         if cost is None or entry["estimated_cost_usd"] is None:
             entry["estimated_cost_usd"] = None  # a model without a known price
         else:
             entry["estimated_cost_usd"] = round(entry["estimated_cost_usd"] + cost, 6)
         return None if cost is None else round(cost, 6)
+
+
+async def check_models(client: GeminiClient, gemini: GeminiSettings,
+                       agents: Sequence[AgentKey] = tuple(AGENTS)) -> None:
+    """Every configured model exists and can generate (`models.get`); raises ConfigError naming
+    the model and the setting to change. Run before any fork is made."""
+    by_model: dict[str, list[AgentKey]] = {}
+    for agent in agents:
+        by_model.setdefault(gemini.model_of(agent), []).append(agent)
+    problems = []
+    for model, owners in by_model.items():
+        found = await client.check_model(model)
+        if found is None:
+            why = "the API has no such model (retired, or misspelt)"
+        elif found.supported_actions and "generateContent" not in found.supported_actions:
+            why = "it cannot generate content (supported: " + ", ".join(found.supported_actions) + ")"
+        else:
+            continue
+        where = "; ".join(GeminiSettings.setting_names(agent) for agent in owners)
+        problems.append(f"model {model} of agent {', '.join(owners)}: {why}; set another model in {where}")
+    if problems:
+        raise ConfigError("Gemini: " + ". ".join(problems) + f" (defaults chosen on {GEMINI_DEFAULTS_CHOSEN}:"
+                          f" {', '.join(DEFAULT_GEMINI_MODELS.values())})")
 
 
 @asynccontextmanager
@@ -269,13 +362,14 @@ async def open_gemini_squad(settings: Settings, credentials: Credentials, env: M
                             google_auth: Any = None) -> AsyncIterator[Squad]:
     """The squad of Gemini brains for one command; its HTTP client closes on exit.
 
-    `squad.usage` is `brain.usage`: per agent, tokens and estimated cost.
+    Every configured model is checked first (`check_models`): a retired model fails here, before
+    any fork exists. `squad.usage` is `brain.usage`: per agent, tokens and estimated cost.
     """
     async with open_gemini_client(credentials, transport=transport, google_auth=google_auth) as client:
-        models = gemini_models(env)
-        brain = GeminiBrain(client, models,
-                            call_timeout_s=min(DEFAULT_CALL_TIMEOUT_S, settings.timeouts.model / 2))
+        gemini = settings.gemini
+        await check_models(client, gemini)
+        brain = GeminiBrain(client, gemini, model_phase_s=settings.timeouts.model)
         note = (f"Gemini models via {credentials.describe()}: "
-                + ", ".join(f"{agent} = {model}" for agent, model in models.items()))
+                + ", ".join(f"{agent} = {gemini.model_of(agent)}" for agent in AGENTS))
         yield Squad(brain_for=lambda _agent: brain, provider="gemini", note=note,
                     usage=brain.usage)

@@ -7,10 +7,16 @@
   overrides the endpoint (tests, proxies).
 * `open_gemini_client(credentials)` makes the SDK's async client on an
   `httpx.AsyncClient` (the SDK's default async transport needs asyncio).
-* `GeminiClient.generate_json` makes one call with our own retry loop (the
-  SDK's ignores Retry-After): 429, 5xx, timeouts and connection failures are
-  retried after 1, 2, 4 s (or the server's Retry-After), at most 4 attempts;
-  other 4xx fail at once with a message a person can act on.
+* `GeminiClient.generate_json` makes one call with the model's generation
+  settings (`afs.config.ModelSettings`: thinking level or budget, temperature,
+  max_output_tokens) and our own retry loop (the SDK's ignores Retry-After):
+  429, 5xx, timeouts and connection failures are retried after a full-jitter
+  wait of up to 1, 2, 4 s (or the server's Retry-After), at most 4 attempts, a
+  timed-out call once only; other 4xx fail at once with a message a person can
+  act on. An answer cut at max_output_tokens, stopped by a safety filter, or a
+  blocked prompt fails at once too: the same request would stop the same way.
+  `CallStats` counts every attempt, failed or timed out, and its tokens.
+* `GeminiClient.check_model` is `models.get`: does the model exist (before any fork).
 * `estimate_cost` prices the usage with list prices: an estimate, not a bill.
 """
 
@@ -18,8 +24,9 @@ from __future__ import annotations
 
 import email.utils
 import json
+import random as _random
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,13 +41,12 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import ValidationError
 
+from afs.config import ENV_GEMINI_MODEL_PREFIX, THINKING_LEVELS, ModelSettings
 from afs.errors import ConfigError, ModelError
-from afs.models import AGENTS, AgentKey
 
 log = structlog.get_logger("afs.gemini")
 
 ENV_BASE_URL: Final = "AFS_GEMINI_BASE_URL"
-ENV_MODEL_PREFIX: Final = "AFS_GEMINI_MODEL_"  # + the agent key in capitals: AFS_GEMINI_MODEL_GEMINI25PRO
 API_KEY_VARIABLES: Final = ("GOOGLE_API_KEY", "GEMINI_API_KEY")  # the SDK's order of preference
 GEMINI_API_VERSION: Final = "v1beta"  # structured output (responseJsonSchema) is documented there
 DEFAULT_VERTEX_LOCATION: Final = "global"  # what the SDK assumes without GOOGLE_CLOUD_LOCATION
@@ -98,19 +104,20 @@ def gemini_credentials(env: Mapping[str, str]) -> Credentials | None:
     return None
 
 
-def gemini_models(env: Mapping[str, str]) -> dict[AgentKey, str]:
-    """The model of each agent: the defaults of `AGENTS`, or AFS_GEMINI_MODEL_<AGENT>."""
-    return {key: env.get(ENV_MODEL_PREFIX + key.upper()) or spec.model for key, spec in AGENTS.items()}
-
-
 # -- usage and cost -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Usage:
-    """Tokens of one call or a sum of calls; output includes the thinking tokens (billed as output)."""
+    """Tokens of one call or a sum of calls. `output_tokens` includes the thinking tokens (billed
+    as output); `thinking_tokens` says how many of them were thinking."""
 
     prompt_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
+    thinking_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.prompt_tokens + other.prompt_tokens, self.output_tokens + other.output_tokens,
+                     self.total_tokens + other.total_tokens, self.thinking_tokens + other.thinking_tokens)
 
 
 def usage_of(response: types.GenerateContentResponse) -> Usage:
@@ -118,38 +125,29 @@ def usage_of(response: types.GenerateContentResponse) -> Usage:
     if meta is None:
         return Usage()
     prompt = meta.prompt_token_count or 0
-    output = (meta.candidates_token_count or 0) + (meta.thoughts_token_count or 0)
-    return Usage(prompt, output, meta.total_token_count or prompt + output)
+    thinking = meta.thoughts_token_count or 0
+    output = (meta.candidates_token_count or 0) + thinking
+    return Usage(prompt, output, meta.total_token_count or prompt + output, thinking)
 
 
-@dataclass(frozen=True)
-class Price:
-    input_per_mtok: float  # USD per 1M prompt tokens
-    output_per_mtok: float  # USD per 1M output tokens (thinking included)
-
-
-# Estimates: the Gemini Developer API's paid-tier list prices for text, as published on
-# ai.google.dev/gemini-api/docs/pricing in July 2025 (prompts up to 200k tokens; longer
-# prompts cost more on 2.5 Pro). Vertex AI lists the same prices. Not a bill.
-PRICES: Final[Mapping[str, Price]] = {
-    "gemini-2.5-pro": Price(1.25, 10.00),
-    "gemini-2.5-flash": Price(0.30, 2.50),
-    "gemini-2.0-flash": Price(0.10, 0.40),
-}
-
-
-_VERSION_SUFFIX: Final = r"(?:-(?:\d+|latest|preview[\w-]*|exp[\w-]*))?"
-
-
-def estimate_cost(model: str, usage: Usage) -> float | None:
-    """USD for `usage` on `model` (a versioned name, like gemini-2.0-flash-001, is priced as its
-    model); None for a model without a known price."""
-    name = model.removeprefix("models/")
-    price = next((p for family, p in PRICES.items()
-                  if re.fullmatch(re.escape(family) + _VERSION_SUFFIX, name)), None)
-    if price is None:
+def estimate_cost(settings: ModelSettings, usage: Usage) -> float | None:
+    """USD for `usage` at the model's list prices (thinking billed as output); None without a price."""
+    if settings.input_usd_per_mtok is None or settings.output_usd_per_mtok is None:
         return None
-    return (usage.prompt_tokens * price.input_per_mtok + usage.output_tokens * price.output_per_mtok) / 1e6
+    return (usage.prompt_tokens * settings.input_usd_per_mtok
+            + usage.output_tokens * settings.output_usd_per_mtok) / 1e6
+
+
+@dataclass
+class CallStats:
+    """What one `generate_json` cost, answered or not: every attempt, the failed and the timed-out
+    ones among them, and the tokens of every attempt that got an answer (billed even when the
+    answer was unusable)."""
+
+    attempts: int = 0
+    failed: int = 0
+    timeouts: int = 0
+    usage: Usage = field(default_factory=Usage)
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -163,15 +161,24 @@ def _clean(text: str, secret: str | None) -> str:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Attempts and waits of `generate_json` (the seed's "Retry Strategy")."""
+    """Attempts and waits of `generate_json` (the seed's "Retry Strategy").
+
+    Waits have full jitter (a uniform draw from 0 to the cap of the attempt): the agents share
+    one key, and without jitter they retry in lockstep and hit the rate limit together again.
+    A call that timed out is retried once at most: a second slow answer will not be faster.
+    """
 
     attempts: int = 4
-    backoff_s: tuple[float, ...] = (1.0, 2.0, 4.0)  # before the 2nd, 3rd, 4th attempt
+    backoff_s: tuple[float, ...] = (1.0, 2.0, 4.0)  # caps before the 2nd, 3rd, 4th attempt
     max_wait_s: float = 60.0  # a longer Retry-After ends the retries at once
+    jitter: bool = True
+    max_timeouts: int = 2  # attempts that may time out: the first and its one retry
+    random: Callable[[], float] = field(default=_random.random, compare=False, repr=False)
 
     def backoff(self, attempt: int) -> float:
         """The wait after failed attempt number `attempt` (1-based)."""
-        return self.backoff_s[min(attempt, len(self.backoff_s)) - 1]
+        cap = self.backoff_s[min(attempt, len(self.backoff_s)) - 1]
+        return cap * self.random() if self.jitter else cap
 
 
 DEFAULT_RETRY: Final = RetryPolicy()
@@ -208,14 +215,63 @@ def retry_after_s(exc: genai_errors.APIError, now: datetime | None = None) -> fl
     return None
 
 
-# -- the client ------------------------------------------------------------------------------------
+# -- one request and its answer ---------------------------------------------------------------------
+def generation_config(system: str, schema: Mapping[str, Any],
+                      settings: ModelSettings) -> types.GenerateContentConfig:
+    """The request's configuration: JSON of `schema`, and the model's generation settings."""
+    thinking = None
+    if settings.thinking_level is not None:
+        level = settings.thinking_level.upper()
+        assert settings.thinking_level in THINKING_LEVELS, settings.thinking_level  # config checks it
+        thinking = types.ThinkingConfig(thinking_level=types.ThinkingLevel(level))
+    elif settings.thinking_budget is not None:
+        thinking = types.ThinkingConfig(thinking_budget=settings.thinking_budget)
+    return types.GenerateContentConfig(
+        system_instruction=system, temperature=settings.temperature,
+        max_output_tokens=settings.max_output_tokens, thinking_config=thinking,
+        response_mime_type="application/json", response_json_schema=dict(schema))
+
+
+# Finish reasons after which the same request would stop the same way: no re-prompt, no retry.
+_FILTERED: Final = frozenset({"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION",
+                              "IMAGE_SAFETY", "MODEL_ARMOR", "LANGUAGE"})
+
+
 @dataclass(frozen=True)
 class ModelReply:
     text: str
-    usage: Usage  # of the successful attempt
+    usage: Usage  # of the answered attempt
     attempts: int  # 1 + retries
     finish_reason: str | None = None
 
+
+def _reply(model: str, response: types.GenerateContentResponse, attempt: int,
+           settings: ModelSettings) -> ModelReply | ModelError:
+    """The answer, or the ModelError of an answer that stopped for good: a blocked prompt, an
+    answer cut at max_output_tokens, one stopped by a safety filter."""
+    feedback = response.prompt_feedback
+    if feedback is not None and feedback.block_reason is not None:
+        blocked = feedback.block_reason.value
+        detail = f": {feedback.block_reason_message}" if feedback.block_reason_message else ""
+        return ModelError(f"{model}: the API blocked the prompt ({blocked}{detail}); the query or the "
+                          f"data values in it tripped the filter: nothing to re-prompt", code=blocked)
+    candidates = response.candidates or []
+    finish = candidates[0].finish_reason if candidates else None
+    reason = finish.value if finish is not None else None
+    if reason == "MAX_TOKENS":
+        return ModelError(f"{model}: the answer was cut at max_output_tokens ({settings.max_output_tokens},"
+                          f" thinking included): raise gemini.model_settings.{model}.max_output_tokens or"
+                          f" lower its thinking in settings.yaml", code=reason)
+    if reason in _FILTERED:
+        return ModelError(f"{model}: the answer was stopped by the API's {reason} filter: nothing to "
+                          f"re-prompt", code=reason)
+    if not candidates:
+        return ModelError(f"{model}: the API returned no answer candidate", code=reason)
+    return ModelReply(text=response.text or "", usage=usage_of(response), attempts=attempt,
+                      finish_reason=reason)
+
+
+# -- the client ------------------------------------------------------------------------------------
 
 class GeminiClient:
     """The SDK's async client plus what it needs under trio; made by `open_gemini_client`."""
@@ -238,16 +294,20 @@ class GeminiClient:
                 await trio.to_thread.run_sync(auth.refresh, Request(), abandon_on_cancel=True)
 
     async def generate_json(self, *, model: str, system: str, turns: Sequence[Turn],
-                            schema: Mapping[str, Any], call_timeout_s: float,
-                            policy: RetryPolicy = DEFAULT_RETRY) -> ModelReply:
-        """Ask `model` for JSON matching `schema`; retries per `policy`; raises ModelError."""
-        config = types.GenerateContentConfig(
-            system_instruction=system, temperature=0.2, response_mime_type="application/json",
-            response_json_schema=dict(schema))
+                            schema: Mapping[str, Any], settings: ModelSettings, call_timeout_s: float,
+                            policy: RetryPolicy = DEFAULT_RETRY,
+                            stats: CallStats | None = None) -> ModelReply:
+        """Ask `model` for JSON matching `schema`; retries per `policy`; raises ModelError.
+
+        `stats` (when given) counts every attempt, answered or not, and their tokens.
+        """
+        stats = stats if stats is not None else CallStats()
+        config = generation_config(system, schema, settings)
         contents: list[types.ContentUnion] = [
             types.Content(role=role, parts=[types.Part(text=text)]) for role, text in turns]
         secret = self.credentials.api_key
         for attempt in range(1, policy.attempts + 1):
+            stats.attempts += 1
             with trio.move_on_after(call_timeout_s) as scope:
                 try:
                     await self._refresh_google_auth()
@@ -269,12 +329,20 @@ class GeminiClient:
                                          f" ({type(exc).__name__}: {_clean(str(exc), secret)[:200]}):"
                                          f" check {ENV_BASE_URL} if it is set")
                 else:
-                    candidates = response.candidates or []
-                    reason = candidates[0].finish_reason if candidates else None
-                    return ModelReply(text=response.text or "", usage=usage_of(response), attempts=attempt,
-                                      finish_reason=reason.value if reason else None)
+                    stats.usage += usage_of(response)
+                    reply = _reply(model, response, attempt, settings)
+                    if isinstance(reply, ModelError):
+                        stats.failed += 1
+                        raise reply  # the same request would stop the same way: no retry
+                    return reply
+            stats.failed += 1
             if scope.cancelled_caught:
+                stats.timeouts += 1
                 failure = ModelError(f"{model}: no answer within {call_timeout_s:g} s", retryable=True)
+                if stats.timeouts >= policy.max_timeouts:
+                    raise ModelError(f"{failure} ({stats.timeouts} attempts timed out; a thinking model"
+                                     f" may need a longer call_timeout_s in gemini.model_settings."
+                                     f"{model})", retryable=True)
             if not failure.retryable or attempt == policy.attempts:
                 if failure.retryable:
                     raise ModelError(f"{failure} (gave up after {attempt} attempts)", status=failure.status,
@@ -282,8 +350,35 @@ class GeminiClient:
                 raise failure
             wait = policy.backoff(attempt) if failure.retry_after_s is None else failure.retry_after_s
             log.warning("model_retry", model=model, attempt=attempt, status=failure.status,
-                        error=str(failure), wait_s=wait)
+                        error=str(failure), wait_s=round(wait, 3))
             await trio.sleep(wait)
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    async def check_model(self, model: str, policy: RetryPolicy = DEFAULT_RETRY,
+                          timeout_s: float = 30.0) -> types.Model | None:
+        """`models.get`: the model's description; None when the API has no such model (404).
+
+        Other failures raise ModelError (credentials, permission, the API down).
+        """
+        for attempt in range(1, policy.attempts + 1):
+            with trio.move_on_after(timeout_s) as scope:
+                try:
+                    await self._refresh_google_auth()
+                    return await self.sdk.aio.models.get(model=model)
+                except genai_errors.APIError as exc:
+                    if exc.code == 404:
+                        return None
+                    failure = self._failure(model, exc, policy)
+                except httpx.TransportError as exc:
+                    failure = ModelError(f"{model}: cannot reach the Gemini API ({type(exc).__name__}:"
+                                         f" {_clean(str(exc), self.credentials.api_key)})", retryable=True)
+            if scope.cancelled_caught:
+                failure = ModelError(f"{model}: models.get gave no answer within {timeout_s:g} s",
+                                     retryable=True)
+            if not failure.retryable or attempt == policy.attempts:
+                raise failure
+            await trio.sleep(policy.backoff(attempt) if failure.retry_after_s is None
+                             else failure.retry_after_s)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
     def _failure(self, model: str, exc: genai_errors.APIError, policy: RetryPolicy) -> ModelError:
@@ -309,7 +404,7 @@ class GeminiClient:
                        f"{model} (API enabled, billing, region)")
         elif status == 404:
             message = (f"{model}: model not found ({detail}): check the model name "
-                       f"({ENV_MODEL_PREFIX}<AGENT>)")
+                       f"(gemini.models.<agent> in settings.yaml or {ENV_GEMINI_MODEL_PREFIX}<AGENT>)")
         else:
             message = f"{model}: the API refused the request ({detail})"
         return ModelError(message, status=status, code=code)
