@@ -1272,3 +1272,38 @@ async def test_an_unsafe_rewrite_is_refused_and_reprompted() -> None:
         (proposal,) = await brain.propose("gemini25flash", issue_context(), ANALYZED)
     assert proposal.rewritten_query == REWRITE["rewritten_query"]
     assert "the rewritten query is refused" in fake.requests[1].prompt
+
+
+# -- rewrites without DDL, several candidates ---------------------------------------------------------
+def test_a_rewrite_without_ddl_is_a_candidate() -> None:
+    (rewrite,), _ = parse_proposals("gemini25pro", json.dumps({"candidates": [REWRITE]}))
+    assert rewrite.sql_commands == () and rewrite.rewritten_query == REWRITE["rewritten_query"]
+    assert validate_candidate(rewrite).is_valid  # nothing to apply, nothing refused
+    # "none" (nothing to change in the database) with a better query is that rewrite too
+    (also,), warnings = parse_proposals("gemini25pro", json.dumps(
+        {"candidates": [{**REWRITE, "proposal_type": "none"}]}))
+    assert also.proposal_type == "query_rewrite" and also.rewritten_query == rewrite.rewritten_query
+    assert any("read as \"query_rewrite\"" in w for w in warnings)
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_several_candidates_with_a_rewrite_without_ddl_are_measured(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    fake = FakeGemini(fallback=answers({"candidates": [REWRITE, PROPOSAL, PARTIAL]}))
+    credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
+    settings = settings.with_(measured=3)
+    async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
+        squad = dataclasses.replace(squad, agents=("gemini25flash",))
+        result = await optimize(settings, TaskRequest(query=QUERY, runs=3), source="afs_demo",
+                                source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
+                                rules=load_rules(None), events=Emitter("g3"))
+    [outcome] = result.outcomes
+    assert outcome.status == "ok", outcome.error
+    by_type = {c.proposal.proposal_type: c for c in outcome.candidates}
+    assert [c.rank for c in outcome.candidates] == [1, 2, 3]
+    assert set(by_type) == {"query_rewrite", "composite_index", "partial_index"}
+    rewrite = by_type["query_rewrite"]
+    assert rewrite.status == "measured" and rewrite.proposal.sql_commands == ()
+    assert rewrite.benchmark is not None and rewrite.benchmark.equivalent
+    assert all(c.status == "measured" for c in outcome.candidates)
+    assert outcome.proposal is not None and outcome.proposal.proposal_type != "query_rewrite"

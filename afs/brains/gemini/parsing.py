@@ -431,10 +431,14 @@ def _candidate(agent: AgentKey, data: Mapping[str, Any],
     rollback = _strings(data, "rollback_commands", warnings) or []
     steps = _strings(data, "validation_steps", warnings) or []
     rationale = _text(data, "rationale")
+    rewritten = _text(data, "rewritten_query").rstrip(";").strip()
+    if kind == NO_PROPOSAL and rewritten and not sql:
+        # "nothing to change in the database", with a better query: a rewrite without DDL
+        warnings.append(f'proposal_type {NO_PROPOSAL!r} with a rewritten_query: read as "query_rewrite"')
+        kind = "query_rewrite"
     if kind == NO_PROPOSAL:
         return None
     commands = _commands(sql or [])
-    rewritten = _text(data, "rewritten_query").rstrip(";").strip()
     settings = _settings(data, warnings)
     if kind == "query_rewrite" and not rewritten:
         raise ModelOutputError('a "query_rewrite" needs the complete new query in rewritten_query')
