@@ -52,7 +52,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pglast import ast, enums, parse_sql, split
 from pglast.parser import ParseError, scan
@@ -117,21 +117,27 @@ _DENIED_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
     r"^pg_background_",  # runs SQL in a background worker
     r"^http(_|$)",  # pgsql-http, pg_net: network requests
 ))
-_DENIED_SCHEMAS: frozenset[str] = frozenset({"dblink", "cron", "net"})
 
 
 def denied_function(funcname: Sequence[str]) -> bool:
-    """True when a function, named by its (possibly schema-qualified) parts, has side effects."""
+    """True when a built-in or extension function, named by its (possibly schema-qualified)
+    parts, has side effects. Only meaningful for a function the catalog says is built in (or
+    comes from an allowed extension): a user's own function is refused whatever its name.
+    """
     if not funcname:
         return False
     name = funcname[-1].lower()
-    if len(funcname) > 1 and funcname[-2].lower() in _DENIED_SCHEMAS:
-        return True
     return name in DENIED_FUNCTIONS or any(p.search(name) for p in _DENIED_PATTERNS)
 
 
+def _system_schema(schema: str | None) -> bool:
+    """A schema of the system, however it is spelled: pg_catalog, pg_toast, pg_temp_3,
+    information_schema (PostgreSQL reserves the pg_ prefix; a quoted "PG_Catalog" is not the
+    catalog, but no proposal needs a schema of that name)."""
+    return schema is not None and (schema.lower().startswith("pg_") or schema.lower() == "information_schema")
+
+
 INDEX_ACCESS_METHODS: frozenset[str] = frozenset({"btree", "hash", "gist", "spgist", "gin", "brin"})
-_SYSTEM_SCHEMAS = frozenset({"pg_catalog", "information_schema", "pg_toast"})
 
 _REFUSED: dict[str, str] = {
     "DoStmt": "DO blocks run arbitrary code",
@@ -231,11 +237,24 @@ def _func_name(call: ast.FuncCall) -> tuple[str, ...]:
 
 
 def _side_effect_problem(node: Any) -> str | None:
+    """A call of a function known by name to have side effects, or a name no proposal may use
+    (a system relation, another database, a function in pg_temp). The rest is judged by the
+    catalog (`judge_references`)."""
     for sub in _walk(node):
         if isinstance(sub, ast.FuncCall):
             parts = _func_name(sub)
+            if len(parts) > 2:
+                return "cross-database names are not allowed"
+            if len(parts) == 2 and _system_schema(parts[0]) and parts[0].lower() != "pg_catalog":
+                return f"calls {'.'.join(parts)}(), which is not a built-in function"
             if denied_function(parts):
                 return f"calls {'.'.join(parts)}(), which has side effects"
+        elif isinstance(sub, ast.RangeVar):
+            if sub.catalogname:
+                return "cross-database names are not allowed"
+            if _system_schema(sub.schemaname):
+                return (f"{sub.schemaname}.{sub.relname} is in the system schema {sub.schemaname}: "
+                        "system relations are neither read nor changed")
     return None
 
 
@@ -395,8 +414,10 @@ def _check_target(rv: ast.RangeVar | None) -> None:
         raise _Refused("statement names no relation")
     if rv.catalogname:
         raise _Refused("cross-database names are not allowed")
-    if rv.schemaname in _SYSTEM_SCHEMAS:
-        raise _Refused(f"system schema {rv.schemaname} is not changed by proposals")
+    if _system_schema(rv.schemaname):
+        temporary = (" (a temporary table would hide the real one)"
+                     if (rv.schemaname or "").lower().startswith("pg_temp") else "")
+        raise _Refused(f"system schema {rv.schemaname} is not changed by proposals{temporary}")
 
 
 @dataclass
@@ -406,6 +427,225 @@ class _Verdict:
     rollback: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     point_of_no_return: bool = False  # undoing earlier commands would destroy the only copy of data
+
+
+# -- what only the catalog can judge --------------------------------------------------------
+RefKind = Literal["function", "operator", "type", "relation", "exists", "statistics", "columns"]
+Context = Literal["index", "read"]  # index expressions and predicates need IMMUTABLE functions
+
+
+@dataclass(frozen=True)
+class Ref:
+    """One name a statement uses whose meaning only the database's catalog knows.
+
+    * function: `name` called with `nargs` arguments (`schema` when qualified), in `context`;
+    * operator: `name` with `nargs` operands (1: prefix, 2: infix);
+    * type: a cast to `name` (SQL text): its input function, the casts to it, its domain checks;
+    * relation: a relation read or changed (`name` as SQL text): not a system relation;
+    * exists / statistics: a relation (index, view, table) / statistics object the proposal
+      creates as `name` in `schema` (for an index: the schema of the table `near`): it must be new;
+    * columns: an INSERT copies `columns` of the table `name`: they must be all of its columns.
+    """
+
+    kind: RefKind
+    statement: str
+    name: str
+    schema: str | None = None
+    context: Context = "read"
+    nargs: int = 0
+    near: str | None = None
+    columns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class References:
+    """What the catalog must judge for one query or proposal (`judge_references`).
+
+    `creates_extension`: the proposal installs an allowed extension, so names it defines may not
+    exist yet. `preserved`: existing tables a partitioning recipe moves, renames, drops or copies,
+    as SQL text: each must hold the same rows and columns under its name afterwards.
+    """
+
+    refs: tuple[Ref, ...] = ()
+    creates_extension: bool = False
+    preserved: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CatalogFact:
+    """One row of the catalog about `References.refs[ref]` (see `afs/catalog.py`).
+
+    For a function, operator or type: one function it may run (`schema`.`name`, whether it is
+    built in, its extension, volatility 'i'/'s'/'v', SECURITY DEFINER; `via` says which operator
+    or cast runs it); a type that does not exist gives one row with `name` None. For a relation:
+    the schema it resolves to and its kind (`extra`). For exists/statistics: the existing object.
+    For columns: the table's columns (`extra`).
+    """
+
+    ref: int
+    schema: str | None = None
+    name: str | None = None
+    builtin: bool = False
+    extension: str | None = None
+    volatility: str | None = None
+    security_definer: bool = False
+    via: str | None = None
+    extra: tuple[str, ...] = ()
+
+
+# extensions whose functions and operators a proposal or query may use, judged by their
+# volatility like built-in ones: shipped with PostgreSQL, and free of side effects short of
+# VOLATILE functions (which are refused outside the short list below)
+TRUSTED_EXTENSIONS: frozenset[str] = frozenset({
+    "pg_trgm", "btree_gin", "btree_gist", "citext", "hstore", "cube", "earthdistance",
+    "fuzzystrmatch", "intarray", "isn", "ltree", "seg", "unaccent",
+})
+# VOLATILE functions a query, rewrite or view may call: they change nothing
+VOLATILE_ALLOWED: frozenset[str] = frozenset({
+    "random", "random_normal", "clock_timestamp", "timeofday", "gen_random_uuid", "uuidv4", "uuidv7",
+})
+# relation kinds that reach outside the database
+_FOREIGN_RELKINDS = frozenset({"f"})
+
+
+def _ref_problem(ref: Ref, facts: Sequence[CatalogFact], creates_extension: bool) -> str | None:
+    """Why the catalog refuses one reference, or None."""
+    if ref.kind in ("function", "operator", "type"):
+        shown = {"function": f"{ref.name}()", "operator": f"operator {ref.name}",
+                 "type": f"the cast to {ref.name}"}[ref.kind]
+        if ref.schema is not None and ref.kind != "type":
+            shown = f"{ref.schema}.{shown}" if ref.kind == "function" else f"operator {ref.schema}.{ref.name}"
+        runs = [f for f in facts if f.name is not None]
+        if not runs:
+            if ref.kind == "type" and facts:  # the type does not exist
+                return None if creates_extension else f"type {ref.name} does not exist in the database"
+            if ref.kind == "type" or creates_extension:
+                return None  # a cast that runs no function (binary coercible, I/O of a built-in type)
+            return f"{shown} does not exist in the database (with {ref.nargs} argument(s))"
+        for fact in runs:
+            qualified = f"{fact.schema}.{fact.name}()"
+            through = "" if ref.kind == "function" else f"{shown} runs {qualified}, which "
+            subject = f"calls {qualified}, which " if ref.kind == "function" else through
+            if not fact.builtin and fact.extension not in TRUSTED_EXTENSIONS:
+                origin = (f"comes from the extension {fact.extension}, which is not in the allow-list"
+                          if fact.extension else "is defined in the database")
+                return (f"{subject}is not built in: it {origin} (only built-in functions and those of "
+                        f"{', '.join(sorted(TRUSTED_EXTENSIONS))} may run)")
+            if fact.security_definer:
+                return f"{subject}is SECURITY DEFINER: it would run with its owner's rights"
+            if ref.kind == "function" and denied_function((fact.name or "",)):
+                return f"calls {qualified}, which has side effects"
+        if ref.kind != "function":
+            return None  # operand types decide which one runs: volatility is PostgreSQL's check
+        volatile = [f for f in runs if f.volatility == "v" and f.name not in VOLATILE_ALLOWED]
+        if ref.context == "read" and volatile:
+            return (f"calls {volatile[0].schema}.{volatile[0].name}(), which is VOLATILE: it may change "
+                    f"data (only {', '.join(sorted(VOLATILE_ALLOWED))} are allowed)")
+        if ref.context == "index" and not any(f.volatility == "i" for f in runs):
+            return (f"calls {runs[0].schema}.{runs[0].name}(), which is not IMMUTABLE "
+                    "(index expressions and predicates must be)")
+        return None
+    if ref.kind == "relation":
+        for fact in facts:
+            if _system_schema(fact.schema):
+                return (f"{ref.name} is {fact.schema}.{fact.name}, a system relation: system "
+                        "relations are neither read nor changed")
+            if set(fact.extra) & _FOREIGN_RELKINDS:
+                return f"{ref.name} is a foreign table: it reaches another database"
+        return None
+    if ref.kind in ("exists", "statistics"):
+        if facts:
+            what = "statistics" if ref.kind == "statistics" else (facts[0].extra or ("relation",))[0]
+            return (f"{what} {facts[0].schema}.{ref.name} already exists: the proposal would create "
+                    "nothing new, and its rollback would drop the existing one")
+        return None
+    # columns
+    if not facts:
+        return f"cannot confirm that the copy keeps every column of {ref.name}: no such table"
+    missing = [c for c in facts[0].extra if c not in ref.columns]
+    if missing:
+        return (f"copies only some columns of {ref.name} (not {', '.join(missing)}): a migration must "
+                "keep every row and column of the original")
+    return None
+
+
+def judge_references(refs: References, facts: Sequence[CatalogFact]) -> tuple[UnsafeStatement, ...]:
+    """The statements the catalog refuses, each with its first reason (empty when all pass).
+
+    Functions, and the functions behind operators and casts, must be built in (or from a
+    `TRUSTED_EXTENSIONS` extension), not SECURITY DEFINER, not known to have side effects; a
+    function called by name must be IMMUTABLE in an index expression or predicate (one of its
+    overloads: PostgreSQL checks the one it picks), and not VOLATILE elsewhere (any overload)
+    unless in `VOLATILE_ALLOWED`. Relations must not resolve into a system schema or be
+    foreign tables; what a proposal creates must not exist yet; a copy must name every column.
+    """
+    by_ref: dict[int, list[CatalogFact]] = {}
+    for fact in facts:
+        by_ref.setdefault(fact.ref, []).append(fact)
+    problems: dict[str, str] = {}
+    for i, ref in enumerate(refs.refs):
+        if ref.statement in problems:
+            continue
+        problem = _ref_problem(ref, by_ref.get(i, []), refs.creates_extension)
+        if problem:
+            problems[ref.statement] = problem
+    return tuple(UnsafeStatement(statement, reason) for statement, reason in problems.items())
+
+
+def _operator_names(expr: ast.A_Expr) -> list[tuple[str | None, str]]:
+    parts = [p.sval for p in expr.name or () if isinstance(p, ast.String) and p.sval]
+    if not parts:
+        return []
+    kind = expr.kind
+    if kind in (enums.A_Expr_Kind.AEXPR_BETWEEN, enums.A_Expr_Kind.AEXPR_NOT_BETWEEN,
+                enums.A_Expr_Kind.AEXPR_BETWEEN_SYM, enums.A_Expr_Kind.AEXPR_NOT_BETWEEN_SYM):
+        return [(None, ">="), (None, "<=")]
+    return [(parts[0] if len(parts) == 2 else None, parts[-1])]
+
+
+def _collect(node: Any, statement: str, context: Context, out: list[Ref]) -> None:
+    """Every function, operator, cast and relation under `node`, as `Ref`s in `out`."""
+    ctes = {cte.ctename for cte in _walk(node) if isinstance(cte, ast.CommonTableExpr) and cte.ctename}
+    stack: list[tuple[Any, Context]] = [(node, context)]
+    while stack:
+        item, ctx = stack.pop()
+        if isinstance(item, tuple | list):
+            stack.extend((sub, ctx) for sub in item)
+            continue
+        if not isinstance(item, ast.Node):
+            continue
+        if isinstance(item, ast.IndexElem | ast.StatsElem | ast.PartitionElem) or (
+                isinstance(item, ast.Constraint) and item.contype == enums.ConstrType.CONSTR_GENERATED):
+            ctx = "index"
+        if isinstance(item, ast.IndexStmt) and item.whereClause is not None:
+            stack.append((item.whereClause, "index"))
+        if isinstance(item, ast.FuncCall):
+            parts = _func_name(item)
+            if parts:
+                out.append(Ref("function", statement, parts[-1], parts[0] if len(parts) > 1 else None,
+                               ctx, len(item.args or ())))
+        elif isinstance(item, ast.A_Expr):
+            operands = 1 if item.lexpr is None else 2
+            out.extend(Ref("operator", statement, name, schema, ctx, operands)
+                       for schema, name in _operator_names(item))
+        elif isinstance(item, ast.SubLink):
+            if item.subLinkType in (enums.SubLinkType.ANY_SUBLINK, enums.SubLinkType.ALL_SUBLINK,
+                                    enums.SubLinkType.ROWCOMPARE_SUBLINK):
+                op = [p.sval for p in item.operName or () if isinstance(p, ast.String) and p.sval]
+                out.append(Ref("operator", statement, op[-1] if op else "=",
+                               op[0] if len(op) == 2 else None, ctx, 2))
+        elif isinstance(item, ast.CaseExpr) and item.arg is not None:
+            out.append(Ref("operator", statement, "=", None, ctx, 2))
+        elif isinstance(item, ast.TypeCast) and item.typeName is not None:
+            names = [p.sval for p in item.typeName.names or () if isinstance(p, ast.String) and p.sval]
+            if names and len(names) <= 2:
+                type_sql = _qualified(names[0] if len(names) == 2 else None, names[-1])
+                out.append(Ref("type", statement, type_sql, None, ctx))
+        elif (isinstance(item, ast.RangeVar) and item.relname
+              and not (item.schemaname is None and item.relname in ctes)):
+                out.append(Ref("relation", statement, _qualified(item.schemaname, item.relname)))
+        stack.extend((getattr(item, attr), ctx) for attr in item
+                     if not (isinstance(item, ast.IndexStmt) and attr == "whereClause"))
 
 
 _Identity = tuple[str, str]  # ("created" | "existing" | "gone", a name)
@@ -426,6 +666,17 @@ class _Recipe:
     parents: dict[_Identity, _Identity] = field(default_factory=dict)
     copies: dict[_Identity, set[_Identity]] = field(default_factory=dict)
     dropped: set[_Identity] = field(default_factory=set)
+    # what the catalog must judge, and the command being judged (set by `_validate`)
+    refs: list[Ref] = field(default_factory=list)
+    statement: str = ""
+    # existing tables whose name was freed (renamed away, dropped), and the command that last
+    # put something under a name
+    freed: set[str] = field(default_factory=set)
+    placed: dict[str, str] = field(default_factory=dict)
+    touched: set[str] = field(default_factory=set)  # existing tables the recipe moves or reads whole
+
+    def add(self, kind: RefKind, name: str, **more: Any) -> None:
+        self.refs.append(Ref(kind, self.statement, name, **more))
 
     def identity(self, key: str) -> _Identity:
         return self.names.get(key, ("existing", key))
@@ -446,12 +697,36 @@ class _Recipe:
     def family(self, table: _Identity) -> set[_Identity]:
         return {table, *self.ancestors(table), *self.partitions(table)}
 
-    def copied_whole(self, table: _Identity) -> bool:
-        """Whether the rows of `table` are in a table of this proposal that is still in place."""
-        return any(not self.family(copy) & self.dropped for copy in self.copies.get(table, ()))
+    def copied_whole(self, table: _Identity, dropped: set[_Identity] | None = None) -> bool:
+        """Whether the rows of `table` are in a table of this proposal that is still in place
+        (after dropping `dropped`, by default the tables dropped so far)."""
+        gone = self.dropped if dropped is None else dropped
+        return any(not self.family(copy) & gone for copy in self.copies.get(table, ()))
+
+    def holds_rows_of(self, holder: _Identity, table: _Identity) -> bool:
+        """Whether `holder` (with its partitions) holds every row of `table`: it is the table,
+        has it attached as a partition, or took a whole copy of it."""
+        family = self.family(holder)
+        return table in family or any(copy in family for copy in self.copies.get(table, ()))
+
+    def replacement_problems(self) -> list[tuple[str, str]]:
+        """(command, reason) for each existing table whose name now belongs to a table without
+        its rows: a filtered copy renamed into its place, a new table created under its name."""
+        problems: list[tuple[str, str]] = []
+        for key in sorted(self.freed):
+            original: _Identity = ("existing", key)
+            now = self.names.get(key)
+            if now is None or now[0] == "gone" or now == original:
+                continue
+            if not self.holds_rows_of(now, original):
+                problems.append((self.placed.get(key, ""), (
+                    f"{key} would be replaced by a table that does not hold all of its rows (a whole "
+                    "copy, INSERT … SELECT * FROM it, or the table itself attached as a partition): "
+                    "a migration must keep every row and column of the original")))
+        return problems
 
 
-def _check_index(stmt: ast.IndexStmt) -> _Verdict:
+def _check_index(stmt: ast.IndexStmt, recipe: _Recipe) -> _Verdict:
     _check_target(stmt.relation)
     if stmt.primary or stmt.isconstraint:
         raise _Refused("constraints are not part of the allow-list")
@@ -475,6 +750,8 @@ def _check_index(stmt: ast.IndexStmt) -> _Verdict:
         return _Verdict(risk, 0.5, (), tuple(warnings))
     assert stmt.relation is not None  # _check_target
     name = _qualified(stmt.relation.schemaname, stmt.idxname)
+    # the index goes into the schema of its table: it must not exist there yet
+    recipe.add("exists", stmt.idxname, schema=stmt.relation.schemaname, near=_rv_sql(stmt.relation))
     if stmt.if_not_exists:
         warnings.append(f"IF NOT EXISTS: if an index {name} already exists nothing is built, "
                         "and the rollback would drop the existing one")
@@ -495,7 +772,7 @@ def _check_extension(stmt: ast.CreateExtensionStmt) -> _Verdict:
         "since other objects may depend on it",))
 
 
-def _check_matview(stmt: ast.CreateTableAsStmt) -> _Verdict:
+def _check_matview(stmt: ast.CreateTableAsStmt, recipe: _Recipe) -> _Verdict:
     into = stmt.into
     if into is None:  # pragma: no cover - the grammar always sets it
         raise _Refused("materialized view without a name")
@@ -508,6 +785,8 @@ def _check_matview(stmt: ast.CreateTableAsStmt) -> _Verdict:
     if problem:
         raise _Refused(f"materialized view query: {problem}")
     name = _rv_sql(into.rel)
+    assert into.rel is not None and into.rel.relname  # _rv_sql
+    recipe.add("exists", into.rel.relname, schema=into.rel.schemaname)
     warnings = ["materialized view needs REFRESH to stay current"]
     if into.skipData:
         warnings.append("WITH NO DATA: the view cannot be read until it is refreshed")
@@ -528,13 +807,13 @@ _STATISTICS_EXPRESSION_NODES: tuple[type[ast.Node], ...] = (
 )
 
 
-def _check_statistics(stmt: ast.CreateStatsStmt) -> _Verdict:
+def _check_statistics(stmt: ast.CreateStatsStmt, recipe: _Recipe) -> _Verdict:
     parts = [p.sval for p in stmt.defnames or () if isinstance(p, ast.String) and p.sval]
     if not parts:
         raise _Refused("CREATE STATISTICS needs a name, so that the rollback can drop it")
     if len(parts) > 2:
         raise _Refused("cross-database names are not allowed")
-    if len(parts) == 2 and parts[0] in _SYSTEM_SCHEMAS:
+    if len(parts) == 2 and _system_schema(parts[0]):
         raise _Refused(f"system schema {parts[0]} is not changed by proposals")
     relations = stmt.relations or ()
     if len(relations) != 1 or not isinstance(relations[0], ast.RangeVar):
@@ -559,6 +838,7 @@ def _check_statistics(stmt: ast.CreateStatsStmt) -> _Verdict:
                 raise _Refused("CREATE STATISTICS expression: aggregates and window functions are not "
                                "simple expressions")
     name = _qualified(*parts) if len(parts) == 2 else _qualified(None, parts[0])
+    recipe.add("statistics", parts[-1], schema=parts[0] if len(parts) == 2 else None)
     warnings = ["ANALYZE the table (or its columns) to build the statistics"]
     if stmt.if_not_exists:
         warnings.append(f"IF NOT EXISTS: if statistics {name} already exist nothing is created, "
@@ -617,7 +897,10 @@ def _check_create_table(stmt: ast.CreateStmt, recipe: _Recipe) -> _Verdict:
     for like in likes:
         _check_target(like.relation)
     key = _rv_key(stmt.relation)
+    if recipe.names.get(key, ("existing", key))[0] != "gone":  # a name not freed by this proposal
+        recipe.add("exists", stmt.relation.relname or "", schema=stmt.relation.schemaname)
     recipe.names[key] = ("created", key)
+    recipe.placed[key] = recipe.statement
     if stmt.partbound is not None:
         recipe.parents[("created", key)] = recipe.identity(_rv_key(parents[0]))
     return _Verdict("high", 0.8, (f"DROP TABLE IF EXISTS {_rv_sql(stmt.relation)}",),
@@ -651,24 +934,56 @@ def _check_insert(stmt: ast.InsertStmt, recipe: _Recipe) -> _Verdict:
                        "(a partition of it, or partitioned by it)")
     for source in sources:
         _check_target(source)
-    if _whole_copy(select):
-        recipe.copies.setdefault(recipe.identity(_rv_key(sources[0])), set()).add(target)
+        kind, original = recipe.identity(_rv_key(source))
+        if kind == "existing":
+            recipe.touched.add(original)
+    whole, columns = _whole_copy(stmt, select)
+    if whole:
+        copied = recipe.identity(_rv_key(sources[0]))
+        if columns is not None and copied[0] == "existing":
+            # a whole copy names every column: only the catalog knows them all
+            recipe.add("columns", _key_sql(copied[1]), columns=columns)
+        recipe.copies.setdefault(copied, set()).add(target)
     return _Verdict("high", 0.8, (), (
         "INSERT … SELECT copies every row: on a live database, writes made meanwhile are not copied",))
 
 
-def _whole_copy(select: ast.SelectStmt) -> bool:
-    """SELECT <columns> FROM <one table, with its partitions>: every row, nothing computed.
+def _whole_copy(stmt: ast.InsertStmt, select: ast.SelectStmt) -> tuple[bool, tuple[str, ...] | None]:
+    """Whether the INSERT copies every row and column of one table, and the columns it names.
 
-    Only such a copy lets the proposal drop the table it copied out of.
+    A whole copy is `INSERT INTO n SELECT * FROM t` (no column list), or names its columns on
+    both sides in the same order, `INSERT INTO n (a, b) SELECT a, b FROM t`, in which case the
+    catalog must confirm that a, b are all the columns of t (the names are returned). Every
+    row: one table with its partitions (not ONLY), nothing filtered, grouped or limited. Only
+    such a copy lets the proposal drop or replace the table it copied out of.
     """
     sources = select.fromClause or ()
-    return (len(sources) == 1 and isinstance(sources[0], ast.RangeVar) and bool(sources[0].inh)
-            and all(isinstance(t, ast.ResTarget) and isinstance(t.val, ast.ColumnRef)
-                    for t in select.targetList or ())
+    if not (len(sources) == 1 and isinstance(sources[0], ast.RangeVar) and bool(sources[0].inh)
             and not any((select.distinctClause, select.whereClause, select.groupClause,
                          select.havingClause, select.windowClause, select.limitCount,
-                         select.limitOffset)))
+                         select.limitOffset))):
+        return False, None
+    fields: list[tuple[Any, ...]] = []
+    for target in select.targetList or ():
+        if not isinstance(target, ast.ResTarget) or not isinstance(target.val, ast.ColumnRef):
+            return False, None
+        fields.append(tuple(target.val.fields or ()))
+    if len(fields) == 1 and fields[0] and isinstance(fields[0][-1], ast.A_Star):
+        return not stmt.cols, None  # SELECT * into a column list: only some columns are filled
+    copied = tuple(f[-1].sval for f in fields if f and isinstance(f[-1], ast.String) and f[-1].sval)
+    if len(copied) != len(fields) or not copied:
+        return False, None
+    if stmt.cols:
+        targets = tuple(c.name for c in stmt.cols if isinstance(c, ast.ResTarget) and not c.indirection)
+        if targets != copied:
+            return False, None
+    return True, copied
+
+
+def _key_sql(key: str) -> str:
+    """A relation key of `_rv_key` (schema.name or name) as SQL text."""
+    schema, _, name = key.rpartition(".")
+    return _qualified(schema or None, name)
 
 
 def _check_rename(stmt: ast.RenameStmt, recipe: _Recipe) -> _Verdict:
@@ -679,8 +994,13 @@ def _check_rename(stmt: ast.RenameStmt, recipe: _Recipe) -> _Verdict:
     old_key = _rv_key(stmt.relation)
     new_rv = ast.RangeVar(schemaname=stmt.relation.schemaname, relname=stmt.newname)
     identity = recipe.identity(old_key)
+    if identity == ("existing", old_key):
+        recipe.freed.add(old_key)
+    if identity[0] == "existing":
+        recipe.touched.add(identity[1])
     recipe.names[old_key] = ("gone", old_key)
     recipe.names[_rv_key(new_rv)] = identity
+    recipe.placed[_rv_key(new_rv)] = recipe.statement
     old_name = maybe_double_quote_name(stmt.relation.relname)
     back = f"ALTER TABLE IF EXISTS {_rv_sql(new_rv)} RENAME TO {old_name}"
     return _Verdict("high", 0.7, (back,), ())
@@ -699,6 +1019,9 @@ def _check_alter_table(stmt: ast.AlterTableStmt, recipe: _Recipe) -> _Verdict:
         if not isinstance(part, ast.PartitionCmd):  # pragma: no cover - the grammar guarantees it
             raise _Refused("ATTACH PARTITION without a partition")
         _check_target(part.name)
+        kind, original = recipe.identity(_rv_key(part.name))
+        if kind == "existing":
+            recipe.touched.add(original)
         if any(kind != "created" for kind, _ in (parent, *recipe.ancestors(parent))):
             raise _Refused("ATTACH PARTITION only to a table created in this proposal "
                            "(attaching to an existing table changes its rows)")
@@ -728,6 +1051,14 @@ def _check_drop(stmt: ast.DropStmt, recipe: _Recipe) -> _Verdict:
     if existing:
         raise _Refused(f"DROP TABLE {_rv_sql(rv)} would also drop the existing table {existing[0]}, "
                        "attached as its partition")
+    lost = [name for kind, name in sorted(recipe.dropped | {identity}) if kind == "existing"
+            and not recipe.copied_whole(("existing", name), recipe.dropped | {identity})]
+    if lost:
+        raise _Refused(f"DROP TABLE {_rv_sql(rv)} would drop the only copy of the rows of {lost[0]}")
+    if identity == ("existing", key):
+        recipe.freed.add(key)
+    if identity[0] == "existing":
+        recipe.touched.add(identity[1])
     recipe.names[key] = ("gone", key)
     recipe.dropped.add(identity)
     if identity[0] == "created":
@@ -749,17 +1080,17 @@ def _check_statement(stmt: ast.Node, partitioning: bool, recipe: _Recipe) -> _Ve
     if problem:
         raise _Refused(problem)
     if isinstance(stmt, ast.IndexStmt):
-        return _check_index(stmt)
+        return _check_index(stmt, recipe)
     if isinstance(stmt, ast.CreateExtensionStmt):
         return _check_extension(stmt)
     if isinstance(stmt, ast.CreateTableAsStmt):
         if stmt.objtype == enums.ObjectType.OBJECT_MATVIEW:
-            return _check_matview(stmt)
+            return _check_matview(stmt, recipe)
         raise _Refused("CREATE TABLE AS is not in the allow-list")
     if isinstance(stmt, ast.RefreshMatViewStmt):
         return _check_refresh(stmt)
     if isinstance(stmt, ast.CreateStatsStmt):
-        return _check_statistics(stmt)
+        return _check_statistics(stmt, recipe)
     if isinstance(stmt, ast.VacuumStmt):
         return _check_analyze(stmt)
     if isinstance(stmt, ast.SelectStmt):
@@ -798,7 +1129,14 @@ def validate_proposal(sql_commands: Sequence[str], proposal_type: str) -> Valida
     reverse order; partitioning rollback is best effort (reverse renames, detach, drop the
     new tables) and stops at a DROP of the replaced table, since undoing the steps before it
     would drop the only copy of the data. Raises `InputError` only for an unknown proposal type.
+
+    What only the catalog knows (which function a name calls, whether an index exists) is
+    judged afterwards: `proposal_references` and `judge_references`.
     """
+    return _validate(sql_commands, proposal_type)[0]
+
+
+def _validate(sql_commands: Sequence[str], proposal_type: str) -> tuple[ValidationResult, References]:
     if proposal_type not in PROPOSAL_TYPES:
         raise InputError(f"unknown proposal type {proposal_type!r} (known: {', '.join(PROPOSAL_TYPES)})")
     if isinstance(sql_commands, str):
@@ -810,9 +1148,11 @@ def validate_proposal(sql_commands: Sequence[str], proposal_type: str) -> Valida
     rollback: list[str] = []
     risk: RiskLevel = "low"
     reversibility = 1.0
+    creates_extension = False
     if not sql_commands:
         rejected.append(UnsafeStatement("", "empty proposal: no commands"))
     for command in sql_commands:
+        recipe.statement = command
         try:
             if proposal_type == "settings":
                 raise _Refused("a settings proposal carries per-query settings, no commands")
@@ -821,6 +1161,8 @@ def validate_proposal(sql_commands: Sequence[str], proposal_type: str) -> Valida
         except _Refused as exc:
             rejected.append(UnsafeStatement(command, exc.reason))
             continue
+        _collect(stmt, command, "read", recipe.refs)
+        creates_extension = creates_extension or isinstance(stmt, ast.CreateExtensionStmt)
         if _RISK_ORDER[verdict.risk] > _RISK_ORDER[risk]:
             risk = verdict.risk
         reversibility = min(reversibility, verdict.reversibility)
@@ -828,10 +1170,32 @@ def validate_proposal(sql_commands: Sequence[str], proposal_type: str) -> Valida
             rollback.clear()
         rollback.extend(verdict.rollback)
         warnings.extend(w for w in verdict.warnings if w not in warnings)
+    rejected.extend(UnsafeStatement(command, reason) for command, reason in recipe.replacement_problems())
     undo = tuple(reversed(rollback))
+    preserved = tuple(_key_sql(key) for key in sorted(recipe.touched))
+    refs = References(tuple(recipe.refs), creates_extension, preserved)
     if rejected:
-        return ValidationResult(False, "high", 0.0, tuple(warnings), undo, tuple(rejected))
-    return ValidationResult(True, risk, reversibility, tuple(warnings), undo)
+        return ValidationResult(False, "high", 0.0, tuple(warnings), undo, tuple(rejected)), refs
+    return ValidationResult(True, risk, reversibility, tuple(warnings), undo), refs
+
+
+def query_references(sql: str) -> References:
+    """The names in a query (already passed by `check_query`) that the catalog must judge."""
+    try:
+        text, stmt = _parse_one(sql, what="query")
+    except _Refused:
+        return References()
+    refs: list[Ref] = []
+    _collect(stmt, text, "read", refs)
+    return References(tuple(refs))
+
+
+def proposal_references(proposal: OptimizationProposal) -> References:
+    """The names in a proposal's commands and rewrite that the catalog must judge."""
+    commands = (_validate(proposal.sql_commands, proposal.proposal_type)[1] if proposal.sql_commands
+                else References())
+    rewrite = query_references(proposal.rewritten_query) if proposal.rewritten_query else References()
+    return References((*commands.refs, *rewrite.refs), commands.creates_extension, commands.preserved)
 
 
 # -- per-query settings -------------------------------------------------------------------------
