@@ -337,8 +337,14 @@ class LocalForkProvider:
         fork_admin_dsn = dsn_with(self.admin_dsn, dbname=name,
                                   user=str(conninfo.conninfo_to_dict(self.admin_dsn).get("user", "postgres")),
                                   password=_admin_password(self.admin_dsn))
-        async with open_connection(fork_admin_dsn, self.statement_timeout_ms) as fork_conn:
-            await _hand_over_objects(fork_conn, name)
+        # Hand-overs touch pg_database rows (see _reassign_owned_here): one at a time.
+        await conn.execute("SELECT pg_advisory_lock(hashtext('afs.hand_over'))")
+        try:
+            async with open_connection(fork_admin_dsn, self.statement_timeout_ms) as fork_conn:
+                await _hand_over_objects(fork_conn, name)
+        finally:
+            with trio.CancelScope(shield=True):
+                await conn.execute("SELECT pg_advisory_unlock(hashtext('afs.hand_over'))")
         await conn.execute("UPDATE afs.forks SET state = 'ready' WHERE name = %s", (name,))
 
     async def _verify(self, fork: ForkInfo) -> None:
@@ -434,39 +440,89 @@ def _admin_password(dsn: str) -> str | None:
     return None if value is None else str(value)
 
 
+_USER_SCHEMA = ("n.nspname NOT IN ('pg_catalog', 'information_schema')"
+                " AND n.nspname NOT LIKE 'pg\\_%%'")
+_NOT_AN_EXTENSION_MEMBER = ("NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = {cls}::regclass"
+                            " AND d.objid = {oid} AND d.deptype = 'e')")
+
+
 async def _hand_over_objects(conn: Connection, role: str) -> None:
-    """Make the fork's role own every schema and relation of the copied database."""
+    """Make the fork's role own the objects of the copied database, and nothing else.
+
+    Roles that own objects in the copy are of two kinds. A superuser's objects are
+    handed over one by one (schemas, relations, functions: an imported SECURITY
+    DEFINER function then runs with the fork role's rights, not a superuser's).
+    Any other role (the parent fork's role, or the ordinary role that owns a source
+    behind --admin-dsn) gets `REASSIGN OWNED`, which would also hand over the
+    databases and tablespaces that role owns anywhere on the server (the parent
+    fork itself): they are given back in the same transaction.
+    """
     owners = await conn.fetchall(
         "SELECT DISTINCT r.rolname, r.rolsuper FROM pg_class c"
         " JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_roles r ON r.oid = c.relowner"
-        " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
+        f" WHERE {_USER_SCHEMA}"
         " UNION SELECT r.rolname, r.rolsuper FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner"
-        " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
+        f" WHERE {_USER_SCHEMA}"
+        " UNION SELECT r.rolname, r.rolsuper FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_roles r ON r.oid = p.proowner"
+        f" WHERE {_USER_SCHEMA}"
+        " UNION SELECT r.rolname, r.rolsuper FROM pg_shdepend s JOIN pg_roles r ON r.oid = s.refobjid"
+        " WHERE s.deptype = 'o' AND s.dbid = (SELECT oid FROM pg_database"
+        " WHERE datname = current_database())"
     )
-    target = quote_ident(role)
-    for owner, is_super in owners:
+    for owner, is_super in sorted(owners):
         if owner in (role, "pg_database_owner"):
             continue
-        if not is_super:
-            await conn.execute(f"REASSIGN OWNED BY {quote_ident(owner)} TO {target}")
-            continue
-        # A superuser cannot hand over everything it owns; move the user's objects one by one.
-        objects = await conn.fetchall(
-            "SELECT 'SCHEMA', quote_ident(n.nspname) FROM pg_namespace n JOIN pg_roles r"
-            " ON r.oid = n.nspowner WHERE r.rolname = %s AND n.nspname NOT IN"
-            " ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
-            " UNION ALL SELECT CASE c.relkind WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'v' THEN 'VIEW'"
-            " WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,"
-            " quote_ident(n.nspname) || '.' || quote_ident(c.relname)"
-            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " JOIN pg_roles r ON r.oid = c.relowner WHERE r.rolname = %s"
-            " AND c.relkind IN ('r', 'p', 'm', 'v', 'S', 'f')"
-            " AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
-            " AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid"
-            " AND d.deptype IN ('a', 'i')))",
-            (owner, owner),
-        )
-        for kind, qualified in objects:
-            await conn.execute(f"ALTER {kind} {qualified} OWNER TO {target}")
+        if is_super:
+            await _hand_over_one_by_one(conn, owner, role)
+        else:
+            await _reassign_owned_here(conn, owner, role)
 
 
+async def _reassign_owned_here(conn: Connection, owner: str, role: str) -> None:
+    """REASSIGN OWNED in this database only: shared objects go back to `owner` at once."""
+    databases = await conn.fetchall(
+        "SELECT datname FROM pg_database WHERE datdba = (SELECT oid FROM pg_roles WHERE rolname = %s)",
+        (owner,))
+    tablespaces = await conn.fetchall(
+        "SELECT spcname FROM pg_tablespace"
+        " WHERE spcowner = (SELECT oid FROM pg_roles WHERE rolname = %s)", (owner,))
+    source = quote_ident(owner)
+    await conn.execute("BEGIN")
+    try:
+        await conn.execute(f"REASSIGN OWNED BY {source} TO {quote_ident(role)}")
+        for (database,) in databases:
+            await conn.execute(f"ALTER DATABASE {quote_ident(database)} OWNER TO {source}")
+        for (tablespace,) in tablespaces:
+            await conn.execute(f"ALTER TABLESPACE {quote_ident(tablespace)} OWNER TO {source}")
+        await conn.execute("COMMIT")
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+        raise
+
+
+async def _hand_over_one_by_one(conn: Connection, owner: str, role: str) -> None:
+    """A superuser's schemas, relations and routines (not an extension's) to `role`."""
+    objects = await conn.fetchall(
+        "SELECT 'SCHEMA', quote_ident(n.nspname) FROM pg_namespace n JOIN pg_roles r"
+        f" ON r.oid = n.nspowner WHERE r.rolname = %s AND {_USER_SCHEMA}"
+        " AND " + _NOT_AN_EXTENSION_MEMBER.format(cls="'pg_namespace'", oid="n.oid") +
+        " UNION ALL SELECT CASE c.relkind WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'v' THEN 'VIEW'"
+        " WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,"
+        " quote_ident(n.nspname) || '.' || quote_ident(c.relname)"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_roles r ON r.oid = c.relowner WHERE r.rolname = %s"
+        f" AND c.relkind IN ('r', 'p', 'm', 'v', 'S', 'f') AND {_USER_SCHEMA}"
+        " AND " + _NOT_AN_EXTENSION_MEMBER.format(cls="'pg_class'", oid="c.oid") +
+        " AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid"
+        " AND d.deptype IN ('a', 'i')))"
+        " UNION ALL SELECT 'ROUTINE', p.oid::regprocedure::text"
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        f" JOIN pg_roles r ON r.oid = p.proowner WHERE r.rolname = %s AND {_USER_SCHEMA}"
+        " AND " + _NOT_AN_EXTENSION_MEMBER.format(cls="'pg_proc'", oid="p.oid"),
+        (owner, owner, owner),
+    )
+    target = quote_ident(role)
+    for kind, qualified in objects:
+        await conn.execute(f"ALTER {kind} {qualified} OWNER TO {target}")
