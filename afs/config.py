@@ -11,6 +11,7 @@ Environment:
     AFS_FORK_SERVER_COMMAND   command of the MCP fork server (shell words)
     AFS_STATEMENT_TIMEOUT_MS  server-side statement timeout of every connection
     AFS_FORK_TTL_SECONDS      default lifetime of a fork
+    AFS_FORK_GC_INTERVAL_S    how often a running fork server collects expired forks (default 60)
     AFS_SCALE                 demo data scale: small | demo | large
     AFS_ROUTING_RULES         path of the routing rules file
     AFS_TIMEOUT_<PHASE>_S     fork, model, benchmark, agent, task time limits
@@ -47,6 +48,7 @@ from afs.errors import ConfigError
 DEFAULT_HOME = "~/.afs"
 DEFAULT_STATEMENT_TIMEOUT_MS = 60_000
 DEFAULT_FORK_TTL_SECONDS = 3600
+DEFAULT_FORK_GC_INTERVAL_S = 60
 DEFAULT_SCALE = "demo"
 DEFAULT_SEED = 42
 DEMO_DATABASE = "afs_demo"
@@ -83,6 +85,7 @@ class Settings:
     fork_server_command: tuple[str, ...] = field(default_factory=default_fork_server_command)
     statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
     fork_ttl_seconds: int = DEFAULT_FORK_TTL_SECONDS
+    fork_gc_interval_s: int = DEFAULT_FORK_GC_INTERVAL_S
     scale: str = DEFAULT_SCALE
     seed: int = DEFAULT_SEED
     demo_database: str = DEMO_DATABASE
@@ -173,6 +176,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     for key, env_name in (
         ("statement_timeout_ms", "AFS_STATEMENT_TIMEOUT_MS"),
         ("fork_ttl_seconds", "AFS_FORK_TTL_SECONDS"),
+        ("fork_gc_interval_s", "AFS_FORK_GC_INTERVAL_S"),
     ):
         value, source = pick(key, env_name)
         if value is not None:

@@ -116,6 +116,17 @@ class ForkInfo:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class GcReport:
+    """What a garbage collection did: forks removed, and forks it could not remove (why)."""
+
+    removed: list[str]
+    failed: dict[str, str]
+
+    def public(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def _process_start(pid: int) -> float | None:
     try:
         return float(psutil.Process(pid).create_time())
@@ -295,34 +306,54 @@ class LocalForkProvider:
             existed = await self._remove(conn, service_id)
         return {"service_id": service_id, "deleted": existed}
 
-    async def gc(self) -> list[str]:
-        """Remove expired forks, forks of dead owners and leftovers without a catalog row."""
+    async def gc(self) -> GcReport:
+        """Remove expired forks, forks of dead owners and leftovers without a catalog row.
+
+        Each fork is removed on its own: one that cannot be removed (its role still
+        owns or holds something elsewhere, say) is reported in `failed` and kept in
+        the catalog for the next round, and the others are removed all the same.
+        """
         removed: list[str] = []
+        failed: dict[str, str] = {}
         async with self._admin() as conn:
             await self.ensure_catalog(conn)
             rows = await conn.fetchall(
                 "SELECT name, owner_host, owner_pid, owner_started,"
                 " expires_at < now() AS expired,"
                 " state = 'creating' AND created_at < now() - make_interval(secs => %s) AS stuck"
-                " FROM afs.forks",
+                " FROM afs.forks ORDER BY name",
                 (STUCK_CREATION_S,),
             )
-            for name, host, pid, started, expired, stuck in rows:
-                if expired or stuck or not owner_alive(host, pid, started):
-                    await self._remove(conn, name)
-                    removed.append(name)
+            doomed = [name for name, host, pid, started, expired, stuck in rows
+                      if expired or stuck or not owner_alive(host, pid, started)]
             like = FORK_PREFIX.replace("_", r"\_") + "%"
             stray = await conn.fetchall(
                 "SELECT datname FROM pg_database WHERE datname LIKE %s"
                 " AND datname NOT IN (SELECT name FROM afs.forks)"
                 " UNION SELECT rolname FROM pg_roles WHERE rolname LIKE %s"
-                " AND rolname NOT IN (SELECT name FROM afs.forks)",
+                " AND rolname NOT IN (SELECT name FROM afs.forks) ORDER BY 1",
                 (like, like),
             )
-            for (name,) in stray:
-                await self._remove(conn, name)
+            for name in [*doomed, *(r[0] for r in stray)]:
+                try:
+                    await self._remove(conn, name)
+                except DatabaseError as exc:
+                    failed[name] = " ".join(str(exc).split())
+                    continue
                 removed.append(name)
-        return sorted(set(removed))
+        return GcReport(removed=sorted(set(removed)), failed=failed)
+
+    async def traces(self) -> set[str]:
+        """Every trace of a fork on the server, whatever its state: databases and roles
+        named afs-fork-…, catalog rows. (Leak checks look here, not at ready forks only.)"""
+        like = FORK_PREFIX.replace("_", r"\_") + "%"
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            rows = await conn.fetchall(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s"
+                " UNION SELECT rolname FROM pg_roles WHERE rolname LIKE %s"
+                " UNION SELECT name FROM afs.forks", (like, like))
+        return {r[0] for r in rows}
 
     # -- internals ------------------------------------------------------------
     async def _make_fork(self, conn: Connection, name: str, password: str, template: str) -> None:

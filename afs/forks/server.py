@@ -13,9 +13,11 @@ from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import structlog
+import trio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from afs.config import DEFAULT_FORK_GC_INTERVAL_S
 from afs.errors import AfsError
 from afs.forks.provider import LocalForkProvider
 
@@ -87,13 +89,37 @@ def build_server(provider: LocalForkProvider, default_ttl_seconds: int = 3600) -
     return server
 
 
-async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int) -> None:
-    """Collect garbage, then serve MCP over stdin/stdout until the client goes away."""
-    removed = await provider.gc()
-    if removed:
-        log.info("forks_collected", forks=removed)
-    await build_server(provider, default_ttl_seconds).run_stdio_async()
+async def collect(provider: LocalForkProvider) -> None:
+    """One garbage collection; what it could not remove is logged, never raised."""
+    try:
+        report = await provider.gc()
+    except AfsError as exc:  # the server may be down for a moment: try again next round
+        log.warning("fork_gc_failed", error=str(exc))
+        return
+    if report.removed:
+        log.info("forks_collected", forks=report.removed)
+    for name, reason in report.failed.items():
+        log.warning("fork_not_collected", fork=name, reason=reason)
 
 
-def run(provider: LocalForkProvider, default_ttl_seconds: int) -> None:
-    anyio.run(serve_stdio, provider, default_ttl_seconds, backend="trio")
+async def collect_periodically(provider: LocalForkProvider, interval_s: float) -> None:
+    """Collect expired forks every `interval_s` seconds, for as long as the server runs."""
+    while True:
+        await trio.sleep(interval_s)
+        await collect(provider)
+
+
+async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int,
+                      gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
+    """Collect garbage, then serve MCP over stdin/stdout until the client goes away,
+    collecting expired forks every `gc_interval_s` seconds meanwhile."""
+    await collect(provider)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(collect_periodically, provider, gc_interval_s)
+        await build_server(provider, default_ttl_seconds).run_stdio_async()
+        nursery.cancel_scope.cancel()
+
+
+def run(provider: LocalForkProvider, default_ttl_seconds: int,
+        gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
+    anyio.run(serve_stdio, provider, default_ttl_seconds, gc_interval_s, backend="trio")
