@@ -416,6 +416,7 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
 # -- mcp ------------------------------------------------------------------------------
 def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
     from afs.forks import server as mcp_server
+    from afs.forks.limits import ForkLimits
     from afs.forks.provider import LocalForkProvider
     from afs.sandbox.server import SandboxServer
 
@@ -427,7 +428,7 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
         sandbox = SandboxServer(settings)
         sandbox.start()
         admin_dsn = sandbox.dsn()
-    provider = LocalForkProvider(admin_dsn)
+    provider = LocalForkProvider(admin_dsn, limits=ForkLimits.from_settings(settings))
     for source in args.register:
         trio.run(provider.register_source, source, "registered")
     mcp_server.run(provider, settings.fork_ttl_seconds, settings.fork_gc_interval_s)

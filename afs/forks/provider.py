@@ -36,6 +36,7 @@ from afs.errors import (
     InputError,
     UnknownServiceError,
 )
+from afs.forks.limits import ForkLimits, apply_role_limits
 from afs.forks.naming import FORK_PREFIX, InvalidForkName, random_fork_name, validate_fork_name
 from afs.pg.names import quote_ident, quote_literal
 
@@ -65,6 +66,7 @@ CREATE TABLE IF NOT EXISTS afs.forks (
     ttl_seconds   integer NOT NULL CHECK (ttl_seconds > 0),
     expires_at    timestamptz NOT NULL
 );
+ALTER TABLE afs.forks ADD COLUMN IF NOT EXISTS base_bytes bigint;
 """
 
 
@@ -147,9 +149,11 @@ def owner_alive(host: str | None, pid: int | None, started: float | None) -> boo
 class LocalForkProvider:
     """Fork databases on one PostgreSQL server, reached with a superuser DSN."""
 
-    def __init__(self, admin_dsn: str, statement_timeout_ms: int = 120_000) -> None:
+    def __init__(self, admin_dsn: str, statement_timeout_ms: int = 120_000,
+                 limits: ForkLimits | None = None) -> None:
         self.admin_dsn = admin_dsn
         self.statement_timeout_ms = statement_timeout_ms
+        self.limits = limits or ForkLimits()
         self._catalog_ready = False
 
     # -- plumbing -----------------------------------------------------------
@@ -343,6 +347,26 @@ class LocalForkProvider:
                 removed.append(name)
         return GcReport(removed=sorted(set(removed)), failed=failed)
 
+    async def enforce_limits(self) -> list[str]:
+        """Cancel the running statements of every fork grown past its cap; returns those forks.
+
+        The backstop of `limits.check_growth`: it catches what the planner underestimated,
+        and any client (psql) that never asked.
+        """
+        cap = self.limits.max_growth_mb * 1048576
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            rows = await conn.fetchall(
+                "SELECT f.name, pg_database_size(d.oid) - f.base_bytes FROM afs.forks f"
+                " JOIN pg_database d ON d.datname = f.name"
+                " WHERE f.state = 'ready' AND f.base_bytes IS NOT NULL ORDER BY f.name")
+            over = [name for name, growth in rows if growth is not None and growth > cap]
+            for name in over:
+                await conn.execute(
+                    "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE datname = %s"
+                    " AND state <> 'idle' AND pid <> pg_backend_pid()", (name,))
+        return over
+
     async def traces(self) -> set[str]:
         """Every trace of a fork on the server, whatever its state: databases and roles
         named afs-fork-…, catalog rows. (Leak checks look here, not at ready forks only.)"""
@@ -362,6 +386,7 @@ class LocalForkProvider:
             f"CREATE ROLE {ident} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION"
             f" CONNECTION LIMIT {FORK_CONNECTION_LIMIT} PASSWORD {quote_literal(password)}"
         )
+        await apply_role_limits(conn, name, self.limits)
         await self._create_database(conn, name, template, owner=name)
         await conn.execute(f"REVOKE ALL ON DATABASE {ident} FROM PUBLIC")
         await conn.execute(f"GRANT CONNECT, TEMPORARY ON DATABASE {ident} TO {ident}")
@@ -376,7 +401,8 @@ class LocalForkProvider:
         finally:
             with trio.CancelScope(shield=True):
                 await conn.execute("SELECT pg_advisory_unlock(hashtext('afs.hand_over'))")
-        await conn.execute("UPDATE afs.forks SET state = 'ready' WHERE name = %s", (name,))
+        await conn.execute("UPDATE afs.forks SET state = 'ready', base_bytes = pg_database_size(%s)"
+                           " WHERE name = %s", (name, name))
 
     async def _verify(self, fork: ForkInfo) -> None:
         """The seed's "verify fork accessible": log in as the fork's role."""

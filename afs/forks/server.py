@@ -26,6 +26,8 @@ R = TypeVar("R")
 
 log = structlog.get_logger(__name__)
 
+LIMITS_INTERVAL_S = 1.0  # how often the growth of forks is checked
+
 INSTRUCTIONS = (
     "AFS fork provider. Forks are disposable copies of a source database, each with its own"
     " login role. Fork with service_fork, always delete with service_delete when done."
@@ -109,6 +111,20 @@ async def collect_periodically(provider: LocalForkProvider, interval_s: float) -
         await collect(provider)
 
 
+async def enforce_limits_periodically(provider: LocalForkProvider, interval_s: float) -> None:
+    """Cancel the statements of forks grown past their cap, every `interval_s` seconds."""
+    while True:
+        await trio.sleep(interval_s)
+        try:
+            over = await provider.enforce_limits()
+        except AfsError as exc:
+            log.warning("fork_limits_not_checked", error=str(exc))
+            continue
+        for name in over:
+            log.warning("fork_over_its_growth_cap", fork=name,
+                        max_growth_mb=provider.limits.max_growth_mb)
+
+
 async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int,
                       gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
     """Collect garbage, then serve MCP over stdin/stdout until the client goes away,
@@ -116,6 +132,7 @@ async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int,
     await collect(provider)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(collect_periodically, provider, gc_interval_s)
+        nursery.start_soon(enforce_limits_periodically, provider, LIMITS_INTERVAL_S)
         await build_server(provider, default_ttl_seconds).run_stdio_async()
         nursery.cancel_scope.cancel()
 
