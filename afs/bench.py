@@ -31,6 +31,7 @@ from pglast import ast
 
 from afs.db import Connection
 from afs.errors import AfsError, DatabaseError, StatementTimeout
+from afs.forks.limits import check_growth
 from afs.models import (
     BenchmarkOutcome,
     FamilyQuery,
@@ -148,6 +149,7 @@ async def apply(conn: Connection, proposal: OptimizationProposal) -> float:
     started = trio.current_time()
     for command in proposal.sql_commands:
         try:
+            await check_growth(conn, command)  # a runaway build is refused before it runs
             await conn.execute(command)
         except DatabaseError as exc:
             raise ApplyError(f"applying the proposal failed: {exc}") from exc

@@ -252,10 +252,11 @@ async def cmd_fork_gc(args: argparse.Namespace, settings: Settings) -> int:
 
     server = SandboxServer(settings)
     await trio.to_thread.run_sync(server.start)
-    removed = await LocalForkProvider(server.dsn()).gc()
-    emit(args, {"removed": removed},
-         "\n".join(f"removed {name}" for name in removed) or "nothing to collect")
-    return EXIT_OK
+    report = await LocalForkProvider(server.dsn()).gc()
+    lines = [f"removed {name}" for name in report.removed]
+    lines += [f"could not remove {name}: {reason}" for name, reason in report.failed.items()]
+    emit(args, report.public(), "\n".join(lines) or "nothing to collect")
+    return EXIT_FAILED if report.failed else EXIT_OK
 
 
 async def cmd_fork_psql(args: argparse.Namespace, settings: Settings) -> int:
@@ -415,6 +416,7 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
 # -- mcp ------------------------------------------------------------------------------
 def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
     from afs.forks import server as mcp_server
+    from afs.forks.limits import ForkLimits
     from afs.forks.provider import LocalForkProvider
     from afs.sandbox.server import SandboxServer
 
@@ -426,10 +428,10 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
         sandbox = SandboxServer(settings)
         sandbox.start()
         admin_dsn = sandbox.dsn()
-    provider = LocalForkProvider(admin_dsn)
+    provider = LocalForkProvider(admin_dsn, limits=ForkLimits.from_settings(settings))
     for source in args.register:
         trio.run(provider.register_source, source, "registered")
-    mcp_server.run(provider, settings.fork_ttl_seconds)
+    mcp_server.run(provider, settings.fork_ttl_seconds, settings.fork_gc_interval_s)
     return EXIT_OK
 
 

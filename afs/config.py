@@ -11,6 +11,9 @@ Environment:
     AFS_FORK_SERVER_COMMAND   command of the MCP fork server (shell words)
     AFS_STATEMENT_TIMEOUT_MS  server-side statement timeout of every connection
     AFS_FORK_TTL_SECONDS      default lifetime of a fork
+    AFS_FORK_GC_INTERVAL_S    how often a running fork server collects expired forks (default 60)
+    AFS_FORK_MAX_GROWTH_MB    how much a fork may grow past its copy (default 2048)
+    AFS_FORK_TEMP_FILE_LIMIT_MB  temp_file_limit of every fork's role (default 2048)
     AFS_SCALE                 demo data scale: small | demo | large
     AFS_ROUTING_RULES         path of the routing rules file
     AFS_TIMEOUT_<PHASE>_S     fork, model, benchmark, agent, task time limits
@@ -56,6 +59,9 @@ from afs.errors import ConfigError
 DEFAULT_HOME = "~/.afs"
 DEFAULT_STATEMENT_TIMEOUT_MS = 60_000
 DEFAULT_FORK_TTL_SECONDS = 3600
+DEFAULT_FORK_GC_INTERVAL_S = 60
+DEFAULT_FORK_MAX_GROWTH_MB = 2048
+DEFAULT_FORK_TEMP_FILE_LIMIT_MB = 2048
 DEFAULT_SCALE = "demo"
 DEFAULT_SEED = 42
 DEMO_DATABASE = "afs_demo"
@@ -184,6 +190,9 @@ class Settings:
     fork_server_command: tuple[str, ...] = field(default_factory=default_fork_server_command)
     statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
     fork_ttl_seconds: int = DEFAULT_FORK_TTL_SECONDS
+    fork_gc_interval_s: int = DEFAULT_FORK_GC_INTERVAL_S
+    fork_max_growth_mb: int = DEFAULT_FORK_MAX_GROWTH_MB
+    fork_temp_file_limit_mb: int = DEFAULT_FORK_TEMP_FILE_LIMIT_MB
     scale: str = DEFAULT_SCALE
     seed: int = DEFAULT_SEED
     demo_database: str = DEMO_DATABASE
@@ -275,6 +284,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     for key, env_name in (
         ("statement_timeout_ms", "AFS_STATEMENT_TIMEOUT_MS"),
         ("fork_ttl_seconds", "AFS_FORK_TTL_SECONDS"),
+        ("fork_gc_interval_s", "AFS_FORK_GC_INTERVAL_S"),
+        ("fork_max_growth_mb", "AFS_FORK_MAX_GROWTH_MB"),
+        ("fork_temp_file_limit_mb", "AFS_FORK_TEMP_FILE_LIMIT_MB"),
     ):
         value, source = pick(key, env_name)
         if value is not None:

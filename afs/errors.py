@@ -8,7 +8,8 @@
     │   └── UnsafeSqlError        SQL refused by the safety check (`.statement`, `.reason`)
     ├── SandboxError              the embedded server cannot be set up, started or stopped
     ├── DatabaseError             a statement failed on the server (`.sqlstate`)
-    │   └── StatementTimeout      the server's statement_timeout fired (or trio cancelled it)
+    │   ├── StatementTimeout      the server's statement_timeout fired (or trio cancelled it)
+    │   └── ForkLimitError        a statement would grow a fork past its cap (`.limit_mb`)
     ├── ModelError                the model API failed (`.status` HTTP, `.code` API status, `.retryable`)
     │   └── ModelOutputError      the model's answer is unusable even after re-prompts (`.reason`, `.raw`)
     └── ForkError                 the fork provider could not do what was asked
@@ -105,6 +106,15 @@ class DatabaseError(AfsError):
 
 class StatementTimeout(DatabaseError):
     """Raised when a statement was cancelled: by statement_timeout or by trio cancellation."""
+
+
+class ForkLimitError(DatabaseError):
+    """Raised before a statement runs in a fork when the planner expects it to write more than
+    the fork may grow (`.limit_mb`); SQLSTATE 53400, as for the server's own temp_file_limit."""
+
+    def __init__(self, message: str, limit_mb: int) -> None:
+        super().__init__(message, sqlstate="53400")
+        self.limit_mb = limit_mb
 
 
 class ModelError(AfsError):

@@ -67,11 +67,11 @@ def provider(sandbox: SandboxServer) -> LocalForkProvider:
 
 @pytest.fixture
 async def no_leaked_forks(provider: LocalForkProvider):  # type: ignore[no-untyped-def]
-    """Fails the test if it leaves a fork behind; removes leftovers either way."""
-    before = {f["name"] for f in (await provider.list_services())["forks"]}
+    """Fails the test if it leaves a fork behind (database, role or catalog row); removes
+    leftovers either way."""
+    before = await provider.traces()
     yield
-    after = {f["name"] for f in (await provider.list_services())["forks"]}
-    leaked = after - before
+    leaked = await provider.traces() - before
     for name in leaked:
         await provider.delete(name)
     assert not leaked, f"forks left behind: {sorted(leaked)}"

@@ -206,7 +206,7 @@ async def test_gc_collects_expired_forks(client: ForkClient, provider: LocalFork
                                          sandbox: SandboxServer) -> None:
     fork = await client.create("afs_demo", ttl_seconds=1)
     await trio.sleep(1.2)
-    assert fork.name in await provider.gc()
+    assert fork.name in (await provider.gc()).removed
     assert not await database_exists(sandbox, fork.name)
 
 
@@ -231,12 +231,12 @@ async def test_killed_owner_fork_is_collected(settings: Settings, provider: Loca
                 await trio.sleep(0.05)
         name = ready.read_text()
         assert await database_exists(sandbox, name)
-        assert name not in await provider.gc()  # the owner is alive: keep it
+        assert name not in (await provider.gc()).removed  # the owner is alive: keep it
     finally:
         owner.send_signal(signal.SIGKILL)
         await owner.wait()
     assert name in await fork_names(provider)  # killed: nothing cleaned up by itself...
-    assert name in await provider.gc()        # ...until the collector runs
+    assert name in (await provider.gc()).removed        # ...until the collector runs
     assert not await database_exists(sandbox, name)
 
 

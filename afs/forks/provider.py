@@ -36,6 +36,7 @@ from afs.errors import (
     InputError,
     UnknownServiceError,
 )
+from afs.forks.limits import ForkLimits, apply_role_limits
 from afs.forks.naming import FORK_PREFIX, InvalidForkName, random_fork_name, validate_fork_name
 from afs.pg.names import quote_ident, quote_literal
 
@@ -65,6 +66,7 @@ CREATE TABLE IF NOT EXISTS afs.forks (
     ttl_seconds   integer NOT NULL CHECK (ttl_seconds > 0),
     expires_at    timestamptz NOT NULL
 );
+ALTER TABLE afs.forks ADD COLUMN IF NOT EXISTS base_bytes bigint;
 """
 
 
@@ -116,6 +118,17 @@ class ForkInfo:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class GcReport:
+    """What a garbage collection did: forks removed, and forks it could not remove (why)."""
+
+    removed: list[str]
+    failed: dict[str, str]
+
+    def public(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def _process_start(pid: int) -> float | None:
     try:
         return float(psutil.Process(pid).create_time())
@@ -136,9 +149,11 @@ def owner_alive(host: str | None, pid: int | None, started: float | None) -> boo
 class LocalForkProvider:
     """Fork databases on one PostgreSQL server, reached with a superuser DSN."""
 
-    def __init__(self, admin_dsn: str, statement_timeout_ms: int = 120_000) -> None:
+    def __init__(self, admin_dsn: str, statement_timeout_ms: int = 120_000,
+                 limits: ForkLimits | None = None) -> None:
         self.admin_dsn = admin_dsn
         self.statement_timeout_ms = statement_timeout_ms
+        self.limits = limits or ForkLimits()
         self._catalog_ready = False
 
     # -- plumbing -----------------------------------------------------------
@@ -295,34 +310,74 @@ class LocalForkProvider:
             existed = await self._remove(conn, service_id)
         return {"service_id": service_id, "deleted": existed}
 
-    async def gc(self) -> list[str]:
-        """Remove expired forks, forks of dead owners and leftovers without a catalog row."""
+    async def gc(self) -> GcReport:
+        """Remove expired forks, forks of dead owners and leftovers without a catalog row.
+
+        Each fork is removed on its own: one that cannot be removed (its role still
+        owns or holds something elsewhere, say) is reported in `failed` and kept in
+        the catalog for the next round, and the others are removed all the same.
+        """
         removed: list[str] = []
+        failed: dict[str, str] = {}
         async with self._admin() as conn:
             await self.ensure_catalog(conn)
             rows = await conn.fetchall(
                 "SELECT name, owner_host, owner_pid, owner_started,"
                 " expires_at < now() AS expired,"
                 " state = 'creating' AND created_at < now() - make_interval(secs => %s) AS stuck"
-                " FROM afs.forks",
+                " FROM afs.forks ORDER BY name",
                 (STUCK_CREATION_S,),
             )
-            for name, host, pid, started, expired, stuck in rows:
-                if expired or stuck or not owner_alive(host, pid, started):
-                    await self._remove(conn, name)
-                    removed.append(name)
+            doomed = [name for name, host, pid, started, expired, stuck in rows
+                      if expired or stuck or not owner_alive(host, pid, started)]
             like = FORK_PREFIX.replace("_", r"\_") + "%"
             stray = await conn.fetchall(
                 "SELECT datname FROM pg_database WHERE datname LIKE %s"
                 " AND datname NOT IN (SELECT name FROM afs.forks)"
                 " UNION SELECT rolname FROM pg_roles WHERE rolname LIKE %s"
-                " AND rolname NOT IN (SELECT name FROM afs.forks)",
+                " AND rolname NOT IN (SELECT name FROM afs.forks) ORDER BY 1",
                 (like, like),
             )
-            for (name,) in stray:
-                await self._remove(conn, name)
+            for name in [*doomed, *(r[0] for r in stray)]:
+                try:
+                    await self._remove(conn, name)
+                except DatabaseError as exc:
+                    failed[name] = " ".join(str(exc).split())
+                    continue
                 removed.append(name)
-        return sorted(set(removed))
+        return GcReport(removed=sorted(set(removed)), failed=failed)
+
+    async def enforce_limits(self) -> list[str]:
+        """Cancel the running statements of every fork grown past its cap; returns those forks.
+
+        The backstop of `limits.check_growth`: it catches what the planner underestimated,
+        and any client (psql) that never asked.
+        """
+        cap = self.limits.max_growth_mb * 1048576
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            rows = await conn.fetchall(
+                "SELECT f.name, pg_database_size(d.oid) - f.base_bytes FROM afs.forks f"
+                " JOIN pg_database d ON d.datname = f.name"
+                " WHERE f.state = 'ready' AND f.base_bytes IS NOT NULL ORDER BY f.name")
+            over = [name for name, growth in rows if growth is not None and growth > cap]
+            for name in over:
+                await conn.execute(
+                    "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE datname = %s"
+                    " AND state <> 'idle' AND pid <> pg_backend_pid()", (name,))
+        return over
+
+    async def traces(self) -> set[str]:
+        """Every trace of a fork on the server, whatever its state: databases and roles
+        named afs-fork-…, catalog rows. (Leak checks look here, not at ready forks only.)"""
+        like = FORK_PREFIX.replace("_", r"\_") + "%"
+        async with self._admin() as conn:
+            await self.ensure_catalog(conn)
+            rows = await conn.fetchall(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s"
+                " UNION SELECT rolname FROM pg_roles WHERE rolname LIKE %s"
+                " UNION SELECT name FROM afs.forks", (like, like))
+        return {r[0] for r in rows}
 
     # -- internals ------------------------------------------------------------
     async def _make_fork(self, conn: Connection, name: str, password: str, template: str) -> None:
@@ -331,15 +386,23 @@ class LocalForkProvider:
             f"CREATE ROLE {ident} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION"
             f" CONNECTION LIMIT {FORK_CONNECTION_LIMIT} PASSWORD {quote_literal(password)}"
         )
+        await apply_role_limits(conn, name, self.limits)
         await self._create_database(conn, name, template, owner=name)
         await conn.execute(f"REVOKE ALL ON DATABASE {ident} FROM PUBLIC")
         await conn.execute(f"GRANT CONNECT, TEMPORARY ON DATABASE {ident} TO {ident}")
         fork_admin_dsn = dsn_with(self.admin_dsn, dbname=name,
                                   user=str(conninfo.conninfo_to_dict(self.admin_dsn).get("user", "postgres")),
                                   password=_admin_password(self.admin_dsn))
-        async with open_connection(fork_admin_dsn, self.statement_timeout_ms) as fork_conn:
-            await _hand_over_objects(fork_conn, name)
-        await conn.execute("UPDATE afs.forks SET state = 'ready' WHERE name = %s", (name,))
+        # Hand-overs touch pg_database rows (see _reassign_owned_here): one at a time.
+        await conn.execute("SELECT pg_advisory_lock(hashtext('afs.hand_over'))")
+        try:
+            async with open_connection(fork_admin_dsn, self.statement_timeout_ms) as fork_conn:
+                await _hand_over_objects(fork_conn, name)
+        finally:
+            with trio.CancelScope(shield=True):
+                await conn.execute("SELECT pg_advisory_unlock(hashtext('afs.hand_over'))")
+        await conn.execute("UPDATE afs.forks SET state = 'ready', base_bytes = pg_database_size(%s)"
+                           " WHERE name = %s", (name, name))
 
     async def _verify(self, fork: ForkInfo) -> None:
         """The seed's "verify fork accessible": log in as the fork's role."""
@@ -434,39 +497,89 @@ def _admin_password(dsn: str) -> str | None:
     return None if value is None else str(value)
 
 
+_USER_SCHEMA = ("n.nspname NOT IN ('pg_catalog', 'information_schema')"
+                " AND n.nspname NOT LIKE 'pg\\_%%'")
+_NOT_AN_EXTENSION_MEMBER = ("NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = {cls}::regclass"
+                            " AND d.objid = {oid} AND d.deptype = 'e')")
+
+
 async def _hand_over_objects(conn: Connection, role: str) -> None:
-    """Make the fork's role own every schema and relation of the copied database."""
+    """Make the fork's role own the objects of the copied database, and nothing else.
+
+    Roles that own objects in the copy are of two kinds. A superuser's objects are
+    handed over one by one (schemas, relations, functions: an imported SECURITY
+    DEFINER function then runs with the fork role's rights, not a superuser's).
+    Any other role (the parent fork's role, or the ordinary role that owns a source
+    behind --admin-dsn) gets `REASSIGN OWNED`, which would also hand over the
+    databases and tablespaces that role owns anywhere on the server (the parent
+    fork itself): they are given back in the same transaction.
+    """
     owners = await conn.fetchall(
         "SELECT DISTINCT r.rolname, r.rolsuper FROM pg_class c"
         " JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_roles r ON r.oid = c.relowner"
-        " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
+        f" WHERE {_USER_SCHEMA}"
         " UNION SELECT r.rolname, r.rolsuper FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner"
-        " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
+        f" WHERE {_USER_SCHEMA}"
+        " UNION SELECT r.rolname, r.rolsuper FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_roles r ON r.oid = p.proowner"
+        f" WHERE {_USER_SCHEMA}"
+        " UNION SELECT r.rolname, r.rolsuper FROM pg_shdepend s JOIN pg_roles r ON r.oid = s.refobjid"
+        " WHERE s.deptype = 'o' AND s.dbid = (SELECT oid FROM pg_database"
+        " WHERE datname = current_database())"
     )
-    target = quote_ident(role)
-    for owner, is_super in owners:
+    for owner, is_super in sorted(owners):
         if owner in (role, "pg_database_owner"):
             continue
-        if not is_super:
-            await conn.execute(f"REASSIGN OWNED BY {quote_ident(owner)} TO {target}")
-            continue
-        # A superuser cannot hand over everything it owns; move the user's objects one by one.
-        objects = await conn.fetchall(
-            "SELECT 'SCHEMA', quote_ident(n.nspname) FROM pg_namespace n JOIN pg_roles r"
-            " ON r.oid = n.nspowner WHERE r.rolname = %s AND n.nspname NOT IN"
-            " ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
-            " UNION ALL SELECT CASE c.relkind WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'v' THEN 'VIEW'"
-            " WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,"
-            " quote_ident(n.nspname) || '.' || quote_ident(c.relname)"
-            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " JOIN pg_roles r ON r.oid = c.relowner WHERE r.rolname = %s"
-            " AND c.relkind IN ('r', 'p', 'm', 'v', 'S', 'f')"
-            " AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%'"
-            " AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid"
-            " AND d.deptype IN ('a', 'i')))",
-            (owner, owner),
-        )
-        for kind, qualified in objects:
-            await conn.execute(f"ALTER {kind} {qualified} OWNER TO {target}")
+        if is_super:
+            await _hand_over_one_by_one(conn, owner, role)
+        else:
+            await _reassign_owned_here(conn, owner, role)
 
 
+async def _reassign_owned_here(conn: Connection, owner: str, role: str) -> None:
+    """REASSIGN OWNED in this database only: shared objects go back to `owner` at once."""
+    databases = await conn.fetchall(
+        "SELECT datname FROM pg_database WHERE datdba = (SELECT oid FROM pg_roles WHERE rolname = %s)",
+        (owner,))
+    tablespaces = await conn.fetchall(
+        "SELECT spcname FROM pg_tablespace"
+        " WHERE spcowner = (SELECT oid FROM pg_roles WHERE rolname = %s)", (owner,))
+    source = quote_ident(owner)
+    await conn.execute("BEGIN")
+    try:
+        await conn.execute(f"REASSIGN OWNED BY {source} TO {quote_ident(role)}")
+        for (database,) in databases:
+            await conn.execute(f"ALTER DATABASE {quote_ident(database)} OWNER TO {source}")
+        for (tablespace,) in tablespaces:
+            await conn.execute(f"ALTER TABLESPACE {quote_ident(tablespace)} OWNER TO {source}")
+        await conn.execute("COMMIT")
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+        raise
+
+
+async def _hand_over_one_by_one(conn: Connection, owner: str, role: str) -> None:
+    """A superuser's schemas, relations and routines (not an extension's) to `role`."""
+    objects = await conn.fetchall(
+        "SELECT 'SCHEMA', quote_ident(n.nspname) FROM pg_namespace n JOIN pg_roles r"
+        f" ON r.oid = n.nspowner WHERE r.rolname = %s AND {_USER_SCHEMA}"
+        " AND " + _NOT_AN_EXTENSION_MEMBER.format(cls="'pg_namespace'", oid="n.oid") +
+        " UNION ALL SELECT CASE c.relkind WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'v' THEN 'VIEW'"
+        " WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,"
+        " quote_ident(n.nspname) || '.' || quote_ident(c.relname)"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_roles r ON r.oid = c.relowner WHERE r.rolname = %s"
+        f" AND c.relkind IN ('r', 'p', 'm', 'v', 'S', 'f') AND {_USER_SCHEMA}"
+        " AND " + _NOT_AN_EXTENSION_MEMBER.format(cls="'pg_class'", oid="c.oid") +
+        " AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid"
+        " AND d.deptype IN ('a', 'i')))"
+        " UNION ALL SELECT 'ROUTINE', p.oid::regprocedure::text"
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        f" JOIN pg_roles r ON r.oid = p.proowner WHERE r.rolname = %s AND {_USER_SCHEMA}"
+        " AND " + _NOT_AN_EXTENSION_MEMBER.format(cls="'pg_proc'", oid="p.oid"),
+        (owner, owner, owner),
+    )
+    target = quote_ident(role)
+    for kind, qualified in objects:
+        await conn.execute(f"ALTER {kind} {qualified} OWNER TO {target}")

@@ -13,9 +13,11 @@ from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import structlog
+import trio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from afs.config import DEFAULT_FORK_GC_INTERVAL_S
 from afs.errors import AfsError
 from afs.forks.provider import LocalForkProvider
 
@@ -23,6 +25,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 log = structlog.get_logger(__name__)
+
+LIMITS_INTERVAL_S = 1.0  # how often the growth of forks is checked
 
 INSTRUCTIONS = (
     "AFS fork provider. Forks are disposable copies of a source database, each with its own"
@@ -87,13 +91,52 @@ def build_server(provider: LocalForkProvider, default_ttl_seconds: int = 3600) -
     return server
 
 
-async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int) -> None:
-    """Collect garbage, then serve MCP over stdin/stdout until the client goes away."""
-    removed = await provider.gc()
-    if removed:
-        log.info("forks_collected", forks=removed)
-    await build_server(provider, default_ttl_seconds).run_stdio_async()
+async def collect(provider: LocalForkProvider) -> None:
+    """One garbage collection; what it could not remove is logged, never raised."""
+    try:
+        report = await provider.gc()
+    except AfsError as exc:  # the server may be down for a moment: try again next round
+        log.warning("fork_gc_failed", error=str(exc))
+        return
+    if report.removed:
+        log.info("forks_collected", forks=report.removed)
+    for name, reason in report.failed.items():
+        log.warning("fork_not_collected", fork=name, reason=reason)
 
 
-def run(provider: LocalForkProvider, default_ttl_seconds: int) -> None:
-    anyio.run(serve_stdio, provider, default_ttl_seconds, backend="trio")
+async def collect_periodically(provider: LocalForkProvider, interval_s: float) -> None:
+    """Collect expired forks every `interval_s` seconds, for as long as the server runs."""
+    while True:
+        await trio.sleep(interval_s)
+        await collect(provider)
+
+
+async def enforce_limits_periodically(provider: LocalForkProvider, interval_s: float) -> None:
+    """Cancel the statements of forks grown past their cap, every `interval_s` seconds."""
+    while True:
+        await trio.sleep(interval_s)
+        try:
+            over = await provider.enforce_limits()
+        except AfsError as exc:
+            log.warning("fork_limits_not_checked", error=str(exc))
+            continue
+        for name in over:
+            log.warning("fork_over_its_growth_cap", fork=name,
+                        max_growth_mb=provider.limits.max_growth_mb)
+
+
+async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int,
+                      gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
+    """Collect garbage, then serve MCP over stdin/stdout until the client goes away,
+    collecting expired forks every `gc_interval_s` seconds meanwhile."""
+    await collect(provider)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(collect_periodically, provider, gc_interval_s)
+        nursery.start_soon(enforce_limits_periodically, provider, LIMITS_INTERVAL_S)
+        await build_server(provider, default_ttl_seconds).run_stdio_async()
+        nursery.cancel_scope.cancel()
+
+
+def run(provider: LocalForkProvider, default_ttl_seconds: int,
+        gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
+    anyio.run(serve_stdio, provider, default_ttl_seconds, gc_interval_s, backend="trio")

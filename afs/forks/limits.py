@@ -1,0 +1,96 @@
+"""What a fork may consume, and the checks that keep it there.
+
+Every fork's role gets, at creation (`ALTER ROLE … SET`, by the admin):
+
+    temp_file_limit                       superuser-only: the fork's role cannot raise it
+    statement_timeout                     the default of any session that sets none (psql)
+    idle_in_transaction_session_timeout   an abandoned transaction does not pin the fork
+    afs.max_growth_mb                     how much the fork may grow past its copy (readable
+                                          by any client: `current_setting('afs.max_growth_mb')`)
+
+The growth cap is kept twice: `check_growth` refuses, before it runs, a statement the
+planner expects to write more than the cap (a `CREATE MATERIALIZED VIEW … AS SELECT *
+FROM a, b` fails at once, with the estimate in the message), and the fork server cancels
+the running statements of a fork that grew past its cap anyway (`enforce_limits`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from afs.config import DEFAULT_FORK_MAX_GROWTH_MB, DEFAULT_FORK_TEMP_FILE_LIMIT_MB, Settings
+from afs.db import Connection
+from afs.errors import DatabaseError, ForkLimitError
+from afs.pg.names import quote_ident, quote_literal
+
+GROWTH_SETTING = "afs.max_growth_mb"
+IDLE_IN_TRANSACTION_MS = 10 * 60 * 1000
+# Statements that write a relation from a query, which EXPLAIN can estimate.
+_WRITES_FROM_QUERY = ("CREATE MATERIALIZED VIEW", "CREATE TABLE", "CREATE UNLOGGED TABLE",
+                      "CREATE TEMP", "CREATE TEMPORARY", "INSERT", "WITH")
+
+
+@dataclass(frozen=True)
+class ForkLimits:
+    temp_file_limit_mb: int = DEFAULT_FORK_TEMP_FILE_LIMIT_MB
+    max_growth_mb: int = DEFAULT_FORK_MAX_GROWTH_MB
+    statement_timeout_ms: int = 60_000
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ForkLimits:
+        return cls(temp_file_limit_mb=settings.fork_temp_file_limit_mb,
+                   max_growth_mb=settings.fork_max_growth_mb,
+                   statement_timeout_ms=settings.statement_timeout_ms)
+
+    def role_settings(self) -> dict[str, str]:
+        return {
+            "temp_file_limit": f"{self.temp_file_limit_mb}MB",
+            "statement_timeout": str(self.statement_timeout_ms),
+            "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
+            GROWTH_SETTING: str(self.max_growth_mb),
+        }
+
+
+async def apply_role_limits(conn: Connection, role: str, limits: ForkLimits) -> None:
+    """Set the limits on the fork's role (as the admin: temp_file_limit is superuser-only)."""
+    for name, value in limits.role_settings().items():
+        await conn.execute(f"ALTER ROLE {quote_ident(role)} SET {name} = {quote_literal(value)}")
+
+
+def _estimable(sql: str) -> bool:
+    words = " ".join(sql.split()).upper()
+    if "WITH NO DATA" in words:
+        return False
+    if words.startswith("SELECT"):
+        return " INTO " in words
+    return words.startswith(_WRITES_FROM_QUERY) and " SELECT " in f" {words} "
+
+
+async def check_growth(conn: Connection, sql: str) -> None:
+    """Raise ForkLimitError when the planner expects `sql` to write more than the fork's cap.
+
+    Only statements that write a relation from a query are estimated (CREATE MATERIALIZED
+    VIEW / TABLE … AS, INSERT … SELECT, SELECT … INTO); a connection without the cap setting
+    (not a fork) is not checked.
+    """
+    if not _estimable(sql):
+        return
+    cap = await conn.fetchval("SELECT current_setting(%s, true)", (GROWTH_SETTING,))
+    if not cap:
+        return
+    try:
+        plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}")
+    except DatabaseError:
+        return  # the statement itself will say what is wrong with it
+    top = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    estimate_mb = float(top.get("Plan Rows", 0)) * float(top.get("Plan Width", 0)) / 1048576
+    if estimate_mb > int(cap):
+        raise ForkLimitError(
+            f"refused before running: the planner expects this statement to write about"
+            f" {_size(estimate_mb)} ({float(top.get('Plan Rows', 0)):,.0f} rows), more than the"
+            f" fork may grow ({_size(int(cap))}, {GROWTH_SETTING})", limit_mb=int(cap))
+
+
+def _size(mb: float) -> str:
+    return f"{mb / 1024:,.1f} GB" if mb >= 1024 else f"{mb:,.0f} MB"
