@@ -397,7 +397,7 @@ async def check_rows(conn: Connection, config: Config, hide: Sequence[str]) -> N
 
 
 async def measure_configs(conn: Connection, configs: Sequence[Config], runs: int) -> None:
-    """Warm-up, then `runs` rounds in rotating order; each run hides the others' objects."""
+    """Warm-up, then `runs` rounds (`rounds`); each run hides the others' objects."""
     everything = [o for c in configs for o in c.created]
 
     def hide_for(config: Config) -> list[str]:
@@ -412,11 +412,21 @@ async def measure_configs(conn: Connection, configs: Sequence[Config], runs: int
     live = [c for c in live if c.error is None]
     for config in live:  # warm-up
         await _sample(conn, config, hide_for(config), keep=False)
+    for config in rounds(live, runs):
+        if config.error is None:
+            await _sample(conn, config, hide_for(config), keep=True)
+
+
+def rounds(configs: Sequence[Config], runs: int) -> list[Config]:
+    """`runs` rounds of every configuration, rotating, every other round in reverse: each one
+    is preceded by each other about equally often (a slow scan just before a fast query leaves
+    it cold caches; a fixed order would hand that to the same configuration every round)."""
+    order: list[Config] = []
     for round_no in range(runs):
-        shift = round_no % len(live) if live else 0
-        for config in live[shift:] + live[:shift]:
-            if config.error is None:
-                await _sample(conn, config, hide_for(config), keep=True)
+        shift = (round_no // 2) % len(configs) if configs else 0
+        turn = list(configs[shift:]) + list(configs[:shift])
+        order.extend(reversed(turn) if round_no % 2 else turn)
+    return order
 
 
 async def _sample(conn: Connection, config: Config, hide: Sequence[str], keep: bool) -> None:
