@@ -14,6 +14,7 @@ bugs escape.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ from afs.models import (
     OptimizationProposal,
     QueryFeatures,
     QueryVariant,
+    ScoreBreakdown,
     TableInfo,
     TaskType,
     ValidationResult,
@@ -53,6 +55,9 @@ from afs.models import (
 from afs.params import ParameterSet, apply_parameters, baked_literals, parameter_sets
 from afs.safety import check_query, validate_candidate
 from afs.suite import build_suite
+
+AS_FAST_RATIO = 1.2  # a candidate leaving at most 1.2x the fastest one's share of the time is as fast
+AS_FAST_MS = 0.3  # … or one within 0.3 ms of its time (below that, timings are mostly noise)
 
 
 @dataclass
@@ -372,24 +377,67 @@ def choose_for_measurement(candidates: Sequence[tuple[int, float | None, bool]],
     return [rank for rank, _, _ in picked]
 
 
+def remaining_time(bench: BenchmarkOutcome) -> tuple[float, float]:
+    """What a measured candidate leaves of the query's time: the geometric mean of optimized /
+    baseline over the suite and the timed parameter sets, and the mean optimized time in ms."""
+    pairs = [(m.baseline.median_ms, m.optimized.median_ms) for m in bench.measurements]
+    pairs += [(c.baseline.median_ms, c.optimized.median_ms) for c in bench.parameter_checks
+              if c.baseline is not None and c.optimized is not None]
+    pairs = [(b, o) for b, o in pairs if b > 0]
+    if not pairs:
+        return 1.0, math.inf
+    ratio = math.exp(sum(math.log(max(o, 1e-3) / b) for b, o in pairs) / len(pairs))
+    return ratio, sum(o for _, o in pairs) / len(pairs)
+
+
+def as_fast(candidate: tuple[float, float], fastest: tuple[float, float]) -> bool:
+    """Whether a candidate's remaining time (ratio, ms) is as good as the fastest one's: within
+    AS_FAST_RATIO of its ratio, or within AS_FAST_MS of its time (sub-millisecond noise)."""
+    return (candidate[0] <= fastest[0] * AS_FAST_RATIO
+            or candidate[1] <= fastest[1] + AS_FAST_MS)
+
+
+def best_candidate(agent: AgentKey, measured: Sequence[CandidateResult],
+                   writes_per_read: Mapping[str, float]) -> CandidateResult:
+    """The best of an agent's measured candidates (at least one).
+
+    Speed first, then the score consensus gives: the consensus performance score is in
+    tiers that stop at 90 % (10×), so it cannot tell 10× from 500×; within one agent every
+    candidate was measured the same way in the same fork, so among those that qualify (same
+    rows, not disqualified) the ones as fast as the fastest (`as_fast`) are preferred, and
+    among them the best score (storage, complexity, risk) wins, then the brain's order.
+    """
+    breakdowns: dict[int, ScoreBreakdown] = {}
+    times: dict[int, tuple[float, float]] = {}
+    for c in measured:
+        assert c.benchmark is not None
+        trial = AgentOutcome(agent=agent, status="ok", proposal=c.proposal, validation=c.validation,
+                             benchmark=c.benchmark, writes_per_read=dict(writes_per_read))
+        breakdown = score(trial)
+        assert breakdown is not None
+        breakdowns[c.rank], times[c.rank] = breakdown, remaining_time(c.benchmark)
+    qualified = [c.rank for c in measured if c.benchmark is not None and c.benchmark.equivalent
+                 and not breakdowns[c.rank].disqualified]
+    fastest = min((times[r] for r in qualified), default=None)
+
+    def key(c: CandidateResult) -> tuple[bool, bool, bool, float, int]:
+        assert c.benchmark is not None
+        breakdown = breakdowns[c.rank]
+        slow = fastest is not None and not as_fast(times[c.rank], fastest)
+        return (not c.benchmark.equivalent, bool(breakdown.disqualified), slow, -breakdown.total, c.rank)
+
+    return min(measured, key=key)
+
+
 def _best(state: _Progress) -> AgentOutcome:
-    """The agent's outcome: its best measured candidate, judged as consensus would."""
+    """The agent's outcome: its best measured candidate (`best_candidate`)."""
     measured = [c for c in state.candidates if c.status == "measured" and c.benchmark is not None]
     if not measured:
         first = state.candidates[0]
         state.proposal, state.validation = first.proposal, first.validation
         status: AgentStatus = "rejected" if first.status == "rejected" else "failed"
         return state.outcome(status, first.note or "no candidate could be measured")
-
-    def key(c: CandidateResult) -> tuple[bool, bool, float, int]:
-        trial = AgentOutcome(agent=state.agent, status="ok", proposal=c.proposal,
-                             validation=c.validation, benchmark=c.benchmark,
-                             writes_per_read=state.writes_per_read)
-        breakdown = score(trial)
-        assert c.benchmark is not None and breakdown is not None
-        return (not c.benchmark.equivalent, bool(breakdown.disqualified), -breakdown.total, c.rank)
-
-    best = min(measured, key=key)
+    best = best_candidate(state.agent, measured, state.writes_per_read)
     assert best.benchmark is not None
     state.proposal, state.validation = best.proposal, best.validation
     state.measured_by = state.shared_by.get(best.rank)

@@ -477,6 +477,7 @@ class QueryShape:
     # (table, column) → the predicate as an index WHERE clause, for top-level AND conjuncts
     # `col = <constant>` and `col IS NULL` only: those a partial index may rely on.
     constant_predicates: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # (table, column) pairs a join compares: `a.x = b.y` anywhere, and `a.x IN (SELECT b.y …)`
     join_pairs: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = ()
     star_tables: frozenset[str] = frozenset()  # tables whose every column is selected
     grouped: bool = False  # GROUP BY, aggregates or DISTINCT at the top
@@ -780,6 +781,17 @@ def query_shape(query: str, resolver: Resolver) -> QueryShape:
     for eq in tree.find_all(exp.EQ):
         if isinstance(eq.this, exp.Column) and isinstance(eq.expression, exp.Column):
             a, b = resolver.column(eq.this), resolver.column(eq.expression)
+            if a and b and a[0] != b[0] and (a, b) not in pairs:
+                pairs.append((a, b))
+    for semi in tree.find_all(exp.In):  # x IN (SELECT y …): a semi-join on x = y
+        inner = semi.args.get("query")
+        inner = inner.this if isinstance(inner, exp.Subquery) else inner
+        if (isinstance(semi.parent, exp.Not) or not isinstance(semi.this, exp.Column)
+                or not isinstance(inner, exp.Select) or len(inner.expressions) != 1):
+            continue
+        column = inner.expressions[0].unalias()
+        if isinstance(column, exp.Column):
+            a, b = resolver.column(semi.this), resolver.column(column)
             if a and b and a[0] != b[0] and (a, b) not in pairs:
                 pairs.append((a, b))
     return QueryShape(

@@ -82,7 +82,7 @@ from afs.events import Emitter, Event, log_sink
 from afs.forks.client import ForkClient, open_fork_client
 from afs.forks.naming import random_fork_name
 from afs.forks.provider import LocalForkProvider, quote_ident
-from afs.models import OptimizationProposal, TaskResult
+from afs.models import AgentOutcome, OptimizationProposal, TaskResult
 from afs.optimize import TaskRequest, new_task_id, optimize
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -238,11 +238,36 @@ async def run_afs(settings: Settings, server: SandboxServer, client: ForkClient,
         await remove_leftover_forks(provider, emitter.task_id)
     run.status, run.error = result.status, result.error
     run.agents = tuple(o.agent for o in result.outcomes)
+    for outcome in result.outcomes:
+        for line in candidate_lines(outcome):
+            progress(f"  afs: {outcome.agent} {line}")
     run.winner = result.decision.winner if result.decision is not None else None
     for outcome in result.outcomes:
         if outcome.agent == run.winner:
             run.proposal = outcome.proposal
     return run
+
+
+def candidate_lines(outcome: AgentOutcome) -> list[str]:
+    """One line per candidate the agent tried: what it was, the planner's verdict, the measurement."""
+    lines = []
+    for c in outcome.candidates:
+        what = winner_short(c.proposal)[:90]
+        cost = ("" if c.planner_cost is None
+                else f" cost {c.planner_cost:,.0f}/{c.baseline_cost or 0:,.0f}")
+        measured = ""
+        if c.benchmark is not None:
+            suite = ", ".join(f"{m.name} {m.baseline.median_ms:.2f}->{m.optimized.median_ms:.2f}"
+                              + ("" if m.significant else "~") for m in c.benchmark.measurements)
+            family = ", ".join(
+                f"{p.label[:30]} {'slower' if p.slower else 'ok'}{'' if p.equivalent else ' DIFFERS'}"
+                for p in c.benchmark.parameter_checks)
+            measured = f" [{suite}]" + (f" family [{family}]" if family else "")
+        note = f" ({c.note[:100]})" if c.note else ""
+        lines.append(f"#{c.rank} {c.status}: {what}{cost}{measured}{note}")
+    if outcome.error:
+        lines.append(f"-> {outcome.status}: {outcome.error[:160]}")
+    return lines
 
 
 async def remove_leftover_forks(provider: LocalForkProvider, task_id: str) -> None:
@@ -372,7 +397,7 @@ async def check_rows(conn: Connection, config: Config, hide: Sequence[str]) -> N
 
 
 async def measure_configs(conn: Connection, configs: Sequence[Config], runs: int) -> None:
-    """Warm-up, then `runs` rounds in rotating order; each run hides the others' objects."""
+    """Warm-up, then `runs` rounds (`rounds`); each run hides the others' objects."""
     everything = [o for c in configs for o in c.created]
 
     def hide_for(config: Config) -> list[str]:
@@ -387,11 +412,21 @@ async def measure_configs(conn: Connection, configs: Sequence[Config], runs: int
     live = [c for c in live if c.error is None]
     for config in live:  # warm-up
         await _sample(conn, config, hide_for(config), keep=False)
+    for config in rounds(live, runs):
+        if config.error is None:
+            await _sample(conn, config, hide_for(config), keep=True)
+
+
+def rounds(configs: Sequence[Config], runs: int) -> list[Config]:
+    """`runs` rounds of every configuration, rotating, every other round in reverse: each one
+    is preceded by each other about equally often (a slow scan just before a fast query leaves
+    it cold caches; a fixed order would hand that to the same configuration every round)."""
+    order: list[Config] = []
     for round_no in range(runs):
-        shift = round_no % len(live) if live else 0
-        for config in live[shift:] + live[:shift]:
-            if config.error is None:
-                await _sample(conn, config, hide_for(config), keep=True)
+        shift = (round_no // 2) % len(configs) if configs else 0
+        turn = list(configs[shift:]) + list(configs[:shift])
+        order.extend(reversed(turn) if round_no % 2 else turn)
+    return order
 
 
 async def _sample(conn: Connection, config: Config, hide: Sequence[str], keep: bool) -> None:

@@ -62,3 +62,4 @@ async def test_quality_script(sandbox: SandboxServer) -> None:
         left = await conn.fetchall("SELECT datname FROM pg_database WHERE datname LIKE 'afs\\_qc\\_%'")
     assert not left, f"case databases left behind: {left}"
     assert sandbox.status().running
+

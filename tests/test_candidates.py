@@ -9,13 +9,24 @@ from collections.abc import AsyncIterator
 import pytest
 from mcp import Client
 
-from afs.agents import choose_for_measurement
+from afs.agents import as_fast, best_candidate, choose_for_measurement, remaining_time
 from afs.config import Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
-from afs.models import AgentKey, EstimatedImpact, OptimizationProposal, ProposalType, TaskResult
+from afs.models import (
+    AgentKey,
+    BenchmarkOutcome,
+    CandidateResult,
+    EstimatedImpact,
+    Measurement,
+    OptimizationProposal,
+    ProposalType,
+    TaskResult,
+    Timing,
+    ValidationResult,
+)
 from afs.optimize import Squad, TaskRequest, optimize
 from afs.report import render_text, to_json
 from afs.router import load_rules
@@ -36,6 +47,38 @@ def test_data_moving_designs_are_measured_last_and_the_limit_holds() -> None:
     assert choose_for_measurement([(1, None, True), (2, 5.0, False)], 100.0, 4) == [2, 1]
     assert choose_for_measurement([(1, 5.0, False), (2, 4.0, False)], 100.0, 1) == [1]
     assert choose_for_measurement([], 100.0, 3) == []
+
+
+# -- which measured candidate the agent keeps (pure) ------------------------------------------
+def measured(rank: int, before_ms: float, after_ms: float, *sql: str, mb: float = 1.0) -> CandidateResult:
+    """A candidate measured on the three suite queries: `before_ms` → `after_ms` each."""
+    timing = [Measurement(name, Timing(before_ms, 1.0, 5, 100), Timing(after_ms, 0.01, 5, 10), 10,
+                          equivalent=True, significant=True) for name in ("baseline", "limit", "sort")]
+    ptype: ProposalType = "index" if len(sql) == 1 else "composite_index"
+    return CandidateResult(
+        proposal("gemini25pro", ptype, *sql), "measured", rank,
+        ValidationResult(True, "low", 1.0, rollback_commands=("DROP INDEX x",)),
+        benchmark=BenchmarkOutcome(tuple(timing), 100.0, 100.0 + mb))
+
+
+def test_the_agent_keeps_the_clearly_faster_candidate_though_it_scores_lower() -> None:
+    # one index: 250 → 30 ms (88 %); three indexes: 250 → 0.5 ms (99.8 %). The tiered score
+    # prefers the single index (fewer commands); the measured time says the set is 60× faster.
+    single = measured(1, 250.0, 30.0, "CREATE INDEX a ON t (x)")
+    trio_of_indexes = measured(2, 250.0, 0.5, "CREATE INDEX a ON t (x)", "CREATE INDEX b ON u (y)",
+                               "CREATE INDEX c ON u (z)")
+    assert best_candidate("gemini25pro", [single, trio_of_indexes], {}).rank == 2
+    assert remaining_time(trio_of_indexes.benchmark)[0] == pytest.approx(0.002)  # type: ignore[arg-type]
+
+
+def test_among_candidates_as_fast_as_the_fastest_the_better_score_wins() -> None:
+    # 40 → 5.0 ms and 40 → 4.6 ms: within 20 % of each other, so the simpler, smaller one wins
+    simple = measured(2, 40.0, 5.0, "CREATE INDEX a ON t (x)")
+    bigger = measured(1, 40.0, 4.6, "CREATE INDEX a ON t (x)", "CREATE INDEX b ON t (y)", mb=60.0)
+    assert best_candidate("gemini25pro", [bigger, simple], {}).rank == 2
+    # sub-millisecond times: within 0.3 ms counts as as fast, whatever the ratio
+    assert as_fast((0.004, 0.2), (0.001, 0.05))
+    assert not as_fast((0.5, 2.0), (0.1, 0.4))
 
 
 # -- end to end in real forks ----------------------------------------------------------------

@@ -173,6 +173,23 @@ def test_a_cheap_dimension_scan_leaves_the_single_join_index_first() -> None:
     assert any("ON users (" in c for c in creates(together))
 
 
+def test_an_in_subquery_on_a_rare_value_is_walked_like_a_join() -> None:
+    """`user_id IN (SELECT id FROM users WHERE country = 'IS')`: a semi-join on a few users needs
+    the foreign key indexed, and the users' filter too (two indexes, one proposal)."""
+    query = ("SELECT o.id, o.amount FROM orders o"
+             " WHERE o.user_id IN (SELECT u.id FROM users u WHERE u.country = 'IS')")
+    rare = table("users", 100_000, {"id": "bigint", "email": "text", "country": "text"},
+                 {"id": ColumnStats(n_distinct=-1),
+                  "country": ColumnStats(n_distinct=200, most_common_vals=("US", "DE"),
+                                         most_common_freqs=(0.36, 0.09))})
+    plan = plan_node("Hash Semi Join", seq("orders", 2_000_000, 0, 150.0),
+                     plan_node("Hash", seq("users", 20, 99_980, 12.0, filter="(country = 'IS')"),
+                               rows=20, ms=12.1), rows=800, ms=330.0)
+    decision = decide(ctx_of(query, plan, [rare, orders()], 330.2))
+    together = with_ddl(decision, "ON orders (user_id)", "ON users (country)")
+    assert together is not None and together in decision.candidates[:2]
+
+
 def test_an_unfiltered_join_gets_no_index_set() -> None:
     query = "SELECT count(*) FROM orders o JOIN items i ON i.order_id = o.id"
     plan = plan_node("Hash Join", seq("items", 6_000_000, 0, 400.0),
@@ -206,6 +223,28 @@ def test_narrow_aggregated_columns_get_a_covering_index_and_the_plain_one_as_alt
     assert "Index Only Scan" in decision.proposal.validation_steps[0]
     assert ("CREATE INDEX afs_orders_status_idx ON orders (status)",) in {
         c.sql_commands for c in decision.alternatives}
+
+
+def test_the_group_key_follows_the_equality_filter_in_the_index_key() -> None:
+    query = ("SELECT user_id, count(*) AS n FROM orders WHERE status = 'shipped'"
+             " GROUP BY user_id HAVING count(*) >= 3 ORDER BY user_id")
+    plan = plan_node("GroupAggregate", plan_node("Sort", seq(
+        "orders", 400_000, 1_600_000, 150.0, filter="(status = 'shipped')"), rows=400_000, ms=220.0),
+        rows=900, ms=240.0)
+    decision = decide(ctx_of(query, plan, [orders()], 240.3))
+    assert decision.proposal is not None
+    assert creates(decision.proposal) == [
+        "CREATE INDEX afs_orders_status_user_id_idx ON orders (status, user_id)"]
+    assert "GROUP BY user_id follows the filter" in decision.proposal.rationale
+    # a range on the grouped column: that column alone leads, the aggregated one is carried
+    query = ("SELECT created_at, sum(amount) FROM orders WHERE created_at >= '2024-05-01'"
+             " AND created_at < '2024-05-08' GROUP BY created_at")
+    plan = plan_node("HashAggregate", seq("orders", 20_000, 1_980_000, 150.0, filter="(created_at >= …)"),
+                     rows=20_000, ms=170.0)
+    decision = decide(ctx_of(query, plan, [orders()], 170.3))
+    assert decision.proposal is not None
+    assert creates(decision.proposal) == [
+        "CREATE INDEX afs_orders_created_at_idx ON orders (created_at) INCLUDE (amount)"]
 
 
 def test_a_wide_selected_column_is_not_carried_in_include() -> None:

@@ -331,6 +331,14 @@ def test_exists_is_left_alone(query: str) -> None:
     ("SELECT DISTINCT * FROM orders", "the primary key (id)"),
     ("SELECT DISTINCT email, country FROM users", "users_email_key"),
     ("SELECT DISTINCT status, count(*) FROM orders GROUP BY status", "GROUP BY key"),
+    # a join that cannot repeat an order: each order has at most one user (users.id is its key)
+    ("SELECT DISTINCT o.id FROM orders o JOIN users u ON u.id = o.user_id", "u by (id)"),
+    ("SELECT DISTINCT o.id, o.total FROM orders o JOIN users u ON o.user_id = u.id"
+     " WHERE u.country IN ('DE', 'FR')", "primary key (id) of o"),
+    ("SELECT DISTINCT o.id, u.email FROM orders o LEFT JOIN users u ON u.id = o.user_id", "u by (id)"),
+    ("SELECT DISTINCT o.* FROM users u JOIN orders o ON o.user_id = u.id WHERE u.email = 'a@b'",
+     "primary key (id) of o"),
+    ("SELECT DISTINCT o.id FROM orders o, users u WHERE u.id = o.user_id", "u by (id)"),
 ])
 def test_distinct_over_a_key_is_dropped(query: str, fact: str) -> None:
     r = _one(query, "redundant_distinct")
@@ -341,7 +349,14 @@ def test_distinct_over_a_key_is_dropped(query: str, fact: str) -> None:
 
 @pytest.mark.parametrize("query", [
     "SELECT DISTINCT status FROM orders",
-    "SELECT DISTINCT o.id FROM orders o JOIN users u ON u.id = o.user_id",
+    # a user has many orders: joining them repeats the user
+    "SELECT DISTINCT u.id FROM users u JOIN orders o ON o.user_id = u.id",
+    "SELECT DISTINCT o.id FROM orders o JOIN users u ON u.referrer_id = o.user_id",  # no key of users
+    "SELECT DISTINCT o.id FROM orders o JOIN users u ON u.id > o.user_id",
+    "SELECT DISTINCT o.id FROM orders o, users u",
+    "SELECT DISTINCT o.id FROM orders o RIGHT JOIN users u ON u.id = o.user_id",
+    "SELECT DISTINCT o.id FROM orders o LEFT JOIN users u ON u.id = o.coupon_id"
+    " JOIN orders p ON p.user_id = o.user_id",
     "SELECT DISTINCT ON (user_id) id, user_id FROM orders",
     "SELECT DISTINCT country FROM users",  # a nullable unique index would not do either
     "SELECT DISTINCT status FROM orders GROUP BY status, user_id",

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
+from sqlglot import exp
+
 from afs.brains.strategists.evidence import (
     FAST_MS,
     SMALL_TABLE_ROWS,
@@ -301,6 +303,23 @@ def _sort_columns(ev: Evidence, table: str) -> tuple[KeyColumn, ...]:
     return tuple(KeyColumn(s.column or "", s.desc, s.nulls_first) for s in sort)
 
 
+def _group_columns(ev: Evidence, table: str) -> tuple[KeyColumn, ...]:
+    """GROUP BY as index key columns, for a query over `table` alone grouped by plain columns of
+    it: after the equality columns, an index in that order feeds the groups in order (a
+    GroupAggregate without a Sort or a hash table), and an ORDER BY of the same keys is free."""
+    tree = ev.shape.tree
+    if not isinstance(tree, exp.Select) or ev.ctx.features.join_count > 0:
+        return ()
+    group = tree.args.get("group")
+    items = list(group.expressions) if group is not None else []
+    uses = list(dict.fromkeys(u.column for u in ev.uses(table, "group")))
+    if not items or len(uses) != len(items) or not all(isinstance(i, exp.Column) for i in items):
+        return ()
+    if [i.name.lower() for i in items] != [u.lower() for u in uses]:
+        return ()  # an ordinal, an output name or a window's PARTITION BY: not plain keys
+    return tuple(KeyColumn(c) for c in uses)
+
+
 def _include_columns(ev: Evidence, table: str, taken: set[str]) -> tuple[str, ...]:
     if table in ev.shape.star_tables:
         return ()
@@ -346,6 +365,7 @@ def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | 
     if rng:
         notes.append(rng.note)
     sort = tuple(s for s in _sort_columns(ev, table) if s.name not in eq)
+    group = tuple(g for g in _group_columns(ev, table) if g.name not in eq)
     # a rare constant on an enum-like column becomes the partial index's WHERE
     partial: tuple[str, str, float] | None = None
     for column, (sel, use) in ordered_eq:
@@ -379,6 +399,15 @@ def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | 
     elif sort:
         key.extend(sort)
         sort_served = True
+    if group and (eq or rng):
+        # the groups in index order after the equality columns (and a range on the first group key)
+        if not rng:
+            key.extend(group)
+        elif rng.opclass is None and group[0].name == rng.column and len(key) == len(key_eq) + 1:
+            key.extend(group[1:])
+        if len(key) > len(key_eq) + (1 if rng else 0):
+            notes.append(f"GROUP BY {', '.join(g.name for g in group)} follows the filter in the index "
+                         "key: the index feeds the groups in order (no Sort, no hash table)")
     if not key:
         return None
     fraction = math.prod(sel for sel, _ in eq.values()) * (rng.fraction if rng else 1.0)

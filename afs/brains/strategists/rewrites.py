@@ -953,18 +953,95 @@ def _unique_rows(q: _Query, select: exp.Select) -> str | None:
             return "the select list holds every GROUP BY key, and a grouped query has one row per key"
         return None
     sources = q.sources(select)
-    if len(sources) != 1 or select.args.get("joins") or _aggregates(select):
+    if not sources or _aggregates(select):
         return None
-    (source,) = sources.values()
-    info = q.info(source)
-    if info is None:
+    if len(sources) == 1 and not select.args.get("joins"):
+        (source,) = sources.values()
+        info = q.info(source)
+        if info is None:
+            return None
+        selected = {item.name for item in items if isinstance(item, exp.Column)
+                    and (not item.table or item.table == source.alias)}
+        star = any(isinstance(item, exp.Star) or isinstance(item.this, exp.Star) for item in items)
+        for name, key in _unique_keys(q, source):
+            if star or set(key) <= selected:
+                return f"the select list holds every column of {name} ({', '.join(key)}) of {info.name}"
         return None
-    selected = {item.name for item in items if isinstance(item, exp.Column)
-                and (not item.table or item.table == source.alias)}
-    star = any(isinstance(item, exp.Star) or isinstance(item.this, exp.Star) for item in items)
-    for name, key in _unique_keys(q, source):
-        if star or set(key) <= selected:
-            return f"the select list holds every column of {name} ({', '.join(key)}) of {info.name}"
+    return _joined_unique_rows(q, select, items)
+
+
+def _joined_unique_rows(q: _Query, select: exp.Select, items: list[exp.Expr]) -> str | None:
+    """A join whose rows are unique: the select list holds a key of one FROM item (never
+    null-extended), and every other item matches at most one row per row of those before it,
+    because equalities with them (or constants) cover a key of its own. Then each row of the
+    first item yields at most one joined row, and its key tells the rows apart."""
+    joins = list(select.args.get("joins") or ())
+    if any((j.args.get("side") or "").upper() in ("RIGHT", "FULL") or j.args.get("using")
+           or (j.args.get("kind") or "").upper() not in ("", "INNER", "OUTER") for j in joins):
+        return None
+    sources = q.sources(select)
+    if len(sources) != 1 + len(joins) or any(s.table is None for s in sources.values()):
+        return None
+    where = _where_conjuncts(select)
+    own_on: dict[str, list[exp.Expr]] = {}
+    shared = list(where)  # WHERE and the ON of inner joins filter the whole join
+    for join in joins:
+        on = conjuncts(join.args["on"]) if join.args.get("on") is not None else []
+        alias = join.this.alias_or_name
+        if (join.args.get("side") or "").upper() == "LEFT":
+            own_on[alias] = on
+        else:
+            shared.extend(on)
+
+    def bound(target: _Source, known: set[str]) -> set[str]:
+        """Columns of `target` equal to a constant or to a column of the `known` items."""
+        found: set[str] = set()
+        for conjunct in [*shared, *own_on.get(target.alias, [])]:
+            if not isinstance(conjunct, exp.EQ):
+                continue
+            for mine, other in ((conjunct.left, conjunct.right), (conjunct.right, conjunct.left)):
+                if not isinstance(mine, exp.Column):
+                    continue
+                owner = q.resolve(mine)
+                if owner is None or owner[0] is not select or owner[1] is not target:
+                    continue
+                if isinstance(other, exp.Column):
+                    theirs = q.resolve(other)
+                    if theirs is not None and theirs[0] is select and theirs[1].alias in known:
+                        found.add(mine.name)
+                elif _is_constant(other):
+                    found.add(mine.name)
+        return found
+
+    star = any(isinstance(item, exp.Star) for item in items)
+    for first in sources.values():
+        if first.null_extended:
+            continue
+        selected = {item.name for item in items if isinstance(item, exp.Column)
+                    and (resolved := q.resolve(item)) is not None and resolved[1] is first}
+        starred = star or any(isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+                              and item.table == first.alias for item in items)
+        key = next(((name, cols) for name, cols in _unique_keys(q, first)
+                    if starred or set(cols) <= selected), None)
+        if key is None:
+            continue
+        known, chain = {first.alias}, []
+        progress = True
+        while progress and len(known) < len(sources):
+            progress = False
+            for other in sources.values():
+                if other.alias in known:
+                    continue
+                columns = bound(other, known)
+                match = next((cols for _, cols in _unique_keys(q, other) if set(cols) <= columns), None)
+                if match is not None:
+                    known.add(other.alias)
+                    chain.append(f"{other.alias} by ({', '.join(match)})")
+                    progress = True
+        if len(known) == len(sources):
+            return (f"the select list holds every column of {key[0]} ({', '.join(key[1])}) of "
+                    f"{first.alias}, and each joined table matches at most one row per {first.alias} row "
+                    f"(equalities cover its key: {'; '.join(chain)})")
     return None
 
 
