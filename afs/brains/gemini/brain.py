@@ -62,7 +62,7 @@ from afs.config import (
 )
 from afs.errors import ConfigError, ModelOutputError, UnsafeSqlError
 from afs.models import AGENTS, AgentKey, AnalysisContext, AnalysisResult, OptimizationProposal, TableInfo
-from afs.pg.plan import PLAN_TOKEN_BUDGET, trim_plan
+from afs.pg.plan import PLAN_TOKEN_BUDGET, plan_text
 from afs.safety import check_query, validate_candidate
 
 log = structlog.get_logger("afs.gemini")
@@ -82,8 +82,29 @@ def prompt_template(name: str) -> Template:
     return Template(prompts.joinpath(f"{name}.md").read_text("utf-8"))
 
 
-def _value(text: str) -> str:
-    return repr(text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "…")
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str).replace("</", "<\\/")
+
+
+def data(label: str, value: object) -> str:
+    """A value from the user's database, as data: JSON inside labelled delimiters.
+
+    `label` is AFS's own word for what it is (never text from the database). Every "</" of the
+    JSON is written "<\\/" (the same string to a JSON reader), so no value can close the block
+    early; the system prompt says text inside a block is never an instruction.
+    """
+    encoded = _json(value)
+    return f'<data label="{label}">{encoded}</data>'
+
+
+def data_lines(label: str, lines: Sequence[str]) -> str:
+    """Several lines (a plan, a definition) as one data block: a JSON list, one string a line."""
+    encoded = ",\n".join(_json(line) for line in lines)
+    return f'<data label="{label}">[\n{encoded}\n]</data>'
+
+
+def _value(value: str) -> str:
+    return value if len(value) <= MAX_VALUE_CHARS else value[:MAX_VALUE_CHARS] + "…"
 
 
 def _stats_lines(table: TableInfo) -> list[str]:
@@ -100,13 +121,13 @@ def _stats_lines(table: TableInfo) -> list[str]:
             parts.append(f"correlation {stats.correlation:.3f}")
         if stats.most_common_vals:
             pairs = list(zip(stats.most_common_vals, stats.most_common_freqs, strict=False))
-            shown = ", ".join(f"{_value(v)} {f:.1%}" for v, f in pairs[:MAX_VALUES_SHOWN])
-            more = f", … ({len(pairs)} in all)" if len(pairs) > MAX_VALUES_SHOWN else ""
-            parts.append(f"most common values: {shown}{more}")
+            shown = [[_value(v), f"{f:.1%}"] for v, f in pairs[:MAX_VALUES_SHOWN]]
+            more = f" ({len(pairs)} in all)" if len(pairs) > MAX_VALUES_SHOWN else ""
+            parts.append(f"most common values and their share: {data('values', shown)}{more}")
         if stats.histogram_bounds:
             bounds = stats.histogram_bounds
-            parts.append(f"range {_value(bounds[0])} … {_value(bounds[-1])}")
-        lines.append(f"- {table.name}.{column}: " + "; ".join(parts))
+            parts.append(f"range {data('values', [_value(bounds[0]), _value(bounds[-1])])}")
+        lines.append(f"- {data('column', f'{table.name}.{column}')}: " + "; ".join(parts))
     return lines
 
 
@@ -114,24 +135,44 @@ def _bullets(items: Sequence[str]) -> str:
     return "\n".join(f"- {item}" for item in items) or "(none)"
 
 
+def _definition(table: TableInfo) -> dict[str, object]:
+    """What the table is, each fact once (its indexes and sizes have their own sections)."""
+    definition: dict[str, object] = {
+        "table": table.name,
+        "columns": [f"{c.name} {c.data_type}{'' if c.nullable else ' NOT NULL'}" for c in table.columns]}
+    if table.primary_key:
+        definition["primary_key"] = list(table.primary_key)
+    if table.constraints:
+        definition["foreign_keys_and_checks"] = list(table.constraints)
+    if table.partitioning:
+        definition["partitioning"] = table.partitioning
+    if table.referenced_by:
+        definition["referenced_by_foreign_keys_of"] = list(table.referenced_by)
+    return definition
+
+
 def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> dict[str, str]:
-    """The placeholders of the analysis and proposal templates, from the agent's context."""
+    """The placeholders of the analysis and proposal templates, from the agent's context.
+
+    Everything read from the user's database (the query, names, definitions, values, the plan
+    with its conditions) is a `data` block.
+    """
     tables = list(ctx.tables.values())
-    plan, plan_note = trim_plan(ctx.plan, plan_budget_tokens)
-    indexes = [f"- {t.name}: {ix.name}: {ix.definition} ({ix.size_mb:g} MB)"
-               for t in tables for ix in t.indexes]
-    sizes = [f"- {t.name}: {t.rows:,} rows, {t.size_mb:g} MB with indexes, "
-             f"{t.writes_per_read:.2f} rows written per scan"
-             + (f", referenced by foreign keys of {', '.join(t.referenced_by)}" if t.referenced_by else "")
-             for t in tables]
-    suite = [f"- {v.name}: {v.sql}" + (f"  ({v.note})" if v.note else "") for v in ctx.suite]
+    plan, plan_note = plan_text(ctx.plan, plan_budget_tokens)
+    indexes = [f"- {data('index', ix.definition)} ({ix.size_mb:g} MB)" for t in tables for ix in t.indexes]
+    sizes = [f"- {data('table', t.name)}: {t.rows:,} rows, {t.size_mb:g} MB with indexes, "
+             f"{t.writes_per_read:.2f} rows written per scan" for t in tables]
+    suite = [f"- {v.name}: {data('query', v.sql)}" + (f"  ({v.note})" if v.note else "") for v in ctx.suite]
+    server = data("server", dict(ctx.server)) if ctx.server else "(unknown)"
     return {
         "task_type": ctx.task_type,
-        "query": ctx.query,
-        "execution_ms": f"{ctx.execution_ms:.1f}",
-        "explain_plan": plan,
+        "query": data("query", ctx.query),
+        "execution_ms": f"{ctx.execution_ms:.1f}" + (" (at least: it ran past the statement timeout)"
+                                                    if ctx.slow else ""),
+        "explain_plan": data_lines("plan", plan),
         "plan_note": plan_note,
-        "schema": "\n\n".join(t.ddl for t in tables if t.ddl) or "(unknown)",
+        "server": server,
+        "schema": "\n".join(data("table definition", _definition(t)) for t in tables) or "(unknown)",
         "indexes": "\n".join(indexes) or "(none)",
         "table_sizes": "\n".join(sizes) or "(unknown)",
         "column_stats": "\n".join(line for t in tables for line in _stats_lines(t))
@@ -160,7 +201,8 @@ def _keyset_note(ctx: AnalysisContext) -> str:
     if ctx.keyset_last_key is None:
         return ""
     key = ", ".join(_sql_literal(v) for v in ctx.keyset_last_key)
-    return f"\n  For this query, the ORDER BY key of the row just before the page is ({key})."
+    shown = data("values", f"({key})")
+    return f"\n  For this query, the ORDER BY key of the row just before the page is {shown}."
 
 
 def proposal_prompt(agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,

@@ -60,37 +60,50 @@ ANALYSIS_SCHEMA: Final[Mapping[str, Any]] = {
 }
 MAX_CANDIDATES: Final = 4  # candidate designs asked for in one answer (the agent screens them all)
 WORK_MEM: Final = "work_mem"  # the one per-query setting offered to the models
+# The reasoning fields come before the SQL fields: a model that does not think writes its reasons
+# first, then the SQL that follows from them. Guidance lives in the descriptions (the prompts
+# hold no JSON example that could disagree with this schema).
+_LEVEL: Final = {"type": "string", "enum": ["low", "medium", "high"]}
 CANDIDATE_SCHEMA: Final[Mapping[str, Any]] = {
     "type": "object",
     "properties": {
-        "proposal_type": {"type": "string", "enum": [*PROPOSAL_TYPES, NO_PROPOSAL]},
-        "sql_commands": {**_STRINGS, "description": "one SQL statement per item, applied in order; "
-                                                    "empty for a rewrite or a setting alone"},
-        "rollback_commands": {**_STRINGS, "description": "statements that undo sql_commands"},
+        "proposal_type": {"type": "string", "enum": [*PROPOSAL_TYPES, NO_PROPOSAL],
+                          "description": f"the kind of design; {NO_PROPOSAL!r} when nothing is worth "
+                                         "changing"},
+        "rationale": {"type": "string",
+                      "description": "why this design makes the query faster, with the plan's numbers; "
+                                     "its trade-offs (storage, writes, refresh strategy of a view)"},
+        "equivalence": {"type": "string",
+                        "description": "for a rewrite: why it returns exactly the same rows"},
+        "sql_commands": {**_STRINGS, "description": "one SQL statement per item, applied in order, only "
+                                                    "what the safety rules allow; empty for a rewrite "
+                                                    "or a setting alone"},
+        "rollback_commands": {**_STRINGS, "description": "statements that undo sql_commands, e.g. "
+                                                         "DROP INDEX IF EXISTS name"},
         "rewritten_query": {"type": "string",
                             "description": "the complete query to run instead, when the design needs a "
                                            "rewrite; it keeps every clause of the original"},
-        "equivalence": {"type": "string",
-                        "description": "for a rewrite: why it returns exactly the same rows"},
         "settings": {"type": "object", "description": "planner settings for this query only",
                      "properties": {WORK_MEM: {"type": "string", "description": "e.g. 64MB"}}},
         "needs_application_change": {
             "type": "boolean",
             "description": "true when the application must change too (keyset pagination)"},
-        "rationale": {"type": "string"},
         "estimated_impact": {
             "type": "object",
+            "description": "your estimate; the measurement decides",
             "properties": {
-                "query_time_improvement": {"type": "number", "minimum": 0, "maximum": 100},
+                "query_time_improvement": {"type": "number", "minimum": 0, "maximum": 100,
+                                           "description": "percent less time"},
                 "storage_overhead_mb": {"type": "number", "minimum": 0},
-                "complexity": {"type": "string", "enum": ["low", "medium", "high"]},
-                "risk": {"type": "string", "enum": ["low", "medium", "high"]},
+                "complexity": _LEVEL,
+                "risk": _LEVEL,
             },
             "required": ["query_time_improvement", "storage_overhead_mb", "complexity", "risk"],
         },
-        "validation_steps": {**_STRINGS, "description": "how to check the change works"},
+        "validation_steps": {**_STRINGS, "description": "how to check the change works, e.g. what "
+                                                        "EXPLAIN should show"},
     },
-    "required": ["proposal_type", "sql_commands", "rationale", "estimated_impact"],
+    "required": ["proposal_type", "rationale", "sql_commands", "estimated_impact"],
 }
 PROPOSAL_SCHEMA: Final[Mapping[str, Any]] = {
     "type": "object",
