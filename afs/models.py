@@ -387,6 +387,16 @@ TaskStatus = Literal["completed", "no_improvement", "failed"]
 
 
 @dataclass(frozen=True)
+class ReviewFlag:
+    """A reviewer's concern about another agent's measured proposal: shown in the report, never
+    a change to any measurement, score or the consensus."""
+
+    agent: AgentKey  # whose proposal
+    reviewer: AgentKey
+    concern: str
+
+
+@dataclass(frozen=True)
 class TaskResult:
     task_id: str
     status: TaskStatus
@@ -399,3 +409,4 @@ class TaskResult:
     provider_note: str
     duration_s: float
     error: str | None = None
+    review: tuple[ReviewFlag, ...] = ()  # the reviewer's flags on measured proposals (shown only)

@@ -63,6 +63,7 @@ from afs.brains.gemini.parsing import (
     parse_analysis,
     parse_proposal,
     parse_proposals,
+    parse_review,
     proposal_type_of,
     repair_json,
 )
@@ -74,6 +75,7 @@ from afs.config import (
     Timeouts,
     load_settings,
 )
+from afs.consensus import decide
 from afs.db import open_connection
 from afs.errors import ConfigError, ModelError, ModelOutputError
 from afs.events import Emitter
@@ -88,11 +90,13 @@ from afs.models import (
     ColumnInfo,
     ColumnStats,
     IndexInfo,
+    ReviewFlag,
     TableInfo,
 )
 from afs.optimize import TaskRequest, optimize
 from afs.pg.plan import plan_text
-from afs.router import load_rules
+from afs.report import render_text, to_json
+from afs.router import consensus_weights, load_rules
 from afs.safety import validate_candidate
 from afs.sandbox.server import SandboxServer
 from afs.suite import build_suite
@@ -1407,3 +1411,92 @@ async def test_a_model_that_obeys_a_planted_instruction_is_refused() -> None:
         (proposal,) = await brain.propose("gemini25pro", planted_context(), ANALYZED)
     assert proposal.sql_commands[0] == INDEX_SQL
     assert "DROP TABLE orders" in fake.requests[1].prompt and "refused" in fake.requests[1].prompt
+
+
+# -- a rewrite that fails the result check goes back to the model -----------------------------------
+WRONG_REWRITE: dict[str, Any] = {**REWRITE, "rewritten_query": QUERY.replace("user_id = 42", "user_id = 43"),
+                                 "equivalence": "(wrong on purpose: another user's orders)"}
+
+
+def revising(request: FakeRequest) -> FakeReply:
+    """Analysis, then a rewrite that returns other rows, then its correction when told so."""
+    if "failed the result check" in request.prompt:
+        return reply_json({"candidates": [REWRITE]})
+    return answers({"candidates": [WRONG_REWRITE]})(request)
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_rewrite_that_fails_the_result_check_is_revised_and_measured(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    fake = FakeGemini(fallback=revising)
+    credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
+    async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
+        squad = dataclasses.replace(squad, agents=("gemini25pro",))
+        events = Emitter("g4")
+        result = await optimize(settings, TaskRequest(query=QUERY, runs=3), source="afs_demo",
+                                source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
+                                rules=load_rules(None), events=events)
+    [outcome] = result.outcomes
+    first, revised = outcome.candidates
+    assert first.benchmark is not None and not first.benchmark.equivalent
+    assert revised.rank == 2 and revised.status == "measured"
+    assert revised.proposal.rewritten_query == REWRITE["rewritten_query"]
+    assert revised.benchmark is not None and revised.benchmark.equivalent
+    assert revised.proposal.rationale.startswith("Revised after the result check (it returned other rows")
+    assert outcome.status == "ok" and outcome.proposal == revised.proposal
+    [asked] = [r for r in fake.requests if "failed the result check" in r.prompt]
+    assert "other rows than the original query for baseline" in asked.prompt
+    assert json.loads(asked.texts[-2])["candidates"][0]["rewritten_query"] == WRONG_REWRITE["rewritten_query"]
+    assert squad.usage["gemini25pro"]["calls"] == 3  # analysis, proposal, revision (once only)
+
+
+# -- the review role ---------------------------------------------------------------------------------
+def test_review_flags_are_parsed_and_bounded() -> None:
+    text = json.dumps({"flags": [
+        {"agent": "gemini25flash", "concern": "  The index build locks orders\n(no CONCURRENTLY). "},
+        {"agent": "gemini25pro", "concern": "its own proposal"},  # not under review: dropped
+        {"agent": "gemini20flash", "concern": ""}]})
+    flags, warnings = parse_review("gemini25pro", ["gemini25flash", "gemini20flash"], text)
+    assert flags == (ReviewFlag("gemini25flash", "gemini25pro",
+                                "The index build locks orders (no CONCURRENTLY)."),)
+    assert len(warnings) == 2
+    assert parse_review("gemini25pro", ["gemini25flash"], '{"flags": []}') == ((), [])
+
+
+def reviewing(request: FakeRequest) -> FakeReply:
+    if "flags" in (request.generation_config.get("responseJsonSchema") or {}).get("properties", {}):
+        return reply_json({"flags": [{"agent": "gemini25flash",
+                                      "concern": "orders is written often: the index slows every insert"}]})
+    return answers({"candidates": [PROPOSAL]})(request)
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_the_reviewer_flags_a_measured_proposal_without_changing_the_consensus(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    fake = FakeGemini(fallback=reviewing)
+    credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
+    async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
+        assert squad.reviewer == "gemini25pro"
+        squad = dataclasses.replace(squad, agents=("gemini25pro", "gemini25flash"))
+        events = Emitter("g5")
+        result = await optimize(settings, TaskRequest(query=QUERY, runs=3), source="afs_demo",
+                                source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
+                                rules=load_rules(None), events=events)
+    assert result.review == (ReviewFlag("gemini25flash", "gemini25pro",
+                                        "orders is written often: the index slows every insert"),)
+    # a flag is shown, never scored: the consensus is what the measurements alone give
+    assert result.decision == decide(result.outcomes, consensus_weights(load_rules(None)))
+    assert result.decision is not None and result.decision.winner in ("gemini25pro", "gemini25flash")
+    [asked] = [r for r in fake.requests if "MEASURED PROPOSALS" in r.prompt]
+    assert asked.prompt.count('<data label="measured proposal">') == 1  # the others', not its own
+    assert "agent gemini25flash:" in asked.prompt and "agent gemini25pro:" not in asked.prompt
+    usage = {o.agent: o.usage for o in result.outcomes}
+    assert usage["gemini25pro"]["calls"] == 3 and usage["gemini25flash"]["calls"] == 2  # + the review
+    assert asked.model == "gemini-3.1-pro-preview"  # the reviewer's model
+    measured = json.loads(re.search(r'<data label="measured proposal">(.*?)</data>', asked.prompt)[1])
+    assert measured["proposal"]["sql_commands"][0] == INDEX_SQL and measured["measured"]["same_rows"]
+    assert measured["measured"]["average_improvement_pct"] > 0
+    text = render_text(result)
+    assert "review: gemini25pro flags gemini25flash's proposal: orders is written often" in text
+    assert to_json(result)["review"][0]["agent"] == "gemini25flash"
+    assert any(e.kind == "proposal_flagged" for e in events.history)

@@ -1,26 +1,33 @@
 """`GeminiBrain`: an agent's brain made of a Gemini model (the `Brain` protocol of afs.brains).
 
-    analyze: system prompt of the specialisation + analysis template filled with the
-             context (query, trimmed EXPLAIN, DDL, indexes, sizes, pg_stats, suite)
+    analyze: system prompt of the specialisation (+ the data rule) + analysis template
+             filled with the context (query, the plan as one line per node, server
+             settings, tables, indexes, sizes, pg_stats, suite; every value from the
+             database a labelled JSON `data` block)
              ─► generate_json (ANALYSIS_SCHEMA) ─► parse_analysis
     propose: the same conversation + the analysis + the proposal template (its
              specialisation, then the shared blocks: how to answer with ranked
              candidates, the query rewrites, the safety rules)
              ─► generate_json (PROPOSAL_SCHEMA) ─► parse_proposals: up to
-             MAX_CANDIDATES designs, best first
+             MAX_CANDIDATES designs, best first ─► refusals (afs.safety)
+    revise_rewrite: the same conversation + its rewrite + why the result check failed
+             it in the fork (afs.agents asks, once per agent)
 
-Unusable output is sent back with the reason, at most `MAX_REPROMPTS` times; then
-the agent fails with a `ModelOutputError`. For proposals that is an answer without
-a single usable candidate: malformed candidates among good ones are dropped with a
-warning. The candidates then go through the same safety check, screening and
-benchmark as a strategist's: the model's estimate is never a measurement. Token usage
-and estimated cost are kept per agent in `brain.usage`. The prompts are files in
-`afs/brains/gemini/prompts/` (string.Template: `$query`, …); `allowed_sql`,
-`candidates` and `rewrites` are the blocks every proposal prompt shares.
+Unusable output is sent back with the reason, and so are candidates the safety check
+refuses (all of them: one acceptable candidate is enough), at most `MAX_REPROMPTS` times
+in all; then unusable output fails the agent with a `ModelOutputError`, and refused
+candidates are returned for the agent to report as refused. Malformed candidates among
+good ones are dropped with a warning. The candidates then go through the same safety
+check, screening and benchmark as a strategist's: the model's estimate is never a
+measurement. Tokens (thinking included), attempts and estimated cost are kept per agent
+in `brain.usage`. The prompts are files in `afs/brains/gemini/prompts/`
+(string.Template: `$query`, …); `allowed_sql`, `candidates` and `rewrites` are the
+blocks every proposal prompt shares; `data_rule` ends every system prompt.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import decimal
 import functools
 import json
@@ -51,6 +58,8 @@ from afs.brains.gemini.parsing import (
     PROPOSAL_SCHEMA,
     parse_analysis,
     parse_proposals,
+    parse_review,
+    review_schema,
 )
 from afs.config import (
     DEFAULT_GEMINI_MODELS,
@@ -61,12 +70,22 @@ from afs.config import (
     Timeouts,
 )
 from afs.errors import ConfigError, ModelOutputError, UnsafeSqlError
-from afs.models import AGENTS, AgentKey, AnalysisContext, AnalysisResult, OptimizationProposal, TableInfo
+from afs.models import (
+    AGENTS,
+    AgentKey,
+    AgentOutcome,
+    AnalysisContext,
+    AnalysisResult,
+    OptimizationProposal,
+    ReviewFlag,
+    TableInfo,
+)
 from afs.pg.plan import PLAN_TOKEN_BUDGET, plan_text
 from afs.safety import check_query, validate_candidate
 
 log = structlog.get_logger("afs.gemini")
 
+REVIEWER: Final = "gemini25pro"  # the seed gives gemini-2.5-pro's agent the review role
 MAX_REPROMPTS: Final = 2  # the seed's "Re-prompt … Limit: 2 retry attempts" (repairs and refusals)
 MAX_VALUES_SHOWN: Final = 10  # most common values per column
 MAX_VALUE_CHARS: Final = 40
@@ -217,6 +236,51 @@ def proposal_prompt(agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisRes
         allowed_sql=prompt_template("allowed_sql").template.strip())
 
 
+def candidate_json(proposal: OptimizationProposal) -> dict[str, Any]:
+    """A proposal as the candidate object of PROPOSAL_SCHEMA (the model's own turn)."""
+    out: dict[str, Any] = {
+        "proposal_type": proposal.proposal_type, "rationale": proposal.rationale,
+        "sql_commands": list(proposal.sql_commands), "rollback_commands": list(proposal.rollback_commands),
+        "estimated_impact": dataclasses.asdict(proposal.estimated_impact)}
+    if proposal.rewritten_query is not None:
+        out["rewritten_query"] = proposal.rewritten_query
+    if proposal.settings:
+        out["settings"] = dict(proposal.settings)
+    if proposal.needs_application_change:
+        out["needs_application_change"] = True
+    return out
+
+
+def _measured(outcome: AgentOutcome) -> dict[str, Any]:
+    """One agent's best proposal and what was measured of it, for the reviewer."""
+    proposal, bench = outcome.proposal, outcome.benchmark
+    assert bench is not None
+    out: dict[str, Any] = {"status": outcome.status}
+    if proposal is not None:
+        out["proposal"] = candidate_json(proposal)
+    out["measured"] = {
+        "average_improvement_pct": round(bench.average_improvement_pct, 1),
+        "same_rows": bench.equivalent,
+        "storage_added_mb": round(bench.storage_delta_mb, 2),
+        "apply_s": round(bench.apply_s, 2),
+        "suite": {m.name: {"baseline_ms": round(m.baseline.median_ms, 3),
+                           "optimized_ms": round(m.optimized.median_ms, 3), "rows": m.rows,
+                           "significant": m.significant} for m in bench.measurements},
+        "other_parameter_values": [{"values": c.label, "same_rows": c.equivalent, "slower": c.slower}
+                                   for c in bench.parameter_checks],
+    }
+    if outcome.writes_per_read:
+        out["rows_written_per_scan"] = dict(outcome.writes_per_read)
+    if outcome.error:
+        out["note"] = outcome.error
+    return out
+
+
+def review_prompt(query: str, outcomes: Sequence[AgentOutcome]) -> str:
+    proposals = "\n".join(f"- agent {o.agent}: {data('measured proposal', _measured(o))}" for o in outcomes)
+    return prompt_template("review").substitute(query=data("query", query), proposals=proposals)
+
+
 def _analysis_json(analysis: AnalysisResult) -> str:
     """The analysis as the model's own turn of the conversation."""
     return json.dumps({"insights": list(analysis.insights),
@@ -297,6 +361,35 @@ class GeminiBrain:
         ]
         return await self._ask(agent, "propose", turns, PROPOSAL_SCHEMA,
                                functools.partial(parse_proposals, agent), judge=refusals)
+
+    async def revise_rewrite(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
+                             proposal: OptimizationProposal, reason: str) -> OptimizationProposal | None:
+        """The model's correction of a rewrite that returned other rows in the fork (the
+        `RevisingBrain` hook of afs.agents): the same conversation, its rewrite, the result
+        check's reason. None when it gives up or gives no rewrite."""
+        turns: list[Turn] = [
+            ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens)),
+            ("model", _analysis_json(analysis)),
+            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens)),
+            ("model", json.dumps({"candidates": [candidate_json(proposal)]})),
+            ("user", prompt_template("revise").substitute(reason=reason)),
+        ]
+        revised = await self._ask(agent, "revise", turns, PROPOSAL_SCHEMA,
+                                  functools.partial(parse_proposals, agent), judge=refusals)
+        rewrite = next((p for p in revised if p.rewritten_query is not None), None)
+        if rewrite is None:
+            return None
+        return dataclasses.replace(rewrite, rationale=f"Revised after the result check ({reason}): "
+                                                      f"{rewrite.rationale}")
+
+    async def review(self, reviewer: AgentKey, query: str,
+                     outcomes: Sequence[AgentOutcome]) -> tuple[ReviewFlag, ...]:
+        """The seed's review role: flags on the other agents' measured proposals (shown in the
+        report next to the proposal; never a change to a measurement or a score)."""
+        agents = [o.agent for o in outcomes]
+        turns: list[Turn] = [("user", review_prompt(query, outcomes))]
+        return await self._ask(reviewer, "review", turns, review_schema(agents),
+                               functools.partial(parse_review, reviewer, agents))
 
     async def _ask(self, agent: AgentKey, purpose: str, turns: list[Turn], schema: Mapping[str, Any],
                    parse: Callable[[str], tuple[T, list[str]]],
@@ -414,4 +507,4 @@ async def open_gemini_squad(settings: Settings, credentials: Credentials, env: M
         note = (f"Gemini models via {credentials.describe()}: "
                 + ", ".join(f"{agent} = {gemini.model_of(agent)}" for agent in AGENTS))
         yield Squad(brain_for=lambda _agent: brain, provider="gemini", note=note,
-                    usage=brain.usage)
+                    usage=brain.usage, reviewer=REVIEWER)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 from afs.errors import ModelOutputError, UnsafeSqlError
@@ -34,6 +34,7 @@ from afs.models import (
     EstimatedImpact,
     OptimizationProposal,
     ProposalType,
+    ReviewFlag,
     RiskLevel,
 )
 from afs.safety import SETTING_LIMITS_KB, split_statements
@@ -114,6 +115,49 @@ PROPOSAL_SCHEMA: Final[Mapping[str, Any]] = {
     },
     "required": ["candidates"],
 }
+
+MAX_FLAGS: Final = 6  # a reviewer's flags in one answer
+MAX_CONCERN_CHARS: Final = 600
+
+
+def review_schema(agents: Sequence[AgentKey]) -> Mapping[str, Any]:
+    """The reviewer's answer: flags on the proposals of `agents`."""
+    return {
+        "type": "object",
+        "properties": {
+            "flags": {"type": "array", "maxItems": MAX_FLAGS, "description": "empty when nothing is wrong",
+                      "items": {"type": "object", "properties": {
+                          "agent": {"type": "string", "enum": list(agents),
+                                    "description": "whose proposal"},
+                          "concern": {"type": "string",
+                                      "description": "what the measurement cannot show, concretely"}},
+                                "required": ["agent", "concern"]}},
+        },
+        "required": ["flags"],
+    }
+
+
+def parse_review(reviewer: AgentKey, agents: Sequence[AgentKey],
+                 text: str) -> tuple[tuple[ReviewFlag, ...], list[str]]:
+    """The reviewer's flags; one on an agent not reviewed, or without a concern, is dropped."""
+    data = load_object(text)
+    raw = data.get("flags", [])
+    if not isinstance(raw, list):
+        raise ModelOutputError(f'flags must be a list of {{"agent", "concern"}} objects, '
+                               f"got {type(raw).__name__}", text)
+    flags: list[ReviewFlag] = []
+    warnings: list[str] = []
+    for item in raw[:MAX_FLAGS]:
+        agent = item.get("agent") if isinstance(item, dict) else None
+        concern = " ".join(str(item.get("concern") or "").split()) if isinstance(item, dict) else ""
+        if agent not in agents or not concern:
+            warnings.append(f"flag {item!r} dropped: no reviewed agent or no concern")
+            continue
+        if len(concern) > MAX_CONCERN_CHARS:
+            concern = concern[:MAX_CONCERN_CHARS - 1] + "…"
+        flags.append(ReviewFlag(agent=str(agent), reviewer=reviewer, concern=concern))
+    return tuple(flags), warnings
+
 
 # -- step 1: extract -------------------------------------------------------------------------
 _FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_-]*[ \t]*\r?\n?(.*?)(?:```|\Z)", re.DOTALL)
