@@ -1500,3 +1500,15 @@ async def test_the_reviewer_flags_a_measured_proposal_without_changing_the_conse
     assert "review: gemini25pro flags gemini25flash's proposal: orders is written often" in text
     assert to_json(result)["review"][0]["agent"] == "gemini25flash"
     assert any(e.kind == "proposal_flagged" for e in events.history)
+
+
+async def test_the_configured_number_of_candidates_is_asked_for(tmp_path: Path) -> None:
+    settings = load_settings({"AFS_HOME": str(tmp_path), "AFS_CANDIDATES": "2"})
+    fake = FakeGemini(reply_json({"candidates": [PROPOSAL, PARTIAL, REWRITE]}))
+    credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
+    async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
+        proposals = await squad.brain_for("gemini25pro").propose("gemini25pro", issue_context(), ANALYZED)
+    assert [p.proposal_type for p in proposals] == ["composite_index", "partial_index"]
+    [request] = fake.requests
+    assert request.generation_config["responseJsonSchema"]["properties"]["candidates"]["maxItems"] == 2
+    assert "up to 2 candidate designs" in request.prompt

@@ -8,8 +8,8 @@
     propose: the same conversation + the analysis + the proposal template (its
              specialisation, then the shared blocks: how to answer with ranked
              candidates, the query rewrites, the safety rules)
-             ─► generate_json (PROPOSAL_SCHEMA) ─► parse_proposals: up to
-             MAX_CANDIDATES designs, best first ─► refusals (afs.safety)
+             ─► generate_json (proposal_schema) ─► parse_proposals: up to
+             settings.candidates designs, best first ─► refusals (afs.safety)
     revise_rewrite: the same conversation + its rewrite + why the result check failed
              it in the fork (afs.agents asks, once per agent)
 
@@ -55,10 +55,10 @@ from afs.brains.gemini.client import (
 from afs.brains.gemini.parsing import (
     ANALYSIS_SCHEMA,
     MAX_CANDIDATES,
-    PROPOSAL_SCHEMA,
     parse_analysis,
     parse_proposals,
     parse_review,
+    proposal_schema,
     review_schema,
 )
 from afs.config import (
@@ -225,19 +225,19 @@ def _keyset_note(ctx: AnalysisContext) -> str:
 
 
 def proposal_prompt(agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
-                    plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> str:
+                    plan_budget_tokens: int = PLAN_TOKEN_BUDGET, max_candidates: int = MAX_CANDIDATES) -> str:
     """The specialisation's proposal template, with the blocks every agent shares: ranked
     candidates and how they are judged, the query rewrites, the safety rules."""
     return prompt_template(f"proposal_{agent}").substitute(
         context_fields(ctx, plan_budget_tokens), insights=_bullets(analysis.insights),
         proposed_actions=_bullets(analysis.proposed_actions),
-        candidates=prompt_template("candidates").substitute(max_candidates=MAX_CANDIDATES).strip(),
+        candidates=prompt_template("candidates").substitute(max_candidates=max_candidates).strip(),
         rewrites=prompt_template("rewrites").substitute(keyset=_keyset_note(ctx)).strip(),
         allowed_sql=prompt_template("allowed_sql").template.strip())
 
 
 def candidate_json(proposal: OptimizationProposal) -> dict[str, Any]:
-    """A proposal as the candidate object of PROPOSAL_SCHEMA (the model's own turn)."""
+    """A proposal as a candidate object of the proposal schema (the model's own turn)."""
     out: dict[str, Any] = {
         "proposal_type": proposal.proposal_type, "rationale": proposal.rationale,
         "sql_commands": list(proposal.sql_commands), "rollback_commands": list(proposal.rollback_commands),
@@ -333,8 +333,10 @@ class GeminiBrain:
 
     def __init__(self, client: GeminiClient, gemini: GeminiSettings | None = None, *,
                  model_phase_s: float = Timeouts().model, call_timeout_s: float | None = None,
-                 policy: RetryPolicy = DEFAULT_RETRY, plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> None:
+                 policy: RetryPolicy = DEFAULT_RETRY, plan_budget_tokens: int = PLAN_TOKEN_BUDGET,
+                 max_candidates: int = MAX_CANDIDATES) -> None:
         self.client = client
+        self.max_candidates = max_candidates
         self.gemini = gemini or GeminiSettings()
         self.model_phase_s = model_phase_s
         self.call_timeout_s = call_timeout_s
@@ -357,10 +359,11 @@ class GeminiBrain:
         turns: list[Turn] = [
             ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens)),
             ("model", _analysis_json(analysis)),
-            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens)),
+            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens, self.max_candidates)),
         ]
-        return await self._ask(agent, "propose", turns, PROPOSAL_SCHEMA,
-                               functools.partial(parse_proposals, agent), judge=refusals)
+        return await self._ask(agent, "propose", turns, proposal_schema(self.max_candidates),
+                               functools.partial(parse_proposals, agent, max_candidates=self.max_candidates),
+                               judge=refusals)
 
     async def revise_rewrite(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
                              proposal: OptimizationProposal, reason: str) -> OptimizationProposal | None:
@@ -370,11 +373,11 @@ class GeminiBrain:
         turns: list[Turn] = [
             ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens)),
             ("model", _analysis_json(analysis)),
-            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens)),
+            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens, self.max_candidates)),
             ("model", json.dumps({"candidates": [candidate_json(proposal)]})),
             ("user", prompt_template("revise").substitute(reason=reason)),
         ]
-        revised = await self._ask(agent, "revise", turns, PROPOSAL_SCHEMA,
+        revised = await self._ask(agent, "revise", turns, proposal_schema(self.max_candidates),
                                   functools.partial(parse_proposals, agent), judge=refusals)
         rewrite = next((p for p in revised if p.rewritten_query is not None), None)
         if rewrite is None:
@@ -503,7 +506,8 @@ async def open_gemini_squad(settings: Settings, credentials: Credentials, env: M
     async with open_gemini_client(credentials, transport=transport, google_auth=google_auth) as client:
         gemini = settings.gemini
         await check_models(client, gemini)
-        brain = GeminiBrain(client, gemini, model_phase_s=settings.timeouts.model)
+        brain = GeminiBrain(client, gemini, model_phase_s=settings.timeouts.model,
+                            max_candidates=settings.candidates)
         note = (f"Gemini models via {credentials.describe()}: "
                 + ", ".join(f"{agent} = {gemini.model_of(agent)}" for agent in AGENTS))
         yield Squad(brain_for=lambda _agent: brain, provider="gemini", note=note,

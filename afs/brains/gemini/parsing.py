@@ -59,7 +59,7 @@ ANALYSIS_SCHEMA: Final[Mapping[str, Any]] = {
     },
     "required": ["insights", "proposed_actions", "confidence"],
 }
-MAX_CANDIDATES: Final = 4  # candidate designs asked for in one answer (the agent screens them all)
+MAX_CANDIDATES: Final = 4  # candidate designs asked for in one answer, by default (settings.candidates)
 WORK_MEM: Final = "work_mem"  # the one per-query setting offered to the models
 # The reasoning fields come before the SQL fields: a model that does not think writes its reasons
 # first, then the SQL that follows from them. Guidance lives in the descriptions (the prompts
@@ -106,15 +106,20 @@ CANDIDATE_SCHEMA: Final[Mapping[str, Any]] = {
     },
     "required": ["proposal_type", "rationale", "sql_commands", "estimated_impact"],
 }
-PROPOSAL_SCHEMA: Final[Mapping[str, Any]] = {
-    "type": "object",
-    "properties": {
-        "candidates": {"type": "array", "items": CANDIDATE_SCHEMA, "maxItems": MAX_CANDIDATES,
-                       "description": f"up to {MAX_CANDIDATES} distinct designs, best first; "
-                                      "empty when nothing is worth changing"},
-    },
-    "required": ["candidates"],
-}
+def proposal_schema(max_candidates: int = MAX_CANDIDATES) -> Mapping[str, Any]:
+    """The proposal answer: up to `max_candidates` designs (the agent's AFS_CANDIDATES)."""
+    return {
+        "type": "object",
+        "properties": {
+            "candidates": {"type": "array", "items": CANDIDATE_SCHEMA, "maxItems": max_candidates,
+                           "description": f"up to {max_candidates} distinct designs, best first; "
+                                          "empty when nothing is worth changing"},
+        },
+        "required": ["candidates"],
+    }
+
+
+PROPOSAL_SCHEMA: Final = proposal_schema()
 
 MAX_FLAGS: Final = 6  # a reviewer's flags in one answer
 MAX_CONCERN_CHARS: Final = 600
@@ -574,7 +579,8 @@ def _identity(proposal: OptimizationProposal) -> tuple[object, ...]:
     return tuple(" ".join(c.split()) for c in proposal.sql_commands), rewrite, proposal.settings
 
 
-def parse_proposals(agent: AgentKey, text: str) -> tuple[tuple[OptimizationProposal, ...], list[str]]:
+def parse_proposals(agent: AgentKey, text: str, max_candidates: int = MAX_CANDIDATES
+                    ) -> tuple[tuple[OptimizationProposal, ...], list[str]]:
     """The agent's candidate designs from a model's answer, in the model's order, and warnings.
 
     A malformed candidate is dropped (with a warning naming it and why) and the others
@@ -584,9 +590,9 @@ def parse_proposals(agent: AgentKey, text: str) -> tuple[tuple[OptimizationPropo
     """
     warnings: list[str] = []
     listed = _candidate_list(_load_json(text), text, warnings)
-    if len(listed) > MAX_CANDIDATES:
-        warnings.append(f"{len(listed)} candidates: only the first {MAX_CANDIDATES} are kept")
-        listed = listed[:MAX_CANDIDATES]
+    if len(listed) > max_candidates:
+        warnings.append(f"{len(listed)} candidates: only the first {max_candidates} are kept")
+        listed = listed[:max_candidates]
     proposals: list[OptimizationProposal] = []
     seen: set[tuple[object, ...]] = set()
     problems: list[str] = []
