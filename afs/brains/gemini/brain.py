@@ -181,7 +181,8 @@ def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BU
     indexes = [f"- {data('index', ix.definition)} ({ix.size_mb:g} MB)" for t in tables for ix in t.indexes]
     sizes = [f"- {data('table', t.name)}: {t.rows:,} rows, {t.size_mb:g} MB with indexes, "
              f"{t.writes_per_read:.2f} rows written per scan" for t in tables]
-    suite = [f"- {v.name}: {data('query', v.sql)}" + (f"  ({v.note})" if v.note else "") for v in ctx.suite]
+    suite = [f"- {v.name}: {data('query', v.sql)}" + (f" {data('note', v.note)}" if v.note else "")
+             for v in ctx.suite]
     server = data("server", dict(ctx.server)) if ctx.server else "(unknown)"
     return {
         "task_type": ctx.task_type,
