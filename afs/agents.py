@@ -26,7 +26,7 @@ from pglast.stream import RawStream
 
 from afs.analysis import gather_context
 from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, undo
-from afs.brains import Brain
+from afs.brains import Brain, RevisingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
 from afs.consensus import ddl_signature, score
@@ -142,6 +142,7 @@ class _Progress:
     candidates: tuple[CandidateResult, ...] = ()
     writes_per_read: dict[str, float] = field(default_factory=dict)
     shared_by: dict[int, AgentKey] = field(default_factory=dict)  # rank -> agent that measured it
+    revisions: int = 0  # rewrites sent back to the brain after failing the result check
 
     def outcome(self, status: AgentStatus, error: str | None = None,
                 bench: BenchmarkOutcome | None = None) -> AgentOutcome:
@@ -226,30 +227,14 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     tried: dict[int, CandidateResult] = {}
     checked: list[tuple[int, OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None]] = []
     for rank, proposal in enumerate(proposals, 1):
-        validation = validate_candidate(proposal)
-        if not validation.is_valid:
-            reasons = "; ".join(f"{r.reason}: {r.statement[:80]}" for r in validation.rejected)
-            events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=reasons, rank=rank)
-            tried[rank] = CandidateResult(proposal, "rejected", rank, validation,
-                                          note=f"unsafe SQL refused: {reasons}")
+        validation, candidate_suite, refused = _admit(proposal)
+        if refused is not None:
+            events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=refused, rank=rank)
+            tried[rank] = CandidateResult(proposal, "rejected", rank, validation, note=refused)
             continue
         if validation.rollback_commands:
             # the rollback derived from the parsed SQL, not what the brain wrote
             proposal = dataclasses.replace(proposal, rollback_commands=validation.rollback_commands)
-        candidate_suite: tuple[QueryVariant, ...] | None = None
-        if proposal.rewritten_query is not None:
-            try:
-                rewritten = check_query(proposal.rewritten_query)
-            except UnsafeSqlError as exc:
-                events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=exc.reason,
-                            rank=rank)
-                tried[rank] = CandidateResult(proposal, "rejected", rank, validation,
-                                              note=f"unsafe rewrite refused: {exc}")
-                continue
-            candidate_suite, _ = build_suite(rewritten, None, None)
-            if proposal.needs_application_change:
-                # a keyset page starts from the key of the unfiltered query: no filter variant
-                candidate_suite = tuple(v for v in candidate_suite if v.name != "filter")
         checked.append((rank, proposal, validation, candidate_suite))
     if not checked:
         state.candidates = tuple(tried[r] for r in sorted(tried))
@@ -341,6 +326,20 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                                       benchmark=outcome, note=note)
         if measured_by is not None:
             state.shared_by[rank] = measured_by
+        revised = await _revise_rewrite(brain, agent, ctx, state, proposal, outcome, limits.model, events)
+        if revised is not None:  # measured next, as one more candidate (at most once per agent)
+            new_rank = max([*tried, *by_rank]) + 1
+            revised_validation, revised_suite, refused = _admit(revised)
+            if refused is not None:
+                tried[new_rank] = CandidateResult(revised, "rejected", new_rank, revised_validation,
+                                                  note=refused)
+            else:
+                if revised_validation.rollback_commands:
+                    revised = dataclasses.replace(revised,
+                                                  rollback_commands=revised_validation.rollback_commands)
+                by_rank[new_rank] = (revised, revised_validation, revised_suite)
+                chosen.append(new_rank)
+                last = False
         if measured_here and not last:
             try:
                 await undo(conn, proposal.rollback_commands)
@@ -351,6 +350,62 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     state.candidates = tuple(tried[r] for r in sorted(tried))
     return _best(state)
+
+
+def _admit(proposal: OptimizationProposal
+           ) -> tuple[ValidationResult, tuple[QueryVariant, ...] | None, str | None]:
+    """A candidate's safety verdict, the rewrite's own suite, and why it is refused (or None)."""
+    validation = validate_candidate(proposal)
+    if not validation.is_valid:
+        reasons = "; ".join(f"{r.reason}: {r.statement[:80]}" for r in validation.rejected)
+        return validation, None, f"unsafe SQL refused: {reasons}"
+    if proposal.rewritten_query is None:
+        return validation, None, None
+    try:
+        rewritten = check_query(proposal.rewritten_query)
+    except UnsafeSqlError as exc:
+        return validation, None, f"unsafe rewrite refused: {exc}"
+    candidate_suite, _ = build_suite(rewritten, None, None)
+    if proposal.needs_application_change:
+        # a keyset page starts from the key of the unfiltered query: no filter variant
+        candidate_suite = tuple(v for v in candidate_suite if v.name != "filter")
+    return validation, candidate_suite, None
+
+
+# -- a rewrite that failed the result check goes back to a brain that can revise it -------------
+MAX_REWRITE_REVISIONS = 1  # per agent
+
+
+def result_check_failure(outcome: BenchmarkOutcome) -> str | None:
+    """Why a measured rewrite does not return the original's rows, or None when it does."""
+    differing: list[str] = [m.name for m in outcome.measurements if not m.equivalent]
+    differing += [f"other values ({c.label})" for c in outcome.parameter_checks if not c.equivalent]
+    if not differing:
+        return None
+    counts = ", ".join(f"{m.name}: {m.rows} rows" for m in outcome.measurements if not m.equivalent)
+    return (f"it returned other rows than the original query for {', '.join(differing)}"
+            + (f" ({counts} from the rewrite)" if counts else ""))
+
+
+async def _revise_rewrite(brain: Brain, agent: AgentKey, ctx: AnalysisContext, state: _Progress,
+                          proposal: OptimizationProposal, outcome: BenchmarkOutcome, limit_s: float,
+                          events: Emitter) -> OptimizationProposal | None:
+    """The brain's correction of a rewrite that returned other rows (a `RevisingBrain` only, once
+    per agent, within the model time limit); None otherwise. A failed model call costs only the
+    revision: the agent goes on with what it has measured."""
+    reason = result_check_failure(outcome)
+    if (reason is None or proposal.rewritten_query is None or not isinstance(brain, RevisingBrain)
+            or state.analysis is None or state.revisions >= MAX_REWRITE_REVISIONS):
+        return None
+    state.revisions += 1
+    events.emit("rewrite_revision_asked", agent=agent, fork=state.fork, reason=reason)
+    revised = None
+    with trio.move_on_after(limit_s):
+        try:
+            revised = await brain.revise_rewrite(agent, ctx, state.analysis, proposal, reason)
+        except AfsError as exc:
+            events.emit("rewrite_revision_failed", agent=agent, fork=state.fork, error=str(exc))
+    return revised
 
 
 def choose_for_measurement(candidates: Sequence[tuple[int, float | None, bool]],

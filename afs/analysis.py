@@ -4,7 +4,8 @@ EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of the query; for every table it
 references: row count, size, columns, indexes, primary key, the DDL a person
 would read, and pg_stats of the referenced columns and of the main table's
 timestamp columns (the suite's date filter needs them), with their average
-width, and the tables whose foreign keys reference it. pg_stats travels with
+width, the tables whose foreign keys reference it, its own foreign keys and CHECK
+constraints, and its partitioning; the server's version and planner settings. pg_stats travels with
 the fork (it is a per-database catalog); activity counters do not, so
 `writes_per_read` comes from the source and is passed in.
 """
@@ -72,6 +73,27 @@ SELECT DISTINCT c.conrelid::regclass::text FROM pg_constraint c
 WHERE c.contype = 'f' AND c.confrelid = %s AND c.conparentid = 0
 ORDER BY 1
 """
+# Its own foreign keys and CHECK constraints (top-level ones, as above).
+_CONSTRAINTS_SQL = """
+SELECT c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c
+WHERE c.conrelid = %s AND c.contype IN ('f', 'c') AND c.conparentid = 0
+ORDER BY c.contype DESC, c.conname
+"""
+# A partitioned table: its key and partition count; a partition: its parent.
+_PARTITIONING_SQL = """
+SELECT CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) || ', '
+            || (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = c.oid) || ' partitions'
+            WHEN c.relispartition THEN 'partition of '
+            || (SELECT i.inhparent::regclass::text FROM pg_inherits i WHERE i.inhrelid = c.oid)
+            ELSE '' END
+FROM pg_class c WHERE c.oid = %s
+"""
+# The planner settings that shape plans, and the server's version, as SHOW prints them.
+PLANNER_SETTINGS = ("work_mem", "random_page_cost", "effective_cache_size", "seq_page_cost",
+                    "effective_io_concurrency", "max_parallel_workers_per_gather", "jit")
+_SERVER_SQL = """
+SELECT name, current_setting(name) FROM unnest(%s::text[]) AS name
+"""
 # Writes per read: rows written per scan since the statistics were last reset (seeding and
 # importing reset them); 0 until MIN_SCANS scans make the ratio mean something.
 MIN_SCANS = 100
@@ -131,10 +153,14 @@ async def table_info(conn: Connection, name: str, columns_of_interest: set[str],
         in await conn.fetchall(_STATS_SQL, (oid, sorted(wanted)))
     }
     referenced_by = tuple(str(t) for (t,) in await conn.fetchall(_REFERENCED_BY_SQL, (oid,)))
+    constraints = tuple(f"{name}: {definition}"
+                        for name, definition in await conn.fetchall(_CONSTRAINTS_SQL, (oid,)))
+    partitioning = str(await conn.fetchval(_PARTITIONING_SQL, (oid,)) or "")
     return TableInfo(
         name=name, rows=int(rows), size_mb=round(size / MB, 2), columns=columns, indexes=indexes,
         primary_key=primary, column_stats=stats, writes_per_read=writes_per_read,
         ddl=_ddl(name, columns, primary, indexes), referenced_by=referenced_by,
+        constraints=constraints, partitioning=partitioning,
     )
 
 
@@ -166,9 +192,11 @@ async def gather_context(
         info = await table_info(conn, name, cols, source_stats.get(name, (0, 0.0))[1])
         if info is not None:
             tables[name] = info
+    server = {str(name): str(value) for name, value in
+              await conn.fetchall(_SERVER_SQL, (["server_version", *PLANNER_SETTINGS],))}
     return AnalysisContext(task_id=task_id, task_type=task_type, query=query, features=features,
                            plan=plan, execution_ms=execution_ms, tables=tables, suite=suite,
-                           slow=slow)
+                           slow=slow, server=server)
 
 
 def _is_temporal(data_type: str) -> bool:

@@ -145,6 +145,8 @@ class TableInfo:
     writes_per_read: float = 0.0  # (ins + upd + del) / (seq + idx scans) from pg_stat_user_tables
     ddl: str = ""  # CREATE TABLE … as a person would read it
     referenced_by: tuple[str, ...] = ()  # tables with a foreign key pointing at this one
+    constraints: tuple[str, ...] = ()  # its foreign keys and CHECK constraints, as pg_get_constraintdef
+    partitioning: str = ""  # "PARTITION BY RANGE (created_at), 24 partitions", "partition of t", ""
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,9 @@ class AnalysisContext:
     slow: bool = False  # the query ran past the statement timeout: plan without ANALYZE,
     #                     execution_ms is the timeout (a lower bound)
     keyset_last_key: tuple[Any, ...] | None = None  # OFFSET pages: the key of the row before the page
+    # the server the plan ran on: server_version and the planner settings that shape plans
+    # (work_mem, random_page_cost, effective_cache_size, …), as SHOW prints them
+    server: Mapping[str, str] = field(default_factory=dict)
 
 
 # -- one agent's work ---------------------------------------------------------------
@@ -382,6 +387,16 @@ TaskStatus = Literal["completed", "no_improvement", "failed"]
 
 
 @dataclass(frozen=True)
+class ReviewFlag:
+    """A reviewer's concern about another agent's measured proposal: shown in the report, never
+    a change to any measurement, score or the consensus."""
+
+    agent: AgentKey  # whose proposal
+    reviewer: AgentKey
+    concern: str
+
+
+@dataclass(frozen=True)
 class TaskResult:
     task_id: str
     status: TaskStatus
@@ -394,3 +409,4 @@ class TaskResult:
     provider_note: str
     duration_s: float
     error: str | None = None
+    review: tuple[ReviewFlag, ...] = ()  # the reviewer's flags on measured proposals (shown only)

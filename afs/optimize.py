@@ -2,7 +2,8 @@
 
     check the query (one read-only SELECT) ─► features ─► source statistics
     ─► route ─► one nursery, one task per agent (afs.agents.run_agent)
-    ─► partial-failure rules ─► consensus ─► TaskResult
+    ─► the reviewer's flags (shown, never scored) ─► partial-failure rules ─► consensus
+    ─► TaskResult
 
 Nothing is written to the source database: it is read for statistics and
 EXPLAIN (without ANALYZE) only; every change happens in forks.
@@ -20,11 +21,11 @@ import trio
 
 from afs.agents import AgentJob, SharedMeasurements, run_agent
 from afs.analysis import source_table_stats
-from afs.brains import Squad
+from afs.brains import ReviewingBrain, Squad
 from afs.config import Settings
 from afs.consensus import decide
 from afs.db import open_connection
-from afs.errors import DatabaseError, InputError
+from afs.errors import AfsError, DatabaseError, InputError
 from afs.events import Emitter
 from afs.features import extract_features
 from afs.forks.client import ForkClient
@@ -32,6 +33,7 @@ from afs.models import (
     AgentKey,
     AgentOutcome,
     QueryFeatures,
+    ReviewFlag,
     RoutingDecision,
     TaskResult,
     TaskStatus,
@@ -74,6 +76,34 @@ class AgentPool:
 
     async def wait_for_change(self) -> None:
         await self._changed.wait()
+
+
+async def _review(squad: Squad, query: str, outcomes: Sequence[AgentOutcome], limit_s: float,
+                  events: Emitter) -> tuple[ReviewFlag, ...]:
+    """The squad's reviewer, when routed, looks at the other agents' measured proposals before
+    the consensus.
+
+    Its flags are shown, never scored: the consensus reads the measurements alone. A review
+    that fails or runs past the model time limit is left out (an event says why).
+    """
+    reviewer = squad.reviewer
+    measured = [o for o in outcomes if o.agent != reviewer and o.benchmark is not None]
+    if reviewer is None or not measured or all(o.agent != reviewer for o in outcomes):
+        return ()  # the reviewer is one of the squad (its usage is reported with its outcome)
+    brain = squad.brain_for(reviewer)
+    if not isinstance(brain, ReviewingBrain):
+        return ()
+    flags: tuple[ReviewFlag, ...] = ()
+    with trio.move_on_after(limit_s) as scope:
+        try:
+            flags = tuple(await brain.review(reviewer, query, measured))
+        except AfsError as exc:
+            events.emit("review_failed", agent=reviewer, error=str(exc))
+    if scope.cancelled_caught:
+        events.emit("review_failed", agent=reviewer, error=f"no review within {limit_s:g} s")
+    for flag in flags:
+        events.emit("proposal_flagged", agent=flag.agent, reviewer=flag.reviewer, concern=flag.concern)
+    return flags
 
 
 def slow_baseline_cap(settings: Settings) -> float:
@@ -170,6 +200,10 @@ async def optimize(
                 error=f"cut off by the task time limit ({settings.timeouts.task:g} s)",
                 usage=dict(squad.usage.get(agent, {})))
     ordered = tuple(outcomes[a] for a in routing.agents)
+    review = await _review(squad, query, ordered, settings.timeouts.model, events)
+    if squad.reviewer in routing.agents:  # the review's tokens count too
+        ordered = tuple(dataclasses.replace(o, usage=dict(squad.usage.get(o.agent, o.usage)))
+                        for o in ordered)
 
     failed = [o for o in ordered if o.status == "failed"]
     error = None
@@ -192,4 +226,4 @@ async def optimize(
     return TaskResult(task_id=task_id, status=status, query=query, source=source,
                       routing=routing, outcomes=ordered, decision=decision,
                       provider=squad.provider, provider_note=squad.note, duration_s=duration,
-                      error=error)
+                      error=error, review=review)

@@ -142,6 +142,7 @@ def to_json(result: TaskResult) -> dict[str, Any]:
             {"ranking": list(result.decision.ranking), "rationale": list(result.decision.rationale),
              "confidence": round(result.decision.confidence, 2)}
             if result.decision else None),
+        "review": [{"agent": f.agent, "reviewer": f.reviewer, "concern": f.concern} for f in result.review],
         "applied": False,
     }
 
@@ -177,9 +178,10 @@ def render_text(result: TaskResult) -> str:
             cost = usage.get("estimated_cost_usd")
             price = "cost unknown" if cost is None else f"about ${float(cost):.4f} (list-price estimate)"
             retries = f" ({usage['retries']} retried)" if usage.get("retries") else ""
+            thinking = f" ({usage['thinking_tokens']} thinking)" if usage.get("thinking_tokens") else ""
             out.append(f"  model: {usage.get('calls')} calls{retries},"
                        f" {usage.get('prompt_tokens', 0)} prompt + {usage.get('output_tokens', 0)}"
-                       f" output tokens, {price}")
+                       f" output tokens{thinking}, {price}")
         if not p["proposal_type"] and p["insights"] and not p["error"]:
             out.append(f"  no proposal: {p['insights'][-1]}")
         for sql in p["sql_commands"]:
@@ -241,6 +243,9 @@ def render_text(result: TaskResult) -> str:
             for reason in s["disqualified"]:
                 out.append(f"  cannot win: {reason}")
     out.append("")
+    for flag in doc["review"]:
+        out.append(f"review: {flag['reviewer']} flags {flag['agent']}'s proposal: {flag['concern']}"
+                   " (a flag, not a measurement: the scores stand)")
     if doc["consensus"]:
         out.extend(f"consensus: {line}" for line in doc["consensus"]["rationale"])
     winner = doc["winner"]

@@ -2,6 +2,8 @@
 
     Brain           the protocol: analyze(agent, ctx), then propose(agent, ctx, analysis):
                     ranked candidate designs, best first
+    RevisingBrain   a brain that can also correct a rewrite the result check failed (models)
+    ReviewingBrain  a brain that can review the other agents' measured proposals (models)
     StrategistBrain the offline strategists (`afs.brains.strategists`, pure rules over the
                     plan, the statistics and the query)
     SlowBrain       another brain behind a fixed latency per call (benchmarks, demos)
@@ -17,13 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import trio
 
 from afs.brains import strategists
 from afs.brains.strategists.rewrites import rewrite_proposals
-from afs.models import AgentKey, AnalysisContext, AnalysisResult, OptimizationProposal
+from afs.models import (
+    AgentKey,
+    AgentOutcome,
+    AnalysisContext,
+    AnalysisResult,
+    OptimizationProposal,
+    ReviewFlag,
+)
 
 
 class Brain(Protocol):
@@ -36,6 +45,27 @@ class Brain(Protocol):
     async def propose(self, agent: AgentKey, ctx: AnalysisContext,
                       analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
         """Candidate designs, best first (the agent screens and measures them); () for none."""
+        ...
+
+
+@runtime_checkable
+class RevisingBrain(Protocol):
+    """A brain that can be told a rewrite returned other rows, and try once more."""
+
+    async def revise_rewrite(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
+                             proposal: OptimizationProposal, reason: str) -> OptimizationProposal | None:
+        """A corrected design for `proposal`, whose rewrite failed the result check for `reason`;
+        None when the brain has none."""
+        ...
+
+
+@runtime_checkable
+class ReviewingBrain(Protocol):
+    """A brain that reviews the other agents' measured proposals before the consensus."""
+
+    async def review(self, reviewer: AgentKey, query: str,
+                     outcomes: Sequence[AgentOutcome]) -> Sequence[ReviewFlag]:
+        """Flags on proposals of `outcomes` (another agent's each); () when nothing is wrong."""
         ...
 
 
@@ -90,3 +120,5 @@ class Squad:
     note: str = ""
     agents: tuple[AgentKey, ...] | None = None  # fixed squad (benchmarks, tests); None = route
     usage: Mapping[AgentKey, Mapping[str, object]] = field(default_factory=dict)  # tokens, cost
+    # the agent whose brain reviews the others' measured proposals (a ReviewingBrain), if any
+    reviewer: AgentKey | None = None

@@ -5,7 +5,7 @@
                `quote_literal`, `object_name` and `index_name` (63 bytes at most)
     plan.py    EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON): the document's plan and time,
                shared buffers, `plan_nodes` (flattened, totals over loops),
-               `plan_insights`, and `trim_plan` (the plan within a token budget)
+               `plan_insights`, and `plan_text` (the plan as one line per node, within a token budget)
     stats.py   pg_stats arithmetic: `equality_selectivity`, `range_fraction`,
                `prefix_fraction`, `like_prefix`, `parse_timestamp`; column types,
                widths and index size estimates

@@ -4,7 +4,7 @@
     shared_buffers   shared hit + read blocks of a plan (the whole query: its top node)
     plan_nodes       the plan flattened, parents first, rows and time totalled over loops
     plan_insights    concrete observations about a plan, with its numbers
-    trim_plan        the plan as JSON text within a token budget (for a model's prompt)
+    plan_text        the plan as compact text, one line per node, within a token budget (prompts)
 
 The `fmt_*` helpers write numbers in prose the same way everywhere an insight is written.
 """
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-PLAN_TOKEN_BUDGET: Final = 4000  # the EXPLAIN JSON in a prompt, in tokens
+PLAN_TOKEN_BUDGET: Final = 4000  # the plan in a prompt, in tokens
 CHARS_PER_TOKEN: Final = 4  # the usual estimate for English and JSON
 MAX_PLAN_STRING_CHARS: Final = 300  # a plan's Filter or Index Cond, when even one node is too long
 
@@ -228,22 +228,8 @@ def plan_insights(nodes: Sequence[PlanNode], execution_ms: float, *, large_rows:
     return out
 
 
-
-# -- trimming, for a prompt ------------------------------------------------------------------
-# Trimming works on the raw JSON nodes (kept whole for the model), not on PlanNode.
-# EXPLAIN keys that say little about where time goes; dropped first when the plan is too long.
-_QUIET_KEYS: Final = frozenset({
-    "Parallel Aware", "Async Capable", "Plan Width", "Startup Cost", "Actual Startup Time",
-    "Inner Unique", "Output", "Shared Dirtied Blocks", "Shared Written Blocks", "Local Hit Blocks",
-    "Local Read Blocks", "Local Dirtied Blocks", "Local Written Blocks", "Temp Read Blocks",
-    "Temp Written Blocks", "WAL Records", "WAL FPI", "WAL Bytes", "WAL Buffers Full",
-    "Parent Relationship", "Scan Direction", "Single Copy", "Disabled", "Storage", "Maximum Storage",
-    "Heap Fetches", "Presorted Key", "Full-sort Groups", "Hash Buckets", "Original Hash Buckets",
-    "Hash Batches", "Original Hash Batches", "Peak Memory Usage", "Planned Partitions",
-    "HashAgg Batches", "Disk Usage", "Schema", "Index Searches",
-})
-
-
+# -- the plan as text, for a prompt ------------------------------------------------------------
+# Works on the raw JSON nodes (EXPLAIN's own per-loop numbers), not on PlanNode.
 @dataclass
 class _RawNode:
     raw: Mapping[str, Any]
@@ -276,68 +262,118 @@ def _raw_label(raw: Mapping[str, Any]) -> str:
     return f"{raw.get('Node Type', '?')}{f' on {relation}' if relation else ''}"
 
 
-def _render(node: _RawNode, kept: set[int], quiet: bool, max_chars: int | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in node.raw.items():
-        if key == "Plans" or (quiet and key in _QUIET_KEYS):
-            continue
-        if max_chars is not None and isinstance(value, str) and len(value) > max_chars:
-            value = value[:max_chars] + "…"
-        out[key] = value
-    plans = [_render(c, kept, quiet, max_chars) for c in node.children if id(c) in kept]
-    dropped = [c for c in node.children if id(c) not in kept]
-    if dropped:
-        names = ", ".join(_raw_label(c.raw) for c in dropped[:5]) + (", …" if len(dropped) > 5 else "")
-        hidden = sum(1 for c in dropped for _ in _walk(c))
-        plans.append({"Omitted": f"{hidden} cheaper node{'s' if hidden != 1 else ''} under: {names}"})
-    if plans:
-        out["Plans"] = plans
-    return out
-
-
 def _walk(node: _RawNode) -> list[_RawNode]:
     return [node, *(n for c in node.children for n in _walk(c))]
 
 
-def trim_plan(plan: Mapping[str, Any], budget_tokens: int = PLAN_TOKEN_BUDGET) -> tuple[str, str]:
-    """The EXPLAIN JSON as text within `budget_tokens`, and a note on what was left out.
+def _fmt_number(value: Any) -> str:
+    number = _num(value)
+    return f"{number:,.0f}" if number == int(number) else f"{number:,.2f}"
 
-    Over budget, quiet keys go first; then only the nodes with the most time of their own
-    (their ancestors kept for the shape) stay, as many as fit; cheaper subtrees become one
-    "Omitted" line each. A last resort shortens long strings, then cuts the text.
+
+_LINE_FIELDS: Final = (  # shown after the numbers, in this order, when a node has them
+    "Index Cond", "Recheck Cond", "Hash Cond", "Merge Cond", "Join Filter", "Filter",
+    "Rows Removed by Filter", "Rows Removed by Join Filter", "Rows Removed by Index Recheck",
+    "Sort Key", "Presorted Key", "Sort Method", "Sort Space Used", "Sort Space Type", "Group Key",
+    "Hash Batches", "Peak Memory Usage", "Disk Usage", "Workers Launched", "Heap Fetches",
+    "Subplans Removed", "Function Name", "CTE Name",
+)
+
+
+def plan_line(raw: Mapping[str, Any], max_chars: int | None = None) -> str:
+    """One plan node as one line: what it is, estimated vs actual rows, loops, time, buffers,
+    then its conditions and sort/hash facts (as EXPLAIN's text format names them)."""
+    label = ("Parallel " if raw.get("Parallel Aware") else "") + str(raw.get("Node Type", "?"))
+    if raw.get("Strategy") and raw.get("Node Type") == "Aggregate":
+        label = f"{raw['Strategy']} {label}"
+    if raw.get("Join Type") and raw.get("Join Type") != "Inner":
+        label += f" ({raw['Join Type']})"
+    if raw.get("Index Name"):
+        label += f" using {raw['Index Name']}"
+    if raw.get("Relation Name"):
+        relation, alias = raw["Relation Name"], raw.get("Alias")
+        label += f" on {relation}" + (f" {alias}" if alias and alias != relation else "")
+    numbers = [f"est rows={_fmt_number(raw.get('Plan Rows'))}"]
+    if "Actual Rows" in raw:
+        if _num(raw.get("Actual Loops")) == 0:
+            numbers.append("never executed")
+        else:
+            numbers.append(f"actual rows={_fmt_number(raw.get('Actual Rows'))} "
+                           f"loops={_fmt_number(raw.get('Actual Loops'))} "
+                           f"time={_num(raw.get('Actual Total Time')):.3f} ms")
+    else:
+        numbers.append(f"cost={_num(raw.get('Total Cost')):.2f}")
+    hit, read = int(_num(raw.get("Shared Hit Blocks"))), int(_num(raw.get("Shared Read Blocks")))
+    if hit or read:
+        numbers.append(f"buffers hit={hit:,} read={read:,}")
+    temp = int(_num(raw.get("Temp Read Blocks"))) + int(_num(raw.get("Temp Written Blocks")))
+    if temp:
+        numbers.append(f"temp blocks={temp:,}")
+    facts = []
+    for key in _LINE_FIELDS:
+        value = raw.get(key)
+        if value is None or value == "" or value == []:
+            continue
+        text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+        if max_chars is not None and len(text) > max_chars:
+            text = text[:max_chars] + "…"
+        facts.append(f"{key}: {text}")
+    return f"{label} ({', '.join(numbers)})" + ("; " + "; ".join(facts) if facts else "")
+
+
+def _lines(node: _RawNode, kept: set[int], max_chars: int | None, depth: int = 0) -> list[str]:
+    out = [("  " * depth) + ("-> " if depth else "") + plan_line(node.raw, max_chars)]
+    for child in node.children:
+        if id(child) in kept:
+            out.extend(_lines(child, kept, max_chars, depth + 1))
+    dropped = [c for c in node.children if id(c) not in kept]
+    if dropped:
+        names = ", ".join(_raw_label(c.raw) for c in dropped[:5]) + (", …" if len(dropped) > 5 else "")
+        hidden = sum(1 for c in dropped for _ in _walk(c))
+        out.append("  " * (depth + 1) + f"-> ({hidden} cheaper node{'s' if hidden != 1 else ''} omitted: "
+                   f"{names})")
+    return out
+
+
+def plan_text(plan: Mapping[str, Any], budget_tokens: int = PLAN_TOKEN_BUDGET) -> tuple[list[str], str]:
+    """The plan as compact text, one line per node (children indented under their parent), within
+    `budget_tokens`, and a note on what was left out.
+
+    Over budget, only the nodes with the most time of their own (their ancestors kept for the
+    shape) stay, as many as fit; cheaper subtrees become one "omitted" line each. A last resort
+    shortens long conditions, then keeps the top node alone, cut.
     """
     budget = budget_tokens * CHARS_PER_TOKEN
     root = _raw_tree(plan)
     nodes = _walk(root)
-    full = json.dumps(plan, indent=1)
-    if len(full) <= budget:
-        return full, f"complete, {len(nodes)} nodes"
-    every = {id(n) for n in nodes}
-    quiet = json.dumps(_render(root, every, True, None), indent=1)
-    if len(quiet) <= budget:
-        return quiet, f"all {len(nodes)} nodes, minor fields left out"
+
+    def size(lines: list[str]) -> int:
+        return sum(len(line) + 1 for line in lines)
+
+    every = _lines(root, {id(n) for n in nodes}, None)
+    if size(every) <= budget:
+        return every, f"complete, {len(nodes)} node{'s' if len(nodes) != 1 else ''}"
     ranked = sorted(nodes, key=_self_cost, reverse=True)  # stable: ties keep the plan's order
 
-    def keeping(count: int, max_chars: int | None) -> str:
+    def keeping(count: int, max_chars: int | None) -> list[str]:
         kept: set[int] = set()
         for node in ranked[:count]:
             walker: _RawNode | None = node
             while walker is not None and id(walker) not in kept:
                 kept.add(id(walker))
                 walker = walker.parent
-        return json.dumps(_render(root, kept, True, max_chars), indent=1)
+        return _lines(root, kept, max_chars)
 
     for max_chars in (None, MAX_PLAN_STRING_CHARS):
-        low, high = 0, len(ranked) - 1  # the largest count that fits, by bisection
+        low, high = 0, len(ranked)  # the largest count that fits, by bisection
         while low < high:
             middle = (low + high + 1) // 2
-            if len(keeping(middle, max_chars)) <= budget:
+            if size(keeping(middle, max_chars)) <= budget:
                 low = middle
             else:
                 high = middle - 1
         if low:
             return keeping(low, max_chars), (f"trimmed to the {low} most expensive of {len(nodes)}"
                                              " nodes and their parents")
-    text = json.dumps(_render(root, {id(root)}, True, MAX_PLAN_STRING_CHARS), indent=1)
-    return text[:budget - 1] + "…", f"cut to {budget_tokens} tokens: only the top node, truncated"
-
+    top = plan_line(root.raw, MAX_PLAN_STRING_CHARS)
+    return [top[:budget - 1] + "…"], f"cut to {budget_tokens} tokens: only the top node, truncated"

@@ -1,26 +1,33 @@
 """`GeminiBrain`: an agent's brain made of a Gemini model (the `Brain` protocol of afs.brains).
 
-    analyze: system prompt of the specialisation + analysis template filled with the
-             context (query, trimmed EXPLAIN, DDL, indexes, sizes, pg_stats, suite)
+    analyze: system prompt of the specialisation (+ the data rule) + analysis template
+             filled with the context (query, the plan as one line per node, server
+             settings, tables, indexes, sizes, pg_stats, suite; every value from the
+             database a labelled JSON `data` block)
              ─► generate_json (ANALYSIS_SCHEMA) ─► parse_analysis
     propose: the same conversation + the analysis + the proposal template (its
              specialisation, then the shared blocks: how to answer with ranked
              candidates, the query rewrites, the safety rules)
-             ─► generate_json (PROPOSAL_SCHEMA) ─► parse_proposals: up to
-             MAX_CANDIDATES designs, best first
+             ─► generate_json (proposal_schema) ─► parse_proposals: up to
+             settings.candidates designs, best first ─► refusals (afs.safety)
+    revise_rewrite: the same conversation + its rewrite + why the result check failed
+             it in the fork (afs.agents asks, once per agent)
 
-Unusable output is sent back with the reason, at most `MAX_REPROMPTS` times; then
-the agent fails with a `ModelOutputError`. For proposals that is an answer without
-a single usable candidate: malformed candidates among good ones are dropped with a
-warning. The candidates then go through the same safety check, screening and
-benchmark as a strategist's: the model's estimate is never a measurement. Token usage
-and estimated cost are kept per agent in `brain.usage`. The prompts are files in
-`afs/brains/gemini/prompts/` (string.Template: `$query`, …); `allowed_sql`,
-`candidates` and `rewrites` are the blocks every proposal prompt shares.
+Unusable output is sent back with the reason, and so are candidates the safety check
+refuses (all of them: one acceptable candidate is enough), at most `MAX_REPROMPTS` times
+in all; then unusable output fails the agent with a `ModelOutputError`, and refused
+candidates are returned for the agent to report as refused. Malformed candidates among
+good ones are dropped with a warning. The candidates then go through the same safety
+check, screening and benchmark as a strategist's: the model's estimate is never a
+measurement. Tokens (thinking included), attempts and estimated cost are kept per agent
+in `brain.usage`. The prompts are files in `afs/brains/gemini/prompts/`
+(string.Template: `$query`, …); `allowed_sql`, `candidates` and `rewrites` are the
+blocks every proposal prompt shares; `data_rule` ends every system prompt.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import decimal
 import functools
 import json
@@ -48,9 +55,11 @@ from afs.brains.gemini.client import (
 from afs.brains.gemini.parsing import (
     ANALYSIS_SCHEMA,
     MAX_CANDIDATES,
-    PROPOSAL_SCHEMA,
     parse_analysis,
     parse_proposals,
+    parse_review,
+    proposal_schema,
+    review_schema,
 )
 from afs.config import (
     DEFAULT_GEMINI_MODELS,
@@ -61,12 +70,22 @@ from afs.config import (
     Timeouts,
 )
 from afs.errors import ConfigError, ModelOutputError, UnsafeSqlError
-from afs.models import AGENTS, AgentKey, AnalysisContext, AnalysisResult, OptimizationProposal, TableInfo
-from afs.pg.plan import PLAN_TOKEN_BUDGET, trim_plan
+from afs.models import (
+    AGENTS,
+    AgentKey,
+    AgentOutcome,
+    AnalysisContext,
+    AnalysisResult,
+    OptimizationProposal,
+    ReviewFlag,
+    TableInfo,
+)
+from afs.pg.plan import PLAN_TOKEN_BUDGET, plan_text
 from afs.safety import check_query, validate_candidate
 
 log = structlog.get_logger("afs.gemini")
 
+REVIEWER: Final = "gemini25pro"  # the seed gives gemini-2.5-pro's agent the review role
 MAX_REPROMPTS: Final = 2  # the seed's "Re-prompt … Limit: 2 retry attempts" (repairs and refusals)
 MAX_VALUES_SHOWN: Final = 10  # most common values per column
 MAX_VALUE_CHARS: Final = 40
@@ -82,8 +101,29 @@ def prompt_template(name: str) -> Template:
     return Template(prompts.joinpath(f"{name}.md").read_text("utf-8"))
 
 
-def _value(text: str) -> str:
-    return repr(text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "…")
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str).replace("</", "<\\/")
+
+
+def data(label: str, value: object) -> str:
+    """A value from the user's database, as data: JSON inside labelled delimiters.
+
+    `label` is AFS's own word for what it is (never text from the database). Every "</" of the
+    JSON is written "<\\/" (the same string to a JSON reader), so no value can close the block
+    early; the system prompt says text inside a block is never an instruction.
+    """
+    encoded = _json(value)
+    return f'<data label="{label}">{encoded}</data>'
+
+
+def data_lines(label: str, lines: Sequence[str]) -> str:
+    """Several lines (a plan, a definition) as one data block: a JSON list, one string a line."""
+    encoded = ",\n".join(_json(line) for line in lines)
+    return f'<data label="{label}">[\n{encoded}\n]</data>'
+
+
+def _value(value: str) -> str:
+    return value if len(value) <= MAX_VALUE_CHARS else value[:MAX_VALUE_CHARS] + "…"
 
 
 def _stats_lines(table: TableInfo) -> list[str]:
@@ -100,13 +140,13 @@ def _stats_lines(table: TableInfo) -> list[str]:
             parts.append(f"correlation {stats.correlation:.3f}")
         if stats.most_common_vals:
             pairs = list(zip(stats.most_common_vals, stats.most_common_freqs, strict=False))
-            shown = ", ".join(f"{_value(v)} {f:.1%}" for v, f in pairs[:MAX_VALUES_SHOWN])
-            more = f", … ({len(pairs)} in all)" if len(pairs) > MAX_VALUES_SHOWN else ""
-            parts.append(f"most common values: {shown}{more}")
+            shown = [[_value(v), f"{f:.1%}"] for v, f in pairs[:MAX_VALUES_SHOWN]]
+            more = f" ({len(pairs)} in all)" if len(pairs) > MAX_VALUES_SHOWN else ""
+            parts.append(f"most common values and their share: {data('values', shown)}{more}")
         if stats.histogram_bounds:
             bounds = stats.histogram_bounds
-            parts.append(f"range {_value(bounds[0])} … {_value(bounds[-1])}")
-        lines.append(f"- {table.name}.{column}: " + "; ".join(parts))
+            parts.append(f"range {data('values', [_value(bounds[0]), _value(bounds[-1])])}")
+        lines.append(f"- {data('column', f'{table.name}.{column}')}: " + "; ".join(parts))
     return lines
 
 
@@ -114,24 +154,45 @@ def _bullets(items: Sequence[str]) -> str:
     return "\n".join(f"- {item}" for item in items) or "(none)"
 
 
+def _definition(table: TableInfo) -> dict[str, object]:
+    """What the table is, each fact once (its indexes and sizes have their own sections)."""
+    definition: dict[str, object] = {
+        "table": table.name,
+        "columns": [f"{c.name} {c.data_type}{'' if c.nullable else ' NOT NULL'}" for c in table.columns]}
+    if table.primary_key:
+        definition["primary_key"] = list(table.primary_key)
+    if table.constraints:
+        definition["foreign_keys_and_checks"] = list(table.constraints)
+    if table.partitioning:
+        definition["partitioning"] = table.partitioning
+    if table.referenced_by:
+        definition["referenced_by_foreign_keys_of"] = list(table.referenced_by)
+    return definition
+
+
 def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> dict[str, str]:
-    """The placeholders of the analysis and proposal templates, from the agent's context."""
+    """The placeholders of the analysis and proposal templates, from the agent's context.
+
+    Everything read from the user's database (the query, names, definitions, values, the plan
+    with its conditions) is a `data` block.
+    """
     tables = list(ctx.tables.values())
-    plan, plan_note = trim_plan(ctx.plan, plan_budget_tokens)
-    indexes = [f"- {t.name}: {ix.name}: {ix.definition} ({ix.size_mb:g} MB)"
-               for t in tables for ix in t.indexes]
-    sizes = [f"- {t.name}: {t.rows:,} rows, {t.size_mb:g} MB with indexes, "
-             f"{t.writes_per_read:.2f} rows written per scan"
-             + (f", referenced by foreign keys of {', '.join(t.referenced_by)}" if t.referenced_by else "")
-             for t in tables]
-    suite = [f"- {v.name}: {v.sql}" + (f"  ({v.note})" if v.note else "") for v in ctx.suite]
+    plan, plan_note = plan_text(ctx.plan, plan_budget_tokens)
+    indexes = [f"- {data('index', ix.definition)} ({ix.size_mb:g} MB)" for t in tables for ix in t.indexes]
+    sizes = [f"- {data('table', t.name)}: {t.rows:,} rows, {t.size_mb:g} MB with indexes, "
+             f"{t.writes_per_read:.2f} rows written per scan" for t in tables]
+    suite = [f"- {v.name}: {data('query', v.sql)}" + (f" {data('note', v.note)}" if v.note else "")
+             for v in ctx.suite]
+    server = data("server", dict(ctx.server)) if ctx.server else "(unknown)"
     return {
         "task_type": ctx.task_type,
-        "query": ctx.query,
-        "execution_ms": f"{ctx.execution_ms:.1f}",
-        "explain_plan": plan,
+        "query": data("query", ctx.query),
+        "execution_ms": f"{ctx.execution_ms:.1f}" + (" (at least: it ran past the statement timeout)"
+                                                    if ctx.slow else ""),
+        "explain_plan": data_lines("plan", plan),
         "plan_note": plan_note,
-        "schema": "\n\n".join(t.ddl for t in tables if t.ddl) or "(unknown)",
+        "server": server,
+        "schema": "\n".join(data("table definition", _definition(t)) for t in tables) or "(unknown)",
         "indexes": "\n".join(indexes) or "(none)",
         "table_sizes": "\n".join(sizes) or "(unknown)",
         "column_stats": "\n".join(line for t in tables for line in _stats_lines(t))
@@ -160,19 +221,65 @@ def _keyset_note(ctx: AnalysisContext) -> str:
     if ctx.keyset_last_key is None:
         return ""
     key = ", ".join(_sql_literal(v) for v in ctx.keyset_last_key)
-    return f"\n  For this query, the ORDER BY key of the row just before the page is ({key})."
+    shown = data("values", f"({key})")
+    return f"\n  For this query, the ORDER BY key of the row just before the page is {shown}."
 
 
 def proposal_prompt(agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
-                    plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> str:
+                    plan_budget_tokens: int = PLAN_TOKEN_BUDGET, max_candidates: int = MAX_CANDIDATES) -> str:
     """The specialisation's proposal template, with the blocks every agent shares: ranked
     candidates and how they are judged, the query rewrites, the safety rules."""
     return prompt_template(f"proposal_{agent}").substitute(
         context_fields(ctx, plan_budget_tokens), insights=_bullets(analysis.insights),
         proposed_actions=_bullets(analysis.proposed_actions),
-        candidates=prompt_template("candidates").substitute(max_candidates=MAX_CANDIDATES).strip(),
+        candidates=prompt_template("candidates").substitute(max_candidates=max_candidates).strip(),
         rewrites=prompt_template("rewrites").substitute(keyset=_keyset_note(ctx)).strip(),
         allowed_sql=prompt_template("allowed_sql").template.strip())
+
+
+def candidate_json(proposal: OptimizationProposal) -> dict[str, Any]:
+    """A proposal as a candidate object of the proposal schema (the model's own turn)."""
+    out: dict[str, Any] = {
+        "proposal_type": proposal.proposal_type, "rationale": proposal.rationale,
+        "sql_commands": list(proposal.sql_commands), "rollback_commands": list(proposal.rollback_commands),
+        "estimated_impact": dataclasses.asdict(proposal.estimated_impact)}
+    if proposal.rewritten_query is not None:
+        out["rewritten_query"] = proposal.rewritten_query
+    if proposal.settings:
+        out["settings"] = dict(proposal.settings)
+    if proposal.needs_application_change:
+        out["needs_application_change"] = True
+    return out
+
+
+def _measured(outcome: AgentOutcome) -> dict[str, Any]:
+    """One agent's best proposal and what was measured of it, for the reviewer."""
+    proposal, bench = outcome.proposal, outcome.benchmark
+    assert bench is not None
+    out: dict[str, Any] = {"status": outcome.status}
+    if proposal is not None:
+        out["proposal"] = candidate_json(proposal)
+    out["measured"] = {
+        "average_improvement_pct": round(bench.average_improvement_pct, 1),
+        "same_rows": bench.equivalent,
+        "storage_added_mb": round(bench.storage_delta_mb, 2),
+        "apply_s": round(bench.apply_s, 2),
+        "suite": {m.name: {"baseline_ms": round(m.baseline.median_ms, 3),
+                           "optimized_ms": round(m.optimized.median_ms, 3), "rows": m.rows,
+                           "significant": m.significant} for m in bench.measurements},
+        "other_parameter_values": [{"values": c.label, "same_rows": c.equivalent, "slower": c.slower}
+                                   for c in bench.parameter_checks],
+    }
+    if outcome.writes_per_read:
+        out["rows_written_per_scan"] = dict(outcome.writes_per_read)
+    if outcome.error:
+        out["note"] = outcome.error
+    return out
+
+
+def review_prompt(query: str, outcomes: Sequence[AgentOutcome]) -> str:
+    proposals = "\n".join(f"- agent {o.agent}: {data('measured proposal', _measured(o))}" for o in outcomes)
+    return prompt_template("review").substitute(query=data("query", query), proposals=proposals)
 
 
 def _analysis_json(analysis: AnalysisResult) -> str:
@@ -227,8 +334,10 @@ class GeminiBrain:
 
     def __init__(self, client: GeminiClient, gemini: GeminiSettings | None = None, *,
                  model_phase_s: float = Timeouts().model, call_timeout_s: float | None = None,
-                 policy: RetryPolicy = DEFAULT_RETRY, plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> None:
+                 policy: RetryPolicy = DEFAULT_RETRY, plan_budget_tokens: int = PLAN_TOKEN_BUDGET,
+                 max_candidates: int = MAX_CANDIDATES) -> None:
         self.client = client
+        self.max_candidates = max_candidates
         self.gemini = gemini or GeminiSettings()
         self.model_phase_s = model_phase_s
         self.call_timeout_s = call_timeout_s
@@ -251,10 +360,40 @@ class GeminiBrain:
         turns: list[Turn] = [
             ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens)),
             ("model", _analysis_json(analysis)),
-            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens)),
+            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens, self.max_candidates)),
         ]
-        return await self._ask(agent, "propose", turns, PROPOSAL_SCHEMA,
-                               functools.partial(parse_proposals, agent), judge=refusals)
+        return await self._ask(agent, "propose", turns, proposal_schema(self.max_candidates),
+                               functools.partial(parse_proposals, agent, max_candidates=self.max_candidates),
+                               judge=refusals)
+
+    async def revise_rewrite(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
+                             proposal: OptimizationProposal, reason: str) -> OptimizationProposal | None:
+        """The model's correction of a rewrite that returned other rows in the fork (the
+        `RevisingBrain` hook of afs.agents): the same conversation, its rewrite, the result
+        check's reason. None when it gives up or gives no rewrite."""
+        turns: list[Turn] = [
+            ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens)),
+            ("model", _analysis_json(analysis)),
+            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens, self.max_candidates)),
+            ("model", json.dumps({"candidates": [candidate_json(proposal)]})),
+            ("user", prompt_template("revise").substitute(reason=reason)),
+        ]
+        revised = await self._ask(agent, "revise", turns, proposal_schema(self.max_candidates),
+                                  functools.partial(parse_proposals, agent), judge=refusals)
+        rewrite = next((p for p in revised if p.rewritten_query is not None), None)
+        if rewrite is None:
+            return None
+        return dataclasses.replace(rewrite, rationale=f"Revised after the result check ({reason}): "
+                                                      f"{rewrite.rationale}")
+
+    async def review(self, reviewer: AgentKey, query: str,
+                     outcomes: Sequence[AgentOutcome]) -> tuple[ReviewFlag, ...]:
+        """The seed's review role: flags on the other agents' measured proposals (shown in the
+        report next to the proposal; never a change to a measurement or a score)."""
+        agents = [o.agent for o in outcomes]
+        turns: list[Turn] = [("user", review_prompt(query, outcomes))]
+        return await self._ask(reviewer, "review", turns, review_schema(agents),
+                               functools.partial(parse_review, reviewer, agents))
 
     async def _ask(self, agent: AgentKey, purpose: str, turns: list[Turn], schema: Mapping[str, Any],
                    parse: Callable[[str], tuple[T, list[str]]],
@@ -368,8 +507,9 @@ async def open_gemini_squad(settings: Settings, credentials: Credentials, env: M
     async with open_gemini_client(credentials, transport=transport, google_auth=google_auth) as client:
         gemini = settings.gemini
         await check_models(client, gemini)
-        brain = GeminiBrain(client, gemini, model_phase_s=settings.timeouts.model)
+        brain = GeminiBrain(client, gemini, model_phase_s=settings.timeouts.model,
+                            max_candidates=settings.candidates)
         note = (f"Gemini models via {credentials.describe()}: "
                 + ", ".join(f"{agent} = {gemini.model_of(agent)}" for agent in AGENTS))
         yield Squad(brain_for=lambda _agent: brain, provider="gemini", note=note,
-                    usage=brain.usage)
+                    usage=brain.usage, reviewer=REVIEWER)

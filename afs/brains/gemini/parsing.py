@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 from afs.errors import ModelOutputError, UnsafeSqlError
@@ -34,6 +34,7 @@ from afs.models import (
     EstimatedImpact,
     OptimizationProposal,
     ProposalType,
+    ReviewFlag,
     RiskLevel,
 )
 from afs.safety import SETTING_LIMITS_KB, split_statements
@@ -58,49 +59,110 @@ ANALYSIS_SCHEMA: Final[Mapping[str, Any]] = {
     },
     "required": ["insights", "proposed_actions", "confidence"],
 }
-MAX_CANDIDATES: Final = 4  # candidate designs asked for in one answer (the agent screens them all)
+MAX_CANDIDATES: Final = 4  # candidate designs asked for in one answer, by default (settings.candidates)
 WORK_MEM: Final = "work_mem"  # the one per-query setting offered to the models
+# The reasoning fields come before the SQL fields: a model that does not think writes its reasons
+# first, then the SQL that follows from them. Guidance lives in the descriptions (the prompts
+# hold no JSON example that could disagree with this schema).
+_LEVEL: Final = {"type": "string", "enum": ["low", "medium", "high"]}
 CANDIDATE_SCHEMA: Final[Mapping[str, Any]] = {
     "type": "object",
     "properties": {
-        "proposal_type": {"type": "string", "enum": [*PROPOSAL_TYPES, NO_PROPOSAL]},
-        "sql_commands": {**_STRINGS, "description": "one SQL statement per item, applied in order; "
-                                                    "empty for a rewrite or a setting alone"},
-        "rollback_commands": {**_STRINGS, "description": "statements that undo sql_commands"},
+        "proposal_type": {"type": "string", "enum": [*PROPOSAL_TYPES, NO_PROPOSAL],
+                          "description": f"the kind of design; {NO_PROPOSAL!r} when nothing is worth "
+                                         "changing"},
+        "rationale": {"type": "string",
+                      "description": "why this design makes the query faster, with the plan's numbers; "
+                                     "its trade-offs (storage, writes, refresh strategy of a view)"},
+        "equivalence": {"type": "string",
+                        "description": "for a rewrite: why it returns exactly the same rows"},
+        "sql_commands": {**_STRINGS, "description": "one SQL statement per item, applied in order, only "
+                                                    "what the safety rules allow; empty for a rewrite "
+                                                    "or a setting alone"},
+        "rollback_commands": {**_STRINGS, "description": "statements that undo sql_commands, e.g. "
+                                                         "DROP INDEX IF EXISTS name"},
         "rewritten_query": {"type": "string",
                             "description": "the complete query to run instead, when the design needs a "
                                            "rewrite; it keeps every clause of the original"},
-        "equivalence": {"type": "string",
-                        "description": "for a rewrite: why it returns exactly the same rows"},
         "settings": {"type": "object", "description": "planner settings for this query only",
                      "properties": {WORK_MEM: {"type": "string", "description": "e.g. 64MB"}}},
         "needs_application_change": {
             "type": "boolean",
             "description": "true when the application must change too (keyset pagination)"},
-        "rationale": {"type": "string"},
         "estimated_impact": {
             "type": "object",
+            "description": "your estimate; the measurement decides",
             "properties": {
-                "query_time_improvement": {"type": "number", "minimum": 0, "maximum": 100},
+                "query_time_improvement": {"type": "number", "minimum": 0, "maximum": 100,
+                                           "description": "percent less time"},
                 "storage_overhead_mb": {"type": "number", "minimum": 0},
-                "complexity": {"type": "string", "enum": ["low", "medium", "high"]},
-                "risk": {"type": "string", "enum": ["low", "medium", "high"]},
+                "complexity": _LEVEL,
+                "risk": _LEVEL,
             },
             "required": ["query_time_improvement", "storage_overhead_mb", "complexity", "risk"],
         },
-        "validation_steps": {**_STRINGS, "description": "how to check the change works"},
+        "validation_steps": {**_STRINGS, "description": "how to check the change works, e.g. what "
+                                                        "EXPLAIN should show"},
     },
-    "required": ["proposal_type", "sql_commands", "rationale", "estimated_impact"],
+    "required": ["proposal_type", "rationale", "sql_commands", "estimated_impact"],
 }
-PROPOSAL_SCHEMA: Final[Mapping[str, Any]] = {
-    "type": "object",
-    "properties": {
-        "candidates": {"type": "array", "items": CANDIDATE_SCHEMA, "maxItems": MAX_CANDIDATES,
-                       "description": f"up to {MAX_CANDIDATES} distinct designs, best first; "
-                                      "empty when nothing is worth changing"},
-    },
-    "required": ["candidates"],
-}
+def proposal_schema(max_candidates: int = MAX_CANDIDATES) -> Mapping[str, Any]:
+    """The proposal answer: up to `max_candidates` designs (the agent's AFS_CANDIDATES)."""
+    return {
+        "type": "object",
+        "properties": {
+            "candidates": {"type": "array", "items": CANDIDATE_SCHEMA, "maxItems": max_candidates,
+                           "description": f"up to {max_candidates} distinct designs, best first; "
+                                          "empty when nothing is worth changing"},
+        },
+        "required": ["candidates"],
+    }
+
+
+PROPOSAL_SCHEMA: Final = proposal_schema()
+
+MAX_FLAGS: Final = 6  # a reviewer's flags in one answer
+MAX_CONCERN_CHARS: Final = 600
+
+
+def review_schema(agents: Sequence[AgentKey]) -> Mapping[str, Any]:
+    """The reviewer's answer: flags on the proposals of `agents`."""
+    return {
+        "type": "object",
+        "properties": {
+            "flags": {"type": "array", "maxItems": MAX_FLAGS, "description": "empty when nothing is wrong",
+                      "items": {"type": "object", "properties": {
+                          "agent": {"type": "string", "enum": list(agents),
+                                    "description": "whose proposal"},
+                          "concern": {"type": "string",
+                                      "description": "what the measurement cannot show, concretely"}},
+                                "required": ["agent", "concern"]}},
+        },
+        "required": ["flags"],
+    }
+
+
+def parse_review(reviewer: AgentKey, agents: Sequence[AgentKey],
+                 text: str) -> tuple[tuple[ReviewFlag, ...], list[str]]:
+    """The reviewer's flags; one on an agent not reviewed, or without a concern, is dropped."""
+    data = load_object(text)
+    raw = data.get("flags", [])
+    if not isinstance(raw, list):
+        raise ModelOutputError(f'flags must be a list of {{"agent", "concern"}} objects, '
+                               f"got {type(raw).__name__}", text)
+    flags: list[ReviewFlag] = []
+    warnings: list[str] = []
+    for item in raw[:MAX_FLAGS]:
+        agent = item.get("agent") if isinstance(item, dict) else None
+        concern = " ".join(str(item.get("concern") or "").split()) if isinstance(item, dict) else ""
+        if agent not in agents or not concern:
+            warnings.append(f"flag {item!r} dropped: no reviewed agent or no concern")
+            continue
+        if len(concern) > MAX_CONCERN_CHARS:
+            concern = concern[:MAX_CONCERN_CHARS - 1] + "…"
+        flags.append(ReviewFlag(agent=str(agent), reviewer=reviewer, concern=concern))
+    return tuple(flags), warnings
+
 
 # -- step 1: extract -------------------------------------------------------------------------
 _FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_-]*[ \t]*\r?\n?(.*?)(?:```|\Z)", re.DOTALL)
@@ -517,7 +579,8 @@ def _identity(proposal: OptimizationProposal) -> tuple[object, ...]:
     return tuple(" ".join(c.split()) for c in proposal.sql_commands), rewrite, proposal.settings
 
 
-def parse_proposals(agent: AgentKey, text: str) -> tuple[tuple[OptimizationProposal, ...], list[str]]:
+def parse_proposals(agent: AgentKey, text: str, max_candidates: int = MAX_CANDIDATES
+                    ) -> tuple[tuple[OptimizationProposal, ...], list[str]]:
     """The agent's candidate designs from a model's answer, in the model's order, and warnings.
 
     A malformed candidate is dropped (with a warning naming it and why) and the others
@@ -527,9 +590,9 @@ def parse_proposals(agent: AgentKey, text: str) -> tuple[tuple[OptimizationPropo
     """
     warnings: list[str] = []
     listed = _candidate_list(_load_json(text), text, warnings)
-    if len(listed) > MAX_CANDIDATES:
-        warnings.append(f"{len(listed)} candidates: only the first {MAX_CANDIDATES} are kept")
-        listed = listed[:MAX_CANDIDATES]
+    if len(listed) > max_candidates:
+        warnings.append(f"{len(listed)} candidates: only the first {max_candidates} are kept")
+        listed = listed[:max_candidates]
     proposals: list[OptimizationProposal] = []
     seen: set[tuple[object, ...]] = set()
     problems: list[str] = []
