@@ -27,6 +27,7 @@ from afs.analysis import gather_context
 from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, undo
 from afs.brains import Brain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
+from afs.catalog import catalog_problems, lost_rows, table_fingerprints
 from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
 from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
@@ -51,7 +52,7 @@ from afs.models import (
     ValidationResult,
 )
 from afs.params import ParameterSet, apply_parameters, baked_literals, parameter_sets
-from afs.safety import check_query, validate_candidate
+from afs.safety import check_query, proposal_references, validate_candidate
 from afs.suite import build_suite
 
 
@@ -245,6 +246,13 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             if proposal.needs_application_change:
                 # a keyset page starts from the key of the unfiltered query: no filter variant
                 candidate_suite = tuple(v for v in candidate_suite if v.name != "filter")
+        refused = await _refused_by_catalog(conn, proposal, validation)
+        if refused is not None:
+            reasons = "; ".join(f"{r.reason}: {r.statement[:80]}" for r in refused.rejected)
+            events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=reasons, rank=rank)
+            tried[rank] = CandidateResult(proposal, "rejected", rank, refused,
+                                          note=f"unsafe SQL refused: {reasons}")
+            continue
         checked.append((rank, proposal, validation, candidate_suite))
     if not checked:
         state.candidates = tuple(tried[r] for r in sorted(tried))
@@ -302,13 +310,16 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 enter("benchmark")
                 measured_here = True
                 with trio.fail_after(limits.benchmark + job.slow_cap_s):
-                    return await benchmark(
+                    rows_kept = await _rows_kept(conn, proposal)
+                    outcome = await benchmark(
                         conn, suite, proposal, candidate_suite=candidate_suite,
                         tables=job.features.tables, runs=job.runs, skipped=state.skipped,
                         family=members,
                         statement_timeout_ms=job.statement_timeout_ms,
                         slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,
                         known_slow=ctx.slow)
+                    await rows_kept()
+                    return outcome
 
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
@@ -483,3 +494,33 @@ def _alias_of(features: QueryFeatures) -> str | None:
         if table == features.main_table and alias != table:
             return alias
     return None
+
+
+# -- what only the fork's catalog and data can tell -----------------------------------------------
+async def _refused_by_catalog(conn: Connection, proposal: OptimizationProposal,
+                              validation: ValidationResult) -> ValidationResult | None:
+    """The validation of a proposal the fork's catalog refuses (`safety.judge_references`:
+    functions, operators and casts that are not built in, system relations, objects that
+    already exist, partial copies), or None when it passes. One query per proposal."""
+    refused = await catalog_problems(conn, proposal_references(proposal))
+    if not refused:
+        return None
+    return ValidationResult(False, "high", 0.0, validation.warnings, validation.rollback_commands, refused)
+
+
+async def _rows_kept(conn: Connection, proposal: OptimizationProposal) -> Callable[[], Awaitable[None]]:
+    """Fingerprint the existing tables a partitioning recipe moves; the returned check, run
+    after the recipe, raises `ApplyError` unless each holds the same rows and columns under its
+    name (row count and checksum of every column it had)."""
+    tables = proposal_references(proposal).preserved if proposal.proposal_type == "partitioning" else ()
+    before = await table_fingerprints(conn, tables)
+
+    async def check() -> None:
+        if not tables:
+            return
+        columns = {table: found.columns for table, found in before.items() if found is not None}
+        lost = lost_rows(before, await table_fingerprints(conn, tables, columns))
+        if lost:
+            raise ApplyError("the migration does not keep every row and column of the original: "
+                             + "; ".join(lost))
+    return check

@@ -72,7 +72,8 @@ LEFT JOIN LATERAL (
 ) e ON true
 UNION ALL
 SELECT r.i, n.nspname::text, c.relname::text, c.oid < 16384, NULL, NULL, false, NULL, ARRAY[c.relkind::text]
-FROM r JOIN pg_class c ON c.oid = to_regclass(CASE WHEN r.kind = 'relation' THEN r.name END) JOIN pg_namespace n ON n.oid = c.relnamespace
+FROM r JOIN pg_class c ON c.oid = to_regclass(CASE WHEN r.kind = 'relation' THEN r.name END)
+  JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE r.kind = 'relation'
 UNION ALL
 SELECT r.i, n.nspname::text, c.relname::text, false, NULL, NULL, false, NULL,
@@ -89,7 +90,8 @@ FROM r JOIN pg_statistic_ext s ON s.stxname = r.name JOIN pg_namespace n ON n.oi
 WHERE r.kind = 'statistics' AND n.nspname = coalesce(r.schema, current_schema())
 UNION ALL
 SELECT r.i, NULL, NULL, false, NULL, NULL, false, NULL, array_agg(a.attname::text ORDER BY a.attnum)
-FROM r JOIN pg_attribute a ON a.attrelid = to_regclass(CASE WHEN r.kind = 'columns' THEN r.name END) AND a.attnum > 0 AND NOT a.attisdropped
+FROM r JOIN pg_attribute a ON a.attrelid = to_regclass(CASE WHEN r.kind = 'columns' THEN r.name END)
+  AND a.attnum > 0 AND NOT a.attisdropped
   AND a.attgenerated = ''
 WHERE r.kind = 'columns'
 GROUP BY r.i

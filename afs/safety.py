@@ -102,6 +102,13 @@ DENIED_FUNCTIONS: frozenset[str] = frozenset({
     "brin_desummarize_range",
     # catalog writes
     "pg_import_system_collations", "pg_extension_config_dump",
+    # the best-known names the patterns below cover outside the pg_ prefix (large objects,
+    # dblink, tablefunc, pgsql-http), refused before any catalog is asked
+    "lo_import", "lo_export", "lo_unlink", "lo_put", "lo_create", "lo_creat", "lo_from_bytea", "lo_open",
+    "lo_truncate", "lo_truncate64", "lo_manage", "dblink", "dblink_exec", "dblink_connect",
+    "dblink_connect_u", "dblink_send_query", "dblink_open", "dblink_fetch", "crosstab", "crosstab2",
+    "crosstab3", "crosstab4", "http", "http_get", "http_post", "http_put", "http_delete", "http_patch",
+    "http_head",
 })
 _DENIED_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
     r"^dblink",  # dblink, dblink_exec, dblink_connect, …
@@ -128,6 +135,17 @@ def denied_function(funcname: Sequence[str]) -> bool:
         return False
     name = funcname[-1].lower()
     return name in DENIED_FUNCTIONS or any(p.search(name) for p in _DENIED_PATTERNS)
+
+
+def _denied_by_name(funcname: Sequence[str]) -> bool:
+    """`denied_function` before the catalog is asked: the exact names, and the patterns of the
+    system's own prefixes (pg_, binary_upgrade_). A user's own lo_total() or http_status() is
+    not refused for its name (the catalog refuses it for being defined in the database)."""
+    if not funcname:
+        return False
+    name = funcname[-1].lower()
+    system_prefix = name.startswith(("pg_", "binary_upgrade_"))
+    return name in DENIED_FUNCTIONS or (system_prefix and denied_function(funcname))
 
 
 def _system_schema(schema: str | None) -> bool:
@@ -247,7 +265,7 @@ def _side_effect_problem(node: Any) -> str | None:
                 return "cross-database names are not allowed"
             if len(parts) == 2 and _system_schema(parts[0]) and parts[0].lower() != "pg_catalog":
                 return f"calls {'.'.join(parts)}(), which is not a built-in function"
-            if denied_function(parts):
+            if _denied_by_name(parts):
                 return f"calls {'.'.join(parts)}(), which has side effects"
         elif isinstance(sub, ast.RangeVar):
             if sub.catalogname:
@@ -526,13 +544,13 @@ def _ref_problem(ref: Ref, facts: Sequence[CatalogFact], creates_extension: bool
             qualified = f"{fact.schema}.{fact.name}()"
             through = "" if ref.kind == "function" else f"{shown} runs {qualified}, which "
             subject = f"calls {qualified}, which " if ref.kind == "function" else through
+            if fact.security_definer:
+                return f"{subject}is SECURITY DEFINER: it would run with its owner's rights"
             if not fact.builtin and fact.extension not in TRUSTED_EXTENSIONS:
                 origin = (f"comes from the extension {fact.extension}, which is not in the allow-list"
                           if fact.extension else "is defined in the database")
                 return (f"{subject}is not built in: it {origin} (only built-in functions and those of "
                         f"{', '.join(sorted(TRUSTED_EXTENSIONS))} may run)")
-            if fact.security_definer:
-                return f"{subject}is SECURITY DEFINER: it would run with its owner's rights"
             if ref.kind == "function" and denied_function((fact.name or "",)):
                 return f"calls {qualified}, which has side effects"
         if ref.kind != "function":
