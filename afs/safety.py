@@ -546,7 +546,10 @@ def _ref_problem(ref: Ref, facts: Sequence[CatalogFact], creates_extension: bool
             subject = f"calls {qualified}, which " if ref.kind == "function" else through
             if fact.security_definer:
                 return f"{subject}is SECURITY DEFINER: it would run with its owner's rights"
-            if not fact.builtin and fact.extension not in TRUSTED_EXTENSIONS:
+            # an extension's function is judged by the allow-list even when it was installed
+            # with PostgreSQL (plpgsql's handler lives in pg_catalog with a system OID)
+            trusted = fact.extension in TRUSTED_EXTENSIONS if fact.extension else fact.builtin
+            if not trusted:
                 origin = (f"comes from the extension {fact.extension}, which is not in the allow-list"
                           if fact.extension else "is defined in the database")
                 return (f"{subject}is not built in: it {origin} (only built-in functions and those of "
