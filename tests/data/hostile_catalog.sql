@@ -40,3 +40,5 @@ CREATE STATISTICS orders_stats ON status, user_id FROM orders;
 CREATE MATERIALIZED VIEW daily AS SELECT date_trunc('day', created_at) AS day, count(*) AS n FROM orders GROUP BY 1;
 CREATE SERVER elsewhere FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host 'localhost', dbname 'afs_demo');
 CREATE FOREIGN TABLE public.remote_orders (id bigint) SERVER elsewhere OPTIONS (table_name 'orders');
+CREATE VIEW public.evil_view AS SELECT id, public.evil(id) AS e FROM orders;
+CREATE VIEW public.outer_view AS SELECT id FROM public.evil_view;
