@@ -83,7 +83,9 @@ resolves them in one query against the catalog of the fork where they would run
   depth, are judged as above (materialized views too, which REFRESH runs).
 
 Not judged here: row-level security policies, triggers (proposals write only into tables they
-create), and the planner's own support functions (written in C, so by a superuser).
+create), the types a table takes over with LIKE (the user's own, checked as on any write into
+it), operator classes, and the planner's own support functions (written in C, so by a
+superuser).
 A migration recipe is also checked where it runs: agents.py counts and checksums the rows of
 every table it moves before and after (`afs.catalog.lost_rows`).
 
@@ -721,7 +723,12 @@ def _collect(node: Any, statement: str, context: Context, out: list[Ref]) -> Non
                                op[0] if len(op) == 2 else None, ctx, 2))
         elif isinstance(item, ast.CaseExpr) and item.arg is not None:
             out.append(Ref("operator", statement, "=", None, ctx, 2))
-        elif isinstance(item, ast.TypeCast) and item.typeName is not None:
+        elif isinstance(item, ast.SortBy) and item.useOp:
+            op = [p.sval for p in item.useOp if isinstance(p, ast.String) and p.sval]
+            out.append(Ref("operator", statement, op[-1], op[0] if len(op) == 2 else None, ctx, 2))
+        elif isinstance(item, ast.TypeCast | ast.ColumnDef) and item.typeName is not None:
+            # a cast runs the type's functions; so does every row written into a column of a
+            # type the proposal chose (a domain's checks)
             names = [p.sval for p in item.typeName.names or () if isinstance(p, ast.String) and p.sval]
             if names and len(names) <= 2:
                 type_sql = _qualified(names[0] if len(names) == 2 else None, names[-1])
