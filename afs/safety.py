@@ -62,7 +62,10 @@ resolves them in one query against the catalog of the fork where they would run
   behind an operator and for the functions a cast runs (the type's input function, the casts
   to the type, the checks of a domain). A name with several overloads is judged by all those
   the search path reaches with that many arguments (the operand types pick one at run time:
-  an overload of the user's beside a built-in refuses the name).
+  an overload of the user's beside a built-in refuses the name). The same goes for
+  operators: in a database with an extension that overloads `=` and is not in the
+  allow-list (PostGIS, say), every `=` is refused until that extension is reviewed and added
+  to `TRUSTED_EXTENSIONS` — a false refusal, never a false acceptance.
 * Volatility: in an index expression or predicate, statistics expression, partition key or
   generated column, a function must have an IMMUTABLE overload (PostgreSQL checks the one it
   picks); elsewhere no overload may be VOLATILE unless the name is in `VOLATILE_ALLOWED`
