@@ -28,6 +28,7 @@ from afs.analysis import gather_context
 from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, undo
 from afs.brains import Brain, RevisingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
+from afs.catalog import catalog_problems, lost_rows, table_fingerprints
 from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
 from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
@@ -53,7 +54,7 @@ from afs.models import (
     ValidationResult,
 )
 from afs.params import ParameterSet, apply_parameters, baked_literals, parameter_sets
-from afs.safety import check_query, validate_candidate
+from afs.safety import check_query, proposal_references, validate_candidate
 from afs.suite import build_suite
 
 AS_FAST_RATIO = 1.2  # a candidate leaving at most 1.2x the fastest one's share of the time is as fast
@@ -227,7 +228,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     tried: dict[int, CandidateResult] = {}
     checked: list[tuple[int, OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None]] = []
     for rank, proposal in enumerate(proposals, 1):
-        validation, candidate_suite, refused = _admit(proposal)
+        validation, candidate_suite, refused = await _admit(conn, proposal)
         if refused is not None:
             events.emit("proposal_rejected", agent=agent, fork=state.fork, reason=refused, rank=rank)
             tried[rank] = CandidateResult(proposal, "rejected", rank, validation, note=refused)
@@ -292,13 +293,16 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 enter("benchmark")
                 measured_here = True
                 with trio.fail_after(limits.benchmark + job.slow_cap_s):
-                    return await benchmark(
+                    rows_kept = await _rows_kept(conn, proposal)
+                    outcome = await benchmark(
                         conn, suite, proposal, candidate_suite=candidate_suite,
                         tables=job.features.tables, runs=job.runs, skipped=state.skipped,
                         family=members,
                         statement_timeout_ms=job.statement_timeout_ms,
                         slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,
                         known_slow=ctx.slow)
+                    await rows_kept()
+                    return outcome
 
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
@@ -329,7 +333,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
         revised = await _revise_rewrite(brain, agent, ctx, state, proposal, outcome, limits.model, events)
         if revised is not None:  # measured next, as one more candidate (at most once per agent)
             new_rank = max([*tried, *by_rank]) + 1
-            revised_validation, revised_suite, refused = _admit(revised)
+            revised_validation, revised_suite, refused = await _admit(conn, revised)
             if refused is not None:
                 tried[new_rank] = CandidateResult(revised, "rejected", new_rank, revised_validation,
                                                   note=refused)
@@ -352,10 +356,13 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     return _best(state)
 
 
-def _admit(proposal: OptimizationProposal
-           ) -> tuple[ValidationResult, tuple[QueryVariant, ...] | None, str | None]:
-    """A candidate's safety verdict, the rewrite's own suite, and why it is refused (or None)."""
+async def _admit(conn: Connection, proposal: OptimizationProposal
+                 ) -> tuple[ValidationResult, tuple[QueryVariant, ...] | None, str | None]:
+    """A candidate's safety verdict (structure, then the fork's catalog), the rewrite's own
+    suite, and why it is refused (or None)."""
     validation = validate_candidate(proposal)
+    if validation.is_valid:
+        validation = await _refused_by_catalog(conn, proposal, validation) or validation
     if not validation.is_valid:
         reasons = "; ".join(f"{r.reason}: {r.statement[:80]}" for r in validation.rejected)
         return validation, None, f"unsafe SQL refused: {reasons}"
@@ -586,3 +593,33 @@ def _alias_of(features: QueryFeatures) -> str | None:
         if table == features.main_table and alias != table:
             return alias
     return None
+
+
+# -- what only the fork's catalog and data can tell -----------------------------------------------
+async def _refused_by_catalog(conn: Connection, proposal: OptimizationProposal,
+                              validation: ValidationResult) -> ValidationResult | None:
+    """The validation of a proposal the fork's catalog refuses (`safety.judge_references`:
+    functions, operators and casts that are not built in, system relations, objects that
+    already exist, partial copies), or None when it passes. One query per proposal."""
+    refused = await catalog_problems(conn, proposal_references(proposal))
+    if not refused:
+        return None
+    return ValidationResult(False, "high", 0.0, validation.warnings, validation.rollback_commands, refused)
+
+
+async def _rows_kept(conn: Connection, proposal: OptimizationProposal) -> Callable[[], Awaitable[None]]:
+    """Fingerprint the existing tables a partitioning recipe moves; the returned check, run
+    after the recipe, raises `ApplyError` unless each holds the same rows and columns under its
+    name (row count and checksum of every column it had)."""
+    tables = proposal_references(proposal).preserved if proposal.proposal_type == "partitioning" else ()
+    before = await table_fingerprints(conn, tables)
+
+    async def check() -> None:
+        if not tables:
+            return
+        columns = {table: found.columns for table, found in before.items() if found is not None}
+        lost = lost_rows(before, await table_fingerprints(conn, tables, columns))
+        if lost:
+            raise ApplyError("the migration does not keep every row and column of the original: "
+                             + "; ".join(lost))
+    return check

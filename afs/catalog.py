@@ -22,14 +22,22 @@ from afs.models import UnsafeStatement
 from afs.pg.names import quote_ident
 from afs.safety import CatalogFact, References, judge_references
 
-# One row per function a reference may run (with the operator or cast it runs for), per
+# One row per function a reference may run (with the operator, cast or view it runs for), per
 # relation a name resolves to, per existing object a proposal would create again, and per
 # table a copy reads (its columns). Built-in objects have OIDs below 16384
 # (FirstNormalObjectId): whatever a user or an extension creates gets a higher one.
 CATALOG_SQL = """
-WITH r AS (
+WITH RECURSIVE r AS (
   SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::text[])
     WITH ORDINALITY AS r(kind, schema, name, nargs, near, i)
+), views AS (
+  SELECT r.i, c.oid FROM r JOIN pg_class c
+    ON c.oid = to_regclass(CASE WHEN r.kind = 'relation' THEN r.name END) AND c.relkind IN ('v', 'm')
+  UNION
+  SELECT v.i, d.refobjid FROM views v JOIN pg_rewrite w ON w.ev_class = v.oid
+  JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = w.oid
+                  AND d.refclassid = 'pg_class'::regclass AND d.refobjid <> v.oid
+  JOIN pg_class c ON c.oid = d.refobjid AND c.relkind IN ('v', 'm')
 ), path AS (
   SELECT s.nspname FROM unnest(current_schemas(true)) AS s(nspname) WHERE s.nspname !~ '^pg_temp_'
 ), cand AS (
@@ -57,6 +65,12 @@ WITH r AS (
   ) f
   WHERE r.kind = 'type' AND t.t IS NOT NULL
   UNION ALL
+  SELECT v.i, d.refobjid, 'view ' || vn.nspname || '.' || vc.relname
+  FROM views v JOIN pg_class vc ON vc.oid = v.oid JOIN pg_namespace vn ON vn.oid = vc.relnamespace
+  JOIN pg_rewrite w ON w.ev_class = v.oid
+  JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = w.oid
+                  AND d.refclassid = 'pg_proc'::regclass
+  UNION ALL
   SELECT r.i, NULL, 'no such type' FROM r
   WHERE r.kind = 'type' AND to_regtype(CASE WHEN r.kind = 'type' THEN r.name END) IS NULL
 )
@@ -72,7 +86,8 @@ LEFT JOIN LATERAL (
 ) e ON true
 UNION ALL
 SELECT r.i, n.nspname::text, c.relname::text, c.oid < 16384, NULL, NULL, false, NULL, ARRAY[c.relkind::text]
-FROM r JOIN pg_class c ON c.oid = to_regclass(CASE WHEN r.kind = 'relation' THEN r.name END) JOIN pg_namespace n ON n.oid = c.relnamespace
+FROM r JOIN pg_class c ON c.oid = to_regclass(CASE WHEN r.kind = 'relation' THEN r.name END)
+  JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE r.kind = 'relation'
 UNION ALL
 SELECT r.i, n.nspname::text, c.relname::text, false, NULL, NULL, false, NULL,
@@ -89,7 +104,8 @@ FROM r JOIN pg_statistic_ext s ON s.stxname = r.name JOIN pg_namespace n ON n.oi
 WHERE r.kind = 'statistics' AND n.nspname = coalesce(r.schema, current_schema())
 UNION ALL
 SELECT r.i, NULL, NULL, false, NULL, NULL, false, NULL, array_agg(a.attname::text ORDER BY a.attnum)
-FROM r JOIN pg_attribute a ON a.attrelid = to_regclass(CASE WHEN r.kind = 'columns' THEN r.name END) AND a.attnum > 0 AND NOT a.attisdropped
+FROM r JOIN pg_attribute a ON a.attrelid = to_regclass(CASE WHEN r.kind = 'columns' THEN r.name END)
+  AND a.attnum > 0 AND NOT a.attisdropped
   AND a.attgenerated = ''
 WHERE r.kind = 'columns'
 GROUP BY r.i

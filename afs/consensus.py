@@ -20,6 +20,8 @@ Scores use what was measured (BenchmarkOutcome), never the agent's EstimatedImpa
 
 Ours on top of the original rules:
 
+* no score rewards what is not executed: the +5 risk bonus for a proposal's "validation
+  steps" (text a model writes, which nothing runs) is dropped;
 * a proposal whose suite queries return other rows than the original (not
   BenchmarkOutcome.equivalent) cannot win;
 * a statistically inconclusive proposal cannot win. A measurement *beats the noise* when it is
@@ -103,7 +105,6 @@ COMPLEXITY_RANGE = (20.0, 100.0)
 RISK_BY_LEVEL: Mapping[str, float] = MappingProxyType({"low": 95.0, "medium": 70.0, "high": 40.0})
 RISK_PER_WARNING = 5.0
 RISK_ROLLBACK_BONUS = 5.0
-RISK_VALIDATION_STEPS_BONUS = 5.0
 RISK_RANGE = (0.0, 100.0)
 INDEX_TYPES = frozenset({"index", "partial_index", "composite_index"})
 WRITE_COST_PER_WRITE_PER_READ = 10.0
@@ -205,13 +206,16 @@ def score_complexity(candidate: Candidate) -> float:
 
 
 def score_risk(candidate: Candidate) -> float:
-    """By validated risk level; −5 per warning, +5 with rollback SQL, +5 with validation steps; 0–100."""
+    """By validated risk level; −5 per warning, +5 with rollback SQL; 0–100.
+
+    The original rules also gave +5 for "validation steps": those are the brain's prose and
+    nothing runs them, so they earn nothing (what is checked, the rows a migration keeps and
+    the results a proposal returns, is checked by the workflow and gates the proposal).
+    """
     validation, proposal = candidate.validation, candidate.proposal
     score = RISK_BY_LEVEL[validation.risk_level] - RISK_PER_WARNING * len(validation.warnings)
     if proposal.rollback_commands or validation.rollback_commands:
         score += RISK_ROLLBACK_BONUS
-    if proposal.validation_steps:
-        score += RISK_VALIDATION_STEPS_BONUS
     return _clamp(score, *RISK_RANGE)
 
 

@@ -22,6 +22,7 @@ import trio
 from afs.agents import AgentJob, SharedMeasurements, run_agent
 from afs.analysis import source_table_stats
 from afs.brains import ReviewingBrain, Squad
+from afs.catalog import check_query_catalog
 from afs.config import Settings
 from afs.consensus import decide
 from afs.db import open_connection
@@ -40,7 +41,7 @@ from afs.models import (
     TaskType,
 )
 from afs.router import RuleSet, consensus_weights, route
-from afs.safety import check_query
+from afs.safety import check_query, query_references
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,8 @@ async def prepare(request: TaskRequest,
     if not features.tables:
         raise InputError("the query reads no table: there is nothing to optimize")
     async with open_connection(source_dsn) as conn:
+        # functions, operators, casts and relations, judged by the catalog before EXPLAIN plans it
+        await check_query_catalog(conn, query, query_references(query))
         stats = await source_table_stats(conn, features.tables)
         unknown = [t for t in features.tables if t not in stats]
         if unknown:

@@ -5,7 +5,8 @@ parse is refused. Two checks:
 
 * `check_query` — the query to optimize must be exactly one read-only SELECT (WITH …
   SELECT, VALUES, TABLE, set operations): no SELECT INTO, no FOR UPDATE/SHARE, no
-  data-modifying WITH, no call of a function with side effects (`DENIED_FUNCTIONS`).
+  data-modifying WITH, no call of a function with side effects (`DENIED_FUNCTIONS`), and
+  the names in it judged by the catalog (below).
 * `validate_proposal` — an agent's DDL, one statement per command, against an
   allow-list (DESIGN.md "Safety"):
 
@@ -29,20 +30,67 @@ parse is refused. Two checks:
         ALTER TABLE … RENAME TO …
         ALTER TABLE <table created in this proposal> ATTACH PARTITION …
         DROP TABLE <one table> (no CASCADE), only for a table this proposal created (and
-            no existing table attached to it), or for the table being replaced: one this
-            proposal copied whole (INSERT … SELECT <columns> FROM <it>, nothing filtered,
-            grouped or limited) into a table it still has
+            no existing table attached to it) and that does not hold the only copy of a dropped
+            table's rows, or for the table being replaced: one this proposal copied whole into
+            a table it still has. A whole copy is INSERT … SELECT * FROM <it> with no column
+            list, or names its columns on both sides in the same order (the catalog confirms
+            they are all of them); nothing filtered, grouped or limited, not ONLY.
+        At the end, a table that takes the name of an existing one renamed away or dropped
+        must hold all of its rows (a whole copy, or the table itself attached as a partition).
 
   A "settings" proposal carries no commands at all: its per-query settings are checked by
   `check_settings` (`validate_candidate` checks both).
 
-  Everything else is refused, and so is any allowed statement that calls a denied
-  function anywhere in its tree (an index expression, a view query, a column default).
+  Everything else is refused, and so is any allowed statement that names a relation in a
+  system schema (pg_catalog, information_schema, pg_toast, pg_temp…, any pg_ prefix, in any
+  case: `CREATE TABLE pg_temp.x` would hide the real table) or calls a function known by name
+  to have side effects (`DENIED_FUNCTIONS`, and the patterns of the pg_ prefix).
 
-Functions defined by users cannot be judged from their name; the deny-list covers the
-built-in and common-extension functions with side effects (sleeping, signalling backends,
-files, large objects, sequences, advisory locks, replication, running SQL given as text,
-emptying the caches and statistics the benchmark relies on).
+Names only the catalog can judge. Structure says `f(x)`, `a === b`, `x::t`, `FROM pg_authid`,
+`CREATE INDEX IF NOT EXISTS i`; what they mean depends on the database. Every check above
+also records them as `References` (`proposal_references`, `query_references`); the caller
+resolves them in one query against the catalog of the fork where they would run
+(`afs/catalog.py`) and `judge_references` decides. Decisions:
+
+* A function runs only if it is built in (a system OID, below 16384, and no extension) or
+  belongs to an extension in `TRUSTED_EXTENSIONS` (shipped with PostgreSQL, side effects only
+  in VOLATILE functions). Functions defined in the database are refused wherever they are
+  called — index expressions, views, rewrites, partition keys, defaults, and the user's own
+  query: they run arbitrary code, and their IMMUTABLE or STABLE label is the author's claim,
+  not a guarantee. So are functions of any other extension (aws_s3, pg_cron, pg_surgery's
+  heap_force_kill, dblink, …) and SECURITY DEFINER functions. The same holds for the function
+  behind an operator and for the functions a cast runs (the type's input function, the casts
+  to the type, the checks of a domain). A name with several overloads is judged by all those
+  the search path reaches with that many arguments (the operand types pick one at run time:
+  an overload of the user's beside a built-in refuses the name). The same goes for
+  operators: in a database with an extension that overloads `=` and is not in the
+  allow-list (PostGIS, say), every `=` is refused until that extension is reviewed and added
+  to `TRUSTED_EXTENSIONS` — a false refusal, never a false acceptance.
+* Volatility: in an index expression or predicate, statistics expression, partition key or
+  generated column, a function must have an IMMUTABLE overload (PostgreSQL checks the one it
+  picks); elsewhere no overload may be VOLATILE unless the name is in `VOLATILE_ALLOWED`
+  (random(), clock_timestamp(), …; now() is STABLE and needs no entry). Operators and casts
+  are judged by origin only: their volatility depends on the operand types.
+* Relations: a name that resolves into a system schema (an unqualified pg_authid, a temporary
+  table shadowing the real one) or to a foreign table is refused, in proposals and in the
+  user's query alike (a query on the catalogs is refused by design).
+* What a proposal creates (an index, a materialized view, statistics, a table) must not exist
+  yet: IF NOT EXISTS on an existing index builds nothing, the baseline would then hide the
+  user's own index and the rollback drop it.
+* Names the denied patterns match outside the pg_ prefix (lo_*, http_*, dblink*, crosstab*)
+  are refused by name only when the catalog says they are built in or an extension's: a
+  user's lo_total() is refused for being the user's, and a column named http_x or lo_x is
+  never refused.
+
+* A view a statement reads runs its own functions: those of every view it reads, at any
+  depth, are judged as above (materialized views too, which REFRESH runs).
+
+Not judged here: row-level security policies, triggers (proposals write only into tables they
+create), the types a table takes over with LIKE (the user's own, checked as on any write into
+it), operator classes, and the planner's own support functions (written in C, so by a
+superuser).
+A migration recipe is also checked where it runs: agents.py counts and checksums the rows of
+every table it moves before and after (`afs.catalog.lost_rows`).
 
 Pure module: pglast only.
 """
@@ -65,8 +113,16 @@ __all__ = [
     "ALLOWED_EXTENSIONS",
     "DENIED_FUNCTIONS",
     "INDEX_ACCESS_METHODS",
+    "TRUSTED_EXTENSIONS",
+    "VOLATILE_ALLOWED",
+    "CatalogFact",
+    "Ref",
+    "References",
     "check_query",
     "denied_function",
+    "judge_references",
+    "proposal_references",
+    "query_references",
     "split_statements",
     "validate_proposal",
 ]
@@ -102,6 +158,13 @@ DENIED_FUNCTIONS: frozenset[str] = frozenset({
     "brin_desummarize_range",
     # catalog writes
     "pg_import_system_collations", "pg_extension_config_dump",
+    # the best-known names the patterns below cover outside the pg_ prefix (large objects,
+    # dblink, tablefunc, pgsql-http), refused before any catalog is asked
+    "lo_import", "lo_export", "lo_unlink", "lo_put", "lo_create", "lo_creat", "lo_from_bytea", "lo_open",
+    "lo_truncate", "lo_truncate64", "lo_manage", "dblink", "dblink_exec", "dblink_connect",
+    "dblink_connect_u", "dblink_send_query", "dblink_open", "dblink_fetch", "crosstab", "crosstab2",
+    "crosstab3", "crosstab4", "http", "http_get", "http_post", "http_put", "http_delete", "http_patch",
+    "http_head",
 })
 _DENIED_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
     r"^dblink",  # dblink, dblink_exec, dblink_connect, …
@@ -128,6 +191,17 @@ def denied_function(funcname: Sequence[str]) -> bool:
         return False
     name = funcname[-1].lower()
     return name in DENIED_FUNCTIONS or any(p.search(name) for p in _DENIED_PATTERNS)
+
+
+def _denied_by_name(funcname: Sequence[str]) -> bool:
+    """`denied_function` before the catalog is asked: the exact names, and the patterns of the
+    system's own prefixes (pg_, binary_upgrade_). A user's own lo_total() or http_status() is
+    not refused for its name (the catalog refuses it for being defined in the database)."""
+    if not funcname:
+        return False
+    name = funcname[-1].lower()
+    system_prefix = name.startswith(("pg_", "binary_upgrade_"))
+    return name in DENIED_FUNCTIONS or (system_prefix and denied_function(funcname))
 
 
 def _system_schema(schema: str | None) -> bool:
@@ -247,7 +321,7 @@ def _side_effect_problem(node: Any) -> str | None:
                 return "cross-database names are not allowed"
             if len(parts) == 2 and _system_schema(parts[0]) and parts[0].lower() != "pg_catalog":
                 return f"calls {'.'.join(parts)}(), which is not a built-in function"
-            if denied_function(parts):
+            if _denied_by_name(parts):
                 return f"calls {'.'.join(parts)}(), which has side effects"
         elif isinstance(sub, ast.RangeVar):
             if sub.catalogname:
@@ -508,6 +582,23 @@ VOLATILE_ALLOWED: frozenset[str] = frozenset({
 _FOREIGN_RELKINDS = frozenset({"f"})
 
 
+def _origin_problem(fact: CatalogFact, subject: str) -> str | None:
+    """Why a function that would run is refused for what it is (not for its volatility)."""
+    if fact.security_definer:
+        return f"{subject}is SECURITY DEFINER: it would run with its owner's rights"
+    # an extension's function is judged by the allow-list even when it was installed with
+    # PostgreSQL (plpgsql's handler lives in pg_catalog with a system OID)
+    trusted = fact.extension in TRUSTED_EXTENSIONS if fact.extension else fact.builtin
+    if not trusted:
+        origin = (f"comes from the extension {fact.extension}, which is not in the allow-list"
+                  if fact.extension else "is defined in the database")
+        return (f"{subject}is not built in: it {origin} (only built-in functions and those of "
+                f"{', '.join(sorted(TRUSTED_EXTENSIONS))} may run)")
+    if denied_function((fact.name or "",)):
+        return f"{subject}has side effects"
+    return None
+
+
 def _ref_problem(ref: Ref, facts: Sequence[CatalogFact], creates_extension: bool) -> str | None:
     """Why the catalog refuses one reference, or None."""
     if ref.kind in ("function", "operator", "type"):
@@ -526,15 +617,9 @@ def _ref_problem(ref: Ref, facts: Sequence[CatalogFact], creates_extension: bool
             qualified = f"{fact.schema}.{fact.name}()"
             through = "" if ref.kind == "function" else f"{shown} runs {qualified}, which "
             subject = f"calls {qualified}, which " if ref.kind == "function" else through
-            if not fact.builtin and fact.extension not in TRUSTED_EXTENSIONS:
-                origin = (f"comes from the extension {fact.extension}, which is not in the allow-list"
-                          if fact.extension else "is defined in the database")
-                return (f"{subject}is not built in: it {origin} (only built-in functions and those of "
-                        f"{', '.join(sorted(TRUSTED_EXTENSIONS))} may run)")
-            if fact.security_definer:
-                return f"{subject}is SECURITY DEFINER: it would run with its owner's rights"
-            if ref.kind == "function" and denied_function((fact.name or "",)):
-                return f"calls {qualified}, which has side effects"
+            problem = _origin_problem(fact, subject)
+            if problem:
+                return problem
         if ref.kind != "function":
             return None  # operand types decide which one runs: volatility is PostgreSQL's check
         volatile = [f for f in runs if f.volatility == "v" and f.name not in VOLATILE_ALLOWED]
@@ -547,7 +632,12 @@ def _ref_problem(ref: Ref, facts: Sequence[CatalogFact], creates_extension: bool
         return None
     if ref.kind == "relation":
         for fact in facts:
-            if _system_schema(fact.schema):
+            if fact.via is not None:  # a function a view (at any depth) calls
+                problem = _origin_problem(fact, f"{ref.name} reads {fact.via}, which calls "
+                                                f"{fact.schema}.{fact.name}(), which ")
+                if problem:
+                    return problem
+            elif _system_schema(fact.schema):
                 return (f"{ref.name} is {fact.schema}.{fact.name}, a system relation: system "
                         "relations are neither read nor changed")
             if set(fact.extra) & _FOREIGN_RELKINDS:
@@ -636,7 +726,12 @@ def _collect(node: Any, statement: str, context: Context, out: list[Ref]) -> Non
                                op[0] if len(op) == 2 else None, ctx, 2))
         elif isinstance(item, ast.CaseExpr) and item.arg is not None:
             out.append(Ref("operator", statement, "=", None, ctx, 2))
-        elif isinstance(item, ast.TypeCast) and item.typeName is not None:
+        elif isinstance(item, ast.SortBy) and item.useOp:
+            op = [p.sval for p in item.useOp if isinstance(p, ast.String) and p.sval]
+            out.append(Ref("operator", statement, op[-1], op[0] if len(op) == 2 else None, ctx, 2))
+        elif isinstance(item, ast.TypeCast | ast.ColumnDef) and item.typeName is not None:
+            # a cast runs the type's functions; so does every row written into a column of a
+            # type the proposal chose (a domain's checks)
             names = [p.sval for p in item.typeName.names or () if isinstance(p, ast.String) and p.sval]
             if names and len(names) <= 2:
                 type_sql = _qualified(names[0] if len(names) == 2 else None, names[-1])

