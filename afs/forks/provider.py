@@ -38,9 +38,11 @@ from afs.errors import (
 )
 from afs.forks.limits import ForkLimits, apply_role_limits
 from afs.forks.naming import FORK_PREFIX, InvalidForkName, random_fork_name, validate_fork_name
+from afs.locks import advisory_lock
 from afs.pg.names import quote_ident, quote_literal
 
 TEMPLATE_SUFFIX = "_template"
+TEMPLATE_LOCK = "afs.template:"  # advisory lock: refresh exclusive, forking shared
 FORK_CONNECTION_LIMIT = 20
 STUCK_CREATION_S = 600
 _SQLSTATE_IN_USE = "55006"
@@ -200,29 +202,32 @@ class LocalForkProvider:
         has other sessions (PostgreSQL waits 5 s for them, then gives up).
         """
         template = template_name(source)
-        scratch = template + "_new"
-        async with self._admin() as conn:
+        async with self._admin() as conn, advisory_lock(conn, TEMPLATE_LOCK + template):
             await self.ensure_catalog(conn)
-            if not await conn.fetchval("SELECT 1 FROM afs.sources WHERE name = %s", (source,)):
-                raise UnknownServiceError(source, [s["name"] for s in await self.list_sources(conn)])
-            await self._drop_database(conn, scratch)
-            await self._create_database(conn, scratch, source)
-            await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} ALLOW_CONNECTIONS false")
-            await conn.execute(f"REVOKE ALL ON DATABASE {quote_ident(scratch)} FROM PUBLIC")
-            if await self._database_exists(conn, template):
-                await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE false")
-                await self._drop_database(conn, template)
-            await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(template)}")
-            await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE true")
-            await conn.execute(
-                "UPDATE afs.sources SET refreshed_at = now() WHERE name = %s", (source,)
-            )
+            await self._refresh_template(conn, source, template)
+
+    async def _refresh_template(self, conn: Connection, source: str, template: str) -> None:
+        scratch = template + "_new"
+        if not await conn.fetchval("SELECT 1 FROM afs.sources WHERE name = %s", (source,)):
+            raise UnknownServiceError(source, [s["name"] for s in await self.list_sources(conn)])
+        await self._drop_database(conn, scratch)
+        await self._create_database(conn, scratch, source)
+        await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} ALLOW_CONNECTIONS false")
+        await conn.execute(f"REVOKE ALL ON DATABASE {quote_ident(scratch)} FROM PUBLIC")
+        if await self._database_exists(conn, template):
+            await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE false")
+            await self._drop_database(conn, template)
+        await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(template)}")
+        await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE true")
+        await conn.execute(
+            "UPDATE afs.sources SET refreshed_at = now() WHERE name = %s", (source,)
+        )
 
     async def drop_source(self, source: str) -> None:
         """Drop a source database, its template and its catalog row (forks of it stay)."""
-        async with self._admin() as conn:
+        template = template_name(source)
+        async with self._admin() as conn, advisory_lock(conn, TEMPLATE_LOCK + template):
             await self.ensure_catalog(conn)
-            template = template_name(source)
             if await self._database_exists(conn, template):
                 await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE false")
             for name in (template, source):
@@ -387,7 +392,8 @@ class LocalForkProvider:
             f" CONNECTION LIMIT {FORK_CONNECTION_LIMIT} PASSWORD {quote_literal(password)}"
         )
         await apply_role_limits(conn, name, self.limits)
-        await self._create_database(conn, name, template, owner=name)
+        async with advisory_lock(conn, TEMPLATE_LOCK + template, shared=True):  # not mid-refresh
+            await self._create_database(conn, name, template, owner=name)
         await conn.execute(f"REVOKE ALL ON DATABASE {ident} FROM PUBLIC")
         await conn.execute(f"GRANT CONNECT, TEMPORARY ON DATABASE {ident} TO {ident}")
         fork_admin_dsn = dsn_with(self.admin_dsn, dbname=name,
