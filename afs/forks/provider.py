@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import secrets
 import socket
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -43,6 +45,7 @@ from afs.pg.names import quote_ident, quote_literal
 
 TEMPLATE_SUFFIX = "_template"
 TEMPLATE_LOCK = "afs.template:"  # advisory lock: refresh exclusive, forking shared
+HAND_OVER_LOCK = "afs.hand_over"  # advisory lock around REASSIGN OWNED in a new fork
 FORK_CONNECTION_LIMIT = 20
 STUCK_CREATION_S = 600
 _SQLSTATE_IN_USE = "55006"
@@ -399,14 +402,9 @@ class LocalForkProvider:
         fork_admin_dsn = dsn_with(self.admin_dsn, dbname=name,
                                   user=str(conninfo.conninfo_to_dict(self.admin_dsn).get("user", "postgres")),
                                   password=_admin_password(self.admin_dsn))
-        # Hand-overs touch pg_database rows (see _reassign_owned_here): one at a time.
-        await conn.execute("SELECT pg_advisory_lock(hashtext('afs.hand_over'))")
-        try:
-            async with open_connection(fork_admin_dsn, self.statement_timeout_ms) as fork_conn:
-                await _hand_over_objects(fork_conn, name)
-        finally:
-            with trio.CancelScope(shield=True):
-                await conn.execute("SELECT pg_advisory_unlock(hashtext('afs.hand_over'))")
+        async with open_connection(fork_admin_dsn, self.statement_timeout_ms) as fork_conn:
+            # REASSIGN OWNED touches pg_database rows: one at a time (see _reassign_owned_here)
+            await _hand_over_objects(fork_conn, name, lambda: advisory_lock(conn, HAND_OVER_LOCK))
         await conn.execute("UPDATE afs.forks SET state = 'ready', base_bytes = pg_database_size(%s)"
                            " WHERE name = %s", (name, name))
 
@@ -509,7 +507,8 @@ _NOT_AN_EXTENSION_MEMBER = ("NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.class
                             " AND d.objid = {oid} AND d.deptype = 'e')")
 
 
-async def _hand_over_objects(conn: Connection, role: str) -> None:
+async def _hand_over_objects(conn: Connection, role: str,
+                             serialized: Callable[[], AbstractAsyncContextManager[None]]) -> None:
     """Make the fork's role own the objects of the copied database, and nothing else.
 
     Roles that own objects in the copy are of two kinds. A superuser's objects are
@@ -518,7 +517,8 @@ async def _hand_over_objects(conn: Connection, role: str) -> None:
     Any other role (the parent fork's role, or the ordinary role that owns a source
     behind --admin-dsn) gets `REASSIGN OWNED`, which would also hand over the
     databases and tablespaces that role owns anywhere on the server (the parent
-    fork itself): they are given back in the same transaction.
+    fork itself): they are given back in the same transaction, one fork at a time
+    (`serialized`: concurrent updates of one pg_database row fail).
     """
     owners = await conn.fetchall(
         "SELECT DISTINCT r.rolname, r.rolsuper FROM pg_class c"
@@ -539,7 +539,8 @@ async def _hand_over_objects(conn: Connection, role: str) -> None:
         if is_super:
             await _hand_over_one_by_one(conn, owner, role)
         else:
-            await _reassign_owned_here(conn, owner, role)
+            async with serialized():
+                await _reassign_owned_here(conn, owner, role)
 
 
 async def _reassign_owned_here(conn: Connection, owner: str, role: str) -> None:
