@@ -92,11 +92,15 @@ def template_name(source: str) -> str:
     return source + TEMPLATE_SUFFIX
 
 
-def dsn_with(base_dsn: str, *, dbname: str, user: str, password: str | None) -> str:
-    """`base_dsn` (admin connection) with another database, user and password, as a URL."""
+def dsn_with(base_dsn: str, *, dbname: str, user: str, password: str | None,
+             address: str | None = None) -> str:
+    """`base_dsn` (admin connection) with another database, user and password, as a URL;
+    `address` ("host" or "host:port") replaces its host and port."""
     params = conninfo.conninfo_to_dict(base_dsn)
     host = str(params.get("host", ""))
     port = str(params.get("port", ""))
+    if address:
+        host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
     auth = quote(user, safe="")
     if password is not None:
         auth += ":" + quote(password, safe="")
@@ -155,8 +159,11 @@ class LocalForkProvider:
     """Fork databases on one PostgreSQL server, reached with a superuser DSN."""
 
     def __init__(self, admin_dsn: str, statement_timeout_ms: int = 120_000,
-                 limits: ForkLimits | None = None) -> None:
+                 limits: ForkLimits | None = None, public_address: str | None = None) -> None:
+        """`public_address` ("host[:port]"): where clients reach the server, when that is not
+        the admin DSN's host (a server in a container, published on the host machine)."""
         self.admin_dsn = admin_dsn
+        self.public_address = public_address
         self.statement_timeout_ms = statement_timeout_ms
         self.limits = limits or ForkLimits()
         self._catalog_ready = False
@@ -166,7 +173,8 @@ class LocalForkProvider:
         return open_connection(self.admin_dsn, self.statement_timeout_ms)
 
     def _fork_dsn(self, name: str, password: str) -> str:
-        return dsn_with(self.admin_dsn, dbname=name, user=name, password=password)
+        return dsn_with(self.admin_dsn, dbname=name, user=name, password=password,
+                        address=self.public_address)
 
     async def ensure_catalog(self, conn: Connection) -> None:
         if self._catalog_ready:
@@ -278,13 +286,24 @@ class LocalForkProvider:
         name: str | None = None,
         ttl_seconds: int = 3600,
         owner_pid: int | None = None,
+        owner_host: str | None = None,
     ) -> ForkInfo:
-        """Create a fork of `service_id` (a source or a fork) and its login role."""
+        """Create a fork of `service_id` (a source or a fork) and its login role.
+
+        `owner_pid` on `owner_host` (default: this host) owns the fork: on this host,
+        the fork is collected once that process is gone; a process on another host
+        (a client of a fork server in a container or on another machine) cannot be
+        seen from here, so only the TTL applies to its forks.
+        """
         validate_ttl(ttl_seconds)
         name = validate_name(name or random_fork_name())
-        owner_started = _process_start(owner_pid) if owner_pid is not None else None
-        if owner_pid is not None and owner_started is None:
-            raise InputError(f"owner process {owner_pid} does not exist")
+        here = socket.gethostname()
+        owner_host = (owner_host or here) if owner_pid is not None else None
+        owner_started = None
+        if owner_pid is not None and owner_host == here:
+            owner_started = _process_start(owner_pid)
+            if owner_started is None:
+                raise InputError(f"owner process {owner_pid} does not exist on {here}")
         password = secrets.token_urlsafe(24)
         async with self._admin() as conn:
             await self.ensure_catalog(conn)
@@ -294,8 +313,8 @@ class LocalForkProvider:
                 " owner_started, ttl_seconds, expires_at)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s))"
                 " ON CONFLICT (name) DO NOTHING RETURNING 1",
-                (name, service_id, password, socket.gethostname() if owner_pid else None,
-                 owner_pid, owner_started, ttl_seconds, ttl_seconds),
+                (name, service_id, password, owner_host, owner_pid, owner_started, ttl_seconds,
+                 ttl_seconds),
             )
             if not inserted or await self._database_exists(conn, name):
                 raise InputError(f"a fork named {name!r} exists already")
@@ -306,7 +325,7 @@ class LocalForkProvider:
                     await self._remove(conn, name)
                 raise
             fork = (await self._forks(conn, name))[0]
-        await self._verify(fork)
+        await self._verify(fork.name, password)
         return fork
 
     async def delete(self, service_id: str) -> dict[str, Any]:
@@ -408,14 +427,16 @@ class LocalForkProvider:
         await conn.execute("UPDATE afs.forks SET state = 'ready', base_bytes = pg_database_size(%s)"
                            " WHERE name = %s", (name, name))
 
-    async def _verify(self, fork: ForkInfo) -> None:
-        """The seed's "verify fork accessible": log in as the fork's role."""
+    async def _verify(self, name: str, password: str) -> None:
+        """The seed's "verify fork accessible": log in as the fork's role (at the admin DSN's
+        address: the public one may not be reachable from here)."""
         try:
-            async with open_connection(fork.dsn, 10_000) as conn:
+            async with open_connection(dsn_with(self.admin_dsn, dbname=name, user=name,
+                                                password=password), 10_000) as conn:
                 await conn.fetchval("SELECT 1")
         except DatabaseError as exc:
-            await self.delete(fork.name)
-            raise ForkError(f"fork {fork.name} was created but its role cannot log in: {exc}") from exc
+            await self.delete(name)
+            raise ForkError(f"fork {name} was created but its role cannot log in: {exc}") from exc
 
     async def _template_of(self, conn: Connection, service_id: str) -> str:
         if not service_id or not isinstance(service_id, str):
