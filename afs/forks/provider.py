@@ -564,6 +564,24 @@ async def _hand_over_objects(conn: Connection, role: str,
                 await _reassign_owned_here(conn, owner, role)
 
 
+async def restrict_definer_routines(conn: Connection) -> list[str]:
+    """Take EXECUTE from PUBLIC on every SECURITY DEFINER routine a superuser owns (not an
+    extension's) in the database of `conn`; returns their signatures.
+
+    For copies the sandbox makes (`pg_restore --no-owner` gives every routine to the
+    superuser): otherwise any role that may call one, however low its rights, runs it as
+    the superuser. Forks hand these routines to their own role, which keeps EXECUTE as owner.
+    """
+    rows = await conn.fetchall(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_roles r ON r.oid = p.proowner"
+        f" WHERE p.prosecdef AND r.rolsuper AND {_USER_SCHEMA}"
+        " AND " + _NOT_AN_EXTENSION_MEMBER.format(cls="'pg_proc'", oid="p.oid") + " ORDER BY 1")
+    for (signature,) in rows:
+        await conn.execute(f"REVOKE EXECUTE ON ROUTINE {signature} FROM PUBLIC")
+    return [r[0] for r in rows]
+
+
 async def _reassign_owned_here(conn: Connection, owner: str, role: str) -> None:
     """REASSIGN OWNED in this database only: shared objects go back to `owner` at once."""
     databases = await conn.fetchall(
