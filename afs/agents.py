@@ -36,6 +36,7 @@ from afs.errors import AfsError, DatabaseError, UnsafeSqlError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.forks.naming import fork_name
+from afs.locks import server_lock
 from afs.models import (
     AgentKey,
     AgentOutcome,
@@ -288,7 +289,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             nonlocal measured_here
             enter("waiting for the benchmark slot")
             t0 = trio.current_time()
-            async with bench_limiter:
+            # in this process, then among processes measuring on the same server
+            async with bench_limiter, server_lock(conn, "benchmark"):
                 state.waited_s += trio.current_time() - t0
                 enter("benchmark")
                 measured_here = True

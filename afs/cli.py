@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 from afs import log as afs_log
-from afs.config import Settings, load_settings
+from afs.config import Settings, default_fork_server_command, load_settings
 from afs.errors import AfsError, ConfigError, InputError, single_leaf
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -371,6 +371,29 @@ async def _optimize_source(client: Any, settings: Settings, dsn: str | None) -> 
     return source
 
 
+async def _served_source(client: Any, dsn: str) -> str:
+    """The source another fork server makes from `dsn`: its import, else the database of that
+    name registered there (`afs mcp serve --admin-dsn … --register DB`)."""
+    from afs.sandbox.importer import origin_of
+
+    origin = origin_of(dsn)
+    sources = (await client.list_services())["sources"]
+    for source in sources:
+        if source.get("origin") == origin:
+            return str(source["name"])
+    dbname = origin.rpartition("/")[2]
+    for source in sources:
+        if source["name"] == dbname:
+            return dbname
+    raise InputError(f"the fork server has no source for {origin}: register the database there"
+                     f" (`afs mcp serve --admin-dsn DSN --register {dbname}`)")
+
+
+def uses_the_sandbox(settings: Settings, dsn: str | None) -> bool:
+    """The sandbox serves forks unless another fork server is configured and a DSN is given."""
+    return dsn is None or settings.fork_server_command == default_fork_server_command()
+
+
 async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     from afs import report
     from afs.display import LiveDisplay
@@ -391,20 +414,26 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     rules = load_rules(settings.routing_rules)
     async with open_squad(args.provider, settings, os.environ) as squad:
         server = SandboxServer(settings)
-        progress("starting the sandbox")
-        await trio.to_thread.run_sync(server.start)
-        if args.dsn is None:
-            await ensure_demo(settings, server, settings.scale, progress)
+        sandboxed = uses_the_sandbox(settings, args.dsn)
+        if sandboxed:
+            progress("starting the sandbox")
+            await trio.to_thread.run_sync(server.start)
+            if args.dsn is None:
+                await ensure_demo(settings, server, settings.scale, progress)
         progress_done()
         request = TaskRequest(query=args.query, task_type=args.type, priority=args.priority,
                               runs=runs, weights=weights)
         display = LiveDisplay(live=None if not args.json else False)
         emitter = Emitter(new_task_id(), sinks=(log_sink, display.sink))
         async with open_fork_client(settings) as client:
-            source = await _optimize_source(client, settings, args.dsn)
+            if sandboxed:
+                source = await _optimize_source(client, settings, args.dsn)
+                source_dsn = server.dsn(source)
+            else:  # another fork server: read the database itself, fork it there
+                source, source_dsn = await _served_source(client, args.dsn), args.dsn
             async with display.running():
                 result = await optimize(settings, request, source=source,
-                                        source_dsn=server.dsn(source), forks=client, squad=squad,
+                                        source_dsn=source_dsn, forks=client, squad=squad,
                                         rules=rules, events=emitter)
     if args.json:
         print(json.dumps(report.to_json(result), default=str))
@@ -428,7 +457,8 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
         sandbox = SandboxServer(settings)
         sandbox.start()
         admin_dsn = sandbox.dsn()
-    provider = LocalForkProvider(admin_dsn, limits=ForkLimits.from_settings(settings))
+    provider = LocalForkProvider(admin_dsn, limits=ForkLimits.from_settings(settings),
+                                 public_address=args.public_address)
     for source in args.register:
         trio.run(provider.register_source, source, "registered")
     mcp_server.run(provider, settings.fork_ttl_seconds, settings.fork_gc_interval_s)
@@ -508,8 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
                   "1 failed, 2 bad input)")
     opt.add_argument("--query", required=True, metavar="SQL", help="one read-only SELECT")
     opt.add_argument("--dsn", metavar="DSN",
-                     help="the database (its copy in the sandbox, see `afs sandbox import`); "
-                          "default: the sandbox's demo database")
+                     help="the database (its copy in the sandbox, see `afs sandbox import`; "
+                          "with another fork server (AFS_FORK_SERVER_COMMAND), the database "
+                          "registered there, and no sandbox); default: the sandbox's demo database")
     opt.add_argument("--priority", choices=("high", "normal", "low"), default="normal",
                      help="high assigns all three agents")
     opt.add_argument("--type", choices=("query_optimization", "schema_improvement",
@@ -531,6 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="superuser DSN of the server to fork on (default: the sandbox)")
     serve.add_argument("--register", action="append", default=[], metavar="DB",
                        help="make database DB forkable first (refreshes its template); repeatable")
+    serve.add_argument("--public-address", metavar="HOST[:PORT]",
+                       help="host and port clients reach the server at, for the fork DSNs "
+                            "(default: those of the admin DSN)")
     return parser
 
 

@@ -66,12 +66,16 @@ def provider(sandbox: SandboxServer) -> LocalForkProvider:
 
 
 @pytest.fixture
-async def no_leaked_forks(provider: LocalForkProvider):  # type: ignore[no-untyped-def]
-    """Fails the test if it leaves a fork behind (database, role or catalog row); removes
-    leftovers either way."""
-    before = await provider.traces()
+def no_leaked_forks(provider: LocalForkProvider) -> Iterator[None]:
+    """Fails the test if it leaves any trace of a fork behind (database, role or catalog row,
+    in any state); removes leftovers either way.
+
+    A sync fixture on purpose: pytest-trio runs an async fixture only when the test names it
+    as an argument, never from `usefixtures`, so an async leak check there never ran.
+    """
+    before = trio.run(provider.traces)
     yield
-    leaked = await provider.traces() - before
+    leaked = trio.run(provider.traces) - before
     for name in leaked:
-        await provider.delete(name)
+        trio.run(provider.delete, name)
     assert not leaked, f"forks left behind: {sorted(leaked)}"

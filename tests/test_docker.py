@@ -1,18 +1,28 @@
 """Forks on a real `postgres:18` container (testcontainers); skipped without a Docker engine.
 
 The same provider code the embedded sandbox uses, against a server reached over
-TCP with a password: register a source, fork it, check isolation, delete.
+TCP with a password: register a source, fork it, check isolation, delete. And the
+docker-compose path end to end: the compose fork server registers a database, and
+`afs optimize --dsn` runs its agents there, with no sandbox.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import os
 import secrets
+import shlex
+import socket
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from psycopg import conninfo
 
 from afs.db import open_connection
@@ -55,7 +65,7 @@ pytestmark = [
     pytest.mark.skipif(
         not DOCKER,
         reason="no Docker engine answers (docker.from_env().ping() failed): "
-               "testcontainers tests need one",
+               "the testcontainers and docker compose tests need one",
     ),
 ]
 
@@ -137,3 +147,63 @@ async def test_fork_roundtrip_on_postgres_18(admin_dsn: str) -> None:
     assert result == {"service_id": fork.name, "deleted": True}
     assert not await database_or_role_exists(admin_dsn, fork.name)
     assert fork.name not in {f["name"] for f in (await provider.list_services())["forks"]}
+
+
+# -- docker compose, end to end: `afs optimize --dsn` with the compose fork server ------------
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def compose() -> Iterator[tuple[list[str], dict[str, str], str]]:
+    """The compose project (db up, afs-forks built): its command prefix, environment, admin DSN."""
+    project = "afs-test-" + secrets.token_hex(3)
+    port = _free_port()
+    password = "afs" + secrets.token_hex(8)
+    env = {**os.environ, "AFS_DB_PORT": str(port), "POSTGRES_PASSWORD": password}
+    base = ["docker", "compose", "-f", str(REPO / "docker-compose.yml"), "-p", project]
+    try:
+        subprocess.run([*base, "build", "afs-forks"], check=True, env=env, timeout=1200)
+        subprocess.run([*base, "up", "-d", "--wait", "db"], check=True, env=env, timeout=300)
+        yield base, env, f"postgresql://postgres:{password}@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*base, "down", "-v"], env=env, timeout=300, check=False)
+
+
+async def test_compose_optimize_end_to_end(compose: tuple[list[str], dict[str, str], str],
+                                           tmp_path: Path) -> None:
+    base, env, admin_dsn = compose
+    async with open_connection(admin_dsn) as admin:
+        await admin.execute("CREATE DATABASE shop")
+    shop_dsn = with_dbname(admin_dsn, "shop")
+    async with open_connection(shop_dsn) as shop:
+        await shop.execute(
+            "CREATE TABLE orders AS SELECT g AS id, g % 2000 AS user_id,"
+            " (ARRAY['pending', 'paid', 'shipped'])[1 + g % 3] AS status,"
+            " now() - g * interval '1 minute' AS created_at, (g % 500)::numeric AS total_amount"
+            " FROM generate_series(1, 200000) g")
+        await shop.execute("VACUUM ANALYZE orders")
+    register = await trio.run_process(
+        [*base, "run", "--rm", "-T", "afs-forks", "sh", "-c",
+         'afs mcp serve --admin-dsn "$AFS_ADMIN_DSN" --register shop'],
+        stdin=b"", capture_stdout=True, capture_stderr=True, check=False, env=env)
+    assert register.returncode == 0, register.stderr.decode()
+
+    client_env = {**env, "AFS_HOME": str(tmp_path / "client"),
+                  "AFS_FORK_SERVER_COMMAND": shlex.join([*base, "run", "--rm", "-T", "afs-forks"])}
+    result = await trio.run_process(
+        [sys.executable, "-m", "afs", "optimize", "--dsn", shop_dsn, "--provider", "heuristic",
+         "--runs", "3", "--json", "--query",
+         "SELECT id, total_amount FROM orders WHERE user_id = 42 AND status = 'pending'"
+         " ORDER BY created_at DESC"],
+        capture_stdout=True, capture_stderr=True, check=False, env=client_env)
+    assert result.returncode == 0, result.stderr.decode()
+    report = json.loads(result.stdout)
+    assert report["status"] == "completed", report["error"]
+    assert not (tmp_path / "client" / "sandbox").exists()  # no sandbox was needed
+    assert await LocalForkProvider(admin_dsn).traces() == set()  # every fork was destroyed

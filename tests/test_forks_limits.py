@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import trio
 
 from afs.bench import ApplyError, apply
+from afs.config import Settings
 from afs.db import open_connection
 from afs.errors import DatabaseError, ForkLimitError
+from afs.forks.client import open_fork_client
 from afs.forks.limits import ForkLimits, check_growth
 from afs.forks.provider import LocalForkProvider
 from afs.models import EstimatedImpact, OptimizationProposal
@@ -99,3 +103,18 @@ async def test_the_fork_server_cancels_a_fork_grown_past_its_cap(sandbox: Sandbo
         assert await tight.enforce_limits() == []  # the aborted table's files are gone
     finally:
         await tight.delete(fork.name)
+
+
+async def test_a_running_fork_server_enforces_the_growth_cap(settings: Settings) -> None:
+    os.environ["AFS_FORK_MAX_GROWTH_MB"] = "20"  # the server process inherits it
+    try:
+        async with open_fork_client(settings) as client, client.open_fork("afs_demo") as fork, \
+                open_connection(fork.dsn) as conn:
+            assert await conn.fetchval("SELECT current_setting('afs.max_growth_mb')") == "20"
+            started = trio.current_time()
+            with pytest.raises(DatabaseError, match="cancel"):  # psql-like: never checked first
+                await conn.execute("CREATE TABLE big AS SELECT g, repeat('x', 500) AS pad"
+                                   " FROM generate_series(1, 2000000) g")
+            assert trio.current_time() - started < 30
+    finally:
+        del os.environ["AFS_FORK_MAX_GROWTH_MB"]

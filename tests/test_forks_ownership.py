@@ -11,6 +11,7 @@ from afs.db import open_connection
 from afs.errors import DatabaseError
 from afs.forks.provider import LocalForkProvider, template_name
 from afs.pg.names import quote_ident
+from afs.sandbox.importer import import_database
 from afs.sandbox.server import SandboxServer
 
 pytestmark = pytest.mark.usefixtures("no_leaked_forks")
@@ -134,3 +135,32 @@ async def test_imported_security_definer_functions_run_with_the_fork_roles_right
     async with open_connection(sandbox.dsn(shop)) as conn:  # the source keeps its owners
         assert await conn.fetchval("SELECT pg_get_userbyid(proowner) FROM pg_proc"
                                    " WHERE oid = 'sales.whoami()'::regprocedure") == "postgres"
+
+
+async def test_an_import_takes_execute_on_superuser_definer_routines_from_public(
+        provider: LocalForkProvider, sandbox: SandboxServer, shop: str) -> None:
+    copy = shop + "_copy"
+    probe = shop + "_probe"
+    await import_database(sandbox, sandbox.dsn(shop), name=copy)
+    try:
+        async with open_connection(sandbox.dsn(copy)) as conn:
+            await conn.execute(f"CREATE ROLE {quote_ident(probe)} NOLOGIN")
+            try:
+                # pg_restore --no-owner gave it to the superuser: no one else may call it now
+                assert await conn.fetchval("SELECT pg_get_userbyid(proowner) FROM pg_proc"
+                                           " WHERE oid = 'sales.whoami()'::regprocedure") == "postgres"
+                assert await conn.fetchval(
+                    "SELECT has_function_privilege(%s, 'sales.whoami()', 'EXECUTE')", (probe,)) is False
+                # an ordinary function stays callable
+                assert await conn.fetchval(
+                    "SELECT has_function_privilege(%s, 'sales.label(int)', 'EXECUTE')", (probe,)) is True
+            finally:
+                await conn.execute(f"DROP ROLE {quote_ident(probe)}")
+        fork = await provider.fork(copy, ttl_seconds=120)
+        try:
+            async with open_connection(fork.dsn) as conn:  # the fork's role owns it and calls it
+                assert await conn.fetchval("SELECT sales.whoami()") == fork.name
+        finally:
+            await provider.delete(fork.name)
+    finally:
+        await provider.drop_source(copy)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -95,6 +96,18 @@ class ForkClient:
 
     def __init__(self, client: Client) -> None:
         self._client = client
+        self._fork_arguments: frozenset[str] | None = None
+
+    async def fork_arguments(self) -> frozenset[str]:
+        """The arguments the server's service_fork takes (another server may take fewer)."""
+        if self._fork_arguments is None:
+            try:
+                tools = await self._client.list_tools()
+            except Exception as exc:  # the MCP layer: protocol errors, dead server
+                raise ForkServerError(f"fork server failed on list_tools: {exc}") from exc
+            schema = next((t.input_schema for t in tools.tools if t.name == "service_fork"), {})
+            self._fork_arguments = frozenset((schema or {}).get("properties", {}))
+        return self._fork_arguments
 
     async def call(self, tool: str, **arguments: Any) -> Any:
         args = {k: v for k, v in arguments.items() if v is not None}
@@ -124,8 +137,14 @@ class ForkClient:
 
     async def create(self, source: str, name: str | None = None, ttl_seconds: int | None = None,
                      owner_pid: int | None = None) -> Fork:
+        """Fork `source`. `owner_pid` (with this host's name) goes to servers that take it."""
+        owner: dict[str, Any] = {}
+        if owner_pid is not None:
+            accepted = await self.fork_arguments()
+            owner = {k: v for k, v in (("owner_pid", owner_pid), ("owner_host", socket.gethostname()))
+                     if k in accepted}
         data = await self.call("service_fork", service_id=source, name=name,
-                               ttl_seconds=ttl_seconds, owner_pid=owner_pid)
+                               ttl_seconds=ttl_seconds, **owner)
         return Fork.from_result(data)
 
     async def destroy(self, name: str) -> bool:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import secrets
 import socket
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -38,9 +40,12 @@ from afs.errors import (
 )
 from afs.forks.limits import ForkLimits, apply_role_limits
 from afs.forks.naming import FORK_PREFIX, InvalidForkName, random_fork_name, validate_fork_name
+from afs.locks import advisory_lock
 from afs.pg.names import quote_ident, quote_literal
 
 TEMPLATE_SUFFIX = "_template"
+TEMPLATE_LOCK = "afs.template:"  # advisory lock: refresh exclusive, forking shared
+HAND_OVER_LOCK = "afs.hand_over"  # advisory lock around REASSIGN OWNED in a new fork
 FORK_CONNECTION_LIMIT = 20
 STUCK_CREATION_S = 600
 _SQLSTATE_IN_USE = "55006"
@@ -87,11 +92,15 @@ def template_name(source: str) -> str:
     return source + TEMPLATE_SUFFIX
 
 
-def dsn_with(base_dsn: str, *, dbname: str, user: str, password: str | None) -> str:
-    """`base_dsn` (admin connection) with another database, user and password, as a URL."""
+def dsn_with(base_dsn: str, *, dbname: str, user: str, password: str | None,
+             address: str | None = None) -> str:
+    """`base_dsn` (admin connection) with another database, user and password, as a URL;
+    `address` ("host" or "host:port") replaces its host and port."""
     params = conninfo.conninfo_to_dict(base_dsn)
     host = str(params.get("host", ""))
     port = str(params.get("port", ""))
+    if address:
+        host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
     auth = quote(user, safe="")
     if password is not None:
         auth += ":" + quote(password, safe="")
@@ -150,8 +159,11 @@ class LocalForkProvider:
     """Fork databases on one PostgreSQL server, reached with a superuser DSN."""
 
     def __init__(self, admin_dsn: str, statement_timeout_ms: int = 120_000,
-                 limits: ForkLimits | None = None) -> None:
+                 limits: ForkLimits | None = None, public_address: str | None = None) -> None:
+        """`public_address` ("host[:port]"): where clients reach the server, when that is not
+        the admin DSN's host (a server in a container, published on the host machine)."""
         self.admin_dsn = admin_dsn
+        self.public_address = public_address
         self.statement_timeout_ms = statement_timeout_ms
         self.limits = limits or ForkLimits()
         self._catalog_ready = False
@@ -161,7 +173,8 @@ class LocalForkProvider:
         return open_connection(self.admin_dsn, self.statement_timeout_ms)
 
     def _fork_dsn(self, name: str, password: str) -> str:
-        return dsn_with(self.admin_dsn, dbname=name, user=name, password=password)
+        return dsn_with(self.admin_dsn, dbname=name, user=name, password=password,
+                        address=self.public_address)
 
     async def ensure_catalog(self, conn: Connection) -> None:
         if self._catalog_ready:
@@ -200,29 +213,32 @@ class LocalForkProvider:
         has other sessions (PostgreSQL waits 5 s for them, then gives up).
         """
         template = template_name(source)
-        scratch = template + "_new"
-        async with self._admin() as conn:
+        async with self._admin() as conn, advisory_lock(conn, TEMPLATE_LOCK + template):
             await self.ensure_catalog(conn)
-            if not await conn.fetchval("SELECT 1 FROM afs.sources WHERE name = %s", (source,)):
-                raise UnknownServiceError(source, [s["name"] for s in await self.list_sources(conn)])
-            await self._drop_database(conn, scratch)
-            await self._create_database(conn, scratch, source)
-            await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} ALLOW_CONNECTIONS false")
-            await conn.execute(f"REVOKE ALL ON DATABASE {quote_ident(scratch)} FROM PUBLIC")
-            if await self._database_exists(conn, template):
-                await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE false")
-                await self._drop_database(conn, template)
-            await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(template)}")
-            await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE true")
-            await conn.execute(
-                "UPDATE afs.sources SET refreshed_at = now() WHERE name = %s", (source,)
-            )
+            await self._refresh_template(conn, source, template)
+
+    async def _refresh_template(self, conn: Connection, source: str, template: str) -> None:
+        scratch = template + "_new"
+        if not await conn.fetchval("SELECT 1 FROM afs.sources WHERE name = %s", (source,)):
+            raise UnknownServiceError(source, [s["name"] for s in await self.list_sources(conn)])
+        await self._drop_database(conn, scratch)
+        await self._create_database(conn, scratch, source)
+        await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} ALLOW_CONNECTIONS false")
+        await conn.execute(f"REVOKE ALL ON DATABASE {quote_ident(scratch)} FROM PUBLIC")
+        if await self._database_exists(conn, template):
+            await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE false")
+            await self._drop_database(conn, template)
+        await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(template)}")
+        await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE true")
+        await conn.execute(
+            "UPDATE afs.sources SET refreshed_at = now() WHERE name = %s", (source,)
+        )
 
     async def drop_source(self, source: str) -> None:
         """Drop a source database, its template and its catalog row (forks of it stay)."""
-        async with self._admin() as conn:
+        template = template_name(source)
+        async with self._admin() as conn, advisory_lock(conn, TEMPLATE_LOCK + template):
             await self.ensure_catalog(conn)
-            template = template_name(source)
             if await self._database_exists(conn, template):
                 await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE false")
             for name in (template, source):
@@ -270,13 +286,24 @@ class LocalForkProvider:
         name: str | None = None,
         ttl_seconds: int = 3600,
         owner_pid: int | None = None,
+        owner_host: str | None = None,
     ) -> ForkInfo:
-        """Create a fork of `service_id` (a source or a fork) and its login role."""
+        """Create a fork of `service_id` (a source or a fork) and its login role.
+
+        `owner_pid` on `owner_host` (default: this host) owns the fork: on this host,
+        the fork is collected once that process is gone; a process on another host
+        (a client of a fork server in a container or on another machine) cannot be
+        seen from here, so only the TTL applies to its forks.
+        """
         validate_ttl(ttl_seconds)
         name = validate_name(name or random_fork_name())
-        owner_started = _process_start(owner_pid) if owner_pid is not None else None
-        if owner_pid is not None and owner_started is None:
-            raise InputError(f"owner process {owner_pid} does not exist")
+        here = socket.gethostname()
+        owner_host = (owner_host or here) if owner_pid is not None else None
+        owner_started = None
+        if owner_pid is not None and owner_host == here:
+            owner_started = _process_start(owner_pid)
+            if owner_started is None:
+                raise InputError(f"owner process {owner_pid} does not exist on {here}")
         password = secrets.token_urlsafe(24)
         async with self._admin() as conn:
             await self.ensure_catalog(conn)
@@ -286,8 +313,8 @@ class LocalForkProvider:
                 " owner_started, ttl_seconds, expires_at)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s))"
                 " ON CONFLICT (name) DO NOTHING RETURNING 1",
-                (name, service_id, password, socket.gethostname() if owner_pid else None,
-                 owner_pid, owner_started, ttl_seconds, ttl_seconds),
+                (name, service_id, password, owner_host, owner_pid, owner_started, ttl_seconds,
+                 ttl_seconds),
             )
             if not inserted or await self._database_exists(conn, name):
                 raise InputError(f"a fork named {name!r} exists already")
@@ -298,7 +325,7 @@ class LocalForkProvider:
                     await self._remove(conn, name)
                 raise
             fork = (await self._forks(conn, name))[0]
-        await self._verify(fork)
+        await self._verify(fork.name, password)
         return fork
 
     async def delete(self, service_id: str) -> dict[str, Any]:
@@ -387,31 +414,29 @@ class LocalForkProvider:
             f" CONNECTION LIMIT {FORK_CONNECTION_LIMIT} PASSWORD {quote_literal(password)}"
         )
         await apply_role_limits(conn, name, self.limits)
-        await self._create_database(conn, name, template, owner=name)
+        async with advisory_lock(conn, TEMPLATE_LOCK + template, shared=True):  # not mid-refresh
+            await self._create_database(conn, name, template, owner=name)
         await conn.execute(f"REVOKE ALL ON DATABASE {ident} FROM PUBLIC")
         await conn.execute(f"GRANT CONNECT, TEMPORARY ON DATABASE {ident} TO {ident}")
         fork_admin_dsn = dsn_with(self.admin_dsn, dbname=name,
                                   user=str(conninfo.conninfo_to_dict(self.admin_dsn).get("user", "postgres")),
                                   password=_admin_password(self.admin_dsn))
-        # Hand-overs touch pg_database rows (see _reassign_owned_here): one at a time.
-        await conn.execute("SELECT pg_advisory_lock(hashtext('afs.hand_over'))")
-        try:
-            async with open_connection(fork_admin_dsn, self.statement_timeout_ms) as fork_conn:
-                await _hand_over_objects(fork_conn, name)
-        finally:
-            with trio.CancelScope(shield=True):
-                await conn.execute("SELECT pg_advisory_unlock(hashtext('afs.hand_over'))")
+        async with open_connection(fork_admin_dsn, self.statement_timeout_ms) as fork_conn:
+            # REASSIGN OWNED touches pg_database rows: one at a time (see _reassign_owned_here)
+            await _hand_over_objects(fork_conn, name, lambda: advisory_lock(conn, HAND_OVER_LOCK))
         await conn.execute("UPDATE afs.forks SET state = 'ready', base_bytes = pg_database_size(%s)"
                            " WHERE name = %s", (name, name))
 
-    async def _verify(self, fork: ForkInfo) -> None:
-        """The seed's "verify fork accessible": log in as the fork's role."""
+    async def _verify(self, name: str, password: str) -> None:
+        """The seed's "verify fork accessible": log in as the fork's role (at the admin DSN's
+        address: the public one may not be reachable from here)."""
         try:
-            async with open_connection(fork.dsn, 10_000) as conn:
+            async with open_connection(dsn_with(self.admin_dsn, dbname=name, user=name,
+                                                password=password), 10_000) as conn:
                 await conn.fetchval("SELECT 1")
         except DatabaseError as exc:
-            await self.delete(fork.name)
-            raise ForkError(f"fork {fork.name} was created but its role cannot log in: {exc}") from exc
+            await self.delete(name)
+            raise ForkError(f"fork {name} was created but its role cannot log in: {exc}") from exc
 
     async def _template_of(self, conn: Connection, service_id: str) -> str:
         if not service_id or not isinstance(service_id, str):
@@ -503,7 +528,8 @@ _NOT_AN_EXTENSION_MEMBER = ("NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.class
                             " AND d.objid = {oid} AND d.deptype = 'e')")
 
 
-async def _hand_over_objects(conn: Connection, role: str) -> None:
+async def _hand_over_objects(conn: Connection, role: str,
+                             serialized: Callable[[], AbstractAsyncContextManager[None]]) -> None:
     """Make the fork's role own the objects of the copied database, and nothing else.
 
     Roles that own objects in the copy are of two kinds. A superuser's objects are
@@ -512,7 +538,8 @@ async def _hand_over_objects(conn: Connection, role: str) -> None:
     Any other role (the parent fork's role, or the ordinary role that owns a source
     behind --admin-dsn) gets `REASSIGN OWNED`, which would also hand over the
     databases and tablespaces that role owns anywhere on the server (the parent
-    fork itself): they are given back in the same transaction.
+    fork itself): they are given back in the same transaction, one fork at a time
+    (`serialized`: concurrent updates of one pg_database row fail).
     """
     owners = await conn.fetchall(
         "SELECT DISTINCT r.rolname, r.rolsuper FROM pg_class c"
@@ -533,7 +560,26 @@ async def _hand_over_objects(conn: Connection, role: str) -> None:
         if is_super:
             await _hand_over_one_by_one(conn, owner, role)
         else:
-            await _reassign_owned_here(conn, owner, role)
+            async with serialized():
+                await _reassign_owned_here(conn, owner, role)
+
+
+async def restrict_definer_routines(conn: Connection) -> list[str]:
+    """Take EXECUTE from PUBLIC on every SECURITY DEFINER routine a superuser owns (not an
+    extension's) in the database of `conn`; returns their signatures.
+
+    For copies the sandbox makes (`pg_restore --no-owner` gives every routine to the
+    superuser): otherwise any role that may call one, however low its rights, runs it as
+    the superuser. Forks hand these routines to their own role, which keeps EXECUTE as owner.
+    """
+    rows = await conn.fetchall(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_roles r ON r.oid = p.proowner"
+        f" WHERE p.prosecdef AND r.rolsuper AND {_USER_SCHEMA}"
+        " AND " + _NOT_AN_EXTENSION_MEMBER.format(cls="'pg_proc'", oid="p.oid") + " ORDER BY 1")
+    for (signature,) in rows:
+        await conn.execute(f"REVOKE EXECUTE ON ROUTINE {signature} FROM PUBLIC")
+    return [r[0] for r in rows]
 
 
 async def _reassign_owned_here(conn: Connection, owner: str, role: str) -> None:

@@ -69,13 +69,15 @@ def build_server(provider: LocalForkProvider, default_ttl_seconds: int = 3600) -
         name: str | None = None,
         ttl_seconds: int | None = None,
         owner_pid: int | None = None,
+        owner_host: str | None = None,
     ) -> dict[str, Any]:
         """Fork a source database or a fork. Returns name, dsn (of the fork's own role),
-        parent, created_at, ttl_seconds. `owner_pid`: the fork is collected when that
-        process on this host is gone."""
+        parent, created_at, ttl_seconds. `owner_pid` on `owner_host` (default: the server's
+        host): on the server's host, the fork is collected when that process is gone;
+        elsewhere only the TTL applies."""
         fork = await provider.fork(
             service_id, name=name, ttl_seconds=default_ttl_seconds if ttl_seconds is None else ttl_seconds,
-            owner_pid=owner_pid,
+            owner_pid=owner_pid, owner_host=owner_host,
         )
         log.info("fork_created", fork=fork.name, parent=fork.parent)
         return fork.public()

@@ -22,7 +22,7 @@ from psycopg import conninfo
 
 from afs.db import open_connection
 from afs.errors import InputError, SandboxError, scrub
-from afs.forks.provider import LocalForkProvider
+from afs.forks.provider import LocalForkProvider, restrict_definer_routines
 from afs.pg.names import quote_ident
 from afs.sandbox.server import SandboxServer, pg_binary
 
@@ -98,6 +98,7 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
         async with open_connection(server.dsn(scratch), 3_600_000) as conn:
             await conn.execute("ANALYZE")
             await conn.execute("SELECT pg_stat_reset()")  # the restore is not the workload
+            await restrict_definer_routines(conn)  # restored routines belong to the superuser
         async with open_connection(admin) as conn:
             await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(name)}")
     except BaseException:

@@ -3,12 +3,16 @@
 The demo data is written into a scratch database (`afs_demo_seeding`) that is
 renamed to `afs_demo` only when complete, so a process killed half-way leaves
 nothing that looks finished; the next `up` drops the scratch and starts again.
+Seeding holds an advisory lock in the admin database, so two processes (two `afs
+sandbox up`, or `up` and `optimize`) never seed at once: the second waits, then
+finds the demo database made.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import structlog
@@ -17,6 +21,7 @@ from afs.config import Settings
 from afs.db import open_connection
 from afs.errors import ForkBusyError, InputError
 from afs.forks.provider import LocalForkProvider, template_name
+from afs.locks import advisory_lock
 from afs.pg.names import quote_ident
 from afs.sandbox import demo
 from afs.sandbox.server import SandboxServer
@@ -24,6 +29,7 @@ from afs.sandbox.server import SandboxServer
 log = structlog.get_logger(__name__)
 
 SEEDING_SUFFIX = "_seeding"
+SEED_LOCK = "afs.seed:"  # advisory lock in the admin database, per demo database
 SEED_STATEMENT_TIMEOUT_MS = 30 * 60 * 1000
 
 Progress = Callable[[str], None]
@@ -42,9 +48,22 @@ async def database_exists(admin_dsn: str, name: str) -> bool:
         return bool(await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = %s", (name,)))
 
 
+@asynccontextmanager
+async def _seeding_lock(admin_dsn: str, database: str) -> AsyncIterator[None]:
+    # no statement timeout: waiting for another process's seeding may take minutes
+    async with open_connection(admin_dsn, 0) as conn, advisory_lock(conn, SEED_LOCK + database):
+        yield
+
+
 async def seed_demo(settings: Settings, server: SandboxServer, scale: str,
                     progress: Progress = lambda _: None) -> SeedReport:
     """(Re)create the demo database at `scale` and register it as a fork source."""
+    async with _seeding_lock(server.dsn(), settings.demo_database):
+        return await _seed_demo(settings, server, scale, progress)
+
+
+async def _seed_demo(settings: Settings, server: SandboxServer, scale: str,
+                     progress: Progress) -> SeedReport:
     if scale not in demo.SCALES:
         raise InputError(f"unknown scale {scale!r}; choose one of {', '.join(demo.SCALES)}")
     admin = server.dsn()
@@ -79,8 +98,18 @@ async def ensure_demo(settings: Settings, server: SandboxServer, scale: str,
     """
     admin = server.dsn()
     target = settings.demo_database
+    if await database_exists(admin, target) and await database_exists(admin, template_name(target)):
+        return None  # the common case: no lock needed
+    async with _seeding_lock(admin, target):
+        return await _ensure_demo(settings, server, scale, progress)
+
+
+async def _ensure_demo(settings: Settings, server: SandboxServer, scale: str,
+                       progress: Progress) -> SeedReport | None:
+    admin = server.dsn()
+    target = settings.demo_database
     if not await database_exists(admin, target):
-        return await seed_demo(settings, server, scale, progress)
+        return await _seed_demo(settings, server, scale, progress)
     if not await database_exists(admin, template_name(target)):
         progress(f"making the fork template {template_name(target)}")
         try:
