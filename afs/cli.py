@@ -374,18 +374,16 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     from afs import report
     from afs.display import LiveDisplay
     from afs.events import Emitter, log_sink
-    from afs.features import extract_features
     from afs.forks.client import open_fork_client
-    from afs.optimize import TaskRequest, new_task_id, optimize
+    from afs.optimize import TaskRequest, new_task_id, optimize, read_input
     from afs.router import load_rules
-    from afs.safety import check_query
     from afs.sandbox.seeding import ensure_demo
     from afs.sandbox.server import SandboxServer
 
     runs = settings.runs if args.runs is None else args.runs
     if runs < 1:
         raise InputError(f"--runs must be at least 1, got {runs}")
-    extract_features(check_query(args.query))  # bad input: refused before anything starts
+    await trio.to_thread.run_sync(read_input, args.query)  # bad input: refused before anything starts
     weights = parse_weights(args.weights)
     rules = load_rules(settings.routing_rules)
     async with open_squad(args.provider, settings, os.environ) as squad:

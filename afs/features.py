@@ -40,6 +40,12 @@ IndexablePredicates (expressions and jsonb / array tests an expression or GIN in
 `Resolver` finds a column's base table through the query's aliases and the catalog's columns.
 Helpers shared with other readers of queries: `read_query` (None rather than an error),
 `conjuncts`, `is_literal`, `is_literal_or_array`, `function_name`, `aggregates`.
+
+`check_input` comes first, before any other reader (the safety check included) sees the text:
+it refuses what AFS cannot read safely, once, up front: a query larger than MAX_QUERY_BYTES
+(every agent reads it many times: a 1 MB IN list cost 51 s of CPU per agent), nested deeper
+than MAX_QUERY_DEPTH (sqlglot and the readers built on it recurse; 50 parentheses exhausted
+Python's stack), or holding parameters ($1, as pg_stat_statements stores queries).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from typing import Any, Final, Literal
 
 import pglast
 import sqlglot
+from pglast import ast as pg_ast
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
@@ -70,6 +77,15 @@ _COMPARISONS: dict[type[exp.Expr], tuple[ColumnRole, str, str]] = {  # role, ope
     exp.LTE: ("range", "<=", ">="),
 }
 _UNKNOWN_POSITION = 1 << 30
+MAX_QUERY_BYTES: Final = 100_000
+# Levels of the query's syntax tree (as PostgreSQL parses it) plus twice the levels of
+# parentheses and brackets (sqlglot's parser spends about twice the frames on one): a bound
+# of how deep the readers recurse. Measured: 40 parentheses read, 50 did not; at this limit
+# every nesting (parentheses, CASE, NOT, subqueries, casts, `+` chains, UNION, JOIN) reads
+# with 400 frames already on the stack (trio, a brain, pytest), 60 % of Python's default.
+MAX_QUERY_DEPTH: Final = 56
+# sqlglot's time to read nested ARRAY[…] doubles with each level (1 s at 12, 17 s at 17)
+MAX_BRACKET_DEPTH: Final = 8
 # casts of an extracted json value that are immutable, so that an index may hold them
 _INDEXABLE_CASTS: Final = frozenset({
     "int", "integer", "bigint", "smallint", "numeric", "decimal", "boolean", "bool", "text",
@@ -117,6 +133,89 @@ def extract_features(sql: str) -> QueryFeatures:
     )
 
 
+# -- the input check ----------------------------------------------------------------
+def check_input(sql: str) -> None:
+    """Refuse a query AFS cannot read safely (InputError): larger than MAX_QUERY_BYTES,
+    nested deeper than MAX_QUERY_DEPTH, or with parameters ($1). Iterative and linear in
+    the size of the query, so it cannot itself run out of stack or time. Text that does not
+    parse passes: the safety check (afs.safety.check_query) comes next and refuses it."""
+    size = len(sql.encode())
+    if size > MAX_QUERY_BYTES:
+        raise InputError(f"the query is {size:,} bytes long; AFS reads queries of at most "
+                         f"{MAX_QUERY_BYTES:,} bytes (each agent analyses it many times)")
+    try:
+        statements = pglast.parse_sql(sql)
+    except pglast.parser.ParseError:
+        return  # not SQL: the safety check that follows says so in its own words
+    parentheses, brackets = _parenthesis_depth(sql)
+    depth = _syntax_depth(statements) + 2 * parentheses
+    if brackets > MAX_BRACKET_DEPTH:
+        raise InputError(f"the query nests too deeply for AFS to analyse: {brackets} levels of "
+                         f"brackets (ARRAY[ARRAY[…]]), at most {MAX_BRACKET_DEPTH}")
+    if depth > MAX_QUERY_DEPTH:
+        raise InputError(f"the query nests too deeply for AFS to analyse: {depth} levels of "
+                         f"expressions, subqueries and parentheses, at most {MAX_QUERY_DEPTH}")
+    parameters = sorted(_parameters(statements))
+    if parameters:
+        shown = ", ".join(f"${n}" for n in parameters[:5]) + (", …" if len(parameters) > 5 else "")
+        raise InputError(
+            f"the query has parameters ({shown}), as pg_stat_statements stores queries: AFS "
+            "measures a query with values. Put values in their place; filling them in from "
+            "the statistics is the job of the batch run over pg_stat_statements (not there yet)")
+
+
+def _children(node: pg_ast.Node) -> Iterator[pg_ast.Node]:
+    """The nodes directly below `node` (in its fields, or in lists in them)."""
+    slots: Any = getattr(type(node), "__slots__")  # noqa: B009 - the stubs do not declare it
+    pending: list[Any] = [getattr(node, name) for name in slots]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, pg_ast.Node):
+            yield value
+        elif isinstance(value, tuple | list):
+            pending.extend(value)
+
+
+def _syntax_depth(statements: Any) -> int:
+    """The depth of PostgreSQL's syntax tree. An AND / OR of many terms is one node with a list
+    of arguments there, and counts once (sqlglot nests them, but reads and walks them without
+    recursing)."""
+    deepest = 0
+    stack: list[tuple[pg_ast.Node, int]] = [(s, 1) for s in statements]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in _children(node))
+    return deepest
+
+
+def _parameters(statements: Any) -> set[int]:
+    found: set[int] = set()
+    stack: list[pg_ast.Node] = list(statements)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, pg_ast.ParamRef):
+            found.add(int(node.number or 0))
+        stack.extend(_children(node))
+    return found
+
+
+def _parenthesis_depth(sql: str) -> tuple[int, int]:
+    """The deepest nesting of parentheses and brackets together, and of brackets alone."""
+    depth = deepest = brackets = deepest_brackets = 0
+    for token in pglast.parser.scan(sql):
+        if token.name in ("ASCII_40", "ASCII_91"):  # ( and [
+            depth += 1
+            deepest = max(deepest, depth)
+            if token.name == "ASCII_91":
+                brackets += 1
+                deepest_brackets = max(deepest_brackets, brackets)
+        elif token.name in ("ASCII_41", "ASCII_93"):
+            depth -= 1
+            brackets -= token.name == "ASCII_93"
+    return deepest, deepest_brackets
+
+
 # -- parsing (shared with afs.suite) -------------------------------------------------
 def select_text(sql: str) -> str:
     """The text of the one query in `sql`, without its terminating `;` (pglast decides).
@@ -142,9 +241,13 @@ def select_text(sql: str) -> str:
 def parse_query(text: str) -> exp.Expr:
     """`text` as a sqlglot tree, unquoted names folded to lower case as PostgreSQL does.
 
-    Raises SqlglotError.
+    Raises SqlglotError, or InputError when the query nests too deeply to read (check_input
+    refuses such queries first; this is the net behind it).
     """
-    return normalize_identifiers(sqlglot.parse_one(text, dialect=DIALECT), dialect=DIALECT)
+    try:
+        return normalize_identifiers(sqlglot.parse_one(text, dialect=DIALECT), dialect=DIALECT)
+    except RecursionError:
+        raise InputError("the query nests too deeply for AFS to analyse") from None
 
 
 def first_line(exc: Exception) -> str:
@@ -190,21 +293,25 @@ def _has_limit(tree: exp.Expr) -> bool:
     return node.args.get("limit") is not None
 
 
-def _main_table(block: exp.Expr, ctes: dict[str, exp.Expr], seen: frozenset[str] = frozenset()) -> str | None:
+def _main_table(block: exp.Expr, ctes: dict[str, exp.Expr]) -> str | None:
     """The first table of the outermost FROM, followed into CTEs and derived tables."""
-    while isinstance(block, (exp.Subquery, exp.SetOperation)):
-        block = block.this
-    from_ = block.args.get("from_") if isinstance(block, exp.Select) else None
-    source = from_.this if from_ is not None else None
-    if isinstance(source, exp.Subquery):
-        return _main_table(source, ctes, seen)
-    if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier):
-        return None
-    if not source.db and source.name in ctes:
+    seen: set[str] = set()
+    while True:  # a loop, not recursion: a chain of CTEs can be as long as the query
+        while isinstance(block, (exp.Subquery, exp.SetOperation)):
+            block = block.this
+        from_ = block.args.get("from_") if isinstance(block, exp.Select) else None
+        source = from_.this if from_ is not None else None
+        if isinstance(source, exp.Subquery):
+            block = source
+            continue
+        if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier):
+            return None
+        if source.db or source.name not in ctes:
+            return _table_name(source)
         if source.name in seen:
             return None
-        return _main_table(ctes[source.name], ctes, seen | {source.name})
-    return _table_name(source)
+        seen.add(source.name)
+        block = ctes[source.name]
 
 
 # -- tables -------------------------------------------------------------------------
@@ -496,20 +603,24 @@ def read_query(query: str) -> exp.Expr | None:
     (and QueryFeatures) folds them; None unless sqlglot reads exactly one statement."""
     try:
         statements = [s for s in sqlglot.parse(query, read=DIALECT) if s is not None]
-    except (SqlglotError, ValueError):
+    except (SqlglotError, ValueError, RecursionError):
         return None
     return normalize_identifiers(statements[0], dialect=DIALECT) if len(statements) == 1 else None
 
 
 def conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
     """The top-level AND terms of a condition."""
-    if node is None:
-        return []
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.And):
-        return conjuncts(node.left) + conjuncts(node.right)
-    return [node]
+    terms: list[exp.Expr] = []
+    stack = [node] if node is not None else []
+    while stack:  # not recursive: a WHERE of thousands of terms nests as deep
+        node = stack.pop()
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.And):
+            stack.extend((node.right, node.left))
+        else:
+            terms.append(node)
+    return terms
 
 
 def is_literal(node: exp.Expr) -> bool:

@@ -26,7 +26,7 @@ from afs.consensus import decide
 from afs.db import open_connection
 from afs.errors import DatabaseError, InputError
 from afs.events import Emitter
-from afs.features import extract_features
+from afs.features import check_input, extract_features
 from afs.forks.client import ForkClient
 from afs.models import (
     AgentKey,
@@ -89,13 +89,22 @@ def new_task_id() -> str:
     return secrets.token_hex(4)
 
 
-async def prepare(request: TaskRequest,
-                  source_dsn: str) -> tuple[str, QueryFeatures, dict[str, tuple[int, float]]]:
-    """Refuse bad input before any fork exists: SQL safety, parse, tables, columns."""
-    query = check_query(request.query)
+def read_input(sql: str) -> tuple[str, QueryFeatures]:
+    """The query to optimize and its features, or InputError: too large or too deep to read,
+    parameters, not one read-only SELECT, no table. CPU-bound (up to a second or two for
+    the largest query accepted): call it in a worker thread from trio code."""
+    check_input(sql)
+    query = check_query(sql)
     features = extract_features(query)
     if not features.tables:
         raise InputError("the query reads no table: there is nothing to optimize")
+    return query, features
+
+
+async def prepare(request: TaskRequest,
+                  source_dsn: str) -> tuple[str, QueryFeatures, dict[str, tuple[int, float]]]:
+    """Refuse bad input before any fork exists: size, SQL safety, parse, tables, columns."""
+    query, features = await trio.to_thread.run_sync(read_input, request.query)
     async with open_connection(source_dsn) as conn:
         stats = await source_table_stats(conn, features.tables)
         unknown = [t for t in features.tables if t not in stats]
