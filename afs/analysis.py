@@ -26,6 +26,7 @@ from afs.models import (
     TableInfo,
     TaskType,
 )
+from afs.pg.names import ident
 from afs.pg.plan import explained, plan_of
 
 MB = 1048576.0
@@ -177,9 +178,9 @@ def _is_temporal(data_type: str) -> bool:
 
 def _ddl(name: str, columns: tuple[ColumnInfo, ...], primary: tuple[str, ...],
          indexes: tuple[IndexInfo, ...]) -> str:
-    lines = [f"  {c.name} {c.data_type}{'' if c.nullable else ' NOT NULL'}" for c in columns]
+    lines = [f"  {ident(c.name)} {c.data_type}{'' if c.nullable else ' NOT NULL'}" for c in columns]
     if primary:
-        lines.append(f"  PRIMARY KEY ({', '.join(primary)})")
+        lines.append(f"  PRIMARY KEY ({', '.join(ident(c) for c in primary)})")
     text = f"CREATE TABLE {name} (\n" + ",\n".join(lines) + "\n);"
     extra = [ix.definition + ";" for ix in indexes if not ix.primary]
     return "\n".join([text, *extra])

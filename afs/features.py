@@ -64,7 +64,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from afs.errors import InputError
 from afs.models import AnalysisContext, ColumnRole, ColumnUse, QueryFeatures
-from afs.pg.names import ident, quote_literal, relation_name
+from afs.pg.names import ident, quote_literal, relation_key, relation_name
 from afs.pg.stats import base_type, column_type, like_prefix, pattern_opclass
 
 DIALECT = "postgres"
@@ -316,7 +316,8 @@ def _main_table(block: exp.Expr, ctes: dict[str, exp.Expr]) -> str | None:
 
 # -- tables -------------------------------------------------------------------------
 def _table_name(table: exp.Table) -> str:
-    return ".".join(part for part in (table.catalog, table.db, table.name) if part)
+    """The table's name as PostgreSQL prints it: `orders`, `"Orders"` (afs.pg.names)."""
+    return relation_key(*(part for part in (table.catalog, table.db, table.name) if part))
 
 
 def _base_table(source: object) -> str | None:
@@ -773,20 +774,30 @@ class Resolver:
     def __init__(self, ctx: AnalysisContext) -> None:
         self.tables = ctx.tables
         self.query_tables = tuple(ctx.features.tables) or tuple(ctx.tables)
+        self.exact_aliases = dict(ctx.features.aliases)
         self.aliases = {k.lower(): v for k, v in ctx.features.aliases.items()}
 
     def table_key(self, name: str | None) -> str | None:
+        """The key of ctx.tables that `name` means: a key itself, an alias, or a qualifier as
+        sqlglot reads it (raw: `Orders` for `"Orders"`); case counts before it is ignored."""
         if not name:
             return None
         if name in self.tables:
             return name
+        if self.exact_aliases.get(name) in self.tables:
+            return self.exact_aliases[name]
+        if relation_key(name) in self.tables:
+            return relation_key(name)
+        for key in self.tables:
+            if relation_name(key) == name:
+                return key
         low = name.lower()
         if low in self.aliases and self.aliases[low] in self.tables:
             return self.aliases[low]
         for key in self.tables:
             if key.lower() == low or relation_name(key).lower() == low:
                 return key
-        return self.aliases.get(low)
+        return self.exact_aliases.get(name, self.aliases.get(low))
 
     def has_column(self, table: str, column: str) -> bool:
         info = self.tables.get(table)

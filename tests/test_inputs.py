@@ -1,24 +1,27 @@
-"""Input that AFS must refuse clearly, once, before any fork: too large, too deep, parameters
-(issue 9, items 12 and 15)."""
+"""What a user's query and database can hold (issue 9, items 12 to 15): input AFS must refuse
+clearly, once, before any fork (too large, too deep, parameters); names in mixed case; views."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import trio
 from mcp import Client
 
+from afs.analysis import gather_context
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
+from afs.db import connect_sync, open_connection
 from afs.errors import InputError
 from afs.events import Emitter
 from afs.features import (
     MAX_QUERY_BYTES,
+    Resolver,
     check_input,
     extract_features,
     parse_query,
@@ -29,7 +32,7 @@ from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
 from afs.models import AgentKey, EstimatedImpact, OptimizationProposal
-from afs.optimize import TaskRequest, optimize, read_input
+from afs.optimize import TaskRequest, optimize, prepare, read_input
 from afs.params import apply_parameters, parameter_sets
 from afs.router import load_rules
 from afs.safety import check_query
@@ -152,7 +155,6 @@ def test_the_reader_turns_a_stack_overflow_into_input_error() -> None:
 
 
 def test_query_shape_reads_a_where_of_thousands_of_terms() -> None:
-    from afs.features import Resolver
     from afs.models import AnalysisContext
 
     sql = "SELECT id FROM orders WHERE " + " AND ".join(f"user_id <> {i}" for i in range(1500))
@@ -247,3 +249,63 @@ async def test_the_event_loop_runs_while_a_large_query_is_read() -> None:
         nursery.cancel_scope.cancel()
     assert ticks > 5
 
+
+
+# -- a database of the user's: names in mixed case, views ------------------------------------
+CASES_DB = "afs_inputs_cases"
+CASES_SQL = """
+CREATE TABLE orders (id int PRIMARY KEY, user_id int NOT NULL, status text NOT NULL,
+                     created_at timestamptz NOT NULL);
+INSERT INTO orders SELECT i, i % 500, CASE WHEN i % 10 = 0 THEN 'cancelled' ELSE 'paid' END,
+       timestamptz '2025-01-01' + i * interval '1 minute' FROM generate_series(1, 20000) AS i;
+CREATE TABLE "Orders" (id int PRIMARY KEY, "Total" int NOT NULL, note text);
+INSERT INTO "Orders" SELECT i, i % 7, 'n' FROM generate_series(1, 40) AS i;
+CREATE VIEW live_orders AS SELECT id, user_id AS customer, created_at FROM orders
+    WHERE status <> 'cancelled';
+CREATE VIEW big_live_orders AS SELECT id, customer FROM live_orders WHERE id > 100;
+ANALYZE;
+"""
+
+
+@pytest.fixture(scope="module")
+def cases_db(sandbox: SandboxServer) -> Iterator[str]:
+    """A user's database beside the demo: `orders` and `"Orders"`, views over orders; forkable."""
+    admin = connect_sync(sandbox.dsn())
+    try:
+        admin.execute(f"DROP DATABASE IF EXISTS {CASES_DB} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {CASES_DB}")
+        with connect_sync(sandbox.dsn(CASES_DB)) as conn:
+            conn.execute(CASES_SQL)
+        trio.run(LocalForkProvider(sandbox.dsn()).register_source, CASES_DB, "tests")
+        yield CASES_DB
+    finally:
+        trio.run(LocalForkProvider(sandbox.dsn()).drop_source, CASES_DB)
+        admin.close()
+
+
+async def test_a_quoted_mixed_case_table_is_not_its_lower_case_namesake(
+        sandbox: SandboxServer, cases_db: str) -> None:
+    query, features = read_input('SELECT id, note FROM "Orders" WHERE "Total" = 3')
+    assert features.tables == ('"Orders"',)
+    assert {(u.table, u.column, u.role) for u in features.columns} >= {('"Orders"', "Total", "equality")}
+    _, _, stats = await prepare(TaskRequest(query=query), sandbox.dsn(cases_db))
+    assert stats['"Orders"'][0] == 40  # its own statistics, not those of orders (20,000 rows)
+
+    both = ('SELECT o.id FROM orders o JOIN "Orders" x ON x.id = o.id '
+            'WHERE x."Total" = 3 AND o.user_id = 7')
+    query, features = read_input(both)
+    async with open_connection(sandbox.dsn(cases_db)) as conn:
+        ctx = await gather_context(conn, task_id="t", task_type="query_optimization", query=query,
+                                   features=features, source_stats={})
+    assert ctx.tables['"Orders"'].rows == 40 and ctx.tables["orders"].rows == 20_000
+    assert "Total" in ctx.tables['"Orders"'].column_stats
+    assert ctx.tables['"Orders"'].ddl.startswith('CREATE TABLE "Orders" (\n  id integer NOT NULL,\n'
+                                                 '  "Total" integer')
+    resolver = Resolver(ctx)
+    assert resolver.table_key("Orders") == '"Orders"' and resolver.table_key("orders") == "orders"
+    assert resolver.table_key("x") == '"Orders"' and resolver.table_key("o") == "orders"
+
+
+async def test_unknown_mixed_case_table_is_unknown(sandbox: SandboxServer, cases_db: str) -> None:
+    with pytest.raises(InputError, match='unknown table "ORDERS"'):
+        await prepare(TaskRequest(query='SELECT 1 FROM "ORDERS"'), sandbox.dsn(cases_db))
