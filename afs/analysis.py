@@ -7,15 +7,21 @@ timestamp columns (the suite's date filter needs them), with their average
 width, and the tables whose foreign keys reference it. pg_stats travels with
 the fork (it is a per-database catalog); activity counters do not, so
 `writes_per_read` comes from the source and is passed in.
+
+Views are seen through before the analysis: `view_definitions` reads them on the source and
+`afs.features.see_through` puts their tables in the query's features, so the analysis, the
+proposals and the storage measurement are about the tables PostgreSQL scans.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from afs.db import Connection
-from afs.errors import StatementTimeout
+from afs.errors import InputError, StatementTimeout
+from afs.features import extract_features
 from afs.models import (
     AnalysisContext,
     ColumnInfo,
@@ -85,6 +91,31 @@ SELECT greatest(c.reltuples, 0)::bigint,
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = to_regclass(%s)
 """
+
+
+_VIEW_SQL = """
+SELECT pg_get_viewdef(c.oid, true) FROM pg_class c WHERE c.oid = to_regclass(%s) AND c.relkind = 'v'
+"""
+MAX_VIEWS = 100  # views followed for one query (views of views included)
+
+
+async def view_definitions(conn: Connection, tables: tuple[str, ...]) -> dict[str, str]:
+    """The SELECT of each view among `tables`, and of the views those read, to any depth
+    (afs.features.see_through reads them)."""
+    found: dict[str, str] = {}
+    pending, looked = list(tables), set[str]()
+    while pending and len(looked) < MAX_VIEWS:
+        name = pending.pop(0)
+        if name in looked:
+            continue
+        looked.add(name)
+        definition = await conn.fetchval(_VIEW_SQL, (name,))
+        if definition is None:
+            continue
+        found[name] = str(definition)
+        with contextlib.suppress(InputError):  # a view AFS cannot read stays opaque
+            pending.extend(extract_features(found[name]).tables)
+    return found
 
 
 async def explain_analyze(conn: Connection, sql: str) -> tuple[dict[str, Any], float]:

@@ -50,6 +50,7 @@ Python's stack), or holding parameters ($1, as pg_stat_statements stores queries
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -131,6 +132,103 @@ def extract_features(sql: str) -> QueryFeatures:
         complexity_score=score,
         complexity="low" if score <= 2 else "medium" if score <= 5 else "high",
     )
+
+
+# -- views ------------------------------------------------------------------------------
+def see_through(features: QueryFeatures, views: Mapping[str, str]) -> QueryFeatures:
+    """`features` with each view it reads replaced by what the view reads, so that agents
+    analyse, index and measure the tables PostgreSQL actually scans.
+
+    `views` maps a view's name (as in `tables`) to its SELECT (pg_get_viewdef), for the views
+    of the query and those they read in turn. A use of a view's column becomes a use of the
+    base column behind it when the view selects that column plainly (`user_id AS customer`),
+    otherwise of no table; the view's own column uses (its joins and filters) are added; the
+    counts add up; an alias of a view stands for the view's main table.
+    """
+    readings = {name: reading for name, sql in views.items()
+                if (reading := _view_reading(sql)) is not None}
+    if not any(table in readings for table in features.tables):
+        return features
+
+    def tables_of(name: str, seen: frozenset[str]) -> list[str]:
+        if name not in readings or name in seen:
+            return [name]
+        return [t for inner in readings[name][0].tables for t in tables_of(inner, seen | {name})]
+
+    def main_of(name: str | None, seen: frozenset[str] = frozenset()) -> str | None:
+        if name not in readings or name in seen:
+            return name
+        return main_of(readings[name][0].main_table, seen | {name})
+
+    def column_of(table: str | None, column: str, seen: frozenset[str]) -> tuple[str | None, str]:
+        if table not in readings or table in seen:
+            return table, column
+        base = readings[table][1].get(column)
+        return column_of(*base, seen | {table}) if base else (None, column)
+
+    def uses_of(uses: tuple[ColumnUse, ...], seen: frozenset[str]) -> list[ColumnUse]:
+        mapped: list[ColumnUse] = []
+        for use in uses:
+            if use.table in readings and use.table not in seen:
+                table, column = column_of(use.table, use.column, seen)
+                mapped.append(dataclasses.replace(use, table=table, column=column))
+            else:
+                mapped.append(use)
+        return mapped
+
+    read = [v for t in features.tables for v in _views_under(t, readings)]
+    tables = tuple(dict.fromkeys(t for name in features.tables for t in tables_of(name, frozenset())))
+    columns = uses_of(features.columns, frozenset())
+    for view in dict.fromkeys(read):
+        columns += uses_of(readings[view][0].columns, frozenset())
+    parts = [features, *(readings[v][0] for v in dict.fromkeys(read))]
+    score = sum(p.complexity_score for p in parts)
+    return QueryFeatures(
+        join_count=sum(p.join_count for p in parts),
+        subquery_count=sum(p.subquery_count for p in parts),
+        aggregation_count=sum(p.aggregation_count for p in parts),
+        window_count=sum(p.window_count for p in parts),
+        set_operation_count=sum(p.set_operation_count for p in parts),
+        order_by_count=sum(p.order_by_count for p in parts),
+        has_limit=features.has_limit,
+        tables=tables,
+        aliases={alias: main_of(table) or table for alias, table in features.aliases.items()},
+        columns=tuple(dict.fromkeys(columns)),
+        main_table=main_of(features.main_table),
+        complexity_score=score,
+        complexity="low" if score <= 2 else "medium" if score <= 5 else "high",
+    )
+
+
+def _views_under(name: str, readings: Mapping[str, tuple[QueryFeatures, dict[str, tuple[str, str]]]],
+                 seen: frozenset[str] = frozenset()) -> list[str]:
+    """`name` and the views it reads, when it is a view."""
+    if name not in readings or name in seen:
+        return []
+    return [name, *(v for inner in readings[name][0].tables
+                    for v in _views_under(inner, readings, seen | {name}))]
+
+
+def _view_reading(sql: str) -> tuple[QueryFeatures, dict[str, tuple[str, str]]] | None:
+    """A view's features and its output columns that are plain base columns
+    (name → (table, column)); None when AFS cannot read the view."""
+    try:
+        check_input(sql)
+        features = extract_features(sql)
+        tree = parse_query(select_text(sql))
+        scopes = traverse_scope(tree)
+    except (InputError, SqlglotError):
+        return None
+    outputs: dict[str, tuple[str, str]] = {}
+    if isinstance(tree, exp.Select) and scopes:
+        root = _Collector(scopes[-1])
+        for item in tree.expressions:
+            column = item.unalias()
+            if isinstance(column, exp.Column) and not isinstance(column.this, exp.Star):
+                table = root.table_of(column)
+                if table is not None:
+                    outputs[item.alias_or_name] = (table, column.name)
+    return features, outputs
 
 
 # -- the input check ----------------------------------------------------------------

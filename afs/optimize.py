@@ -19,14 +19,14 @@ from dataclasses import dataclass
 import trio
 
 from afs.agents import AgentJob, SharedMeasurements, run_agent
-from afs.analysis import source_table_stats
+from afs.analysis import source_table_stats, view_definitions
 from afs.brains import Squad
 from afs.config import Settings
 from afs.consensus import decide
 from afs.db import open_connection
 from afs.errors import DatabaseError, InputError
 from afs.events import Emitter
-from afs.features import check_input, extract_features
+from afs.features import check_input, extract_features, see_through
 from afs.forks.client import ForkClient
 from afs.models import (
     AgentKey,
@@ -106,6 +106,9 @@ async def prepare(request: TaskRequest,
     """Refuse bad input before any fork exists: size, SQL safety, parse, tables, columns."""
     query, features = await trio.to_thread.run_sync(read_input, request.query)
     async with open_connection(source_dsn) as conn:
+        views = await view_definitions(conn, features.tables)
+        if views:  # agents work on the tables behind the views
+            features = await trio.to_thread.run_sync(see_through, features, views)
         stats = await source_table_stats(conn, features.tables)
         unknown = [t for t in features.tables if t not in stats]
         if unknown:

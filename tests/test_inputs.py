@@ -309,3 +309,32 @@ async def test_a_quoted_mixed_case_table_is_not_its_lower_case_namesake(
 async def test_unknown_mixed_case_table_is_unknown(sandbox: SandboxServer, cases_db: str) -> None:
     with pytest.raises(InputError, match='unknown table "ORDERS"'):
         await prepare(TaskRequest(query='SELECT 1 FROM "ORDERS"'), sandbox.dsn(cases_db))
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_agents_see_through_views_to_their_tables(
+        settings: Settings, sandbox: SandboxServer, cases_db: str, provider: LocalForkProvider) -> None:
+    """A query on a view of a view: the features, statistics and analysis are about orders,
+    and the proposal indexes orders."""
+    query = "SELECT id, customer FROM big_live_orders b WHERE b.customer = 42"
+    _, features, stats = await prepare(TaskRequest(query=query), sandbox.dsn(cases_db))
+    assert features.tables == ("orders",) and features.main_table == "orders"
+    assert set(stats) == {"orders"} and stats["orders"][0] == 20_000
+    uses = {(u.table, u.column, u.role, u.operator) for u in features.columns}
+    assert ("orders", "user_id", "equality", "=") in uses  # customer is user_id
+    assert ("orders", "status", "other", None) in uses  # the view's own filter
+    assert ("orders", "id", "range", ">") in uses
+    assert features.aliases == {"b": "orders"}
+
+    async with Client(build_server(provider)) as client:
+        result = await optimize(
+            settings, TaskRequest(query=query, runs=3), source=cases_db,
+            source_dsn=sandbox.dsn(cases_db), forks=ForkClient(client),
+            squad=_squad({"gemini25pro": StrategistBrain()}), rules=load_rules(None),
+            events=Emitter("views"))
+    (outcome,) = result.outcomes
+    assert outcome.status == "ok", outcome.error
+    assert outcome.proposal is not None
+    assert any("ON orders" in c and "user_id" in c for c in outcome.proposal.sql_commands), \
+        outcome.proposal.sql_commands
+    assert outcome.benchmark is not None and outcome.benchmark.average_improvement_pct > 10
