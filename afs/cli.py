@@ -88,7 +88,9 @@ async def _sandbox_status(settings: Settings) -> dict[str, Any]:
     }
     if state.running:
         async with open_connection(server.dsn()) as conn:
-            size = await conn.fetchval("SELECT pg_database_size(%s)", (settings.demo_database,))
+            # None when there is no demo database (a sandbox holding only imports)
+            size = await conn.fetchval("SELECT pg_database_size(datname) FROM pg_database"
+                                       " WHERE datname = %s", (settings.demo_database,))
             info["size_mb"] = None if size is None else round(size / 1048576, 1)
             if await conn.fetchval("SELECT to_regclass('afs.forks')"):
                 info["forks"] = await conn.fetchval("SELECT count(*) FROM afs.forks")
@@ -182,9 +184,10 @@ async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> in
     progress_done()
     data = {"database": report.database, "origin": report.origin,
             "seconds": round(report.seconds, 1), "schema_only": report.schema_only,
-            "dsn": server.dsn(report.database)}
+            "dsn": server.dsn(report.database), "skipped": list(report.skipped)}
+    skipped = "".join(f"\nskipped (this server refused it): {s}" for s in report.skipped)
     emit(args, data, f"imported {report.origin} as {report.database} in {report.seconds:.1f} s;"
-                     f" fork it with: afs fork create --from {report.database}")
+                     f" fork it with: afs fork create --from {report.database}{skipped}")
     return EXIT_OK
 
 
