@@ -5,7 +5,8 @@
     ─► partial-failure rules ─► consensus ─► TaskResult
 
 Nothing is written to the source database: it is read for statistics and
-EXPLAIN (without ANALYZE) only; every change happens in forks.
+EXPLAIN (without ANALYZE) only, the EXPLAIN in a read-only transaction as a role without
+write rights (afs.analysis.explain_on_source); every change happens in forks.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import trio
 
 from afs.agents import AgentJob, SharedMeasurements, run_agent
-from afs.analysis import source_table_stats, view_definitions
+from afs.analysis import explain_on_source, source_table_stats, view_definitions
 from afs.brains import Squad
 from afs.config import Settings
 from afs.consensus import decide
@@ -113,8 +114,8 @@ async def prepare(request: TaskRequest,
         unknown = [t for t in features.tables if t not in stats]
         if unknown:
             raise InputError(f"unknown table {', '.join(unknown)} in the query")
-        try:
-            await conn.execute(f"EXPLAIN {query}")  # catches unknown columns, types; runs nothing
+        try:  # catches unknown columns, types; runs nothing, writes nothing (read-only role)
+            await explain_on_source(conn, query)
         except DatabaseError as exc:
             raise InputError(f"the query does not run on the source: {str(exc).splitlines()[0]}") from exc
     return query, features, stats

@@ -13,11 +13,11 @@ import pytest
 import trio
 from mcp import Client
 
-from afs.analysis import gather_context
+from afs.analysis import EXPLAIN_ROLE, explain_on_source, gather_context
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
 from afs.db import connect_sync, open_connection
-from afs.errors import InputError
+from afs.errors import DatabaseError, InputError
 from afs.events import Emitter
 from afs.features import (
     MAX_QUERY_BYTES,
@@ -263,6 +263,14 @@ INSERT INTO "Orders" SELECT i, i % 7, 'n' FROM generate_series(1, 40) AS i;
 CREATE VIEW live_orders AS SELECT id, user_id AS customer, created_at FROM orders
     WHERE status <> 'cancelled';
 CREATE VIEW big_live_orders AS SELECT id, customer FROM live_orders WHERE id > 100;
+CREATE TABLE audit (who text);
+CREATE FUNCTION writer() RETURNS void VOLATILE LANGUAGE plpgsql
+    AS $$ BEGIN INSERT INTO audit VALUES (current_user); END $$;
+-- planning folds immutable calls: these run when the query is only EXPLAINed
+CREATE FUNCTION sneaky() RETURNS int IMMUTABLE LANGUAGE plpgsql
+    AS $$ BEGIN PERFORM writer(); RETURN 1; END $$;
+CREATE FUNCTION whoami() RETURNS int IMMUTABLE LANGUAGE plpgsql
+    AS $$ BEGIN RAISE EXCEPTION 'planned as %', current_user; END $$;
 ANALYZE;
 """
 
@@ -338,3 +346,26 @@ async def test_agents_see_through_views_to_their_tables(
     assert any("ON orders" in c and "user_id" in c for c in outcome.proposal.sql_commands), \
         outcome.proposal.sql_commands
     assert outcome.benchmark is not None and outcome.benchmark.average_improvement_pct > 10
+
+
+async def test_explain_on_the_source_is_read_only_and_low_privileged(
+        sandbox: SandboxServer, cases_db: str) -> None:
+    """Item 7: a function that planning evaluates cannot write, and runs as afs_explain."""
+    async with open_connection(sandbox.dsn(cases_db)) as conn:
+        with pytest.raises(DatabaseError, match="read-only transaction"):
+            await explain_on_source(conn, "SELECT id FROM orders WHERE id = sneaky()")
+        with pytest.raises(DatabaseError, match=f"planned as {EXPLAIN_ROLE}"):
+            await explain_on_source(conn, "SELECT whoami()")
+        await explain_on_source(conn, "SELECT id FROM orders WHERE id = 1")  # a plain query plans
+        assert await conn.fetchval("SELECT count(*) FROM audit") == 0
+        assert await conn.fetchval("SELECT current_user") == "postgres"  # the session is as it was
+        member = await conn.fetchval("SELECT pg_has_role(%s, 'pg_read_all_data', 'MEMBER')",
+                                     (EXPLAIN_ROLE,))
+        writes = await conn.fetchval("SELECT has_table_privilege(%s, 'orders', 'INSERT')",
+                                     (EXPLAIN_ROLE,))
+        assert member and not writes
+    with pytest.raises(InputError):
+        await prepare(TaskRequest(query="SELECT id FROM orders WHERE id = sneaky()"),
+                      sandbox.dsn(cases_db))
+    async with open_connection(sandbox.dsn(cases_db)) as conn:
+        assert await conn.fetchval("SELECT count(*) FROM audit") == 0
