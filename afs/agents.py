@@ -32,8 +32,9 @@ from afs.catalog import catalog_problems, lost_rows, table_fingerprints
 from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
 from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
-from afs.errors import AfsError, DatabaseError, UnsafeSqlError
+from afs.errors import AfsError, DatabaseError, InputError
 from afs.events import Emitter
+from afs.features import check_input
 from afs.forks.client import ForkClient
 from afs.forks.naming import fork_name
 from afs.locks import server_lock
@@ -206,7 +207,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     state.writes_per_read = {name: info.writes_per_read for name, info in ctx.tables.items()}
     ctx = dataclasses.replace(ctx, keyset_last_key=await _last_key(conn, job.query, ctx.tables))
     main = ctx.tables.get(job.features.main_table or "")
-    suite, skipped = build_suite(job.query, main, _alias_of(job.features))
+    # reading the query is CPU work (up to seconds for a large one): off the event loop
+    suite, skipped = await trio.to_thread.run_sync(build_suite, job.query, main, _alias_of(job.features))
     ctx = dataclasses.replace(ctx, suite=suite)
     state.skipped = tuple(skipped)
     with trio.fail_after(limits.model):
@@ -271,14 +273,14 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 baseline_cost=baseline_cost,
                 note="beyond the measuring budget: the planner expects less of it than of those measured")
 
-    family = _family(job, ctx)
+    family = await trio.to_thread.run_sync(_family, job, ctx)
     by_rank = {rank: (proposal, validation, cs) for rank, proposal, validation, cs in checked}
     for position, rank in enumerate(chosen):
         proposal, validation, candidate_suite = by_rank[rank]
         last = position == len(chosen) - 1
         measured_here = False
 
-        members = _family_for(job.query, family, proposal)
+        members = await trio.to_thread.run_sync(_family_for, job.query, family, proposal)
         if proposal.needs_application_change and ctx.keyset_last_key is not None:
             members = await _keyset_family(conn, members, ctx.tables)
 
@@ -371,10 +373,11 @@ async def _admit(conn: Connection, proposal: OptimizationProposal
     if proposal.rewritten_query is None:
         return validation, None, None
     try:
+        check_input(proposal.rewritten_query)  # too large or too deep to read: refused
         rewritten = check_query(proposal.rewritten_query)
-    except UnsafeSqlError as exc:
+    except InputError as exc:
         return validation, None, f"unsafe rewrite refused: {exc}"
-    candidate_suite, _ = build_suite(rewritten, None, None)
+    candidate_suite, _ = await trio.to_thread.run_sync(build_suite, rewritten, None, None)
     if proposal.needs_application_change:
         # a keyset page starts from the key of the unfiltered query: no filter variant
         candidate_suite = tuple(v for v in candidate_suite if v.name != "filter")
@@ -522,7 +525,7 @@ def _best(state: _Progress) -> AgentOutcome:
 async def _last_key(conn: Connection, query: str,
                     tables: Mapping[str, TableInfo]) -> tuple[Any, ...] | None:
     """For an OFFSET page: the ORDER BY key of the row before it (keyset pagination needs it)."""
-    probe = keyset_probe(query, tables)
+    probe = await trio.to_thread.run_sync(keyset_probe, query, tables)
     if probe is None:
         return None
     try:

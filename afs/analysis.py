@@ -8,15 +8,23 @@ width, the tables whose foreign keys reference it, its own foreign keys and CHEC
 constraints, and its partitioning; the server's version and planner settings. pg_stats travels with
 the fork (it is a per-database catalog); activity counters do not, so
 `writes_per_read` comes from the source and is passed in.
+
+Views are seen through before the analysis: `view_definitions` reads them on the source and
+`afs.features.see_through` puts their tables in the query's features, so the analysis, the
+proposals and the storage measurement are about the tables PostgreSQL scans.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+import trio
+
 from afs.db import Connection
-from afs.errors import StatementTimeout
+from afs.errors import DatabaseError, InputError, StatementTimeout
+from afs.features import extract_features
 from afs.models import (
     AnalysisContext,
     ColumnInfo,
@@ -27,6 +35,7 @@ from afs.models import (
     TableInfo,
     TaskType,
 )
+from afs.pg.names import ident
 from afs.pg.plan import explained, plan_of
 
 MB = 1048576.0
@@ -106,6 +115,66 @@ SELECT greatest(c.reltuples, 0)::bigint,
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = to_regclass(%s)
 """
+
+
+_VIEW_SQL = """
+SELECT pg_get_viewdef(c.oid, true) FROM pg_class c WHERE c.oid = to_regclass(%s) AND c.relkind = 'v'
+"""
+MAX_VIEWS = 100  # views followed for one query (views of views included)
+
+
+async def view_definitions(conn: Connection, tables: tuple[str, ...]) -> dict[str, str]:
+    """The SELECT of each view among `tables`, and of the views those read, to any depth
+    (afs.features.see_through reads them)."""
+    found: dict[str, str] = {}
+    pending, looked = list(tables), set[str]()
+    while pending and len(looked) < MAX_VIEWS:
+        name = pending.pop(0)
+        if name in looked:
+            continue
+        looked.add(name)
+        definition = await conn.fetchval(_VIEW_SQL, (name,))
+        if definition is None:
+            continue
+        found[name] = str(definition)
+        with contextlib.suppress(InputError):  # a view AFS cannot read stays opaque
+            pending.extend(extract_features(found[name]).tables)
+    return found
+
+
+# EXPLAIN on the source runs in a READ ONLY transaction, as this role when the connected role
+# can have it: NOLOGIN, a member of pg_read_all_data (reads every table, writes nothing).
+# Planning evaluates immutable and stable functions (constant folding, selectivity estimates),
+# and a user's function can do anything its caller may: read-only always stops writes, the
+# role also takes away every other right of the (superuser) connection. The role is created
+# on first use where the connection may create roles (the sandbox: AFS's own server).
+EXPLAIN_ROLE = "afs_explain"
+
+
+async def explain_on_source(conn: Connection, query: str) -> None:
+    """EXPLAIN (the plan only, nothing runs) of `query` on the source, read-only and as
+    EXPLAIN_ROLE where it can be had. Raises DatabaseError when the query does not plan."""
+    role = await _explain_role(conn)
+    await conn.execute("BEGIN TRANSACTION READ ONLY")
+    try:
+        if role:
+            await conn.execute(f"SET LOCAL ROLE {role}")
+        await conn.execute(f"EXPLAIN {query}")
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+
+
+async def _explain_role(conn: Connection) -> str | None:
+    """EXPLAIN_ROLE if the connected role may SET ROLE to it (created if missing), else None."""
+    sql = "SELECT pg_has_role(current_user, oid, 'MEMBER') FROM pg_roles WHERE rolname = %s"
+    member = await conn.fetchval(sql, (EXPLAIN_ROLE,))
+    if member is None:
+        # no right to create roles, or created meanwhile: look again either way
+        with contextlib.suppress(DatabaseError):
+            await conn.execute(f"CREATE ROLE {EXPLAIN_ROLE} NOLOGIN IN ROLE pg_read_all_data")
+        member = await conn.fetchval(sql, (EXPLAIN_ROLE,))
+    return EXPLAIN_ROLE if member else None
 
 
 async def explain_analyze(conn: Connection, sql: str) -> tuple[dict[str, Any], float]:
@@ -205,9 +274,9 @@ def _is_temporal(data_type: str) -> bool:
 
 def _ddl(name: str, columns: tuple[ColumnInfo, ...], primary: tuple[str, ...],
          indexes: tuple[IndexInfo, ...]) -> str:
-    lines = [f"  {c.name} {c.data_type}{'' if c.nullable else ' NOT NULL'}" for c in columns]
+    lines = [f"  {ident(c.name)} {c.data_type}{'' if c.nullable else ' NOT NULL'}" for c in columns]
     if primary:
-        lines.append(f"  PRIMARY KEY ({', '.join(primary)})")
+        lines.append(f"  PRIMARY KEY ({', '.join(ident(c) for c in primary)})")
     text = f"CREATE TABLE {name} (\n" + ",\n".join(lines) + "\n);"
     extra = [ix.definition + ";" for ix in indexes if not ix.primary]
     return "\n".join([text, *extra])

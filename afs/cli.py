@@ -88,7 +88,9 @@ async def _sandbox_status(settings: Settings) -> dict[str, Any]:
     }
     if state.running:
         async with open_connection(server.dsn()) as conn:
-            size = await conn.fetchval("SELECT pg_database_size(%s)", (settings.demo_database,))
+            # None when there is no demo database (a sandbox holding only imports)
+            size = await conn.fetchval("SELECT pg_database_size(datname) FROM pg_database"
+                                       " WHERE datname = %s", (settings.demo_database,))
             info["size_mb"] = None if size is None else round(size / 1048576, 1)
             if await conn.fetchval("SELECT to_regclass('afs.forks')"):
                 info["forks"] = await conn.fetchval("SELECT count(*) FROM afs.forks")
@@ -182,9 +184,10 @@ async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> in
     progress_done()
     data = {"database": report.database, "origin": report.origin,
             "seconds": round(report.seconds, 1), "schema_only": report.schema_only,
-            "dsn": server.dsn(report.database)}
+            "dsn": server.dsn(report.database), "skipped": list(report.skipped)}
+    skipped = "".join(f"\nskipped (this server refused it): {s}" for s in report.skipped)
     emit(args, data, f"imported {report.origin} as {report.database} in {report.seconds:.1f} s;"
-                     f" fork it with: afs fork create --from {report.database}")
+                     f" fork it with: afs fork create --from {report.database}{skipped}")
     return EXIT_OK
 
 
@@ -398,18 +401,16 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     from afs import report
     from afs.display import LiveDisplay
     from afs.events import Emitter, log_sink
-    from afs.features import extract_features
     from afs.forks.client import open_fork_client
-    from afs.optimize import TaskRequest, new_task_id, optimize
+    from afs.optimize import TaskRequest, new_task_id, optimize, read_input
     from afs.router import load_rules
-    from afs.safety import check_query
     from afs.sandbox.seeding import ensure_demo
     from afs.sandbox.server import SandboxServer
 
     runs = settings.runs if args.runs is None else args.runs
     if runs < 1:
         raise InputError(f"--runs must be at least 1, got {runs}")
-    extract_features(check_query(args.query))  # bad input: refused before anything starts
+    await trio.to_thread.run_sync(read_input, args.query)  # bad input: refused before anything starts
     weights = parse_weights(args.weights)
     rules = load_rules(settings.routing_rules)
     async with open_squad(args.provider, settings, os.environ) as squad:

@@ -40,16 +40,24 @@ IndexablePredicates (expressions and jsonb / array tests an expression or GIN in
 `Resolver` finds a column's base table through the query's aliases and the catalog's columns.
 Helpers shared with other readers of queries: `read_query` (None rather than an error),
 `conjuncts`, `is_literal`, `is_literal_or_array`, `function_name`, `aggregates`.
+
+`check_input` comes first, before any other reader (the safety check included) sees the text:
+it refuses what AFS cannot read safely, once, up front: a query larger than MAX_QUERY_BYTES
+(every agent reads it many times: a 1 MB IN list cost 51 s of CPU per agent), nested deeper
+than MAX_QUERY_DEPTH (sqlglot and the readers built on it recurse; 50 parentheses exhausted
+Python's stack), or holding parameters ($1, as pg_stat_statements stores queries).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import pglast
 import sqlglot
+from pglast import ast as pg_ast
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
@@ -57,7 +65,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from afs.errors import InputError
 from afs.models import AnalysisContext, ColumnRole, ColumnUse, QueryFeatures
-from afs.pg.names import ident, quote_literal, relation_name
+from afs.pg.names import ident, quote_literal, relation_key, relation_name
 from afs.pg.stats import base_type, column_type, like_prefix, pattern_opclass
 
 DIALECT = "postgres"
@@ -70,6 +78,15 @@ _COMPARISONS: dict[type[exp.Expr], tuple[ColumnRole, str, str]] = {  # role, ope
     exp.LTE: ("range", "<=", ">="),
 }
 _UNKNOWN_POSITION = 1 << 30
+MAX_QUERY_BYTES: Final = 100_000
+# Levels of the query's syntax tree (as PostgreSQL parses it) plus twice the levels of
+# parentheses and brackets (sqlglot's parser spends about twice the frames on one): a bound
+# of how deep the readers recurse. Measured: 40 parentheses read, 50 did not; at this limit
+# every nesting (parentheses, CASE, NOT, subqueries, casts, `+` chains, UNION, JOIN) reads
+# with 400 frames already on the stack (trio, a brain, pytest), 60 % of Python's default.
+MAX_QUERY_DEPTH: Final = 56
+# sqlglot's time to read nested ARRAY[…] doubles with each level (1 s at 12, 17 s at 17)
+MAX_BRACKET_DEPTH: Final = 8
 # casts of an extracted json value that are immutable, so that an index may hold them
 _INDEXABLE_CASTS: Final = frozenset({
     "int", "integer", "bigint", "smallint", "numeric", "decimal", "boolean", "bool", "text",
@@ -117,6 +134,186 @@ def extract_features(sql: str) -> QueryFeatures:
     )
 
 
+# -- views ------------------------------------------------------------------------------
+def see_through(features: QueryFeatures, views: Mapping[str, str]) -> QueryFeatures:
+    """`features` with each view it reads replaced by what the view reads, so that agents
+    analyse, index and measure the tables PostgreSQL actually scans.
+
+    `views` maps a view's name (as in `tables`) to its SELECT (pg_get_viewdef), for the views
+    of the query and those they read in turn. A use of a view's column becomes a use of the
+    base column behind it when the view selects that column plainly (`user_id AS customer`),
+    otherwise of no table; the view's own column uses (its joins and filters) are added; the
+    counts add up; an alias of a view stands for the view's main table.
+    """
+    readings = {name: reading for name, sql in views.items()
+                if (reading := _view_reading(sql)) is not None}
+    if not any(table in readings for table in features.tables):
+        return features
+
+    def tables_of(name: str, seen: frozenset[str]) -> list[str]:
+        if name not in readings or name in seen:
+            return [name]
+        return [t for inner in readings[name][0].tables for t in tables_of(inner, seen | {name})]
+
+    def main_of(name: str | None, seen: frozenset[str] = frozenset()) -> str | None:
+        if name not in readings or name in seen:
+            return name
+        return main_of(readings[name][0].main_table, seen | {name})
+
+    def column_of(table: str | None, column: str, seen: frozenset[str]) -> tuple[str | None, str]:
+        if table not in readings or table in seen:
+            return table, column
+        base = readings[table][1].get(column)
+        return column_of(*base, seen | {table}) if base else (None, column)
+
+    def uses_of(uses: tuple[ColumnUse, ...], seen: frozenset[str]) -> list[ColumnUse]:
+        mapped: list[ColumnUse] = []
+        for use in uses:
+            if use.table in readings and use.table not in seen:
+                table, column = column_of(use.table, use.column, seen)
+                mapped.append(dataclasses.replace(use, table=table, column=column))
+            else:
+                mapped.append(use)
+        return mapped
+
+    read = [v for t in features.tables for v in _views_under(t, readings)]
+    tables = tuple(dict.fromkeys(t for name in features.tables for t in tables_of(name, frozenset())))
+    columns = uses_of(features.columns, frozenset())
+    for view in dict.fromkeys(read):
+        columns += uses_of(readings[view][0].columns, frozenset())
+    parts = [features, *(readings[v][0] for v in dict.fromkeys(read))]
+    score = sum(p.complexity_score for p in parts)
+    return QueryFeatures(
+        join_count=sum(p.join_count for p in parts),
+        subquery_count=sum(p.subquery_count for p in parts),
+        aggregation_count=sum(p.aggregation_count for p in parts),
+        window_count=sum(p.window_count for p in parts),
+        set_operation_count=sum(p.set_operation_count for p in parts),
+        order_by_count=sum(p.order_by_count for p in parts),
+        has_limit=features.has_limit,
+        tables=tables,
+        aliases={alias: main_of(table) or table for alias, table in features.aliases.items()},
+        columns=tuple(dict.fromkeys(columns)),
+        main_table=main_of(features.main_table),
+        complexity_score=score,
+        complexity="low" if score <= 2 else "medium" if score <= 5 else "high",
+    )
+
+
+def _views_under(name: str, readings: Mapping[str, tuple[QueryFeatures, dict[str, tuple[str, str]]]],
+                 seen: frozenset[str] = frozenset()) -> list[str]:
+    """`name` and the views it reads, when it is a view."""
+    if name not in readings or name in seen:
+        return []
+    return [name, *(v for inner in readings[name][0].tables
+                    for v in _views_under(inner, readings, seen | {name}))]
+
+
+def _view_reading(sql: str) -> tuple[QueryFeatures, dict[str, tuple[str, str]]] | None:
+    """A view's features and its output columns that are plain base columns
+    (name → (table, column)); None when AFS cannot read the view."""
+    try:
+        check_input(sql)
+        features = extract_features(sql)
+        tree = parse_query(select_text(sql))
+        scopes = traverse_scope(tree)
+    except (InputError, SqlglotError):
+        return None
+    outputs: dict[str, tuple[str, str]] = {}
+    if isinstance(tree, exp.Select) and scopes:
+        root = _Collector(scopes[-1])
+        for item in tree.expressions:
+            column = item.unalias()
+            if isinstance(column, exp.Column) and not isinstance(column.this, exp.Star):
+                table = root.table_of(column)
+                if table is not None:
+                    outputs[item.alias_or_name] = (table, column.name)
+    return features, outputs
+
+
+# -- the input check ----------------------------------------------------------------
+def check_input(sql: str) -> None:
+    """Refuse a query AFS cannot read safely (InputError): larger than MAX_QUERY_BYTES,
+    nested deeper than MAX_QUERY_DEPTH, or with parameters ($1). Iterative and linear in
+    the size of the query, so it cannot itself run out of stack or time. Text that does not
+    parse passes: the safety check (afs.safety.check_query) comes next and refuses it."""
+    size = len(sql.encode())
+    if size > MAX_QUERY_BYTES:
+        raise InputError(f"the query is {size:,} bytes long; AFS reads queries of at most "
+                         f"{MAX_QUERY_BYTES:,} bytes (each agent analyses it many times)")
+    try:
+        statements = pglast.parse_sql(sql)
+    except pglast.parser.ParseError:
+        return  # not SQL: the safety check that follows says so in its own words
+    parentheses, brackets = _parenthesis_depth(sql)
+    depth = _syntax_depth(statements) + 2 * parentheses
+    if brackets > MAX_BRACKET_DEPTH:
+        raise InputError(f"the query nests too deeply for AFS to analyse: {brackets} levels of "
+                         f"brackets (ARRAY[ARRAY[…]]), at most {MAX_BRACKET_DEPTH}")
+    if depth > MAX_QUERY_DEPTH:
+        raise InputError(f"the query nests too deeply for AFS to analyse: {depth} levels of "
+                         f"expressions, subqueries and parentheses, at most {MAX_QUERY_DEPTH}")
+    parameters = sorted(_parameters(statements))
+    if parameters:
+        shown = ", ".join(f"${n}" for n in parameters[:5]) + (", …" if len(parameters) > 5 else "")
+        raise InputError(
+            f"the query has parameters ({shown}), as pg_stat_statements stores queries: AFS "
+            "measures a query with values. Put values in their place; filling them in from "
+            "the statistics is the job of the batch run over pg_stat_statements (not there yet)")
+
+
+def _children(node: pg_ast.Node) -> Iterator[pg_ast.Node]:
+    """The nodes directly below `node` (in its fields, or in lists in them)."""
+    slots: Any = getattr(type(node), "__slots__")  # noqa: B009 - the stubs do not declare it
+    pending: list[Any] = [getattr(node, name) for name in slots]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, pg_ast.Node):
+            yield value
+        elif isinstance(value, tuple | list):
+            pending.extend(value)
+
+
+def _syntax_depth(statements: Any) -> int:
+    """The depth of PostgreSQL's syntax tree. An AND / OR of many terms is one node with a list
+    of arguments there, and counts once (sqlglot nests them, but reads and walks them without
+    recursing)."""
+    deepest = 0
+    stack: list[tuple[pg_ast.Node, int]] = [(s, 1) for s in statements]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in _children(node))
+    return deepest
+
+
+def _parameters(statements: Any) -> set[int]:
+    found: set[int] = set()
+    stack: list[pg_ast.Node] = list(statements)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, pg_ast.ParamRef):
+            found.add(int(node.number or 0))
+        stack.extend(_children(node))
+    return found
+
+
+def _parenthesis_depth(sql: str) -> tuple[int, int]:
+    """The deepest nesting of parentheses and brackets together, and of brackets alone."""
+    depth = deepest = brackets = deepest_brackets = 0
+    for token in pglast.parser.scan(sql):
+        if token.name in ("ASCII_40", "ASCII_91"):  # ( and [
+            depth += 1
+            deepest = max(deepest, depth)
+            if token.name == "ASCII_91":
+                brackets += 1
+                deepest_brackets = max(deepest_brackets, brackets)
+        elif token.name in ("ASCII_41", "ASCII_93"):
+            depth -= 1
+            brackets -= token.name == "ASCII_93"
+    return deepest, deepest_brackets
+
+
 # -- parsing (shared with afs.suite) -------------------------------------------------
 def select_text(sql: str) -> str:
     """The text of the one query in `sql`, without its terminating `;` (pglast decides).
@@ -142,9 +339,13 @@ def select_text(sql: str) -> str:
 def parse_query(text: str) -> exp.Expr:
     """`text` as a sqlglot tree, unquoted names folded to lower case as PostgreSQL does.
 
-    Raises SqlglotError.
+    Raises SqlglotError, or InputError when the query nests too deeply to read (check_input
+    refuses such queries first; this is the net behind it).
     """
-    return normalize_identifiers(sqlglot.parse_one(text, dialect=DIALECT), dialect=DIALECT)
+    try:
+        return normalize_identifiers(sqlglot.parse_one(text, dialect=DIALECT), dialect=DIALECT)
+    except RecursionError:
+        raise InputError("the query nests too deeply for AFS to analyse") from None
 
 
 def first_line(exc: Exception) -> str:
@@ -190,26 +391,31 @@ def _has_limit(tree: exp.Expr) -> bool:
     return node.args.get("limit") is not None
 
 
-def _main_table(block: exp.Expr, ctes: dict[str, exp.Expr], seen: frozenset[str] = frozenset()) -> str | None:
+def _main_table(block: exp.Expr, ctes: dict[str, exp.Expr]) -> str | None:
     """The first table of the outermost FROM, followed into CTEs and derived tables."""
-    while isinstance(block, (exp.Subquery, exp.SetOperation)):
-        block = block.this
-    from_ = block.args.get("from_") if isinstance(block, exp.Select) else None
-    source = from_.this if from_ is not None else None
-    if isinstance(source, exp.Subquery):
-        return _main_table(source, ctes, seen)
-    if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier):
-        return None
-    if not source.db and source.name in ctes:
+    seen: set[str] = set()
+    while True:  # a loop, not recursion: a chain of CTEs can be as long as the query
+        while isinstance(block, (exp.Subquery, exp.SetOperation)):
+            block = block.this
+        from_ = block.args.get("from_") if isinstance(block, exp.Select) else None
+        source = from_.this if from_ is not None else None
+        if isinstance(source, exp.Subquery):
+            block = source
+            continue
+        if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier):
+            return None
+        if source.db or source.name not in ctes:
+            return _table_name(source)
         if source.name in seen:
             return None
-        return _main_table(ctes[source.name], ctes, seen | {source.name})
-    return _table_name(source)
+        seen.add(source.name)
+        block = ctes[source.name]
 
 
 # -- tables -------------------------------------------------------------------------
 def _table_name(table: exp.Table) -> str:
-    return ".".join(part for part in (table.catalog, table.db, table.name) if part)
+    """The table's name as PostgreSQL prints it: `orders`, `"Orders"` (afs.pg.names)."""
+    return relation_key(*(part for part in (table.catalog, table.db, table.name) if part))
 
 
 def _base_table(source: object) -> str | None:
@@ -497,20 +703,24 @@ def read_query(query: str) -> exp.Expr | None:
     (and QueryFeatures) folds them; None unless sqlglot reads exactly one statement."""
     try:
         statements = [s for s in sqlglot.parse(query, read=DIALECT) if s is not None]
-    except (SqlglotError, ValueError):
+    except (SqlglotError, ValueError, RecursionError):
         return None
     return normalize_identifiers(statements[0], dialect=DIALECT) if len(statements) == 1 else None
 
 
 def conjuncts(node: exp.Expr | None) -> list[exp.Expr]:
     """The top-level AND terms of a condition."""
-    if node is None:
-        return []
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.And):
-        return conjuncts(node.left) + conjuncts(node.right)
-    return [node]
+    terms: list[exp.Expr] = []
+    stack = [node] if node is not None else []
+    while stack:  # not recursive: a WHERE of thousands of terms nests as deep
+        node = stack.pop()
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.And):
+            stack.extend((node.right, node.left))
+        else:
+            terms.append(node)
+    return terms
 
 
 def is_literal(node: exp.Expr) -> bool:
@@ -663,20 +873,30 @@ class Resolver:
     def __init__(self, ctx: AnalysisContext) -> None:
         self.tables = ctx.tables
         self.query_tables = tuple(ctx.features.tables) or tuple(ctx.tables)
+        self.exact_aliases = dict(ctx.features.aliases)
         self.aliases = {k.lower(): v for k, v in ctx.features.aliases.items()}
 
     def table_key(self, name: str | None) -> str | None:
+        """The key of ctx.tables that `name` means: a key itself, an alias, or a qualifier as
+        sqlglot reads it (raw: `Orders` for `"Orders"`); case counts before it is ignored."""
         if not name:
             return None
         if name in self.tables:
             return name
+        if self.exact_aliases.get(name) in self.tables:
+            return self.exact_aliases[name]
+        if relation_key(name) in self.tables:
+            return relation_key(name)
+        for key in self.tables:
+            if relation_name(key) == name:
+                return key
         low = name.lower()
         if low in self.aliases and self.aliases[low] in self.tables:
             return self.aliases[low]
         for key in self.tables:
             if key.lower() == low or relation_name(key).lower() == low:
                 return key
-        return self.aliases.get(low)
+        return self.exact_aliases.get(name, self.aliases.get(low))
 
     def has_column(self, table: str, column: str) -> bool:
         info = self.tables.get(table)

@@ -6,7 +6,8 @@
     ─► TaskResult
 
 Nothing is written to the source database: it is read for statistics and
-EXPLAIN (without ANALYZE) only; every change happens in forks.
+EXPLAIN (without ANALYZE) only, the EXPLAIN in a read-only transaction as a role without
+write rights (afs.analysis.explain_on_source); every change happens in forks.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import trio
 
 from afs.agents import AgentJob, SharedMeasurements, run_agent
-from afs.analysis import source_table_stats
+from afs.analysis import explain_on_source, source_table_stats, view_definitions
 from afs.brains import ReviewingBrain, Squad
 from afs.catalog import check_query_catalog
 from afs.config import Settings
@@ -28,7 +29,7 @@ from afs.consensus import decide
 from afs.db import open_connection
 from afs.errors import AfsError, DatabaseError, InputError
 from afs.events import Emitter
-from afs.features import extract_features
+from afs.features import check_input, extract_features, see_through
 from afs.forks.client import ForkClient
 from afs.models import (
     AgentKey,
@@ -120,22 +121,34 @@ def new_task_id() -> str:
     return secrets.token_hex(4)
 
 
-async def prepare(request: TaskRequest,
-                  source_dsn: str) -> tuple[str, QueryFeatures, dict[str, tuple[int, float]]]:
-    """Refuse bad input before any fork exists: SQL safety, parse, tables, columns."""
-    query = check_query(request.query)
+def read_input(sql: str) -> tuple[str, QueryFeatures]:
+    """The query to optimize and its features, or InputError: too large or too deep to read,
+    parameters, not one read-only SELECT, no table. CPU-bound (up to a second or two for
+    the largest query accepted): call it in a worker thread from trio code."""
+    check_input(sql)
+    query = check_query(sql)
     features = extract_features(query)
     if not features.tables:
         raise InputError("the query reads no table: there is nothing to optimize")
+    return query, features
+
+
+async def prepare(request: TaskRequest,
+                  source_dsn: str) -> tuple[str, QueryFeatures, dict[str, tuple[int, float]]]:
+    """Refuse bad input before any fork exists: size, SQL safety, parse, tables, columns."""
+    query, features = await trio.to_thread.run_sync(read_input, request.query)
     async with open_connection(source_dsn) as conn:
         # functions, operators, casts and relations, judged by the catalog before EXPLAIN plans it
         await check_query_catalog(conn, query, query_references(query))
+        views = await view_definitions(conn, features.tables)
+        if views:  # agents work on the tables behind the views
+            features = await trio.to_thread.run_sync(see_through, features, views)
         stats = await source_table_stats(conn, features.tables)
         unknown = [t for t in features.tables if t not in stats]
         if unknown:
             raise InputError(f"unknown table {', '.join(unknown)} in the query")
-        try:
-            await conn.execute(f"EXPLAIN {query}")  # catches unknown columns, types; runs nothing
+        try:  # catches unknown columns, types; runs nothing, writes nothing (read-only role)
+            await explain_on_source(conn, query)
         except DatabaseError as exc:
             raise InputError(f"the query does not run on the source: {str(exc).splitlines()[0]}") from exc
     return query, features, stats

@@ -58,7 +58,7 @@ from afs.errors import InputError
 from afs.features import DIALECT, first_line, function_name, parse_query, select_text
 from afs.models import ColumnStats, QueryVariant, TableInfo
 from afs.pg.functions import ANONYMOUS_AGGREGATES, SET_RETURNING
-from afs.pg.names import KEYWORDS, is_plain
+from afs.pg.names import KEYWORDS, is_plain, name_parts
 
 __all__ = [
     "RECENT_SHARE",
@@ -280,7 +280,7 @@ def _candidate_scopes(tree: exp.Query) -> list[exp.Select]:
 def _locate_main(tree: exp.Query, info: TableInfo | None, alias: str | None) -> _Main | None:
     if info is None:
         return None
-    wanted = info.name.lower().split(".")
+    wanted = name_parts(info.name)  # raw parts, as the (normalized) tree holds them
     shadowed = _cte_names(tree)
     alias_l = alias.lower() if alias else None
     for select in _candidate_scopes(tree):
@@ -288,8 +288,8 @@ def _locate_main(tree: exp.Query, info: TableInfo | None, alias: str | None) -> 
         for item in _from_items(select):
             if not isinstance(item, exp.Table) or not isinstance(item.this, exp.Identifier):
                 continue
-            name = item.name.lower()
-            if name != wanted[-1] or (len(wanted) > 1 and item.db.lower() not in ("", wanted[-2])):
+            name = item.name
+            if name != wanted[-1] or (len(wanted) > 1 and item.db not in ("", wanted[-2])):
                 continue
             if not item.db and name in shadowed:
                 continue

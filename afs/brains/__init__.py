@@ -74,12 +74,15 @@ class StrategistBrain:
 
     name = "heuristic"
 
+    # The rules read the query (CPU work, seconds for a large one): in a worker thread, so
+    # the other agents' trio tasks go on meanwhile.
     async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
-        return strategists.analyze(agent, ctx)
+        return await trio.to_thread.run_sync(strategists.analyze, agent, ctx)
 
     async def propose(self, agent: AgentKey, ctx: AnalysisContext,
                       analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
-        return interleave(strategists.propose(agent, ctx, analysis), rewrite_proposals(agent, ctx))
+        return await trio.to_thread.run_sync(
+            lambda: interleave(strategists.propose(agent, ctx, analysis), rewrite_proposals(agent, ctx)))
 
 
 def interleave(specialised: Sequence[OptimizationProposal],

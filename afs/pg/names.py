@@ -1,5 +1,12 @@
 """Identifiers and object names, as PostgreSQL reads and limits them (pure).
 
+A relation is named everywhere in AFS (QueryFeatures.tables, ColumnUse.table, TableInfo.name,
+the keys of AnalysisContext.tables) as PostgreSQL prints a regclass: `relation_key(*parts)`,
+each part bare when PostgreSQL reads it back unchanged, double-quoted otherwise (`orders`,
+`"Orders"`, `sales."Line Items"`). Such a name is valid SQL as it stands and goes to
+to_regclass() unchanged; `name_parts` gives its raw parts back. Quoted mixed-case names are
+distinct tables: `"Orders"` is not `orders`.
+
 Two ways to quote, for two uses:
     ident / qualified            SQL shown to people: bare when PostgreSQL would read the
                                  name back unchanged, double-quoted otherwise; a name that
@@ -19,6 +26,7 @@ from pglast.keywords import COL_NAME_KEYWORDS, RESERVED_KEYWORDS, TYPE_FUNC_NAME
 
 NAME_MAX: Final = 63  # PostgreSQL's NAMEDATALEN - 1
 _PLAIN = re.compile(r"[a-z_][a-z0-9_$]*")
+_SAFE = re.compile(r"[a-z_][a-z0-9_]*")  # what quote_identifier leaves bare (keywords aside)
 # keywords that cannot name a column unquoted (col_name keywords can)
 RESERVED: Final = frozenset(RESERVED_KEYWORDS) | frozenset(TYPE_FUNC_NAME_KEYWORDS)
 # … and, to be safe anywhere (a select item, a type position), not col_name keywords either
@@ -56,22 +64,59 @@ def quote_qualified(name: str) -> str:
     return ".".join(quote_ident(part) for part in name.split("."))
 
 
+def relation_key(*parts: str) -> str:
+    """The name of a relation from its raw parts, as `regclass::text` prints it: a part is
+    bare when lower case and not a keyword (PostgreSQL's quote_identifier), quoted otherwise."""
+    return ".".join(part if _SAFE.fullmatch(part) and part not in KEYWORDS else quote_ident(part)
+                    for part in parts)
+
+
+def name_parts(name: str) -> tuple[str, ...]:
+    """The raw parts of a dotted name as SQL writes it: `sales."Line Items"` → ("sales",
+    "Line Items"); quoted parts keep their case (doubled quotes undone), bare parts are folded
+    to lower case, as PostgreSQL folds them."""
+    parts: list[str] = []
+    i, n = 0, len(name)
+    while i <= n:
+        if i < n and name[i] == '"':
+            j, raw = i + 1, []
+            while j < n:
+                if name[j] == '"':
+                    if j + 1 < n and name[j + 1] == '"':
+                        raw.append('"')
+                        j += 2
+                        continue
+                    break
+                raw.append(name[j])
+                j += 1
+            parts.append("".join(raw))
+            i = j + 1
+        else:
+            j = name.find(".", i)
+            j = n if j < 0 else j
+            parts.append(name[i:j].strip().lower())
+            i = j
+        if i < n and name[i] == ".":
+            i += 1
+            continue
+        break
+    return tuple(parts)
+
+
 def quote_literal(text: str) -> str:
     """`text` as a SQL string literal, its quotes doubled."""
     return "'" + text.replace("'", "''") + "'"
 
 
 def schema_and_relation(name: str) -> tuple[str | None, str]:
-    """("schema", "rel") of "schema.rel"; (None, name) for an unqualified or quoted name."""
-    if "." in name and '"' not in name:
-        schema, rel = name.rsplit(".", 1)
-        return schema, rel
-    return None, name
+    """The raw ("schema", "rel") of `schema.rel` (see name_parts); (None, "rel") unqualified."""
+    parts = name_parts(name)
+    return (parts[-2] if len(parts) > 1 else None), parts[-1]
 
 
 def relation_name(name: str) -> str:
-    """The relation of a possibly qualified name, without quotes."""
-    return schema_and_relation(name)[1].strip('"')
+    """The raw relation part of a possibly qualified name (see name_parts)."""
+    return name_parts(name)[-1]
 
 
 def slug(text: str) -> str:

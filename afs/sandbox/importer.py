@@ -1,11 +1,19 @@
 """Copy a user's database into the sandbox, so it can be forked locally.
 
-    pg_dump --format=custom <DSN>  |  pg_restore --no-owner --no-privileges
+One function per step, with the embedded PostgreSQL 18 binaries (they dump older servers too):
 
-with the embedded PostgreSQL 18 binaries (they dump older servers too). The
-copy lands in a scratch database that is renamed only when the restore and
-ANALYZE have finished; on failure the scratch is dropped. The source database
-is only read.
+    dump     pg_dump --format=custom into a file (the source database is only read)
+    restore  pg_restore --no-owner --no-privileges, going on past errors; then each object
+             that failed is restored again statement by statement in dump order, and the
+             statements the server still refuses (a setting of another server version, an
+             extension it lacks) are skipped and listed; the data of every table must arrive
+             (the import fails if any would be lost)
+    analyze  ANALYZE, and reset the activity counters (the restore is not the workload)
+    publish  rename the scratch database to its name; register it as a forkable source
+
+Each failure names its step and carries that step's own stderr. The copy lands in a scratch
+database that is renamed only when all steps have finished; on failure the scratch is
+dropped.
 """
 
 from __future__ import annotations
@@ -13,14 +21,18 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import pglast
+import psycopg
 import structlog
 import trio
 from psycopg import conninfo
 
-from afs.db import open_connection
+from afs.db import connect_sync, open_connection
 from afs.errors import InputError, SandboxError, scrub
 from afs.forks.provider import LocalForkProvider, restrict_definer_routines
 from afs.pg.names import quote_ident
@@ -31,6 +43,11 @@ log = structlog.get_logger(__name__)
 _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 RESERVED = ("postgres", "template0", "template1")
 IMPORT_TIMEOUT_S = 3600
+# TOC entries that carry rows: if one cannot be restored, data would be lost
+_DATA_KINDS = ("TABLE DATA", "BLOBS", "BLOB", "BLOB DATA", "LARGE OBJECT")
+_TOC_ENTRY = re.compile(r"^pg_restore: from TOC entry (\d+); ")
+_TOC_LINE = re.compile(r"^(\d+); \d+ \d+ (.+)$")
+_META = re.compile(r"^\\(un)?restrict .*$", re.MULTILINE)  # psql meta-commands pg_restore -f writes
 
 
 @dataclass(frozen=True)
@@ -39,6 +56,7 @@ class ImportReport:
     origin: str
     seconds: float
     schema_only: bool
+    skipped: tuple[str, ...] = ()  # statements the sandbox's server refused, each with its error
 
 
 def origin_of(dsn: str) -> str:
@@ -58,24 +76,131 @@ def default_import_name(dsn: str) -> str:
     return re.sub(r"[^a-z0-9_]", "_", dbname.lower())[:50] or "imported"
 
 
-def _dump_and_restore(source_dsn: str, target_dsn: str, schema_only: bool) -> None:
-    dump_cmd = [pg_binary("pg_dump"), "--format=custom", "--no-owner", "--no-privileges"]
+def _run(step: str, command: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run one step's command; SandboxError naming the step when it cannot run at all."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxError(f"{step} failed: {scrub(str(exc))}") from exc
+
+
+def _tail(text: str) -> str:
+    return scrub(text.strip())[-500:] or "(no message)"
+
+
+# -- dump --------------------------------------------------------------------------------
+def dump(source_dsn: str, path: Path, schema_only: bool = False) -> None:
+    """pg_dump the source into `path` (custom format); SandboxError "pg_dump failed: …"."""
+    command = [pg_binary("pg_dump"), "--format=custom", "--no-owner", "--no-privileges",
+               f"--file={path}"]
     if schema_only:
-        dump_cmd.append("--schema-only")
-    dump_cmd.append(f"--dbname={source_dsn}")
-    restore_cmd = [pg_binary("pg_restore"), "--no-owner", "--no-privileges", "--exit-on-error",
-                   f"--dbname={target_dsn}"]
-    with subprocess.Popen(dump_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as dump:
-        assert dump.stdout is not None
-        restore = subprocess.run(restore_cmd, stdin=dump.stdout, capture_output=True, text=True,
-                                 timeout=IMPORT_TIMEOUT_S)
-        dump.stdout.close()
-        dump_err = dump.stderr.read().decode(errors="replace") if dump.stderr else ""
-        dump.wait(timeout=60)
-    if dump.returncode != 0:
-        raise SandboxError(f"pg_dump failed: {scrub(dump_err.strip())[-500:]}")
-    if restore.returncode != 0:
-        raise SandboxError(f"pg_restore failed: {scrub(restore.stderr.strip())[-500:]}")
+        command.append("--schema-only")
+    command.append(f"--dbname={source_dsn}")
+    result = _run("pg_dump", command)
+    if result.returncode != 0:
+        raise SandboxError(f"pg_dump failed: {_tail(result.stderr)}")
+
+
+# -- restore -----------------------------------------------------------------------------
+def restore(path: Path, target_dsn: str) -> tuple[str, ...]:
+    """Restore the dump at `path` into `target_dsn`: what can be restored is, the statements
+    the server refuses are skipped and returned (each with its error). SandboxError
+    "pg_restore failed: …" when pg_restore cannot work at all or table data would be lost."""
+    result = _run("pg_restore", [pg_binary("pg_restore"), "--verbose", "--no-owner",
+                                 "--no-privileges", f"--dbname={target_dsn}", str(path)])
+    failed = _failed_entries(result.stderr)
+    if result.returncode != 0 and not failed:
+        raise SandboxError(f"pg_restore failed: {_tail(_errors_only(result.stderr))}")
+    if not failed:
+        return ()
+    skipped: list[str] = []
+    lost: list[str] = []
+    for entry, kind in _toc(path):
+        if entry not in failed:
+            continue
+        if kind.startswith(_DATA_KINDS):
+            again = _run("pg_restore", [pg_binary("pg_restore"), "--no-owner", "--no-privileges",
+                                        f"--use-list={_list_file(path, entry)}",
+                                        f"--dbname={target_dsn}", str(path)])
+            if again.returncode != 0:
+                lost.append(f"{kind}: {_first_error(again.stderr) or failed[entry]}")
+        else:
+            skipped += _restore_by_statement(path, entry, kind, target_dsn)
+    if lost:
+        raise SandboxError("pg_restore failed: the data of these could not be restored (nothing "
+                           "was imported): " + "; ".join(lost)[:1500])
+    return tuple(skipped)
+
+
+def _errors_only(stderr: str) -> str:
+    """pg_restore's stderr without its --verbose progress lines."""
+    return "\n".join(line for line in stderr.splitlines()
+                     if not re.match(r"pg_restore: (creating|processing|connecting|executing|"
+                                     r"restoring|launching|finished|implied)", line))
+
+
+def _failed_entries(stderr: str) -> dict[str, str]:
+    """TOC entry id → the error pg_restore reported for it (from its --verbose stderr)."""
+    failed: dict[str, str] = {}
+    current: str | None = None
+    for line in stderr.splitlines():
+        found = _TOC_ENTRY.match(line)
+        if found:
+            current = found.group(1)
+        elif current and line.startswith("pg_restore: error: "):
+            failed.setdefault(current, line.removeprefix("pg_restore: error: ")
+                              .removeprefix("could not execute query: "))
+    return failed
+
+
+def _first_error(stderr: str) -> str | None:
+    for line in stderr.splitlines():
+        if line.startswith("pg_restore: error: "):
+            return scrub(line.removeprefix("pg_restore: error: ").removeprefix("could not execute query: "))
+    return None
+
+
+def _toc(path: Path) -> list[tuple[str, str]]:
+    """(entry id, "KIND schema name") of the dump's table of contents, in restore order."""
+    result = _run("pg_restore", [pg_binary("pg_restore"), "--list", str(path)])
+    if result.returncode != 0:
+        raise SandboxError(f"pg_restore failed: {_tail(result.stderr)}")
+    entries = []
+    for line in result.stdout.splitlines():
+        found = _TOC_LINE.match(line)
+        if found:
+            described = found.group(2).rsplit(" ", 1)[0]  # without the owner
+            entries.append((found.group(1), described))
+    return entries
+
+
+def _list_file(path: Path, entry: str) -> Path:
+    listed = path.with_name(f"entry-{entry}.list")
+    listed.write_text(f"{entry};\n")
+    return listed
+
+
+def _restore_by_statement(path: Path, entry: str, kind: str, target_dsn: str) -> list[str]:
+    """Run the SQL of one TOC entry statement by statement; the refused ones are skipped."""
+    script = _run("pg_restore", [pg_binary("pg_restore"), "--no-owner", "--no-privileges",
+                                 f"--use-list={_list_file(path, entry)}", "--file=-", str(path)])
+    if script.returncode != 0:
+        return [f"{kind}: {_first_error(script.stderr) or _tail(script.stderr)}"]
+    sql = _META.sub("", script.stdout)
+    try:
+        statements = list(pglast.split(sql))
+    except pglast.parser.ParseError:  # newer syntax than pglast knows: the entry as one piece
+        statements = [sql]
+    skipped = []
+    with connect_sync(target_dsn, statement_timeout_ms=IMPORT_TIMEOUT_S * 1000) as conn:
+        for statement in statements:
+            try:
+                conn.execute(statement.encode())  # the dump's own SQL, as pg_restore would send it
+            except psycopg.Error as exc:  # the server refused it: skip it, go on
+                error = (scrub(str(exc)).strip().splitlines() or [type(exc).__name__])[0]
+                shown = " ".join(statement.split())
+                skipped.append(f"{kind}: {shown[:200]} ({error})")
+    return skipped
 
 
 async def import_database(server: SandboxServer, source_dsn: str, name: str | None = None,
@@ -94,11 +219,12 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
         await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(scratch)} WITH (FORCE)")
         await conn.execute(f"CREATE DATABASE {quote_ident(scratch)}")
     try:
-        await trio.to_thread.run_sync(_dump_and_restore, source_dsn, server.dsn(scratch), schema_only)
-        async with open_connection(server.dsn(scratch), 3_600_000) as conn:
-            await conn.execute("ANALYZE")
-            await conn.execute("SELECT pg_stat_reset()")  # the restore is not the workload
-            await restrict_definer_routines(conn)  # restored routines belong to the superuser
+        server.settings.home.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="import-", dir=server.settings.home) as work:
+            path = Path(work) / "source.dump"
+            await trio.to_thread.run_sync(dump, source_dsn, path, schema_only)
+            skipped = await trio.to_thread.run_sync(restore, path, server.dsn(scratch))
+        await analyze(server.dsn(scratch))
         async with open_connection(admin) as conn:
             await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(name)}")
     except BaseException:
@@ -108,5 +234,19 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
         raise
     await LocalForkProvider(admin).register_source(name, origin=origin)
     seconds = time.monotonic() - started
-    log.info("database_imported", database=name, origin=origin, seconds=round(seconds, 1))
-    return ImportReport(database=name, origin=origin, seconds=seconds, schema_only=schema_only)
+    for statement in skipped:
+        log.warning("import_statement_skipped", database=name, statement=statement)
+    log.info("database_imported", database=name, origin=origin, seconds=round(seconds, 1),
+             skipped=len(skipped))
+    return ImportReport(database=name, origin=origin, seconds=seconds, schema_only=schema_only,
+                        skipped=skipped)
+
+
+async def analyze(dsn: str) -> None:
+    """Fresh statistics for the planner; activity counters from zero (the restore is not the
+    workload: writes per read count from here); restored routines belong to the superuser, so
+    its SECURITY DEFINER ones lose EXECUTE for PUBLIC."""
+    async with open_connection(dsn, 3_600_000) as conn:
+        await conn.execute("ANALYZE")
+        await conn.execute("SELECT pg_stat_reset()")
+        await restrict_definer_routines(conn)
