@@ -45,6 +45,7 @@ from afs.models import (
     CandidateResult,
     FamilyQuery,
     OptimizationProposal,
+    ParameterCheck,
     QueryFeatures,
     QueryVariant,
     ScoreBreakdown,
@@ -79,6 +80,9 @@ class SharedMeasurements:
         self._entries: dict[tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]], _Measurement] = {}
         # one run of a query past the statement timeout, for every proposal of the task
         self.slow_baselines: dict[str, tuple[Result | None, Sample]] = {}
+        # the query with other values (a family member's original) known to exceed the
+        # statement timeout: each later proposal would pay that timeout again for nothing
+        self.slow_family: set[str] = set()
 
     @staticmethod
     def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]:
@@ -306,14 +310,17 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 state.waited_s += trio.current_time() - t0
                 enter("benchmark")
                 measured_here = True
+                timed, known = split_slow_family(members, shared.slow_family)
                 with trio.fail_after(limits.benchmark + job.slow_cap_s):
-                    return await benchmark(
+                    outcome = await benchmark(
                         conn, suite, proposal, candidate_suite=candidate_suite,
                         tables=job.features.tables, runs=job.runs, skipped=state.skipped,
-                        family=members,
+                        family=timed,
                         statement_timeout_ms=job.statement_timeout_ms,
                         slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,
                         known_slow=ctx.slow)
+                shared.slow_family.update(slow_originals(timed, outcome))
+                return with_known_slow(outcome, known)
 
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
@@ -478,6 +485,36 @@ async def _keyset_family(conn: Connection, members: Sequence[FamilyQuery],
         page = keyset_rewrite(member.baseline_sql, probe, last) if probe and last else None
         adjusted.append(dataclasses.replace(member, candidate_sql=page.sql if page else None))
     return tuple(adjusted)
+
+
+SLOW_ORIGINAL = "the original exceeds the statement timeout"  # how bench notes such a family member
+
+
+def split_slow_family(members: Sequence[FamilyQuery], slow: set[str]
+                      ) -> tuple[tuple[FamilyQuery, ...], tuple[FamilyQuery, ...]]:
+    """(members to measure, members whose original is known to exceed the statement timeout).
+    A member without a candidate query (an answer cache) is always measured: that is its verdict."""
+    known = tuple(m for m in members if m.candidate_sql is not None and m.baseline_sql in slow)
+    return tuple(m for m in members if m not in known), known
+
+
+def slow_originals(members: Sequence[FamilyQuery], outcome: BenchmarkOutcome) -> set[str]:
+    """The originals of the family that the measurement found past the statement timeout before
+    their rows could be read (so no later proposal can be result-checked on them either)."""
+    notes = {c.label for c in outcome.parameter_checks
+             if c.note.startswith("not checked") and SLOW_ORIGINAL in c.note}
+    return {m.baseline_sql for m in members if m.label in notes}
+
+
+def with_known_slow(outcome: BenchmarkOutcome, known: Sequence[FamilyQuery]) -> BenchmarkOutcome:
+    """The outcome with a check for each member skipped because its original is too slow."""
+    if not known:
+        return outcome
+    checks = tuple(ParameterCheck(label=m.label, equivalent=True, slower=False,
+                                  note=f"not checked: {SLOW_ORIGINAL} for these values"
+                                       " (found with an earlier proposal of this task)")
+                   for m in known)
+    return dataclasses.replace(outcome, parameter_checks=(*outcome.parameter_checks, *checks))
 
 
 def _family(job: AgentJob, ctx: AnalysisContext) -> tuple[ParameterSet, ...]:

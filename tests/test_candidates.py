@@ -3,13 +3,22 @@ the query family (other literals), answer caches, per-query settings and slow ba
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 
 import pytest
 from mcp import Client
 
-from afs.agents import as_fast, best_candidate, choose_for_measurement, remaining_time
+from afs.agents import (
+    as_fast,
+    best_candidate,
+    choose_for_measurement,
+    remaining_time,
+    slow_originals,
+    split_slow_family,
+    with_known_slow,
+)
 from afs.config import Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
@@ -20,8 +29,10 @@ from afs.models import (
     BenchmarkOutcome,
     CandidateResult,
     EstimatedImpact,
+    FamilyQuery,
     Measurement,
     OptimizationProposal,
+    ParameterCheck,
     ProposalType,
     TaskResult,
     Timing,
@@ -79,6 +90,25 @@ def test_among_candidates_as_fast_as_the_fastest_the_better_score_wins() -> None
     # sub-millisecond times: within 0.3 ms counts as as fast, whatever the ratio
     assert as_fast((0.004, 0.2), (0.001, 0.05))
     assert not as_fast((0.5, 2.0), (0.1, 0.4))
+
+
+def test_a_family_original_past_the_statement_timeout_is_paid_for_once_per_task() -> None:
+    common = FamilyQuery("country = 'DE'", "SELECT … 'DE'", "SELECT … 'DE' rewritten")
+    rare = FamilyQuery("country = 'NZ'", "SELECT … 'NZ'", "SELECT … 'NZ' rewritten")
+    cache = FamilyQuery("country = 'FR'", "SELECT … 'FR'", None)
+    first = measured(1, 250.0, 30.0, "CREATE INDEX a ON t (x)").benchmark
+    assert first is not None
+    first = dataclasses.replace(first, parameter_checks=(
+        ParameterCheck(common.label, True, False,
+                       note="not checked: the original exceeds the statement timeout for these values"),
+        ParameterCheck(rare.label, True, False)))
+    slow = slow_originals([common, rare], first)
+    assert slow == {"SELECT … 'DE'"}
+    timed, known = split_slow_family([common, rare, cache], slow)
+    assert timed == (rare, cache) and known == (common,)  # an answer cache is always measured
+    later = with_known_slow(dataclasses.replace(first, parameter_checks=()), known)
+    (check,) = later.parameter_checks
+    assert check.label == common.label and check.equivalent and "earlier proposal" in check.note
 
 
 # -- end to end in real forks ----------------------------------------------------------------
