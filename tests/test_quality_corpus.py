@@ -25,3 +25,10 @@ def test_case_names_are_unique_and_each_case_has_an_oracle_or_says_nothing_to_do
     assert len({c.name for c in CASES}) == len(CASES)
     for case in CASES:
         assert case.oracle_ddl or case.oracle_query or case.oracle_settings or "nothing" in case.note
+
+
+def test_a_close_call_between_afs_and_the_oracle_gets_more_runs() -> None:
+    assert quality.close_call(5.1, 3.9) and quality.close_call(117.0, 87.0)
+    assert not quality.close_call(20.6, 0.37)  # clearly apart
+    assert not quality.close_call(0.10, 0.07)  # within the 0.3 ms slack either way
+    assert not quality.close_call(None, 3.0)
