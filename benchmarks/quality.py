@@ -479,7 +479,9 @@ async def measure_case(client: ForkClient, provider: LocalForkProvider, db: str,
         configs = {"baseline": baseline}
         if afs.proposal is not None:
             configs["afs"] = Config("afs", tuple(afs.proposal.sql_commands),
-                                    afs.proposal.rewritten_query or query)
+                                    afs.proposal.rewritten_query or query,
+                                    {name: "'" + value.replace("'", "''") + "'"
+                                     for name, value in afs.proposal.settings})
         if case.oracle_ddl or case.oracle_query or case.oracle_settings:
             configs["oracle"] = Config("oracle", tuple(render(s, values) for s in case.oracle_ddl),
                                        await oracle_query(conn, case, values),
