@@ -25,13 +25,13 @@ from pglast import ast as pg_ast
 from pglast.stream import RawStream
 
 from afs.analysis import gather_context
-from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, undo
+from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, result_of, undo
 from afs.brains import Brain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
 from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
-from afs.errors import AfsError, DatabaseError, UnsafeSqlError
+from afs.errors import AfsError, DatabaseError, StatementTimeout, UnsafeSqlError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.forks.naming import fork_name
@@ -81,8 +81,9 @@ class SharedMeasurements:
         # one run of a query past the statement timeout, for every proposal of the task
         self.slow_baselines: dict[str, tuple[Result | None, Sample]] = {}
         # the query with other values (a family member's original) known to exceed the
-        # statement timeout: each later proposal would pay that timeout again for nothing
-        self.slow_family: set[str] = set()
+        # statement timeout (sql -> whether its rows could still be read): each later proposal
+        # would wait for that timeout again for nothing
+        self.slow_family: dict[str, bool] = {}
 
     @staticmethod
     def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]:
@@ -319,8 +320,11 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                         statement_timeout_ms=job.statement_timeout_ms,
                         slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,
                         known_slow=ctx.slow)
-                shared.slow_family.update(slow_originals(timed, outcome))
-                return with_known_slow(outcome, known)
+                    shared.slow_family.update(slow_originals(timed, outcome))
+                    # still with the proposal in place: check its rows for the members skipped
+                    exact = all(v.exact for v in (*suite[:1], *(candidate_suite or ())[:1]))
+                    return with_known_slow(outcome, await _result_checks(conn, known, shared.slow_family,
+                                                                         exact))
 
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
@@ -490,7 +494,7 @@ async def _keyset_family(conn: Connection, members: Sequence[FamilyQuery],
 SLOW_ORIGINAL = "the original exceeds the statement timeout"  # how bench notes such a family member
 
 
-def split_slow_family(members: Sequence[FamilyQuery], slow: set[str]
+def split_slow_family(members: Sequence[FamilyQuery], slow: Mapping[str, bool]
                       ) -> tuple[tuple[FamilyQuery, ...], tuple[FamilyQuery, ...]]:
     """(members to measure, members whose original is known to exceed the statement timeout).
     A member without a candidate query (an answer cache) is always measured: that is its verdict."""
@@ -498,23 +502,46 @@ def split_slow_family(members: Sequence[FamilyQuery], slow: set[str]
     return tuple(m for m in members if m not in known), known
 
 
-def slow_originals(members: Sequence[FamilyQuery], outcome: BenchmarkOutcome) -> set[str]:
-    """The originals of the family that the measurement found past the statement timeout before
-    their rows could be read (so no later proposal can be result-checked on them either)."""
-    notes = {c.label for c in outcome.parameter_checks
-             if c.note.startswith("not checked") and SLOW_ORIGINAL in c.note}
-    return {m.baseline_sql for m in members if m.label in notes}
+def slow_originals(members: Sequence[FamilyQuery], outcome: BenchmarkOutcome) -> dict[str, bool]:
+    """The originals of the family the measurement found past the statement timeout, and for
+    each whether its rows could still be read (only timing it timed out)."""
+    readable = {c.label: not c.note.startswith("not checked") for c in outcome.parameter_checks
+                if SLOW_ORIGINAL in c.note}
+    return {m.baseline_sql: readable[m.label] for m in members if m.label in readable}
 
 
-def with_known_slow(outcome: BenchmarkOutcome, known: Sequence[FamilyQuery]) -> BenchmarkOutcome:
-    """The outcome with a check for each member skipped because its original is too slow."""
-    if not known:
+def with_known_slow(outcome: BenchmarkOutcome, checks: Sequence[ParameterCheck]) -> BenchmarkOutcome:
+    """The outcome with the checks of the members that were only result-checked."""
+    if not checks:
         return outcome
-    checks = tuple(ParameterCheck(label=m.label, equivalent=True, slower=False,
-                                  note=f"not checked: {SLOW_ORIGINAL} for these values"
-                                       " (found with an earlier proposal of this task)")
-                   for m in known)
     return dataclasses.replace(outcome, parameter_checks=(*outcome.parameter_checks, *checks))
+
+
+async def _result_checks(conn: Connection, known: Sequence[FamilyQuery], readable: Mapping[str, bool],
+                         exact: bool) -> tuple[ParameterCheck, ...]:
+    """Rows of the original and of the proposal's query (in place) for members whose original
+    is known to run past the statement timeout: compared, not timed (timing the original would
+    only wait for the timeout again). Rows are read in whatever plan is fastest now."""
+    checks: list[ParameterCheck] = []
+    found = " (found with an earlier proposal of this task)"
+    unchecked = f"not checked: {SLOW_ORIGINAL} for these values{found}"
+    for member in known:
+        assert member.candidate_sql is not None
+        if not readable.get(member.baseline_sql, True):
+            checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False, note=unchecked))
+            continue
+        try:
+            before = await result_of(conn, QueryVariant("baseline", member.baseline_sql, False, exact), False)
+            after = await result_of(conn, QueryVariant("baseline", member.candidate_sql, False, exact), False)
+        except StatementTimeout:
+            checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False, note=unchecked))
+            continue
+        equivalent = before.rows == after.rows and (not exact or before.checksum == after.checksum)
+        differ = "" if equivalent else f"; results differ: {before.rows} rows before, {after.rows} after"
+        checks.append(ParameterCheck(label=member.label, equivalent=equivalent, slower=False,
+                                     rows=before.rows,
+                                     note=f"not timed: {SLOW_ORIGINAL} for these values{found}{differ}"))
+    return tuple(checks)
 
 
 def _family(job: AgentJob, ctx: AnalysisContext) -> tuple[ParameterSet, ...]:

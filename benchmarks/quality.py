@@ -263,6 +263,7 @@ def candidate_lines(outcome: AgentOutcome) -> list[str]:
                               + ("" if m.significant else "~") for m in c.benchmark.measurements)
             family = ", ".join(
                 f"{p.label[:30]} {'slower' if p.slower else 'ok'}{'' if p.equivalent else ' DIFFERS'}"
+                + (f" ({p.note[:60]})" if p.note else "")
                 for p in c.benchmark.parameter_checks)
             measured = f" [{suite}]" + (f" family [{family}]" if family else "")
         note = f" ({c.note[:100]})" if c.note else ""
