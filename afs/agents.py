@@ -57,7 +57,7 @@ from afs.params import ParameterSet, apply_parameters, baked_literals, parameter
 from afs.safety import check_query, validate_candidate
 from afs.suite import build_suite
 
-AS_FAST_RATIO = 1.2  # a candidate leaving at most 1.2x the fastest one's share of the time is as fast
+AS_FAST_RATIO = 1.1  # a candidate leaving at most 1.1x the fastest one's share of the time is as fast
 AS_FAST_MS = 0.3  # … or one within 0.3 ms of its time (below that, timings are mostly noise)
 
 

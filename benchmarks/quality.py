@@ -78,6 +78,7 @@ from sqlglot import exp
 # -- AFS internals used here: kept in this one block (they are being reorganised) ---------
 from afs.bench import Sample, run_once, significant, timing
 from afs.config import Settings
+from afs.consensus import score
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, StatementTimeout
 from afs.events import Emitter, Event, log_sink
@@ -266,6 +267,14 @@ def candidate_lines(outcome: AgentOutcome) -> list[str]:
                 + (f" ({p.note[:60]})" if p.note else "")
                 for p in c.benchmark.parameter_checks)
             measured = f" [{suite}]" + (f" family [{family}]" if family else "")
+        if c.benchmark is not None:
+            trial = AgentOutcome(agent=outcome.agent, status="ok", proposal=c.proposal,
+                                 validation=c.validation, benchmark=c.benchmark,
+                                 writes_per_read=outcome.writes_per_read)
+            breakdown = score(trial)
+            if breakdown is not None:
+                why = "; ".join(breakdown.disqualified)[:120]
+                measured += f" score {breakdown.total:.1f}" + (f" CANNOT WIN: {why}" if why else "")
         note = f" ({c.note[:100]})" if c.note else ""
         lines.append(f"#{c.rank} {c.status}: {what}{cost}{measured}{note}")
     if outcome.error:

@@ -83,13 +83,16 @@ def test_the_agent_keeps_the_clearly_faster_candidate_though_it_scores_lower() -
 
 
 def test_among_candidates_as_fast_as_the_fastest_the_better_score_wins() -> None:
-    # 40 → 5.0 ms and 40 → 4.6 ms: within 20 % of each other, so the simpler, smaller one wins
+    # 40 → 5.0 ms and 40 → 4.6 ms: within 10 % of each other, so the simpler, smaller one wins
     simple = measured(2, 40.0, 5.0, "CREATE INDEX a ON t (x)")
     bigger = measured(1, 40.0, 4.6, "CREATE INDEX a ON t (x)", "CREATE INDEX b ON t (y)", mb=60.0)
     assert best_candidate("gemini25pro", [bigger, simple], {}).rank == 2
     # sub-millisecond times: within 0.3 ms counts as as fast, whatever the ratio
     assert as_fast((0.004, 0.2), (0.001, 0.05))
     assert not as_fast((0.5, 2.0), (0.1, 0.4))
+    # a setting leaving 15 % of the time against a rewrite leaving 13 %: not as fast (the reach
+    # the quality benchmark asks of a winner is 10 %)
+    assert not as_fast((0.152, 63.0), (0.129, 38.0))
 
 
 def test_a_family_original_past_the_statement_timeout_is_paid_for_once_per_task() -> None:
