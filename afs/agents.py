@@ -390,7 +390,8 @@ def choose_for_measurement(candidates: Sequence[tuple[int, float | None, bool]],
 
 def remaining_time(bench: BenchmarkOutcome) -> tuple[float, float]:
     """What a measured candidate leaves of the query's time: the geometric mean of optimized /
-    baseline over the suite and the timed parameter sets, and the mean optimized time in ms."""
+    baseline over the suite and the timed parameter sets, and the optimized time in ms of the
+    query as given (the suite's "baseline" query; else the first measured)."""
     pairs = [(m.baseline.median_ms, m.optimized.median_ms) for m in bench.measurements]
     pairs += [(c.baseline.median_ms, c.optimized.median_ms) for c in bench.parameter_checks
               if c.baseline is not None and c.optimized is not None]
@@ -398,12 +399,15 @@ def remaining_time(bench: BenchmarkOutcome) -> tuple[float, float]:
     if not pairs:
         return 1.0, math.inf
     ratio = math.exp(sum(math.log(max(o, 1e-3) / b) for b, o in pairs) / len(pairs))
-    return ratio, sum(o for _, o in pairs) / len(pairs)
+    query = next((m for m in bench.measurements if m.name == "baseline"), bench.measurements[0]
+                 if bench.measurements else None)
+    return ratio, query.optimized.median_ms if query is not None else math.inf
 
 
 def as_fast(candidate: tuple[float, float], fastest: tuple[float, float]) -> bool:
     """Whether a candidate's remaining time (ratio, ms) is as good as the fastest one's: within
-    AS_FAST_RATIO of its ratio, or within AS_FAST_MS of its time (sub-millisecond noise)."""
+    AS_FAST_RATIO of its ratio, or the query as given within AS_FAST_MS of its time
+    (sub-millisecond noise)."""
     return (candidate[0] <= fastest[0] * AS_FAST_RATIO
             or candidate[1] <= fastest[1] + AS_FAST_MS)
 

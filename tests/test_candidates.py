@@ -87,6 +87,14 @@ def test_among_candidates_as_fast_as_the_fastest_the_better_score_wins() -> None
     simple = measured(2, 40.0, 5.0, "CREATE INDEX a ON t (x)")
     bigger = measured(1, 40.0, 4.6, "CREATE INDEX a ON t (x)", "CREATE INDEX b ON t (y)", mb=60.0)
     assert best_candidate("gemini25pro", [bigger, simple], {}).rank == 2
+    # a partial index for the rare value (0.11 ms) against a plain one (1.8 ms); the other
+    # values' times (~100 ms, untouched by either) must not drown the difference
+    plain = measured(1, 120.0, 1.8, "CREATE INDEX a ON t (x)")
+    partial = measured(2, 120.0, 0.11, "CREATE INDEX b ON t (y) WHERE x = 'N'")
+    common = (ParameterCheck("x = 'Y'", True, False, Timing(100.0, 5.0, 3, 1), Timing(130.0, 20.0, 3, 1)),)
+    partial = dataclasses.replace(partial, benchmark=dataclasses.replace(
+        partial.benchmark, parameter_checks=common))
+    assert best_candidate("gemini25pro", [plain, partial], {}).rank == 2
     # sub-millisecond times: within 0.3 ms counts as as fast, whatever the ratio
     assert as_fast((0.004, 0.2), (0.001, 0.05))
     assert not as_fast((0.5, 2.0), (0.1, 0.4))
