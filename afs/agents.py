@@ -25,14 +25,14 @@ from pglast import ast as pg_ast
 from pglast.stream import RawStream
 
 from afs.analysis import gather_context
-from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, undo
+from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, result_of, undo
 from afs.brains import Brain, RevisingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
 from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
 from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
-from afs.errors import AfsError, DatabaseError, InputError
+from afs.errors import AfsError, DatabaseError, InputError, StatementTimeout
 from afs.events import Emitter
 from afs.features import check_input
 from afs.forks.client import ForkClient
@@ -48,6 +48,7 @@ from afs.models import (
     CandidateResult,
     FamilyQuery,
     OptimizationProposal,
+    ParameterCheck,
     QueryFeatures,
     QueryVariant,
     ScoreBreakdown,
@@ -59,7 +60,7 @@ from afs.params import ParameterSet, apply_parameters, baked_literals, parameter
 from afs.safety import check_query, proposal_references, validate_candidate
 from afs.suite import build_suite
 
-AS_FAST_RATIO = 1.2  # a candidate leaving at most 1.2x the fastest one's share of the time is as fast
+AS_FAST_RATIO = 1.1  # a candidate leaving at most 1.1x the fastest one's share of the time is as fast
 AS_FAST_MS = 0.3  # … or one within 0.3 ms of its time (below that, timings are mostly noise)
 
 
@@ -82,6 +83,10 @@ class SharedMeasurements:
         self._entries: dict[tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]], _Measurement] = {}
         # one run of a query past the statement timeout, for every proposal of the task
         self.slow_baselines: dict[str, tuple[Result | None, Sample]] = {}
+        # the query with other values (a family member's original) known to exceed the
+        # statement timeout (sql -> whether its rows could still be read): each later proposal
+        # would wait for that timeout again for nothing
+        self.slow_family: dict[str, bool] = {}
 
     @staticmethod
     def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]:
@@ -296,17 +301,22 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 state.waited_s += trio.current_time() - t0
                 enter("benchmark")
                 measured_here = True
+                timed, known = split_slow_family(members, shared.slow_family)
                 with trio.fail_after(limits.benchmark + job.slow_cap_s):
                     rows_kept = await _rows_kept(conn, proposal)
                     outcome = await benchmark(
                         conn, suite, proposal, candidate_suite=candidate_suite,
                         tables=job.features.tables, runs=job.runs, skipped=state.skipped,
-                        family=members,
+                        family=timed,
                         statement_timeout_ms=job.statement_timeout_ms,
                         slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,
                         known_slow=ctx.slow)
                     await rows_kept()
-                    return outcome
+                    shared.slow_family.update(slow_originals(timed, outcome))
+                    # still with the proposal in place: check its rows for the members skipped
+                    exact = all(v.exact for v in (*suite[:1], *(candidate_suite or ())[:1]))
+                    return with_known_slow(outcome, await _result_checks(conn, known, shared.slow_family,
+                                                                         exact))
 
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
@@ -446,7 +456,8 @@ def choose_for_measurement(candidates: Sequence[tuple[int, float | None, bool]],
 
 def remaining_time(bench: BenchmarkOutcome) -> tuple[float, float]:
     """What a measured candidate leaves of the query's time: the geometric mean of optimized /
-    baseline over the suite and the timed parameter sets, and the mean optimized time in ms."""
+    baseline over the suite and the timed parameter sets, and the optimized time in ms of the
+    query as given (the suite's "baseline" query; else the first measured)."""
     pairs = [(m.baseline.median_ms, m.optimized.median_ms) for m in bench.measurements]
     pairs += [(c.baseline.median_ms, c.optimized.median_ms) for c in bench.parameter_checks
               if c.baseline is not None and c.optimized is not None]
@@ -454,12 +465,15 @@ def remaining_time(bench: BenchmarkOutcome) -> tuple[float, float]:
     if not pairs:
         return 1.0, math.inf
     ratio = math.exp(sum(math.log(max(o, 1e-3) / b) for b, o in pairs) / len(pairs))
-    return ratio, sum(o for _, o in pairs) / len(pairs)
+    query = next((m for m in bench.measurements if m.name == "baseline"), bench.measurements[0]
+                 if bench.measurements else None)
+    return ratio, query.optimized.median_ms if query is not None else math.inf
 
 
 def as_fast(candidate: tuple[float, float], fastest: tuple[float, float]) -> bool:
     """Whether a candidate's remaining time (ratio, ms) is as good as the fastest one's: within
-    AS_FAST_RATIO of its ratio, or within AS_FAST_MS of its time (sub-millisecond noise)."""
+    AS_FAST_RATIO of its ratio, or the query as given within AS_FAST_MS of its time
+    (sub-millisecond noise)."""
     return (candidate[0] <= fastest[0] * AS_FAST_RATIO
             or candidate[1] <= fastest[1] + AS_FAST_MS)
 
@@ -545,6 +559,59 @@ async def _keyset_family(conn: Connection, members: Sequence[FamilyQuery],
         page = keyset_rewrite(member.baseline_sql, probe, last) if probe and last else None
         adjusted.append(dataclasses.replace(member, candidate_sql=page.sql if page else None))
     return tuple(adjusted)
+
+
+SLOW_ORIGINAL = "the original exceeds the statement timeout"  # how bench notes such a family member
+
+
+def split_slow_family(members: Sequence[FamilyQuery], slow: Mapping[str, bool]
+                      ) -> tuple[tuple[FamilyQuery, ...], tuple[FamilyQuery, ...]]:
+    """(members to measure, members whose original is known to exceed the statement timeout).
+    A member without a candidate query (an answer cache) is always measured: that is its verdict."""
+    known = tuple(m for m in members if m.candidate_sql is not None and m.baseline_sql in slow)
+    return tuple(m for m in members if m not in known), known
+
+
+def slow_originals(members: Sequence[FamilyQuery], outcome: BenchmarkOutcome) -> dict[str, bool]:
+    """The originals of the family the measurement found past the statement timeout, and for
+    each whether its rows could still be read (only timing it timed out)."""
+    readable = {c.label: not c.note.startswith("not checked") for c in outcome.parameter_checks
+                if SLOW_ORIGINAL in c.note}
+    return {m.baseline_sql: readable[m.label] for m in members if m.label in readable}
+
+
+def with_known_slow(outcome: BenchmarkOutcome, checks: Sequence[ParameterCheck]) -> BenchmarkOutcome:
+    """The outcome with the checks of the members that were only result-checked."""
+    if not checks:
+        return outcome
+    return dataclasses.replace(outcome, parameter_checks=(*outcome.parameter_checks, *checks))
+
+
+async def _result_checks(conn: Connection, known: Sequence[FamilyQuery], readable: Mapping[str, bool],
+                         exact: bool) -> tuple[ParameterCheck, ...]:
+    """Rows of the original and of the proposal's query (in place) for members whose original
+    is known to run past the statement timeout: compared, not timed (timing the original would
+    only wait for the timeout again). Rows are read in whatever plan is fastest now."""
+    checks: list[ParameterCheck] = []
+    found = " (found with an earlier proposal of this task)"
+    unchecked = f"not checked: {SLOW_ORIGINAL} for these values{found}"
+    for member in known:
+        assert member.candidate_sql is not None
+        if not readable.get(member.baseline_sql, True):
+            checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False, note=unchecked))
+            continue
+        try:
+            before = await result_of(conn, QueryVariant("baseline", member.baseline_sql, False, exact), False)
+            after = await result_of(conn, QueryVariant("baseline", member.candidate_sql, False, exact), False)
+        except StatementTimeout:
+            checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False, note=unchecked))
+            continue
+        equivalent = before.rows == after.rows and (not exact or before.checksum == after.checksum)
+        differ = "" if equivalent else f"; results differ: {before.rows} rows before, {after.rows} after"
+        checks.append(ParameterCheck(label=member.label, equivalent=equivalent, slower=False,
+                                     rows=before.rows,
+                                     note=f"not timed: {SLOW_ORIGINAL} for these values{found}{differ}"))
+    return tuple(checks)
 
 
 def _family(job: AgentJob, ctx: AnalysisContext) -> tuple[ParameterSet, ...]:

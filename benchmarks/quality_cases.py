@@ -463,20 +463,26 @@ CASES: tuple[Case, ...] = (
         note="without the statistics the planner multiplies the distinct counts of city and zip",
     ),
     Case(
-        name="sort_spill_work_mem",
-        source="PostgreSQL docs 19.4.1 'work_mem' (a sort larger than work_mem spills to"
-               " temporary files: 'Sort Method: external merge')",
-        schema=("CREATE TABLE readings (id bigint PRIMARY KEY, device_id integer NOT NULL,"
-                " ts timestamp NOT NULL, value double precision NOT NULL)",),
-        data=(f"INSERT INTO readings SELECT i, 1 + floor({u(151)} * 5000)::int,"
-              " timestamp '2024-01-01' + i * interval '3 seconds', "
-              f"{u(152)} * 100 FROM generate_series(1, {{readings}}) i", VACUUM),
-        sizes={"readings": 300_000},
-        query="SELECT device_id, ts, value, value - lag(value) OVER (PARTITION BY device_id ORDER BY ts)"
-              " AS delta FROM readings ORDER BY device_id, ts",
-        oracle_settings={"work_mem": "'64MB'"},
-        note="a per-query setting, measured with SET LOCAL; on a machine whose temporary files"
-             " stay in the page cache an in-memory sort gains little",
+        name="not_in_hashed_work_mem",
+        source="PostgreSQL wiki 'Don't Do This: Don't use NOT IN' (a subquery too big to hash is"
+               " rescanned per row) and docs 19.4.1 'work_mem' (hash tables of IN subqueries)",
+        schema=("CREATE TABLE accounts (id integer PRIMARY KEY, email text NOT NULL)",
+                # account_id may be NULL: NOT EXISTS would not return the same rows in general
+                "CREATE TABLE logins (id bigint PRIMARY KEY, account_id integer,"
+                " at timestamp NOT NULL)"),
+        data=("INSERT INTO accounts SELECT i, 'acct' || i || '@example.com'"
+              " FROM generate_series(1, {accounts}) i",
+              # accounts past 99 % never logged in
+              "INSERT INTO logins SELECT i, 1 + floor({accounts} * 0.99 * " + u(151) + ")::int,"
+              " timestamp '2024-01-01' + i * interval '1 minute' FROM generate_series(1, {logins}) i",
+              VACUUM),
+        # the subquery must stay above work_mem * hash_mem_multiplier at scale 1: 400k rows of
+        # 8 + 24 bytes = 12.8 MB > 8 MB, so it is not hashed under the default work_mem of 4MB
+        sizes={"accounts": 1_000, "logins": 400_000},
+        query="SELECT a.id, a.email FROM accounts a WHERE a.id NOT IN (SELECT l.account_id FROM logins l)",
+        oracle_settings={"work_mem": "'32MB'"},
+        note="logins.account_id is nullable, so the NOT EXISTS rewrite is not proven; with a larger"
+             " work_mem the subquery is hashed once instead of rescanned per account",
     ),
     Case(
         name="already_fast",

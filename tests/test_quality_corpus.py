@@ -25,3 +25,28 @@ def test_case_names_are_unique_and_each_case_has_an_oracle_or_says_nothing_to_do
     assert len({c.name for c in CASES}) == len(CASES)
     for case in CASES:
         assert case.oracle_ddl or case.oracle_query or case.oracle_settings or "nothing" in case.note
+
+
+def test_a_close_call_between_afs_and_the_oracle_gets_more_runs() -> None:
+    assert quality.close_call(5.1, 3.9) and quality.close_call(117.0, 87.0)
+    assert not quality.close_call(20.6, 0.37)  # clearly apart
+    assert not quality.close_call(0.10, 0.07)  # within the 0.3 ms slack either way
+    assert not quality.close_call(None, 3.0)
+
+
+def test_the_oracles_very_fix_is_recognised_whatever_the_names_and_spelling() -> None:
+    def config(label: str, query: str, definitions: list[str], **settings: str) -> quality.Config:
+        return quality.Config(label, (), query, settings, definitions=definitions)
+
+    index = ["CREATE INDEX ON public.sales USING btree (subsidiary_id) INCLUDE (eur_value)"]
+    afs = config("afs", "SELECT c.id FROM customers AS c WHERE NOT EXISTS(SELECT 1 FROM orders AS o"
+                        " WHERE o.customer_id = c.id)", index)
+    oracle = config("oracle", "SELECT c.id FROM customers c WHERE NOT EXISTS (SELECT 1 FROM orders o"
+                              " WHERE o.customer_id = c.id)", index)
+    assert quality.same_fix(afs, oracle)
+    assert not quality.same_fix(afs, config("oracle", oracle.query, []))  # no index
+    assert not quality.same_fix(afs, config("oracle", oracle.query + " LIMIT 10", index))
+    assert not quality.same_fix(config("afs", "SELECT 1", [], work_mem="'16MB'"),
+                                config("oracle", "SELECT 1", [], work_mem="'32MB'"))
+    assert quality.same_fix(config("afs", "SELECT 1", [], work_mem="'32MB'"),
+                            config("oracle", "select 1", [], work_mem="'32mb'"))

@@ -184,7 +184,12 @@ async def test_redundant_distinct_returns_the_same_rows(rewrites_db: str) -> Non
     async with open_connection(rewrites_db) as conn:
         for query in ("SELECT DISTINCT id, status FROM orders WHERE total > 50",
                       "SELECT DISTINCT email, country FROM users",
-                      "SELECT DISTINCT status, count(*) FROM orders GROUP BY status"):
+                      "SELECT DISTINCT status, count(*) FROM orders GROUP BY status",
+                      # a join that cannot repeat an order (and one that left-joins users)
+                      "SELECT DISTINCT o.id, o.total FROM orders o JOIN users u ON u.id = o.user_id"
+                      " WHERE u.country IN ('DE', 'FR')",
+                      "SELECT DISTINCT o.id, u.country FROM orders o LEFT JOIN users u"
+                      " ON u.id = o.coupon_id"):
             await _same_rows(conn, query, "redundant_distinct")
 
 

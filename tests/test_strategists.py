@@ -1378,3 +1378,26 @@ def test_every_agent_measures_the_plan_fixes_after_its_own_candidates() -> None:
 
 def test_plan_fix_rules_are_a_tuple_of_small_functions() -> None:
     assert [rule.__name__ for rule in PLAN_FIX_RULES] == ["extended_statistics", "work_mem"]
+
+
+def test_a_not_in_subquery_too_big_to_hash_gets_the_work_mem_that_hashes_it() -> None:
+    from afs.features import extract_features
+
+    query = "SELECT u.id FROM users u WHERE u.id NOT IN (SELECT o.user_id FROM orders o)"
+    rescanned = node("Materialize", seq_scan("orders", "o", rows=400_000, removed=0, ms=60.0),
+                     rows=150_000_000, ms=2_600.0, loops=1_000, Subplan_Name="SubPlan 1")
+    rescanned["Plan Rows"], rescanned["Plan Width"] = 400_000, 4
+    plan = node("Seq Scan", rescanned, rows=10, ms=2_700.0, Relation_Name="users", Alias="u",
+                Filter="(NOT (ANY (id = (SubPlan 1).col1)))", Rows_Removed_by_Filter=990)
+    plan["Plans"][0]["Parent Relationship"] = "SubPlan"
+    ctx = context(query, extract_features(query), plan, [users(), orders()], 2_700.0)
+    (fix,) = [p for p in plan_fix_proposals(ctx, "x") if p.proposal_type == "settings"]
+    # 400,000 rows × (8 + 24) bytes = 12,500 kB over a hash_mem_multiplier of 2: 6,250 kB of
+    # work_mem, × 2.5 = 15.3 MB → 16MB (and 4MB, the default, did not hash it)
+    assert fix.settings == (("work_mem", "16MB"),)
+    assert "not hashed" in fix.rationale and "SubPlan 1" in fix.rationale
+    assert validate_candidate(fix).is_valid and check_settings(fix.settings) == []
+    # hashed already, or run once: nothing to fix
+    plan["Plans"][0]["Subplan Name"] = "hashed SubPlan 1"
+    assert not plan_fix_proposals(context(query, extract_features(query), plan, [users(), orders()],
+                                          2_700.0), "x")

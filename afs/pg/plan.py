@@ -98,6 +98,8 @@ class PlanNode:
     peak_memory_kb: float = 0.0  # Hash, HashAggregate: Peak Memory Usage
     disk_kb: float = 0.0  # HashAggregate: Disk Usage; the largest over the leader and its workers
     analyzed: bool = False  # EXPLAIN ANALYZE ran it: actual rows and times are known
+    subplan: str | None = None  # the top node of a subquery: "SubPlan 1", "hashed SubPlan 1", "InitPlan 2"
+    plan_width: float = 0.0  # the planner's average row width in bytes
 
     @property
     def estimate_error(self) -> float:
@@ -190,6 +192,8 @@ def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
             peak_memory_kb=max(_num(p.get("Peak Memory Usage")) for p in processes_of),
             disk_kb=max(_num(p.get("Disk Usage")) for p in processes_of),
             analyzed="Actual Loops" in node,
+            subplan=str(node["Subplan Name"]) if node.get("Subplan Name") else None,
+            plan_width=_num(node.get("Plan Width")),
         )
         return [me, *(n for k in kids for n in k)]
 

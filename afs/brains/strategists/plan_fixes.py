@@ -13,7 +13,8 @@ proposals; `RULES` is their tuple, as in sqlglot's optimizer:
                           than one batch, a HashAggregate that wrote to disk → work_mem for
                           this query: the next power of two above ~2.5× what spilled
                           (at least MIN_WORK_MEM_MB, at most MAX_WORK_MEM_MB), proposal type
-                          "settings", measured with SET LOCAL
+                          "settings", measured with SET LOCAL; likewise a subquery of
+                          IN / NOT IN rescanned per outer row because it was too big to hash
 
 Neither changes what the query returns; whether the plan it leads to is faster is for the
 measurement to say, which is why they are candidates and not conclusions.
@@ -44,6 +45,7 @@ MIN_WORK_MEM_MB: Final = 8  # above PostgreSQL's default of 4MB, which just spil
 MAX_WORK_MEM_MB: Final = 2048  # afs.safety.check_settings refuses more
 LARGE_WORK_MEM_MB: Final = 256  # from here on, concurrent queries may exhaust memory: medium risk
 HASH_MEM_MULTIPLIER: Final = 2.0  # PostgreSQL's default: hash tables get work_mem × this
+TUPLE_HEADER_BYTES: Final = 24  # MAXALIGN(SizeofHeapTupleHeader): what a hashed subquery row adds
 
 Rule = Callable[[Evidence, AgentKey], Iterator[OptimizationProposal]]
 
@@ -147,6 +149,23 @@ def _spilled_kb(node: PlanNode) -> float | None:
     return None
 
 
+def _unhashed_subplan_kb(node: PlanNode) -> float | None:
+    """The work_mem (kB) a subquery of `x IN (SELECT …)` / `NOT IN` needs to be hashed; None
+    unless the plan rescans it per outer row because it was too big to hash.
+
+    PostgreSQL hashes such a subquery only when rows × (width + tuple header) fits in work_mem ×
+    hash_mem_multiplier (subselect.c, subplan_is_hashable); otherwise every outer row scans the
+    materialized result again, and the query is quadratic."""
+    if (node.subplan is None or not node.subplan.startswith("SubPlan") or node.loops < 2
+            or not node.analyzed):
+        return None
+    per_loop = node.plan_rows / max(node.loops, 1.0)
+    if per_loop < SMALL_TABLE_ROWS:
+        return None
+    needed = per_loop * (8 * math.ceil(max(node.plan_width, 1.0) / 8) + TUPLE_HEADER_BYTES)
+    return needed / 1024 / HASH_MEM_MULTIPLIER
+
+
 def work_mem_mb(spilled_kb: float) -> int:
     """The next power of two (MB) above WORK_MEM_FACTOR × what spilled, within the bounds."""
     wanted = WORK_MEM_FACTOR * max(spilled_kb, 1.0) / 1024
@@ -157,6 +176,10 @@ def work_mem_mb(spilled_kb: float) -> int:
 def work_mem(ev: Evidence, agent: AgentKey) -> Iterator[OptimizationProposal]:
     """work_mem for this query when a sort or a hash spilled to disk."""
     spills = [(n, kb) for n in ev.nodes if (kb := _spilled_kb(n)) is not None]
+    rescans = [(n, kb) for n in ev.nodes if (kb := _unhashed_subplan_kb(n)) is not None]
+    if rescans and not spills:
+        yield _subplan_work_mem(ev, agent, rescans)
+        return
     if not spills:
         return
     spilled = max(kb for _, kb in spills)
@@ -183,6 +206,33 @@ def work_mem(ev: Evidence, agent: AgentKey) -> Iterator[OptimizationProposal]:
                                          risk="medium" if mb >= LARGE_WORK_MEM_MB else "low"),
         validation_steps=(f"EXPLAIN ANALYZE with SET LOCAL work_mem = '{mb}MB': no Sort Method external "
                           "merge, Hash Batches 1, no Disk Usage",
+                          "the query returns the same rows as before (count and checksum)"))
+
+
+def _subplan_work_mem(ev: Evidence, agent: AgentKey,
+                      rescans: list[tuple[PlanNode, float]]) -> OptimizationProposal:
+    node, needed_kb = max(rescans, key=lambda r: r[1])
+    mb = work_mem_mb(needed_kb)
+    total = ev.ctx.execution_ms
+    share = min(1.0, node.total_ms / total) if total > 0 else 0.5
+    per_loop = node.plan_rows / max(node.loops, 1.0)
+    rationale = (
+        f"{node.subplan} (a subquery of IN / NOT IN) returns ~{fmt_count(per_loop)} rows and is not "
+        f"hashed: PostgreSQL hashes it only when it fits in work_mem × hash_mem_multiplier, so each of "
+        f"{fmt_count(node.loops)} outer rows scans its materialized result again; that takes "
+        f"{fmt_ms(node.total_ms)} of {fmt_ms(total)} ({fmt_pct(share)}). With work_mem = {mb}MB (about "
+        f"{WORK_MEM_FACTOR:g}× the ~{fmt_count(needed_kb)} kB the planner reckons it needs, up to the "
+        "next power of two) the planner can hash it once (a hashed SubPlan) and probe it per row. "
+        f"Recommended per role (ALTER ROLE <role> SET work_mem = '{mb}MB') or per query (SET LOCAL "
+        f"work_mem = '{mb}MB' in its transaction), never globally. Measured here with SET LOCAL; the "
+        "database itself does not change.")
+    return OptimizationProposal(
+        agent=agent, proposal_type="settings", sql_commands=(), rollback_commands=(),
+        rationale=rationale, settings=(("work_mem", f"{mb}MB"),),
+        estimated_impact=EstimatedImpact(query_time_improvement=round(max(5.0, 80.0 * share), 1),
+                                         storage_overhead_mb=0.0, complexity="low",
+                                         risk="medium" if mb >= LARGE_WORK_MEM_MB else "low"),
+        validation_steps=(f"EXPLAIN ANALYZE with SET LOCAL work_mem = '{mb}MB': hashed {node.subplan}",
                           "the query returns the same rows as before (count and checksum)"))
 
 
