@@ -519,7 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="consensus weights for this task, e.g. performance=0.6,storage=0.2,"
                           "complexity=0.1,risk=0.1 (must sum to 1; default: routing_rules.yaml)")
     opt.add_argument("--runs", type=int,
-                     help="measured runs per suite query and side (default: AFS_RUNS or 5)")
+                     help="measured runs per suite query and side, at most: measuring stops earlier"
+                          " once the verdict is certain (default: AFS_RUNS or 5)")
 
     mcp = commands.add_parser("mcp", help="the MCP fork server")
     mcp_cmds = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)

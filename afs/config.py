@@ -18,6 +18,10 @@ Environment:
     AFS_MEASURED              of those, how many it measures in its fork (default 3)
     AFS_PARAMETER_SETS        other literal values each proposal is checked with (default 2)
     AFS_SLOW_BASELINE_CAP_S   cap of the one baseline run of a query past the statement timeout
+    AFS_RUNS                  measured runs per suite query and side, at most (default 5)
+    AFS_MIN_RUNS              runs before measuring may stop because the verdict is certain (default 3;
+                              = AFS_RUNS measures a fixed count)
+    AFS_MEASURE_BUDGET_S      query time one candidate's measurement may take (default 60)
 
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
 GOOGLE_GENAI_USE_VERTEXAI with GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION), plus
@@ -26,7 +30,7 @@ AFS_GEMINI_MODEL_<AGENT> (e.g. AFS_GEMINI_MODEL_GEMINI25PRO); `afs.brains.gemini
 them from the environment the CLI passes in.
 
 The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `candidates`,
-`measured`, `parameter_sets` and `slow_baseline_cap_s`.
+`measured`, `parameter_sets`, `slow_baseline_cap_s`, `min_runs` and `measure_budget_s`.
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ DEFAULT_FORK_TTL_SECONDS = 3600
 DEFAULT_SCALE = "demo"
 DEFAULT_SEED = 42
 DEMO_DATABASE = "afs_demo"
-DEFAULT_RUNS = 5
+DEFAULT_RUNS = 5  # measured runs per suite query and side, at most
+DEFAULT_MIN_RUNS = 3  # runs before measuring may stop because the verdict is certain
+DEFAULT_MEASURE_BUDGET_S = 60.0  # query time one candidate's measurement may take
 DEFAULT_CANDIDATES = 4  # designs an agent screens with the planner
 DEFAULT_MEASURED = 3  # of those, how many it measures for real in its fork
 DEFAULT_PARAMETER_SETS = 2  # other literal values every proposal is also checked with
@@ -88,6 +94,8 @@ class Settings:
     demo_database: str = DEMO_DATABASE
     timeouts: Timeouts = field(default_factory=Timeouts)
     runs: int = DEFAULT_RUNS
+    min_runs: int = DEFAULT_MIN_RUNS
+    measure_budget_s: float = DEFAULT_MEASURE_BUDGET_S
     candidates: int = DEFAULT_CANDIDATES
     measured: int = DEFAULT_MEASURED
     parameter_sets: int = DEFAULT_PARAMETER_SETS
@@ -179,6 +187,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             changes[key] = _int(value, key, source)
     for key, env_name in (
         ("runs", "AFS_RUNS"),
+        ("min_runs", "AFS_MIN_RUNS"),
         ("candidates", "AFS_CANDIDATES"),
         ("measured", "AFS_MEASURED"),
         ("parameter_sets", "AFS_PARAMETER_SETS"),
@@ -186,6 +195,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         value, source = pick(key, env_name)
         if value is not None:
             changes[key] = _int(value, key, source)
+    value, source = pick("measure_budget_s", "AFS_MEASURE_BUDGET_S")
+    if value is not None:
+        try:
+            changes["measure_budget_s"] = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: measure_budget_s must be a number of seconds,"
+                              f" got {value!r}") from None
+        if changes["measure_budget_s"] <= 0:
+            raise ConfigError(f"{source}: measure_budget_s must be positive, got {value!r}")
     value, source = pick("slow_baseline_cap_s", "AFS_SLOW_BASELINE_CAP_S")
     if value is not None:
         changes["slow_baseline_cap_s"] = float(_int(value, "slow_baseline_cap_s", source))

@@ -149,7 +149,8 @@ async def optimize(
                    statement_timeout_ms=settings.statement_timeout_ms, timeouts=settings.timeouts,
                    candidates=settings.candidates, measured=settings.measured,
                    parameter_sets=settings.parameter_sets,
-                   slow_cap_s=slow_baseline_cap(settings))
+                   slow_cap_s=slow_baseline_cap(settings), min_runs=settings.min_runs,
+                   measure_budget_s=settings.measure_budget_s)
     outcomes: dict[AgentKey, AgentOutcome] = {}
     bench_limiter = trio.CapacityLimiter(1)  # benchmark phases never overlap on one server
     shared = SharedMeasurements()  # identical proposals are measured once
