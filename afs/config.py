@@ -22,6 +22,9 @@ Environment:
     AFS_MIN_RUNS              runs before measuring may stop because the verdict is certain (default 3;
                               = AFS_RUNS measures a fixed count)
     AFS_MEASURE_BUDGET_S      query time one candidate's measurement may take (default 60)
+    AFS_COW                   1: `afs sandbox up` puts the sandbox on a copy-on-write XFS image file
+                              when its filesystem has no reflinks (needs root; see afs.sandbox.storage)
+    AFS_COW_SIZE              the image's size, sparse (default 100G)
 
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
 GOOGLE_GENAI_USE_VERTEXAI with GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION), plus
@@ -30,13 +33,15 @@ AFS_GEMINI_MODEL_<AGENT> (e.g. AFS_GEMINI_MODEL_GEMINI25PRO); `afs.brains.gemini
 them from the environment the CLI passes in.
 
 The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `candidates`,
-`measured`, `parameter_sets`, `slow_baseline_cap_s`, `min_runs` and `measure_budget_s`.
+`measured`, `parameter_sets`, `slow_baseline_cap_s`, `min_runs`, `measure_budget_s`, `cow` and
+`cow_size`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping
@@ -60,6 +65,7 @@ DEFAULT_MEASURE_BUDGET_S = 60.0  # query time one candidate's measurement may ta
 DEFAULT_CANDIDATES = 4  # designs an agent screens with the planner
 DEFAULT_MEASURED = 3  # of those, how many it measures for real in its fork
 DEFAULT_PARAMETER_SETS = 2  # other literal values every proposal is also checked with
+DEFAULT_COW_SIZE = "100G"  # the sandbox's sparse XFS image (it takes space only as data is written)
 DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the statement timeout
 
 
@@ -100,6 +106,8 @@ class Settings:
     measured: int = DEFAULT_MEASURED
     parameter_sets: int = DEFAULT_PARAMETER_SETS
     slow_baseline_cap_s: float = DEFAULT_SLOW_BASELINE_CAP_S
+    cow: bool = False  # put the sandbox on a copy-on-write image when its filesystem has no reflinks
+    cow_size_bytes: int = 100 * 1024 ** 3  # DEFAULT_COW_SIZE
     routing_rules: Path | None = None  # default: routing_rules.yaml (see afs.router.load_rules)
 
     @property
@@ -125,6 +133,18 @@ class Settings:
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size such as "100G", "512M", "2T" (powers of 1024); ValueError otherwise."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use e.g. 100G or 512M)")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    return int(number * 1024 ** "_KMGT".index(unit or "_"))
 
 
 def _target_from_env(env: Mapping[str, str]) -> str | None:
@@ -207,6 +227,17 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     value, source = pick("slow_baseline_cap_s", "AFS_SLOW_BASELINE_CAP_S")
     if value is not None:
         changes["slow_baseline_cap_s"] = float(_int(value, "slow_baseline_cap_s", source))
+    value, source = pick("cow", "AFS_COW")
+    if value is not None:
+        if str(value).lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ConfigError(f"{source}: cow must be true or false, got {value!r}")
+        changes["cow"] = str(value).lower() in ("1", "true", "yes", "on")
+    value, source = pick("cow_size", "AFS_COW_SIZE")
+    if value is not None:
+        try:
+            changes["cow_size_bytes"] = parse_size(str(value))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: cow_size: {exc}") from None
     rules, _ = pick("routing_rules", "AFS_ROUTING_RULES")
     if rules:
         changes["routing_rules"] = Path(str(rules)).expanduser()
