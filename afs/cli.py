@@ -218,7 +218,7 @@ async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> in
     server = SandboxServer(settings)
     await trio.to_thread.run_sync(server.start)
     progress(f"importing {'the schema of ' if args.schema_only else ''}the database")
-    report = await import_database(server, source, args.name, args.schema_only)
+    report = await import_database(server, source, args.name, args.schema_only, progress)
     progress_done()
     data = {"database": report.database, "origin": report.origin,
             "seconds": round(report.seconds, 1), "schema_only": report.schema_only,

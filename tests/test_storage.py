@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -165,3 +166,25 @@ def test_an_interrupted_move_is_rolled_back_on_the_next_start(own_home: Path) ->
     assert marker.read_text() == "the old directory"
     assert not image.exists() and not image.old.exists() and not image.mounted()
     assert server.status().running and server.stop()
+
+
+# -- imports land on the same storage, and say how far they got ---------------------------------
+async def test_an_import_reports_progress_and_lands_where_forks_are_made(sandbox: SandboxServer) -> None:
+    from afs.forks.provider import LocalForkProvider
+    from afs.sandbox.importer import import_database
+
+    said: list[str] = []
+    try:
+        report = await import_database(sandbox, sandbox.dsn("afs_demo"), "progress_copy",
+                                       progress=said.append)
+        assert report.database == "progress_copy"
+        async with open_connection(sandbox.dsn()) as conn:
+            source_mb = await conn.fetchval("SELECT pg_database_size('afs_demo') / 1048576.0")
+            where = await conn.fetchval("SELECT current_setting('data_directory')")
+        copied = [re.fullmatch(r"importing: (\d+) MB of about (\d+) MB copied", m) for m in said[:-1]]
+        assert copied and all(copied), said
+        assert all(abs(int(m.group(2)) - float(source_mb)) <= 1 for m in copied if m)
+        assert said[-1] == "importing: copied; analysing the tables"
+        assert where == str(sandbox.pgdata)  # the sandbox's own data directory, clone or copy
+    finally:
+        await LocalForkProvider(sandbox.dsn()).drop_source("progress_copy")

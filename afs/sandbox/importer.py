@@ -5,7 +5,11 @@
 with the embedded PostgreSQL 18 binaries (they dump older servers too). The
 copy lands in a scratch database that is renamed only when the restore and
 ANALYZE have finished; on failure the scratch is dropped. The source database
-is only read.
+is only read. While it runs, `progress` hears how many MB have landed, out of
+about the source's size, every PROGRESS_EVERY_S seconds.
+
+The copy lands in the sandbox's own data directory, so on copy-on-write storage
+(`afs sandbox up --cow`) it is forked by cloning from then on.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -21,7 +26,7 @@ import trio
 from psycopg import conninfo
 
 from afs.db import open_connection
-from afs.errors import InputError, SandboxError, scrub
+from afs.errors import AfsError, InputError, SandboxError, scrub
 from afs.forks.provider import LocalForkProvider
 from afs.pg.names import quote_ident
 from afs.sandbox.server import SandboxServer, pg_binary
@@ -29,8 +34,10 @@ from afs.sandbox.server import SandboxServer, pg_binary
 log = structlog.get_logger(__name__)
 
 _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+MB = 1048576
 RESERVED = ("postgres", "template0", "template1")
 IMPORT_TIMEOUT_S = 3600
+PROGRESS_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -78,8 +85,53 @@ def _dump_and_restore(source_dsn: str, target_dsn: str, schema_only: bool) -> No
         raise SandboxError(f"pg_restore failed: {scrub(restore.stderr.strip())[-500:]}")
 
 
+async def _source_size(source_dsn: str) -> int | None:
+    """The source database's size in bytes (None when it cannot say)."""
+    try:
+        async with open_connection(source_dsn, 30_000) as conn:
+            size = await conn.fetchval("SELECT pg_database_size(current_database())")
+    except AfsError:
+        return None
+    return None if size is None else int(size)
+
+
+async def _report_progress(admin: str, scratch: str, total: int | None,
+                           progress: Callable[[str], None]) -> None:
+    """Say how many MB of the copy have landed, every PROGRESS_EVERY_S seconds, until cancelled."""
+    of = "" if not total else f" of about {total / MB:.0f} MB"
+    try:
+        async with open_connection(admin) as conn:
+            while True:
+                done = await conn.fetchval("SELECT pg_database_size(%s)", (scratch,))
+                progress(f"importing: {int(done or 0) / MB:.0f} MB{of} copied")
+                await trio.sleep(PROGRESS_EVERY_S)
+    except AfsError as exc:  # progress is a courtesy: the import goes on without it
+        log.warning("import_progress_unavailable", error=str(exc))
+
+
+async def _restore_with_progress(source_dsn: str, admin: str, scratch: str, target_dsn: str,
+                                 schema_only: bool, progress: Callable[[str], None] | None) -> None:
+    """pg_dump | pg_restore into `scratch`, telling `progress` how far it got."""
+    if progress is None:
+        await trio.to_thread.run_sync(_dump_and_restore, source_dsn, target_dsn, schema_only)
+        return
+    total = None if schema_only else await _source_size(source_dsn)
+    failed: list[AfsError] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_report_progress, admin, scratch, total, progress)
+        try:
+            await trio.to_thread.run_sync(_dump_and_restore, source_dsn, target_dsn, schema_only)
+        except AfsError as exc:  # raised below, not wrapped in the nursery's exception group
+            failed.append(exc)
+        nursery.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
+    progress("importing: copied; analysing the tables")
+
+
 async def import_database(server: SandboxServer, source_dsn: str, name: str | None = None,
-                          schema_only: bool = False) -> ImportReport:
+                          schema_only: bool = False,
+                          progress: Callable[[str], None] | None = None) -> ImportReport:
     """Import `source_dsn` into the sandbox as database `name` and make it forkable."""
     name = name or default_import_name(source_dsn)
     if not _DB_NAME.match(name) or name in RESERVED or name.endswith(("_template", "_importing")):
@@ -94,7 +146,8 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
         await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(scratch)} WITH (FORCE)")
         await conn.execute(f"CREATE DATABASE {quote_ident(scratch)}")
     try:
-        await trio.to_thread.run_sync(_dump_and_restore, source_dsn, server.dsn(scratch), schema_only)
+        await _restore_with_progress(source_dsn, admin, scratch, server.dsn(scratch), schema_only,
+                                     progress)
         async with open_connection(server.dsn(scratch), 3_600_000) as conn:
             await conn.execute("ANALYZE")
             await conn.execute("SELECT pg_stat_reset()")  # the restore is not the workload
