@@ -48,6 +48,7 @@ class TaskRequest:
     priority: str = "normal"
     runs: int = 5
     weights: Mapping[str, float] | None = None  # overrides the rules file's consensus weights
+    sequential: bool = False  # the agents one after another (what parallelism saves: benchmarks/parallel.py)
 
 
 class AgentPool:
@@ -163,7 +164,10 @@ async def optimize(
     with pool.assigned(routing.agents), trio.move_on_after(settings.timeouts.task) as task_scope:
         async with trio.open_nursery() as nursery:
             for agent in routing.agents:
-                nursery.start_soon(one, agent)
+                if request.sequential:
+                    await one(agent)
+                else:
+                    nursery.start_soon(one, agent)
     for agent in routing.agents:
         if agent not in outcomes:  # cut off by the task time limit
             outcomes[agent] = AgentOutcome(
