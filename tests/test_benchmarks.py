@@ -69,3 +69,18 @@ async def test_quality_script(sandbox: SandboxServer) -> None:
         left = await conn.fetchall("SELECT datname FROM pg_database WHERE datname LIKE 'afs\\_qc\\_%'")
     assert not left, f"case databases left behind: {left}"
     assert sandbox.status().running
+
+
+async def test_overhead_script(sandbox: SandboxServer) -> None:
+    data = await script("overhead.py", "--runs", "3", "--scale", "small",
+                        "--query", "SELECT count(*) FROM events e WHERE e.user_id = 42",
+                        "--slow-query", "SELECT o.id FROM orders o WHERE o.user_id = 7")
+    assert set(data) == {"overhead_share", "tasks", "fixed_s", "adaptive_s", "ratio_fixed_vs_adaptive",
+                         "same_winner"}
+    (task,) = data["tasks"]
+    assert task["task_s"] > task["query_s"] > 0 and 0 < data["overhead_share"] < 1
+    assert data["fixed_s"] > 0 and data["adaptive_s"] > 0
+    assert data["ratio_fixed_vs_adaptive"] == pytest.approx(data["fixed_s"] / data["adaptive_s"], rel=0.01)
+    async with open_connection(sandbox.dsn()) as conn:  # the extension it made for itself is gone
+        assert not await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'")
+    assert sandbox.status().running
