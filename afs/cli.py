@@ -475,10 +475,10 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 # -- parser --------------------------------------------------------------------------
 def _size(text: str) -> int:
-    from afs.config import parse_size
+    from afs.config import parse_cow_size
 
     try:
-        return parse_size(text)
+        return parse_cow_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

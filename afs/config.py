@@ -65,6 +65,7 @@ DEFAULT_MEASURE_BUDGET_S = 60.0  # query time one candidate's measurement may ta
 DEFAULT_CANDIDATES = 4  # designs an agent screens with the planner
 DEFAULT_MEASURED = 3  # of those, how many it measures for real in its fork
 DEFAULT_PARAMETER_SETS = 2  # other literal values every proposal is also checked with
+MIN_COW_SIZE_BYTES = 512 * 1024 ** 2  # mkfs.xfs refuses file systems under 300 MB
 DEFAULT_COW_SIZE = "100G"  # the sandbox's sparse XFS image (it takes space only as data is written)
 DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the statement timeout
 
@@ -145,6 +146,14 @@ def parse_size(text: str) -> int:
         raise ValueError(f"not a size: {text!r} (use e.g. 100G or 512M)")
     number, unit = float(match.group(1)), match.group(2).upper()
     return int(number * 1024 ** "_KMGT".index(unit or "_"))
+
+
+def parse_cow_size(text: str) -> int:
+    """The size of the sandbox's copy-on-write image: a size of at least 512M."""
+    size = parse_size(text)
+    if size < MIN_COW_SIZE_BYTES:
+        raise ValueError(f"{text!r} is too small: the image needs at least 512M")
+    return size
 
 
 def _target_from_env(env: Mapping[str, str]) -> str | None:
@@ -235,7 +244,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     value, source = pick("cow_size", "AFS_COW_SIZE")
     if value is not None:
         try:
-            changes["cow_size_bytes"] = parse_size(str(value))
+            changes["cow_size_bytes"] = parse_cow_size(str(value))
         except ValueError as exc:
             raise ConfigError(f"{source}: cow_size: {exc}") from None
     rules, _ = pick("routing_rules", "AFS_ROUTING_RULES")

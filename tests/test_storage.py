@@ -81,6 +81,9 @@ def test_sizes_and_cow_settings() -> None:
 def test_a_bad_cow_size_is_a_usage_error(own_home: Path) -> None:
     result = afs("sandbox", "up", "--cow", "--cow-size", "huge", home=own_home, check=False)
     assert result.returncode == 2 and "not a size" in result.stderr
+    result = afs("sandbox", "up", "--cow", "--cow-size", "100M", home=own_home, check=False)
+    assert result.returncode == 2 and "at least 512M" in result.stderr
+    assert not any(own_home.iterdir())  # nothing made
 
 
 # -- the session's sandbox: whatever its filesystem gives ---------------------------------------

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from afs.config import Settings
+from afs.config import MIN_COW_SIZE_BYTES, Settings
 from afs.errors import SandboxError
 
 ForkMethod = Literal["clone", "copy"]
@@ -44,7 +44,6 @@ ForkMethod = Literal["clone", "copy"]
 IMAGE_NAME = "sandbox.xfs"
 _TOOL_TIMEOUT_S = 120
 _COPY_TIMEOUT_S = 24 * 3600
-MIN_IMAGE_BYTES = 512 * 1024 * 1024  # mkfs.xfs refuses file systems under 300 MB
 
 
 class CowUnavailable(SandboxError):
@@ -170,8 +169,8 @@ class CowImage:
 
     # -- creating, moving, recovering ---------------------------------------------------
     def _make_image(self, size_bytes: int) -> None:
-        if size_bytes < MIN_IMAGE_BYTES:
-            raise SandboxError(f"the image must be at least {MIN_IMAGE_BYTES // 1048576} MB")
+        if size_bytes < MIN_COW_SIZE_BYTES:
+            raise SandboxError(f"the image must be at least {MIN_COW_SIZE_BYTES // 1048576} MB")
         self.home.mkdir(parents=True, exist_ok=True)
         scratch = self.image.with_name(self.image.name + ".new")
         scratch.unlink(missing_ok=True)
@@ -187,7 +186,7 @@ class CowImage:
                        start: Callable[[], bool], say: Callable[[str], None]) -> None:
         """Put the sandbox directory on a new image; an existing sandbox moves onto it.
 
-        `stop` and `start` stop and start the server; the server runs afterwards.
+        `stop` and `start` stop and start the server (a moved sandbox runs afterwards).
         Raises CowUnavailable (nothing changed) when this process cannot loop-mount.
         """
         self.check_can_mount()
