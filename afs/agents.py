@@ -29,7 +29,14 @@ from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, resul
 from afs.brains import Brain, RevisingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
-from afs.config import DEFAULT_CANDIDATES, DEFAULT_MEASURED, DEFAULT_PARAMETER_SETS, Timeouts
+from afs.config import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_MEASURE_BUDGET_S,
+    DEFAULT_MEASURED,
+    DEFAULT_MIN_RUNS,
+    DEFAULT_PARAMETER_SETS,
+    Timeouts,
+)
 from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, DatabaseError, InputError, StatementTimeout
@@ -124,13 +131,15 @@ class AgentJob:
     features: QueryFeatures
     source: str  # the service to fork
     source_stats: Mapping[str, tuple[int, float]]  # table -> (rows, writes per read)
-    runs: int
+    runs: int  # at most, per suite query and side
     statement_timeout_ms: int
     timeouts: Timeouts
     candidates: int = DEFAULT_CANDIDATES  # designs screened per agent
     measured: int = DEFAULT_MEASURED  # of those, measured in the fork
     parameter_sets: int = DEFAULT_PARAMETER_SETS  # other literal values checked per proposal
     slow_cap_s: float = 0.0  # cap of the one baseline run of a query past the statement timeout
+    min_runs: int = DEFAULT_MIN_RUNS  # runs before measuring may stop (the verdict is certain)
+    measure_budget_s: float = DEFAULT_MEASURE_BUDGET_S  # query time per candidate's measurement
 
 
 @dataclass
@@ -306,7 +315,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                     rows_kept = await _rows_kept(conn, proposal)
                     outcome = await benchmark(
                         conn, suite, proposal, candidate_suite=candidate_suite,
-                        tables=job.features.tables, runs=job.runs, skipped=state.skipped,
+                        tables=job.features.tables, runs=job.runs, min_runs=job.min_runs,
+                        budget_s=job.measure_budget_s, skipped=state.skipped,
                         family=timed,
                         statement_timeout_ms=job.statement_timeout_ms,
                         slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,

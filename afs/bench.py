@@ -1,7 +1,7 @@
 """The benchmark step: the suite before and after a proposal, in the same fork.
 
 For every suite query: the result's row count and checksum, one warm-up run,
-then N measured runs of server-side execution time and shared buffers
+then measured runs of server-side execution time and shared buffers
 (hit + read), from `EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON)`.
 
 Where it can, baseline and candidate alternate run by run so drift hits both
@@ -15,6 +15,23 @@ two samples do not overlap at all (every candidate run faster than every
 baseline run, or the reverse: an exact Mann–Whitney test with U = 0, one-sided
 p = 1/C(2N, N), 0.004 for N = 5) and the medians differ by at least 5 %.
 Everything else is reported as inconclusive.
+
+How many runs (`stop_reason`, pure): runs go on only while the verdict is
+uncertain. After `min_runs` (default 3) pairs a loop stops as soon as
+
+- the samples overlap ("overlap"): within the noise, and for good, since
+  complete separation never comes back once lost;
+- they are completely separated with a margin ("separated"): the verdict is
+  significant and the gap between the samples is at least as wide as the wider
+  sample's range (for two samples of 3 from one normal distribution that
+  happens with probability 0.008, the same false-alarm rate as complete
+  separation of 5 against 5);
+
+and in any case after `max_runs` pairs ("max_runs", the configured run count)
+or when its share of the candidate's time budget is spent ("budget", after at
+least one pair). The budget is the query time one candidate's measurement may
+take (warm-ups and runs of every suite query and parameter set), shared fairly
+by the loops still to come, so the unused part of a fast loop goes to the next.
 """
 
 from __future__ import annotations
@@ -24,11 +41,13 @@ import functools
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import pglast
 import trio
 from pglast import ast
 
+from afs.config import DEFAULT_MEASURE_BUDGET_S, DEFAULT_MIN_RUNS, DEFAULT_RUNS
 from afs.db import Connection
 from afs.errors import AfsError, DatabaseError, StatementTimeout
 from afs.forks.limits import check_growth
@@ -47,6 +66,11 @@ from afs.suite import result_checksum_sql
 
 MB = 1048576.0
 MIN_EFFECT = 0.05  # medians must differ by at least 5 % to count
+MIN_RUNS = DEFAULT_MIN_RUNS  # pairs before a loop may stop early
+MAX_RUNS = DEFAULT_RUNS  # pairs at most (the configured run count)
+BUDGET_S = DEFAULT_MEASURE_BUDGET_S  # query time one candidate's measurement may take
+
+StopReason = Literal["separated", "overlap", "max_runs", "budget"]
 
 _USER_RELATIONS_SIZE = """
 SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)
@@ -97,11 +121,62 @@ def timing(samples: Sequence[Sample]) -> Timing:
 
 def significant(baseline: Sequence[Sample], optimized: Sequence[Sample]) -> bool:
     """Complete separation of the two samples and at least MIN_EFFECT between medians."""
-    b = [s.ms for s in baseline]
-    o = [s.ms for s in optimized]
+    return _significant([s.ms for s in baseline], [s.ms for s in optimized])
+
+
+def _significant(b: Sequence[float], o: Sequence[float]) -> bool:
     separated = max(o) < min(b) or max(b) < min(o)
     mb, mo = statistics.median(b), statistics.median(o)
     return separated and abs(mb - mo) >= MIN_EFFECT * max(mb, mo)
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """How many pairs a measuring loop runs: at least `min_runs`, at most `max_runs`."""
+
+    min_runs: int = MIN_RUNS
+    max_runs: int = MAX_RUNS
+
+
+def stop_reason(baseline: Sequence[float], candidate: Sequence[float], rule: StopRule,
+                out_of_time: bool = False) -> StopReason | None:
+    """Why a measuring loop stops now, or None to run another pair (pure; times in ms).
+
+    `candidate` counts the runs made; `baseline` is the other side's sample (the same
+    length when interleaved; fixed when the baseline ran before; empty when the loop
+    measures one side alone, which then stops only at `max_runs` or out of time).
+    """
+    n = len(candidate)
+    if n == 0:
+        return None
+    if baseline and n >= min(rule.min_runs, rule.max_runs):
+        gap = max(min(baseline) - max(candidate), min(candidate) - max(baseline))
+        if gap <= 0:
+            return "overlap"
+        wider = max(max(baseline) - min(baseline), max(candidate) - min(candidate))
+        if gap >= wider and _significant(baseline, candidate):
+            return "separated"
+    if n >= rule.max_runs:
+        return "max_runs"
+    if out_of_time:
+        return "budget"
+    return None
+
+
+class Budget:
+    """The query time one candidate's measurement may take, shared by its loops."""
+
+    def __init__(self, seconds: float, loops: int) -> None:
+        self.left = seconds
+        self.loops = max(1, loops)
+
+    def allowance(self) -> float:
+        """The share of the next loop: what is left, over the loops still to come."""
+        return self.left / self.loops
+
+    def charge(self, seconds: float) -> None:
+        self.left = max(0.0, self.left - seconds)
+        self.loops = max(1, self.loops - 1)
 
 
 def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:
@@ -125,23 +200,45 @@ def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:
 async def _measure_pairs(
     run_baseline: Callable[[], Awaitable[Sample]],
     run_candidate: Callable[[], Awaitable[Sample]],
-    runs: int,
-) -> tuple[list[Sample], list[Sample]]:
-    await run_baseline()  # warm-up, both sides
-    await run_candidate()
-    baseline: list[Sample] = []
-    candidate: list[Sample] = []
-    for i in range(runs):
-        first, second = (run_baseline, run_candidate) if i % 2 == 0 else (run_candidate, run_baseline)
-        a, b = await first(), await second()
-        baseline.append(a if first is run_baseline else b)
-        candidate.append(b if first is run_baseline else a)
-    return baseline, candidate
+    rule: StopRule,
+    budget: Budget,
+) -> tuple[list[Sample], list[Sample], StopReason]:
+    """Warm-up, then baseline and candidate alternately until `stop_reason` says stop."""
+    started, allowance = trio.current_time(), budget.allowance()
+    try:
+        await run_baseline()  # warm-up, both sides
+        await run_candidate()
+        baseline: list[Sample] = []
+        candidate: list[Sample] = []
+        while True:
+            first, second = ((run_baseline, run_candidate) if len(baseline) % 2 == 0
+                             else (run_candidate, run_baseline))
+            a, b = await first(), await second()
+            baseline.append(a if first is run_baseline else b)
+            candidate.append(b if first is run_baseline else a)
+            reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule,
+                                 trio.current_time() - started >= allowance)
+            if reason is not None:
+                return baseline, candidate, reason
+    finally:
+        budget.charge(trio.current_time() - started)
 
 
-async def _measure_alone(run: Callable[[], Awaitable[Sample]], runs: int) -> list[Sample]:
-    await run()  # warm-up
-    return [await run() for _ in range(runs)]
+async def _measure_alone(run: Callable[[], Awaitable[Sample]], rule: StopRule, budget: Budget,
+                         against: Sequence[Sample] = ()) -> tuple[list[Sample], StopReason]:
+    """Warm-up, then runs of one side; measured `against` a baseline made before, if given."""
+    started, allowance = trio.current_time(), budget.allowance()
+    try:
+        await run()  # warm-up
+        samples: list[Sample] = []
+        while True:
+            samples.append(await run())
+            reason = stop_reason([s.ms for s in against], [s.ms for s in samples], rule,
+                                 trio.current_time() - started >= allowance)
+            if reason is not None:
+                return samples, reason
+    finally:
+        budget.charge(trio.current_time() - started)
 
 
 async def apply(conn: Connection, proposal: OptimizationProposal) -> float:
@@ -232,7 +329,9 @@ async def benchmark(
     *,
     candidate_suite: Sequence[QueryVariant] | None = None,
     tables: Sequence[str],
-    runs: int = 5,
+    runs: int = MAX_RUNS,
+    min_runs: int = MIN_RUNS,
+    budget_s: float = BUDGET_S,
     skipped: Sequence[str] = (),
     family: Sequence[FamilyQuery] = (),
     family_runs: int = 3,
@@ -243,8 +342,10 @@ async def benchmark(
 ) -> BenchmarkOutcome:
     """Measure `suite` before and `candidate_suite` (default: the same) after the proposal.
 
+    Each suite query runs at least `min_runs` and at most `runs` times a side (see
+    `stop_reason`), all of them within `budget_s` seconds of query time.
     `family` holds the query with other parameter values: each is result-checked and
-    timed too (`family_runs` runs a side). When the query as given exceeds the statement
+    timed too (at most `family_runs` runs a side). When the query as given exceeds the statement
     timeout (`statement_timeout_ms`) before the change, it is run once under `slow_cap_ms`
     and that single run is its baseline (a lower bound when it hit the cap); other variants
     that exceed the timeout are left out. `slow_cache` keeps that run for the next proposal
@@ -299,17 +400,20 @@ async def benchmark(
     pairs = kept
 
     sequential = hidden is None and not rewrite and not settings
+    rule = StopRule(min_runs=min(min_runs, runs), max_runs=runs)
+    family_rule = StopRule(min_runs=min(min_runs, family_runs), max_runs=family_runs)
+    timed_family = [m for m in family if m.candidate_sql is not None]
+    budget = Budget(budget_s, (len(pairs) + len(timed_family)) * (2 if sequential else 1))
     sequential_baseline: dict[str, list[Sample]] = {}
     family_before: dict[str, list[Sample]] = {}
     if sequential:
         for variant, _ in pairs:
             if variant.name not in slow_baseline:
-                sequential_baseline[variant.name] = await _measure_alone(
-                    functools.partial(run_once, conn, variant.sql), runs)
-        for member in family:
-            if member.candidate_sql is not None:
-                family_before[member.label] = await _measure_alone(
-                    functools.partial(run_once, conn, member.baseline_sql), family_runs)
+                sequential_baseline[variant.name], _ = await _measure_alone(
+                    functools.partial(run_once, conn, variant.sql), rule, budget)
+        for member in timed_family:
+            family_before[member.label], _ = await _measure_alone(
+                functools.partial(run_once, conn, member.baseline_sql), family_rule, budget)
 
     apply_s = await apply(conn, proposal)
     relations_after = float(await conn.fetchval(_USER_RELATIONS_SIZE))
@@ -350,15 +454,18 @@ async def benchmark(
         note = sides.note
         if variant.name in slow_baseline:
             base = [slow_baseline[variant.name]]
-            cand = await _measure_alone(functools.partial(run_candidate, candidate.sql), runs)
+            cand, stopped = await _measure_alone(functools.partial(run_candidate, candidate.sql),
+                                                 rule, budget, against=base)
             note = (f"the query exceeds the statement timeout ({statement_timeout_ms / 1000:g} s) before "
                     f"the change: baseline is one run under a {slow_cap_ms / 1000:g} s cap, a lower bound")
         elif sides.interleaved:
-            base, cand = await _measure_pairs(functools.partial(sides.baseline, variant.sql),
-                                              functools.partial(sides.candidate, candidate.sql), runs)
+            base, cand, stopped = await _measure_pairs(
+                functools.partial(sides.baseline, variant.sql),
+                functools.partial(sides.candidate, candidate.sql), rule, budget)
         else:
             base = sequential_baseline[variant.name]
-            cand = await _measure_alone(functools.partial(sides.candidate, candidate.sql), runs)
+            cand, stopped = await _measure_alone(functools.partial(sides.candidate, candidate.sql),
+                                                 rule, budget, against=base)
         if unproven:
             note = (f"not proven: the query as given did not finish within the {slow_cap_ms / 1000:g} s"
                     " cap, so the rewrite's rows cannot be compared with its rows")
@@ -370,7 +477,7 @@ async def benchmark(
             base_timing = dataclasses.replace(base_timing, lower_bound=True)
         measurements.append(Measurement(
             name=variant.name, baseline=base_timing, optimized=timing(cand), rows=before.rows,
-            equivalent=equivalent, significant=significant(base, cand), note=note))
+            equivalent=equivalent, significant=significant(base, cand), note=note, stopped=stopped))
 
     checks: list[ParameterCheck] = []
     answer_cache: str | None = None
@@ -398,12 +505,13 @@ async def benchmark(
         try:
             if member.label in family_before:
                 base = family_before[member.label]
-                cand = await _measure_alone(functools.partial(sides.candidate, member.candidate_sql),
-                                            family_runs)
+                cand, _ = await _measure_alone(
+                    functools.partial(sides.candidate, member.candidate_sql), family_rule, budget,
+                    against=base)
             else:
-                base, cand = await _measure_pairs(
+                base, cand, _ = await _measure_pairs(
                     functools.partial(sides.baseline, member.baseline_sql),
-                    functools.partial(sides.candidate, member.candidate_sql), family_runs)
+                    functools.partial(sides.candidate, member.candidate_sql), family_rule, budget)
         except StatementTimeout:
             # which side ran past the timeout? the proposal's query alone tells
             try:

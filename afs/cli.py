@@ -74,9 +74,12 @@ async def run_interruptible(handler: Callable[[argparse.Namespace, Settings], Aw
 async def _sandbox_status(settings: Settings) -> dict[str, Any]:
     from afs.db import open_connection
     from afs.sandbox.server import SandboxServer
+    from afs.sandbox.storage import CowImage, fork_method
 
     server = SandboxServer(settings)
     state = await trio.to_thread.run_sync(server.status)
+    image = CowImage(settings)
+    probe = settings.pgdata if settings.pgdata.is_dir() else settings.home
     info: dict[str, Any] = {
         "running": state.running,
         "dsn": server.dsn(settings.demo_database),
@@ -85,9 +88,14 @@ async def _sandbox_status(settings: Settings) -> dict[str, Any]:
         "pid": state.pid,
         "data_dir": str(settings.pgdata),
         "forks": None,
+        # stopped: what a start gives (the image is mounted again then)
+        "fork_method": ("clone" if image.exists() else await trio.to_thread.run_sync(fork_method, probe)
+                        if probe.is_dir() else "copy"),
+        "cow_image": str(image.image) if image.exists() else None,
     }
     if state.running:
         async with open_connection(server.dsn()) as conn:
+            info["fork_method"] = await conn.fetchval("SHOW file_copy_method")
             # None when there is no demo database (a sandbox holding only imports)
             size = await conn.fetchval("SELECT pg_database_size(datname) FROM pg_database"
                                        " WHERE datname = %s", (settings.demo_database,))
@@ -101,10 +109,13 @@ def _status_text(info: dict[str, Any]) -> str:
     if not info["running"]:
         return f"sandbox: stopped (data in {info['data_dir']})"
     size = "not seeded" if info["size_mb"] is None else f"{info['size_mb']} MB"
+    method = ("clone (copy-on-write, milliseconds)" if info["fork_method"] == "clone"
+              else "copy (every byte; `afs sandbox up --cow` as root makes forks clones)")
+    image = f" on the XFS image {info['cow_image']}" if info["cow_image"] else ""
     return (f"sandbox: running (pid {info['pid']})\n"
             f"database: {info['database']} ({size})\n"
             f"dsn: {info['dsn']}\n"
-            f"forks: {info['forks'] or 0}")
+            f"forks: {info['forks'] or 0}, made by {method}{image}")
 
 
 async def cmd_sandbox_up(args: argparse.Namespace, settings: Settings) -> int:
@@ -112,6 +123,9 @@ async def cmd_sandbox_up(args: argparse.Namespace, settings: Settings) -> int:
     from afs.sandbox.server import SandboxServer
 
     server = SandboxServer(settings)
+    cow_note = None
+    if args.cow or settings.cow:
+        cow_note = await _use_cow_storage(settings, server, args.cow_size or settings.cow_size_bytes)
     progress("starting the sandbox server")
     started = await trio.to_thread.run_sync(server.start)
     report = await ensure_demo(settings, server, args.scale or settings.scale, progress)
@@ -119,11 +133,33 @@ async def cmd_sandbox_up(args: argparse.Namespace, settings: Settings) -> int:
     info = await _sandbox_status(settings)
     info["started"] = started
     info["seeded_seconds"] = None if report is None else round(report.seconds, 1)
+    info["cow_note"] = cow_note
     text = _status_text(info)
+    if cow_note:
+        text += f"\nnote: {cow_note}"
     if report is not None:
         text += f"\nseeded {report.scale} data in {report.seconds:.1f} s"
     emit(args, info, text)
     return EXIT_OK
+
+
+async def _use_cow_storage(settings: Settings, server: Any, size_bytes: int) -> str | None:
+    """Copy-on-write forks for the sandbox: its filesystem's reflinks, or an XFS image of its own.
+
+    None when forks clone; otherwise what to do about it (the sandbox keeps working, with copies).
+    """
+    from afs.sandbox.storage import CowImage, CowUnavailable, fork_method
+
+    image = CowImage(settings)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    here = settings.sandbox_dir if settings.sandbox_dir.is_dir() else settings.home
+    if not image.exists() and await trio.to_thread.run_sync(fork_method, here) == "clone":
+        return None  # XFS, btrfs, ZFS...: forks clone where the sandbox is
+    try:
+        await trio.to_thread.run_sync(server.move_to_image, size_bytes, progress)
+    except CowUnavailable as exc:
+        return str(exc)
+    return None
 
 
 async def cmd_sandbox_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -134,10 +170,14 @@ async def cmd_sandbox_status(args: argparse.Namespace, settings: Settings) -> in
 
 async def cmd_sandbox_down(args: argparse.Namespace, settings: Settings) -> int:
     from afs.sandbox.server import SandboxServer
+    from afs.sandbox.storage import CowImage
 
     stopped = await trio.to_thread.run_sync(SandboxServer(settings).stop)
-    emit(args, {"running": False, "stopped": stopped},
-         "sandbox stopped" if stopped else "sandbox was not running")
+    data: dict[str, Any] = {"running": False, "stopped": stopped}
+    if args.unmount:
+        data["unmounted"] = await trio.to_thread.run_sync(CowImage(settings).unmount)
+    emit(args, data, ("sandbox stopped" if stopped else "sandbox was not running")
+         + ("; its XFS image is unmounted" if data.get("unmounted") else ""))
     return EXIT_OK
 
 
@@ -180,7 +220,7 @@ async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> in
     server = SandboxServer(settings)
     await trio.to_thread.run_sync(server.start)
     progress(f"importing {'the schema of ' if args.schema_only else ''}the database")
-    report = await import_database(server, source, args.name, args.schema_only)
+    report = await import_database(server, source, args.name, args.schema_only, progress)
     progress_done()
     data = {"database": report.database, "origin": report.origin,
             "seconds": round(report.seconds, 1), "schema_only": report.schema_only,
@@ -467,6 +507,15 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 # -- parser --------------------------------------------------------------------------
+def _size(text: str) -> int:
+    from afs.config import parse_cow_size
+
+    try:
+        return parse_cow_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="afs",
@@ -492,8 +541,19 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub(sandbox_cmds, "up", "start the sandbox; seed the demo database if it is missing",
              cmd_sandbox_up)
     up.add_argument("--scale", choices=scales, help="demo data size when seeding (default: demo)")
-    sub(sandbox_cmds, "status", "is the sandbox running; its DSN and size", cmd_sandbox_status)
-    sub(sandbox_cmds, "down", "stop the sandbox server (pg_ctl stop)", cmd_sandbox_down)
+    up.add_argument("--cow", action="store_true",
+                    help="copy-on-write forks: if the sandbox's filesystem has no reflinks, put the "
+                         "sandbox on a sparse XFS image file in $AFS_HOME, loop-mounted (needs root; "
+                         "an existing sandbox is moved; default: AFS_COW or `cow:` in settings.yaml)")
+    up.add_argument("--cow-size", type=_size, metavar="SIZE",
+                    help="size of that image, e.g. 100G (sparse: it takes space only as data is "
+                         "written; default: AFS_COW_SIZE or 100G)")
+    sub(sandbox_cmds, "status", "is the sandbox running; its DSN, size and fork method (clone or copy)",
+        cmd_sandbox_status)
+    down = sub(sandbox_cmds, "down", "stop the sandbox server (pg_ctl stop); its XFS image, if it has "
+               "one, stays mounted so `up` needs no root", cmd_sandbox_down)
+    down.add_argument("--unmount", action="store_true",
+                      help="also unmount the sandbox's XFS image and detach its loop device (root)")
     reset = sub(sandbox_cmds, "reset", "drop and re-seed the demo database", cmd_sandbox_reset)
     reset.add_argument("--scale", choices=scales, help="demo data size (default: demo)")
     refresh = sub(sandbox_cmds, "refresh", "copy a source database into its fork template again, "
@@ -553,7 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="consensus weights for this task, e.g. performance=0.6,storage=0.2,"
                           "complexity=0.1,risk=0.1 (must sum to 1; default: routing_rules.yaml)")
     opt.add_argument("--runs", type=int,
-                     help="measured runs per suite query and side (default: AFS_RUNS or 5)")
+                     help="measured runs per suite query and side, at most: measuring stops earlier"
+                          " once the verdict is certain (default: AFS_RUNS or 5)")
 
     mcp = commands.add_parser("mcp", help="the MCP fork server")
     mcp_cmds = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)

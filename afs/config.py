@@ -21,6 +21,13 @@ Environment:
     AFS_MEASURED              of those, how many it measures in its fork (default 3)
     AFS_PARAMETER_SETS        other literal values each proposal is checked with (default 2)
     AFS_SLOW_BASELINE_CAP_S   cap of the one baseline run of a query past the statement timeout
+    AFS_RUNS                  measured runs per suite query and side, at most (default 5)
+    AFS_MIN_RUNS              runs before measuring may stop because the verdict is certain (default 3;
+                              = AFS_RUNS measures a fixed count)
+    AFS_MEASURE_BUDGET_S      query time one candidate's measurement may take (default 60)
+    AFS_COW                   1: `afs sandbox up` puts the sandbox on a copy-on-write XFS image file
+                              when its filesystem has no reflinks (needs root; see afs.sandbox.storage)
+    AFS_COW_SIZE              the image's size, sparse (default 100G)
 
     AFS_GEMINI_MODEL_<AGENT>  the model behind an agent, e.g. AFS_GEMINI_MODEL_GEMINI25PRO
 
@@ -30,8 +37,9 @@ AFS_GEMINI_BASE_URL (another endpoint: proxies, the fake server); `afs.brains.ge
 reads them from the environment the CLI passes in.
 
 The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `candidates`,
-`measured`, `parameter_sets`, `slow_baseline_cap_s`, and `gemini:` with `models` (agent →
-model) and `model_settings` (model → generation settings, merged over MODEL_SETTINGS):
+`measured`, `parameter_sets`, `slow_baseline_cap_s`, `min_runs`, `measure_budget_s`, `cow`,
+`cow_size`, and `gemini:` with `models` (agent → model) and `model_settings` (model →
+generation settings, merged over MODEL_SETTINGS):
 
     gemini:
       models: {gemini25pro: gemini-3.1-pro-preview}
@@ -65,10 +73,14 @@ DEFAULT_FORK_TEMP_FILE_LIMIT_MB = 2048
 DEFAULT_SCALE = "demo"
 DEFAULT_SEED = 42
 DEMO_DATABASE = "afs_demo"
-DEFAULT_RUNS = 5
+DEFAULT_RUNS = 5  # measured runs per suite query and side, at most
+DEFAULT_MIN_RUNS = 3  # runs before measuring may stop because the verdict is certain
+DEFAULT_MEASURE_BUDGET_S = 60.0  # query time one candidate's measurement may take
 DEFAULT_CANDIDATES = 4  # designs an agent screens with the planner
 DEFAULT_MEASURED = 3  # of those, how many it measures for real in its fork
 DEFAULT_PARAMETER_SETS = 2  # other literal values every proposal is also checked with
+MIN_COW_SIZE_BYTES = 512 * 1024 ** 2  # mkfs.xfs refuses file systems under 300 MB
+DEFAULT_COW_SIZE = "100G"  # the sandbox's sparse XFS image (it takes space only as data is written)
 DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the statement timeout
 
 
@@ -198,10 +210,14 @@ class Settings:
     demo_database: str = DEMO_DATABASE
     timeouts: Timeouts = field(default_factory=Timeouts)
     runs: int = DEFAULT_RUNS
+    min_runs: int = DEFAULT_MIN_RUNS
+    measure_budget_s: float = DEFAULT_MEASURE_BUDGET_S
     candidates: int = DEFAULT_CANDIDATES
     measured: int = DEFAULT_MEASURED
     parameter_sets: int = DEFAULT_PARAMETER_SETS
     slow_baseline_cap_s: float = DEFAULT_SLOW_BASELINE_CAP_S
+    cow: bool = False  # put the sandbox on a copy-on-write image when its filesystem has no reflinks
+    cow_size_bytes: int = 100 * 1024 ** 3  # DEFAULT_COW_SIZE
     routing_rules: Path | None = None  # default: routing_rules.yaml (see afs.router.load_rules)
     gemini: GeminiSettings = field(default_factory=GeminiSettings)
 
@@ -228,6 +244,26 @@ class Settings:
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size such as "100G", "512M", "2T" (powers of 1024); ValueError otherwise."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use e.g. 100G or 512M)")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    return int(number * 1024 ** "_KMGT".index(unit or "_"))
+
+
+def parse_cow_size(text: str) -> int:
+    """The size of the sandbox's copy-on-write image: a size of at least 512M."""
+    size = parse_size(text)
+    if size < MIN_COW_SIZE_BYTES:
+        raise ValueError(f"{text!r} is too small: the image needs at least 512M")
+    return size
 
 
 def _target_from_env(env: Mapping[str, str]) -> str | None:
@@ -293,6 +329,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             changes[key] = _int(value, key, source)
     for key, env_name in (
         ("runs", "AFS_RUNS"),
+        ("min_runs", "AFS_MIN_RUNS"),
         ("candidates", "AFS_CANDIDATES"),
         ("measured", "AFS_MEASURED"),
         ("parameter_sets", "AFS_PARAMETER_SETS"),
@@ -300,9 +337,29 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         value, source = pick(key, env_name)
         if value is not None:
             changes[key] = _int(value, key, source)
+    value, source = pick("measure_budget_s", "AFS_MEASURE_BUDGET_S")
+    if value is not None:
+        try:
+            changes["measure_budget_s"] = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: measure_budget_s must be a number of seconds,"
+                              f" got {value!r}") from None
+        if changes["measure_budget_s"] <= 0:
+            raise ConfigError(f"{source}: measure_budget_s must be positive, got {value!r}")
     value, source = pick("slow_baseline_cap_s", "AFS_SLOW_BASELINE_CAP_S")
     if value is not None:
         changes["slow_baseline_cap_s"] = float(_int(value, "slow_baseline_cap_s", source))
+    value, source = pick("cow", "AFS_COW")
+    if value is not None:
+        if str(value).lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ConfigError(f"{source}: cow must be true or false, got {value!r}")
+        changes["cow"] = str(value).lower() in ("1", "true", "yes", "on")
+    value, source = pick("cow_size", "AFS_COW_SIZE")
+    if value is not None:
+        try:
+            changes["cow_size_bytes"] = parse_cow_size(str(value))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: cow_size: {exc}") from None
     rules, _ = pick("routing_rules", "AFS_ROUTING_RULES")
     if rules:
         changes["routing_rules"] = Path(str(rules)).expanduser()

@@ -241,6 +241,7 @@ class Measurement:
     equivalent: bool  # same rows (multiset, ordered or count, per the variant)
     significant: bool  # the difference beats the noise
     note: str = ""
+    stopped: str = ""  # why measuring stopped: separated, overlap, max_runs, budget (afs.bench)
 
     @property
     def improvement_pct(self) -> float:

@@ -52,6 +52,7 @@ class TaskRequest:
     priority: str = "normal"
     runs: int = 5
     weights: Mapping[str, float] | None = None  # overrides the rules file's consensus weights
+    sequential: bool = False  # the agents one after another (what parallelism saves: benchmarks/parallel.py)
 
 
 class AgentPool:
@@ -195,7 +196,8 @@ async def optimize(
                    statement_timeout_ms=settings.statement_timeout_ms, timeouts=settings.timeouts,
                    candidates=settings.candidates, measured=settings.measured,
                    parameter_sets=settings.parameter_sets,
-                   slow_cap_s=slow_baseline_cap(settings))
+                   slow_cap_s=slow_baseline_cap(settings), min_runs=settings.min_runs,
+                   measure_budget_s=settings.measure_budget_s)
     outcomes: dict[AgentKey, AgentOutcome] = {}
     bench_limiter = trio.CapacityLimiter(1)  # benchmark phases never overlap on one server
     shared = SharedMeasurements()  # identical proposals are measured once
@@ -208,7 +210,10 @@ async def optimize(
     with pool.assigned(routing.agents), trio.move_on_after(settings.timeouts.task) as task_scope:
         async with trio.open_nursery() as nursery:
             for agent in routing.agents:
-                nursery.start_soon(one, agent)
+                if request.sequential:
+                    await one(agent)
+                else:
+                    nursery.start_soon(one, agent)
     for agent in routing.agents:
         if agent not in outcomes:  # cut off by the task time limit
             outcomes[agent] = AgentOutcome(

@@ -24,6 +24,7 @@ def _benchmarks(m: Measurement) -> dict[str, Any]:
         "optimized_spread_ms": round(m.optimized.spread_ms, 3),
         "runs": m.optimized.runs,
         "baseline_runs": m.baseline.runs,
+        "stopped": m.stopped,
         "baseline_lower_bound": m.baseline.lower_bound,
         "significant": m.significant,
         "equivalent": m.equivalent,
@@ -39,6 +40,8 @@ def _check(c: ParameterCheck) -> dict[str, Any]:
         "rows": c.rows,
         "baseline_ms": round(c.baseline.median_ms, 3) if c.baseline else None,
         "optimized_ms": round(c.optimized.median_ms, 3) if c.optimized else None,
+        "baseline_runs": c.baseline.runs if c.baseline else 0,
+        "runs": c.optimized.runs if c.optimized else 0,
         "note": c.note,
     }
 
@@ -147,6 +150,14 @@ def to_json(result: TaskResult) -> dict[str, Any]:
     }
 
 
+_STOPPED = {  # why measuring stopped (afs.bench.stop_reason), as the report says it
+    "separated": "clear",
+    "overlap": "noise",
+    "max_runs": "",
+    "budget": "budget spent",
+}
+
+
 def _short(text: str, limit: int = 160) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
@@ -193,9 +204,9 @@ def render_text(result: TaskResult) -> str:
         if p["measured_by"]:
             out.append(f"  the same proposal as {p['measured_by']}'s: measured once, in its fork")
         if p["benchmarks"]:
-            widths = [9, 16, 16, 9, 9, 17]
+            widths = [9, 16, 16, 9, 9, 17, 6, 0]
             out.append("  " + _row(["query", "baseline ms", "optimized ms", "speedup", "rows",
-                                    "buffers b→o"], widths))
+                                    "buffers b→o", "runs", ""], widths).rstrip())
             for m in p["benchmarks"]:
                 speed = (f"{m['baseline_ms'] / m['optimized_ms']:.1f}x" if m["optimized_ms"] > 0
                          else "-")
@@ -206,9 +217,11 @@ def render_text(result: TaskResult) -> str:
                     f"{bound}{m['baseline_ms']:.2f}±{m['baseline_spread_ms']:.2f}",
                     f"{m['optimized_ms']:.2f}±{m['optimized_spread_ms']:.2f}",
                     speed + flag, str(m["rows"]),
-                    f"{m['baseline_buffers']}→{m['optimized_buffers']}"], widths))
-            out.append(f"  (median of {p['benchmarks'][0]['runs']} runs ± half the range;"
-                       " ~ = within the noise)")
+                    f"{m['baseline_buffers']}→{m['optimized_buffers']}",
+                    f"{m['baseline_runs']}/{m['runs']}", _STOPPED.get(m["stopped"], "")],
+                    widths).rstrip())
+            out.append("  (median ± half the range of the runs b/o, baseline/optimized; ~ = within"
+                       " the noise; measuring stops once the verdict is certain)")
             if p["baseline_lower_bound"]:
                 out.append("  the query as given ran past the statement timeout: its baseline is one run"
                            " under a longer cap, a lower bound (> means at least)")
@@ -217,6 +230,7 @@ def render_text(result: TaskResult) -> str:
             for c in p["parameter_checks"]:
                 verdict = ("other rows" if not c["equivalent"] else "slower" if c["slower"] else "ok")
                 times = (f"{c['baseline_ms']:.2f} → {c['optimized_ms']:.2f} ms"
+                         f" ({c['baseline_runs']}/{c['runs']} runs)"
                          if c["baseline_ms"] is not None and c["optimized_ms"] is not None else "not timed")
                 out.append(f"  other values: {c['parameters']}: {times}, {verdict}"
                            + (f" ({c['note']})" if c["note"] else ""))

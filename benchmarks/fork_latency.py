@@ -1,18 +1,28 @@
-"""How long does a fork take? AFS against the two ways of copying a database by hand.
+"""How long does a fork take? AFS cloning, AFS copying, and copying a database by hand.
 
 On the sandbox's demo database, in one run, the median of N repetitions of:
 
-  (a) afs            fork create + destroy through AFS: `service_fork` + `service_delete`
+  (a) afs clone      fork create + destroy through AFS: `service_fork` + `service_delete`
                      over one MCP stdio session opened beforehand (the fork server and
-                     PostgreSQL already run; only the round trips are timed);
-  (b) raw template   `CREATE DATABASE … TEMPLATE <demo>_template STRATEGY FILE_COPY` +
-                     `DROP DATABASE`, on a superuser connection (the template AFS forks from);
-  (c) dump/restore   `CREATE DATABASE`, `pg_dump --format=custom <demo> | pg_restore`
-                     into it, `DROP DATABASE`.
+                     PostgreSQL already run; only the round trips are timed), with
+                     `file_copy_method = clone` (copy-on-write; only where the sandbox's
+                     filesystem has reflinks, see `afs sandbox up --cow`);
+  (b) afs copy       the same with `file_copy_method = copy`, on the same disk;
+  (c) raw template   `CREATE DATABASE … TEMPLATE <demo>_template STRATEGY FILE_COPY` +
+                     `DROP DATABASE`, on a superuser connection, with the server's method;
+  (d) dump/restore   `CREATE DATABASE`, `pg_dump --format=custom <demo> | pg_restore`
+                     into it, `DROP DATABASE`;
+  (e) three at once  three AFS forks created at the same time over the one MCP session,
+                     then destroyed at the same time (the server's method): a squad's start;
+  (f) disk per fork  the space one fresh AFS fork adds to the data directory's filesystem
+                     (used blocks before and after it is created, before any change to it).
 
-Repetitions are interleaved (a, b, c, a, b, c, …) so drift hits all three alike,
-after one warm-up of (a) and (b) that is not counted. Goals (demo scale):
-afs / dump-restore ≤ 0.25 and afs / raw template ≤ 1.5.
+The method of (a) and (b) is switched for the fork server's connections only
+(`ALTER ROLE postgres IN DATABASE postgres SET file_copy_method`, reset at the end).
+Repetitions are interleaved (a, b, c, d, e, f, a, …) so drift hits all alike, after
+one warm-up of (a)/(b) and (c) that is not counted. Goals: clone ≤ 150 ms and ≤ 0.1×
+copy (demo scale), three at once ≤ 2× one fork, ≤ 5 MB added per fork, afs /
+dump-restore ≤ 0.25 and afs / raw template ≤ 1.5 ("afs" is the server's own method).
 
     AFS_HOME=... python benchmarks/fork_latency.py [--runs N] [--dump-runs N]
                                                    [--scale small|demo|large] [--json] [--quick]
@@ -20,9 +30,10 @@ afs / dump-restore ≤ 0.25 and afs / raw template ≤ 1.5.
 It uses the configured AFS_HOME, starts the sandbox and seeds the demo database
 when missing (like `afs sandbox up`), and stops the sandbox at the end only if
 it started it. `--json` prints {"afs_ms", "raw_template_ms", "dump_restore_ms",
-"ratio_vs_raw_template", "ratio_vs_dump_restore", "db_size_mb"} as the last line
-of stdout. Progress goes to stderr. Forks and the bench_* databases are removed
-on exit, also on Ctrl-C.
+"ratio_vs_raw_template", "ratio_vs_dump_restore", "db_size_mb", "fork_method", "clone_ms",
+"copy_ms", "ratio_clone_vs_copy", "parallel3_ms", "fork_added_mb"} as the last line of
+stdout (clone_ms and its ratio are null where forks cannot clone). Progress goes to
+stderr. Forks and the bench_* databases are removed on exit, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -60,6 +71,10 @@ ADMIN_TIMEOUT_MS = 600_000
 CLEANUP_TIMEOUT_S = 60
 GOAL_VS_RAW = 1.5
 GOAL_VS_DUMP = 0.25
+GOAL_CLONE_MS = 150.0
+GOAL_CLONE_VS_COPY = 0.1
+GOAL_PARALLEL3_VS_ONE = 2.0
+GOAL_ADDED_MB = 5.0
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -75,6 +90,14 @@ class Method:
     @property
     def median(self) -> float:
         return statistics.median(self.samples)
+
+
+@dataclass
+class Measured:
+    methods: dict[str, Method]  # clone (may be empty), copy, raw, dump, parallel3
+    size_mb: float
+    fork_method: str  # the server's own
+    added_mb: list[float]
 
 
 async def timed(action: Callable[[], Awaitable[None]]) -> float:
@@ -119,7 +142,58 @@ async def destroy_fork_shielded(client: ForkClient, provider: LocalForkProvider,
             progress(f"could not destroy fork {name}: {exc}")
 
 
-# -- (b) raw template ------------------------------------------------------------------
+async def use_method(admin: Connection, method: str | None) -> None:
+    """Make the fork server's new connections fork with `method` (None: the server's own)."""
+    assert method in (None, "clone", "copy")
+    action = "RESET file_copy_method" if method is None else f"SET file_copy_method = {method}"
+    with trio.CancelScope(shield=method is None):
+        await admin.execute(f"ALTER ROLE postgres IN DATABASE postgres {action}")
+
+
+async def three_at_once(client: ForkClient, provider: LocalForkProvider, source: str) -> float:
+    """Three forks created at the same time, then destroyed at the same time; gone on return."""
+    names = [random_fork_name("bench") for _ in range(3)]
+    made: list[str] = []
+
+    async def create(name: str) -> None:
+        await client.create(source, name=name, ttl_seconds=FORK_TTL_S, owner_pid=os.getpid())
+        made.append(name)
+
+    async def cycle() -> None:
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(create, name)
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(client.destroy, name)
+        made.clear()
+
+    try:
+        return await timed(cycle)
+    finally:
+        for name in made:
+            await destroy_fork_shielded(client, provider, name)
+
+
+def used_mb(path: str) -> float:
+    stat = os.statvfs(path)
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize / 1048576
+
+
+async def added_by_one_fork(client: ForkClient, provider: LocalForkProvider, source: str,
+                            data_dir: str) -> float:
+    """MB one fresh fork adds to the data directory's filesystem (created, measured, destroyed)."""
+    name = random_fork_name("bench")
+    before = await trio.to_thread.run_sync(used_mb, data_dir)
+    try:
+        await client.create(source, name=name, ttl_seconds=FORK_TTL_S, owner_pid=os.getpid())
+        os.sync()
+        return await trio.to_thread.run_sync(used_mb, data_dir) - before
+    finally:
+        await destroy_fork_shielded(client, provider, name)
+
+
+# -- (c) raw template ------------------------------------------------------------------
 async def raw_template_cycle(admin: Connection, template: str) -> float:
     async def cycle() -> None:
         await admin.execute(
@@ -134,7 +208,7 @@ async def raw_template_cycle(admin: Connection, template: str) -> float:
         await drop_shielded(admin, RAW_DB)
 
 
-# -- (c) pg_dump | pg_restore ------------------------------------------------------------
+# -- (d) pg_dump | pg_restore ------------------------------------------------------------
 async def dump_restore_cycle(admin: Connection, server: SandboxServer, source: str) -> float:
     async def cycle() -> None:
         await admin.execute(f"CREATE DATABASE {quote_ident(DUMP_DB)}")
@@ -193,16 +267,23 @@ async def drop_shielded(admin: Connection, database: str) -> None:
 
 # -- the run ------------------------------------------------------------------------------
 async def measure(settings: Settings, server: SandboxServer, scale: str, runs: int,
-                  dump_runs: int) -> tuple[list[Method], float]:
-    """Seed if needed, then run the interleaved repetitions. Returns methods and db size (MB)."""
+                  dump_runs: int) -> Measured:
+    """Seed if needed, then run the interleaved repetitions."""
     source = settings.demo_database
     await ensure_demo(settings, server, scale, progress)
     admin_dsn = server.dsn()
     provider = LocalForkProvider(admin_dsn)
-    afs = Method("AFS fork (MCP create + destroy)", [])
-    raw = Method("CREATE DATABASE … TEMPLATE + DROP", [])
-    dump = Method("pg_dump | pg_restore + DROP", [])
+    data_dir = str(settings.pgdata)
+    methods = {
+        "clone": Method("AFS fork, clone (MCP create + destroy)", []),
+        "copy": Method("AFS fork, copy (MCP create + destroy)", []),
+        "parallel3": Method("three AFS forks at once (create + destroy)", []),
+        "raw": Method("CREATE DATABASE … TEMPLATE + DROP", []),
+        "dump": Method("pg_dump | pg_restore + DROP", []),
+    }
+    added: list[float] = []
     async with open_connection(admin_dsn, ADMIN_TIMEOUT_MS) as admin:
+        fork_method = str(await admin.fetchval("SHOW file_copy_method"))
         origin = await admin.fetchval("SELECT origin FROM afs.sources WHERE name = %s", (source,))
         if origin and origin.startswith("demo:") and origin.split(":")[1] != scale:
             progress(f"note: {source} exists already, seeded as {origin!r}, not {scale!r}")
@@ -210,46 +291,89 @@ async def measure(settings: Settings, server: SandboxServer, scale: str, runs: i
         size_mb = round((size or 0) / 1048576, 1)
         for leftover in (RAW_DB, DUMP_DB):
             await drop_shielded(admin, leftover)
-        progress(f"{source}: {size_mb} MB; opening the MCP session (not timed)")
+        ways = ["clone", "copy"] if fork_method == "clone" else ["copy"]
+        progress(f"{source}: {size_mb} MB, forks {fork_method} here; opening the MCP session"
+                 " (not timed)")
         async with open_fork_client(settings) as client:
             template = template_name(source)
-            progress("warm-up (not counted)")
-            await afs_fork_cycle(client, provider, source)
-            await raw_template_cycle(admin, template)
-            for run in range(1, max(runs, dump_runs) + 1):
-                if run <= runs:
-                    afs.samples.append(await afs_fork_cycle(client, provider, source))
-                    raw.samples.append(await raw_template_cycle(admin, template))
-                    progress(f"run {run}: afs {afs.samples[-1]:.1f} ms,"
-                             f" raw template {raw.samples[-1]:.1f} ms")
-                if run <= dump_runs:
-                    progress(f"run {run}: pg_dump | pg_restore …")
-                    dump.samples.append(await dump_restore_cycle(admin, server, source))
-                    progress(f"run {run}: dump/restore {dump.samples[-1]:.1f} ms")
-    return [afs, raw, dump], size_mb
+            try:
+                progress("warm-up (not counted)")
+                for way in ways:
+                    await use_method(admin, way)
+                    await afs_fork_cycle(client, provider, source)
+                await use_method(admin, None)
+                await raw_template_cycle(admin, template)
+                for run in range(1, max(runs, dump_runs) + 1):
+                    if run <= runs:
+                        for way in ways:
+                            await use_method(admin, way)
+                            methods[way].samples.append(await afs_fork_cycle(client, provider, source))
+                        await use_method(admin, None)
+                        methods["raw"].samples.append(await raw_template_cycle(admin, template))
+                        methods["parallel3"].samples.append(
+                            await three_at_once(client, provider, source))
+                        added.append(await added_by_one_fork(client, provider, source, data_dir))
+                        progress(f"run {run}: " + ", ".join(
+                            f"{way} {m.samples[-1]:.1f} ms" for way, m in methods.items()
+                            if way != "dump" and m.samples) + f", +{added[-1]:.1f} MB per fork")
+                    if run <= dump_runs:
+                        progress(f"run {run}: pg_dump | pg_restore …")
+                        methods["dump"].samples.append(await dump_restore_cycle(admin, server, source))
+                        progress(f"run {run}: dump/restore {methods['dump'].samples[-1]:.1f} ms")
+            finally:
+                await use_method(admin, None)
+    return Measured(methods, size_mb, fork_method, added)
 
 
-def report(methods: list[Method], size_mb: float) -> dict[str, float]:
-    afs, raw, dump = methods
-    print(f"{'method':<34} {'runs':>4} {'median ms':>11} {'min ms':>11} {'max ms':>11}"
+def report(measured: Measured) -> dict[str, object]:
+    m = measured.methods
+    clone = m["clone"] if m["clone"].samples else None
+    copy, raw, dump, three = m["copy"], m["raw"], m["dump"], m["parallel3"]
+    afs = clone if measured.fork_method == "clone" and clone is not None else copy
+    print(f"{measured.size_mb} MB database; this server forks by {measured.fork_method}")
+    print(f"{'method':<42} {'runs':>4} {'median ms':>11} {'min ms':>11} {'max ms':>11}"
           f" {'× AFS':>9}")
-    for method in methods:
-        print(f"{method.label:<34} {len(method.samples):>4} {method.median:>11.1f}"
+    for method in m.values():
+        if not method.samples:
+            continue
+        print(f"{method.label:<42} {len(method.samples):>4} {method.median:>11.1f}"
               f" {min(method.samples):>11.1f} {max(method.samples):>11.1f}"
               f" {method.median / afs.median:>9.2f}")
-    result = {
+    if clone is None:
+        print("AFS fork, clone: not available here (no reflinks where the sandbox lives;"
+              " `afs sandbox up --cow` as root)")
+    added = statistics.median(measured.added_mb)
+    print(f"disk added by one fresh fork: median {added:.1f} MB"
+          f" (min {min(measured.added_mb):.1f}, max {max(measured.added_mb):.1f})")
+    result: dict[str, object] = {
         "afs_ms": round(afs.median, 1),
         "raw_template_ms": round(raw.median, 1),
         "dump_restore_ms": round(dump.median, 1),
         "ratio_vs_raw_template": round(afs.median / raw.median, 4),
         "ratio_vs_dump_restore": round(afs.median / dump.median, 4),
-        "db_size_mb": size_mb,
+        "db_size_mb": measured.size_mb,
+        "fork_method": measured.fork_method,
+        "clone_ms": round(clone.median, 1) if clone else None,
+        "copy_ms": round(copy.median, 1),
+        "ratio_clone_vs_copy": round(clone.median / copy.median, 4) if clone else None,
+        "parallel3_ms": round(three.median, 1),
+        "fork_added_mb": round(added, 2),
     }
-    for key, goal in (("ratio_vs_raw_template", GOAL_VS_RAW),
-                      ("ratio_vs_dump_restore", GOAL_VS_DUMP)):
-        verdict = "met" if result[key] <= goal else "NOT met"
-        print(f"{key} = {result[key]:.4f}  (goal ≤ {goal}: {verdict})")
-    print(f"db_size_mb = {size_mb}")
+    goals: list[tuple[str, float | None, float, str]] = [
+        ("clone_ms", clone.median if clone else None, GOAL_CLONE_MS, "ms"),
+        ("ratio_clone_vs_copy", clone.median / copy.median if clone else None, GOAL_CLONE_VS_COPY,
+         "at demo scale"),
+        ("parallel3_ms / afs_ms", three.median / afs.median, GOAL_PARALLEL3_VS_ONE, ""),
+        ("fork_added_mb", added, GOAL_ADDED_MB, "MB"),
+        ("ratio_vs_raw_template", afs.median / raw.median, GOAL_VS_RAW, ""),
+        ("ratio_vs_dump_restore", afs.median / dump.median, GOAL_VS_DUMP, ""),
+    ]
+    for key, value, goal, unit in goals:
+        if value is None:
+            print(f"{key} = n/a  (goal ≤ {goal:g} {unit}: not measurable here)")
+            continue
+        verdict = "met" if value <= goal else "NOT met"
+        print(f"{key} = {value:.4g}  (goal ≤ {goal:g} {unit}: {verdict})")
     return result
 
 
@@ -260,7 +384,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         settings, lambda server: measure(settings, server, scale, args.runs, dump_runs), progress)
     if outcome is None:
         return EXIT_INTERRUPTED
-    result = report(*outcome)
+    result = report(outcome)
     if args.json:
         print(json.dumps(result))
     return EXIT_OK

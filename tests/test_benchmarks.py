@@ -36,15 +36,22 @@ async def script(name: str, *args: str) -> dict[str, Any]:
 async def test_fork_latency_script(sandbox: SandboxServer, provider: LocalForkProvider) -> None:
     data = await script("fork_latency.py", "--quick", "--runs", "1", "--scale", "small")
     assert set(data) == {"afs_ms", "raw_template_ms", "dump_restore_ms", "ratio_vs_raw_template",
-                         "ratio_vs_dump_restore", "db_size_mb"}
+                         "ratio_vs_dump_restore", "db_size_mb", "fork_method", "clone_ms", "copy_ms",
+                         "ratio_clone_vs_copy", "parallel3_ms", "fork_added_mb"}
     assert data["afs_ms"] > 0 and data["dump_restore_ms"] > data["raw_template_ms"] > 0
+    assert data["copy_ms"] > 0 and data["parallel3_ms"] > 0
+    # clone only where the session's sandbox can: then both ways were measured in the same run
+    assert (data["clone_ms"] is None) is (data["fork_method"] == "copy")
+    assert data["afs_ms"] == (data["clone_ms"] if data["fork_method"] == "clone" else data["copy_ms"])
     assert sandbox.status().running  # it did not stop a sandbox it had not started
 
 
 async def test_parallel_script(sandbox: SandboxServer) -> None:
     data = await script("parallel.py", "--latency", "0.2", "--runs", "1", "--scale", "small")
-    assert set(data) == {"wall_s", "sum_agent_s", "ratio_parallel_vs_sequential"}
-    assert 0 < data["wall_s"] < data["sum_agent_s"]
+    assert set(data) == {"wall_s", "sequential_s", "sum_agent_s", "ratio_parallel_vs_sequential"}
+    assert 0 < data["wall_s"] < data["sequential_s"]  # measured, both ways, in one run
+    assert data["ratio_parallel_vs_sequential"] == pytest.approx(data["wall_s"] / data["sequential_s"],
+                                                                 abs=1e-3)
     assert sandbox.status().running
 
 
@@ -63,3 +70,17 @@ async def test_quality_script(sandbox: SandboxServer) -> None:
     assert not left, f"case databases left behind: {left}"
     assert sandbox.status().running
 
+
+async def test_overhead_script(sandbox: SandboxServer) -> None:
+    data = await script("overhead.py", "--runs", "3", "--scale", "small",
+                        "--query", "SELECT count(*) FROM events e WHERE e.user_id = 42",
+                        "--slow-query", "SELECT o.id FROM orders o WHERE o.user_id = 7")
+    assert set(data) == {"overhead_share", "tasks", "fixed_s", "adaptive_s", "ratio_fixed_vs_adaptive",
+                         "same_winner"}
+    (task,) = data["tasks"]
+    assert task["task_s"] > task["query_s"] > 0 and 0 < data["overhead_share"] < 1
+    assert data["fixed_s"] > 0 and data["adaptive_s"] > 0
+    assert data["ratio_fixed_vs_adaptive"] == pytest.approx(data["fixed_s"] / data["adaptive_s"], rel=0.01)
+    async with open_connection(sandbox.dsn()) as conn:  # the extension it made for itself is gone
+        assert not await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'")
+    assert sandbox.status().running

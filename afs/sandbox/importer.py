@@ -13,7 +13,11 @@ One function per step, with the embedded PostgreSQL 18 binaries (they dump older
 
 Each failure names its step and carries that step's own stderr. The copy lands in a scratch
 database that is renamed only when all steps have finished; on failure the scratch is
-dropped.
+dropped. While dump and restore run, `progress` hears how many MB have been dumped and
+restored, out of about the source's size, every PROGRESS_EVERY_S seconds.
+
+The copy lands in the sandbox's own data directory, so on copy-on-write storage
+(`afs sandbox up --cow`) it is forked by cloning from then on.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +38,7 @@ import trio
 from psycopg import conninfo
 
 from afs.db import connect_sync, open_connection
-from afs.errors import InputError, SandboxError, scrub
+from afs.errors import AfsError, InputError, SandboxError, scrub
 from afs.forks.provider import LocalForkProvider, restrict_definer_routines
 from afs.pg.names import quote_ident
 from afs.sandbox.server import SandboxServer, pg_binary
@@ -43,6 +48,8 @@ log = structlog.get_logger(__name__)
 _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 RESERVED = ("postgres", "template0", "template1")
 IMPORT_TIMEOUT_S = 3600
+MB = 1048576
+PROGRESS_EVERY_S = 2.0
 # TOC entries that carry rows: if one cannot be restored, data would be lost
 _DATA_KINDS = ("TABLE DATA", "BLOBS", "BLOB", "BLOB DATA", "LARGE OBJECT")
 _TOC_ENTRY = re.compile(r"^pg_restore: from TOC entry (\d+); ")
@@ -204,7 +211,8 @@ def _restore_by_statement(path: Path, entry: str, kind: str, target_dsn: str) ->
 
 
 async def import_database(server: SandboxServer, source_dsn: str, name: str | None = None,
-                          schema_only: bool = False) -> ImportReport:
+                          schema_only: bool = False,
+                          progress: Callable[[str], None] | None = None) -> ImportReport:
     """Import `source_dsn` into the sandbox as database `name` and make it forkable."""
     name = name or default_import_name(source_dsn)
     if not _DB_NAME.match(name) or name in RESERVED or name.endswith(("_template", "_importing")):
@@ -222,8 +230,8 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
         server.settings.home.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="import-", dir=server.settings.home) as work:
             path = Path(work) / "source.dump"
-            await trio.to_thread.run_sync(dump, source_dsn, path, schema_only)
-            skipped = await trio.to_thread.run_sync(restore, path, server.dsn(scratch))
+            skipped = await _dump_and_restore(source_dsn, path, schema_only, admin, scratch,
+                                              server.dsn(scratch), progress)
         await analyze(server.dsn(scratch))
         async with open_connection(admin) as conn:
             await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(name)}")
@@ -250,3 +258,64 @@ async def analyze(dsn: str) -> None:
         await conn.execute("ANALYZE")
         await conn.execute("SELECT pg_stat_reset()")
         await restrict_definer_routines(conn)
+
+
+# -- progress ----------------------------------------------------------------------------
+async def _dump_and_restore(source_dsn: str, path: Path, schema_only: bool, admin: str,
+                            scratch: str, target_dsn: str,
+                            progress: Callable[[str], None] | None) -> tuple[str, ...]:
+    """The dump and restore steps, telling `progress` how far they got; the skipped statements."""
+    async def steps() -> tuple[str, ...]:
+        await trio.to_thread.run_sync(dump, source_dsn, path, schema_only)
+        return await trio.to_thread.run_sync(restore, path, target_dsn)
+
+    if progress is None:
+        return await steps()
+    total = None if schema_only else await _source_size(source_dsn)
+    skipped: tuple[str, ...] = ()
+    failed: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_report_progress, admin, scratch, path, total, progress)
+        try:
+            skipped = await steps()
+        except AfsError as exc:  # raised below, not wrapped in the nursery's exception group
+            failed.append(exc)
+        nursery.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
+    progress("importing: copied; analysing the tables")
+    return skipped
+
+
+async def _source_size(source_dsn: str) -> int | None:
+    """The source database's size in bytes (None when it cannot say)."""
+    try:
+        async with open_connection(source_dsn, 30_000) as conn:
+            size = await conn.fetchval("SELECT pg_database_size(current_database())")
+    except AfsError:
+        return None
+    return None if size is None else int(size)
+
+
+async def _report_progress(admin: str, scratch: str, path: Path, total: int | None,
+                           progress: Callable[[str], None]) -> None:
+    """Say how many MB have been dumped and restored, every PROGRESS_EVERY_S seconds, until
+    cancelled."""
+    of = "" if not total else f" of about {total / MB:.0f} MB"
+    try:
+        async with open_connection(admin) as conn:
+            while True:
+                dumped = await trio.to_thread.run_sync(_size_of, path)
+                done = await conn.fetchval("SELECT pg_database_size(%s)", (scratch,))
+                progress(f"importing: {dumped / MB:.0f} MB dumped, "
+                         f"{int(done or 0) / MB:.0f} MB{of} restored")
+                await trio.sleep(PROGRESS_EVERY_S)
+    except AfsError as exc:  # progress is a courtesy: the import goes on without it
+        log.warning("import_progress_unavailable", error=str(exc))
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

@@ -21,11 +21,13 @@ import importlib.util
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from afs.config import Settings
 from afs.errors import SandboxError
+from afs.sandbox.storage import CowImage, fork_method
 
 SYSTEM_USER = "embedded_postgres"
 SUPERUSER = "postgres"
@@ -200,11 +202,11 @@ class SandboxServer:
         )
         (scratch / "pg_hba.conf").write_text(_HBA)
         with (scratch / "postgresql.conf").open("a") as conf:
-            conf.write(self._config_text(scratch))
+            conf.write(self._config_text())
         scratch.rename(self.pgdata)
         return True
 
-    def _config_text(self, datadir: Path) -> str:
+    def _config_text(self) -> str:
         lines = [
             "",
             "# --- AFS sandbox settings ---",
@@ -226,8 +228,6 @@ class SandboxServer:
             "log_min_messages = warning",
             "password_encryption = 'scram-sha-256'",
         ]
-        if _supports_reflinks(datadir):
-            lines.append("file_copy_method = clone  # copy-on-write forks on this filesystem")
         return "\n".join(lines) + "\n"
 
     def status(self) -> ServerStatus:
@@ -246,7 +246,15 @@ class SandboxServer:
         return ServerStatus(running=True, pid=pid, initialised=True)
 
     def start(self) -> bool:
-        """Start the server unless it runs already. Returns True if it started it."""
+        """Start the server unless it runs already. Returns True if it started it.
+
+        Forks clone (`file_copy_method = clone`) when the data directory's filesystem has
+        reflinks, and copy otherwise; the sandbox's own XFS image is mounted first if it has one.
+        """
+        CowImage(self.settings).mount_if_needed()
+        return self._start_here()
+
+    def _start_here(self) -> bool:
         self.init()
         if self.status().running:
             return False
@@ -256,12 +264,20 @@ class SandboxServer:
                 pg_binary("pg_ctl"),
                 "-D", str(self.pgdata),
                 "-l", str(self.logfile),
+                "-o", f"-c file_copy_method={fork_method(self.pgdata)}",
                 "-w", "-t", str(START_TIMEOUT_S),
                 "start",
             ],
             timeout=START_TIMEOUT_S + 10,
         )
         return True
+
+    def move_to_image(self, size_bytes: int, say: Callable[[str], None]) -> None:
+        """Put the sandbox on its own copy-on-write XFS image (see afs.sandbox.storage).
+
+        Raises CowUnavailable, with what to do instead, when this process cannot loop-mount.
+        """
+        CowImage(self.settings).create_or_move(size_bytes, self.stop, self._start_here, say)
 
     def stop(self) -> bool:
         """Stop the server with pg_ctl (fast mode). Returns True if it was running."""
@@ -275,29 +291,15 @@ class SandboxServer:
         return True
 
     def destroy(self) -> None:
-        """Stop the server and delete its data directory."""
+        """Stop the server and delete its data directory (and its XFS image, if it has one)."""
         self.stop()
+        image = CowImage(self.settings)
+        if image.exists():
+            image.unmount()
+            image.image.unlink()
         if self.settings.sandbox_dir.exists():
             shutil.rmtree(self.settings.sandbox_dir)
 
     def dsn(self, database: str = SUPERUSER) -> str:
         return dsn_for(self.settings, database)
 
-
-def _supports_reflinks(directory: Path) -> bool:
-    """True when `cp --reflink=always` works in `directory` (XFS, btrfs, ZFS...)."""
-    source = directory / ".afs_reflink_probe"
-    target = directory / ".afs_reflink_probe.copy"
-    try:
-        source.write_bytes(b"afs")
-        result = subprocess.run(
-            ["cp", "--reflink=always", str(source), str(target)],
-            capture_output=True,
-            timeout=10,
-        )
-        return result.returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    finally:
-        source.unlink(missing_ok=True)
-        target.unlink(missing_ok=True)

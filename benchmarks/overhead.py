@@ -1,0 +1,264 @@
+"""Where does a task's time go, and what does adaptive measurement save?
+
+Part 1, overhead: for a few demo queries, one `afs optimize` task each (the routed
+squad, offline strategists, agents one after another so their times add up), and
+the share of the task's time that is neither query execution, nor index builds,
+nor model time:
+
+    task_s       opening the MCP fork server (its process start and handshake, as
+                 `afs optimize` does) + `optimize()` from start to consensus
+    query_s      server-side execution time of the statements that run the query
+                 or its variants (EXPLAIN ANALYZE, the result checksums), from
+                 pg_stat_statements, reset before the task
+    build_s      the same for the proposals' DDL (CREATE INDEX, materialized views)
+    model_s      model time (0 here: the offline strategists think in microseconds)
+    overhead     task_s − query_s − build_s − model_s: forks, planner-only
+                 EXPLAINs, statistics, parsing, process start, MCP round trips
+                                                               goal ≤ 10 % of task_s
+
+Part 2, adaptive measurement: one slow query (≥ 1 s as given; default: a
+correlated subquery) optimized twice in this run, first measuring a fixed count
+(AFS_MIN_RUNS = AFS_RUNS: warm-up + N runs a side, as before adaptive measurement),
+then adaptively (the defaults); the total task time of both and the winner of both.
+                                           goal: fixed_s / adaptive_s ≥ 3, same winner
+
+    AFS_HOME=... python benchmarks/overhead.py [--runs N] [--scale small|demo|large]
+                                               [--slow-query SQL] [--skip-fixed] [--json]
+
+It uses the configured AFS_HOME, starts the sandbox and seeds the demo database
+when missing, and stops the sandbox at the end only if it started it. It creates
+the pg_stat_statements extension in the sandbox's `postgres` database if it is
+missing (and drops it again). `--json` prints {"overhead_share", "tasks",
+"fixed_s", "adaptive_s", "ratio_fixed_vs_adaptive", "same_winner"} as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import harness
+import trio
+from harness import with_sandbox
+
+from afs.brains import Squad, StrategistBrain
+from afs.config import DEFAULT_RUNS, Settings
+from afs.db import Connection, open_connection
+from afs.events import Emitter
+from afs.forks.client import open_fork_client
+from afs.models import TaskResult
+from afs.optimize import TaskRequest, new_task_id, optimize
+from afs.router import load_rules
+from afs.sandbox.seeding import ensure_demo
+from afs.sandbox.server import SandboxServer
+
+QUERIES = (
+    "SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending' AND o.user_id = 4242"
+    " ORDER BY o.created_at DESC",
+    "SELECT count(*), sum(oi.quantity) FROM order_items oi WHERE oi.product_id = 1234",
+    "SELECT count(*) FROM events e WHERE e.user_id = 4242 AND e.kind = 'purchase'",
+)
+SLOW_QUERY = ("SELECT u.id, u.email, (SELECT count(*) FROM orders o WHERE o.user_id = u.id) AS orders"
+              " FROM users u WHERE u.country = 'DE' ORDER BY u.id LIMIT 5")
+GOAL_OVERHEAD = 0.10
+GOAL_RATIO = 3.0
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+# pg_stat_statements: which statements run the query (or its variants) and which build
+_QUERY = ("(query ILIKE 'EXPLAIN (ANALYZE%%' OR query ILIKE 'SELECT%%' OR query ILIKE 'WITH%%')"
+          " AND query NOT ILIKE '%%pg\\_%%' AND query NOT ILIKE '%%information\\_schema%%'"
+          " AND query NOT ILIKE '%%afs.%%'")
+_BUILD = ("(query ILIKE 'CREATE INDEX%%' OR query ILIKE 'CREATE UNIQUE INDEX%%'"
+          " OR query ILIKE 'CREATE MATERIALIZED VIEW%%' OR query ILIKE 'REFRESH MATERIALIZED VIEW%%')")
+_TIMES = f"""
+SELECT coalesce(sum(total_exec_time) FILTER (WHERE {_QUERY}), 0) / 1000,
+       coalesce(sum(total_exec_time) FILTER (WHERE {_BUILD}), 0) / 1000
+FROM pg_stat_statements
+"""
+
+
+def progress(message: str) -> None:
+    print(f"[overhead] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Task:
+    query: str
+    result: TaskResult
+    task_s: float
+    query_s: float
+    build_s: float
+    model_s: float = 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        return max(0.0, self.task_s - self.query_s - self.build_s - self.model_s)
+
+    @property
+    def winner_sql(self) -> tuple[str, ...] | None:
+        decision = self.result.decision
+        if decision is None or decision.winner is None:
+            return None
+        outcome = next(o for o in self.result.outcomes if o.agent == decision.winner)
+        assert outcome.proposal is not None
+        return (*outcome.proposal.sql_commands, outcome.proposal.rewritten_query or "")
+
+
+async def one_task(settings: Settings, server: SandboxServer, admin: Connection, query: str,
+                   runs: int, sequential: bool) -> Task:
+    """One task, timed from the fork server's start; query and build times from pg_stat_statements."""
+    squad = Squad(brain_for=lambda _agent: StrategistBrain(), provider="heuristic",
+                  note="offline strategists")
+    source = settings.demo_database
+    await admin.execute("SELECT pg_stat_statements_reset()")
+    started = trio.current_time()
+    async with open_fork_client(settings) as client:
+        result = await optimize(settings, TaskRequest(query=query, runs=runs, sequential=sequential),
+                                source=source, source_dsn=server.dsn(source), forks=client,
+                                squad=squad, rules=load_rules(settings.routing_rules),
+                                events=Emitter(new_task_id()))
+    task_s = trio.current_time() - started
+    row = await admin.fetchone(_TIMES)
+    assert row is not None
+    return Task(query, result, task_s, float(row[0]), float(row[1]))
+
+
+@dataclass(frozen=True)
+class Measured:
+    tasks: list[Task]
+    fixed: Task | None
+    adaptive: Task
+
+
+async def measure(settings: Settings, server: SandboxServer, args: argparse.Namespace) -> Measured:
+    await ensure_demo(settings, server, args.scale or settings.scale, progress)
+    async with open_connection(server.dsn(), 600_000) as admin:
+        created = not await admin.fetchval(
+            "SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'")
+        if created:
+            await admin.execute("CREATE EXTENSION pg_stat_statements")
+        try:
+            tasks = []
+            for query in args.queries:
+                progress(f"task: {query}")
+                tasks.append(await one_task(settings, server, admin, query, args.runs, True))
+                progress(f"  {tasks[-1].task_s:.1f} s, {tasks[-1].result.status}")
+            fixed = None
+            if not args.skip_fixed:
+                progress(f"slow query, a fixed {args.runs} runs a side: {args.slow_query}")
+                fixed_settings = settings.with_(min_runs=args.runs, measure_budget_s=1e9)
+                fixed = await one_task(fixed_settings, server, admin, args.slow_query, args.runs, False)
+                progress(f"  {fixed.task_s:.1f} s, {fixed.result.status}")
+            progress("slow query, adaptive measurement")
+            adaptive = await one_task(settings, server, admin, args.slow_query, args.runs, False)
+            progress(f"  {adaptive.task_s:.1f} s, {adaptive.result.status}")
+        finally:
+            if created:
+                with trio.CancelScope(shield=True):
+                    await admin.execute("DROP EXTENSION IF EXISTS pg_stat_statements")
+    return Measured(tasks, fixed, adaptive)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _runs(task: Task) -> str:
+    counts = sorted({(m.baseline.runs, m.optimized.runs) for o in task.result.outcomes
+                     if o.benchmark for m in o.benchmark.measurements})
+    return ", ".join(f"{b}/{c}" for b, c in counts) or "-"
+
+
+def report(measured: Measured) -> dict[str, Any]:
+    print("part 1: the share of task time that is not query execution, index builds or model time"
+          " (agents one after another)")
+    header = (f"{'query':<62} {'agents':>6} {'task s':>8} {'query s':>8} {'build s':>8}"
+              f" {'model s':>8} {'other s':>8} {'other %':>8}")
+    print(header)
+    print("-" * len(header))
+    for t in measured.tasks:
+        print(f"{_short(t.query):<62} {len(t.result.outcomes):>6} {t.task_s:>8.2f} {t.query_s:>8.2f}"
+              f" {t.build_s:>8.2f} {t.model_s:>8.2f} {t.overhead_s:>8.2f}"
+              f" {100 * t.overhead_s / t.task_s:>7.1f}%")
+    total = sum(t.task_s for t in measured.tasks)
+    other = sum(t.overhead_s for t in measured.tasks)
+    share = other / total if total else 0.0
+    print("-" * len(header))
+    print(f"{'all':<62} {'':>6} {total:>8.2f} {'':>8} {'':>8} {'':>8} {other:>8.2f} {100 * share:>7.1f}%")
+    verdict = "met" if share <= GOAL_OVERHEAD else "NOT met"
+    print(f"overhead_share = {share:.3f}  (goal ≤ {GOAL_OVERHEAD}: {verdict})")
+    print()
+    print(f"part 2: a slow query, fixed run count against adaptive measurement: {measured.adaptive.query}")
+    header = f"{'measuring':<10} {'task s':>8} {'query s':>8} {'runs b/o per figure':>22}  winner"
+    print(header)
+    print("-" * len(header))
+    rows = [("fixed", measured.fixed), ("adaptive", measured.adaptive)]
+    for label, task in rows:
+        if task is None:
+            continue
+        winner = task.winner_sql
+        print(f"{label:<10} {task.task_s:>8.2f} {task.query_s:>8.2f} {_runs(task):>22}  "
+              + (_short("; ".join(w for w in winner if w), 70) if winner else "none"))
+    fixed, adaptive = measured.fixed, measured.adaptive
+    ratio = fixed.task_s / adaptive.task_s if fixed else None
+    same = fixed.winner_sql == adaptive.winner_sql if fixed else None
+    if fixed is not None and ratio is not None:
+        verdict = "met" if ratio >= GOAL_RATIO and same else "NOT met"
+        print(f"ratio_fixed_vs_adaptive = {ratio:.2f}, same winner: {same}"
+              f"  (goal ≥ {GOAL_RATIO:g} with the same winner: {verdict})")
+    return {
+        "overhead_share": round(share, 4),
+        "tasks": [{"query": t.query, "task_s": round(t.task_s, 2), "query_s": round(t.query_s, 2),
+                   "build_s": round(t.build_s, 2), "overhead_s": round(t.overhead_s, 2)}
+                  for t in measured.tasks],
+        "fixed_s": round(fixed.task_s, 2) if fixed else None,
+        "adaptive_s": round(adaptive.task_s, 2),
+        "ratio_fixed_vs_adaptive": round(ratio, 3) if ratio is not None else None,
+        "same_winner": same,
+    }
+
+
+async def run(args: argparse.Namespace, settings: Settings) -> int:
+    measured = await with_sandbox(settings, lambda server: measure(settings, server, args), progress)
+    if measured is None:
+        return EXIT_INTERRUPTED
+    data = report(measured)
+    if args.json:
+        print(json.dumps(data))
+    failed = any(t.result.status == "failed" for t in (*measured.tasks, measured.adaptive))
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Task overhead (time that is not query execution, index builds or model time),"
+                    " and total task time with a fixed run count against adaptive measurement.")
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, metavar="N",
+                        help=f"measured runs per suite query and side, at most (default {DEFAULT_RUNS})")
+    parser.add_argument("--query", dest="queries", action="append", metavar="SQL",
+                        help="a query for part 1 (repeatable; default: three demo queries)")
+    parser.add_argument("--slow-query", default=SLOW_QUERY, metavar="SQL",
+                        help="the slow query of part 2 (default: a correlated subquery, > 1 s at demo"
+                             " scale)")
+    parser.add_argument("--skip-fixed", action="store_true",
+                        help="part 2 without the fixed-count run (a smoke test)")
+    parser.add_argument("--scale", choices=("small", "demo", "large"),
+                        help="demo data size if it must be seeded (default: AFS_SCALE or demo)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as one JSON object on the last line")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    args.queries = args.queries or list(QUERIES)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return harness.main("overhead", parse_args(argv), run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

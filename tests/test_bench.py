@@ -1,0 +1,167 @@
+"""Adaptive measurement: when a measuring loop stops (pure), and the loop in a real fork."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from afs.bench import Budget, StopRule, _significant, benchmark, stop_reason
+from afs.db import Connection, open_connection
+from afs.forks.provider import LocalForkProvider
+from afs.models import EstimatedImpact, OptimizationProposal, QueryVariant
+
+RULE = StopRule(min_runs=3, max_runs=5)
+
+
+# -- the decision (pure) -----------------------------------------------------------------------
+def test_no_verdict_before_the_minimum() -> None:
+    assert stop_reason([], [], RULE) is None
+    assert stop_reason([1000.0, 1001.0], [1.0, 1.1], RULE) is None  # obvious, but only 2 pairs
+
+
+def test_a_clear_difference_stops_at_the_minimum() -> None:
+    assert stop_reason([1000.0, 1010.0, 990.0], [1.0, 1.2, 1.1], RULE) == "separated"
+    # the candidate slower, just as clearly: a verdict too
+    assert stop_reason([10.0, 10.5, 10.2], [30.0, 31.0, 29.0], RULE) == "separated"
+
+
+def test_overlap_stops_the_loop_for_good() -> None:
+    # once the samples overlap, complete separation cannot come back: within the noise
+    assert stop_reason([100.0, 92.0, 108.0], [95.0, 110.0, 101.0], RULE) == "overlap"
+
+
+def test_separated_without_a_margin_goes_on_until_the_maximum() -> None:
+    base, cand = [100.0, 104.0, 108.0], [90.0, 94.0, 98.0]  # gap 2 < range 8
+    assert stop_reason(base, cand, RULE) is None
+    assert stop_reason([*base, 103.0], [*cand, 95.0], RULE) is None
+    assert stop_reason([*base, 103.0, 105.0], [*cand, 95.0, 93.0], RULE) == "max_runs"
+    assert _significant([*base, 103.0, 105.0], [*cand, 95.0, 93.0])  # the verdict is the old rule's
+
+
+def test_a_separated_but_tiny_difference_is_not_a_verdict() -> None:
+    # completely separated with a margin, but medians only 2 % apart: below MIN_EFFECT
+    base, cand = [100.0, 100.1, 100.2], [98.0, 98.1, 98.2]
+    assert stop_reason(base, cand, RULE) is None
+    assert not _significant(base, cand)
+
+
+def test_the_budget_stops_after_one_pair_but_not_before() -> None:
+    assert stop_reason([4000.0], [3900.0], RULE, out_of_time=True) == "budget"
+    assert stop_reason([], [], RULE, out_of_time=True) is None  # never without a run
+    # a verdict reached within the budget says so, rather than "budget"
+    assert stop_reason([1000.0] * 3, [1.0] * 3, RULE, out_of_time=True) == "separated"
+
+
+def test_one_side_alone_runs_to_the_maximum() -> None:
+    assert stop_reason([], [5.0, 5.1, 5.2, 5.0], RULE) is None
+    assert stop_reason([], [5.0, 5.1, 5.2, 5.0, 5.3], RULE) == "max_runs"
+
+
+def test_against_a_single_long_baseline() -> None:
+    # the baseline past the statement timeout is one capped run; the rewrite is far faster
+    assert stop_reason([60_000.0], [12.0, 11.0, 13.0], RULE) == "separated"
+
+
+def test_a_fixed_count_when_the_minimum_is_the_maximum() -> None:
+    fixed = StopRule(min_runs=5, max_runs=5)
+    assert stop_reason([1000.0] * 4, [1.0] * 4, fixed) is None
+    assert stop_reason([1000.0] * 5, [1.0] * 5, fixed) == "separated"
+    assert stop_reason([1000.0], [1.0], StopRule(min_runs=3, max_runs=1)) == "separated"
+
+
+def test_early_stops_agree_with_the_verdict_and_keep_its_false_alarm_rate() -> None:
+    rng = random.Random(7)
+    false_alarms = trials = 0
+    for _ in range(20_000):
+        same = rng.random() < 0.5  # half the pairs: no difference at all
+        shift = 1.0 if same else rng.choice((0.3, 0.6, 0.9, 1.5))
+        base: list[float] = []
+        cand: list[float] = []
+        reason = None
+        while reason is None:
+            base.append(rng.gauss(100, 9))
+            cand.append(rng.gauss(100 * shift, 9 * shift))
+            reason = stop_reason(base, cand, RULE)
+        if reason == "separated":
+            assert _significant(base, cand)
+        if reason == "overlap":
+            assert not _significant(base, cand)
+        if same:
+            trials += 1
+            false_alarms += _significant(base, cand)
+    # the fixed rule (5 against 5) calls 2/252 = 0.8 % of equal pairs different; early stops add little
+    assert false_alarms / trials < 0.02
+
+
+def test_the_budget_is_shared_by_the_loops_still_to_come() -> None:
+    budget = Budget(60.0, loops=4)
+    assert budget.allowance() == 15.0
+    budget.charge(3.0)  # a fast loop: the rest goes to the others
+    assert budget.allowance() == 19.0
+    budget.charge(40.0)
+    budget.charge(17.0)
+    assert budget.allowance() == 0.0
+    budget.charge(1.0)  # more loops than announced: never negative
+    assert budget.allowance() == 0.0
+
+
+# -- the loop in a real fork -------------------------------------------------------------------
+QUERY = "SELECT id, total_amount FROM orders WHERE user_id = 42"
+SLOW_SCAN = "SELECT count(*) FROM orders o1 WHERE o1.total_amount > (SELECT avg(total_amount) FROM orders)"
+
+
+def index_proposal(*sql: str) -> OptimizationProposal:
+    return OptimizationProposal(agent="gemini25flash", proposal_type="index", sql_commands=sql,
+                                rollback_commands=(), rationale="test",
+                                estimated_impact=EstimatedImpact(50, 1, "low", "low"))
+
+
+@pytest.fixture
+async def fork_conn(provider: LocalForkProvider) -> AsyncIterator[Connection]:
+    fork = await provider.fork("afs_demo", ttl_seconds=600)
+    try:
+        async with open_connection(fork.dsn) as conn:
+            yield conn
+    finally:
+        await provider.delete(fork.name)
+
+
+def suite(sql: str) -> tuple[QueryVariant, ...]:
+    return (QueryVariant("baseline", sql, ordered=False, exact=True),)
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_an_obvious_index_is_measured_the_minimum_number_of_times(fork_conn: Connection) -> None:
+    outcome = await benchmark(fork_conn, suite(QUERY),
+                              index_proposal("CREATE INDEX bench_orders_user ON orders (user_id)"),
+                              tables=("orders",), runs=5, min_runs=3)
+    (m,) = outcome.measurements
+    assert m.equivalent and m.significant and m.stopped == "separated"
+    assert m.baseline.runs == m.optimized.runs == 3
+    assert m.optimized.median_ms < m.baseline.median_ms
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_useless_index_stops_within_the_noise_or_at_the_maximum(fork_conn: Connection) -> None:
+    outcome = await benchmark(fork_conn, suite(SLOW_SCAN),
+                              index_proposal("CREATE INDEX bench_country ON orders (shipping_country)"),
+                              tables=("orders",), runs=6, min_runs=3)
+    (m,) = outcome.measurements
+    assert m.stopped in ("overlap", "max_runs")
+    assert 3 <= m.optimized.runs <= 6 and m.baseline.runs == m.optimized.runs
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_the_budget_and_the_fixed_count(fork_conn: Connection) -> None:
+    tiny = await benchmark(fork_conn, suite(SLOW_SCAN),
+                           index_proposal("CREATE INDEX bench_o1 ON orders (status)"),
+                           tables=("orders",), runs=5, min_runs=3, budget_s=0.001)
+    (m,) = tiny.measurements
+    assert m.stopped == "budget" and m.baseline.runs == m.optimized.runs == 1
+    fixed = await benchmark(fork_conn, suite(QUERY),
+                            index_proposal("CREATE INDEX bench_o2 ON orders (user_id)"),
+                            tables=("orders",), runs=4, min_runs=4)
+    (m,) = fixed.measurements
+    assert m.baseline.runs == m.optimized.runs == 4 and m.significant
