@@ -18,6 +18,8 @@ Environment:
     AFS_MEASURED              of those, how many it measures in its fork (default 3)
     AFS_PARAMETER_SETS        other literal values each proposal is checked with (default 2)
     AFS_SLOW_BASELINE_CAP_S   cap of the one baseline run of a query past the statement timeout
+    AFS_STORE_URL             the task store's database (default: the sandbox's `postgres`)
+    AFS_SERVICE_TOKEN         bearer token of `afs serve` (required off loopback) and its clients
 
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
 GOOGLE_GENAI_USE_VERTEXAI with GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION), plus
@@ -93,6 +95,8 @@ class Settings:
     parameter_sets: int = DEFAULT_PARAMETER_SETS
     slow_baseline_cap_s: float = DEFAULT_SLOW_BASELINE_CAP_S
     routing_rules: Path | None = None  # default: routing_rules.yaml (see afs.router.load_rules)
+    store_url: str | None = None  # the task store; None: the sandbox server's `postgres` database
+    service_token: str | None = None  # bearer token of the HTTP service
 
     @property
     def sandbox_dir(self) -> Path:
@@ -189,6 +193,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     value, source = pick("slow_baseline_cap_s", "AFS_SLOW_BASELINE_CAP_S")
     if value is not None:
         changes["slow_baseline_cap_s"] = float(_int(value, "slow_baseline_cap_s", source))
+    for key, env_name in (("store_url", "AFS_STORE_URL"), ("service_token", "AFS_SERVICE_TOKEN")):
+        value, _ = pick(key, env_name)
+        if value:
+            changes[key] = str(value)
     rules, _ = pick("routing_rules", "AFS_ROUTING_RULES")
     if rules:
         changes["routing_rules"] = Path(str(rules)).expanduser()

@@ -15,6 +15,7 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 import trio
@@ -109,3 +110,23 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
     seconds = time.monotonic() - started
     log.info("database_imported", database=name, origin=origin, seconds=round(seconds, 1))
     return ImportReport(database=name, origin=origin, seconds=seconds, schema_only=schema_only)
+
+
+async def imported_copy(client: Any, dsn: str) -> str | None:
+    """The sandbox database imported from `dsn` (matched by host, port and name), if any."""
+    origin = origin_of(dsn)
+    for source in (await client.list_services())["sources"]:
+        if source["origin"] == origin:
+            return str(source["name"])
+    return None
+
+
+async def sandbox_source(client: Any, demo_database: str, dsn: str | None) -> str:
+    """The sandbox database a task reads: the demo database, or the imported copy of `dsn`."""
+    if dsn is None:
+        return demo_database
+    source = await imported_copy(client, dsn)
+    if source is None:
+        raise InputError(f"{origin_of(dsn)} is not in the sandbox yet: copy it first with"
+                         f" `afs sandbox import --from DSN` (forks are made from that copy)")
+    return source

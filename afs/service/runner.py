@@ -1,0 +1,142 @@
+"""Running one stored task: the same `optimize` as ever, its events and result in the store.
+
+    rt = Runtime(settings, store, forks, rules)
+    task = await store.claim(worker, rt.lease_s)
+    finished = await run_task(rt, task, worker)
+
+While the task runs, its worker renews the lease (`Store.heartbeat`); a cancel
+request or a lost lease cancels the work (agents destroy their forks, shielded).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import structlog
+import trio
+
+from afs.brains.choose import open_squad
+from afs.config import Settings
+from afs.errors import AfsError, ConfigError, InputError
+from afs.events import Emitter, Sink, log_sink
+from afs.forks.client import ForkClient
+from afs.models import TaskResult
+from afs.optimize import AgentPool, TaskRequest, optimize
+from afs.router import RuleSet
+from afs.sandbox.importer import sandbox_source
+from afs.sandbox.server import dsn_for
+from afs.store import Store, TaskRecord
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_LEASE_S = 30.0
+CLEANUP_S = 15.0
+
+
+@dataclass
+class Runtime:
+    """What a worker runs tasks with (one per worker: its own store connection and fork session)."""
+
+    settings: Settings
+    store: Store
+    forks: ForkClient
+    rules: RuleSet
+    pool: AgentPool = field(default_factory=AgentPool)
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    lease_s: float = DEFAULT_LEASE_S
+
+    @property
+    def heartbeat_s(self) -> float:
+        return min(self.lease_s / 3, 1.0)
+
+
+@dataclass(frozen=True)
+class Finished:
+    task_id: str
+    status: str  # a terminal status, or "lost" (another worker owns it now) or "released"
+    result: TaskResult | None = None
+    error: str | None = None
+    bad_input: bool = False  # failed on the task's own input (the CLI exits 2)
+
+
+async def _optimize(rt: Runtime, task: TaskRecord, events: Emitter) -> TaskResult:
+    source = task.source or await sandbox_source(rt.forks, rt.settings.demo_database, task.dsn)
+    request = TaskRequest(query=task.query, task_type=task.task_type,  # type: ignore[arg-type]
+                          priority=task.priority, runs=task.runs, weights=task.weights)
+    async with open_squad(task.provider, rt.settings, rt.env) as squad:
+        return await optimize(rt.settings, request, source=source,
+                              source_dsn=dsn_for(rt.settings, source), forks=rt.forks, squad=squad,
+                              rules=rt.rules, events=events, pool=rt.pool)
+
+
+async def _keep_lease(rt: Runtime, task_id: str, worker: str, work: trio.CancelScope,
+                      stop: list[str], events: Emitter) -> None:
+    while True:
+        await trio.sleep(rt.heartbeat_s)
+        try:
+            state = await rt.store.heartbeat(task_id, worker, rt.lease_s)
+        except AfsError as exc:
+            log.warning("heartbeat_failed", error=str(exc))
+            continue
+        if state != "ok":
+            stop.append(state)
+            if state == "cancel":
+                events.emit("task_cancelling")
+            work.cancel()
+            return
+
+
+async def run_task(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink, ...] = (),
+                   on_interrupt: Literal["cancel", "release"] = "release") -> Finished:
+    """Run a task this worker has claimed, to its end; the store has everything on return.
+
+    Cancelled from outside (Ctrl-C, a server shutting down), the task is given back to the
+    queue (`release`) or recorded as cancelled (`cancel`) before the cancellation goes on.
+    """
+    with structlog.contextvars.bound_contextvars(task_id=task.id, worker=worker):
+        try:
+            return await _run(rt, task, worker, sinks)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_S):
+                if on_interrupt == "release":
+                    await rt.store.release(task.id, worker, "the worker stopped")
+                else:
+                    await rt.store.finish(task.id, worker, status="cancelled", error="interrupted")
+            raise
+
+
+async def _run(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink, ...]) -> Finished:
+    result: TaskResult | None = None
+    error: str | None = None
+    bad_input = False
+    stop: list[str] = []
+    async with rt.store.recording(worker) as record:
+        events = Emitter(task.id, sinks=(log_sink, record, *sinks))
+        async with trio.open_nursery() as nursery:
+            with trio.CancelScope() as work:
+                nursery.start_soon(_keep_lease, rt, task.id, worker, work, stop, events)
+                try:
+                    result = await _optimize(rt, task, events)
+                except (InputError, ConfigError) as exc:
+                    error, bad_input = str(exc), True
+                except AfsError as exc:
+                    error = str(exc)
+                if error is not None:
+                    events.emit("task_failed", error=error)
+            nursery.cancel_scope.cancel()
+    if stop and stop[0] == "lost":
+        log.warning("lease_lost")
+        return Finished(task.id, "lost", error="the lease was lost: another worker took the task over")
+    if stop and stop[0] == "cancel":
+        status, result, error = "cancelled", None, "cancelled on request"
+    elif result is not None:
+        status, error = result.status, result.error
+    else:
+        status = "failed"
+    written = await rt.store.finish(task.id, worker, status=status, result=result, error=error)
+    if not written:
+        return Finished(task.id, "lost", error="the lease was lost before the result was written")
+    return Finished(task.id, status, result, error, bad_input)
