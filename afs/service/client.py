@@ -54,9 +54,8 @@ class ServiceClient:
                     await response.aread()
                     _checked(response)
                 async for kind, data in parse_sse(response.aiter_lines()):
-                    if kind == "end":
-                        return
-                    yield json.loads(data)
+                    if kind != "end":  # after "end" the server closes the stream
+                        yield json.loads(data)
         except httpx.HTTPError as exc:
             raise ServiceError(f"lost the event stream of {task_id}: {exc}") from exc
 

@@ -72,6 +72,29 @@ async def _optimize(rt: Runtime, task: TaskRecord, events: Emitter) -> TaskResul
                               rules=rt.rules, events=events, pool=rt.pool)
 
 
+async def collect_forks(rt: Runtime, task_id: str) -> list[str]:
+    """Destroy whatever forks of the task are still alive (recorded in the store, or named for
+    the task on the fork server), and record them as gone; returns the names destroyed."""
+    recorded = {f["name"] for f in await rt.store.forks(live=True, task_id=task_id)}
+    alive: set[str] | None = None
+    try:  # a fork made just before its event reached the store carries the task id in its name
+        alive = {f["name"] for f in (await rt.forks.list_services())["forks"]}
+    except AfsError as exc:
+        log.warning("fork_list_failed", error=str(exc))
+    targets = recorded if alive is None else (recorded & alive) | {
+        n for n in alive if f"-task{task_id}-" in n}
+    destroyed = []
+    for name in sorted(targets):
+        try:
+            await rt.forks.destroy(name)
+            destroyed.append(name)
+        except AfsError as exc:
+            log.warning("fork_destroy_failed", fork=name, error=str(exc))
+    vanished = recorded - alive if alive is not None else set()  # closed by their agents
+    await rt.store.forks_destroyed(sorted(vanished | set(destroyed)))
+    return destroyed
+
+
 async def _keep_lease(rt: Runtime, task_id: str, worker: str, work: trio.CancelScope,
                       stop: list[str], events: Emitter) -> None:
     while True:
@@ -136,6 +159,8 @@ async def _run(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink, ..
         status, error = result.status, result.error
     else:
         status = "failed"
+    with trio.move_on_after(CLEANUP_S):
+        await collect_forks(rt, task.id)  # the agents closed theirs; this records it, or finishes it
     written = await rt.store.finish(task.id, worker, status=status, result=result, error=error)
     if not written:
         return Finished(task.id, "lost", error="the lease was lost before the result was written")

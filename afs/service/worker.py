@@ -20,11 +20,10 @@ import structlog
 import trio
 
 from afs.config import Settings
-from afs.errors import AfsError
 from afs.forks.client import open_fork_client
 from afs.optimize import AgentPool, new_task_id
 from afs.router import load_rules
-from afs.service.runner import DEFAULT_LEASE_S, Runtime, run_task
+from afs.service.runner import DEFAULT_LEASE_S, Runtime, collect_forks, run_task
 from afs.store import open_store
 
 log = structlog.get_logger(__name__)
@@ -50,20 +49,7 @@ async def recover(rt: Runtime, worker: str) -> list[tuple[str, str]]:
     re-queued (attempts left) or failed with the reason. Returns (task id, new status)."""
     settled = []
     for task, holder in await rt.store.take_expired(worker, rt.lease_s):
-        names = {f["name"] for f in await rt.store.forks(live=True, task_id=task.id)}
-        try:  # forks made before their event reached the store carry the task id in their name
-            listed = (await rt.forks.list_services())["forks"]
-            names |= {f["name"] for f in listed if f"-task{task.id}-" in f["name"]}
-        except AfsError as exc:
-            log.warning("fork_list_failed", task_id=task.id, error=str(exc))
-        destroyed = []
-        for name in sorted(names):
-            try:
-                await rt.forks.destroy(name)
-                destroyed.append(name)
-            except AfsError as exc:
-                log.warning("fork_destroy_failed", task_id=task.id, fork=name, error=str(exc))
-        await rt.store.forks_destroyed(destroyed)
+        destroyed = await collect_forks(rt, task.id)
         reason = (f"worker {holder} stopped renewing its lease (its process died or hung);"
                   f" {len(destroyed)} fork(s) collected")
         status = await rt.store.requeue_or_fail(task.id, worker, reason)
