@@ -17,10 +17,11 @@ from afs.events import Event
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
-from afs.models import TaskResult
+from afs.models import RoutingDecision, TaskResult
 from afs.optimize import new_task_id
 from afs.report import render_text, to_json
 from afs.router import load_rules
+from afs.service.pool import StorePool
 from afs.service.runner import Runtime, run_task
 from afs.service.worker import recover
 from afs.store import Store, open_store
@@ -204,3 +205,50 @@ async def test_recovery_collects_the_forks_of_a_dead_task(settings: Settings, st
     assert task.status == "failed" and "1 fork(s) collected" in (task.error or "")
     async with open_connection(store.conn.raw.info.dsn) as conn:  # another session sees it committed
         assert await conn.fetchval("SELECT status FROM afs_store.tasks WHERE id = %s", (task_id,)) == "failed"
+
+
+ALL_AGENTS = ("gemini25pro", "gemini25flash", "gemini20flash")
+
+
+def take_all(load: object) -> RoutingDecision:
+    return RoutingDecision(agents=ALL_AGENTS, rationale=("test",))
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_agent_capacity_is_shared_by_every_worker_on_the_store(
+        settings: Settings, store: Store, store_db: str, forks: ForkClient) -> None:
+    async with open_store(store_db) as other:  # another worker, on another connection
+        held = []
+        for _ in range(3):  # three tasks elsewhere hold every agent: the hard limit (3)
+            task_id = await submit(other)
+            await other.claim("elsewhere", lease_s=60, task_id=task_id)
+            assert not (await other.acquire_agents(task_id, take_all)).waiting
+            held.append(task_id)
+        stale = await submit(other)  # a dead worker's task: its lease ran out, it does not count
+        await other.claim("dead", lease_s=0.1, task_id=stale)
+        await other.acquire_agents(stale, take_all)
+        await trio.sleep(0.3)
+        assert await store.agent_load() == dict.fromkeys(sorted(ALL_AGENTS), 3)
+
+        rt = Runtime(settings, store, forks, load_rules(None), pool=StorePool(store), lease_s=10)
+        mine = await submit(store)
+        task = await store.claim("w1", rt.lease_s, task_id=mine)
+        assert task is not None
+        finished: list[str] = []
+
+        async def work() -> None:
+            finished.append((await run_task(rt, task, "w1")).status)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work)
+            with trio.fail_after(30):
+                # polling the store: the waiting is only visible there (and in the API)
+                while "waiting_for_agents" not in [e.kind for e in await store.events(mine)]:  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            await trio.sleep(1.0)
+            assert "agents_assigned" not in [e.kind for e in await store.events(mine)]
+            await other.finish(held[0], "elsewhere", status="failed", error="done elsewhere")
+        assert finished == ["completed"] or finished == ["no_improvement"]
+        kinds = [e.kind for e in await store.events(mine)]
+        assert kinds.index("waiting_for_agents") < kinds.index("agents_assigned")
+        assert await store.agent_load() == dict.fromkeys(sorted(ALL_AGENTS), 2)  # mine released

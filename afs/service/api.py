@@ -6,7 +6,7 @@
     GET    /v1/tasks/{id}/events  Server-Sent Events, live; resumable with Last-Event-ID
     DELETE /v1/tasks/{id}         cancel (a running task's agents destroy their forks)
     GET    /v1/forks              forks the store knows to be alive, with their task and agent
-    GET    /healthz               liveness and queue counts (no token needed)
+    GET    /healthz               liveness, tasks by status, running tasks per agent (no token)
     GET    /v1/openapi.json       this API, described
 
 Bad requests get a 4xx JSON body {"error": …, "field": …}; a task is written
@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from afs.config import Settings
 from afs.errors import ConfigError, InputError, UnknownTaskError
-from afs.optimize import AgentPool, new_task_id
+from afs.optimize import new_task_id
 from afs.service.worker import open_runtime, run_worker, worker_name
 from afs.store import Store, open_store, store_url
 from afs.store.store import STATUSES
@@ -175,7 +175,7 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
         return JSONResponse({"forks": await store.forks(live=live)})
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"ok": True, "tasks": await store.counts()})
+        return JSONResponse({"ok": True, "tasks": await store.counts(), "agents": await store.agent_load()})
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(OPENAPI)
@@ -263,20 +263,19 @@ async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: f
     config.bind = [bind]
     config.accesslog = None
     config.errorlog = None
-    pool = AgentPool()  # the agents' load, shared by this process's workers
     async with open_store(url) as store, trio.open_nursery() as nursery:
         never = trio.Event()
         urls: list[str] = await nursery.start(partial(
             hypercorn.trio.serve, build_app(store, settings, settings.service_token), config,
             shutdown_trigger=never.wait))
         for _ in range(workers):
-            nursery.start_soon(_one_worker, settings, url, pool, lease_s)
+            nursery.start_soon(_one_worker, settings, url, lease_s)
         log.info("service_started", urls=urls, workers=workers)
         task_status.started(urls)
 
 
-async def _one_worker(settings: Settings, url: str, pool: AgentPool, lease_s: float) -> None:
-    async with open_runtime(settings, url, pool=pool, lease_s=lease_s) as rt:
+async def _one_worker(settings: Settings, url: str, lease_s: float) -> None:
+    async with open_runtime(settings, url, lease_s=lease_s) as rt:  # capacity: in the store
         await run_worker(rt, worker_name("serve"))
 
 

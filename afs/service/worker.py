@@ -23,6 +23,7 @@ from afs.config import Settings
 from afs.forks.client import open_fork_client
 from afs.optimize import AgentPool, new_task_id
 from afs.router import load_rules
+from afs.service.pool import StorePool
 from afs.service.runner import DEFAULT_LEASE_S, Runtime, collect_forks, run_task
 from afs.store import open_store
 
@@ -38,10 +39,11 @@ def worker_name(label: str = "worker") -> str:
 @asynccontextmanager
 async def open_runtime(settings: Settings, store_url: str, *, pool: AgentPool | None = None,
                        lease_s: float = DEFAULT_LEASE_S) -> AsyncIterator[Runtime]:
-    """A store connection and a fork server session, for one worker."""
+    """A store connection and a fork server session, for one worker; the agents' capacity is
+    counted across every worker on the store unless `pool` says otherwise."""
     rules = load_rules(settings.routing_rules)
     async with open_store(store_url) as store, open_fork_client(settings) as forks:
-        yield Runtime(settings, store, forks, rules, pool=pool or AgentPool(), lease_s=lease_s)
+        yield Runtime(settings, store, forks, rules, pool=pool or StorePool(store), lease_s=lease_s)
 
 
 async def recover(rt: Runtime, worker: str) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 SCHEMA = "afs_store"
 LOCK_KEY = 0x0AF5_5702  # pg_advisory_xact_lock key of the migrations
+AGENTS_LOCK_KEY = 0x0AF5_5703  # ... and of agent assignment (the capacity across workers)
 
 
 @dataclass(frozen=True)
@@ -140,5 +141,13 @@ CREATE TABLE afs_store.forks (
     destroyed_at timestamptz
 );
 CREATE INDEX forks_task ON afs_store.forks (task_id);
+"""),
+    Migration(2, "agent assignments: the router's capacity across workers", """
+CREATE TABLE afs_store.agent_assignments (
+    task_id     text NOT NULL REFERENCES afs_store.tasks (id) ON DELETE CASCADE,
+    agent       text NOT NULL,
+    assigned_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (task_id, agent)
+);
 """),
 )

@@ -19,7 +19,7 @@ fenced by its name (a worker that lost its lease writes nothing).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,10 +33,10 @@ from afs.config import Settings
 from afs.db import Connection, open_connection, translate
 from afs.errors import InputError, UnknownTaskError, scrub
 from afs.events import Event, Sink
-from afs.models import TaskResult
+from afs.models import RoutingDecision, TaskResult
 from afs.report import to_json
 from afs.store.codec import decode, encode
-from afs.store.migrations import LOCK_KEY, MIGRATIONS, SCHEMA
+from afs.store.migrations import AGENTS_LOCK_KEY, LOCK_KEY, MIGRATIONS, SCHEMA
 
 TERMINAL = ("completed", "no_improvement", "failed", "cancelled")
 STATUSES = ("queued", "running", "recovering", *TERMINAL)
@@ -225,6 +225,7 @@ class Store:
                         " AND status IN ('running', 'recovering') FOR UPDATE", (task_id, worker))
             if cur.fetchone() is None:
                 return False
+            cur.execute(f"DELETE FROM {SCHEMA}.agent_assignments WHERE task_id = %s", (task_id,))
             if result is not None:
                 _write_result(cur, result)
             cur.execute(
@@ -293,6 +294,7 @@ class Store:
             row = cur.fetchone()
             if row is None:
                 return "lost"
+            cur.execute(f"DELETE FROM {SCHEMA}.agent_assignments WHERE task_id = %s", (task_id,))
             kind = "task_requeued" if row[0] == "queued" else "task_finished"
             _event(cur, task_id, kind, data={"status": row[0], "reason": reason})
             return str(row[0])
@@ -334,6 +336,38 @@ class Store:
             return task
         task: TaskRecord = await self._tx(back)
         return task
+
+    # -- agents: the router's capacity, across every worker on this store -----------------
+    async def acquire_agents(self, task_id: str,
+                             choose: Callable[[Mapping[str, int]], RoutingDecision]) -> RoutingDecision:
+        """Under one lock for all workers: the load per agent (tasks running with a live lease),
+        `choose(load)`, and the chosen agents recorded for the task unless it must wait."""
+        def assign(cur: psycopg.Cursor[Any]) -> RoutingDecision:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (AGENTS_LOCK_KEY,))
+            cur.execute(f"SELECT a.agent, count(*) FROM {SCHEMA}.agent_assignments a"
+                        f" JOIN {SCHEMA}.tasks t ON t.id = a.task_id WHERE t.status = 'running'"
+                        " AND t.lease_expires_at > now() AND a.task_id <> %s GROUP BY a.agent",
+                        (task_id,))
+            routing = choose({str(agent): int(n) for agent, n in cur.fetchall()})
+            if not routing.waiting:
+                for agent in routing.agents:
+                    cur.execute(f"INSERT INTO {SCHEMA}.agent_assignments (task_id, agent) VALUES (%s, %s)"
+                                " ON CONFLICT DO NOTHING", (task_id, agent))
+            return routing
+        routing: RoutingDecision = await self._tx(assign)
+        return routing
+
+    async def release_agents(self, task_id: str, agents: Sequence[str]) -> None:
+        await self._tx(lambda cur: cur.execute(
+            f"DELETE FROM {SCHEMA}.agent_assignments WHERE task_id = %s AND agent = ANY(%s)",
+            (task_id, list(agents))))
+
+    async def agent_load(self) -> dict[str, int]:
+        rows = await self.conn.fetchall(
+            f"SELECT a.agent, count(*) FROM {SCHEMA}.agent_assignments a JOIN {SCHEMA}.tasks t"
+            " ON t.id = a.task_id WHERE t.status = 'running' AND t.lease_expires_at > now()"
+            " GROUP BY a.agent ORDER BY a.agent")
+        return {str(a): int(n) for a, n in rows}
 
     # -- events ------------------------------------------------------------------------
     async def append_events(self, events: Sequence[Event], worker: str | None = None) -> None:
