@@ -346,7 +346,7 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     from afs.sandbox.importer import sandbox_source
     from afs.sandbox.seeding import ensure_demo
     from afs.sandbox.server import SandboxServer
-    from afs.service.runner import run_task
+    from afs.service.runner import relayed_cancellation, run_task
     from afs.service.worker import open_runtime, worker_name
     from afs.store import store_url
 
@@ -358,14 +358,18 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     progress_done()
     display = LiveDisplay(live=None if not args.json else False)
     worker = worker_name("optimize")
-    async with open_runtime(settings, store_url(settings)) as rt:
-        source = await sandbox_source(rt.forks, settings.demo_database, args.dsn)
-        task = await rt.store.submit(
-            task_id=new_task_id(), query=args.query, source=source, dsn=args.dsn, task_type=args.type,
-            priority=args.priority, provider=args.provider, weights=weights, runs=runs,
-            worker=worker, lease_s=rt.lease_s)
-        async with display.running():
-            finished = await run_task(rt, task, worker, sinks=(display.sink,), on_interrupt="cancel")
+    finished = None
+    async with relayed_cancellation() as work, open_runtime(settings, store_url(settings)) as rt:
+        with work:  # Ctrl-C: the task is recorded as cancelled, its forks destroyed
+            source = await sandbox_source(rt.forks, settings.demo_database, args.dsn)
+            task = await rt.store.submit(
+                task_id=new_task_id(), query=args.query, source=source, dsn=args.dsn,
+                task_type=args.type, priority=args.priority, provider=args.provider, weights=weights,
+                runs=runs, worker=worker, lease_s=rt.lease_s)
+            async with display.running():
+                finished = await run_task(rt, task, worker, sinks=(display.sink,), on_interrupt="cancel")
+    if finished is None:
+        raise KeyboardInterrupt
     return _print_finished(args, finished.task_id, finished.result, finished.error,
                            finished.bad_input)
 
@@ -483,6 +487,7 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     """Take tasks from the store until interrupted (a running task goes back to the queue)."""
+    from afs.service.runner import relayed_cancellation
     from afs.service.worker import open_runtime, run_worker, worker_name
     from afs.store import store_url
 
@@ -494,8 +499,11 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
         await trio.to_thread.run_sync(SandboxServer(settings).start)
     print(f"afs worker {name}: taking tasks (Ctrl-C stops it)", file=sys.stderr, flush=True)
-    async with open_runtime(settings, store_url(settings), lease_s=args.lease) as rt:
-        ran = await run_worker(rt, name, poll_s=args.poll, max_tasks=args.max_tasks)
+    ran = 0
+    async with relayed_cancellation() as work, open_runtime(settings, store_url(settings),
+                                                              lease_s=args.lease) as rt:
+        with work:  # Ctrl-C: the task goes back to the queue, its forks destroyed
+            ran = await run_worker(rt, name, poll_s=args.poll, max_tasks=args.max_tasks)
     emit(args, {"worker": name, "tasks": ran}, f"worker {name} ran {ran} task(s)")
     return EXIT_OK
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import structlog
 import trio
 
 from afs.agents import AgentJob, SharedMeasurements, run_agent
@@ -175,8 +176,9 @@ async def optimize(
     shared = SharedMeasurements()  # identical proposals are measured once
 
     async def one(agent: AgentKey) -> None:
-        outcome = await run_agent(agent, job, forks=forks, brain=squad.brain_for(agent),
-                                  bench_limiter=bench_limiter, events=events, shared=shared)
+        with structlog.contextvars.bound_contextvars(task_id=task_id, agent=agent):  # every log line
+            outcome = await run_agent(agent, job, forks=forks, brain=squad.brain_for(agent),
+                                      bench_limiter=bench_limiter, events=events, shared=shared)
         outcomes[agent] = dataclasses.replace(outcome, usage=dict(squad.usage.get(agent, {})))
 
     try:

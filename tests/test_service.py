@@ -231,6 +231,8 @@ async def test_optimize_with_server_and_show_give_the_same_report(
     events = await afs("events", doc["task_id"], "--json", store_db=store_db)
     kinds = [json.loads(line)["kind"] for line in events.stdout.decode().splitlines()]
     assert kinds[0] == "task_queued" and kinds[-1] == "task_finished"
+    followed = await afs("events", doc["task_id"], "--follow", store_db=store_db)  # ended: returns
+    assert followed.returncode == 0 and len(followed.stdout.decode().splitlines()) == len(kinds)
     text = await afs("show", doc["task_id"], store_db=store_db)
     assert text.stdout.decode().startswith(f"AFS task {doc['task_id']}: completed")
     bad = await afs("optimize", "--server", url, "--query", QUERY, "--weights", "performance=1",
@@ -291,3 +293,47 @@ async def test_a_worker_killed_mid_task_is_recovered_and_another_finishes_it(
         assert await store.forks(live=True) == []
     names = {f["name"] for f in (await provider.list_services())["forks"]}
     assert not names & set(left)
+
+
+async def test_resume_runs_a_cancelled_task_again(settings: Settings, store_db: str,
+                                                  sandbox: SandboxServer) -> None:
+    async with open_store(store_db) as store:
+        task = await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
+                                  task_type="query_optimization", priority="normal",
+                                  provider="heuristic", weights=None, runs=1)
+        await store.cancel(task.id)
+        resumed = await afs("resume", task.id, "--json", store_db=store_db)
+        assert resumed.returncode == 0, resumed.stderr.decode()
+        assert json.loads(resumed.stdout)["status"] == "completed"
+        assert (await store.get(task.id)).status == "completed"
+        again = await afs("resume", task.id, store_db=store_db)  # completed: nothing to resume
+        assert again.returncode == 2 and b"only a failed or cancelled task resumes" in again.stderr
+
+
+async def test_ctrl_c_on_a_worker_gives_its_task_back(store_db: str, sandbox: SandboxServer,
+                                                      provider: LocalForkProvider) -> None:
+    async with open_store(store_db) as store:
+        task = await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
+                                  task_type="query_optimization", priority="high", provider="heuristic",
+                                  weights=None, runs=2)
+        worker = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "afs", "worker", "--name", "polite", "--poll", "0.1"],
+            env={**os.environ, "AFS_STORE_URL": store_db}, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        try:
+            with trio.fail_after(60):
+                # polling the store: the worker is another process
+                while not any(e.kind == "fork_created" for e in await store.events(task.id)):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            worker.send_signal(signal.SIGINT)
+            with trio.fail_after(60):
+                assert await worker.wait() == 130
+        finally:
+            if worker.returncode is None:
+                worker.kill()
+                with trio.move_on_after(5):
+                    await worker.wait()
+        back = await store.get(task.id)
+        assert back.status == "queued" and back.worker is None and back.attempts == 0
+        assert (await store.events(task.id))[-1].kind == "task_requeued"
+    assert not [f for f in (await provider.list_services())["forks"] if task.id in f["name"]]

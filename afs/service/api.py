@@ -38,6 +38,7 @@ from starlette.routing import Route
 from afs.config import Settings
 from afs.errors import ConfigError, InputError, UnknownTaskError
 from afs.optimize import new_task_id
+from afs.service.runner import relayed_cancellation
 from afs.service.worker import open_runtime, run_worker, worker_name
 from afs.store import Store, open_store, store_url
 from afs.store.store import STATUSES
@@ -275,8 +276,9 @@ async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: f
 
 
 async def _one_worker(settings: Settings, url: str, lease_s: float) -> None:
-    async with open_runtime(settings, url, lease_s=lease_s) as rt:  # capacity: in the store
-        await run_worker(rt, worker_name("serve"))
+    async with relayed_cancellation() as work, open_runtime(settings, url, lease_s=lease_s) as rt:
+        with work:  # stopping the server gives the worker's task back, its forks destroyed
+            await run_worker(rt, worker_name("serve"))
 
 
 async def serve(settings: Settings, *, bind: str, workers: int, lease_s: float) -> None:

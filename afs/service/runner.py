@@ -11,7 +11,8 @@ request or a lost lease cancels the work (agents destroy their forks, shielded).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -72,6 +73,33 @@ async def _optimize(rt: Runtime, task: TaskRecord, events: Emitter) -> TaskResul
                               rules=rt.rules, events=events, pool=rt.pool)
 
 
+@asynccontextmanager
+async def relayed_cancellation() -> AsyncIterator[trio.CancelScope]:
+    """For work whose sessions (the MCP fork client, the store) must outlive a cancellation.
+
+        async with relayed_cancellation() as work_scope, open_runtime(...) as rt:
+            with work_scope:
+                await run_worker(rt, ...)
+
+    The body runs shielded; a cancellation from outside (Ctrl-C, a server stopping)
+    cancels `work_scope` instead, so the work stops while the sessions it cleans up
+    with (destroying forks, giving the task back) are still there.
+    """
+    work = trio.CancelScope()
+
+    async def relay() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            work.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(relay)
+        with trio.CancelScope(shield=True):
+            yield work
+        nursery.cancel_scope.cancel()
+
+
 async def collect_forks(rt: Runtime, task_id: str) -> list[str]:
     """Destroy whatever forks of the task are still alive (recorded in the store, or named for
     the task on the fork server), and record them as gone; returns the names destroyed."""
@@ -120,15 +148,17 @@ async def run_task(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink
     queue (`release`) or recorded as cancelled (`cancel`) before the cancellation goes on.
     """
     with structlog.contextvars.bound_contextvars(task_id=task.id, worker=worker):
+        finished: Finished | None = None
         try:
-            return await _run(rt, task, worker, sinks)
-        except trio.Cancelled:
-            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_S):
-                if on_interrupt == "release":
-                    await rt.store.release(task.id, worker, "the worker stopped")
-                else:
-                    await rt.store.finish(task.id, worker, status="cancelled", error="interrupted")
-            raise
+            finished = await _run(rt, task, worker, sinks)
+        finally:
+            if finished is None:  # cancelled (the Cancelled may come wrapped in a group), or a bug
+                with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_S):
+                    if on_interrupt == "release":
+                        await rt.store.release(task.id, worker, "the worker stopped")
+                    else:
+                        await rt.store.finish(task.id, worker, status="cancelled", error="interrupted")
+        return finished
 
 
 async def _run(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink, ...]) -> Finished:
