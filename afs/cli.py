@@ -579,9 +579,14 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
     from afs.forks.provider import LocalForkProvider
     from afs.sandbox.server import SandboxServer
 
-    # The client owns this process through its stdin; a terminal's Ctrl-C reaches the
-    # whole process group, and the client still needs us to destroy its forks.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if args.http:
+        from afs.asgi import check_bind
+
+        check_bind(args.http, settings.fork_server_token)  # before anything starts
+    else:
+        # The client owns this process through its stdin; a terminal's Ctrl-C reaches the
+        # whole process group, and the client still needs us to destroy its forks.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     admin_dsn = args.admin_dsn
     if admin_dsn is None:
         sandbox = SandboxServer(settings)
@@ -590,6 +595,19 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
     provider = LocalForkProvider(admin_dsn)
     for source in args.register:
         trio.run(provider.register_source, source, "registered")
+    if args.http:
+        async def serve_http() -> None:
+            async with trio.open_nursery() as nursery:
+                urls = await nursery.start(mcp_server.serve_http, provider, settings.fork_ttl_seconds,
+                                           args.http, settings.fork_server_token)
+                print(f"afs mcp serve: streamable HTTP on {', '.join(urls)}; Ctrl-C stops it",
+                      file=sys.stderr, flush=True)
+
+        try:
+            trio.run(serve_http)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        return EXIT_OK
     mcp_server.run(provider, settings.fork_ttl_seconds)
     return EXIT_OK
 
@@ -689,10 +707,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp = commands.add_parser("mcp", help="the MCP fork server")
     mcp_cmds = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
-    serve = sub(mcp_cmds, "serve", "serve service_list/get/fork/delete over stdio", cmd_mcp_serve,
+    serve = sub(mcp_cmds, "serve", "serve service_list/get/fork/delete over stdio (or --http)",
+                cmd_mcp_serve,
                 json_flag=False)
     serve.add_argument("--admin-dsn", metavar="DSN",
                        help="superuser DSN of the server to fork on (default: the sandbox)")
+    serve.add_argument("--http", metavar="HOST:PORT",
+                       help="serve over MCP's streamable HTTP transport at http://HOST:PORT/mcp, for "
+                            "workers on other machines (they set AFS_FORK_SERVER_URL); off loopback "
+                            "AFS_FORK_SERVER_TOKEN is required")
     serve.add_argument("--register", action="append", default=[], metavar="DB",
                        help="make database DB forkable first (refreshes its template); repeatable")
     return parser

@@ -20,6 +20,9 @@ Environment:
     AFS_SLOW_BASELINE_CAP_S   cap of the one baseline run of a query past the statement timeout
     AFS_STORE_URL             the task store's database (default: the sandbox's `postgres`)
     AFS_SERVICE_TOKEN         bearer token of `afs serve` (required off loopback) and its clients
+    AFS_FORK_SERVER_URL       a fork server over streamable HTTP (`afs mcp serve --http`), e.g.
+                              http://forks:8471/mcp, instead of the stdio command
+    AFS_FORK_SERVER_TOKEN     its bearer token (required off loopback)
 
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
 GOOGLE_GENAI_USE_VERTEXAI with GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION), plus
@@ -97,6 +100,8 @@ class Settings:
     routing_rules: Path | None = None  # default: routing_rules.yaml (see afs.router.load_rules)
     store_url: str | None = None  # the task store; None: the sandbox server's `postgres` database
     service_token: str | None = None  # bearer token of the HTTP service
+    fork_server_url: str | None = None  # the fork server over streamable HTTP, instead of stdio
+    fork_server_token: str | None = None  # its bearer token
 
     @property
     def sandbox_dir(self) -> Path:
@@ -193,7 +198,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     value, source = pick("slow_baseline_cap_s", "AFS_SLOW_BASELINE_CAP_S")
     if value is not None:
         changes["slow_baseline_cap_s"] = float(_int(value, "slow_baseline_cap_s", source))
-    for key, env_name in (("store_url", "AFS_STORE_URL"), ("service_token", "AFS_SERVICE_TOKEN")):
+    for key, env_name in (("store_url", "AFS_STORE_URL"), ("service_token", "AFS_SERVICE_TOKEN"),
+                          ("fork_server_url", "AFS_FORK_SERVER_URL"),
+                          ("fork_server_token", "AFS_FORK_SERVER_TOKEN")):
         value, _ = pick(key, env_name)
         if value:
             changes[key] = str(value)

@@ -337,3 +337,32 @@ async def test_ctrl_c_on_a_worker_gives_its_task_back(store_db: str, sandbox: Sa
         assert back.status == "queued" and back.worker is None and back.attempts == 0
         assert (await store.events(task.id))[-1].kind == "task_requeued"
     assert not [f for f in (await provider.list_services())["forks"] if task.id in f["name"]]
+
+
+async def test_a_worker_reaches_forks_over_streamable_http_with_a_token(
+        nursery: trio.Nursery, settings: Settings, store_db: str, sandbox: SandboxServer,
+        provider: LocalForkProvider) -> None:
+    from afs.errors import ForkServerError
+    from afs.forks.client import open_fork_client
+    from afs.forks.server import serve_http
+
+    (url,) = [u for u in await nursery.start(serve_http, provider, 600, "127.0.0.1:0", "f0rks")
+              if u.startswith("http://127.0.0.1")]
+    remote = settings.with_(fork_server_url=url, fork_server_token="f0rks",
+                            fork_server_command=("false",))  # no local fork server to fall back on
+    async with open_fork_client(remote) as client:
+        assert "afs_demo" in {s["name"] for s in (await client.list_services())["sources"]}
+    with pytest.raises(ForkServerError, match="refused"):
+        async with open_fork_client(settings.with_(fork_server_url=url, fork_server_token="wrong")) as c:
+            await c.list_services()
+    async with open_store(store_db) as store:
+        task = await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
+                                  task_type="query_optimization", priority="normal",
+                                  provider="heuristic", weights=None, runs=1)
+        async with open_runtime(remote, store_db, lease_s=10) as rt:
+            with trio.fail_after(120):
+                assert await run_worker(rt, "remote", poll_s=0.1, max_tasks=1) == 1
+        done = await store.get(task.id)
+        assert done.status == "completed", done.error
+        forks = await store.forks(live=False, task_id=task.id)
+        assert forks and all(f["destroyed_at"] for f in forks)

@@ -17,12 +17,10 @@ server refuses to start without AFS_SERVICE_TOKEN, and requests without
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import json
 import re
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -35,8 +33,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from afs.asgi import check_bind, require_token
 from afs.config import Settings
-from afs.errors import ConfigError, InputError, UnknownTaskError
+from afs.errors import InputError, UnknownTaskError
 from afs.optimize import new_task_id
 from afs.service.runner import relayed_cancellation
 from afs.service.worker import open_runtime, run_worker, worker_name
@@ -199,22 +198,7 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
     ], exception_handlers={UnknownTaskError: unknown_task, InputError: bad_input})
     if token is None:
         return app
-    return _require_token(app, token)
-
-
-def _require_token(app: Any, token: str) -> Callable[..., Awaitable[None]]:
-    """ASGI middleware: `Authorization: Bearer <token>` on every request but /healthz."""
-    expected = f"Bearer {token}".encode()
-
-    async def guarded(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] != "/healthz":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, expected):
-                await _error(401, "a bearer token is required (Authorization: Bearer …)",
-                             "Authorization")(scope, receive, send)
-                return
-        await app(scope, receive, send)
-    return guarded
+    return require_token(app, token)
 
 
 async def _event_stream(store: Store, task_id: str, after: int) -> AsyncIterator[str]:
@@ -235,22 +219,6 @@ async def _event_stream(store: Store, task_id: str, after: int) -> AsyncIterator
         if quiet >= KEEPALIVE_S:
             quiet = 0.0
             yield ": keep-alive\n\n"
-
-
-def check_bind(bind: str, token: str | None) -> tuple[str, int]:
-    """HOST:PORT; a non-loopback address without a token is refused (ConfigError)."""
-    host, sep, port_text = bind.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ConfigError(f"--bind: expected HOST:PORT, got {bind!r}")
-    host = host.strip("[]")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not token:
-        raise ConfigError(f"refusing to serve on {host} without a token: set AFS_SERVICE_TOKEN "
-                          "(clients send it as Authorization: Bearer …), or bind to 127.0.0.1")
-    return host, int(port_text)
 
 
 async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: float,
