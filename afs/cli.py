@@ -494,7 +494,7 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if args.lease <= 0 or args.poll <= 0:
         raise InputError("--lease and --poll must be positive numbers of seconds")
     name = args.name or worker_name()
-    if settings.store_url is None:
+    if settings.store_url is None or not settings.source_server_url:
         from afs.sandbox.server import SandboxServer
 
         await trio.to_thread.run_sync(SandboxServer(settings).start)

@@ -23,6 +23,8 @@ Environment:
     AFS_FORK_SERVER_URL       a fork server over streamable HTTP (`afs mcp serve --http`), e.g.
                               http://forks:8471/mcp, instead of the stdio command
     AFS_FORK_SERVER_TOKEN     its bearer token (required off loopback)
+    AFS_SOURCE_SERVER_URL     the server holding the source databases, for workers on other
+                              machines (its database name is replaced by the task's source)
 
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
 GOOGLE_GENAI_USE_VERTEXAI with GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION), plus
@@ -102,6 +104,7 @@ class Settings:
     service_token: str | None = None  # bearer token of the HTTP service
     fork_server_url: str | None = None  # the fork server over streamable HTTP, instead of stdio
     fork_server_token: str | None = None  # its bearer token
+    source_server_url: str | None = None  # where the sources are read; None: the sandbox
 
     @property
     def sandbox_dir(self) -> Path:
@@ -200,7 +203,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         changes["slow_baseline_cap_s"] = float(_int(value, "slow_baseline_cap_s", source))
     for key, env_name in (("store_url", "AFS_STORE_URL"), ("service_token", "AFS_SERVICE_TOKEN"),
                           ("fork_server_url", "AFS_FORK_SERVER_URL"),
-                          ("fork_server_token", "AFS_FORK_SERVER_TOKEN")):
+                          ("fork_server_token", "AFS_FORK_SERVER_TOKEN"),
+                          ("source_server_url", "AFS_SOURCE_SERVER_URL")):
         value, _ = pick(key, env_name)
         if value:
             changes[key] = str(value)

@@ -349,7 +349,8 @@ async def test_a_worker_reaches_forks_over_streamable_http_with_a_token(
     (url,) = [u for u in await nursery.start(serve_http, provider, 600, "127.0.0.1:0", "f0rks")
               if u.startswith("http://127.0.0.1")]
     remote = settings.with_(fork_server_url=url, fork_server_token="f0rks",
-                            fork_server_command=("false",))  # no local fork server to fall back on
+                            fork_server_command=("false",),  # no local fork server to fall back on
+                            source_server_url=sandbox.dsn("postgres"))  # the sources, by URL
     async with open_fork_client(remote) as client:
         assert "afs_demo" in {s["name"] for s in (await client.list_services())["sources"]}
     with pytest.raises(ForkServerError, match="refused"):

@@ -250,15 +250,20 @@ async def _one_worker(settings: Settings, url: str, lease_s: float) -> None:
 
 
 async def serve(settings: Settings, *, bind: str, workers: int, lease_s: float) -> None:
-    """`afs serve`: the sandbox (when the store or the workers need it), then the service."""
+    """`afs serve`: the sandbox (when the store or the workers need it), then the service.
+
+    A deployment with its own store (AFS_STORE_URL) and source server
+    (AFS_SOURCE_SERVER_URL) starts no sandbox.
+    """
     check_bind(bind, settings.service_token)
     from afs.sandbox.seeding import ensure_demo
     from afs.sandbox.server import SandboxServer
 
-    server = SandboxServer(settings)
-    await trio.to_thread.run_sync(server.start)
-    if workers:
-        await ensure_demo(settings, server, settings.scale, lambda m: None)
+    if settings.store_url is None or (workers and not settings.source_server_url):
+        server = SandboxServer(settings)
+        await trio.to_thread.run_sync(server.start)
+        if workers:
+            await ensure_demo(settings, server, settings.scale, lambda m: None)
     async with trio.open_nursery() as nursery:
         urls = await nursery.start(partial(run_service, settings, bind=bind, workers=workers,
                                            lease_s=lease_s))

@@ -18,6 +18,7 @@ from typing import Literal
 
 import structlog
 import trio
+from psycopg import conninfo
 
 from afs.brains.choose import open_squad
 from afs.config import Settings
@@ -63,13 +64,20 @@ class Finished:
     bad_input: bool = False  # failed on the task's own input (the CLI exits 2)
 
 
+def source_dsn(settings: Settings, source: str) -> str:
+    """Where a task reads its source database: the sandbox, or AFS_SOURCE_SERVER_URL."""
+    if settings.source_server_url:
+        return conninfo.make_conninfo(settings.source_server_url, dbname=source)
+    return dsn_for(settings, source)
+
+
 async def _optimize(rt: Runtime, task: TaskRecord, events: Emitter) -> TaskResult:
     source = task.source or await sandbox_source(rt.forks, rt.settings.demo_database, task.dsn)
     request = TaskRequest(query=task.query, task_type=task.task_type,  # type: ignore[arg-type]
                           priority=task.priority, runs=task.runs, weights=task.weights)
     async with open_squad(task.provider, rt.settings, rt.env) as squad:
         return await optimize(rt.settings, request, source=source,
-                              source_dsn=dsn_for(rt.settings, source), forks=rt.forks, squad=squad,
+                              source_dsn=source_dsn(rt.settings, source), forks=rt.forks, squad=squad,
                               rules=rt.rules, events=events, pool=rt.pool)
 
 
