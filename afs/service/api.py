@@ -150,9 +150,7 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
 
     async def get_task(request: Request) -> Response:
         task = await store.get(request.path_params["id"])
-        data = await store.conn.fetchone(
-            "SELECT report, result FROM afs_store.tasks WHERE id = %s", (task.id,))
-        report, result = data if data else (None, None)
+        report, result = await store.documents(task.id)
         return JSONResponse({"task": task.public(), "report": report, "result": result})
 
     async def cancel_task(request: Request) -> Response:

@@ -163,7 +163,10 @@ class Store:
                      weights: Mapping[str, float] | None, runs: int,
                      max_attempts: int = 2, worker: str | None = None,
                      lease_s: float = 30.0) -> TaskRecord:
-        """Queue a task; with `worker`, that worker holds it at once (a task run in-process)."""
+        """Queue a task; with `worker`, that worker holds it at once (a task run in-process).
+
+        A `dsn` is stored without its password: it only finds the database's sandbox copy.
+        """
         def insert(cur: psycopg.Cursor[Any]) -> TaskRecord:
             cur.execute(
                 f"INSERT INTO {SCHEMA}.tasks (id, status, query, source, dsn, task_type, priority,"
@@ -171,7 +174,8 @@ class Store:
                 " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
                 " CASE WHEN %s THEN now() + make_interval(secs => %s) END, %s,"
                 f" CASE WHEN %s THEN now() END) RETURNING {_COLUMNS}",
-                (task_id, "queued" if worker is None else "running", query, source, dsn, task_type,
+                (task_id, "queued" if worker is None else "running", query, source,
+                 None if dsn is None else scrub(dsn), task_type,
                  priority, provider, None if weights is None else Jsonb(dict(weights)), runs,
                  max_attempts, worker, worker is not None, lease_s, int(worker is not None),
                  worker is not None))
@@ -430,6 +434,14 @@ class Store:
     async def result(self, task_id: str) -> TaskResult | None:
         data = await self.conn.fetchval(f"SELECT result FROM {SCHEMA}.tasks WHERE id = %s", (task_id,))
         return None if data is None else decode(TaskResult, data)
+
+    async def documents(self, task_id: str) -> tuple[dict[str, Any] | None, Any]:
+        """The task's report (afs.report.to_json) and its encoded result, as stored (JSON)."""
+        row = await self.conn.fetchone(f"SELECT report, result FROM {SCHEMA}.tasks WHERE id = %s",
+                                       (task_id,))
+        if row is None:
+            raise UnknownTaskError(task_id)
+        return row[0], row[1]
 
     async def report(self, task_id: str) -> dict[str, Any] | None:
         data = await self.conn.fetchval(f"SELECT report FROM {SCHEMA}.tasks WHERE id = %s", (task_id,))
