@@ -561,7 +561,7 @@ def add_service_commands(commands: Any, sub: Any) -> None:
     worker = sub(commands, "worker", "take queued tasks from the store and run them", cmd_worker)
     worker.add_argument("--name", help="worker name (default: host, pid and a random suffix)")
     worker.add_argument("--lease", type=float, default=30.0, metavar="S",
-                        help="lease length; renewed every min(S/3, 1) s (default 30)")
+                        help="lease length; renewed every min(S/3, 0.5) s (default 30)")
     worker.add_argument("--poll", type=float, default=0.5, metavar="S", help="queue poll interval")
     worker.add_argument("--max-tasks", type=int, metavar="N", help="stop after N tasks")
     serve = sub(commands, "serve", "the HTTP API (and N in-process workers)", cmd_serve, json_flag=False)

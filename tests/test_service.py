@@ -319,7 +319,7 @@ async def test_ctrl_c_on_a_worker_gives_its_task_back(store_db: str, sandbox: Sa
         worker = await trio.lowlevel.open_process(
             [sys.executable, "-m", "afs", "worker", "--name", "polite", "--poll", "0.1"],
             env={**os.environ, "AFS_STORE_URL": store_db}, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+            stderr=subprocess.PIPE)
         try:
             with trio.fail_after(60):
                 # polling the store: the worker is another process
@@ -327,7 +327,12 @@ async def test_ctrl_c_on_a_worker_gives_its_task_back(store_db: str, sandbox: Sa
                     await trio.sleep(0.05)
             worker.send_signal(signal.SIGINT)
             with trio.fail_after(60):
-                assert await worker.wait() == 130
+                code = await worker.wait()
+            assert worker.stderr is not None
+            stderr = b""
+            while chunk := await worker.stderr.receive_some():
+                stderr += chunk
+            assert code == 130, stderr.decode()[-3000:]
         finally:
             if worker.returncode is None:
                 worker.kill()

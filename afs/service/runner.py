@@ -52,7 +52,7 @@ class Runtime:
 
     @property
     def heartbeat_s(self) -> float:
-        return min(self.lease_s / 3, 1.0)
+        return min(self.lease_s / 3, 0.5)
 
 
 @dataclass(frozen=True)
@@ -162,11 +162,25 @@ async def run_task(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink
         finally:
             if finished is None:  # cancelled (the Cancelled may come wrapped in a group), or a bug
                 with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_S):
-                    if on_interrupt == "release":
-                        await rt.store.release(task.id, worker, "the worker stopped")
-                    else:
-                        await rt.store.finish(task.id, worker, status="cancelled", error="interrupted")
+                    await _hand_back(rt, task.id, worker, on_interrupt)
         return finished
+
+
+async def _hand_back(rt: Runtime, task_id: str, worker: str,
+                     on_interrupt: Literal["cancel", "release"]) -> None:
+    """Give the task back (or record it cancelled). Tried twice: the server-side cancel of the
+    statement that was interrupted can land on the next one; if both fail, its lease runs out
+    and another worker recovers it."""
+    for attempt in (1, 2):
+        try:
+            if on_interrupt == "release":
+                await rt.store.release(task_id, worker, "the worker stopped")
+            else:
+                await rt.store.finish(task_id, worker, status="cancelled", error="interrupted")
+            return
+        except AfsError as exc:
+            log.warning("task_hand_back_failed", attempt=attempt, error=str(exc))
+            await trio.sleep(0.2)
 
 
 async def _run(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink, ...]) -> Finished:

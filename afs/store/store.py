@@ -26,17 +26,20 @@ from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
+import structlog
 import trio
 from psycopg.types.json import Jsonb
 
 from afs.config import Settings
 from afs.db import Connection, open_connection, translate
-from afs.errors import InputError, UnknownTaskError, scrub
+from afs.errors import AfsError, InputError, UnknownTaskError, scrub
 from afs.events import Event, Sink
 from afs.models import RoutingDecision, TaskResult
 from afs.report import to_json
 from afs.store.codec import decode, encode
 from afs.store.migrations import AGENTS_LOCK_KEY, LOCK_KEY, MIGRATIONS, SCHEMA
+
+log = structlog.get_logger(__name__)
 
 TERMINAL = ("completed", "no_improvement", "failed", "cancelled")
 STATUSES = ("queued", "running", "recovering", *TERMINAL)
@@ -389,6 +392,17 @@ class Store:
                                 " AND agent = %s AND destroyed_at IS NULL", (e.task_id, e.agent))
         await self._tx(insert)
 
+    async def _append_retrying(self, events: Sequence[Event], worker: str | None) -> None:
+        """Once more after a failure (a server-side cancel meant for an interrupted statement
+        can land on the next one); then the events are in the log only."""
+        for attempt in (1, 2):
+            try:
+                await self.append_events(events, worker)
+                return
+            except AfsError as exc:
+                log.warning("events_not_stored", attempt=attempt, events=len(events), error=str(exc))
+                await trio.sleep(0.2)
+
     async def forks_destroyed(self, names: Sequence[str]) -> None:
         await self._tx(lambda cur: cur.execute(
             f"UPDATE {SCHEMA}.forks SET destroyed_at = now() WHERE name = ANY(%s)"
@@ -410,7 +424,7 @@ class Store:
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
                     with trio.CancelScope(shield=True):
-                        await self.append_events(batch, worker)
+                        await self._append_retrying(batch, worker)
 
         def sink(event: Event) -> None:
             # an event emitted after the task ended is in the log only
