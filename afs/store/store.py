@@ -415,20 +415,22 @@ class Store:
         send, receive = trio.open_memory_channel[Event](float("inf"))
 
         async def drain() -> None:
-            async with receive:
-                async for first in receive:
-                    batch = [first]
-                    while True:
-                        try:
-                            batch.append(receive.receive_nowait())
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                    with trio.CancelScope(shield=True):
+            # shielded: it ends when the sender closes, so the events of a cancelled task's
+            # cleanup (agents failing, forks closing) are stored too
+            with trio.CancelScope(shield=True):
+                async with receive:
+                    async for first in receive:
+                        batch = [first]
+                        while True:
+                            try:
+                                batch.append(receive.receive_nowait())
+                            except (trio.WouldBlock, trio.EndOfChannel):
+                                break
                         await self._append_retrying(batch, worker)
 
         def sink(event: Event) -> None:
             # an event emitted after the task ended is in the log only
-            with contextlib.suppress(trio.ClosedResourceError):
+            with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
                 send.send_nowait(event)
 
         async with trio.open_nursery() as nursery:
