@@ -4,6 +4,8 @@
     afs sandbox up|status|down|reset|import     the embedded PostgreSQL and its demo data
     afs fork create|list|destroy|gc|psql|roundtrip   disposable forks, through the MCP server
     afs mcp serve                               the fork provider as an MCP server (stdio)
+    afs history|show|events|resume              tasks in the store: list, report, events, run again
+    afs worker | afs serve                      take queued tasks; the HTTP API with live events
 
 Exit codes: 0 success, 1 failure, 2 bad input or usage, 130 interrupted.
 Results go to stdout (`--json` for scripts); progress and logs go to stderr.
@@ -17,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -232,19 +234,10 @@ async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> in
 
 
 # -- forks ---------------------------------------------------------------------------
-async def imported_copy(client: Any, dsn: str) -> str | None:
-    """The sandbox database imported from `dsn` (matched by host, port and name), if any."""
-    from afs.sandbox.importer import origin_of
-
-    origin = origin_of(dsn)
-    for source in (await client.list_services())["sources"]:
-        if source["origin"] == origin:
-            return str(source["name"])
-    return None
-
-
 async def _default_source(client: Any, settings: Settings) -> str:
     """The configured target once imported, else the demo database."""
+    from afs.sandbox.importer import imported_copy
+
     if settings.target_dsn is not None:
         return await imported_copy(client, settings.target_dsn) or settings.demo_database
     return settings.demo_database
@@ -357,29 +350,6 @@ async def cmd_fork_roundtrip(args: argparse.Namespace, settings: Settings) -> in
 
 
 # -- optimize ---------------------------------------------------------------------------
-@asynccontextmanager
-async def open_squad(provider: str, settings: Settings, env: Mapping[str, str]) -> AsyncIterator[Any]:
-    """The brains: `heuristic` (offline strategists), `gemini`, or `auto` (Gemini if credentials are set)."""
-    from afs.brains import Squad, StrategistBrain
-
-    if provider != "heuristic":
-        from afs.brains.gemini.client import NO_CREDENTIALS, gemini_credentials
-
-        credentials = gemini_credentials(env)
-        if credentials is not None:
-            from afs.brains.gemini.brain import open_gemini_squad
-
-            async with open_gemini_squad(settings, credentials, env) as squad:
-                yield squad
-            return
-        if provider == "gemini":
-            raise ConfigError(f"--provider gemini: {NO_CREDENTIALS}")
-    brain = StrategistBrain()
-    note = ("no Gemini credentials: the offline strategists ran" if provider == "auto"
-            else "offline strategists, as asked")
-    yield Squad(brain_for=lambda _agent: brain, provider="heuristic", note=note)
-
-
 def parse_weights(text: str | None) -> dict[str, float] | None:
     """`performance=0.6,storage=0.2,complexity=0.1,risk=0.1` → a checked mapping."""
     if text is None:
@@ -400,18 +370,6 @@ def parse_weights(text: str | None) -> dict[str, float] | None:
     except ValueError as exc:
         raise InputError(f"--weights: {exc}") from None
     return weights
-
-
-async def _optimize_source(client: Any, settings: Settings, dsn: str | None) -> str:
-    if dsn is None:
-        return settings.demo_database
-    source = await imported_copy(client, dsn)
-    if source is None:
-        from afs.sandbox.importer import origin_of
-
-        raise InputError(f"{origin_of(dsn)} is not in the sandbox yet: copy it first with"
-                         f" `afs sandbox import --from DSN` (forks are made from that copy)")
-    return source
 
 
 async def _served_source(client: Any, dsn: str) -> str:
@@ -438,49 +396,256 @@ def uses_the_sandbox(settings: Settings, dsn: str | None) -> bool:
 
 
 async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
-    from afs import report
-    from afs.display import LiveDisplay
-    from afs.events import Emitter, log_sink
-    from afs.forks.client import open_fork_client
-    from afs.optimize import TaskRequest, new_task_id, optimize, read_input
-    from afs.router import load_rules
-    from afs.sandbox.seeding import ensure_demo
-    from afs.sandbox.server import SandboxServer
+    """A task like any other: stored, run here (or by `--server`), its report printed."""
+    from afs.optimize import read_input
 
     runs = settings.runs if args.runs is None else args.runs
     if runs < 1:
         raise InputError(f"--runs must be at least 1, got {runs}")
     await trio.to_thread.run_sync(read_input, args.query)  # bad input: refused before anything starts
     weights = parse_weights(args.weights)
-    rules = load_rules(settings.routing_rules)
-    async with open_squad(args.provider, settings, os.environ) as squad:
+    if args.server:
+        return await _optimize_remote(args, settings, runs, weights)
+    from afs.display import LiveDisplay
+    from afs.optimize import new_task_id
+    from afs.sandbox.importer import sandbox_source
+    from afs.sandbox.seeding import ensure_demo
+    from afs.sandbox.server import SandboxServer
+    from afs.service.runner import relayed_cancellation, run_task
+    from afs.service.worker import open_runtime, worker_name
+    from afs.store import store_url
+
+    sandboxed = uses_the_sandbox(settings, args.dsn)
+    if not sandboxed and not settings.store_url:
+        raise ConfigError("with another fork server (AFS_FORK_SERVER_COMMAND) and --dsn, set "
+                          "AFS_STORE_URL to the task store's database (the sandbox holds it otherwise)")
+    if sandboxed:
         server = SandboxServer(settings)
-        sandboxed = uses_the_sandbox(settings, args.dsn)
-        if sandboxed:
-            progress("starting the sandbox")
-            await trio.to_thread.run_sync(server.start)
-            if args.dsn is None:
-                await ensure_demo(settings, server, settings.scale, progress)
-        progress_done()
-        request = TaskRequest(query=args.query, task_type=args.type, priority=args.priority,
-                              runs=runs, weights=weights)
-        display = LiveDisplay(live=None if not args.json else False)
-        emitter = Emitter(new_task_id(), sinks=(log_sink, display.sink))
-        async with open_fork_client(settings) as client:
+        progress("starting the sandbox")
+        await trio.to_thread.run_sync(server.start)
+        if args.dsn is None:
+            await ensure_demo(settings, server, settings.scale, progress)
+    progress_done()
+    display = LiveDisplay(live=None if not args.json else False)
+    worker = worker_name("optimize")
+    finished = None
+    async with relayed_cancellation() as work, open_runtime(settings, store_url(settings)) as rt:
+        with work:  # Ctrl-C: the task is recorded as cancelled, its forks destroyed
+            direct_dsn = None
             if sandboxed:
-                source = await _optimize_source(client, settings, args.dsn)
-                source_dsn = server.dsn(source)
-            else:  # another fork server: read the database itself, fork it there
-                source, source_dsn = await _served_source(client, args.dsn), args.dsn
+                source = await sandbox_source(rt.forks, settings.demo_database, args.dsn)
+            else:  # another fork server: the database itself is read, and forked there
+                source, direct_dsn = await _served_source(rt.forks, args.dsn), args.dsn
+            task = await rt.store.submit(
+                task_id=new_task_id(), query=args.query, source=source, dsn=args.dsn,
+                task_type=args.type, priority=args.priority, provider=args.provider, weights=weights,
+                runs=runs, worker=worker, lease_s=rt.lease_s)
             async with display.running():
-                result = await optimize(settings, request, source=source,
-                                        source_dsn=source_dsn, forks=client, squad=squad,
-                                        rules=rules, events=emitter)
+                finished = await run_task(rt, task, worker, sinks=(display.sink,), on_interrupt="cancel",
+                                          source_dsn=direct_dsn)
+    if finished is None:
+        raise KeyboardInterrupt
+    return _print_finished(args, finished.task_id, finished.result, finished.error,
+                           finished.bad_input)
+
+
+def _print_finished(args: argparse.Namespace, task_id: str, result: Any, error: str | None,
+                    bad_input: bool = False) -> int:
+    from afs import report
+
+    if result is None:
+        if bad_input:
+            raise InputError(error or "bad input")
+        emit(args, {"task_id": task_id, "status": "failed", "error": error},
+             f"AFS task {task_id}: failed: {error}")
+        return EXIT_FAILED
     if args.json:
         print(json.dumps(report.to_json(result), default=str))
     else:
         print(report.render_text(result))
     return EXIT_FAILED if result.status == "failed" else EXIT_OK
+
+
+# -- the service: task store, history, workers, HTTP API (afs.store, afs.service) ---------
+@asynccontextmanager
+async def _open_task_store(settings: Settings) -> AsyncIterator[Any]:
+    """The task store: AFS_STORE_URL, else the sandbox (started if it is not running)."""
+    from afs.store import open_store, store_url
+
+    if settings.store_url is None:
+        from afs.sandbox.server import SandboxServer
+
+        await trio.to_thread.run_sync(SandboxServer(settings).start)
+    async with open_store(store_url(settings)) as store:
+        yield store
+
+
+def _history_text(tasks: list[Any]) -> str:
+    lines = [f"{'task':<9} {'status':<15} {'created':<20} {'source':<12} query"]
+    for t in tasks:
+        query = " ".join(t.query.split())
+        lines.append(f"{t.id:<9} {t.status:<15} {t.created_at:%Y-%m-%d %H:%M:%S} "
+                     f"{(t.source or '-'):<12} {query[:70] + ('…' if len(query) > 70 else '')}")
+    return "\n".join(lines) if tasks else "no tasks yet"
+
+
+async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.store.store import STATUSES
+
+    if args.limit < 1:
+        raise InputError(f"--limit must be at least 1, got {args.limit}")
+    unknown = [s for s in args.status if s not in STATUSES]
+    if unknown:
+        raise InputError(f"--status: unknown {', '.join(unknown)} (one of {', '.join(STATUSES)})")
+    async with _open_task_store(settings) as store:
+        tasks = await store.tasks(limit=args.limit, statuses=args.status)
+    emit(args, [t.public() for t in tasks], _history_text(tasks))
+    return EXIT_OK
+
+
+async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open_task_store(settings) as store:
+        task = await store.get(args.task)
+        result = await store.result(args.task)
+    if result is not None:
+        return _print_finished(args, task.id, result, task.error)
+    emit(args, task.public(), f"AFS task {task.id}: {task.status}"
+         + (f": {task.error}" if task.error else "") + f"\nquery: {task.query}")
+    return EXIT_FAILED if task.status in ("failed", "cancelled") else EXIT_OK
+
+
+def _event_text(e: Any) -> str:
+    who = " ".join(x for x in (e.agent, e.fork) if x)
+    data = " ".join(f"{k}={v}" for k, v in e.data.items())
+    took = f" ({e.duration_s:.2f} s)" if e.duration_s is not None else ""
+    return f"{e.at:%H:%M:%S.%f}"[:-3] + f" #{e.id} {e.kind}{took} {who} {data}".rstrip()
+
+
+async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    """Print a task's events; with --follow, go on until the task ends."""
+    async with _open_task_store(settings) as store:
+        await store.get(args.task)
+        last = args.after
+        while True:
+            events = await store.events(args.task, after=last)
+            for e in events:
+                print(json.dumps(e.public(), default=str) if args.json else _event_text(e), flush=True)
+                last = e.id
+            if not args.follow:
+                return EXIT_OK
+            if not events:
+                if (await store.get(args.task)).finished and not await store.events(args.task, after=last):
+                    return EXIT_OK
+                await trio.sleep(0.2)
+
+
+async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
+    """Queue a failed or cancelled task again, and run it here unless --queue-only."""
+    from afs.service.runner import run_task
+    from afs.service.worker import open_runtime, worker_name
+    from afs.store import store_url
+
+    async with _open_task_store(settings) as store:
+        task = await store.resume(args.task)
+    if args.queue_only:
+        emit(args, task.public(), f"task {task.id} is queued again: a worker will take it")
+        return EXIT_OK
+    worker = worker_name("resume")
+    async with open_runtime(settings, store_url(settings)) as rt:
+        claimed = await rt.store.claim(worker, rt.lease_s, task_id=task.id)
+        if claimed is None:
+            emit(args, task.public(), f"task {task.id} is queued again; a worker took it already")
+            return EXIT_OK
+        finished = await run_task(rt, claimed, worker, on_interrupt="cancel")
+    return _print_finished(args, finished.task_id, finished.result, finished.error, finished.bad_input)
+
+
+async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    """Take tasks from the store until interrupted (a running task goes back to the queue)."""
+    from afs.service.runner import relayed_cancellation
+    from afs.service.worker import open_runtime, run_worker, worker_name
+    from afs.store import store_url
+
+    if args.lease <= 0 or args.poll <= 0:
+        raise InputError("--lease and --poll must be positive numbers of seconds")
+    name = args.name or worker_name()
+    if settings.store_url is None or not settings.source_server_url:
+        from afs.sandbox.server import SandboxServer
+
+        await trio.to_thread.run_sync(SandboxServer(settings).start)
+    print(f"afs worker {name}: taking tasks (Ctrl-C stops it)", file=sys.stderr, flush=True)
+    ran = 0
+    async with relayed_cancellation() as work, open_runtime(settings, store_url(settings),
+                                                              lease_s=args.lease) as rt:
+        with work:  # Ctrl-C: the task goes back to the queue, its forks destroyed
+            ran = await run_worker(rt, name, poll_s=args.poll, max_tasks=args.max_tasks)
+    emit(args, {"worker": name, "tasks": ran}, f"worker {name} ran {ran} task(s)")
+    return EXIT_OK
+
+
+async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.service.api import serve
+
+    await serve(settings, bind=args.bind, workers=args.workers, lease_s=args.lease)
+    return EXIT_OK
+
+
+async def _optimize_remote(args: argparse.Namespace, settings: Settings, runs: int,
+                           weights: dict[str, float] | None) -> int:
+    """Submit to `afs serve`, follow its events, print the same report."""
+    from afs.models import TaskResult
+    from afs.service.client import ServiceClient
+    from afs.store.codec import decode
+
+    body: dict[str, Any] = {"query": args.query, "priority": args.priority, "type": args.type,
+                            "provider": args.provider, "runs": runs, "weights": weights}
+    if args.dsn:
+        body["dsn"] = args.dsn
+    async with ServiceClient(args.server, settings.service_token) as client:
+        task = await client.submit(body)
+        progress(f"task {task['id']} queued on {args.server}")
+        async for event in client.events(task["id"]):
+            who = f" {event['agent']}" if event.get("agent") else ""
+            progress(f"task {task['id']}: {event['kind']}{who}")
+        doc = await client.get(task["id"])
+    progress_done()
+    result = None if doc.get("result") is None else decode(TaskResult, doc["result"])
+    return _print_finished(args, task["id"], result, doc["task"].get("error"))
+
+
+def add_service_commands(commands: Any, sub: Any) -> None:
+    """history, show, events, resume, worker, serve (and `optimize --server`)."""
+    from afs.store.store import STATUSES
+
+    hist = sub(commands, "history", "the tasks in the store, newest first", cmd_history)
+    hist.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    hist.add_argument("--status", action="append", default=[], metavar="STATUS",
+                      help=f"only these statuses ({', '.join(STATUSES)}); repeatable")
+    show = sub(commands, "show", "a stored task's report (the same as `afs optimize` printed)",
+               cmd_show)
+    show.add_argument("task", help="the task id (see `afs history`)")
+    events = sub(commands, "events", "a task's events, in order (one JSON object a line with --json)",
+                 cmd_events)
+    events.add_argument("task")
+    events.add_argument("--follow", "-f", action="store_true", help="wait for new events until the task ends")
+    events.add_argument("--after", type=int, default=0, metavar="ID", help="only events after this id")
+    resume = sub(commands, "resume", "run a failed or cancelled task again", cmd_resume)
+    resume.add_argument("task")
+    resume.add_argument("--queue-only", action="store_true",
+                        help="only put it back in the queue, for a worker")
+    worker = sub(commands, "worker", "take queued tasks from the store and run them", cmd_worker)
+    worker.add_argument("--name", help="worker name (default: host, pid and a random suffix)")
+    worker.add_argument("--lease", type=float, default=30.0, metavar="S",
+                        help="lease length; renewed every min(S/3, 0.5) s (default 30)")
+    worker.add_argument("--poll", type=float, default=0.5, metavar="S", help="queue poll interval")
+    worker.add_argument("--max-tasks", type=int, metavar="N", help="stop after N tasks")
+    serve = sub(commands, "serve", "the HTTP API (and N in-process workers)", cmd_serve, json_flag=False)
+    serve.add_argument("--bind", default="127.0.0.1:8470", metavar="HOST:PORT",
+                       help="address to listen on (default 127.0.0.1:8470); any other than loopback "
+                            "needs AFS_SERVICE_TOKEN")
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="in-process workers (default 1; 0 = API only)")
+    serve.add_argument("--lease", type=float, default=30.0, metavar="S", help="the workers' lease")
 
 
 # -- mcp ------------------------------------------------------------------------------
@@ -490,9 +655,14 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
     from afs.forks.provider import LocalForkProvider
     from afs.sandbox.server import SandboxServer
 
-    # The client owns this process through its stdin; a terminal's Ctrl-C reaches the
-    # whole process group, and the client still needs us to destroy its forks.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if args.http:
+        from afs.asgi import check_bind
+
+        check_bind(args.http, settings.fork_server_token)  # before anything starts
+    else:
+        # The client owns this process through its stdin; a terminal's Ctrl-C reaches the
+        # whole process group, and the client still needs us to destroy its forks.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     admin_dsn = args.admin_dsn
     if admin_dsn is None:
         sandbox = SandboxServer(settings)
@@ -502,6 +672,20 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
                                  public_address=args.public_address)
     for source in args.register:
         trio.run(provider.register_source, source, "registered")
+    if args.http:
+        async def serve_http() -> None:
+            async with trio.open_nursery() as nursery:
+                urls = await nursery.start(mcp_server.serve_http, provider, settings.fork_ttl_seconds,
+                                           args.http, settings.fork_server_token,
+                                           settings.fork_gc_interval_s)
+                print(f"afs mcp serve: streamable HTTP on {', '.join(urls)}; Ctrl-C stops it",
+                      file=sys.stderr, flush=True)
+
+        try:
+            trio.run(serve_http)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        return EXIT_OK
     mcp_server.run(provider, settings.fork_ttl_seconds, settings.fork_gc_interval_s)
     return EXIT_OK
 
@@ -616,12 +800,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measured runs per suite query and side, at most: measuring stops earlier"
                           " once the verdict is certain (default: AFS_RUNS or 5)")
 
+    opt.add_argument("--server", metavar="URL",
+                     help="submit to `afs serve` at URL (e.g. http://127.0.0.1:8470) instead of "
+                          "running here")
+    add_service_commands(commands, sub)
+
     mcp = commands.add_parser("mcp", help="the MCP fork server")
     mcp_cmds = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
-    serve = sub(mcp_cmds, "serve", "serve service_list/get/fork/delete over stdio", cmd_mcp_serve,
+    serve = sub(mcp_cmds, "serve", "serve service_list/get/fork/delete over stdio (or --http)",
+                cmd_mcp_serve,
                 json_flag=False)
     serve.add_argument("--admin-dsn", metavar="DSN",
                        help="superuser DSN of the server to fork on (default: the sandbox)")
+    serve.add_argument("--http", metavar="HOST:PORT",
+                       help="serve over MCP's streamable HTTP transport at http://HOST:PORT/mcp, for "
+                            "workers on other machines (they set AFS_FORK_SERVER_URL); off loopback "
+                            "AFS_FORK_SERVER_TOKEN is required")
     serve.add_argument("--register", action="append", default=[], metavar="DB",
                        help="make database DB forkable first (refreshes its template); repeatable")
     serve.add_argument("--public-address", metavar="HOST[:PORT]",

@@ -30,6 +30,13 @@ Environment:
     AFS_COW_SIZE              the image's size, sparse (default 100G)
 
     AFS_GEMINI_MODEL_<AGENT>  the model behind an agent, e.g. AFS_GEMINI_MODEL_GEMINI25PRO
+    AFS_STORE_URL             the task store's database (default: the sandbox's `postgres`)
+    AFS_SERVICE_TOKEN         bearer token of `afs serve` (required off loopback) and its clients
+    AFS_FORK_SERVER_URL       a fork server over streamable HTTP (`afs mcp serve --http`), e.g.
+                              http://forks:8471/mcp, instead of the stdio command
+    AFS_FORK_SERVER_TOKEN     its bearer token (required off loopback)
+    AFS_SOURCE_SERVER_URL     the server holding the source databases, for workers on other
+                              machines (its database name is replaced by the task's source)
 
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
 GOOGLE_GENAI_USE_VERTEXAI with GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION), plus
@@ -220,6 +227,11 @@ class Settings:
     cow_size_bytes: int = 100 * 1024 ** 3  # DEFAULT_COW_SIZE
     routing_rules: Path | None = None  # default: routing_rules.yaml (see afs.router.load_rules)
     gemini: GeminiSettings = field(default_factory=GeminiSettings)
+    store_url: str | None = None  # the task store; None: the sandbox server's `postgres` database
+    service_token: str | None = None  # bearer token of the HTTP service
+    fork_server_url: str | None = None  # the fork server over streamable HTTP, instead of stdio
+    fork_server_token: str | None = None  # its bearer token
+    source_server_url: str | None = None  # where the sources are read; None: the sandbox
 
     @property
     def sandbox_dir(self) -> Path:
@@ -360,6 +372,13 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             changes["cow_size_bytes"] = parse_cow_size(str(value))
         except ValueError as exc:
             raise ConfigError(f"{source}: cow_size: {exc}") from None
+    for key, env_name in (("store_url", "AFS_STORE_URL"), ("service_token", "AFS_SERVICE_TOKEN"),
+                          ("fork_server_url", "AFS_FORK_SERVER_URL"),
+                          ("fork_server_token", "AFS_FORK_SERVER_TOKEN"),
+                          ("source_server_url", "AFS_SOURCE_SERVER_URL")):
+        value, _ = pick(key, env_name)
+        if value:
+            changes[key] = str(value)
     rules, _ = pick("routing_rules", "AFS_ROUTING_RULES")
     if rules:
         changes["routing_rules"] = Path(str(rules)).expanduser()

@@ -5,6 +5,7 @@
     │   └── RulesError            routing_rules.yaml is broken (names file and rule)  (exit 2)
     ├── InputError                the user asked for something invalid                (exit 2)
     │   ├── UnknownServiceError   no source database or fork has that id              (exit 2)
+    │   ├── UnknownTaskError      no task in the store has that id (`.task_id`)       (exit 2)
     │   └── UnsafeSqlError        SQL refused by the safety check (`.statement`, `.reason`)
     ├── SandboxError              the embedded server cannot be set up, started or stopped
     ├── DatabaseError             a statement failed on the server (`.sqlstate`)
@@ -12,6 +13,7 @@
     │   └── ForkLimitError        a statement would grow a fork past its cap (`.limit_mb`)
     ├── ModelError                the model API failed (`.status` HTTP, `.code` API status, `.retryable`)
     │   └── ModelOutputError      the model's answer is unusable even after re-prompts (`.reason`, `.raw`)
+    ├── ServiceError              the AFS HTTP service is unreachable or refused (`.status`)
     └── ForkError                 the fork provider could not do what was asked
         ├── ForkBusyError         the template is in use; retry in a few seconds (`.retryable`)
         └── ForkServerError       the MCP fork server could not be reached or answered badly
@@ -65,6 +67,14 @@ class InputError(AfsError):
     """Raised for invalid user input: bad names, TTLs, SQL, options."""
 
     exit_code = 2
+
+
+class UnknownTaskError(InputError):
+    """Raised when a task id names no task in the store."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"no task {task_id!r} in the store (see `afs history`)")
+        self.task_id = task_id
 
 
 class UnknownServiceError(InputError):
@@ -139,6 +149,16 @@ class ModelOutputError(ModelError):
         super().__init__(f"unusable model output: {reason}")
         self.reason = reason
         self.raw = raw
+
+
+class ServiceError(AfsError):
+    """Raised by the HTTP client of `afs serve` when it cannot be reached or refuses a request."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        if status is not None and 400 <= status < 500:
+            self.exit_code = 2
 
 
 class ForkError(AfsError):

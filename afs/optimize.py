@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import structlog
 import trio
 
 from afs.agents import AgentJob, SharedMeasurements, run_agent
@@ -56,7 +57,11 @@ class TaskRequest:
 
 
 class AgentPool:
-    """Concurrent tasks per agent in this process (the router's capacity input)."""
+    """Concurrent tasks per agent in this process (the router's capacity input).
+
+    `acquire` routes with the current load and counts the chosen agents in one step;
+    `afs.service.pool.StorePool` does the same across every worker on one store.
+    """
 
     def __init__(self) -> None:
         self.load: dict[AgentKey, int] = {}
@@ -64,6 +69,21 @@ class AgentPool:
 
     def snapshot(self) -> dict[AgentKey, int]:
         return dict(self.load)
+
+    async def acquire(self, task_id: str,
+                      choose: Callable[[Mapping[AgentKey, int]], RoutingDecision]) -> RoutingDecision:
+        """Route with the current load; the agents count as busy unless the decision is to wait."""
+        routing = choose(self.snapshot())
+        if not routing.waiting:
+            for agent in routing.agents:
+                self.load[agent] = self.load.get(agent, 0) + 1
+        return routing
+
+    async def release(self, task_id: str, agents: Sequence[AgentKey]) -> None:
+        for agent in agents:
+            self.load[agent] -= 1
+        self._changed.set()
+        self._changed = trio.Event()
 
     @contextmanager
     def assigned(self, agents: Sequence[AgentKey]) -> Iterator[None]:
@@ -177,13 +197,14 @@ async def optimize(
     pool = pool or AgentPool()
     max_rows = max((rows for rows, _ in stats.values()), default=0)
 
-    while True:
+    def choose(load: Mapping[AgentKey, int]) -> RoutingDecision:
         if squad.agents is not None:
-            routing = RoutingDecision(agents=squad.agents, rationale=("fixed squad",))
-        else:
-            routing = route(rules, task_type=request.task_type, priority=request.priority,
-                            features=features, max_table_rows=max_rows,
-                            agent_load=pool.snapshot())
+            return RoutingDecision(agents=squad.agents, rationale=("fixed squad",))
+        return route(rules, task_type=request.task_type, priority=request.priority,
+                     features=features, max_table_rows=max_rows, agent_load=load)
+
+    while True:
+        routing = await pool.acquire(task_id, choose)
         if not routing.waiting:
             break
         events.emit("waiting_for_agents", agents=list(routing.agents))
@@ -203,17 +224,22 @@ async def optimize(
     shared = SharedMeasurements()  # identical proposals are measured once
 
     async def one(agent: AgentKey) -> None:
-        outcome = await run_agent(agent, job, forks=forks, brain=squad.brain_for(agent),
-                                  bench_limiter=bench_limiter, events=events, shared=shared)
+        with structlog.contextvars.bound_contextvars(task_id=task_id, agent=agent):  # every log line
+            outcome = await run_agent(agent, job, forks=forks, brain=squad.brain_for(agent),
+                                      bench_limiter=bench_limiter, events=events, shared=shared)
         outcomes[agent] = dataclasses.replace(outcome, usage=dict(squad.usage.get(agent, {})))
 
-    with pool.assigned(routing.agents), trio.move_on_after(settings.timeouts.task) as task_scope:
-        async with trio.open_nursery() as nursery:
-            for agent in routing.agents:
-                if request.sequential:
-                    await one(agent)
-                else:
-                    nursery.start_soon(one, agent)
+    try:
+        with trio.move_on_after(settings.timeouts.task) as task_scope:
+            async with trio.open_nursery() as nursery:
+                for agent in routing.agents:
+                    if request.sequential:
+                        await one(agent)
+                    else:
+                        nursery.start_soon(one, agent)
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(30):
+            await pool.release(task_id, routing.agents)
     for agent in routing.agents:
         if agent not in outcomes:  # cut off by the task time limit
             outcomes[agent] = AgentOutcome(

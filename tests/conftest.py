@@ -79,3 +79,18 @@ def no_leaked_forks(provider: LocalForkProvider) -> Iterator[None]:
     for name in leaked:
         trio.run(provider.delete, name)
     assert not leaked, f"forks left behind: {sorted(leaked)}"
+
+
+@pytest.fixture
+def store_db(sandbox: SandboxServer) -> Iterator[str]:
+    """A fresh, empty task store database in the sandbox (dropped after the test)."""
+    import psycopg
+
+    name = "afs_store_t_" + os.urandom(4).hex()
+    with psycopg.connect(sandbox.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield sandbox.dsn(name)
+    finally:
+        with psycopg.connect(sandbox.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -84,3 +84,13 @@ async def test_overhead_script(sandbox: SandboxServer) -> None:
     async with open_connection(sandbox.dsn()) as conn:  # the extension it made for itself is gone
         assert not await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'")
     assert sandbox.status().running
+
+
+async def test_service_script(sandbox: SandboxServer) -> None:
+    data = await script("service.py", "--tasks", "2", "--workers", "1,2", "--runs", "1",
+                        "--scale", "small")
+    assert set(data) == {"tasks_per_min", "speedup", "sse_p50_ms", "sse_p95_ms", "events"}
+    assert set(data["tasks_per_min"]) == {"1", "2"} and data["speedup"]["1"] == 1.0
+    assert all(v > 0 for v in data["tasks_per_min"].values())
+    assert data["events"] > 0 and data["sse_p95_ms"] >= data["sse_p50_ms"] >= 0
+    assert sandbox.status().running

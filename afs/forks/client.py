@@ -198,10 +198,35 @@ def server_parameters(settings: Settings) -> StdioServerParameters:
 async def open_fork_client(settings: Settings, server: Any = None) -> AsyncIterator[ForkClient]:
     """Start (or connect to) the fork server and open an MCP session with it.
 
-    `server` defaults to the configured stdio command; tests may pass an
-    in-process `MCPServer`.
+    `server` defaults to the configured fork server: over streamable HTTP when
+    `fork_server_url` is set (AFS_FORK_SERVER_URL, with AFS_FORK_SERVER_TOKEN), else
+    the stdio command; tests may pass an in-process `MCPServer`.
     """
-    target = server if server is not None else server_parameters(settings)
+    if server is None and settings.fork_server_url:  # a fork server on another machine
+        url, token = settings.fork_server_url, settings.fork_server_token
+        async with _open_http_transport(url, token) as target, _session(settings, target) as client:
+            yield client
+        return
+    async with _session(settings, server if server is not None else server_parameters(settings)) as client:
+        yield client
+
+
+@asynccontextmanager
+async def _open_http_transport(url: str, token: str | None) -> AsyncIterator[Any]:
+    from mcp.client.streamable_http import (  # type: ignore[attr-defined]  # imported there, not in __all__
+        create_mcp_http_client,
+        streamable_http_client,
+    )
+
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with create_mcp_http_client(headers=headers) as http:  # ours to close
+        yield streamable_http_client(url, http_client=http)
+
+
+@asynccontextmanager
+async def _session(settings: Settings, target: Any) -> AsyncIterator[ForkClient]:
+    from mcp.shared.exceptions import MCPError
+
     try:
         async with Client(target) as client:
             yield ForkClient(client)
@@ -210,7 +235,11 @@ async def open_fork_client(settings: Settings, server: Any = None) -> AsyncItera
         leaf = single_leaf(group)
         if leaf is group:
             raise
+        if isinstance(leaf, MCPError):
+            raise ForkServerError(f"the fork server refused the session: {leaf}") from None
         raise leaf from None
+    except MCPError as exc:  # e.g. a fork server over HTTP that wants another token
+        raise ForkServerError(f"the fork server refused the session: {exc}") from exc
     except OSError as exc:
         raise ForkServerError(
             f"cannot start the fork server {' '.join(settings.fork_server_command)!r}: {exc}"

@@ -1,4 +1,6 @@
-"""`afs mcp serve`: the fork provider behind an MCP server (stdio, under trio).
+"""`afs mcp serve`: the fork provider behind an MCP server (stdio, under trio), or over
+MCP's streamable HTTP transport (`--http ADDR`, hypercorn under trio, bearer token) for
+workers on other machines.
 
 Tool names follow the Tiger Cloud MCP server where it has one (service_list,
 service_get, service_fork) and add service_delete. Errors come back as MCP tool
@@ -142,3 +144,30 @@ async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int,
 def run(provider: LocalForkProvider, default_ttl_seconds: int,
         gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
     anyio.run(serve_stdio, provider, default_ttl_seconds, gc_interval_s, backend="trio")
+async def serve_http(provider: LocalForkProvider, default_ttl_seconds: int, bind: str,
+                     token: str | None, gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S,
+                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve MCP over streamable HTTP at `bind` (path /mcp) until cancelled; reports the URLs.
+
+    Off loopback a token is required (`afs.asgi.check_bind`); clients send it as a bearer token.
+    """
+    import hypercorn.trio
+    from hypercorn.config import Config
+
+    from afs.asgi import check_bind, require_token
+
+    host, _ = check_bind(bind, token)
+    await collect(provider)
+    app: Any = build_server(provider, default_ttl_seconds).streamable_http_app(host=host)
+    config = Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.errorlog = None
+    never = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(collect_periodically, provider, gc_interval_s)
+        nursery.start_soon(enforce_limits_periodically, provider, LIMITS_INTERVAL_S)
+        urls: list[str] = await nursery.start(functools.partial(
+            hypercorn.trio.serve, require_token(app, token) if token else app, config,
+            shutdown_trigger=never.wait))
+        task_status.started([f"{url}/mcp" for url in urls])

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pglast
 import psycopg
@@ -319,3 +320,23 @@ def _size_of(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
+
+
+async def imported_copy(client: Any, dsn: str) -> str | None:
+    """The sandbox database imported from `dsn` (matched by host, port and name), if any."""
+    origin = origin_of(dsn)
+    for source in (await client.list_services())["sources"]:
+        if source["origin"] == origin:
+            return str(source["name"])
+    return None
+
+
+async def sandbox_source(client: Any, demo_database: str, dsn: str | None) -> str:
+    """The sandbox database a task reads: the demo database, or the imported copy of `dsn`."""
+    if dsn is None:
+        return demo_database
+    source = await imported_copy(client, dsn)
+    if source is None:
+        raise InputError(f"{origin_of(dsn)} is not in the sandbox yet: copy it first with"
+                         f" `afs sandbox import --from DSN` (forks are made from that copy)")
+    return source

@@ -1,0 +1,33 @@
+"""Choosing who thinks: the provider named on the command line or in a task."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+from afs.brains import Squad, StrategistBrain
+from afs.config import Settings
+from afs.errors import ConfigError
+
+PROVIDERS = ("auto", "heuristic", "gemini")
+
+
+@asynccontextmanager
+async def open_squad(provider: str, settings: Settings, env: Mapping[str, str]) -> AsyncIterator[Squad]:
+    """The brains: `heuristic` (offline strategists), `gemini`, or `auto` (Gemini if credentials are set)."""
+    if provider != "heuristic":
+        from afs.brains.gemini.client import NO_CREDENTIALS, gemini_credentials
+
+        credentials = gemini_credentials(env)
+        if credentials is not None:
+            from afs.brains.gemini.brain import open_gemini_squad
+
+            async with open_gemini_squad(settings, credentials, env) as squad:
+                yield squad
+            return
+        if provider == "gemini":
+            raise ConfigError(f"--provider gemini: {NO_CREDENTIALS}")
+    brain = StrategistBrain()
+    note = ("no Gemini credentials: the offline strategists ran" if provider == "auto"
+            else "offline strategists, as asked")
+    yield Squad(brain_for=lambda _agent: brain, provider="heuristic", note=note)

@@ -1,0 +1,322 @@
+"""The HTTP API of `afs serve`: Starlette on hypercorn, under trio.
+
+    POST   /v1/tasks              submit {query, source | dsn, priority, type, provider, weights, runs}
+    GET    /v1/tasks              the newest tasks (?status=…&limit=…)
+    GET    /v1/tasks/{id}         one task, its report and its result
+    GET    /v1/tasks/{id}/events  Server-Sent Events, live; resumable with Last-Event-ID
+    DELETE /v1/tasks/{id}         cancel (a running task's agents destroy their forks)
+    GET    /v1/forks              forks the store knows to be alive, with their task and agent
+    GET    /healthz               liveness, tasks by status, running tasks per agent (no token)
+    GET    /v1/openapi.json       this API, described
+
+Bad requests get a 4xx JSON body {"error": …, "field": …}; a task is written
+whole or not at all. On loopback no token is needed; on any other address the
+server refuses to start without AFS_SERVICE_TOKEN, and requests without
+`Authorization: Bearer <token>` get 401.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+
+import hypercorn.trio
+import structlog
+import trio
+from hypercorn.config import Config
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from afs.asgi import check_bind, require_token
+from afs.config import Settings
+from afs.errors import InputError, UnknownTaskError
+from afs.optimize import new_task_id
+from afs.service.runner import relayed_cancellation
+from afs.service.worker import open_runtime, run_worker, worker_name
+from afs.store import Store, open_store, store_url
+from afs.store.store import STATUSES
+
+log = structlog.get_logger(__name__)
+
+PRIORITIES = ("high", "normal", "low")
+TASK_TYPES = ("query_optimization", "schema_improvement", "index_recommendation")
+PROVIDERS = ("auto", "heuristic", "gemini")
+_DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+EVENT_POLL_S = 0.05
+KEEPALIVE_S = 15.0
+MAX_RUNS = 50
+
+
+class FieldError(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"error": message}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse(body, status_code=status)
+
+
+def parse_submission(body: Any, default_runs: int) -> dict[str, Any]:
+    """Check a POST /v1/tasks body; raises FieldError naming the first bad field."""
+    from afs.consensus import check_weights
+    from afs.features import extract_features
+    from afs.safety import check_query
+
+    if not isinstance(body, dict):
+        raise FieldError("body", "expected a JSON object")
+    known = {"query", "source", "dsn", "priority", "type", "provider", "weights", "runs"}
+    for key in body:
+        if key not in known:
+            raise FieldError(key, f"unknown field (known: {', '.join(sorted(known))})")
+    query = body.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise FieldError("query", "required: one read-only SELECT, as a string")
+    try:
+        extract_features(check_query(query))
+    except InputError as exc:
+        raise FieldError("query", str(exc)) from None
+    source, dsn = body.get("source"), body.get("dsn")
+    if source is not None and dsn is not None:
+        raise FieldError("dsn", "give a source (a sandbox database) or a dsn, not both")
+    if source is not None and (not isinstance(source, str) or not _DB_NAME.match(source)):
+        raise FieldError("source", "a database name in the sandbox, e.g. afs_demo")
+    if dsn is not None and (not isinstance(dsn, str) or not dsn.strip()):
+        raise FieldError("dsn", "a libpq connection string or URL of a database imported in the sandbox")
+    choices = {"priority": (PRIORITIES, "normal"), "type": (TASK_TYPES, "query_optimization"),
+               "provider": (PROVIDERS, "auto")}
+    picked: dict[str, str] = {}
+    for name, (allowed, default) in choices.items():
+        value = body.get(name, default)
+        if value not in allowed:
+            raise FieldError(name, f"one of {', '.join(allowed)}")
+        picked[name] = value
+    weights = body.get("weights")
+    if weights is not None:
+        if not isinstance(weights, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()):
+            raise FieldError("weights", "an object of numbers, e.g. {\"performance\": 0.6, ...}")
+        try:
+            check_weights({str(k): float(v) for k, v in weights.items()})
+        except ValueError as exc:
+            raise FieldError("weights", str(exc)) from None
+    runs = body.get("runs", default_runs)
+    if not isinstance(runs, int) or isinstance(runs, bool) or not 1 <= runs <= MAX_RUNS:
+        raise FieldError("runs", f"an integer from 1 to {MAX_RUNS}")
+    return {"query": query, "source": source if source or dsn else None, "dsn": dsn,
+            "task_type": picked["type"], "priority": picked["priority"],
+            "provider": picked["provider"], "weights": weights, "runs": runs}
+
+
+def build_app(store: Store, settings: Settings, token: str | None) -> Any:
+    """The ASGI application (Starlette, behind the token check when there is a token)."""
+    async def submit(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "the body is not valid JSON", "body")
+        try:
+            fields = parse_submission(body, settings.runs)
+        except FieldError as exc:
+            return _error(422, str(exc), exc.field)
+        if fields["source"] is None and fields["dsn"] is None:
+            fields["source"] = settings.demo_database
+        task = await store.submit(task_id=new_task_id(), **fields)
+        return JSONResponse({"task": task.public(), "events": f"/v1/tasks/{task.id}/events"},
+                            status_code=201, headers={"Location": f"/v1/tasks/{task.id}"})
+
+    async def list_tasks(request: Request) -> Response:
+        statuses = request.query_params.getlist("status")
+        bad = [s for s in statuses if s not in STATUSES]
+        if bad:
+            return _error(400, f"unknown status {', '.join(bad)}", "status")
+        try:
+            limit = int(request.query_params.get("limit", "20"))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 1000:
+            return _error(400, "an integer from 1 to 1000", "limit")
+        tasks = await store.tasks(limit=limit, statuses=statuses)
+        return JSONResponse({"tasks": [t.public() for t in tasks]})
+
+    async def get_task(request: Request) -> Response:
+        task = await store.get(request.path_params["id"])
+        report, result = await store.documents(task.id)
+        return JSONResponse({"task": task.public(), "report": report, "result": result})
+
+    async def cancel_task(request: Request) -> Response:
+        task = await store.cancel(request.path_params["id"])
+        return JSONResponse({"task": task.public()}, status_code=200 if task.finished else 202)
+
+    async def task_events(request: Request) -> Response:
+        task_id = request.path_params["id"]
+        await store.get(task_id)  # 404 before the stream starts
+        raw = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
+        try:
+            after = int(raw)
+        except ValueError:
+            return _error(400, "an event id (an integer)", "Last-Event-ID")
+        return StreamingResponse(_event_stream(store, task_id, after), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def list_forks(request: Request) -> Response:
+        live = request.query_params.get("all") is None
+        return JSONResponse({"forks": await store.forks(live=live)})
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True, "tasks": await store.counts(), "agents": await store.agent_load()})
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(OPENAPI)
+
+    async def unknown_task(request: Request, exc: Exception) -> Response:
+        return _error(404, str(exc), "id")
+
+    async def bad_input(request: Request, exc: Exception) -> Response:
+        return _error(409, str(exc))
+
+    app = Starlette(routes=[
+        Route("/v1/tasks", submit, methods=["POST"]),
+        Route("/v1/tasks", list_tasks, methods=["GET"]),
+        Route("/v1/tasks/{id}", get_task, methods=["GET"]),
+        Route("/v1/tasks/{id}", cancel_task, methods=["DELETE"]),
+        Route("/v1/tasks/{id}/events", task_events, methods=["GET"]),
+        Route("/v1/forks", list_forks, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/v1/openapi.json", openapi, methods=["GET"]),
+    ], exception_handlers={UnknownTaskError: unknown_task, InputError: bad_input})
+    if token is None:
+        return app
+    return require_token(app, token)
+
+
+async def _event_stream(store: Store, task_id: str, after: int) -> AsyncIterator[str]:
+    last, quiet = after, 0.0
+    while True:
+        events = await store.events(task_id, after=last)
+        for e in events:
+            last = e.id
+            yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(e.public(), default=str)}\n\n"
+        if events:
+            quiet = 0.0
+            continue
+        if (await store.get(task_id)).finished and not await store.events(task_id, after=last):
+            yield "event: end\ndata: {}\n\n"
+            return
+        await trio.sleep(EVENT_POLL_S)
+        quiet += EVENT_POLL_S
+        if quiet >= KEEPALIVE_S:
+            quiet = 0.0
+            yield ": keep-alive\n\n"
+
+
+async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: float,
+                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """The API and `workers` in-process workers, until cancelled; reports the bound URLs."""
+    check_bind(bind, settings.service_token)
+    if workers < 0:
+        raise InputError(f"--workers must be 0 or more, got {workers}")
+    url = store_url(settings)
+    config = Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.errorlog = None
+    async with open_store(url) as store, trio.open_nursery() as nursery:
+        never = trio.Event()
+        urls: list[str] = await nursery.start(partial(
+            hypercorn.trio.serve, build_app(store, settings, settings.service_token), config,
+            shutdown_trigger=never.wait))
+        for _ in range(workers):
+            nursery.start_soon(_one_worker, settings, url, lease_s)
+        log.info("service_started", urls=urls, workers=workers)
+        task_status.started(urls)
+
+
+async def _one_worker(settings: Settings, url: str, lease_s: float) -> None:
+    async with relayed_cancellation() as work, open_runtime(settings, url, lease_s=lease_s) as rt:
+        with work:  # stopping the server gives the worker's task back, its forks destroyed
+            await run_worker(rt, worker_name("serve"))
+
+
+async def serve(settings: Settings, *, bind: str, workers: int, lease_s: float) -> None:
+    """`afs serve`: the sandbox (when the store or the workers need it), then the service.
+
+    A deployment with its own store (AFS_STORE_URL) and source server
+    (AFS_SOURCE_SERVER_URL) starts no sandbox.
+    """
+    check_bind(bind, settings.service_token)
+    from afs.sandbox.seeding import ensure_demo
+    from afs.sandbox.server import SandboxServer
+
+    if settings.store_url is None or (workers and not settings.source_server_url):
+        server = SandboxServer(settings)
+        await trio.to_thread.run_sync(server.start)
+        if workers:
+            await ensure_demo(settings, server, settings.scale, lambda m: None)
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(partial(run_service, settings, bind=bind, workers=workers,
+                                           lease_s=lease_s))
+        print(f"afs serve: listening on {', '.join(urls)} with {workers} worker(s); Ctrl-C stops it",
+              file=sys.stderr, flush=True)
+
+
+_TASK_BODY = {
+    "type": "object", "required": ["query"], "additionalProperties": False,
+    "properties": {
+        "query": {"type": "string", "description": "one read-only SELECT"},
+        "source": {"type": "string", "description": "a database in the sandbox (default afs_demo)"},
+        "dsn": {"type": "string", "description": "a database imported with `afs sandbox import`"},
+        "priority": {"enum": list(PRIORITIES)}, "type": {"enum": list(TASK_TYPES)},
+        "provider": {"enum": list(PROVIDERS)},
+        "weights": {"type": "object", "additionalProperties": {"type": "number"},
+                    "description": "consensus weights: performance, storage, complexity, risk (sum 1)"},
+        "runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
+    },
+}
+_ERROR = {"description": "bad request", "content": {"application/json": {"schema": {
+    "type": "object", "properties": {"error": {"type": "string"}, "field": {"type": "string"}}}}}}
+_ID = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "AFS service", "version": "1",
+             "description": "Submit slow queries, watch the agents work, look results up."},
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "security": [{"bearer": []}],
+    "paths": {
+        "/v1/tasks": {
+            "post": {"summary": "submit a task", "requestBody": {"required": True, "content": {
+                "application/json": {"schema": _TASK_BODY}}},
+                "responses": {"201": {"description": "queued"}, "400": _ERROR, "422": _ERROR}},
+            "get": {"summary": "the newest tasks", "parameters": [
+                {"name": "status", "in": "query", "schema": {"enum": list(STATUSES)}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer"}}],
+                "responses": {"200": {"description": "tasks"}, "400": _ERROR}},
+        },
+        "/v1/tasks/{id}": {
+            "parameters": _ID,
+            "get": {"summary": "a task, its report and result", "responses": {
+                "200": {"description": "the task"}, "404": _ERROR}},
+            "delete": {"summary": "cancel a task; its forks are destroyed", "responses": {
+                "200": {"description": "cancelled"}, "202": {"description": "cancelling"},
+                "404": _ERROR}},
+        },
+        "/v1/tasks/{id}/events": {
+            "parameters": _ID,
+            "get": {"summary": "the task's events as Server-Sent Events (Last-Event-ID resumes)",
+                    "responses": {"200": {"description": "text/event-stream"}, "404": _ERROR}},
+        },
+        "/v1/forks": {"get": {"summary": "live forks, with their task and agent",
+                              "responses": {"200": {"description": "forks"}}}},
+        "/healthz": {"get": {"summary": "liveness", "security": [],
+                             "responses": {"200": {"description": "ok"}}}},
+    },
+}

@@ -1,0 +1,153 @@
+"""The store's schema, as numbered migrations applied in order on start.
+
+Append a new `Migration` to change the schema; never edit one that shipped.
+Each runs in its own transaction under an advisory lock, so two processes that
+start at once do not both apply it; `afs_store.migrations` records what ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA = "afs_store"
+LOCK_KEY = 0x0AF5_5702  # pg_advisory_xact_lock key of the migrations
+AGENTS_LOCK_KEY = 0x0AF5_5703  # ... and of agent assignment (the capacity across workers)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "tasks, events, agents, proposals, benchmarks, consensus, forks", """
+CREATE TABLE afs_store.tasks (
+    id               text PRIMARY KEY,
+    status           text NOT NULL CHECK (status IN ('queued', 'running', 'recovering', 'completed',
+                                                     'no_improvement', 'failed', 'cancelled')),
+    query            text NOT NULL,
+    source           text,               -- a database in the sandbox
+    dsn              text,               -- or the user's database (its sandbox copy is used)
+    task_type        text NOT NULL,
+    priority         text NOT NULL,
+    provider         text NOT NULL,
+    weights          jsonb,
+    runs             integer NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    started_at       timestamptz,
+    finished_at      timestamptz,
+    worker           text,               -- who holds the lease
+    lease_expires_at timestamptz,
+    attempts         integer NOT NULL DEFAULT 0,
+    max_attempts     integer NOT NULL DEFAULT 2,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    error            text,
+    result           jsonb,              -- the TaskResult (afs.store.codec)
+    report           jsonb               -- afs.report.to_json of it
+);
+CREATE INDEX tasks_queue ON afs_store.tasks (
+    (CASE priority WHEN 'high' THEN 0 WHEN 'normal' THEN 1 ELSE 2 END), created_at)
+    WHERE status = 'queued';
+CREATE INDEX tasks_created ON afs_store.tasks (created_at DESC);
+
+CREATE TABLE afs_store.events (
+    id         bigserial PRIMARY KEY,
+    task_id    text NOT NULL REFERENCES afs_store.tasks (id) ON DELETE CASCADE,
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    kind       text NOT NULL,
+    agent      text,
+    fork       text,
+    duration_s double precision,
+    data       jsonb NOT NULL DEFAULT '{}'
+);
+CREATE INDEX events_task ON afs_store.events (task_id, id);
+CREATE FUNCTION afs_store.events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND NOT EXISTS (SELECT 1 FROM afs_store.tasks WHERE id = OLD.task_id) THEN
+        RETURN OLD;  -- the task itself is being deleted
+    END IF;
+    RAISE EXCEPTION 'afs_store.events is append-only';
+END $$;
+CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON afs_store.events
+    FOR EACH ROW EXECUTE FUNCTION afs_store.events_append_only();
+
+CREATE TABLE afs_store.agent_executions (
+    task_id     text NOT NULL REFERENCES afs_store.tasks (id) ON DELETE CASCADE,
+    agent       text NOT NULL,
+    status      text NOT NULL,
+    error       text,
+    fork        text,
+    duration_s  double precision,
+    waited_s    double precision,
+    measured_by text,
+    usage       jsonb NOT NULL DEFAULT '{}',
+    PRIMARY KEY (task_id, agent)
+);
+
+CREATE TABLE afs_store.proposals (
+    task_id          text NOT NULL,
+    agent            text NOT NULL,
+    rank             integer NOT NULL,   -- the brain's order, 1 = its first choice
+    status           text NOT NULL,      -- measured, screened_out, rejected, failed
+    chosen           boolean NOT NULL,   -- the agent's proposal (its best candidate)
+    proposal_type    text NOT NULL,
+    sql_commands     jsonb NOT NULL,
+    rollback_commands jsonb NOT NULL,
+    settings         jsonb NOT NULL,
+    rewritten_query  text,
+    rationale        text NOT NULL,
+    planner_cost     double precision,
+    baseline_cost    double precision,
+    note             text NOT NULL DEFAULT '',
+    PRIMARY KEY (task_id, agent, rank),
+    FOREIGN KEY (task_id, agent) REFERENCES afs_store.agent_executions ON DELETE CASCADE
+);
+
+CREATE TABLE afs_store.benchmark_results (
+    task_id      text NOT NULL,
+    agent        text NOT NULL,
+    rank         integer NOT NULL,
+    kind         text NOT NULL CHECK (kind IN ('suite', 'parameters')),
+    name         text NOT NULL,          -- suite query, or the parameter set's label
+    baseline_ms  double precision,
+    optimized_ms double precision,
+    rows         bigint,
+    equivalent   boolean NOT NULL,
+    significant  boolean,                -- suite: beats the noise
+    slower       boolean,                -- parameter sets: slower than the original
+    note         text NOT NULL DEFAULT '',
+    FOREIGN KEY (task_id, agent, rank) REFERENCES afs_store.proposals ON DELETE CASCADE
+);
+CREATE INDEX benchmark_results_task ON afs_store.benchmark_results (task_id);
+
+CREATE TABLE afs_store.consensus_decisions (
+    task_id    text PRIMARY KEY REFERENCES afs_store.tasks (id) ON DELETE CASCADE,
+    winner     text,
+    ranking    jsonb NOT NULL,
+    rationale  jsonb NOT NULL,
+    confidence double precision NOT NULL,
+    scores     jsonb NOT NULL
+);
+
+CREATE TABLE afs_store.forks (
+    name         text PRIMARY KEY,
+    task_id      text NOT NULL REFERENCES afs_store.tasks (id) ON DELETE CASCADE,
+    agent        text,
+    worker       text,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    destroyed_at timestamptz
+);
+CREATE INDEX forks_task ON afs_store.forks (task_id);
+"""),
+    Migration(2, "agent assignments: the router's capacity across workers", """
+CREATE TABLE afs_store.agent_assignments (
+    task_id     text NOT NULL REFERENCES afs_store.tasks (id) ON DELETE CASCADE,
+    agent       text NOT NULL,
+    assigned_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (task_id, agent)
+);
+"""),
+)
