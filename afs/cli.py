@@ -442,7 +442,7 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
                 runs=runs, worker=worker, lease_s=rt.lease_s)
             async with display.running():
                 finished = await run_task(rt, task, worker, sinks=(display.sink,), on_interrupt="cancel",
-                                          source_dsn=direct_dsn)
+                                          direct_dsn=direct_dsn)
     if finished is None:
         raise KeyboardInterrupt
     return _print_finished(args, finished.task_id, finished.result, finished.error,

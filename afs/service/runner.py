@@ -152,10 +152,10 @@ async def _keep_lease(rt: Runtime, task_id: str, worker: str, work: trio.CancelS
 
 async def run_task(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink, ...] = (),
                    on_interrupt: Literal["cancel", "release"] = "release",
-                   source_dsn: str | None = None) -> Finished:
+                   direct_dsn: str | None = None) -> Finished:
     """Run a task this worker has claimed, to its end; the store has everything on return.
 
-    `source_dsn` overrides where the source is read (in-process runs against another fork
+    `direct_dsn` overrides where the source is read (in-process runs against another fork
     server read the database itself; the DSN, password included, is never stored).
 
     Cancelled from outside (Ctrl-C, a server shutting down), the task is given back to the
@@ -164,7 +164,7 @@ async def run_task(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink
     with structlog.contextvars.bound_contextvars(task_id=task.id, worker=worker):
         finished: Finished | None = None
         try:
-            finished = await _run(rt, task, worker, sinks)
+            finished = await _run(rt, task, worker, sinks, direct_dsn)
         finally:
             if finished is None:  # cancelled (the Cancelled may come wrapped in a group), or a bug
                 with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_S):
@@ -189,7 +189,8 @@ async def _hand_back(rt: Runtime, task_id: str, worker: str,
             await trio.sleep(0.2)
 
 
-async def _run(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink, ...]) -> Finished:
+async def _run(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink, ...],
+               direct_dsn: str | None = None) -> Finished:
     result: TaskResult | None = None
     error: str | None = None
     bad_input = False
@@ -200,7 +201,7 @@ async def _run(rt: Runtime, task: TaskRecord, worker: str, sinks: tuple[Sink, ..
             with trio.CancelScope() as work:
                 nursery.start_soon(_keep_lease, rt, task.id, worker, work, stop, events)
                 try:
-                    result = await _optimize(rt, task, events, source_dsn)
+                    result = await _optimize(rt, task, events, direct_dsn)
                 except (InputError, ConfigError) as exc:
                     error, bad_input = str(exc), True
                 except AfsError as exc:
