@@ -116,7 +116,8 @@ async def test_optimize_against_another_fork_server_needs_no_sandbox(
     server = [sys.executable, "-m", "afs", "mcp", "serve", "--admin-dsn", sandbox.dsn(),
               "--register", shop]
     env = {**os.environ, "AFS_HOME": str(client_home),
-           "AFS_FORK_SERVER_COMMAND": shlex.join(server)}
+           "AFS_FORK_SERVER_COMMAND": shlex.join(server),
+           "AFS_STORE_URL": sandbox.dsn("postgres")}  # a team's store: the task is recorded there
     query = ("SELECT id, total_amount FROM orders WHERE user_id = 42 AND status = 'pending'"
              " ORDER BY created_at DESC")
     result = await trio.run_process(
@@ -128,4 +129,11 @@ async def test_optimize_against_another_fork_server_needs_no_sandbox(
     assert report["source"] == shop
     assert report["status"] == "completed", report["error"]
     assert all(p["status"] != "failed" for p in report["proposals"]), report["proposals"]
+    assert not (client_home / "sandbox").exists()
+    # without a store to record the task in, it is refused before anything starts
+    env.pop("AFS_STORE_URL")
+    refused = await trio.run_process(
+        [sys.executable, "-m", "afs", "optimize", "--dsn", sandbox.dsn(shop), "--query", query,
+         "--provider", "heuristic"], capture_stdout=True, capture_stderr=True, check=False, env=env)
+    assert refused.returncode == 2 and b"AFS_STORE_URL" in refused.stderr, refused.stderr.decode()
     assert not (client_home / "sandbox").exists()
