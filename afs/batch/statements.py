@@ -11,6 +11,7 @@ the others ranked above the last one kept are listed as skipped, with the reason
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ class Workload:
     statements: tuple[Statement, ...]  # to optimize, by total time (highest first)
     skipped: tuple[Skipped, ...]  # ranked above the last statement kept, and why not
     below_thresholds: int  # statements under --min-calls / --min-mean-ms
+    period_s: float = 0.0  # since pg_stat_statements was last reset (what the totals cover)
 
 
 _READ_SQL = """
@@ -163,4 +165,7 @@ async def read_workload(conn: Connection, *, top: int, min_calls: int = 1,
         rows = await conn.fetchall(_READ_SQL)
     except DatabaseError as exc:
         raise InputError(f"cannot read pg_stat_statements: {str(exc).splitlines()[0]}") from exc
-    return select_workload(database, rows, top=top, min_calls=min_calls, min_mean_ms=min_mean_ms)
+    period = await conn.fetchval(
+        "SELECT extract(epoch FROM now() - stats_reset) FROM pg_stat_statements_info")
+    workload = select_workload(database, rows, top=top, min_calls=min_calls, min_mean_ms=min_mean_ms)
+    return dataclasses.replace(workload, period_s=float(period or 0.0))
