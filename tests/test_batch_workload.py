@@ -40,7 +40,8 @@ def workload_db(sandbox: SandboxServer) -> Iterator[str]:
             for i in range(3):
                 conn.execute(FAST.format(i=i).encode())
             conn.execute("UPDATE shop_orders SET total = total WHERE id = 1")
-            conn.execute("SELECT * FROM pg_class WHERE relname = 'x'")
+            for _ in range(3):
+                conn.execute("SELECT count(*) FROM pg_attribute a CROSS JOIN pg_class c")
         with psycopg.connect(sandbox.dsn(), autocommit=True) as other:  # another database's statement
             for _ in range(50):
                 other.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'zz%'")
@@ -163,3 +164,10 @@ def test_fill_says_which_parameter_cannot_be_filled() -> None:
 def test_substitute_leaves_strings_and_comments_alone() -> None:
     assert substitute("SELECT '$1', $1 /* $1 */ FROM t WHERE a = $12", {1: "7", 12: "'x'"}) == \
         "SELECT '$1', 7 /* $1 */ FROM t WHERE a = 'x'"
+
+
+def test_a_normalised_typed_literal_is_written_as_a_cast() -> None:
+    from afs.batch.fill import typed_parameters
+
+    assert typed_parameters("SELECT 1 FROM t WHERE at > now() - interval $2 AND d = date $10") == \
+        "SELECT 1 FROM t WHERE at > now() - $2::interval AND d = $10::date"

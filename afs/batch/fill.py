@@ -19,6 +19,7 @@ filled query with a plain EXPLAIN; neither runs the statement.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -283,8 +284,18 @@ async def read_tables(conn: Connection, query: str) -> dict[str, TableInfo]:
     return tables
 
 
+# pg_stat_statements writes a typed literal (interval '1 day') as `interval $2`, which is not SQL
+_TYPED = re.compile(r"\b(interval|date|timestamptz|timestamp|time)\s+\$(\d+)", re.IGNORECASE)
+
+
+def typed_parameters(query: str) -> str:
+    """`interval $2` (a normalised typed literal) as `$2::interval`."""
+    return _TYPED.sub(lambda m: f"${m.group(2)}::{m.group(1)}", query)
+
+
 async def fill_statement(conn: Connection, query: str, count: int = DEFAULT_SETS) -> Filled:
     """Screen with EXPLAIN (GENERIC_PLAN), fill from pg_stats, EXPLAIN each filled query."""
+    query = typed_parameters(query)
     if any(t.name == "PARAM" for t in scan(query)):
         try:
             await conn.execute(f"EXPLAIN (GENERIC_PLAN) {query}")

@@ -27,6 +27,7 @@ from afs.batch.statements import relation_name
 from afs.models import TaskResult
 
 DAY_S = 86_400.0
+SHORT_PERIOD_S = 3_600.0
 
 
 @dataclass
@@ -176,6 +177,9 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     out = [f"# AFS batch {doc['id']}: {doc['database']}", "",
            f"{doc['created_at']} · {len(doc['statements'])} statement(s) · pg_stat_statements period "
            f"{doc['period_s'] / 3600:.1f} h · brains: {doc['provider']}", ""]
+    if doc["period_s"] < SHORT_PERIOD_S:
+        out += ["Time saved per day is extrapolated from less than an hour of statistics: "
+                "let the workload run longer for a steadier estimate.", ""]
     out += ["| # | queryid | calls | total | mean ms | status | winner | gain | saved/day | task |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for n, e in enumerate(doc["statements"], 1):
