@@ -162,7 +162,8 @@ def slots(query: str, tables: Mapping[str, TableInfo]) -> list[Slot]:
                 use = _ROLES.get(oper)
                 if use is None:
                     seen.add(number)
-                    found.append(Slot(number, "eq", problem=f"${number} is an operand of {op}"))
+                    found.append(Slot(number, "eq", problem=f"${number} is an operand of {op},"
+                                                            " not compared with a column"))
                 else:
                     add(number, use, _column(other))
     numbers = {int(query[t.start + 1:t.end + 1]) for t in scan(query) if t.name == "PARAM"}

@@ -132,10 +132,8 @@ def select_workload(database: str, rows: Iterable[tuple[int | None, str, int, fl
         else:
             assert queryid is not None
             kept.append(Statement(int(queryid), query, int(calls), float(total), float(mean), int(nrows)))
-    if kept:  # the others that cost more than the last statement kept
-        skipped = [s for s in skipped if s.total_ms >= kept[-1].total_ms]
-    else:
-        skipped = skipped[:top]
+    # listed: the others that cost more than the last statement kept
+    skipped = [s for s in skipped if s.total_ms >= kept[-1].total_ms] if kept else skipped[:top]
     return Workload(database, tuple(kept), tuple(skipped), below)
 
 
