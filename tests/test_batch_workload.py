@@ -10,11 +10,16 @@ import psycopg
 import pytest
 
 from afs.batch.fill import fill, fill_statement, slots, substitute
+from afs.batch.job import BatchOptions, run_batch
 from afs.batch.statements import read_workload, select_workload, why_not
+from afs.config import Settings
 from afs.db import open_connection
 from afs.errors import InputError
+from afs.forks.provider import LocalForkProvider
 from afs.models import ColumnInfo, ColumnStats, TableInfo
-from afs.sandbox.server import SandboxServer
+from afs.sandbox.importer import import_database, origin_of, sandbox_source
+from afs.sandbox.server import SandboxServer, dsn_for
+from afs.service.worker import open_runtime, worker_name
 
 SLOW = "SELECT id, total FROM shop_orders WHERE customer = {c} AND state = '{s}' ORDER BY placed DESC"
 FAST = "SELECT count(*) FROM shop_orders WHERE id = {i}"
@@ -88,6 +93,44 @@ async def test_parameters_are_filled_from_pg_stats_and_the_filled_queries_plan(w
         unplanned = await fill_statement(conn, "SELECT id FROM shop_orders WHERE nothing = $1")
         assert unplanned.sets == () and "GENERIC_PLAN" not in (unplanned.reason or "x") and \
             "does not plan" in (unplanned.reason or "")
+
+
+async def test_a_role_without_pg_read_all_stats_is_told_why_it_sees_no_text(
+        workload_db: str, settings: Settings, sandbox: SandboxServer) -> None:
+    database = psycopg.conninfo.conninfo_to_dict(workload_db)["dbname"]
+    with psycopg.connect(sandbox.dsn(), autocommit=True) as conn:
+        conn.execute("CREATE ROLE afs_batch_reader LOGIN PASSWORD 'reader'")
+    try:
+        reader = dsn_for(settings, str(database), user="afs_batch_reader", password="reader")
+        async with open_connection(reader) as conn:
+            workload = await read_workload(conn, top=3)
+        assert workload.statements == ()
+        assert workload.skipped and all("pg_read_all_stats" in s.reason for s in workload.skipped)
+    finally:
+        with psycopg.connect(sandbox.dsn(), autocommit=True) as conn:
+            conn.execute("DROP ROLE afs_batch_reader")
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_batch_on_a_dsn_runs_its_tasks_on_the_databases_copy_in_the_sandbox(
+        workload_db: str, settings: Settings, sandbox: SandboxServer, store_db: str,
+        provider: LocalForkProvider) -> None:
+    copy = "afs_batch_copy_" + os.urandom(3).hex()
+    await import_database(sandbox, workload_db, copy)
+    try:
+        async with open_runtime(settings, store_db) as rt:
+            source = await sandbox_source(rt.forks, settings.demo_database, workload_db)
+            assert source == copy
+            doc = await run_batch(rt, target_dsn=workload_db, source=source, task_dsn=workload_db,
+                                  options=BatchOptions(top=1, min_calls=10, provider="heuristic", runs=1),
+                                  worker=worker_name("batch"))
+            [entry] = doc["statements"]
+            assert entry["calls"] == 30 and "ORDER BY placed" in entry["query"]
+            task = await rt.store.get(entry["task_id"])
+            assert task.source == copy and task.finished and task.query == entry["filled_query"]
+            assert doc["origin"] == origin_of(workload_db)
+    finally:
+        await provider.drop_source(copy)
 
 
 async def test_a_database_without_the_extension_is_refused_saying_how_to_fix_it(

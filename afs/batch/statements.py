@@ -140,21 +140,30 @@ def select_workload(database: str, rows: Iterable[tuple[int | None, str, int, fl
 async def check_extension(conn: Connection) -> None:
     """pg_stat_statements must be preloaded, created in this database, version ≥ 1.8."""
     database = await conn.fetchval("SELECT current_database()")
+    not_loaded = ("pg_stat_statements is not loaded on the target server: add it to "
+                  "shared_preload_libraries in postgresql.conf (and compute_query_id = on), "
+                  f"restart the server, then CREATE EXTENSION pg_stat_statements in database {database}")
     version = await conn.fetchval(
         "SELECT extversion FROM pg_extension WHERE extname = 'pg_stat_statements'")
-    preload = str(await conn.fetchval("SELECT current_setting('shared_preload_libraries')") or "")
-    if "pg_stat_statements" not in [p.strip() for p in preload.split(",")]:
-        raise InputError("pg_stat_statements is not loaded on the target server: add it to "
-                         "shared_preload_libraries in postgresql.conf (and compute_query_id = on), "
-                         "restart the server, then CREATE EXTENSION pg_stat_statements in "
-                         f"database {database}")
     if version is None:
+        try:
+            preload = str(await conn.fetchval("SELECT current_setting('shared_preload_libraries')") or "")
+        except DatabaseError:  # the role may not read it (pg_read_all_settings)
+            preload = "pg_stat_statements"
+        if "pg_stat_statements" not in [p.strip() for p in preload.split(",")]:
+            raise InputError(not_loaded)
         raise InputError(f"the pg_stat_statements extension is not created in database {database}: "
                          "run CREATE EXTENSION pg_stat_statements there (as a superuser or the owner)")
     parts = tuple(int(p) for p in str(version).split(".")[:2] if p.isdigit())
     if parts < MIN_VERSION:
         raise InputError(f"pg_stat_statements {version} in database {database} has no total_exec_time "
                          "(needs 1.8, PostgreSQL 13): run ALTER EXTENSION pg_stat_statements UPDATE")
+    try:
+        await conn.execute("SELECT 1 FROM pg_stat_statements LIMIT 1")
+    except DatabaseError as exc:
+        if "shared_preload_libraries" in str(exc):
+            raise InputError(not_loaded) from exc
+        raise InputError(f"cannot read pg_stat_statements: {str(exc).splitlines()[0]}") from exc
 
 
 async def read_workload(conn: Connection, *, top: int, min_calls: int = 1,
