@@ -643,9 +643,10 @@ def add_batch_command(commands: Any, sub: Any) -> None:
                             "in the sandbox is where tasks run (`afs sandbox import`); default: the demo "
                             "database")
     batch.add_argument("--top", type=int, default=10, metavar="N", help="statements to optimize (default 10)")
-    batch.add_argument("--min-calls", type=int, default=1, metavar="C", help="only statements called C times")
+    batch.add_argument("--min-calls", type=int, default=1, metavar="C",
+                       help="only statements called at least C times")
     batch.add_argument("--min-mean-ms", type=float, default=0.0, metavar="M",
-                       help="only statements taking M ms on average")
+                       help="only statements taking at least M ms on average")
     batch.add_argument("--force", action="store_true",
                        help="optimize again statements optimized recently with no schema change since")
     batch.add_argument("--recent-days", type=float, default=7.0, metavar="D",

@@ -63,6 +63,7 @@ async def test_a_batch_optimizes_the_costliest_statements_once(settings: Setting
             assert task.finished and task.query == s["filled_query"]
         assert doc["indexes"] and all(set(i["statements"]) <= {s["queryid"] for s in statements}
                                       for i in doc["indexes"])
+        assert all(isinstance(i["table_writes"], int) for i in doc["indexes"])  # read on the target
         assert doc["total_index_mb"] == pytest.approx(sum(i["size_mb"] for i in doc["indexes"]))
         report = settings.home / "reports" / f"batch-{doc['id']}.md"
         assert report.read_text() == render_markdown(doc)
@@ -118,9 +119,12 @@ def test_indexes_serving_several_statements_are_merged_and_counted_once() -> Non
     unsolved = Entry(6, "SELECT 6", 1, 1.0, 1.0, "no_improvement", task_id="6")
     doc = build_report({"id": "x", "created_at": "now", "database": "db", "period_s": 3600.0,
                         "provider": "heuristic"}, [*entries, unsolved],
-                       [{"queryid": 7, "query": "UPDATE t SET a = $1", "reason": "refused"}])
+                       [{"queryid": 7, "query": "UPDATE t SET a = $1", "reason": "refused"}],
+                       {"orders": 1234})
     assert doc["total_index_mb"] == 3.0 + 0.5 + 1.0  # the merged index once, the largest size
+    assert [i["table_writes"] for i in doc["indexes"]] == [1234, 1234, None]
     assert doc["saved_ms_per_day"] == 480.0
     assert [(u["queryid"], u["status"]) for u in doc["unsolved"]] == [(6, "no_improvement"), (7, "skipped")]
     text = render_markdown(doc)
+    assert text.count("1234 row writes to orders") == 2
     assert "serves 3 statement(s)" in text and "instead of `CREATE INDEX a" in text

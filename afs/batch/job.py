@@ -23,7 +23,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from afs.batch.fill import DEFAULT_SETS, fill_statement
-from afs.batch.report import Entry, build_report, outcome, render_markdown
+from afs.batch.report import Entry, build_report, index_key, outcome, render_markdown
 from afs.batch.statements import read_workload, relations
 from afs.db import Connection, open_connection
 from afs.errors import InputError
@@ -94,6 +94,11 @@ async def stored_batch(store: Store, batch_id: str) -> tuple[dict[str, Any] | No
     return (None if row[0] is None else dict(row[0])), row[1]
 
 
+def _index_tables(entry: Entry) -> list[str]:
+    keys = [index_key(sql) for sql in (entry.winner or {}).get("sql_commands", [])]
+    return [k.table for k in keys if k is not None]
+
+
 async def run_batch(rt: Runtime, *, target_dsn: str, source: str, task_dsn: str | None,
                     options: BatchOptions, worker: str, sinks: tuple[Sink, ...] = (),
                     progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
@@ -143,7 +148,12 @@ async def run_batch(rt: Runtime, *, target_dsn: str, source: str, task_dsn: str 
               "provider": options.provider, "period_s": round(workload.period_s, 1),
               "options": asdict(options), "below_thresholds": workload.below_thresholds}
     skipped = [{"queryid": s.queryid, "query": s.query, "reason": s.reason} for s in workload.skipped]
-    doc = build_report(header, entries, skipped)
+    tables = {t for e in entries for t in _index_tables(e)}
+    async with open_connection(target_dsn) as target:
+        writes = {t: int(n) for t in sorted(tables) if (n := await target.fetchval(
+            "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables WHERE relid = to_regclass(%s)",
+            (t,))) is not None}
+    doc = build_report(header, entries, skipped, writes)
     markdown = render_markdown(doc)
     reports = rt.settings.home / "reports"
     reports.mkdir(parents=True, exist_ok=True)

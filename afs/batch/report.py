@@ -142,9 +142,15 @@ def merge_indexes(entries: Sequence[Entry]) -> list[dict[str, Any]]:
 
 
 def build_report(header: Mapping[str, Any], entries: Sequence[Entry],
-                 skipped: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The batch document: header, statements, merged indexes, totals, what is unsolved."""
+                 skipped: Sequence[Mapping[str, Any]],
+                 writes: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The batch document: header, statements, merged indexes, totals, what is unsolved.
+
+    `writes`: rows written to each table over the statistics period (the write cost an
+    index adds is per table and per index, so a merged index counts it once)."""
     indexes = merge_indexes(entries)
+    for index in indexes:
+        index["table_writes"] = (writes or {}).get(index["table"])
     unsolved = [{"queryid": e.queryid, "query": e.query, "status": e.status,
                  "reason": e.reason or ("no proposal beat the original" if e.status == "no_improvement"
                                         else None)}
@@ -212,7 +218,8 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     for i in doc["indexes"]:
         out.append(f"- `{i['sql']}` — {i['size_mb']:.1f} MB, serves {len(i['statements'])} statement(s) "
                    f"({', '.join(str(q) for q in i['statements'])}), saves {_duration(i['saved_ms_per_day'])}"
-                   " a day")
+                   " a day" + (f"; {i['table_writes']} row writes to {i['table']} in the period"
+                               " would maintain it" if i.get("table_writes") else ""))
         for other in i["replaces"]:
             out.append(f"  - instead of `{other}`")
     out += ["", f"Estimated time saved: {_duration(doc['saved_ms_per_day'])} a day.", "",
