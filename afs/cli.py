@@ -6,7 +6,7 @@
     afs mcp serve                               the fork provider as an MCP server (stdio)
     afs history|show|events|resume              tasks in the store: list, report, events, run again
     afs worker | afs serve                      take queued tasks; the HTTP API with live events
-    afs batch [show ID]                         the target's costliest statements, optimized in turn
+    afs batch [show ID | list]                  the target's costliest statements, optimized in turn
 
 Exit codes: 0 success, 1 failure, 2 bad input or usage, 130 interrupted.
 Results go to stdout (`--json` for scripts); progress and logs go to stderr.
@@ -577,9 +577,11 @@ def add_service_commands(commands: Any, sub: Any) -> None:
 # -- the batch job: the target's costliest statements (afs.batch) -----------------------------
 async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
     """`afs batch [options]` runs a batch; `afs batch show ID` prints a stored one."""
+    if args.words == ["list"]:
+        return await _batch_list(args, settings)
     if args.words:
         if len(args.words) != 2 or args.words[0] != "show":
-            raise InputError("usage: afs batch [--dsn DSN] [--top N] … | afs batch show ID")
+            raise InputError("usage: afs batch [--dsn DSN] [--top N] … | afs batch show ID | afs batch list")
         return await _batch_show(args, settings, args.words[1])
     from afs.batch.job import BatchOptions, run_batch
     from afs.sandbox.importer import sandbox_source
@@ -630,14 +632,27 @@ async def _batch_show(args: argparse.Namespace, settings: Settings, batch_id: st
     return EXIT_OK
 
 
+async def _batch_list(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.batch.job import batches
+
+    async with _open_task_store(settings) as store:
+        found = await batches(store)
+    emit(args, found, "\n".join(f"{b['id']}  {b['created_at'][:19]}  {b['origin']}"
+                                 + ("" if b["finished_at"] else "  (not finished)") for b in found)
+         or "no batches yet")
+    return EXIT_OK
+
+
 def add_batch_command(commands: Any, sub: Any) -> None:
     batch = sub(commands, "batch", "optimize the target's costliest statements "
-                "(pg_stat_statements), one task each; `afs batch show ID` prints a stored report",
+                "(pg_stat_statements), one task each; `afs batch show ID` prints a stored report, "
+                "`afs batch list` the stored batches",
                 cmd_batch)
     batch.epilog = ("The target needs pg_stat_statements (preloaded, and created in the database). "
                     "Statements' $n parameters are filled from pg_stats. Report: Markdown, or --json; "
                     "also in $AFS_HOME/reports/ and the store. Nothing is applied to the target.")
-    batch.add_argument("words", nargs="*", metavar="show ID", help="print stored batch ID")
+    batch.add_argument("words", nargs="*", metavar="show ID | list",
+                       help="print stored batch ID; list the stored batches, newest first")
     batch.add_argument("--dsn", metavar="DSN",
                        help="the target database (read: pg_stat_statements, pg_stats, EXPLAIN); its copy "
                             "in the sandbox is where tasks run (`afs sandbox import`); default: the demo "

@@ -88,6 +88,9 @@ async def test_a_batch_optimizes_the_costliest_statements_once(settings: Setting
     shown = await afs("batch", "show", doc["id"], "--json", store_db=store_db)
     assert shown.returncode == 0, shown.stderr.decode()
     assert json.loads(shown.stdout) == json.loads(json.dumps(doc))
+    listed = await afs("batch", "list", "--json", store_db=store_db)
+    assert listed.returncode == 0 and [b["id"] for b in json.loads(listed.stdout)][-1] == doc["id"]
+    assert len(json.loads(listed.stdout)) == 3 and all(b["finished_at"] for b in json.loads(listed.stdout))
     missing = await afs("batch", "show", "nope", store_db=store_db)
     assert missing.returncode == 2 and b"no batch nope" in missing.stderr
     bad = await afs("batch", "--top", "0", store_db=store_db)
