@@ -6,6 +6,7 @@
     afs mcp serve                               the fork provider as an MCP server (stdio)
     afs history|show|events|resume              tasks in the store: list, report, events, run again
     afs worker | afs serve                      take queued tasks; the HTTP API with live events
+    afs batch [show ID | list]                  the target's costliest statements, optimized in turn
 
 Exit codes: 0 success, 1 failure, 2 bad input or usage, 130 interrupted.
 Results go to stdout (`--json` for scripts); progress and logs go to stderr.
@@ -648,6 +649,103 @@ def add_service_commands(commands: Any, sub: Any) -> None:
     serve.add_argument("--lease", type=float, default=30.0, metavar="S", help="the workers' lease")
 
 
+# -- the batch job: the target's costliest statements (afs.batch) -----------------------------
+async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
+    """`afs batch [options]` runs a batch; `afs batch show ID` prints a stored one."""
+    if args.words == ["list"]:
+        return await _batch_list(args, settings)
+    if args.words:
+        if len(args.words) != 2 or args.words[0] != "show":
+            raise InputError("usage: afs batch [--dsn DSN] [--top N] … | afs batch show ID | afs batch list")
+        return await _batch_show(args, settings, args.words[1])
+    from afs.batch.job import BatchOptions, run_batch
+    from afs.sandbox.importer import sandbox_source
+    from afs.sandbox.seeding import ensure_demo
+    from afs.sandbox.server import SandboxServer, dsn_for
+    from afs.service.runner import relayed_cancellation
+    from afs.service.worker import open_runtime, worker_name
+    from afs.store import store_url
+
+    runs = settings.runs if args.runs is None else args.runs
+    if runs < 1:
+        raise InputError(f"--runs must be at least 1, got {runs}")
+    options = BatchOptions(top=args.top, min_calls=args.min_calls, min_mean_ms=args.min_mean_ms,
+                           force=args.force, provider=args.provider, runs=runs,
+                           recent_days=args.recent_days)
+    if options.top < 1 or options.min_calls < 0 or options.min_mean_ms < 0 or options.recent_days < 0:
+        raise InputError("--top must be at least 1; --min-calls, --min-mean-ms, --recent-days not negative")
+    server = SandboxServer(settings)
+    progress("starting the sandbox")
+    await trio.to_thread.run_sync(server.start)
+    if args.dsn is None:
+        await ensure_demo(settings, server, settings.scale, progress)
+    target = args.dsn or dsn_for(settings, settings.demo_database)
+    doc: dict[str, Any] | None = None
+    async with relayed_cancellation() as work, open_runtime(settings, store_url(settings)) as rt:
+        with work:  # Ctrl-C: the running task is recorded as cancelled, its forks destroyed
+            source = await sandbox_source(rt.forks, settings.demo_database, args.dsn)
+            doc = await run_batch(rt, target_dsn=target, source=source, task_dsn=args.dsn,
+                                  options=options, worker=worker_name("batch"), progress=progress)
+    progress_done()
+    if doc is None:
+        raise KeyboardInterrupt
+    from afs.batch.report import render_markdown
+
+    emit(args, doc, render_markdown(doc) + f"\n(report: {settings.home / 'reports'}/batch-{doc['id']}.md)")
+    return EXIT_OK
+
+
+async def _batch_show(args: argparse.Namespace, settings: Settings, batch_id: str) -> int:
+    from afs.batch.job import stored_batch
+
+    async with _open_task_store(settings) as store:
+        doc, markdown = await stored_batch(store, batch_id)
+    if doc is None:
+        emit(args, {"id": batch_id, "status": "running"}, f"batch {batch_id} has not finished")
+        return EXIT_FAILED
+    emit(args, doc, markdown or "")
+    return EXIT_OK
+
+
+async def _batch_list(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.batch.job import batches
+
+    async with _open_task_store(settings) as store:
+        found = await batches(store)
+    emit(args, found, "\n".join(f"{b['id']}  {b['created_at'][:19]}  {b['origin']}"
+                                 + ("" if b["finished_at"] else "  (not finished)") for b in found)
+         or "no batches yet")
+    return EXIT_OK
+
+
+def add_batch_command(commands: Any, sub: Any) -> None:
+    batch = sub(commands, "batch", "optimize the target's costliest statements "
+                "(pg_stat_statements), one task each; `afs batch show ID` prints a stored report, "
+                "`afs batch list` the stored batches",
+                cmd_batch)
+    batch.epilog = ("The target needs pg_stat_statements (preloaded, and created in the database). "
+                    "Statements' $n parameters are filled from pg_stats. Report: Markdown, or --json; "
+                    "also in $AFS_HOME/reports/ and the store. Nothing is applied to the target.")
+    batch.add_argument("words", nargs="*", metavar="show ID | list",
+                       help="print stored batch ID; list the stored batches, newest first")
+    batch.add_argument("--dsn", metavar="DSN",
+                       help="the target database (read: pg_stat_statements, pg_stats, EXPLAIN); its copy "
+                            "in the sandbox is where tasks run (`afs sandbox import`); default: the demo "
+                            "database")
+    batch.add_argument("--top", type=int, default=10, metavar="N", help="statements to optimize (default 10)")
+    batch.add_argument("--min-calls", type=int, default=1, metavar="C",
+                       help="only statements called at least C times")
+    batch.add_argument("--min-mean-ms", type=float, default=0.0, metavar="M",
+                       help="only statements taking at least M ms on average")
+    batch.add_argument("--force", action="store_true",
+                       help="optimize again statements optimized recently with no schema change since")
+    batch.add_argument("--recent-days", type=float, default=7.0, metavar="D",
+                       help="what 'recently' means for --force (default 7 days)")
+    batch.add_argument("--provider", choices=("auto", "heuristic", "gemini"), default="auto",
+                       help="who thinks (as for afs optimize)")
+    batch.add_argument("--runs", type=int, help="measured runs per suite query and side (default: AFS_RUNS)")
+
+
 # -- mcp ------------------------------------------------------------------------------
 def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
     from afs.forks import server as mcp_server
@@ -804,6 +902,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="submit to `afs serve` at URL (e.g. http://127.0.0.1:8470) instead of "
                           "running here")
     add_service_commands(commands, sub)
+    add_batch_command(commands, sub)
 
     mcp = commands.add_parser("mcp", help="the MCP fork server")
     mcp_cmds = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)

@@ -150,4 +150,30 @@ CREATE TABLE afs_store.agent_assignments (
     PRIMARY KEY (task_id, agent)
 );
 """),
+    # the batch job (afs.batch); numbered apart from the service's own migrations
+    Migration(100, "batches: the batch job's runs and the statements each optimized", """
+CREATE TABLE afs_store.batches (
+    id          text PRIMARY KEY,
+    origin      text NOT NULL,           -- host:port/database of the target, no password
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz,
+    options     jsonb NOT NULL,
+    report      jsonb,                   -- afs.batch.report.build_report
+    markdown    text
+);
+CREATE INDEX batches_created ON afs_store.batches (created_at DESC);
+
+CREATE TABLE afs_store.batch_statements (
+    batch_id    text NOT NULL REFERENCES afs_store.batches (id) ON DELETE CASCADE,
+    queryid     bigint NOT NULL,         -- pg_stat_statements.queryid on the target
+    origin      text NOT NULL,
+    query       text NOT NULL,
+    schema_hash text NOT NULL,           -- of the tables it reads: columns, indexes, statistics
+    task_id     text REFERENCES afs_store.tasks (id) ON DELETE SET NULL,
+    status      text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (batch_id, queryid)
+);
+CREATE INDEX batch_statements_recent ON afs_store.batch_statements (origin, queryid, created_at DESC);
+"""),
 )

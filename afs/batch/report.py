@@ -1,0 +1,231 @@
+"""The batch report (pure): per statement, the indexes to create merged, what is unsolved.
+
+    doc = build_report(header, entries)      # a JSON document
+    text = render_markdown(doc)
+
+A statement's estimated time saved per day is its total time over the period
+pg_stat_statements has counted (since its last reset), scaled to a day, times the
+winner's measured gain over the query family (the suite and the other parameter sets).
+Indexes from different winners are merged when one serves the other: on the same
+table, with the same method and predicate, one's key columns equal to or a prefix of
+the other's (the longer is kept). A merged index is reported once, with every
+statement it serves and their time saved together; its size (measured in the fork:
+the storage the proposal added) is counted once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pglast import ast, enums, parse_sql
+from pglast.parser import ParseError
+from pglast.stream import RawStream
+
+from afs.batch.statements import relation_name
+from afs.models import TaskResult
+
+DAY_S = 86_400.0
+SHORT_PERIOD_S = 3_600.0
+
+
+@dataclass
+class Entry:
+    """One statement of the batch and what became of it."""
+
+    queryid: int
+    query: str
+    calls: int
+    total_ms: float
+    mean_ms: float
+    status: str  # completed, no_improvement, failed, skipped, reused
+    task_id: str | None = None
+    filled_query: str | None = None
+    parameter_sets: list[str] = field(default_factory=list)
+    reason: str | None = None  # skipped or failed: why
+    reused_from: str | None = None  # an earlier batch's task (no schema change since)
+    winner: dict[str, Any] | None = None  # agent, proposal_type, sql_commands, rewritten_query, settings
+    gain_pct: float | None = None
+    storage_mb: float = 0.0
+    saved_ms_per_day: float | None = None
+
+
+def outcome(entry: Entry, result: TaskResult | None, period_s: float) -> Entry:
+    """The entry with the task's winner, measured gain and time saved per day filled in."""
+    if result is None:
+        return entry
+    entry.status = entry.status if entry.status == "reused" else result.status
+    entry.reason = entry.reason or result.error
+    decision = result.decision
+    if decision is None or not decision.winner:
+        return entry
+    chosen = next(o for o in result.outcomes if o.agent == decision.winner)
+    if chosen.proposal is None or chosen.benchmark is None:
+        return entry
+    p, b = chosen.proposal, chosen.benchmark
+    entry.winner = {"agent": chosen.agent, "proposal_type": p.proposal_type,
+                    "sql_commands": list(p.sql_commands), "rewritten_query": p.rewritten_query,
+                    "settings": [list(s) for s in p.settings]}
+    entry.gain_pct = round(b.family_improvement_pct, 1)
+    entry.storage_mb = round(b.storage_delta_mb, 2)
+    per_day = entry.total_ms * DAY_S / max(period_s, 1.0)
+    entry.saved_ms_per_day = round(per_day * max(0.0, b.family_improvement_pct) / 100.0, 1)
+    return entry
+
+
+@dataclass(frozen=True)
+class IndexKey:
+    table: str
+    method: str
+    columns: tuple[str, ...]
+    where: str
+    include: tuple[str, ...]
+
+
+def index_key(sql: str) -> IndexKey | None:
+    """What an index is, read from its CREATE INDEX (None for any other command)."""
+    try:
+        stmts = parse_sql(sql)
+    except ParseError:
+        return None
+    if len(stmts) != 1 or not isinstance(stmts[0].stmt, ast.IndexStmt):
+        return None
+    s = stmts[0].stmt
+    if s.relation is None:
+        return None
+    table = relation_name(s.relation).removeprefix("public.")
+    columns = tuple((str(e.name) if e.name else f"({RawStream()(e.expr)})")
+                    + (" DESC" if e.ordering == enums.SortByDir.SORTBY_DESC else "")
+                    for e in (s.indexParams or ()))
+    include = tuple(str(e.name) for e in (s.indexIncludingParams or ()))
+    where = RawStream()(s.whereClause) if s.whereClause is not None else ""
+    return IndexKey(table, str(s.accessMethod or "btree"), columns, where, include)
+
+
+def serves(big: IndexKey, small: IndexKey) -> bool:
+    """`big` serves every lookup `small` would: same table, method and predicate, a prefix."""
+    return (big.table == small.table and big.method == small.method and big.where == small.where
+            and big.columns[:len(small.columns)] == small.columns
+            and set(small.include) <= set(big.columns) | set(big.include))
+
+
+def merge_indexes(entries: Sequence[Entry]) -> list[dict[str, Any]]:
+    """The winners' indexes, merged where one serves another (largest key first)."""
+    found: list[tuple[IndexKey, str, Entry]] = []
+    for e in entries:
+        for sql in (e.winner or {}).get("sql_commands", []):
+            key = index_key(sql)
+            if key is not None:
+                found.append((key, sql, e))
+    found.sort(key=lambda f: (-len(f[0].columns), -len(f[0].include)))
+    merged: list[dict[str, Any]] = []
+    keys: list[IndexKey] = []
+    for key, sql, e in found:
+        into = next((i for i, k in enumerate(keys) if serves(k, key)), None)
+        per_stmt = max(1, sum(1 for s in (e.winner or {}).get("sql_commands", []) if index_key(s)))
+        size = e.storage_mb / per_stmt
+        if into is None:
+            keys.append(key)
+            merged.append({"sql": sql, "table": key.table, "columns": list(key.columns),
+                           "size_mb": round(size, 2), "statements": [e.queryid],
+                           "saved_ms_per_day": e.saved_ms_per_day or 0.0, "replaces": []})
+            continue
+        target = merged[into]
+        target["size_mb"] = round(max(target["size_mb"], size), 2)
+        if sql != target["sql"] and sql not in target["replaces"]:
+            target["replaces"].append(sql)
+        if e.queryid not in target["statements"]:
+            target["statements"].append(e.queryid)
+            target["saved_ms_per_day"] = round(target["saved_ms_per_day"] + (e.saved_ms_per_day or 0.0), 1)
+    return merged
+
+
+def build_report(header: Mapping[str, Any], entries: Sequence[Entry],
+                 skipped: Sequence[Mapping[str, Any]],
+                 writes: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The batch document: header, statements, merged indexes, totals, what is unsolved.
+
+    `writes`: rows written to each table over the statistics period (the write cost an
+    index adds is per table and per index, so a merged index counts it once)."""
+    indexes = merge_indexes(entries)
+    for index in indexes:
+        index["table_writes"] = (writes or {}).get(index["table"])
+    unsolved = [{"queryid": e.queryid, "query": e.query, "status": e.status,
+                 "reason": e.reason or ("no proposal beat the original" if e.status == "no_improvement"
+                                        else None)}
+                for e in entries if e.winner is None]
+    unsolved += [{"queryid": s.get("queryid"), "query": s["query"], "status": "skipped",
+                  "reason": s["reason"]} for s in skipped]
+    return {
+        **header,
+        "statements": [asdict(e) for e in entries],
+        "indexes": indexes,
+        "total_index_mb": round(sum(i["size_mb"] for i in indexes), 2),
+        "saved_ms_per_day": round(sum(e.saved_ms_per_day or 0.0 for e in entries), 1),
+        "unsolved": unsolved,
+    }
+
+
+def _short(text: str, limit: int = 100) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _duration(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    seconds = ms / 1000
+    return f"{seconds / 60:.1f} min" if seconds >= 120 else f"{seconds:.1f} s"
+
+
+def render_markdown(doc: Mapping[str, Any]) -> str:
+    out = [f"# AFS batch {doc['id']}: {doc['database']}", "",
+           f"{doc['created_at']} · {len(doc['statements'])} statement(s) · pg_stat_statements period "
+           f"{doc['period_s'] / 3600:.1f} h · brains: {doc['provider']}", ""]
+    if doc["period_s"] < SHORT_PERIOD_S:
+        out += ["Time saved per day is extrapolated from less than an hour of statistics: "
+                "let the workload run longer for a steadier estimate.", ""]
+    out += ["| # | queryid | calls | total | mean ms | status | winner | gain | saved/day | task |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, e in enumerate(doc["statements"], 1):
+        w = e["winner"]
+        winner = f"{w['agent']}: {w['proposal_type']}" if w else "-"
+        gain = f"{e['gain_pct']:.0f} %" if e["gain_pct"] is not None else "-"
+        task = e["task_id"] or "-"
+        if e["reused_from"]:
+            task += " (earlier)"
+        out.append(f"| {n} | {e['queryid']} | {e['calls']} | {_duration(e['total_ms'])} | "
+                   f"{e['mean_ms']:.2f} | {e['status']} | {winner} | {gain} | "
+                   f"{_duration(e['saved_ms_per_day'])} | {task} |")
+    out += ["", "## Statements", ""]
+    for n, e in enumerate(doc["statements"], 1):
+        out.append(f"{n}. `{_short(e['query'], 200)}`")
+        if e["filled_query"] and e["filled_query"] != e["query"]:
+            out.append(f"   - measured as: `{_short(e['filled_query'], 200)}`")
+        for label in e["parameter_sets"][1:]:
+            out.append(f"   - other values: {label}")
+        if e["winner"]:
+            for sql in e["winner"]["sql_commands"]:
+                out.append(f"   - `{sql}`")
+            if e["winner"]["rewritten_query"]:
+                out.append(f"   - rewrite: `{_short(e['winner']['rewritten_query'], 200)}`")
+        if e["reason"]:
+            out.append(f"   - {e['reason']}")
+    out += ["", f"## Indexes to create ({doc['total_index_mb']:.1f} MB in all)", ""]
+    if not doc["indexes"]:
+        out.append("none")
+    for i in doc["indexes"]:
+        out.append(f"- `{i['sql']}` — {i['size_mb']:.1f} MB, serves {len(i['statements'])} statement(s) "
+                   f"({', '.join(str(q) for q in i['statements'])}), saves {_duration(i['saved_ms_per_day'])}"
+                   " a day" + (f"; {i['table_writes']} row writes to {i['table']} in the period"
+                               " would maintain it" if i.get("table_writes") else ""))
+        for other in i["replaces"]:
+            out.append(f"  - instead of `{other}`")
+    out += ["", f"Estimated time saved: {_duration(doc['saved_ms_per_day'])} a day.", "",
+            "## Unsolved", ""]
+    if not doc["unsolved"]:
+        out.append("nothing")
+    for u in doc["unsolved"]:
+        out.append(f"- {u['queryid']}: `{_short(u['query'])}` — {u['status']}: {u['reason'] or '-'}")
+    return "\n".join(out) + "\n"
