@@ -407,6 +407,9 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     weights = parse_weights(args.weights)
     if args.server:
         return await _optimize_remote(args, settings, runs, weights)
+    from afs.brains.choose import check_provider
+
+    await check_provider(args.provider, settings, os.environ)  # models that exist, before a sandbox
     from afs.display import LiveDisplay
     from afs.optimize import new_task_id
     from afs.sandbox.importer import sandbox_source

@@ -31,3 +31,10 @@ async def open_squad(provider: str, settings: Settings, env: Mapping[str, str]) 
     note = ("no Gemini credentials: the offline strategists ran" if provider == "auto"
             else "offline strategists, as asked")
     yield Squad(brain_for=lambda _agent: brain, provider="heuristic", note=note)
+
+
+async def check_provider(provider: str, settings: Settings, env: Mapping[str, str]) -> None:
+    """Open and close the squad: credentials and every configured model are checked (a retired
+    model fails here, naming the setting to change) before a sandbox or a fork exists."""
+    async with open_squad(provider, settings, env):
+        pass
