@@ -1,0 +1,286 @@
+"""Applying a winner: the plan (pure), then the real thing on a target database in the embedded
+server (a database of its own, playing the user's), with the real task store.
+
+The stored tasks carry hand-made results (the shapes `afs optimize` records); everything from the
+store on (plan, approval, CONCURRENTLY build under a concurrent writer, verification, automatic
+rollback, audit, `afs rollback`) is the real code on real PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import trio
+
+from afs.apply import apply_winner, audit, load_plan, plan_winner, render_plan, rollback_task
+from afs.apply.target import APPLY_LOCK_KEY
+from afs.cli import main
+from afs.config import Settings
+from afs.errors import InputError
+from afs.models import (
+    AgentOutcome,
+    AnalysisResult,
+    BenchmarkOutcome,
+    ConsensusDecision,
+    EstimatedImpact,
+    Measurement,
+    OptimizationProposal,
+    ParameterCheck,
+    RoutingDecision,
+    TaskResult,
+    Timing,
+)
+from afs.optimize import new_task_id
+from afs.sandbox.server import SandboxServer, dsn_for
+from afs.store import Store, open_store
+
+QUERY = "SELECT id, total FROM orders WHERE user_id = 42 ORDER BY created_at DESC"
+AGENT = "gemini25pro"
+STATS = "SELECT count(*) FROM pg_statistic_ext WHERE stxname = 'st_orders'"
+
+
+# -- stored tasks with a winner ------------------------------------------------------------
+def result_with(task_id: str, sql: tuple[str, ...], ptype: str = "index", *, query: str = QUERY,
+                rewritten: str | None = None, settings: tuple[tuple[str, str], ...] = (),
+                checks: tuple[ParameterCheck, ...] = (), status: str = "completed") -> TaskResult:
+    timing = Measurement("baseline", Timing(40.0, 1.0, 5, 900), Timing(0.5, 0.1, 5, 4), 20, True, True)
+    proposal = OptimizationProposal(
+        agent=AGENT, proposal_type=ptype, sql_commands=sql,  # type: ignore[arg-type]
+        rollback_commands=(), rationale="test winner", estimated_impact=EstimatedImpact(90, 1, "low", "low"),
+        rewritten_query=rewritten, settings=settings)
+    outcome = AgentOutcome(
+        agent=AGENT, status="ok", fork="afs-fork-x",
+        analysis=AnalysisResult(insights=(), proposed_actions=(), confidence=0.8), proposal=proposal,
+        benchmark=BenchmarkOutcome((timing,), storage_before_mb=10.0, storage_after_mb=12.5,
+                                   parameter_checks=checks, apply_s=0.8))
+    return TaskResult(
+        task_id=task_id, status=status, query=query, source="afs_demo",  # type: ignore[arg-type]
+        routing=RoutingDecision((AGENT,), ("test",)), outcomes=(outcome,),
+        decision=ConsensusDecision(AGENT, {}, (AGENT,), ("the only one",), 0.9),
+        provider="heuristic", provider_note="", duration_s=1.0)
+
+
+async def stored(store: Store, sql: tuple[str, ...], ptype: str = "index", **kwargs: object) -> str:
+    task_id = new_task_id()
+    await store.submit(task_id=task_id, query=str(kwargs.get("query", QUERY)), source="afs_demo", dsn=None,
+                       task_type="query_optimization", priority="normal", provider="heuristic", weights=None,
+                       runs=2, worker="t", lease_s=30)
+    result = result_with(task_id, sql, ptype, **kwargs)  # type: ignore[arg-type]
+    assert await store.finish(task_id, "t", status=result.status, result=result)
+    return task_id
+
+
+# -- fixtures: a target database, the store -------------------------------------------------
+@pytest.fixture
+def target(sandbox: SandboxServer, settings: Settings) -> Iterator[str]:
+    """The user's database: its own database in the embedded server, orders with 200k rows."""
+    name = "afs_apply_t_" + os.urandom(4).hex()
+    with psycopg.connect(sandbox.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        with psycopg.connect(sandbox.dsn(name), autocommit=True) as conn:
+            conn.execute("CREATE TABLE orders (id bigserial PRIMARY KEY, user_id int NOT NULL,"
+                         " status text NOT NULL,"
+                         " total numeric NOT NULL, created_at timestamptz NOT NULL)")
+            conn.execute("INSERT INTO orders (user_id, status, total, created_at) SELECT g % 2000,"
+                         " (ARRAY['pending','shipped','delivered'])[g % 3 + 1], g % 500,"
+                         " now() - g * interval '1 minute' FROM generate_series(1, 200000) g")
+            conn.execute("VACUUM ANALYZE orders")
+        # a password in the DSN: the socket trusts the user, and the audit must never show it
+        yield dsn_for(settings, name, password="s3cret-pw")
+    finally:
+        with psycopg.connect(sandbox.dsn(), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+async def store(store_db: str) -> AsyncIterator[Store]:
+    async with open_store(store_db) as opened:
+        yield opened
+
+
+def indexes(dsn: str) -> dict[str, bool]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT c.relname, i.indisvalid FROM pg_index i"
+                            " JOIN pg_class c ON c.oid = i.indexrelid"
+                            " WHERE i.indrelid = 'orders'::regclass").fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+# -- the plan (pure) -------------------------------------------------------------------------
+def test_an_index_plan_is_concurrent_with_its_lock_tier_rollback_and_fork_figures() -> None:
+    sql = "CREATE INDEX IF NOT EXISTS ix_u ON orders (user_id, created_at)"
+    plan = plan_winner(result_with("t1", (sql,)))
+    assert plan.tier == "T2" and plan.kind == "index" and plan.applicable
+    assert [s.sql for s in plan.steps] == ["CREATE INDEX CONCURRENTLY ix_u ON orders (user_id, created_at)"]
+    assert plan.rollback == ("DROP INDEX CONCURRENTLY IF EXISTS ix_u",)
+    assert plan.steps[0].columns == ("user_id", "created_at") and plan.steps[0].table == "orders"
+    assert (plan.build_s, plan.storage_mb, plan.fork_ms) == (0.8, 2.5, 0.5)
+    text = render_plan(plan)
+    assert "SHARE UPDATE EXCLUSIVE" in text and "T2 DDL" in text and "build 0.80 s, adds 2.5 MB" in text
+
+
+def test_settings_rewrites_and_partitioning_are_advice_and_unsafe_sql_is_blocked() -> None:
+    settings = plan_winner(result_with("t2", (), "settings", settings=(("work_mem", "64MB"),)))
+    assert settings.tier == "T0" and not settings.applicable and not settings.steps
+    assert "  SET LOCAL work_mem = '64MB';" in settings.advice
+    assert any("ALTER ROLE <role> SET work_mem = '64MB'" in a for a in settings.advice)
+
+    checks = (ParameterCheck("user_id = 7 (a rare value)", True, False, rows=3),
+              ParameterCheck("user_id = 1 (most common value)", True, False, rows=100))
+    rewrite = plan_winner(result_with("t3", (), "query_rewrite", rewritten="SELECT 1", checks=checks))
+    assert rewrite.tier == "T0" and rewrite.kind == "rewrite" and "  SELECT 1" in rewrite.advice
+    assert "  user_id = 7 (a rare value): same rows" in rewrite.advice
+    assert any("on 2 of 2 other parameter sets" in a for a in rewrite.advice)
+
+    part = plan_winner(result_with("t4", ("CREATE TABLE orders_p (LIKE orders)"
+                                          " PARTITION BY RANGE (created_at)",),
+                                   "partitioning"))
+    assert part.tier == "T3" and not part.applicable and "CREATE TABLE orders_p" in "\n".join(part.advice)
+
+    blocked = plan_winner(result_with("t5", ("DROP TABLE orders",), "index"))
+    assert blocked.tier == "T3" and blocked.kind == "blocked" and blocked.refused
+
+    view = plan_winner(result_with("t6", ("CREATE MATERIALIZED VIEW mv AS SELECT user_id, count(*)"
+                                          " FROM orders"
+                                          " GROUP BY user_id", "CREATE UNIQUE INDEX mv_u ON mv (user_id)"),
+                                   "materialized_view", rewritten="SELECT * FROM mv"))
+    assert view.kind == "materialized_view" and view.tier == "T2"
+    assert view.rollback == ("DROP INDEX CONCURRENTLY IF EXISTS mv_u", "DROP MATERIALIZED VIEW IF EXISTS mv")
+    assert any(a.startswith("  REFRESH MATERIALIZED VIEW CONCURRENTLY mv;") for a in view.advice)
+
+    with pytest.raises(InputError, match="only the winner of a completed task"):
+        plan_winner(result_with("t7", ("CREATE INDEX ix ON orders (user_id)",), status="no_improvement"))
+
+
+# -- on the target -------------------------------------------------------------------------------
+async def test_applied_concurrently_while_writes_continue_verified_audited_then_rolled_back(
+        store: Store, target: str) -> None:
+    task_id = await stored(store, ("CREATE INDEX ix_orders_user ON orders (user_id, created_at)",))
+    plan = await load_plan(store, task_id)
+    writes: list[float] = []
+    done = trio.Event()
+
+    async def writer() -> None:  # a user's application, writing all through the build
+        from afs.db import open_connection
+
+        async with open_connection(target) as conn:
+            while not done.is_set():
+                await conn.execute("INSERT INTO orders (user_id, status, total, created_at)"
+                                   " VALUES (42, 'pending', 1, now())")
+                writes.append(trio.current_time())
+                await trio.sleep(0.005)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        await trio.sleep(0.2)
+        started = trio.current_time()
+        row = await apply_winner(store, plan, target, approver="alice")
+        finished = trio.current_time()
+        done.set()
+    assert row["result"] == "applied", row["detail"]
+    assert any(started < t < finished for t in writes), "writes stopped during the build"
+    assert indexes(target)["ix_orders_user"] is True
+    assert row["verification"]["before_ms"] > 0 and row["verification"]["after_ms"] > 0
+    assert row["sql_commands"] == ["CREATE INDEX CONCURRENTLY ix_orders_user ON orders (user_id, created_at)"]
+    assert row["rollback_sql"] == ["DROP INDEX CONCURRENTLY IF EXISTS ix_orders_user"]
+    assert row["approver"] == "alice" and row["tier"] == "T2" and row["duration_s"] > 0
+    assert "s3cret-pw" not in row["target"] and "***" in row["target"]
+
+    with pytest.raises(InputError, match="applied already"):  # double apply
+        await apply_winner(store, plan, target, approver="alice")
+    assert [r["result"] for r in await audit.entries(store, task_id)] == ["refused", "applied"]
+
+    undone = await rollback_task(store, task_id, target, approver="bob")
+    assert undone["result"] == "rolled_back" and undone["approver"] == "bob"
+    assert "ix_orders_user" not in indexes(target)
+    with pytest.raises(InputError, match="nothing applied"):
+        await rollback_task(store, task_id, target, approver="bob")
+    again = await apply_winner(store, plan, target, approver="alice")  # after a rollback: again
+    assert again["result"] == "applied"
+
+
+async def test_a_failed_verification_rolls_back_by_itself(store: Store, target: str) -> None:
+    # an index the task's query cannot use on this target: built, then dropped again, with the reason
+    task_id = await stored(store, ("CREATE INDEX ix_orders_total ON orders (total)",))
+    row = await apply_winner(store, await load_plan(store, task_id), target, approver="alice")
+    assert row["result"] == "failed"
+    assert "does not use ix_orders_total" in row["detail"]
+    assert "rolled back: DROP INDEX CONCURRENTLY IF EXISTS ix_orders_total" in row["detail"]
+    assert "ix_orders_total" not in indexes(target)
+    assert await audit.applied(store, task_id) is None
+
+
+async def test_a_failed_build_drops_its_invalid_index(store: Store, target: str) -> None:
+    # a unique index on a column with duplicates: CONCURRENTLY fails and leaves an invalid index behind
+    task_id = await stored(store, ("CREATE UNIQUE INDEX ix_orders_user_u ON orders (user_id)",))
+    row = await apply_winner(store, await load_plan(store, task_id), target, approver="alice")
+    assert row["result"] == "failed"
+    assert "left an invalid index ix_orders_user_u: dropped" in row["detail"]
+    assert "ix_orders_user_u" not in indexes(target)
+
+
+async def test_refused_when_the_schema_changed_or_another_apply_runs(store: Store, target: str) -> None:
+    task_id = await stored(store, ("CREATE INDEX ix_orders_discount ON orders (discount)",))
+    with pytest.raises(InputError, match="no column discount"):
+        await apply_winner(store, await load_plan(store, task_id), target, approver="alice")
+    assert "ix_orders_discount" not in indexes(target)
+
+    other = await stored(store, ("CREATE INDEX ix_orders_user2 ON orders (user_id)",))
+    with psycopg.connect(target, autocommit=True) as holder:  # another apply holds the database
+        holder.execute("SELECT pg_advisory_lock(%s)", (APPLY_LOCK_KEY,))
+        with pytest.raises(InputError, match="another afs apply"):
+            await apply_winner(store, await load_plan(store, other), target, approver="alice")
+    assert "ix_orders_user2" not in indexes(target)
+    results = [(r["task_id"], r["result"]) for r in await audit.entries(store)]
+    assert results == [(other, "refused"), (task_id, "refused")]
+
+
+async def test_statistics_are_created_and_analyzed(store: Store, target: str) -> None:
+    task_id = await stored(store, ("CREATE STATISTICS st_orders (dependencies) ON user_id, status"
+                                   " FROM orders",
+                                   "ANALYZE orders"), "statistics")
+    row = await apply_winner(store, await load_plan(store, task_id), target, approver="alice")
+    assert row["result"] == "applied", row["detail"]
+    with psycopg.connect(target) as conn:
+        assert conn.execute(STATS).fetchone() == (1,)
+    await rollback_task(store, task_id, target, approver="alice")
+    with psycopg.connect(target) as conn:
+        assert conn.execute(STATS).fetchone() == (0,)
+
+
+# -- the command line ----------------------------------------------------------------------
+def test_cli_refuses_without_a_terminal_then_applies_with_yes_audits_and_rolls_back(
+        store_db: str, target: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def setup() -> str:
+        async with open_store(store_db) as s:
+            return await stored(s, ("CREATE INDEX ix_cli ON orders (user_id, created_at)",))
+
+    task_id = trio.run(setup)
+    env = {**os.environ, "AFS_STORE_URL": store_db}
+    proc = subprocess.run([sys.executable, "-m", "afs", "apply", task_id, "--dsn", target],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=120,
+                          cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 2, proc.stderr
+    assert "no terminal" in proc.stderr and "CREATE INDEX CONCURRENTLY ix_cli" in proc.stdout
+    assert "ix_cli" not in indexes(target)
+
+    monkeypatch.setenv("AFS_STORE_URL", store_db)  # the environment, read by load_settings
+    assert main(["apply", task_id, "--dsn", target, "--yes", "--approver", "me", "--json"]) == 0
+    assert indexes(target)["ix_cli"] is True
+    capsys.readouterr()
+    assert main(["audit", "--json"]) == 0
+    import json
+
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["action"], r["result"], r["approver"]) for r in rows] == [("apply", "applied", "me")]
+    assert main(["rollback", task_id, "--dsn", target, "--yes", "--approver", "me"]) == 0
+    assert "ix_cli" not in indexes(target)
+    assert main(["apply", "nosuchtask", "--dsn", target, "--yes"]) == 2
