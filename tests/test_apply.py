@@ -242,6 +242,38 @@ async def test_refused_when_the_schema_changed_or_another_apply_runs(store: Stor
     assert results == [(other, "refused"), (task_id, "refused")]
 
 
+async def test_an_index_on_a_partitioned_table_is_built_per_partition_then_attached(
+        store: Store, target: str) -> None:
+    with psycopg.connect(target, autocommit=True) as conn:
+        conn.execute("CREATE TABLE events (id bigint, user_id int, at date) PARTITION BY RANGE (at)")
+        for year in (2024, 2025, 2026):
+            conn.execute(f"CREATE TABLE events_{year} PARTITION OF events"
+                         f" FOR VALUES FROM ('{year}-01-01') TO ('{year + 1}-01-01')")
+        conn.execute("INSERT INTO events SELECT g, g % 5000, date '2024-01-01' + (g % 1000)"
+                     " FROM generate_series(1, 150000) g")
+        conn.execute("ANALYZE events")
+    task_id = await stored(store, ("CREATE INDEX ix_events_user ON events (user_id)",),
+                           query="SELECT id FROM events WHERE user_id = 42")
+    row = await apply_winner(store, await load_plan(store, task_id), target, approver="alice")
+    assert row["result"] == "applied", row["detail"]
+    first = "CREATE INDEX CONCURRENTLY ix_events_user_events_2024 ON events_2024 (user_id)"
+    assert row["sql_commands"][0] == first
+    assert "CREATE INDEX ix_events_user ON ONLY events (user_id)" in row["sql_commands"]
+    assert row["sql_commands"][-1] == "ALTER INDEX ix_events_user ATTACH PARTITION ix_events_user_events_2026"
+    with psycopg.connect(target) as conn:
+        valid = conn.execute("SELECT c.relname, i.indisvalid FROM pg_index i"
+                             " JOIN pg_class c ON c.oid = i.indexrelid"
+                             " WHERE c.relname LIKE 'ix_events_user%' ORDER BY 1").fetchall()
+    assert valid == [("ix_events_user", True), ("ix_events_user_events_2024", True),
+                     ("ix_events_user_events_2025", True), ("ix_events_user_events_2026", True)]
+    assert row["rollback_sql"][0] == "DROP INDEX IF EXISTS ix_events_user"
+    undone = await rollback_task(store, task_id, target, approver="alice")
+    assert undone["result"] == "rolled_back", undone["detail"]
+    with psycopg.connect(target) as conn:
+        left = conn.execute("SELECT count(*) FROM pg_class WHERE relname LIKE 'ix_events_user%'").fetchone()
+    assert left == (0,)
+
+
 async def test_statistics_are_created_and_analyzed(store: Store, target: str) -> None:
     task_id = await stored(store, ("CREATE STATISTICS st_orders (dependencies) ON user_id, status"
                                    " FROM orders",
@@ -253,6 +285,27 @@ async def test_statistics_are_created_and_analyzed(store: Store, target: str) ->
     await rollback_task(store, task_id, target, approver="alice")
     with psycopg.connect(target) as conn:
         assert conn.execute(STATS).fetchone() == (0,)
+
+
+async def test_a_materialized_view_is_created_with_its_index_and_read_by_the_rewrite(
+        store: Store, target: str) -> None:
+    view = ("CREATE MATERIALIZED VIEW mv_user_totals AS SELECT user_id, count(*) AS n, sum(total) AS total"
+            " FROM orders GROUP BY user_id")
+    task_id = await stored(store, (view, "CREATE UNIQUE INDEX mv_user_totals_u ON mv_user_totals (user_id)"),
+                           "materialized_view", query="SELECT user_id, count(*), sum(total) FROM orders"
+                           " WHERE user_id = 42 GROUP BY user_id",
+                           rewritten="SELECT user_id, n, total FROM mv_user_totals WHERE user_id = 42")
+    plan = await load_plan(store, task_id)
+    assert any("REFRESH MATERIALIZED VIEW CONCURRENTLY mv_user_totals" in a for a in plan.advice)
+    row = await apply_winner(store, plan, target, approver="alice")
+    assert row["result"] == "applied", row["detail"]
+    with psycopg.connect(target) as conn:
+        assert conn.execute("SELECT n FROM mv_user_totals WHERE user_id = 42").fetchone() == (100,)
+    assert row["rollback_sql"] == ["DROP INDEX CONCURRENTLY IF EXISTS mv_user_totals_u",
+                                   "DROP MATERIALIZED VIEW IF EXISTS mv_user_totals"]
+    await rollback_task(store, task_id, target, approver="alice")
+    with psycopg.connect(target) as conn:
+        assert conn.execute("SELECT to_regclass('mv_user_totals')").fetchone() == (None,)
 
 
 # -- the command line ----------------------------------------------------------------------

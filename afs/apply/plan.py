@@ -13,6 +13,7 @@ the plan T3 (blocked), whatever the stored verdict said.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,7 +25,8 @@ from afs.models import AgentOutcome, TaskResult
 from afs.safety import settings_sql, validate_candidate
 
 Tier = Literal["T0", "T2", "T3"]
-StepKind = Literal["index", "statistics", "analyze", "extension", "matview", "refresh"]
+StepKind = Literal["index", "index_parent", "attach", "statistics", "analyze", "extension", "matview",
+                   "refresh"]
 PlanKind = Literal["index", "statistics", "materialized_view", "settings", "rewrite", "partitioning",
                    "blocked"]
 
@@ -39,7 +41,51 @@ _LOCKS: dict[str, str] = {
     "extension": "none on user tables (catalog only)",
     "matview": "ACCESS SHARE on the tables it reads (writes continue); the new view is its own",
     "refresh": "EXCLUSIVE on the view (reads of the view continue only with CONCURRENTLY)",
+    "index_parent": "SHARE on the partitioned table, for an instant (ON ONLY: no rows are read, "
+                    "nothing is built)",
+    "attach": "brief catalog locks on the parent and the partition's index (nothing is built)",
 }
+NAME_MAX = 63  # PostgreSQL's identifier length
+
+
+def partitioned_steps(step: Step, partitions: Sequence[str]) -> tuple[Step, ...]:
+    """An index on a partitioned table, the way CONCURRENTLY can build it (plain CONCURRENTLY
+    is refused there): the same index CONCURRENTLY on each partition, then the parent's index
+    ON ONLY (invalid until complete) and each partition's attached to it.
+
+    The order lets the rollback run backwards: dropping the parent's index drops the attached
+    ones; a partition's index not yet attached is dropped CONCURRENTLY by itself.
+    """
+    assert step.kind == "index" and step.name and step.table
+    parent_name = _last_part(step.name)
+    children: list[Step] = []
+    attaches: list[Step] = []
+    used: set[str] = set()
+    for partition in partitions:
+        child_name = f"{parent_name}_{_last_part(partition)}"[:NAME_MAX]
+        if child_name in used:
+            child_name = f"{child_name[:NAME_MAX - 6]}_{len(used)}"
+        used.add(child_name)
+        stmt = parse_sql(step.sql)[0].stmt
+        assert isinstance(stmt, ast.IndexStmt)
+        schema, _, rel = partition.rpartition(".")
+        stmt.relation = ast.RangeVar(schemaname=schema or None, relname=rel, inh=True)
+        stmt.idxname = child_name
+        child = f"{schema}.{child_name}" if schema else child_name
+        children.append(Step("index", RawStream()(stmt), _LOCKS["index"],
+                             f"DROP INDEX CONCURRENTLY IF EXISTS {child}", partition, step.columns, child))
+        attaches.append(Step("attach", f"ALTER INDEX {step.name} ATTACH PARTITION {child}", _LOCKS["attach"]))
+    stmt = parse_sql(step.sql)[0].stmt
+    assert isinstance(stmt, ast.IndexStmt) and stmt.relation is not None
+    stmt.concurrent = False
+    stmt.relation.inh = False  # ON ONLY
+    parent = Step("index_parent", RawStream()(stmt), _LOCKS["index_parent"],
+                  f"DROP INDEX IF EXISTS {step.name}", step.table, step.columns, step.name)
+    return (*children, parent, *attaches)
+
+
+def _last_part(name: str) -> str:
+    return name.rpartition(".")[2]
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ async def apply_winner(store: Store, plan: ApplyPlan, target_dsn: str, approver:
     except InputError as exc:
         await audit.record(store, action="apply", result="refused", detail=str(exc), **common)  # type: ignore[arg-type]
         raise
+    common |= {"sql": outcome.planned, "rollback_sql": outcome.rollback}  # as run on this target
     row_id = await audit.record(store, action="apply", result=outcome.result, detail=outcome.detail,
                                 duration_s=outcome.duration_s, verification=outcome.verification,
                                 **common)  # type: ignore[arg-type]

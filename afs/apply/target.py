@@ -19,12 +19,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
 
-from afs.apply.plan import ApplyPlan, Step
+from afs.apply.plan import ApplyPlan, Step, partitioned_steps
 from afs.db import Connection, open_connection, translate
 from afs.errors import AfsError, DatabaseError, InputError
 
@@ -42,6 +42,8 @@ class Outcome:
     rolled_back: list[str] = field(default_factory=list)
     verification: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
+    rollback: list[str] = field(default_factory=list)  # what undoes the plan as it ran here
+    planned: list[str] = field(default_factory=list)  # the plan's statements on this target
 
 
 def _quiet(_: str) -> None:
@@ -98,17 +100,17 @@ async def _try_lock(conn: Connection) -> None:
 
 async def preflight(conn: Connection, plan: ApplyPlan) -> None:
     """Refuse (InputError) when the target does not match what the task measured."""
+    created = {_last(s.name) for s in plan.steps if s.kind == "matview" and s.name}
     for step in plan.steps:
-        if step.table:
+        if step.table and _last(step.table) not in created:
             row = await conn.fetchone("SELECT c.oid, c.relkind FROM pg_class c WHERE c.oid = to_regclass(%s)",
                                       (step.table,))
             if row is None:
                 raise InputError(f"the target has no table {step.table}: its schema changed since the task "
                                  "(or it is another database)")
-            if row[1] == "p":
-                raise InputError(f"{step.table} is partitioned on the target: CREATE INDEX CONCURRENTLY "
-                                 "cannot build on it; build the index on each partition CONCURRENTLY, then "
-                                 "CREATE INDEX ON ONLY the parent and ATTACH each (not automated yet)")
+            if row[1] == "p" and step.kind == "index":
+                raise InputError(f"{step.table} is partitioned on the target: CONCURRENTLY cannot build "
+                                 "on it directly (`expand` builds it per partition)")
             names = {r[0] for r in await conn.fetchall(
                 "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
                 (row[0],))}
@@ -116,12 +118,42 @@ async def preflight(conn: Connection, plan: ApplyPlan) -> None:
             if missing:
                 raise InputError(f"the target's {step.table} has no column {', '.join(missing)}: its schema "
                                  "changed since the task")
-        if step.name and step.kind in ("index", "matview") and await conn.fetchval(
+        if step.name and step.kind in ("index", "index_parent", "matview") and await conn.fetchval(
                 "SELECT to_regclass(%s)", (step.name,)) is not None:
             raise InputError(f"{step.name} already exists on the target (applied already? see `afs audit`)")
         if step.name and step.kind == "statistics" and await conn.fetchval(
                 "SELECT 1 FROM pg_statistic_ext WHERE stxname = %s", (_last(step.name),)):
             raise InputError(f"statistics {step.name} already exist on the target (applied already?)")
+
+
+async def expand(conn: Connection, plan: ApplyPlan) -> ApplyPlan:
+    """The plan as it runs on this target: an index on a partitioned table becomes one index
+    per partition (CONCURRENTLY), the parent's ON ONLY and the attachments (`partitioned_steps`)."""
+    steps: list[Step] = []
+    for step in plan.steps:
+        relkind = None
+        if step.kind == "index" and step.table:
+            relkind = await conn.fetchval("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
+                                          (step.table,))
+        if relkind != "p":
+            steps.append(step)
+            continue
+        rows = await conn.fetchall(
+            "SELECT c.oid::regclass::text, c.relkind FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = to_regclass(%s) ORDER BY 1", (step.table,))
+        if any(kind == "p" for _, kind in rows):
+            raise InputError(f"{step.table} has partitions that are partitioned themselves: build the index "
+                             "level by level by hand (afs apply handles one level of partitions)")
+        steps.extend(partitioned_steps(step, [name for name, _ in rows]))
+    return replace(plan, steps=tuple(steps))
+
+
+async def prepare(plan: ApplyPlan, target_dsn: str) -> ApplyPlan:
+    """The plan for this target, checked against it (`expand`, then `preflight`); changes nothing."""
+    async with open_connection(target_dsn) as conn:
+        expanded = await expand(conn, plan)
+        await preflight(conn, expanded)
+    return expanded
 
 
 async def _drop_invalid(conn: Connection, step: Step) -> str | None:
@@ -140,7 +172,7 @@ async def verify(conn: Connection, plan: ApplyPlan, query: str) -> list[str]:
     """What is wrong after the build (empty: verified)."""
     problems: list[str] = []
     indexes = [s for s in plan.steps if s.kind == "index" and s.name]
-    for step in indexes:
+    for step in [*indexes, *(s for s in plan.steps if s.kind == "index_parent")]:
         valid = await conn.fetchval("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
                                     (step.name,))
         if not valid:
@@ -181,8 +213,9 @@ async def apply_plan(plan: ApplyPlan, target_dsn: str, query: str,
     async with open_connection(target_dsn, statement_timeout_ms=0) as conn:
         await _try_lock(conn)
         try:
+            plan = await expand(conn, plan)
             await preflight(conn, plan)
-            out = Outcome("applied", "")
+            out = Outcome("applied", "", rollback=list(plan.rollback), planned=[s.sql for s in plan.steps])
             before = await measure(conn, plan.query)
             out.verification["before_ms"] = before
             executed: list[Step] = []
