@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -306,6 +307,33 @@ async def test_a_materialized_view_is_created_with_its_index_and_read_by_the_rew
     await rollback_task(store, task_id, target, approver="alice")
     with psycopg.connect(target) as conn:
         assert conn.execute("SELECT to_regclass('mv_user_totals')").fetchone() == (None,)
+
+
+# -- the HTTP API ----------------------------------------------------------------------------
+async def test_post_apply_needs_an_approver_applies_and_refuses_a_second_time(
+        nursery: trio.Nursery, settings: Settings, store: Store, store_db: str, target: str) -> None:
+    import httpx
+
+    from afs.service.api import run_service
+
+    task_id = await stored(store, ("CREATE INDEX ix_api ON orders (user_id, created_at)",))
+    urls = await nursery.start(partial(run_service, settings.with_(store_url=store_db), bind="127.0.0.1:0",
+                                       workers=0, lease_s=5))
+    url = next(u for u in urls if u.startswith("http://127.0.0.1"))
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        missing = await http.post(f"/v1/tasks/{task_id}/apply", json={"dsn": target})
+        assert missing.status_code == 422 and missing.json()["field"] == "approver"
+        assert "ix_api" not in indexes(target)
+        done = await http.post(f"/v1/tasks/{task_id}/apply", json={"approver": "carol", "dsn": target})
+        assert done.status_code == 200, done.text
+        body = done.json()
+        assert body["applied"] is True and body["audit"]["approver"] == "carol"
+        assert "s3cret-pw" not in done.text
+        assert indexes(target)["ix_api"] is True
+        again = await http.post(f"/v1/tasks/{task_id}/apply", json={"approver": "carol", "dsn": target})
+        assert again.status_code == 409 and "applied already" in again.json()["error"]
+        unknown = await http.post("/v1/tasks/nosuch/apply", json={"approver": "carol", "dsn": target})
+        assert unknown.status_code == 404
 
 
 # -- the command line ----------------------------------------------------------------------

@@ -209,7 +209,9 @@ def plan_winner(result: TaskResult) -> ApplyPlan:
     baseline = next((m for m in bench.measurements if m.name == "baseline"), None)
     common = {
         "task_id": result.task_id, "query": result.query, "agent": outcome.agent, "risk": verdict.risk_level,
-        "warnings": verdict.warnings, "build_s": bench.apply_s, "storage_mb": bench.storage_delta_mb,
+        "warnings": tuple(w for w in verdict.warnings  # apply builds CONCURRENTLY: that one is handled
+                          if not w.startswith("CREATE INDEX without CONCURRENTLY")),
+        "build_s": bench.apply_s, "storage_mb": bench.storage_delta_mb,
         "improvement_pct": bench.average_improvement_pct,
         "fork_ms": None if baseline is None else baseline.optimized.median_ms,
         "rewritten_query": proposal.rewritten_query,

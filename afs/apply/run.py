@@ -35,6 +35,14 @@ async def load_plan(store: Store, task_id: str) -> ApplyPlan:
     return plan_winner(result)
 
 
+async def not_applied(store: Store, task_id: str) -> None:
+    """InputError when the task's winner is in place already (applied, not rolled back)."""
+    previous = await audit.applied(store, task_id)
+    if previous is not None:
+        raise InputError(f"task {task_id} was applied already (audit #{previous['id']}, "
+                         f"{previous['at'][:19]}, on {previous['target']}); `afs rollback {task_id}` first")
+
+
 async def apply_winner(store: Store, plan: ApplyPlan, target_dsn: str, approver: str,
                        progress: Progress = _quiet) -> dict[str, Any]:
     """Apply an approved T2 plan; every outcome (applied, failed and rolled back, refused) is audited.
@@ -50,11 +58,7 @@ async def apply_winner(store: Store, plan: ApplyPlan, target_dsn: str, approver:
         if not plan.applicable:
             raise InputError(f"the winner of task {plan.task_id} is {plan.kind} ({plan.tier}): "
                              "nothing to apply")
-        previous = await audit.applied(store, plan.task_id)
-        if previous is not None:
-            raise InputError(f"task {plan.task_id} was applied already (audit #{previous['id']}, "
-                             f"{previous['at'][:19]}, on {previous['target']}); "
-                             f"`afs rollback {plan.task_id}` first")
+        await not_applied(store, plan.task_id)
         outcome = await apply_plan(plan, target_dsn, plan.verify_query, progress)
     except InputError as exc:
         await audit.record(store, action="apply", result="refused", detail=str(exc), **common)  # type: ignore[arg-type]
