@@ -365,3 +365,57 @@ def test_cli_refuses_without_a_terminal_then_applies_with_yes_audits_and_rolls_b
     assert main(["rollback", task_id, "--dsn", target, "--yes", "--approver", "me"]) == 0
     assert "ix_cli" not in indexes(target)
     assert main(["apply", "nosuchtask", "--dsn", target, "--yes"]) == 2
+
+
+def test_cli_asks_at_a_terminal_and_a_no_applies_nothing(store_db: str, target: str) -> None:
+    import pty
+
+    async def setup() -> str:
+        async with open_store(store_db) as s:
+            return await stored(s, ("CREATE INDEX ix_tty ON orders (user_id)",))
+
+    task_id = trio.run(setup)
+    main_fd, terminal_fd = pty.openpty()  # a terminal, as a person has one
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "afs", "apply", task_id, "--dsn", target,
+                                 "--approver", "dave"], stdin=terminal_fd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "AFS_STORE_URL": store_db},
+                                cwd=Path(__file__).parent.parent)
+        os.write(main_fd, b"n\n")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        os.close(main_fd)
+        os.close(terminal_fd)
+    assert proc.returncode == 1, err
+    assert "[y/N]" in out and "not applied: not approved" in out
+    assert "ix_tty" not in indexes(target)
+
+    async def rows() -> list[dict[str, object]]:
+        async with open_store(store_db) as s:
+            return await audit.entries(s, task_id)
+
+    found = trio.run(rows)
+    assert [(r["result"], r["approver"], r["detail"]) for r in found] == [
+        ("refused", "dave", "not approved at the terminal")]
+
+
+def test_cli_prints_advice_for_settings_and_partitioning_and_blocks_unsafe_sql(
+        store_db: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    async def setup() -> list[str]:
+        async with open_store(store_db) as s:
+            return [await stored(s, (), "settings", settings=(("work_mem", "128MB"),)),
+                    await stored(s, ("CREATE TABLE orders_p (LIKE orders) PARTITION BY RANGE (created_at)",),
+                                 "partitioning"),
+                    await stored(s, ("DROP TABLE orders",), "index")]
+
+    settings_task, partition_task, unsafe_task = trio.run(setup)
+    monkeypatch.setenv("AFS_STORE_URL", store_db)
+    assert main(["apply", settings_task, "--dsn", "postgresql://nowhere/x"]) == 0
+    out = capsys.readouterr().out
+    assert "SET LOCAL work_mem = '128MB';" in out and "nothing applied" in out
+    assert main(["apply", partition_task, "--dsn", "postgresql://nowhere/x"]) == 0
+    out = capsys.readouterr().out
+    assert "never run by afs apply" in out and "CREATE TABLE orders_p" in out
+    assert main(["apply", unsafe_task, "--dsn", "postgresql://nowhere/x"]) == 2
+    assert "refused:" in capsys.readouterr().out
