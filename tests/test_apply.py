@@ -227,6 +227,27 @@ async def test_a_failed_build_drops_its_invalid_index(store: Store, target: str)
     assert "ix_orders_user_u" not in indexes(target)
 
 
+async def test_ctrl_c_during_the_build_leaves_no_index_and_is_audited(store: Store, target: str) -> None:
+    task_id = await stored(store, ("CREATE INDEX ix_orders_cancel ON orders (user_id)",))
+    plan = await load_plan(store, task_id)
+    with psycopg.connect(target) as holder:  # an old snapshot: CONCURRENTLY waits for it to end
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM orders")
+
+        async def end_the_old_transaction() -> None:  # the cleanup's DROP waits for it too
+            await trio.sleep(4)
+            await trio.to_thread.run_sync(holder.rollback)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(end_the_old_transaction)
+            with trio.move_on_after(3) as scope:  # Ctrl-C while the build waits
+                await apply_winner(store, plan, target, approver="alice")
+        assert scope.cancelled_caught, "the build did not wait for the old snapshot"
+    assert "ix_orders_cancel" not in indexes(target)
+    rows = await audit.entries(store, task_id)
+    assert [(r["result"], r["detail"]) for r in rows] == [("failed", "interrupted: rolled back")]
+
+
 async def test_refused_when_the_schema_changed_or_another_apply_runs(store: Store, target: str) -> None:
     task_id = await stored(store, ("CREATE INDEX ix_orders_discount ON orders (discount)",))
     with pytest.raises(InputError, match="no column discount"):

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from afs.apply import audit
 from afs.apply.plan import ApplyPlan, plan_winner
 from afs.apply.target import Progress, apply_plan, run_rollback
-from afs.errors import InputError
+from afs.errors import AfsError, InputError
 from afs.store import Store
 
 
@@ -62,6 +64,14 @@ async def apply_winner(store: Store, plan: ApplyPlan, target_dsn: str, approver:
         outcome = await apply_plan(plan, target_dsn, plan.verify_query, progress)
     except InputError as exc:
         await audit.record(store, action="apply", result="refused", detail=str(exc), **common)  # type: ignore[arg-type]
+        raise
+    except AfsError as exc:  # the target failed (connection, a statement): nothing is left applied
+        await audit.record(store, action="apply", result="failed", detail=str(exc), **common)  # type: ignore[arg-type]
+        raise
+    except trio.Cancelled:
+        with trio.CancelScope(shield=True):
+            await audit.record(store, action="apply", result="failed", detail="interrupted: rolled back",
+                               **common)  # type: ignore[arg-type]
         raise
     common |= {"sql": outcome.planned, "rollback_sql": outcome.rollback}  # as run on this target
     row_id = await audit.record(store, action="apply", result=outcome.result, detail=outcome.detail,

@@ -16,6 +16,7 @@ verification rolls back every step that ran.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
+import trio
 
 from afs.apply.plan import ApplyPlan, Step, partitioned_steps
 from afs.db import Connection, open_connection, translate
@@ -31,6 +33,7 @@ from afs.errors import AfsError, DatabaseError, InputError
 APPLY_LOCK_KEY = 0x0AF5_A991  # pg_try_advisory_lock key: one apply or rollback per database
 MEASURE_RUNS = 3
 MEASURE_TIMEOUT_MS = 30_000
+CLEANUP_TIMEOUT_S = 60.0  # after Ctrl-C: DROP INDEX CONCURRENTLY waits for older transactions
 Progress = Callable[[str], None]
 
 
@@ -96,6 +99,15 @@ async def measure(conn: Connection, query: str, runs: int = MEASURE_RUNS) -> flo
 async def _try_lock(conn: Connection) -> None:
     if not await conn.fetchval("SELECT pg_try_advisory_lock(%s)", (APPLY_LOCK_KEY,)):
         raise InputError("another afs apply or rollback is running on this database; try again when it ends")
+
+
+async def _unlock(conn: Connection) -> None:
+    with trio.CancelScope(shield=True), contextlib.suppress(AfsError):
+        await conn.execute("SELECT pg_advisory_unlock(%s)", (APPLY_LOCK_KEY,))
+
+
+def _ms(value: float | None) -> str:
+    return "over 30 s" if value is None else f"{value} ms"
 
 
 async def preflight(conn: Connection, plan: ApplyPlan) -> None:
@@ -168,15 +180,18 @@ async def _drop_invalid(conn: Connection, step: Step) -> str | None:
     return f"the failed build left an invalid index {step.name}: dropped ({step.rollback})"
 
 
-async def verify(conn: Connection, plan: ApplyPlan, query: str) -> list[str]:
-    """What is wrong after the build (empty: verified)."""
+async def verify(conn: Connection, plan: ApplyPlan, query: str) -> tuple[list[str], list[str]]:
+    """What is wrong after the build (empty: verified), and what was checked."""
     problems: list[str] = []
+    checks: list[str] = []
     indexes = [s for s in plan.steps if s.kind == "index" and s.name]
     for step in [*indexes, *(s for s in plan.steps if s.kind == "index_parent")]:
         valid = await conn.fetchval("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
                                     (step.name,))
         if not valid:
             problems.append(f"index {step.name} is not valid (indisvalid is false)")
+    if indexes:
+        checks.append("indexes valid (indisvalid)")
     nodes = list(_plan_nodes(await _explain(conn, query)))
     used = {n.get("Index Name") for n in nodes} - {None}
     relations = {n.get("Relation Name") for n in nodes} - {None}
@@ -186,10 +201,22 @@ async def verify(conn: Connection, plan: ApplyPlan, query: str) -> list[str]:
         names = ", ".join(s.name or "" for s in table_indexes)
         problems.append(f"the query's plan on the target does not use {names} "
                         f"(it uses: {', '.join(sorted(str(u) for u in used)) or 'no index'})")
+    if table_indexes:
+        checks.append("the query's plan uses the index (EXPLAIN)")
     views = [s for s in plan.steps if s.kind == "matview" and s.name]
     if views and not any(_last(v.name or "") in relations for v in views):
         problems.append("the rewritten query's plan does not read the materialized view")
-    return problems
+    if views:
+        checks.append("the rewrite's plan reads the view (EXPLAIN)")
+    for step in plan.steps:
+        if step.kind == "statistics" and step.name:
+            found = await conn.fetchval("SELECT 1 FROM pg_statistic_ext WHERE stxname = %s",
+                                        (_last(step.name),))
+            if not found:
+                problems.append(f"statistics {step.name} are missing")
+            else:
+                checks.append(f"statistics {step.name} exist")
+    return problems, checks
 
 
 async def _run_rollback(conn: Connection, statements: list[str], progress: Progress) -> list[str]:
@@ -230,15 +257,24 @@ async def apply_plan(plan: ApplyPlan, target_dsn: str, query: str,
                     if dropped:
                         failure += f"; {dropped}"
                     break
+                except trio.Cancelled:  # Ctrl-C: the build was cancelled on the server; leave nothing
+                    undo = [s.rollback for s in reversed(executed) if s.rollback]
+                    with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S) as cleanup:
+                        await _drop_invalid(conn, step)
+                        await _run_rollback(conn, undo, progress)
+                    if cleanup.cancelled_caught:
+                        progress(f"could not clean up within {CLEANUP_TIMEOUT_S:.0f} s (old transactions): "
+                                 f"run {'; '.join(filter(None, [step.rollback, *undo]))}")
+                    raise
                 executed.append(step)
                 out.executed.append(step.sql)
             if failure is None:
-                problems = await verify(conn, plan, query)
+                problems, checks = await verify(conn, plan, query)
                 if problems:
                     failure = "verification failed: " + "; ".join(problems)
                 else:
                     out.verification["after_ms"] = await measure(conn, query)
-                    out.verification["verified"] = ["indisvalid", "plan uses it", "measured read-only"]
+                    out.verification["verified"] = checks
             if failure is not None:
                 undo = [s.rollback for s in reversed(executed) if s.rollback]
                 out.rolled_back = await _run_rollback(conn, undo, progress)
@@ -247,10 +283,10 @@ async def apply_plan(plan: ApplyPlan, target_dsn: str, query: str,
                 out.detail = failure + undone
             else:
                 after = out.verification.get("after_ms")
-                out.detail = (f"verified: valid, used by the query's plan, {before} ms before, "
-                              f"{after} ms after (read-only on the target)")
+                out.detail = (f"verified: {', '.join(out.verification['verified'])}; the query took "
+                              f"{_ms(before)} before, {_ms(after)} after (read-only on the target)")
         finally:
-            await conn.execute("SELECT pg_advisory_unlock(%s)", (APPLY_LOCK_KEY,))
+            await _unlock(conn)
     out.duration_s = round(time.perf_counter() - start, 3)
     return out
 
@@ -271,7 +307,7 @@ async def run_rollback(statements: list[str], target_dsn: str, progress: Progres
                     break
                 out.executed.append(sql)
         finally:
-            await conn.execute("SELECT pg_advisory_unlock(%s)", (APPLY_LOCK_KEY,))
+            await _unlock(conn)
     out.duration_s = round(time.perf_counter() - start, 3)
     if out.result == "rolled_back":
         out.detail = f"undone: {'; '.join(out.executed)}"
