@@ -606,16 +606,14 @@ async def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
     """Show the winner's plan, ask for approval, apply it on the target and verify it."""
     from afs.apply import apply_winner, load_plan, render_plan
     from afs.apply import audit as apply_audit
-    from afs.apply.run import not_applied
-    from afs.apply.target import prepare
+    from afs.apply.run import prepare_apply
     from afs.errors import scrub
 
     async with _open_task_store(settings) as store:
         plan = await load_plan(store, args.task)
         target = await _apply_target(args, settings, store, args.task)
         if plan.applicable:  # the exact statements on this target (partitions), checked against it
-            await not_applied(store, plan.task_id)
-            plan = await prepare(plan, target)
+            plan = await prepare_apply(store, plan, target, args.approver or "-")
         if not args.json:
             print(render_plan(plan))
             print(f"target: {scrub(target)}")

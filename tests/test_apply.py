@@ -353,6 +353,7 @@ async def test_post_apply_needs_an_approver_applies_and_refuses_a_second_time(
         assert indexes(target)["ix_api"] is True
         again = await http.post(f"/v1/tasks/{task_id}/apply", json={"approver": "carol", "dsn": target})
         assert again.status_code == 409 and "applied already" in again.json()["error"]
+        assert [r["result"] for r in await audit.entries(store, task_id)] == ["refused", "applied"]
         unknown = await http.post("/v1/tasks/nosuch/apply", json={"approver": "carol", "dsn": target})
         assert unknown.status_code == 404
 

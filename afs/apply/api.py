@@ -19,8 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from afs.apply.run import apply_winner, load_plan, not_applied
-from afs.apply.target import prepare
+from afs.apply.run import apply_winner, load_plan, prepare_apply
 from afs.config import Settings
 from afs.errors import InputError
 from afs.store import Store
@@ -73,8 +72,7 @@ def apply_routes(store: Store, settings: Settings) -> list[Route]:
         if not plan.applicable:
             return JSONResponse({"applied": False, "plan": plan.public()})
         target = await target_of(store, settings, task_id, dsn)
-        await not_applied(store, task_id)
-        plan = await prepare(plan, target)
+        plan = await prepare_apply(store, plan, target, approver)
         row = await apply_winner(store, plan, target, approver)
         applied = row["result"] == "applied"
         return JSONResponse({"applied": applied, "plan": plan.public(), "audit": row},

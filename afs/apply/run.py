@@ -16,7 +16,7 @@ import trio
 
 from afs.apply import audit
 from afs.apply.plan import ApplyPlan, plan_winner
-from afs.apply.target import Progress, apply_plan, run_rollback
+from afs.apply.target import Progress, apply_plan, prepare, run_rollback
 from afs.errors import AfsError, InputError
 from afs.store import Store
 
@@ -43,6 +43,19 @@ async def not_applied(store: Store, task_id: str) -> None:
     if previous is not None:
         raise InputError(f"task {task_id} was applied already (audit #{previous['id']}, "
                          f"{previous['at'][:19]}, on {previous['target']}); `afs rollback {task_id}` first")
+
+
+async def prepare_apply(store: Store, plan: ApplyPlan, target_dsn: str, approver: str = "-") -> ApplyPlan:
+    """Before approval: the plan as it will run on this target (partitions expanded), checked
+    against it (not applied already, same tables and columns). A refusal is audited."""
+    try:
+        await not_applied(store, plan.task_id)
+        return await prepare(plan, target_dsn)
+    except InputError as exc:
+        await audit.record(store, task_id=plan.task_id, action="apply", approver=approver, target=target_dsn,
+                           tier=plan.tier, sql=[s.sql for s in plan.steps], result="refused", detail=str(exc),
+                           rollback_sql=plan.rollback)
+        raise
 
 
 async def apply_winner(store: Store, plan: ApplyPlan, target_dsn: str, approver: str,
