@@ -7,6 +7,7 @@
     afs history|show|events|resume              tasks in the store: list, report, events, run again
     afs worker | afs serve                      take queued tasks; the HTTP API with live events
     afs batch [show ID | list]                  the target's costliest statements, optimized in turn
+    afs apply|rollback|audit                    apply a task's winner after approval; undo it; the log
 
 Exit codes: 0 success, 1 failure, 2 bad input or usage, 130 interrupted.
 Results go to stdout (`--json` for scripts); progress and logs go to stderr.
@@ -747,6 +748,128 @@ def add_batch_command(commands: Any, sub: Any) -> None:
     batch.add_argument("--provider", choices=("auto", "heuristic", "gemini"), default="auto",
                        help="who thinks (as for afs optimize)")
     batch.add_argument("--runs", type=int, help="measured runs per suite query and side (default: AFS_RUNS)")
+# -- applying a winner: afs apply / audit / rollback (afs.apply) ---------------------------
+async def _apply_target(args: argparse.Namespace, settings: Settings, store: Any, task_id: str) -> str:
+    """--dsn, else the task's own DSN, else its database in the sandbox."""
+    if args.dsn:
+        return str(args.dsn)
+    task = await store.get(task_id)
+    if task.dsn:
+        return str(task.dsn)
+    from afs.sandbox.server import dsn_for
+
+    return dsn_for(settings, task.source or settings.demo_database)
+
+
+async def _approve(args: argparse.Namespace, question: str) -> str | None:
+    """The approver's name once approved; None when the person says no. No terminal, no --yes: exit 2."""
+    import getpass
+
+    approver = args.approver or getpass.getuser()
+    if args.yes:
+        return str(approver)
+    if not sys.stdin.isatty():
+        raise InputError("approval needed and there is no terminal to ask: pass --yes "
+                         "(and --approver NAME) to approve from a script")
+    print(f"{question} [y/N] ", end="", flush=True)
+    answer = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+    return str(approver) if answer.strip().lower() in ("y", "yes") else None
+
+
+async def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
+    """Show the winner's plan, ask for approval, apply it on the target and verify it."""
+    from afs.apply import apply_winner, load_plan, render_plan
+    from afs.apply import audit as apply_audit
+    from afs.apply.run import prepare_apply
+    from afs.errors import scrub
+
+    async with _open_task_store(settings) as store:
+        plan = await load_plan(store, args.task)
+        target = await _apply_target(args, settings, store, args.task)
+        if plan.applicable:  # the exact statements on this target (partitions), checked against it
+            plan = await prepare_apply(store, plan, target, args.approver or "-")
+        if not args.json:
+            print(render_plan(plan))
+            print(f"target: {scrub(target)}")
+        if plan.tier == "T3":
+            emit(args, {"plan": plan.public(), "applied": False},
+                 f"not applied: {plan.kind} is never applied by afs apply")
+            return EXIT_OK if plan.kind == "partitioning" else EXIT_USAGE
+        if not plan.applicable:
+            emit(args, {"plan": plan.public(), "applied": False},
+                 "nothing applied: nothing to change on the database")
+            return EXIT_OK
+        approver = await _approve(args, f"apply {len(plan.steps)} statement(s) to {scrub(target)}?")
+        if approver is None:
+            await apply_audit.record(store, task_id=plan.task_id, action="apply",
+                                     approver=args.approver or "-", target=target, tier=plan.tier,
+                                     sql=[s.sql for s in plan.steps],
+                                     result="refused", detail="not approved at the terminal",
+                                     rollback_sql=plan.rollback)
+            emit(args, {"plan": plan.public(), "applied": False}, "not applied: not approved")
+            return EXIT_FAILED
+        row = await apply_winner(store, plan, target, approver, progress)
+    progress_done()
+    emit(args, {"plan": plan.public(), "applied": row["result"] == "applied", "audit": row},
+         f"{row['result']}: {row['detail']} ({row['duration_s']:.2f} s; audit #{row['id']})")
+    return EXIT_OK if row["result"] == "applied" else EXIT_FAILED
+
+
+async def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.apply import audit as apply_audit
+
+    if args.limit < 1:
+        raise InputError(f"--limit must be at least 1, got {args.limit}")
+    async with _open_task_store(settings) as store:
+        rows = await apply_audit.entries(store, args.task, args.limit)
+    emit(args, rows, apply_audit.render(rows))
+    return EXIT_OK
+
+
+async def cmd_rollback(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.apply import audit as apply_audit
+    from afs.apply import rollback_task
+    from afs.errors import scrub
+
+    async with _open_task_store(settings) as store:
+        previous = await apply_audit.applied(store, args.task)
+        if previous is None:
+            await store.get(args.task)  # an unknown task says so
+            raise InputError(f"task {args.task} has nothing applied to roll back (see `afs audit`)")
+        target = await _apply_target(args, settings, store, args.task)
+        if not args.json:
+            print("\n".join(f"rollback: {sql};" for sql in previous["rollback_sql"]))
+        approver = await _approve(args, f"roll back task {args.task} on {scrub(target)}?")
+        if approver is None:
+            emit(args, {"rolled_back": False}, "not rolled back: not approved")
+            return EXIT_FAILED
+        row = await rollback_task(store, args.task, target, approver, progress)
+    progress_done()
+    emit(args, row, f"{row['result']}: {row['detail']} ({row['duration_s']:.2f} s; audit #{row['id']})")
+    return EXIT_OK if row["result"] == "rolled_back" else EXIT_FAILED
+
+
+def add_apply_commands(commands: Any, sub: Any) -> None:
+    """apply, audit, rollback."""
+    apply = sub(commands, "apply", "apply a task's winner to the database, after approval", cmd_apply)
+    apply.description = (
+        "Show the winner's exact SQL, its tier, the lock it takes, the build time and storage measured in "
+        "the fork; after approval build it (indexes CONCURRENTLY, one at a time, one apply per database), "
+        "verify it (valid, used by the query's plan, measured read-only) and roll it back by itself if "
+        "that fails. Rewrites, settings and partitioning are printed as advice, never applied.")
+    apply.epilog = "example: afs apply 3f2a9c1d --yes --approver alice   (exit codes: 0 applied, 1 failed "\
+                   "and rolled back or not approved, 2 refused or no terminal without --yes)"
+    rollback = sub(commands, "rollback", "undo a task's applied winner with its recorded rollback",
+                   cmd_rollback)
+    for command in (apply, rollback):
+        command.add_argument("task", help="the task id (see `afs history`)")
+        command.add_argument("--dsn", metavar="DSN",
+                             help="the target database (default: the task's DSN, else its sandbox database)")
+        command.add_argument("--yes", action="store_true", help="approve without asking (scripts)")
+        command.add_argument("--approver", metavar="NAME", help="who approves (default: the OS user)")
+    aud = sub(commands, "audit", "the audit log of applies and rollbacks, newest first", cmd_audit)
+    aud.add_argument("--task", help="only this task")
+    aud.add_argument("--limit", type=int, default=50, help="how many (default 50)")
 
 
 # -- mcp ------------------------------------------------------------------------------
@@ -906,6 +1029,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "running here")
     add_service_commands(commands, sub)
     add_batch_command(commands, sub)
+    add_apply_commands(commands, sub)
 
     mcp = commands.add_parser("mcp", help="the MCP fork server")
     mcp_cmds = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)

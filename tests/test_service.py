@@ -206,7 +206,7 @@ async def test_the_openapi_document_names_every_route(nursery: trio.Nursery, set
         doc = (await http.get("/v1/openapi.json")).json()
     assert doc["openapi"].startswith("3.")
     assert set(doc["paths"]) == {"/v1/tasks", "/v1/tasks/{id}", "/v1/tasks/{id}/events", "/v1/forks",
-                                 "/healthz"}
+                                 "/healthz", "/v1/tasks/{id}/apply"}
     assert set(doc["paths"]["/v1/tasks"]) == {"get", "post"}
 
 

@@ -5,6 +5,7 @@
     GET    /v1/tasks/{id}         one task, its report and its result
     GET    /v1/tasks/{id}/events  Server-Sent Events, live; resumable with Last-Event-ID
     DELETE /v1/tasks/{id}         cancel (a running task's agents destroy their forks)
+    POST   /v1/tasks/{id}/apply   apply the winner (needs an approver; afs.apply.api)
     GET    /v1/forks              forks the store knows to be alive, with their task and agent
     GET    /healthz               liveness, tasks by status, running tasks per agent (no token)
     GET    /v1/openapi.json       this API, described
@@ -33,6 +34,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from afs.apply.api import OPENAPI_PATH as _APPLY_PATH
+from afs.apply.api import apply_routes
 from afs.asgi import check_bind, require_token
 from afs.config import Settings
 from afs.errors import InputError, UnknownTaskError
@@ -193,6 +196,7 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
         Route("/v1/forks", list_forks, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/v1/openapi.json", openapi, methods=["GET"]),
+        *apply_routes(store, settings),  # POST /v1/tasks/{id}/apply (afs.apply.api)
     ], exception_handlers={UnknownTaskError: unknown_task, InputError: bad_input})
     if token is None:
         return app
@@ -314,6 +318,7 @@ OPENAPI: dict[str, Any] = {
             "get": {"summary": "the task's events as Server-Sent Events (Last-Event-ID resumes)",
                     "responses": {"200": {"description": "text/event-stream"}, "404": _ERROR}},
         },
+        "/v1/tasks/{id}/apply": _APPLY_PATH,
         "/v1/forks": {"get": {"summary": "live forks, with their task and agent",
                               "responses": {"200": {"description": "forks"}}}},
         "/healthz": {"get": {"summary": "liveness", "security": [],

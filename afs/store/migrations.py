@@ -176,4 +176,23 @@ CREATE TABLE afs_store.batch_statements (
 );
 CREATE INDEX batch_statements_recent ON afs_store.batch_statements (origin, queryid, created_at DESC);
 """),
+    # 200: the apply branch's (afs.apply); far from the service's numbers so that neither clashes
+    Migration(200, "audit log of winners applied to target databases (afs apply, afs rollback)", """
+CREATE TABLE afs_store.audit (
+    id           bigserial PRIMARY KEY,
+    task_id      text NOT NULL REFERENCES afs_store.tasks (id) ON DELETE CASCADE,
+    action       text NOT NULL CHECK (action IN ('apply', 'rollback')),
+    approver     text NOT NULL,
+    at           timestamptz NOT NULL DEFAULT clock_timestamp(),
+    target       text NOT NULL,      -- the target database, password scrubbed
+    tier         text NOT NULL,
+    sql_commands jsonb NOT NULL,     -- exactly what ran (or would have), in order
+    result       text NOT NULL CHECK (result IN ('applied', 'rolled_back', 'failed', 'refused')),
+    detail       text NOT NULL DEFAULT '',
+    duration_s   double precision NOT NULL DEFAULT 0,
+    rollback_sql jsonb NOT NULL DEFAULT '[]',
+    verification jsonb NOT NULL DEFAULT '{}'
+);
+CREATE INDEX audit_task ON afs_store.audit (task_id, id);
+"""),
 )

@@ -1,0 +1,69 @@
+"""The audit log of applies and rollbacks, in the task store (`afs_store.audit`, migration 200).
+
+Every row says who approved, when, the target (password scrubbed), the SQL, the tier, the
+result, how long it took and the SQL that undoes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from afs.errors import scrub
+from afs.store import Store
+
+_COLUMNS = ("id, task_id, action, approver, at, target, tier, sql_commands, result, detail, duration_s,"
+            " rollback_sql, verification")
+
+
+async def record(store: Store, *, task_id: str, action: str, approver: str, target: str, tier: str,
+                 sql: Sequence[str], result: str, detail: str = "", duration_s: float = 0.0,
+                 rollback_sql: Sequence[str] = (), verification: dict[str, Any] | None = None) -> int:
+    row_id: int = await store.conn.fetchval(
+        "INSERT INTO afs_store.audit (task_id, action, approver, target, tier, sql_commands, result, detail,"
+        " duration_s, rollback_sql, verification) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " RETURNING id",
+        (task_id, action, approver, scrub(target), tier, Jsonb(list(sql)), result, scrub(detail), duration_s,
+         Jsonb(list(rollback_sql)), Jsonb(verification or {})))
+    return row_id
+
+
+def _entry(row: Sequence[Any]) -> dict[str, Any]:
+    entry = dict(zip([c.strip() for c in _COLUMNS.split(",")], row, strict=True))
+    entry["at"] = entry["at"].isoformat()
+    return entry
+
+
+async def entries(store: Store, task_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Audit rows, newest first (of one task, or of all)."""
+    where = "WHERE task_id = %s" if task_id else ""
+    params: tuple[Any, ...] = (task_id, limit) if task_id else (limit,)
+    rows = await store.conn.fetchall(
+        f"SELECT {_COLUMNS} FROM afs_store.audit {where} ORDER BY id DESC LIMIT %s", params)
+    return [_entry(r) for r in rows]
+
+
+async def applied(store: Store, task_id: str) -> dict[str, Any] | None:
+    """The task's apply that is in place: its last 'applied' row not followed by a rollback."""
+    rows = await store.conn.fetchall(
+        f"SELECT {_COLUMNS} FROM afs_store.audit WHERE task_id = %s AND result IN ('applied', 'rolled_back')"
+        " ORDER BY id DESC LIMIT 1", (task_id,))
+    if not rows or rows[0][2] != "apply":
+        return None
+    return _entry(rows[0])
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no applies or rollbacks recorded yet"
+    out = []
+    for r in rows:
+        out.append(f"#{r['id']} {r['at'][:19]} {r['action']:<8} task {r['task_id']} {r['result']:<11} "
+                   f"{r['tier']} by {r['approver']} on {r['target']} ({r['duration_s']:.2f} s)")
+        out.extend(f"    sql:      {s};" for s in r["sql_commands"])
+        out.extend(f"    rollback: {s};" for s in r["rollback_sql"])
+        if r["detail"]:
+            out.append(f"    {r['detail']}")
+    return "\n".join(out)

@@ -1,0 +1,314 @@
+"""Running an `ApplyPlan` on the target database, verifying it, and undoing it (I/O).
+
+One apply or rollback at a time per database: a session advisory lock (`APPLY_LOCK_KEY`),
+taken with pg_try_advisory_lock so a second apply is refused at once instead of queueing.
+Indexes are built CONCURRENTLY, one statement at a time, on an autocommit connection with
+no statement timeout (a build takes what it takes; Ctrl-C cancels it on the server).
+
+Before anything runs, the target is checked against the plan (`preflight`): every table
+and column the plan names exists, no table is partitioned (CONCURRENTLY is refused there),
+and nothing it would create exists already. After the build, `verify`: each index is valid
+(`indisvalid`), the query's plan on the target uses it (EXPLAIN, no ANALYZE), and the query
+is measured read-only (a READ ONLY transaction) before and after. A failed build leaves an
+invalid index behind: it is dropped (DROP INDEX CONCURRENTLY) and reported; a failed
+verification rolls back every step that ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import psycopg
+import trio
+
+from afs.apply.plan import ApplyPlan, Step, partitioned_steps
+from afs.db import Connection, open_connection, translate
+from afs.errors import AfsError, DatabaseError, InputError
+
+APPLY_LOCK_KEY = 0x0AF5_A991  # pg_try_advisory_lock key: one apply or rollback per database
+MEASURE_RUNS = 3
+MEASURE_TIMEOUT_MS = 30_000
+CLEANUP_TIMEOUT_S = 60.0  # after Ctrl-C: DROP INDEX CONCURRENTLY waits for older transactions
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Outcome:
+    result: str  # applied | failed
+    detail: str
+    executed: list[str] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)
+    verification: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+    rollback: list[str] = field(default_factory=list)  # what undoes the plan as it ran here
+    planned: list[str] = field(default_factory=list)  # the plan's statements on this target
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _plan_nodes(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from _plan_nodes(child)
+
+
+def _last(name: str) -> str:
+    return name.rpartition(".")[2].strip('"')
+
+
+async def _explain(conn: Connection, query: str) -> Mapping[str, Any]:
+    rows = await conn.fetchall(f"EXPLAIN (FORMAT JSON) {query}")
+    doc = rows[0][0]
+    return dict(doc[0]["Plan"])
+
+
+def _timed_read_only(raw: psycopg.Connection[Any], query: str, runs: int) -> list[float]:
+    times = []
+    try:
+        with raw.transaction(), raw.cursor() as cur:
+            cur.execute("SET TRANSACTION READ ONLY")
+            cur.execute(f"SET LOCAL statement_timeout = {MEASURE_TIMEOUT_MS}")
+            for _ in range(runs):
+                start = time.perf_counter()
+                cur.execute(query)
+                cur.fetchall()
+                times.append((time.perf_counter() - start) * 1000)
+    except psycopg.Error as exc:
+        raise translate(exc, query) from exc
+    return times
+
+
+async def measure(conn: Connection, query: str, runs: int = MEASURE_RUNS) -> float | None:
+    """The query's median over `runs`, read-only on the target (None: it ran past 30 s)."""
+    try:
+        times = await conn.run(lambda raw: _timed_read_only(raw, query, runs))
+    except DatabaseError as exc:
+        if exc.sqlstate == "57014":  # query_canceled: the statement timeout
+            return None
+        raise
+    return round(statistics.median(times), 3)
+
+
+async def _try_lock(conn: Connection) -> None:
+    if not await conn.fetchval("SELECT pg_try_advisory_lock(%s)", (APPLY_LOCK_KEY,)):
+        raise InputError("another afs apply or rollback is running on this database; try again when it ends")
+
+
+async def _unlock(conn: Connection) -> None:
+    with trio.CancelScope(shield=True), contextlib.suppress(AfsError):
+        await conn.execute("SELECT pg_advisory_unlock(%s)", (APPLY_LOCK_KEY,))
+
+
+def _ms(value: float | None) -> str:
+    return "over 30 s" if value is None else f"{value} ms"
+
+
+async def preflight(conn: Connection, plan: ApplyPlan) -> None:
+    """Refuse (InputError) when the target does not match what the task measured."""
+    created = {_last(s.name) for s in plan.steps if s.kind == "matview" and s.name}
+    for step in plan.steps:
+        if step.table and _last(step.table) not in created:
+            row = await conn.fetchone("SELECT c.oid, c.relkind FROM pg_class c WHERE c.oid = to_regclass(%s)",
+                                      (step.table,))
+            if row is None:
+                raise InputError(f"the target has no table {step.table}: its schema changed since the task "
+                                 "(or it is another database)")
+            if row[1] == "p" and step.kind == "index":
+                raise InputError(f"{step.table} is partitioned on the target: CONCURRENTLY cannot build "
+                                 "on it directly (`expand` builds it per partition)")
+            names = {r[0] for r in await conn.fetchall(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+                (row[0],))}
+            missing = [c for c in step.columns if c not in names]
+            if missing:
+                raise InputError(f"the target's {step.table} has no column {', '.join(missing)}: its schema "
+                                 "changed since the task")
+        if step.name and step.kind in ("index", "index_parent", "matview") and await conn.fetchval(
+                "SELECT to_regclass(%s)", (step.name,)) is not None:
+            raise InputError(f"{step.name} already exists on the target (applied already? see `afs audit`)")
+        if step.name and step.kind == "statistics" and await conn.fetchval(
+                "SELECT 1 FROM pg_statistic_ext WHERE stxname = %s", (_last(step.name),)):
+            raise InputError(f"statistics {step.name} already exist on the target (applied already?)")
+
+
+async def expand(conn: Connection, plan: ApplyPlan) -> ApplyPlan:
+    """The plan as it runs on this target: an index on a partitioned table becomes one index
+    per partition (CONCURRENTLY), the parent's ON ONLY and the attachments (`partitioned_steps`)."""
+    steps: list[Step] = []
+    for step in plan.steps:
+        relkind = None
+        if step.kind == "index" and step.table:
+            relkind = await conn.fetchval("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
+                                          (step.table,))
+        if relkind != "p":
+            steps.append(step)
+            continue
+        rows = await conn.fetchall(
+            "SELECT c.oid::regclass::text, c.relkind FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = to_regclass(%s) ORDER BY 1", (step.table,))
+        if any(kind == "p" for _, kind in rows):
+            raise InputError(f"{step.table} has partitions that are partitioned themselves: build the index "
+                             "level by level by hand (afs apply handles one level of partitions)")
+        steps.extend(partitioned_steps(step, [name for name, _ in rows]))
+    return replace(plan, steps=tuple(steps))
+
+
+async def prepare(plan: ApplyPlan, target_dsn: str) -> ApplyPlan:
+    """The plan for this target, checked against it (`expand`, then `preflight`); changes nothing."""
+    async with open_connection(target_dsn) as conn:
+        expanded = await expand(conn, plan)
+        await preflight(conn, expanded)
+    return expanded
+
+
+async def _drop_invalid(conn: Connection, step: Step) -> str | None:
+    """After a failed build: drop the invalid index CONCURRENTLY left behind, if there is one."""
+    if step.kind != "index" or not step.name or step.rollback is None:
+        return None
+    valid = await conn.fetchval("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
+                                (step.name,))
+    if valid is None or valid:
+        return None
+    await conn.execute(step.rollback)
+    return f"the failed build left an invalid index {step.name}: dropped ({step.rollback})"
+
+
+async def verify(conn: Connection, plan: ApplyPlan, query: str) -> tuple[list[str], list[str]]:
+    """What is wrong after the build (empty: verified), and what was checked."""
+    problems: list[str] = []
+    checks: list[str] = []
+    indexes = [s for s in plan.steps if s.kind == "index" and s.name]
+    for step in [*indexes, *(s for s in plan.steps if s.kind == "index_parent")]:
+        valid = await conn.fetchval("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
+                                    (step.name,))
+        if not valid:
+            problems.append(f"index {step.name} is not valid (indisvalid is false)")
+    if indexes:
+        checks.append("indexes valid (indisvalid)")
+    nodes = list(_plan_nodes(await _explain(conn, query)))
+    used = {n.get("Index Name") for n in nodes} - {None}
+    relations = {n.get("Relation Name") for n in nodes} - {None}
+    table_indexes = [s for s in indexes if not any(_last(s.table or "") == _last(v.name or "")
+                                                     for v in plan.steps if v.kind == "matview")]
+    if table_indexes and not any(_last(s.name or "") in used for s in table_indexes):
+        names = ", ".join(s.name or "" for s in table_indexes)
+        problems.append(f"the query's plan on the target does not use {names} "
+                        f"(it uses: {', '.join(sorted(str(u) for u in used)) or 'no index'})")
+    if table_indexes:
+        checks.append("the query's plan uses the index (EXPLAIN)")
+    views = [s for s in plan.steps if s.kind == "matview" and s.name]
+    if views and not any(_last(v.name or "") in relations for v in views):
+        problems.append("the rewritten query's plan does not read the materialized view")
+    if views:
+        checks.append("the rewrite's plan reads the view (EXPLAIN)")
+    for step in plan.steps:
+        if step.kind == "statistics" and step.name:
+            found = await conn.fetchval("SELECT 1 FROM pg_statistic_ext WHERE stxname = %s",
+                                        (_last(step.name),))
+            if not found:
+                problems.append(f"statistics {step.name} are missing")
+            else:
+                checks.append(f"statistics {step.name} exist")
+    return problems, checks
+
+
+async def _run_rollback(conn: Connection, statements: list[str], progress: Progress) -> list[str]:
+    done = []
+    for sql in statements:
+        progress(f"rollback: {sql}")
+        await conn.execute(sql)
+        done.append(sql)
+    return done
+
+
+async def apply_plan(plan: ApplyPlan, target_dsn: str, query: str,
+                     progress: Progress = _quiet) -> Outcome:
+    """Run the plan's steps on the target, verify, and roll back by itself when that fails.
+
+    `query` is what the verification measures (the task's query, or the rewrite that reads a
+    materialized view). Raises InputError before changing anything when the target does not
+    match the plan (`preflight`) or another apply is running.
+    """
+    start = time.perf_counter()
+    async with open_connection(target_dsn, statement_timeout_ms=0) as conn:
+        await _try_lock(conn)
+        try:
+            plan = await expand(conn, plan)
+            await preflight(conn, plan)
+            out = Outcome("applied", "", rollback=list(plan.rollback), planned=[s.sql for s in plan.steps])
+            before = await measure(conn, plan.query)
+            out.verification["before_ms"] = before
+            executed: list[Step] = []
+            failure: str | None = None
+            for step in plan.steps:
+                progress(f"running: {step.sql}")
+                try:
+                    await conn.execute(step.sql)
+                except AfsError as exc:
+                    failure = f"{step.sql} failed: {exc}"
+                    dropped = await _drop_invalid(conn, step)
+                    if dropped:
+                        failure += f"; {dropped}"
+                    break
+                except trio.Cancelled:  # Ctrl-C: the build was cancelled on the server; leave nothing
+                    undo = [s.rollback for s in reversed(executed) if s.rollback]
+                    with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S) as cleanup:
+                        await _drop_invalid(conn, step)
+                        await _run_rollback(conn, undo, progress)
+                    if cleanup.cancelled_caught:
+                        progress(f"could not clean up within {CLEANUP_TIMEOUT_S:.0f} s (old transactions): "
+                                 f"run {'; '.join(filter(None, [step.rollback, *undo]))}")
+                    raise
+                executed.append(step)
+                out.executed.append(step.sql)
+            if failure is None:
+                problems, checks = await verify(conn, plan, query)
+                if problems:
+                    failure = "verification failed: " + "; ".join(problems)
+                else:
+                    out.verification["after_ms"] = await measure(conn, query)
+                    out.verification["verified"] = checks
+            if failure is not None:
+                undo = [s.rollback for s in reversed(executed) if s.rollback]
+                out.rolled_back = await _run_rollback(conn, undo, progress)
+                out.result = "failed"
+                undone = f"; rolled back: {'; '.join(out.rolled_back)}" if out.rolled_back else ""
+                out.detail = failure + undone
+            else:
+                after = out.verification.get("after_ms")
+                out.detail = (f"verified: {', '.join(out.verification['verified'])}; the query took "
+                              f"{_ms(before)} before, {_ms(after)} after (read-only on the target)")
+        finally:
+            await _unlock(conn)
+    out.duration_s = round(time.perf_counter() - start, 3)
+    return out
+
+
+async def run_rollback(statements: list[str], target_dsn: str, progress: Progress = _quiet) -> Outcome:
+    """Run recorded rollback statements on the target, under the same advisory lock."""
+    start = time.perf_counter()
+    out = Outcome("rolled_back", "")
+    async with open_connection(target_dsn, statement_timeout_ms=0) as conn:
+        await _try_lock(conn)
+        try:
+            for sql in statements:
+                progress(f"rollback: {sql}")
+                try:
+                    await conn.execute(sql)
+                except AfsError as exc:
+                    out.result, out.detail = "failed", f"{sql} failed: {exc}"
+                    break
+                out.executed.append(sql)
+        finally:
+            await _unlock(conn)
+    out.duration_s = round(time.perf_counter() - start, 3)
+    if out.result == "rolled_back":
+        out.detail = f"undone: {'; '.join(out.executed)}"
+    return out
