@@ -140,6 +140,8 @@ class AgentJob:
     slow_cap_s: float = 0.0  # cap of the one baseline run of a query past the statement timeout
     min_runs: int = DEFAULT_MIN_RUNS  # runs before measuring may stop (the verdict is certain)
     measure_budget_s: float = DEFAULT_MEASURE_BUDGET_S  # query time per candidate's measurement
+    source_server: Mapping[str, str] = field(default_factory=dict)  # AnalysisContext.source_server
+    source_imported: bool = False
 
 
 @dataclass
@@ -219,7 +221,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                                query=job.query, features=job.features,
                                source_stats=job.source_stats)
     state.writes_per_read = {name: info.writes_per_read for name, info in ctx.tables.items()}
-    ctx = dataclasses.replace(ctx, keyset_last_key=await _last_key(conn, job.query, ctx.tables))
+    ctx = dataclasses.replace(ctx, keyset_last_key=await _last_key(conn, job.query, ctx.tables),
+                              source_server=job.source_server, source_imported=job.source_imported)
     main = ctx.tables.get(job.features.main_table or "")
     # reading the query is CPU work (up to seconds for a large one): off the event loop
     suite, skipped = await trio.to_thread.run_sync(build_suite, job.query, main, _alias_of(job.features))

@@ -101,7 +101,7 @@ FROM pg_class c WHERE c.oid = %s
 PLANNER_SETTINGS = ("work_mem", "random_page_cost", "effective_cache_size", "seq_page_cost",
                     "effective_io_concurrency", "max_parallel_workers_per_gather", "jit")
 _SERVER_SQL = """
-SELECT name, current_setting(name) FROM unnest(%s::text[]) AS name
+SELECT name, current_setting(name, true) FROM unnest(%s::text[]) AS name
 """
 # Writes per read: rows written per scan since the statistics were last reset (seeding and
 # importing reset them); 0 until MIN_SCANS scans make the ratio mean something.
@@ -233,6 +233,14 @@ async def table_info(conn: Connection, name: str, columns_of_interest: set[str],
     )
 
 
+async def server_facts(conn: Connection) -> dict[str, str]:
+    """server_version and the planner settings (PLANNER_SETTINGS) of the server `conn` is on,
+    as SHOW prints them; a setting an older server does not have is left out."""
+    return {str(name): str(value) for name, value in
+            await conn.fetchall(_SERVER_SQL, (["server_version", *PLANNER_SETTINGS],))
+            if value is not None}
+
+
 async def gather_context(
     conn: Connection,
     *,
@@ -261,8 +269,7 @@ async def gather_context(
         info = await table_info(conn, name, cols, source_stats.get(name, (0, 0.0))[1])
         if info is not None:
             tables[name] = info
-    server = {str(name): str(value) for name, value in
-              await conn.fetchall(_SERVER_SQL, (["server_version", *PLANNER_SETTINGS],))}
+    server = await server_facts(conn)
     return AnalysisContext(task_id=task_id, task_type=task_type, query=query, features=features,
                            plan=plan, execution_ms=execution_ms, tables=tables, suite=suite,
                            slow=slow, server=server)

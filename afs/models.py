@@ -167,6 +167,10 @@ class AnalysisContext:
     # the server the plan ran on: server_version and the planner settings that shape plans
     # (work_mem, random_page_cost, effective_cache_size, …), as SHOW prints them
     server: Mapping[str, str] = field(default_factory=dict)
+    # the source database's server, the one the advice is for (same keys as `server`): for an
+    # imported database the server it was imported from (`source_imported`), often older
+    source_server: Mapping[str, str] = field(default_factory=dict)
+    source_imported: bool = False
 
 
 # -- one agent's work ---------------------------------------------------------------

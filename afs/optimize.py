@@ -22,7 +22,7 @@ import structlog
 import trio
 
 from afs.agents import AgentJob, SharedMeasurements, run_agent
-from afs.analysis import explain_on_source, source_table_stats, view_definitions
+from afs.analysis import explain_on_source, server_facts, source_table_stats, view_definitions
 from afs.brains import ReviewingBrain, Squad
 from afs.catalog import check_query_catalog
 from afs.config import Settings
@@ -175,6 +175,16 @@ async def prepare(request: TaskRequest,
     return query, features, stats
 
 
+async def source_server(forks: ForkClient, source: str, source_dsn: str) -> tuple[dict[str, str], bool]:
+    """The server the advice is for, and whether `source` is an import: the version and planner
+    settings its import recorded (`afs sandbox import`), else those of `source_dsn`'s server."""
+    recorded = (await forks.get(source)).get("origin_server")
+    if recorded:
+        return {str(k): str(v) for k, v in recorded.items()}, True
+    async with open_connection(source_dsn) as conn:
+        return await server_facts(conn), False
+
+
 async def optimize(
     settings: Settings,
     request: TaskRequest,
@@ -194,6 +204,7 @@ async def optimize(
     started = trio.current_time()
     task_id = events.task_id
     query, features, stats = await prepare(request, source_dsn)
+    facts, imported = await source_server(forks, source, source_dsn)
     pool = pool or AgentPool()
     max_rows = max((rows for rows, _ in stats.values()), default=0)
 
@@ -214,6 +225,7 @@ async def optimize(
 
     job = AgentJob(task_id=task_id, task_type=request.task_type, query=query,
                    features=features, source=source, source_stats=stats, runs=request.runs,
+                   source_server=facts, source_imported=imported,
                    statement_timeout_ms=settings.statement_timeout_ms, timeouts=settings.timeouts,
                    candidates=settings.candidates, measured=settings.measured,
                    parameter_sets=settings.parameter_sets,

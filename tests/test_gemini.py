@@ -98,6 +98,7 @@ from afs.pg.plan import plan_text
 from afs.report import render_text, to_json
 from afs.router import consensus_weights, load_rules
 from afs.safety import validate_candidate
+from afs.sandbox.importer import import_database
 from afs.sandbox.server import SandboxServer
 from afs.suite import build_suite
 from afs.testing import (
@@ -1008,6 +1009,10 @@ async def test_a_model_proposal_is_validated_and_measured(
     assert result.status == "completed" and result.decision and result.decision.winner == "gemini25pro"
     assert squad.usage["gemini25pro"]["calls"] == 2
     assert any("SELECT o.id" in r.prompt and "Seq Scan" in r.prompt for r in fake.requests)
+    # a live source: its own server, the same one the plans ran on
+    assert any(re.search(r"source server: PostgreSQL 18[.\d]*; plans measured on PostgreSQL 18", r.prompt)
+               for r in fake.requests)
+    assert not any("(imported)" in r.prompt for r in fake.requests)
 
 
 @pytest.mark.usefixtures("no_leaked_forks")
@@ -1367,6 +1372,51 @@ async def test_the_context_has_constraints_partitioning_and_the_planner_settings
     prompt = analysis_prompt("gemini25flash", ctx)
     assert '"partitioning": "RANGE (at), 2 partitions"' in prompt and "ctx_amount_positive" in prompt
     assert '"random_page_cost": "' in prompt and '"effective_cache_size": "' in prompt
+
+
+def test_the_prompt_names_an_imported_sources_older_server() -> None:
+    ctx = dataclasses.replace(
+        issue_context(), server={"server_version": "18.1", "work_mem": "4MB"},
+        source_server={"server_version": "15.4 (Debian 15.4-1.pgdg120+1)", "work_mem": "64MB"},
+        source_imported=True)
+    prompt = analysis_prompt("gemini25flash", ctx)
+    assert "source server: PostgreSQL 15.4 (imported); plans measured on PostgreSQL 18.1" in prompt
+    assert 'planner settings: <data label="source server">{"work_mem": "64MB"}</data>' in prompt
+    # the same settings are not repeated; no source known: the measuring server only
+    same = dataclasses.replace(ctx, source_server={"server_version": "15.4", "work_mem": "4MB"})
+    assert 'label="source server"' not in analysis_prompt("gemini25flash", same)
+    assert "source server" not in analysis_prompt("gemini25flash", dataclasses.replace(ctx, source_server={}))
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_an_import_records_its_servers_version_and_the_prompt_names_it(
+        settings: Settings, sandbox: SandboxServer, provider: LocalForkProvider,
+        forks: ForkClient) -> None:
+    copy = f"ctx_import_{os.getpid()}"
+    await import_database(sandbox, sandbox.dsn("afs_demo"), name=copy, schema_only=True)
+    try:
+        async with open_connection(sandbox.dsn("afs_demo")) as conn:
+            version = str(await conn.fetchval("SHOW server_version"))
+            work_mem = str(await conn.fetchval("SHOW work_mem"))
+        recorded = (await forks.get(copy))["origin_server"]
+        assert recorded["server_version"] == version and recorded["work_mem"] == work_mem
+        assert {"random_page_cost", "effective_cache_size"} <= set(recorded)
+        # as if it had come from an older server: the prompt names the recorded one
+        async with open_connection(sandbox.dsn()) as conn:
+            await conn.execute("UPDATE afs.sources SET origin_server = origin_server"
+                               " || '{\"server_version\": \"15.4\"}' WHERE name = %s", (copy,))
+        fake = FakeGemini(fallback=answers({"candidates": [PROPOSAL]}))
+        credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
+        async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
+            squad = dataclasses.replace(squad, agents=("gemini25flash",))
+            await optimize(settings, TaskRequest(query=QUERY, runs=3), source=copy,
+                           source_dsn=sandbox.dsn(copy), forks=forks, squad=squad,
+                           rules=load_rules(None), events=Emitter("g-import"))
+        measured_on = version.split()[0]
+        assert any(f"source server: PostgreSQL 15.4 (imported); plans measured on PostgreSQL {measured_on}"
+                   in r.prompt for r in fake.requests)
+    finally:
+        await provider.drop_source(copy)
 
 
 # -- data is data -----------------------------------------------------------------------------------

@@ -17,9 +17,10 @@ process is gone, and fork databases or roles that have no row.
 
 from __future__ import annotations
 
+import json
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -72,6 +73,8 @@ CREATE TABLE IF NOT EXISTS afs.forks (
     expires_at    timestamptz NOT NULL
 );
 ALTER TABLE afs.forks ADD COLUMN IF NOT EXISTS base_bytes bigint;
+-- an import's origin server: server_version and planner settings (afs.analysis.server_facts)
+ALTER TABLE afs.sources ADD COLUMN IF NOT EXISTS origin_server jsonb;
 """
 
 
@@ -191,17 +194,22 @@ class LocalForkProvider:
         self._catalog_ready = True
 
     # -- sources ------------------------------------------------------------
-    async def register_source(self, source: str, origin: str) -> None:
-        """Make `source` forkable: catalog row, no PUBLIC access, fresh template."""
+    async def register_source(self, source: str, origin: str,
+                              origin_server: Mapping[str, str] | None = None) -> None:
+        """Make `source` forkable: catalog row, no PUBLIC access, fresh template.
+
+        `origin_server`: for an import, the version and planner settings of the server it
+        came from (None: `source` is the user's database itself)."""
         async with self._admin() as conn:
             await self.ensure_catalog(conn)
             if not await self._database_exists(conn, source):
                 raise UnknownServiceError(source)
             await conn.execute(f"REVOKE CONNECT, TEMPORARY ON DATABASE {quote_ident(source)} FROM PUBLIC")
             await conn.execute(
-                "INSERT INTO afs.sources (name, origin) VALUES (%s, %s)"
-                " ON CONFLICT (name) DO UPDATE SET origin = EXCLUDED.origin",
-                (source, origin),
+                "INSERT INTO afs.sources (name, origin, origin_server) VALUES (%s, %s, %s::jsonb)"
+                " ON CONFLICT (name) DO UPDATE SET origin = EXCLUDED.origin,"
+                " origin_server = EXCLUDED.origin_server",
+                (source, origin, None if origin_server is None else json.dumps(dict(origin_server))),
             )
         await self.refresh_template(source)
 
@@ -247,7 +255,7 @@ class LocalForkProvider:
 
     async def list_sources(self, conn: Connection) -> list[dict[str, Any]]:
         rows = await conn.fetchall(
-            "SELECT s.name, s.origin, s.refreshed_at, pg_database_size(d.oid)"
+            "SELECT s.name, s.origin, s.refreshed_at, pg_database_size(d.oid), s.origin_server"
             " FROM afs.sources s JOIN pg_database d ON d.datname = s.name ORDER BY s.name"
         )
         return [
@@ -257,8 +265,9 @@ class LocalForkProvider:
                 "origin": origin,
                 "template_refreshed_at": refreshed.isoformat() if refreshed else None,
                 "size_mb": round(size / 1048576, 1),
+                "origin_server": origin_server,
             }
-            for name, origin, refreshed, size in rows
+            for name, origin, refreshed, size, origin_server in rows
         ]
 
     # -- the four tools -----------------------------------------------------

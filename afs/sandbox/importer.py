@@ -9,7 +9,8 @@ One function per step, with the embedded PostgreSQL 18 binaries (they dump older
              extension it lacks) are skipped and listed; the data of every table must arrive
              (the import fails if any would be lost)
     analyze  ANALYZE, and reset the activity counters (the restore is not the workload)
-    publish  rename the scratch database to its name; register it as a forkable source
+    publish  rename the scratch database to its name; register it as a forkable source, with
+             the source server's version and planner settings (the advice is for that server)
 
 Each failure names its step and carries that step's own stderr. The copy lands in a scratch
 database that is renamed only when all steps have finished; on failure the scratch is
@@ -38,6 +39,7 @@ import structlog
 import trio
 from psycopg import conninfo
 
+from afs.analysis import server_facts
 from afs.db import connect_sync, open_connection
 from afs.errors import AfsError, InputError, SandboxError, scrub
 from afs.forks.provider import LocalForkProvider, restrict_definer_routines
@@ -222,6 +224,7 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
     admin = server.dsn()
     scratch = name + "_importing"
     started = time.monotonic()
+    origin_server = await _source_server(source_dsn)
     async with open_connection(admin) as conn:
         if await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = %s", (name,)):
             raise InputError(f"the sandbox has a database named {name!r} already; pick --as NAME")
@@ -241,7 +244,7 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
             async with open_connection(admin) as conn:
                 await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(scratch)} WITH (FORCE)")
         raise
-    await LocalForkProvider(admin).register_source(name, origin=origin)
+    await LocalForkProvider(admin).register_source(name, origin=origin, origin_server=origin_server)
     seconds = time.monotonic() - started
     for statement in skipped:
         log.warning("import_statement_skipped", database=name, statement=statement)
@@ -286,6 +289,16 @@ async def _dump_and_restore(source_dsn: str, path: Path, schema_only: bool, admi
         raise failed[0]
     progress("importing: copied; analysing the tables")
     return skipped
+
+
+async def _source_server(source_dsn: str) -> dict[str, str] | None:
+    """The source server's version and planner settings (None when it cannot say: the dump
+    then reports why)."""
+    try:
+        async with open_connection(source_dsn, 30_000) as conn:
+            return await server_facts(conn)
+    except AfsError:
+        return None
 
 
 async def _source_size(source_dsn: str) -> int | None:

@@ -31,6 +31,7 @@ import dataclasses
 import decimal
 import functools
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -170,6 +171,28 @@ def _definition(table: TableInfo) -> dict[str, object]:
     return definition
 
 
+def pg_version(server: Mapping[str, str]) -> str:
+    """"PostgreSQL 15.4" from a server_version such as "15.4 (Debian 15.4-1)": its number only
+    (it is written outside a data block)."""
+    number = re.match(r"\d+(?:\.\d+)*", server.get("server_version", ""))
+    return f"PostgreSQL {number.group()}" if number else "an unknown PostgreSQL version"
+
+
+def server_text(ctx: AnalysisContext) -> str:
+    """The source server (the one the advice is for; an import's is often older) and the
+    server the plans were measured on, with its planner settings."""
+    measured = data("server", dict(ctx.server)) if ctx.server else "(unknown)"
+    if not ctx.source_server:
+        return measured
+    line = (f"source server: {pg_version(ctx.source_server)}"
+            f"{' (imported)' if ctx.source_imported else ''}; "
+            f"plans measured on {pg_version(ctx.server)}")
+    settings = {k: v for k, v in ctx.source_server.items() if k != "server_version"}
+    if settings and any(ctx.server.get(k) != v for k, v in settings.items()):
+        line += "\nthe source server's planner settings: " + data("source server", settings)
+    return f"{line}\n{measured}"
+
+
 def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> dict[str, str]:
     """The placeholders of the analysis and proposal templates, from the agent's context.
 
@@ -183,7 +206,6 @@ def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BU
              f"{t.writes_per_read:.2f} rows written per scan" for t in tables]
     suite = [f"- {v.name}: {data('query', v.sql)}" + (f" {data('note', v.note)}" if v.note else "")
              for v in ctx.suite]
-    server = data("server", dict(ctx.server)) if ctx.server else "(unknown)"
     return {
         "task_type": ctx.task_type,
         "query": data("query", ctx.query),
@@ -191,7 +213,7 @@ def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BU
                                                     if ctx.slow else ""),
         "explain_plan": data_lines("plan", plan),
         "plan_note": plan_note,
-        "server": server,
+        "server": server_text(ctx),
         "schema": "\n".join(data("table definition", _definition(t)) for t in tables) or "(unknown)",
         "indexes": "\n".join(indexes) or "(none)",
         "table_sizes": "\n".join(sizes) or "(unknown)",
