@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pglast
+import structlog
 import trio
 from pglast import ast as pg_ast
 from pglast.stream import RawStream
@@ -194,9 +195,11 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
                 state.fork = fork.name
                 events.emit("fork_created", agent=agent, fork=fork.name,
                             duration_s=trio.current_time() - state.started)
-                async with open_connection(fork.dsn, job.statement_timeout_ms) as conn:
-                    outcome = await _work_in_fork(conn, job, state, brain, bench_limiter,
-                                                  events, enter, shared or SharedMeasurements())
+                # every log line inside the fork names it (task id and agent are bound by the task)
+                with structlog.contextvars.bound_contextvars(fork=fork.name):
+                    async with open_connection(fork.dsn, job.statement_timeout_ms) as conn:
+                        outcome = await _work_in_fork(conn, job, state, brain, bench_limiter,
+                                                      events, enter, shared or SharedMeasurements())
             enter("done")
             # the agent's time includes closing its fork
             return dataclasses.replace(outcome, duration_s=trio.current_time() - state.started)

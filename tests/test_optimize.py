@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 
 import pytest
+import structlog
 import trio
 import trio.testing
 from mcp import Client
@@ -24,6 +25,8 @@ from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
 from afs.models import (
     AgentKey,
+    AnalysisContext,
+    AnalysisResult,
     EstimatedImpact,
     OptimizationProposal,
     TaskResult,
@@ -323,3 +326,27 @@ async def test_the_reported_rollback_is_derived_from_the_sql_not_taken_from_the_
     assert outcome.proposal is not None
     assert outcome.proposal.rollback_commands == ("DROP INDEX IF EXISTS afs_gemini25pro_idx",)
     assert to_json(result)["winner"]["rollback_commands"] == ["DROP INDEX IF EXISTS afs_gemini25pro_idx"]
+
+
+class ContextRecordingBrain(StrategistBrain):
+    """The offline strategists, noting the log context they are called in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict[str, object]] = []
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> tuple[OptimizationProposal, ...]:
+        self.seen.append(dict(structlog.contextvars.get_contextvars()))
+        return tuple(await super().propose(agent, ctx, analysis))
+
+
+async def test_log_lines_inside_an_agent_carry_task_agent_and_fork(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    brain = ContextRecordingBrain()
+    result, events = await run(settings, sandbox, forks, MISSING_INDEX,
+                               squad(("gemini25pro",), {"gemini25pro": brain}))
+    assert result.status in ("completed", "no_improvement")
+    (created,) = [e for e in events.history if e.kind == "fork_created"]
+    assert brain.seen == [{"task_id": events.task_id, "agent": "gemini25pro", "fork": created.fork}]
+    assert structlog.contextvars.get_contextvars() == {}  # nothing left bound after the task
