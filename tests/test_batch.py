@@ -45,6 +45,14 @@ async def afs(*args: str, store_db: str) -> subprocess.CompletedProcess[bytes]:
 @pytest.mark.usefixtures("no_leaked_forks")
 async def test_a_batch_optimizes_the_costliest_statements_once(settings: Settings, store_db: str,
                                                                sandbox: SandboxServer) -> None:
+    try:
+        await _batch_on_the_demo(settings, store_db, sandbox)
+    finally:  # the demo database is shared by the whole session: leave it as it was
+        with psycopg.connect(sandbox.dsn(settings.demo_database), autocommit=True) as conn:
+            conn.execute("DROP EXTENSION IF EXISTS pg_stat_statements")
+
+
+async def _batch_on_the_demo(settings: Settings, store_db: str, sandbox: SandboxServer) -> None:
     _workload(sandbox, settings)
     options = BatchOptions(top=2, min_calls=5, provider="heuristic", runs=1)
     target = sandbox.dsn(settings.demo_database)
