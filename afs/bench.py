@@ -486,8 +486,8 @@ async def benchmark(
     for member in family:
         if member.candidate_sql is None:
             answer_cache = answer_cache or (
-                f"its query has no place for other values ({member.label}): the literals are baked "
-                "into what it reads, a cache of today's answer")
+                f"it cannot answer the query for {member.label}: what it reads is a cache of "
+                "today's answer, not a way to compute it")
             checks.append(ParameterCheck(label=member.label, equivalent=False, slower=False,
                                          note="the proposal cannot answer the query with these values"))
             continue

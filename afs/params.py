@@ -170,6 +170,26 @@ def baked_literals(definition: str, query: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+def stored_rows(rewritten: str, views: Sequence[str]) -> bool:
+    """Whether the rewrite returns rows stored in the proposal's materialized `views` as they
+    are: it reads nothing but those views and filters nothing (no WHERE, no HAVING). Such a
+    result is today's answer, stored: stale on the next write and the same whatever the
+    query's values. A view that groups by the filtered columns, read with the query's filter,
+    is not this."""
+    names = {v.lower() for v in views}
+    if not names:
+        return False
+    try:
+        tree = sqlglot.parse_one(rewritten, read="postgres")
+    except SqlglotError:
+        return False
+    if not isinstance(tree, exp.Select):
+        return False
+    tables = [t.name.lower() for t in tree.find_all(exp.Table)]
+    return (bool(tables) and all(t in names for t in tables)
+            and not any(s.args.get("where") or s.args.get("having") for s in tree.find_all(exp.Select)))
+
+
 # -- reading the query ------------------------------------------------------------------
 
 _BLOCKS = (exp.Select, exp.SetOperation)

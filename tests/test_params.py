@@ -11,7 +11,14 @@ import pytest
 
 from afs.errors import InputError
 from afs.models import ColumnInfo, ColumnStats, TableInfo
-from afs.params import ParameterSet, Substitution, apply_parameters, baked_literals, parameter_sets
+from afs.params import (
+    ParameterSet,
+    Substitution,
+    apply_parameters,
+    baked_literals,
+    parameter_sets,
+    stored_rows,
+)
 
 STATUSES = ("completed", "shipped", "paid", "cancelled", "pending", "refunded")
 # 2024-01-15 … 2025-12-15, one bound a month, at odd times of day (as pg_stats prints timestamptz)
@@ -259,3 +266,16 @@ def test_a_bound_derived_from_the_literal_moves_with_it() -> None:
                 " AND created_at < CAST('2024-06-01' AS DATE) + INTERVAL '1 day'")
     moved = apply_parameters(sargable, pset)
     assert moved is not None and moved.count("'2024-12-28'") == 2 and "'2024-06-01'" not in moved
+
+
+@pytest.mark.parametrize(("rewrite", "stored"), [
+    ("SELECT * FROM afs_mv_1", True),  # the view's rows as they are: today's answer
+    ("SELECT city, zip, count FROM afs_mv_1 ORDER BY city", True),
+    ("SELECT sum(count) FROM afs_mv_1", True),  # derived from the stored rows, no filter
+    ("SELECT * FROM afs_mv_1 WHERE status = 'paid'", False),  # the query's filter on the view
+    ("SELECT city FROM afs_mv_1 GROUP BY city HAVING sum(count) > 3", False),
+    ("SELECT * FROM afs_mv_1 m JOIN orders o ON o.id = m.id", False),  # reads a table too
+    ("SELECT * FROM orders", False),  # not a view of the proposal
+])
+def test_a_rewrite_reading_the_stored_rows_as_they_are_is_an_answer_cache(rewrite: str, stored: bool) -> None:
+    assert stored_rows(rewrite, ["afs_mv_1"]) is stored
