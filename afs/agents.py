@@ -540,6 +540,12 @@ def _best(state: _Progress) -> AgentOutcome:
     assert best.benchmark is not None
     state.proposal, state.validation = best.proposal, best.validation
     state.measured_by = state.shared_by.get(best.rank)
+    # other rows for the query as given: the plainest reason, whatever else is wrong with it
+    suite_differs = [m.name for m in best.benchmark.measurements
+                     if not m.equivalent and not m.note.startswith("not proven")]
+    if suite_differs:
+        return state.outcome("rejected", f"the proposal changes query results ({', '.join(suite_differs)})",
+                             best.benchmark)
     if best.benchmark.answer_cache:
         return state.outcome("rejected", f"not an optimization: {best.benchmark.answer_cache}",
                              best.benchmark)
