@@ -94,3 +94,17 @@ def store_db(sandbox: SandboxServer) -> Iterator[str]:
     finally:
         with psycopg.connect(sandbox.dsn(), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def own_home() -> Iterator[Path]:
+    """An AFS_HOME for a sandbox of its own: its server stopped, any copy-on-write image
+    unmounted, and the directory deleted, whatever happens."""
+    home = Path(tempfile.mkdtemp(prefix="afs-o-"))
+    try:
+        yield home
+    finally:
+        try:
+            SandboxServer(load_settings({"AFS_HOME": str(home)})).destroy()
+        finally:
+            shutil.rmtree(home, ignore_errors=True)

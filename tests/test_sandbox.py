@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,19 +29,6 @@ def afs(*args: str, home: Path | None = None, check: bool = True,
     if check and result.returncode != 0:
         raise AssertionError(f"afs {' '.join(args)} -> {result.returncode}\n{result.stderr}")
     return result
-
-
-@pytest.fixture
-def own_home() -> Iterator[Path]:
-    """A second sandbox of its own, stopped with pg_ctl whatever happens."""
-    home = Path(tempfile.mkdtemp(prefix="afs-o-"))
-    try:
-        yield home
-    finally:
-        try:
-            SandboxServer(load_settings({"AFS_HOME": str(home)})).destroy()
-        finally:
-            shutil.rmtree(home, ignore_errors=True)
 
 
 def test_status_json_points_at_the_demo_database(sandbox: SandboxServer) -> None:

@@ -9,8 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,19 +31,6 @@ def afs(*args: str, home: Path, user: int | None = None,
     if check and result.returncode != 0:
         raise AssertionError(f"afs {' '.join(args)} -> {result.returncode}\n{result.stderr}")
     return result
-
-
-@pytest.fixture
-def own_home() -> Iterator[Path]:
-    """A sandbox of its own: stopped, its image unmounted and deleted, whatever happens."""
-    home = Path(tempfile.mkdtemp(prefix="afs-s-"))
-    try:
-        yield home
-    finally:
-        try:
-            SandboxServer(load_settings({"AFS_HOME": str(home)})).destroy()
-        finally:
-            shutil.rmtree(home, ignore_errors=True)
 
 
 def can_loop_mount(home: Path) -> None:
