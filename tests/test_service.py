@@ -30,6 +30,7 @@ from afs.service.client import parse_sse
 from afs.service.worker import open_runtime, run_worker
 from afs.store import open_store
 from afs.store.codec import decode
+from afs.web import OPENAPI_PATHS as WEB_PATHS
 
 QUERY = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending'"
          " AND o.user_id = 42 ORDER BY o.created_at DESC")
@@ -206,7 +207,7 @@ async def test_the_openapi_document_names_every_route(nursery: trio.Nursery, set
         doc = (await http.get("/v1/openapi.json")).json()
     assert doc["openapi"].startswith("3.")
     assert set(doc["paths"]) == {"/v1/tasks", "/v1/tasks/{id}", "/v1/tasks/{id}/events", "/v1/forks",
-                                 "/healthz", "/v1/tasks/{id}/apply"}
+                                 "/healthz", "/v1/tasks/{id}/apply", *WEB_PATHS}
     assert set(doc["paths"]["/v1/tasks"]) == {"get", "post"}
 
 

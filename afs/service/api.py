@@ -44,6 +44,8 @@ from afs.service.runner import relayed_cancellation
 from afs.service.worker import open_runtime, run_worker, worker_name
 from afs.store import Store, open_store, store_url
 from afs.store.store import STATUSES
+from afs.web import OPENAPI_PATHS as _WEB_PATHS
+from afs.web import web_routes
 
 log = structlog.get_logger(__name__)
 
@@ -197,6 +199,7 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/v1/openapi.json", openapi, methods=["GET"]),
         *apply_routes(store, settings),  # POST /v1/tasks/{id}/apply (afs.apply.api)
+        *web_routes(store, settings),  # the monitor's pages and their JSON (afs.web)
     ], exception_handlers={UnknownTaskError: unknown_task, InputError: bad_input})
     if token is None:
         return app
@@ -323,5 +326,6 @@ OPENAPI: dict[str, Any] = {
                               "responses": {"200": {"description": "forks"}}}},
         "/healthz": {"get": {"summary": "liveness", "security": [],
                              "responses": {"200": {"description": "ok"}}}},
+        **_WEB_PATHS,
     },
 }
