@@ -209,7 +209,7 @@ function laneOf(state, agent) {
 
 function enterPhase(lane, name, at, note) {
   if (lane.current === name) { lane.phases[name].note = note || ""; return; }
-  if (lane.current) { const cur = lane.phases[lane.current]; cur.state = "done"; cur.end = at; }
+  if (lane.current) Object.assign(lane.phases[lane.current], {state: "done", end: at, note: ""});
   const idx = PHASES.indexOf(name);
   for (const p of PHASES.slice(0, idx)) if (lane.phases[p].state === "pending") lane.phases[p].state = "skipped";
   lane.current = name;
@@ -239,7 +239,7 @@ function applyEvent(state, e) {
     case "agent_phase": {
       const phase = d.phase;
       if (phase === "done") {
-        if (lane.current) { lane.phases[lane.current].state = "done"; lane.phases[lane.current].end = e.at; }
+        if (lane.current) Object.assign(lane.phases[lane.current], {state: "done", end: e.at, note: ""});
         for (const p of PHASES) if (lane.phases[p].state === "pending") lane.phases[p].state = "skipped";
         Object.assign(lane.phases.close, {state: "done", end: e.at, start: lane.phases.close.start || e.at});
         lane.current = null;
@@ -293,7 +293,8 @@ function applyEvent(state, e) {
 
 function phaseCell(name, p, now) {
   let t = "";
-  if (p.state === "done" && p.start && p.end) t = `${secs(p.start, p.end).toFixed(1)} s`;
+  if (name === "close" && p.state === "done") t = "fork closed";
+  else if (p.state === "done" && p.start && p.end) t = `${secs(p.start, p.end).toFixed(1)} s`;
   else if (p.state === "active" && p.start) t = `${Math.max(0, (now - Date.parse(p.start)) / 1000).toFixed(1)} s`;
   else if (p.state === "skipped") t = "skipped";
   else if (p.state === "failed") t = "failed";
@@ -311,9 +312,10 @@ function renderLive(state) {
   }
   document.getElementById("notices").innerHTML = notices.join("");
   document.getElementById("status").innerHTML = badge(state.status);
+  document.getElementById("age").textContent = age(state.created);
   const lanes = [...state.lanes.values()].map(lane => {
     const fork = lane.fork
-      ? `<div class="fork ${lane.forkClosed ? "closed" : "live"}" title="${lane.forkClosed ? "closed" : "held now"}">fork ${esc(lane.fork)}</div>`
+      ? `<div class="fork ${lane.forkClosed ? "closed" : "live"}" title="${lane.forkClosed ? "closed" : "held now"}">${lane.forkClosed ? "held" : "holds"} fork <span class="mono">${esc(lane.fork)}</span></div>`
       : `<div class="fork">no fork yet</div>`;
     const details = lane.details.slice(-3).map(x => `<div class="detail ${x.err ? "err" : ""}">${esc(x.text)}</div>`).join("");
     return `<div class="lane ${lane.failed ? "failed" : ""}" data-agent="${esc(lane.agent)}">
@@ -338,7 +340,7 @@ async function taskPage(id) {
   app().innerHTML = `
     <div class="taskhead"><h1>Task <span class="mono">${esc(task.id)}</span></h1><span id="status">${badge(task.status)}</span>
       <span class="muted">${esc(task.source || task.dsn || "")} · brains ${esc(task.provider)} · priority ${esc(task.priority)}
-      · submitted ${age(task.created_at)} ago</span>
+      · submitted <span id="age">${age(task.created_at)}</span> ago</span>
       <button class="danger" id="cancel" ${TERMINAL.includes(task.status) ? "hidden" : ""}>Cancel</button></div>
     <pre class="query">${esc(task.query)}</pre>
     <div id="notices" class="notices"></div>
@@ -352,7 +354,7 @@ async function taskPage(id) {
     if (!r.ok) alert(r.body.error);
   });
   const state = {lastId: 0, events: [], lanes: new Map(), notices: [], waiting: null, routing: "",
-                 status: task.status, finished: false};
+                 status: task.status, created: task.created_at, finished: false};
   // a reload: the events so far first, then the live stream from the last one
   for (;;) {
     const r = await api(`/v1/tasks/${encodeURIComponent(id)}/log?after=${state.lastId}`);
@@ -409,7 +411,7 @@ function timingRows(bench) {
 function drawChart(rows) {
   const timed = rows.filter(r => r.base && r.opt);
   if (!timed.length) return `<p class="muted">Nothing was timed.</p>`;
-  const W = 1000, labelW = 250, plotW = 400, rowH = 40, top = 22, textX = labelW + plotW + 16;
+  const W = 780, labelW = 200, plotW = 320, rowH = 40, top = 22, textX = labelW + plotW + 14;
   const H = top + timed.length * rowH + 8;
   const values = [];
   for (const r of timed) for (const t of [r.base, r.opt]) {
@@ -439,7 +441,7 @@ function drawChart(rows) {
   timed.forEach((r, i) => {
     const y = top + i * rowH + 4;
     const gain = r.base.median_ms > 0 ? 100 * (r.base.median_ms - r.opt.median_ms) / r.base.median_ms : 0;
-    parts.push(`<text x="${labelW - 8}" y="${y + 12}" text-anchor="end">${esc(short(r.label, 40))}</text>`,
+    parts.push(`<text x="${labelW - 8}" y="${y + 12}" text-anchor="end">${esc(short(r.label, 32))}<title>${esc(r.label)}</title></text>`,
                `<text x="${labelW - 8}" y="${y + 26}" text-anchor="end" class="muted">${r.kind === "suite" ? "suite query" : "other values"}${r.equivalent === false ? " · OTHER ROWS" : ""}</text>`);
     [[r.base, "base", y], [r.opt, `opt${r.opt.median_ms > r.base.median_ms ? " worse" : ""}`, y + 16]].forEach(([t, cls, yy]) => {
       const x0 = labelW, x1 = x(t.median_ms);
