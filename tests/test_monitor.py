@@ -3,8 +3,9 @@ DevTools protocol: the form's errors next to their fields, the README's query su
 lanes filling live and surviving a reload, the charts drawn from the measured timings, the
 batch and audit pages. Also the monitor's JSON over plain HTTP.
 
-The browser test keeps a screenshot: `monitor.png` in the test's tmp dir, copied to
-$AFS_TEST_ARTIFACTS (default: `artifacts/` at the repository root, ignored by git).
+The browser test keeps screenshots (`monitor.png`: the finished task; `monitor-batch.png`,
+`monitor-audit.png`) in the test's tmp dir, copied to $AFS_TEST_ARTIFACTS (default:
+`artifacts/` at the repository root, ignored by git).
 """
 
 from __future__ import annotations
@@ -363,7 +364,9 @@ async def test_a_browser_submits_the_readme_query_and_watches_the_squad(
         stmt = await page.wait_for("document.querySelector('table.statements tbody tr')?.textContent")
         assert task_id in stmt and "+88.0 %" in stmt
         assert sql in await page.js("document.querySelector('pre.sql').textContent")
+        await screenshot(page, tmp_path / "monitor-batch.png")
         await page.goto(f"{url}/audit")
         audit_row = await page.wait_for("document.querySelector('table.audit tbody tr')?.textContent")
         assert "ann" in audit_row and "applied" in audit_row and task_id in audit_row
+        await screenshot(page, tmp_path / "monitor-audit.png")
         assert page.exceptions == []
