@@ -305,6 +305,7 @@ function phaseCell(name, p, now) {
 function renderLive(state) {
   const now = Date.now();
   const notices = [];
+  if (state.offline) notices.push(`<div class="notice wait" id="offline">The event stream was interrupted: reconnecting (it resumes after the last event shown).</div>`);
   if (state.waiting) notices.push(`<div class="notice wait" id="waiting">${esc(state.waiting)}</div>`);
   for (const n of state.notices) notices.push(`<div class="notice ${n.cls}">${esc(n.text)}</div>`);
   for (const lane of state.lanes.values()) {
@@ -380,12 +381,15 @@ async function taskPage(id) {
   const onEvent = message => {
     let e;
     try { e = JSON.parse(message.data); } catch (err) { return; }
+    state.offline = false;
     if (e && typeof e.id === "number" && applyEvent(state, e)) renderLive(state);
     if (e && e.kind === "task_finished") { source.close(); finish(); }
   };
   for (const kind of EVENT_KINDS) source.addEventListener(kind, onEvent);
   source.addEventListener("message", onEvent);
   source.addEventListener("end", () => { source.close(); finish(); });
+  source.addEventListener("open", () => { state.offline = false; });
+  source.addEventListener("error", () => { if (!state.finished) { state.offline = true; renderLive(state); } });
   const tick = setInterval(() => {
     if (state.finished) { clearInterval(tick); return; }
     if (!document.hidden) renderLive(state);
