@@ -176,7 +176,8 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
         return JSONResponse({"forks": await store.forks(live=live)})
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"ok": True, "tasks": await store.counts(), "agents": await store.agent_load()})
+        return JSONResponse({"ok": True, "tasks": await store.counts(), "agents": await store.agent_load(),
+                             "store": await store.identity()})  # which store (afs batch --server)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(OPENAPI)
@@ -241,6 +242,9 @@ async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: f
             shutdown_trigger=never.wait))
         for _ in range(workers):
             nursery.start_soon(_one_worker, settings, url, lease_s)
+        from afs.batch.schedule import run_schedules  # `afs schedule`: the stored schedules' batches
+
+        await nursery.start(run_schedules, settings, url)
         log.info("service_started", urls=urls, workers=workers)
         task_status.started(urls)
 
