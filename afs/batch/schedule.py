@@ -38,8 +38,9 @@ import trio
 from croniter import croniter
 from psycopg.types.json import Jsonb
 
-from afs.batch.job import BatchOptions
+from afs.batch.job import BatchOptions, run_batch_here
 from afs.batch.statements import parse_duration
+from afs.config import Settings
 from afs.errors import AfsError, InputError, scrub
 from afs.optimize import new_task_id
 from afs.sandbox.importer import origin_of
@@ -345,19 +346,22 @@ class Scheduler:
                 await trio.sleep(min(poll_s, max(0.5, await self.seconds_to_next())))
 
 
-async def run_schedules(settings: Any, url: str,
-                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """`afs serve`'s scheduler: the stored schedules' batches, run in this process."""
-    from afs.batch.job import run_batch_here
-    from afs.store import open_store
-
+def batch_runner(settings: Settings, url: str) -> RunBatch:
+    """Runs a schedule's batch in this process, as `afs batch` does (the store at `url`)."""
     async def run(schedule: Schedule) -> str:
         doc = await run_batch_here(settings, url, dsn=schedule.dsn, options=schedule.options,
                                    progress=lambda message: log.debug("schedule_progress", message=message))
         return str(doc["id"])
+    return run
+
+
+async def run_schedules(settings: Settings, url: str,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """`afs serve`'s scheduler: the stored schedules' batches, run in this process."""
+    from afs.store import open_store
 
     async with open_store(url) as store:
-        await Scheduler(store, run).run_forever(task_status=task_status)
+        await Scheduler(store, batch_runner(settings, url)).run_forever(task_status=task_status)
 
 
 def describe(doc: Mapping[str, Any]) -> str:

@@ -112,12 +112,14 @@ class Window:
                 "requested": _iso(self.requested), "seconds": round(self.seconds, 1), "note": self.note}
 
 
+# one row per queryid (summed over roles); a row whose queryid is hidden (another role's,
+# without pg_read_all_stats) stays a row of its own
 _READ_SQL = """
 SELECT s.queryid, min(s.query), sum(s.calls)::bigint, sum(s.total_exec_time),
        coalesce(sum(s.total_exec_time) / nullif(sum(s.calls), 0), 0), sum(s.rows)::bigint
-FROM pg_stat_statements s
-WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND s.toplevel
-GROUP BY s.queryid
+FROM (SELECT p.*, row_number() OVER () AS n FROM pg_stat_statements p
+      WHERE p.dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND p.toplevel) s
+GROUP BY s.queryid, CASE WHEN s.queryid IS NULL THEN s.n END
 ORDER BY 4 DESC, 1
 """
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\s*$", re.IGNORECASE)
