@@ -340,10 +340,15 @@ class Scheduler:
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
-                await self.settle_interrupted()
-                for started in await self.start_due():
-                    nursery.start_soon(self.finish, started)
-                await trio.sleep(min(poll_s, max(0.5, await self.seconds_to_next())))
+                wait = poll_s
+                try:
+                    await self.settle_interrupted()
+                    for started in await self.start_due():
+                        nursery.start_soon(self.finish, started)
+                    wait = min(poll_s, max(0.5, await self.seconds_to_next()))
+                except AfsError as exc:  # the store unreachable for a while: look again later
+                    log.warning("scheduler_store_failed", error=str(exc))
+                await trio.sleep(wait)
 
 
 def batch_runner(settings: Settings, url: str) -> RunBatch:
