@@ -226,7 +226,8 @@ async def _event_stream(store: Store, task_id: str, after: int) -> AsyncIterator
 
 async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: float,
                       task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """The API and `workers` in-process workers, until cancelled; reports the bound URLs."""
+    """The API, `workers` in-process workers and the scheduler of `afs schedule`, until
+    cancelled; reports the bound URLs."""
     check_bind(bind, settings.service_token)
     if workers < 0:
         raise InputError(f"--workers must be 0 or more, got {workers}")
