@@ -828,10 +828,13 @@ def add_schedule_commands(commands: Any, sub: Any) -> None:
                           "UTC); across a daylight saving change a skipped time runs when the clocks "
                           "jump, a repeated one runs once")
     add.add_argument("--top", type=int, default=10, metavar="N", help="statements to optimize (default 10)")
-    add.add_argument("--min-calls", type=int, default=1, metavar="C")
-    add.add_argument("--min-mean-ms", type=float, default=0.0, metavar="M")
-    add.add_argument("--recent-days", type=float, default=7.0, metavar="D")
-    add.add_argument("--provider", choices=("auto", "heuristic", "gemini"), default="auto")
+    add.add_argument("--min-calls", type=int, default=1, metavar="C", help="as for `afs batch`")
+    add.add_argument("--min-mean-ms", type=float, default=0.0, metavar="M", help="as for `afs batch`")
+    add.add_argument("--recent-days", type=float, default=7.0, metavar="D",
+                     help="a statement optimized within D days, with no schema change since, is not "
+                          "run again (default 7)")
+    add.add_argument("--provider", choices=("auto", "heuristic", "gemini"), default="auto",
+                     help="who thinks (as for afs optimize)")
     add.add_argument("--runs", type=int, help="measured runs per suite query and side (default: AFS_RUNS)")
     add.add_argument("--since", metavar="DURATION",
                      help="each run ranks by what ran in the last DURATION (e.g. 24h for a nightly run: "
