@@ -7,6 +7,7 @@
     afs history|show|events|resume              tasks in the store: list, report, events, run again
     afs worker | afs serve                      take queued tasks; the HTTP API with live events
     afs batch [show ID | list]                  the target's costliest statements, optimized in turn
+    afs schedule add|list|remove                batches on a cron schedule, run by `afs serve`
     afs apply|rollback|audit                    apply a task's winner after approval; undo it; the log
 
 Exit codes: 0 success, 1 failure, 2 bad input or usage, 130 interrupted.
@@ -662,41 +663,52 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
         if len(args.words) != 2 or args.words[0] != "show":
             raise InputError("usage: afs batch [--dsn DSN] [--top N] … | afs batch show ID | afs batch list")
         return await _batch_show(args, settings, args.words[1])
-    from afs.batch.job import BatchOptions, run_batch
-    from afs.sandbox.importer import sandbox_source
+    from afs.batch.job import run_batch_here
     from afs.sandbox.seeding import ensure_demo
-    from afs.sandbox.server import SandboxServer, dsn_for
-    from afs.service.runner import relayed_cancellation
-    from afs.service.worker import open_runtime, worker_name
+    from afs.sandbox.server import SandboxServer
     from afs.store import store_url
 
-    runs = settings.runs if args.runs is None else args.runs
-    if runs < 1:
-        raise InputError(f"--runs must be at least 1, got {runs}")
-    options = BatchOptions(top=args.top, min_calls=args.min_calls, min_mean_ms=args.min_mean_ms,
-                           force=args.force, provider=args.provider, runs=runs,
-                           recent_days=args.recent_days)
-    if options.top < 1 or options.min_calls < 0 or options.min_mean_ms < 0 or options.recent_days < 0:
-        raise InputError("--top must be at least 1; --min-calls, --min-mean-ms, --recent-days not negative")
-    server = SandboxServer(settings)
-    progress("starting the sandbox")
-    await trio.to_thread.run_sync(server.start)
-    if args.dsn is None:
-        await ensure_demo(settings, server, settings.scale, progress)
-    target = args.dsn or dsn_for(settings, settings.demo_database)
-    doc: dict[str, Any] | None = None
-    async with relayed_cancellation() as work, open_runtime(settings, store_url(settings)) as rt:
-        with work:  # Ctrl-C: the running task is recorded as cancelled, its forks destroyed
-            source = await sandbox_source(rt.forks, settings.demo_database, args.dsn)
-            doc = await run_batch(rt, target_dsn=target, source=source, task_dsn=args.dsn,
-                                  options=options, worker=worker_name("batch"), progress=progress)
+    options = _batch_options(args, settings)
+    options.check()
+    if args.server:
+        doc = await _batch_remote(args, settings, options)
+    else:
+        server = SandboxServer(settings)
+        progress("starting the sandbox")
+        await trio.to_thread.run_sync(server.start)
+        if args.dsn is None:
+            await ensure_demo(settings, server, settings.scale, progress)
+        doc = await run_batch_here(settings, store_url(settings), dsn=args.dsn, options=options,
+                                   progress=progress)
     progress_done()
-    if doc is None:
-        raise KeyboardInterrupt
     from afs.batch.report import render_markdown
 
     emit(args, doc, render_markdown(doc) + f"\n(report: {settings.home / 'reports'}/batch-{doc['id']}.md)")
     return EXIT_OK
+
+
+def _batch_options(args: argparse.Namespace, settings: Settings) -> Any:
+    from afs.batch.job import BatchOptions
+
+    return BatchOptions(top=args.top, min_calls=args.min_calls, min_mean_ms=args.min_mean_ms,
+                        force=getattr(args, "force", False), provider=args.provider,
+                        runs=settings.runs if args.runs is None else args.runs,
+                        recent_days=args.recent_days, since=args.since)
+
+
+async def _batch_remote(args: argparse.Namespace, settings: Settings, options: Any) -> dict[str, Any]:
+    """The tasks to `afs serve` at --server; the target read, and the report written, here."""
+    from afs.batch.job import run_batch_on_server
+    from afs.sandbox.server import dsn_for
+    from afs.service.client import ServiceClient
+
+    target = args.dsn or dsn_for(settings, settings.demo_database)
+    async with _open_task_store(settings) as store, \
+            ServiceClient(args.server, settings.service_token) as client:
+        doc: dict[str, Any] = await run_batch_on_server(store, settings, client, target_dsn=target,
+                                                        task_dsn=args.dsn, options=options,
+                                                        progress=progress)
+    return doc
 
 
 async def _batch_show(args: argparse.Namespace, settings: Settings, batch_id: str) -> int:
@@ -748,6 +760,88 @@ def add_batch_command(commands: Any, sub: Any) -> None:
     batch.add_argument("--provider", choices=("auto", "heuristic", "gemini"), default="auto",
                        help="who thinks (as for afs optimize)")
     batch.add_argument("--runs", type=int, help="measured runs per suite query and side (default: AFS_RUNS)")
+    batch.add_argument("--since", metavar="WHEN", help=SINCE_HELP)
+    batch.add_argument("--server", metavar="URL",
+                       help="submit the tasks to `afs serve` at URL (its workers run them, in parallel) "
+                            "and wait for them; the target is read and the report written here, so the "
+                            "server must use the same task store (AFS_STORE_URL; checked first)")
+
+
+SINCE_HELP = ("rank by what ran since WHEN: a duration (24h, 7d, 90m, 2w) or an ISO timestamp "
+              "(2026-11-22T03:00Z; UTC when no zone). pg_stat_statements keeps only running totals, "
+              "so this is the counters now minus those stored by the newest earlier batch at or before "
+              "WHEN (every batch stores them); with no such snapshot, or after a statistics reset, the "
+              "window is since the reset, and the report says so. Default: since the reset")
+
+
+# -- schedules: batches run by `afs serve` (afs.batch.schedule) ------------------------------
+async def cmd_schedule_add(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.batch.schedule import add_schedule, check_cron, check_zone, describe, schedules
+
+    check_cron(args.cron)  # bad input first: before the store starts
+    check_zone(args.tz)
+    options = _batch_options(args, settings)
+    options.check()
+    async with _open_task_store(settings) as store:
+        added = await add_schedule(store, dsn=args.dsn, cron=args.cron, timezone=args.tz, options=options,
+                                   origin=f"sandbox/{settings.demo_database}")
+        doc = next(d for d in await schedules(store) if d["id"] == added.id)
+    emit(args, doc, f"schedule {added.id} added; `afs serve` runs it\n{describe(doc)}")
+    return EXIT_OK
+
+
+async def cmd_schedule_list(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.batch.schedule import describe, schedules
+
+    async with _open_task_store(settings) as store:
+        found = await schedules(store)
+    emit(args, found, "\n".join(describe(d) for d in found) or "no schedules (`afs schedule add`)")
+    return EXIT_OK
+
+
+async def cmd_schedule_remove(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.batch.schedule import remove_schedule
+
+    async with _open_task_store(settings) as store:
+        await remove_schedule(store, args.id)
+    emit(args, {"id": args.id, "removed": True}, f"schedule {args.id} removed (its batches stay)")
+    return EXIT_OK
+
+
+def add_schedule_commands(commands: Any, sub: Any) -> None:
+    schedule = commands.add_parser(
+        "schedule", help="batches run on a cron schedule by `afs serve`",
+        description="Batches (`afs batch`) run by `afs serve` on a cron schedule. A run still going is "
+                    "not started again (also not by another `afs serve` on the same store); runs missed "
+                    "while no server was up are run once when one starts.")
+    actions = schedule.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add = sub(actions, "add", "store a schedule (the next run is shown)", cmd_schedule_add)
+    add.add_argument("--dsn", metavar="DSN",
+                     help="the target database, as for `afs batch` (stored as given: prefer a DSN "
+                          "without a password, with ~/.pgpass or PGPASSWORD where `afs serve` runs); "
+                          "default: the sandbox's demo database")
+    add.add_argument("--cron", required=True, metavar="EXPR",
+                     help='five fields, minute hour day-of-month month day-of-week, e.g. "0 3 * * *" '
+                          "(or @daily, @hourly, …)")
+    add.add_argument("--tz", default="UTC", metavar="ZONE",
+                     help="the IANA time zone the expression is read in, e.g. Europe/Paris (default "
+                          "UTC); across a daylight saving change a skipped time runs when the clocks "
+                          "jump, a repeated one runs once")
+    add.add_argument("--top", type=int, default=10, metavar="N", help="statements to optimize (default 10)")
+    add.add_argument("--min-calls", type=int, default=1, metavar="C", help="as for `afs batch`")
+    add.add_argument("--min-mean-ms", type=float, default=0.0, metavar="M", help="as for `afs batch`")
+    add.add_argument("--recent-days", type=float, default=7.0, metavar="D",
+                     help="a statement optimized within D days, with no schema change since, is not "
+                          "run again (default 7)")
+    add.add_argument("--provider", choices=("auto", "heuristic", "gemini"), default="auto",
+                     help="who thinks (as for afs optimize)")
+    add.add_argument("--runs", type=int, help="measured runs per suite query and side (default: AFS_RUNS)")
+    add.add_argument("--since", metavar="DURATION",
+                     help="each run ranks by what ran in the last DURATION (e.g. 24h for a nightly run: "
+                          "the counters minus those the previous run stored); default: since the reset")
+    sub(actions, "list", "the schedules: next run, last run, its status and batch id", cmd_schedule_list)
+    remove = sub(actions, "remove", "delete a schedule (its batches stay in the store)", cmd_schedule_remove)
+    remove.add_argument("id", help="the schedule id (see `afs schedule list`)")
 # -- applying a winner: afs apply / audit / rollback (afs.apply) ---------------------------
 async def _apply_target(args: argparse.Namespace, settings: Settings, store: Any, task_id: str) -> str:
     """--dsn, else the task's own DSN, else its database in the sandbox."""
@@ -1029,6 +1123,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "running here")
     add_service_commands(commands, sub)
     add_batch_command(commands, sub)
+    add_schedule_commands(commands, sub)
     add_apply_commands(commands, sub)
 
     mcp = commands.add_parser("mcp", help="the MCP fork server")

@@ -1,11 +1,15 @@
 """The batch job: the target's costliest statements, each a stored task, one report.
 
     doc = await run_batch(rt, target_dsn=dsn, source="afs_demo", task_dsn=None,
-                          options=BatchOptions(top=5))
+                          options=BatchOptions(top=5))            # tasks run here, in turn
+    doc = await run_batch_on_server(store, settings, client, target_dsn=dsn, task_dsn=None,
+                                    options=BatchOptions(top=5))  # by `afs serve`'s workers
 
 Statements come from the target (read-only: pg_stat_statements, pg_stats, EXPLAIN);
 each is filled with values and becomes a task like `afs optimize` makes, run here
-by this worker in turn, against the target's copy in the sandbox. A statement
+by this worker in turn (or submitted to `afs serve` and waited for), against the
+target's copy in the sandbox. The counters read are stored as a snapshot, so that a
+later batch `--since` then ranks by what ran since (afs.batch.statements). A statement
 whose last task (within `recent_days`) completed while the tables it reads had the
 same schema (columns, indexes, extended statistics) is not run again: its earlier
 result is reported (unless `force`). The report goes to the store and to
@@ -14,24 +18,39 @@ $AFS_HOME/reports/batch-ID.md and .json.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+import trio
 from psycopg.types.json import Jsonb
 
-from afs.batch.fill import DEFAULT_SETS, fill_statement
+from afs.batch.fill import DEFAULT_SETS, FilledSet, fill_statement
 from afs.batch.report import Entry, build_report, index_key, outcome, render_markdown
-from afs.batch.statements import read_workload, relations
+from afs.batch.statements import (
+    Counters,
+    Snapshot,
+    parse_since,
+    read_counters,
+    relations,
+    select_workload,
+    workload_of,
+)
+from afs.config import Settings
 from afs.db import Connection, open_connection
-from afs.errors import InputError
+from afs.errors import AfsError, InputError, ServiceError
 from afs.events import Sink
+from afs.models import TaskResult
 from afs.optimize import new_task_id
 from afs.sandbox.importer import origin_of
+from afs.service.client import ServiceClient
 from afs.service.runner import Runtime, run_task
 from afs.store import Store
+from afs.store.codec import decode
 from afs.store.migrations import SCHEMA
 
 REUSABLE = ("completed", "no_improvement")
@@ -47,6 +66,40 @@ class BatchOptions:
     runs: int = 5
     recent_days: float = 7.0
     sets: int = DEFAULT_SETS
+    since: str | None = None  # --since as given: a duration (24h, 7d) or an ISO timestamp
+
+    def check(self) -> None:
+        """InputError for options no batch can run with (before anything is read)."""
+        select_workload("", (), top=self.top, min_calls=self.min_calls, min_mean_ms=self.min_mean_ms)
+        if self.recent_days < 0:
+            raise InputError(f"--recent-days must not be negative, got {self.recent_days}")
+        if self.runs < 1:
+            raise InputError(f"--runs must be at least 1, got {self.runs}")
+        if self.since is not None:
+            parse_since(self.since, datetime.now(UTC))
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A statement the batch optimizes: what its task is given."""
+
+    query: str  # the statement filled with the first parameter set
+    sets: tuple[FilledSet, ...]  # every parameter set (the first is `query`)
+    label: str  # "statement 2/5 (queryid 123…)", for progress
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What became of a NewTask (task_id None: the server refused to take it)."""
+
+    task_id: str | None
+    status: str
+    error: str | None
+    result: TaskResult | None
+
+
+RunTasks = Callable[[Sequence[NewTask]], Awaitable[list[Ran]]]
+SNAPSHOT_KEEP_DAYS = 90.0  # how far back `--since` can reach: older snapshots are deleted
 
 
 _SCHEMA_SQL = """
@@ -99,13 +152,174 @@ def _index_tables(entry: Entry) -> list[str]:
     return [k.table for k in keys if k is not None]
 
 
+async def snapshot_before(store: Store, origin: str, at: datetime) -> Snapshot | None:
+    """The newest stored snapshot of the target's counters taken at or before `at`."""
+    row = await store.conn.fetchone(
+        f"SELECT id, taken_at, stats_reset FROM {SCHEMA}.statement_snapshots WHERE origin = %s"
+        " AND taken_at <= %s ORDER BY taken_at DESC LIMIT 1", (origin, at))
+    if row is None:
+        return None
+    counters = await store.conn.fetchall(
+        f"SELECT queryid, calls, total_ms, rows FROM {SCHEMA}.statement_counters WHERE snapshot_id = %s",
+        (row[0],))
+    return Snapshot(row[1], row[2], {int(q): (int(c), float(t), int(r)) for q, c, t, r in counters})
+
+
+async def store_snapshot(store: Store, origin: str, counters: Counters, batch_id: str | None) -> None:
+    """Keep the counters just read, for a later `--since` (and forget those past the keep time)."""
+    rows = [(q, calls, total, nrows) for q, _, calls, total, _, nrows in counters.rows if q is not None]
+
+    def write(conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {SCHEMA}.statement_snapshots (origin, taken_at, stats_reset, batch_id)"
+                        " VALUES (%s, %s, %s, %s) RETURNING id",
+                        (origin, counters.at, counters.stats_reset, batch_id))
+            row = cur.fetchone()
+            assert row is not None
+            cur.executemany(f"INSERT INTO {SCHEMA}.statement_counters (snapshot_id, queryid, calls,"
+                            " total_ms, rows) VALUES (%s, %s, %s, %s, %s)",
+                            [(row[0], *r) for r in rows])
+            cur.execute(f"DELETE FROM {SCHEMA}.statement_snapshots WHERE origin = %s"
+                        " AND taken_at < %s::timestamptz - make_interval(secs => %s)",
+                        (origin, counters.at, SNAPSHOT_KEEP_DAYS * 86_400))
+    await store.conn.run(write)
+
+
 async def run_batch(rt: Runtime, *, target_dsn: str, source: str, task_dsn: str | None,
                     options: BatchOptions, worker: str, sinks: tuple[Sink, ...] = (),
                     progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """A batch whose tasks this worker runs, one after another."""
+    async def run_here(tasks: Sequence[NewTask]) -> list[Ran]:
+        ran = []
+        for new in tasks:
+            progress(f"{new.label}: optimizing")
+            task = await rt.store.submit(
+                task_id=new_task_id(), query=new.query, source=source, dsn=task_dsn,
+                task_type="query_optimization", priority="normal", provider=options.provider,
+                weights=None, runs=options.runs, worker=worker, lease_s=rt.lease_s)
+            finished = await run_task(rt, task, worker, sinks=sinks, on_interrupt="cancel")
+            ran.append(Ran(task.id, finished.status, finished.error, finished.result))
+        return ran
+
+    return await _batch(rt.store, rt.settings, target_dsn=target_dsn, source=source, options=options,
+                        run_tasks=run_here, progress=progress)
+
+
+async def run_batch_here(settings: Settings, store_url: str, *, dsn: str | None, options: BatchOptions,
+                         progress: Callable[[str], None] = lambda message: None,
+                         sinks: tuple[Sink, ...] = ()) -> dict[str, Any]:
+    """A batch on `dsn` (default: the sandbox's demo database) run in this process, with a
+    runtime of its own; the sandbox serves the forks (it must be running). Interrupted, the
+    running task is recorded as cancelled and its forks destroyed before the cancel goes on."""
+    from afs.sandbox.importer import sandbox_source
+    from afs.sandbox.server import dsn_for
+    from afs.service.runner import relayed_cancellation
+    from afs.service.worker import open_runtime, worker_name
+
+    options.check()
+    target = dsn or dsn_for(settings, settings.demo_database)
+    doc: dict[str, Any] | None = None
+    async with relayed_cancellation() as work, open_runtime(settings, store_url) as rt:
+        with work:
+            source = await sandbox_source(rt.forks, settings.demo_database, dsn)
+            doc = await run_batch(rt, target_dsn=target, source=source, task_dsn=dsn, options=options,
+                                  worker=worker_name("batch"), sinks=sinks, progress=progress)
+    if doc is None:  # cancelled: the cancellation goes on at this checkpoint
+        await trio.lowlevel.checkpoint()
+        raise AfsError("the batch was interrupted")
+    return doc
+
+
+async def run_batch_on_server(store: Store, settings: Settings, client: ServiceClient, *,
+                              target_dsn: str, task_dsn: str | None, options: BatchOptions,
+                              progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """A batch whose tasks `afs serve` runs (its workers, in parallel); this process reads the
+    target, waits for every task (following its events) and writes the report. The server
+    must share this process's task store (checked first: the report links its tasks)."""
+    health = await client.health()
+    ours = await store.identity()
+    if health.get("store") != ours:
+        raise InputError(f"the AFS service at {client.url} uses another task store than this one "
+                         "(the batch records its tasks with their ids): set AFS_STORE_URL to the "
+                         "server's store" if health.get("store") else
+                         f"the AFS service at {client.url} does not say which task store it uses "
+                         "(an older version): upgrade it, or run the batch without --server")
+    body: dict[str, Any] = {"priority": "normal", "type": "query_optimization",
+                            "provider": options.provider, "runs": options.runs}
+    if task_dsn is not None:
+        body["dsn"] = task_dsn
+    source = origin_of(task_dsn) if task_dsn else settings.demo_database
+
+    async def run_there(tasks: Sequence[NewTask]) -> list[Ran]:
+        return await run_on_server(client, tasks, body, progress)
+
+    return await _batch(store, settings, target_dsn=target_dsn, source=source, options=options,
+                        run_tasks=run_there, progress=progress)
+
+
+async def run_on_server(client: ServiceClient, tasks: Sequence[NewTask], body: dict[str, Any],
+                        progress: Callable[[str], None]) -> list[Ran]:
+    """Submit every task, then wait for all of them (one follower per task, in one nursery).
+    Interrupted, the tasks not finished are cancelled on the server (their forks destroyed)."""
+    ids: list[str | None] = []
+    done: dict[str, Ran] = {}
+    refused: dict[int, Ran] = {}
+    try:
+        for n, new in enumerate(tasks):
+            try:
+                task = await client.submit({**body, "query": new.query})
+            except ServiceError as exc:
+                if exc.status is None or exc.status >= 500:
+                    raise
+                refused[n] = Ran(None, "failed", str(exc), None)  # this statement's own input
+                ids.append(None)
+                continue
+            ids.append(str(task["id"]))
+            progress(f"{new.label}: task {task['id']} queued on {client.url}")
+        live = [t for t in ids if t is not None]
+
+        async def follow(task_id: str) -> None:
+            last = 0
+            for attempt in (1, 2, 3):
+                try:
+                    async for event in client.events(task_id, after=last):
+                        last = int(event.get("id") or last)
+                        who = f" {event['agent']}" if event.get("agent") else ""
+                        progress(f"[{len(done)}/{len(live)} finished] task {task_id}: {event['kind']}{who}")
+                    break
+                except ServiceError:
+                    if attempt == 3:
+                        raise
+                    await trio.sleep(1.0)  # the stream broke: resume after the last event seen
+            doc = await client.get(task_id)
+            result = None if doc.get("result") is None else decode(TaskResult, doc["result"])
+            done[task_id] = Ran(task_id, str(doc["task"]["status"]), doc["task"].get("error"), result)
+            progress(f"[{len(done)}/{len(live)} finished] task {task_id}: {doc['task']['status']}")
+
+        async with trio.open_nursery() as nursery:
+            for task_id in live:
+                nursery.start_soon(follow, task_id)
+    finally:
+        unfinished = [t for t in ids if t is not None and t not in done]
+        if unfinished:
+            with trio.CancelScope(shield=True), trio.move_on_after(15):
+                for task_id in unfinished:
+                    with contextlib.suppress(ServiceError):
+                        await client.cancel(task_id)
+    return [refused[n] if t is None else done[t] for n, t in enumerate(ids)]
+
+
+async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: str, options: BatchOptions,
+                 run_tasks: RunTasks, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Read and fill the workload, reuse recent results, run the rest (`run_tasks`), report."""
+    options.check()
     origin = origin_of(target_dsn)
     async with open_connection(target_dsn) as target:
-        workload = await read_workload(target, top=options.top, min_calls=options.min_calls,
-                                       min_mean_ms=options.min_mean_ms)
+        counters = await read_counters(target)
+        since = None if options.since is None else parse_since(options.since, counters.at)
+        snapshot = None if since is None else await snapshot_before(store, origin, since)
+        workload = workload_of(counters, since, snapshot, top=options.top, min_calls=options.min_calls,
+                               min_mean_ms=options.min_mean_ms)
         planned = []
         for st in workload.statements:
             progress(f"filling the parameters of statement {st.queryid}")
@@ -113,10 +327,13 @@ async def run_batch(rt: Runtime, *, target_dsn: str, source: str, task_dsn: str 
                             await schema_hash(target, st.query)))
     batch_id = new_task_id()
     created = datetime.now(UTC)
-    await rt.store.conn.execute(
+    await store.conn.execute(
         f"INSERT INTO {SCHEMA}.batches (id, origin, created_at, options) VALUES (%s, %s, %s, %s)",
         (batch_id, origin, created, Jsonb(asdict(options))))
+    await store_snapshot(store, origin, counters, batch_id)
     entries: list[Entry] = []
+    results: list[TaskResult | None] = []
+    todo: list[tuple[int, NewTask]] = []
     for n, (st, filled, schema) in enumerate(planned, 1):
         entry = Entry(st.queryid, st.query, st.calls, round(st.total_ms, 2), round(st.mean_ms, 3),
                       status="skipped", reason=filled.reason)
@@ -125,27 +342,29 @@ async def run_batch(rt: Runtime, *, target_dsn: str, source: str, task_dsn: str 
             entry.filled_query = filled.sets[0].query
             entry.parameter_sets = [s.label for s in filled.sets]
             earlier = None if options.force else await recent_task(
-                rt.store, origin, st.queryid, schema, options.recent_days)
+                store, origin, st.queryid, schema, options.recent_days)
             if earlier is not None:
                 entry.status, entry.task_id, entry.reused_from = "reused", earlier, earlier
-                result = await rt.store.result(earlier)
+                result = await store.result(earlier)
             else:
-                progress(f"statement {n}/{len(planned)} ({st.queryid}): optimizing")
-                task = await rt.store.submit(
-                    task_id=new_task_id(), query=entry.filled_query, source=source, dsn=task_dsn,
-                    task_type="query_optimization", priority="normal", provider=options.provider,
-                    weights=None, runs=options.runs, worker=worker, lease_s=rt.lease_s)
-                entry.task_id = task.id
-                finished = await run_task(rt, task, worker, sinks=sinks, on_interrupt="cancel")
-                entry.status, entry.reason, result = finished.status, finished.error, finished.result
-        entries.append(outcome(entry, result, workload.period_s))
-        await rt.store.conn.execute(
+                todo.append((len(entries), NewTask(entry.filled_query, filled.sets,
+                                                   f"statement {n}/{len(planned)} ({st.queryid})")))
+        entries.append(entry)
+        results.append(result)
+    for (index, _), ran in zip(todo, await run_tasks([new for _, new in todo]), strict=True):
+        entry = entries[index]
+        entry.task_id, entry.status, entry.reason = ran.task_id, ran.status, ran.error
+        results[index] = ran.result
+    for n, ((st, _, schema), entry) in enumerate(zip(planned, entries, strict=True)):
+        entries[n] = outcome(entry, results[n], workload.period_s)
+        await store.conn.execute(
             f"INSERT INTO {SCHEMA}.batch_statements (batch_id, queryid, origin, query, schema_hash, task_id,"
             " status) VALUES (%s, %s, %s, %s, %s, %s, %s)",
             (batch_id, st.queryid, origin, st.query, schema, entry.task_id, entry.status))
     header = {"id": batch_id, "created_at": created.isoformat(timespec="seconds"),
               "database": workload.database, "origin": origin, "source": source,
               "provider": options.provider, "period_s": round(workload.period_s, 1),
+              "window": workload.window.public() if workload.window else None,
               "options": asdict(options), "below_thresholds": workload.below_thresholds}
     skipped = [{"queryid": s.queryid, "query": s.query, "reason": s.reason} for s in workload.skipped]
     tables = {t for e in entries for t in _index_tables(e)}
@@ -155,11 +374,11 @@ async def run_batch(rt: Runtime, *, target_dsn: str, source: str, task_dsn: str 
             (t,))) is not None}
     doc = build_report(header, entries, skipped, writes)
     markdown = render_markdown(doc)
-    reports = rt.settings.home / "reports"
+    reports = settings.home / "reports"
     reports.mkdir(parents=True, exist_ok=True)
     (reports / f"batch-{batch_id}.md").write_text(markdown)
     (reports / f"batch-{batch_id}.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    await rt.store.conn.execute(
+    await store.conn.execute(
         f"UPDATE {SCHEMA}.batches SET finished_at = now(), report = %s, markdown = %s WHERE id = %s",
         (Jsonb(doc), markdown, batch_id))
     return doc

@@ -181,8 +181,10 @@ def _duration(ms: float | None) -> str:
 
 def render_markdown(doc: Mapping[str, Any]) -> str:
     out = [f"# AFS batch {doc['id']}: {doc['database']}", "",
-           f"{doc['created_at']} · {len(doc['statements'])} statement(s) · pg_stat_statements period "
+           f"{doc['created_at']} · {len(doc['statements'])} statement(s) · window "
            f"{doc['period_s'] / 3600:.1f} h · brains: {doc['provider']}", ""]
+    if doc.get("window"):
+        out += [f"Window: {doc['window']['note']}.", ""]
     if doc["period_s"] < SHORT_PERIOD_S:
         out += ["Time saved per day is extrapolated from less than an hour of statistics: "
                 "let the workload run longer for a steadier estimate.", ""]

@@ -2,18 +2,33 @@
 
     workload = await read_workload(conn, top=10, min_calls=5, min_mean_ms=1.0)
 
+    counters = await read_counters(conn)                 # the one read of the view
+    since = parse_since("24h", counters.at)
+    workload = workload_of(counters, since, snapshot, top=10)   # snapshot: from the store
+
 Only the target database's statements count (`dbid`: a managed server is dominated
-by other databases' monitoring queries otherwise), and only top-level ones. Of those
-over the thresholds, the read-only SELECTs AFS can optimize are kept, by total time;
-the others ranked above the last one kept are listed as skipped, with the reason.
-`select_workload` is the pure part (rows in, decision out).
+by other databases' monitoring queries otherwise), and only top-level ones, summed
+over the roles that ran them (one row per `queryid`). Of those over the thresholds,
+the read-only SELECTs AFS can optimize are kept, by total time; the others ranked
+above the last one kept are listed as skipped, with the reason. `select_workload`
+is the pure part (rows in, decision out).
+
+The window. pg_stat_statements keeps running totals, with no time of each call: the
+counters cover the time since they were last reset (`pg_stat_statements_info.stats_reset`).
+`--since` is answered by subtraction: every batch stores the counters it read (a
+snapshot, in the store); the window since T is the counters now minus those of the
+newest snapshot taken at or before T, so it starts at that snapshot (at or a little
+before T). With no such snapshot, or when the statistics were reset after it, the
+window is the time since the reset, and the report says so (`Window.note`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from pglast import ast, parse_sql
 from pglast.parser import ParseError
@@ -52,15 +67,132 @@ class Workload:
     statements: tuple[Statement, ...]  # to optimize, by total time (highest first)
     skipped: tuple[Skipped, ...]  # ranked above the last statement kept, and why not
     below_thresholds: int  # statements under --min-calls / --min-mean-ms
-    period_s: float = 0.0  # since pg_stat_statements was last reset (what the totals cover)
+    period_s: float = 0.0  # the time the totals cover (the window)
+    window: Window | None = None
 
 
+Row = tuple[int | None, str, int, float, float, int]  # queryid, query, calls, total ms, mean ms, rows
+
+
+@dataclass(frozen=True)
+class Counters:
+    """One read of pg_stat_statements for one database (per queryid, summed over roles)."""
+
+    database: str
+    at: datetime  # the target server's clock
+    stats_reset: datetime | None  # None before pg_stat_statements 1.9 (PostgreSQL 14)
+    rows: tuple[Row, ...]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Counters stored by an earlier batch: queryid → (calls, total ms, rows)."""
+
+    taken_at: datetime
+    stats_reset: datetime | None
+    counters: Mapping[int, tuple[int, float, int]]
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the totals of a batch cover: from `start` to `end`."""
+
+    start: datetime | None  # None: unknown (no stats_reset to read)
+    end: datetime
+    basis: str  # "reset": the counters as they are; "snapshot": minus an earlier snapshot
+    requested: datetime | None  # --since, when given
+    note: str  # the window in words, for the report
+
+    @property
+    def seconds(self) -> float:
+        return 0.0 if self.start is None else max(0.0, (self.end - self.start).total_seconds())
+
+    def public(self) -> dict[str, str | float | None]:
+        return {"basis": self.basis, "start": _iso(self.start), "end": _iso(self.end),
+                "requested": _iso(self.requested), "seconds": round(self.seconds, 1), "note": self.note}
+
+
+# one row per queryid (summed over roles); a row whose queryid is hidden (another role's,
+# without pg_read_all_stats) stays a row of its own
 _READ_SQL = """
-SELECT s.queryid, s.query, s.calls, s.total_exec_time, s.mean_exec_time, s.rows
-FROM pg_stat_statements s
-WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND s.toplevel
-ORDER BY s.total_exec_time DESC, s.queryid
+SELECT s.queryid, min(s.query), sum(s.calls)::bigint, sum(s.total_exec_time),
+       coalesce(sum(s.total_exec_time) / nullif(sum(s.calls), 0), 0), sum(s.rows)::bigint
+FROM (SELECT p.*, row_number() OVER () AS n FROM pg_stat_statements p
+      WHERE p.dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND p.toplevel) s
+GROUP BY s.queryid, CASE WHEN s.queryid IS NULL THEN s.n END
+ORDER BY 4 DESC, 1
 """
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\s*$", re.IGNORECASE)
+_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat(timespec="seconds")
+
+
+def parse_duration(text: str) -> timedelta | None:
+    """`24h`, `7d`, `90m`, `2w`, `30s` as a timedelta; None when it is not a duration."""
+    match = _DURATION.match(text)
+    if match is None:
+        return None
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """--since as a moment: a duration before `now`, or an ISO timestamp (UTC when it names
+    no zone). Raises InputError unless it is before `now`."""
+    duration = parse_duration(text)
+    if duration is not None:
+        if duration <= timedelta(0):
+            raise InputError(f"--since must be a positive duration, got {text!r}")
+        return now - duration
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise InputError(f"--since: expected a duration (24h, 7d, 90m, 2w) or an ISO timestamp "
+                         f"(2026-11-22T03:00Z, 2026-11-22 03:00+01:00), got {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    if moment >= now:
+        raise InputError(f"--since {text} is not in the past (now is {_iso(now)} on the target)")
+    return moment
+
+
+def choose_window(counters: Counters, since: datetime | None, snapshot: Snapshot | None) -> Window:
+    """The window the report covers (pure). `snapshot`: the newest taken at or before `since`."""
+    reset, end = counters.stats_reset, counters.at
+    reset_text = f"the statistics were last reset ({_iso(reset)})" if reset else \
+        "the statistics were last reset (pg_stat_statements < 1.9 does not say when)"
+    if since is None:
+        return Window(reset, end, "reset", None, f"since {reset_text}")
+    if reset is not None and reset >= since:
+        return Window(reset, end, "reset", since,
+                      f"since {reset_text}: that is after the requested start ({_iso(since)}), "
+                      "so the window is shorter than asked")
+    if snapshot is not None and snapshot.stats_reset == reset and snapshot.taken_at <= since:
+        return Window(snapshot.taken_at, end, "snapshot", since,
+                      f"since {_iso(snapshot.taken_at)}: the counters minus those stored by the batch "
+                      f"then (the newest snapshot at or before the requested start {_iso(since)})")
+    return Window(reset, end, "reset", since,
+                  f"since {reset_text}, NOT since {_iso(since)} as asked: no snapshot of this "
+                  "database's counters from before then (each batch stores one), so the window "
+                  "falls back to the statistics' reset")
+
+
+def subtract(rows: Iterable[Row], snapshot: Snapshot) -> list[Row]:
+    """The counters since the snapshot (pure). A statement not called since is left out; one
+    whose counters went down (its entry was evicted and made again) counts from its new entry."""
+    out: list[Row] = []
+    for queryid, query, calls, total, mean, nrows in rows:
+        before = snapshot.counters.get(queryid) if queryid is not None else None
+        if before is None or calls < before[0] or total < before[1]:
+            out.append((queryid, query, calls, total, mean, nrows))
+            continue
+        d_calls, d_total = calls - before[0], total - before[1]
+        if d_calls <= 0:
+            continue
+        out.append((queryid, query, d_calls, d_total, d_total / d_calls, max(0, nrows - before[2])))
+    return out
 
 
 def nodes(tree: object) -> Iterator[ast.Node]:
@@ -166,17 +298,37 @@ async def check_extension(conn: Connection) -> None:
         raise InputError(f"cannot read pg_stat_statements: {str(exc).splitlines()[0]}") from exc
 
 
-async def read_workload(conn: Connection, *, top: int, min_calls: int = 1,
-                        min_mean_ms: float = 0.0) -> Workload:
-    """The target database's statements to optimize (read-only: one SELECT of the view)."""
-    select_workload("", (), top=top, min_calls=min_calls, min_mean_ms=min_mean_ms)  # bad options first
+async def read_counters(conn: Connection) -> Counters:
+    """The target database's pg_stat_statements, as it is now (read-only)."""
     await check_extension(conn)
-    database = str(await conn.fetchval("SELECT current_database()"))
+    database, at = await conn.fetchone("SELECT current_database(), now()") or ("", None)
     try:
         rows = await conn.fetchall(_READ_SQL)
     except DatabaseError as exc:
         raise InputError(f"cannot read pg_stat_statements: {str(exc).splitlines()[0]}") from exc
-    period = await conn.fetchval(
-        "SELECT extract(epoch FROM now() - stats_reset) FROM pg_stat_statements_info")
-    workload = select_workload(database, rows, top=top, min_calls=min_calls, min_mean_ms=min_mean_ms)
-    return dataclasses.replace(workload, period_s=float(period or 0.0))
+    has_info = await conn.fetchval("SELECT to_regclass('pg_stat_statements_info') IS NOT NULL")
+    reset = await conn.fetchval("SELECT stats_reset FROM pg_stat_statements_info") if has_info else None
+    return Counters(str(database), at, reset,
+                    tuple((q, str(text), int(c), float(t), float(m), int(r or 0))
+                          for q, text, c, t, m, r in rows))
+
+
+def workload_of(counters: Counters, since: datetime | None, snapshot: Snapshot | None, *, top: int,
+                min_calls: int = 1, min_mean_ms: float = 0.0) -> Workload:
+    """The statements to optimize over the window since `since` (pure)."""
+    window = choose_window(counters, since, snapshot)
+    rows: Iterable[Row] = counters.rows
+    if window.basis == "snapshot":
+        assert snapshot is not None
+        rows = subtract(counters.rows, snapshot)
+    workload = select_workload(counters.database, rows, top=top, min_calls=min_calls,
+                               min_mean_ms=min_mean_ms)
+    return dataclasses.replace(workload, period_s=window.seconds, window=window)
+
+
+async def read_workload(conn: Connection, *, top: int, min_calls: int = 1,
+                        min_mean_ms: float = 0.0) -> Workload:
+    """The target database's statements to optimize, since the statistics' reset."""
+    select_workload("", (), top=top, min_calls=min_calls, min_mean_ms=min_mean_ms)  # bad options first
+    return workload_of(await read_counters(conn), None, None, top=top, min_calls=min_calls,
+                       min_mean_ms=min_mean_ms)

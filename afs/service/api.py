@@ -178,7 +178,8 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
         return JSONResponse({"forks": await store.forks(live=live)})
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"ok": True, "tasks": await store.counts(), "agents": await store.agent_load()})
+        return JSONResponse({"ok": True, "tasks": await store.counts(), "agents": await store.agent_load(),
+                             "store": await store.identity()})  # which store (afs batch --server)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(OPENAPI)
@@ -228,7 +229,8 @@ async def _event_stream(store: Store, task_id: str, after: int) -> AsyncIterator
 
 async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: float,
                       task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """The API and `workers` in-process workers, until cancelled; reports the bound URLs."""
+    """The API, `workers` in-process workers and the scheduler of `afs schedule`, until
+    cancelled; reports the bound URLs."""
     check_bind(bind, settings.service_token)
     if workers < 0:
         raise InputError(f"--workers must be 0 or more, got {workers}")
@@ -244,6 +246,9 @@ async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: f
             shutdown_trigger=never.wait))
         for _ in range(workers):
             nursery.start_soon(_one_worker, settings, url, lease_s)
+        from afs.batch.schedule import run_schedules  # `afs schedule`: the stored schedules' batches
+
+        await nursery.start(run_schedules, settings, url)
         log.info("service_started", urls=urls, workers=workers)
         task_status.started(urls)
 

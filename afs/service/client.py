@@ -32,6 +32,10 @@ class ServiceClient:
             raise ServiceError(f"cannot reach the AFS service at {self.url}: {exc}") from exc
         return _checked(response)
 
+    async def health(self) -> dict[str, Any]:
+        data: dict[str, Any] = await self._call("GET", "/healthz")
+        return data
+
     async def submit(self, body: dict[str, Any]) -> dict[str, Any]:
         data: dict[str, Any] = (await self._call("POST", "/v1/tasks", json=body))["task"]
         return data

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 SCHEMA = "afs_store"
 LOCK_KEY = 0x0AF5_5702  # pg_advisory_xact_lock key of the migrations
 AGENTS_LOCK_KEY = 0x0AF5_5703  # ... and of agent assignment (the capacity across workers)
+SCHEDULE_LOCK_KEY = 0x0AF5_5704  # pg_try_advisory_lock(key, hashtext(schedule id)): a run going
 
 
 @dataclass(frozen=True)
@@ -194,5 +195,57 @@ CREATE TABLE afs_store.audit (
     verification jsonb NOT NULL DEFAULT '{}'
 );
 CREATE INDEX audit_task ON afs_store.audit (task_id, id);
+"""),
+    # 300: the schedule branch's (afs.batch.schedule, `afs batch --since`, `afs batch --server`)
+    Migration(300, "schedules and their runs; pg_stat_statements snapshots; the store's identity", """
+CREATE TABLE afs_store.schedules (
+    id          text PRIMARY KEY,
+    dsn         text,                    -- the target as given (NULL: the sandbox's demo database)
+    origin      text NOT NULL,           -- host:port/database, no password (what lists show)
+    cron        text NOT NULL,           -- five fields, checked by croniter
+    timezone    text NOT NULL,           -- an IANA zone the cron expression is read in
+    options     jsonb NOT NULL,          -- afs.batch.job.BatchOptions, and `since`
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    next_run_at timestamptz NOT NULL     -- UTC; missed runs coalesce: it moves past now, once
+);
+
+CREATE TABLE afs_store.schedule_runs (
+    id          bigserial PRIMARY KEY,
+    schedule_id text NOT NULL REFERENCES afs_store.schedules (id) ON DELETE CASCADE,
+    due_at      timestamptz NOT NULL,    -- the first due time this run stands for
+    missed      integer NOT NULL DEFAULT 0,  -- later due times that passed meanwhile (not run)
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz,
+    status      text NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'interrupted')),
+    runner      text NOT NULL,           -- the afs serve process that ran it
+    batch_id    text REFERENCES afs_store.batches (id) ON DELETE SET NULL,
+    error       text
+);
+CREATE INDEX schedule_runs_schedule ON afs_store.schedule_runs (schedule_id, id DESC);
+
+-- pg_stat_statements counters of a target, as read at each batch (`afs batch --since` subtracts)
+CREATE TABLE afs_store.statement_snapshots (
+    id          bigserial PRIMARY KEY,
+    origin      text NOT NULL,
+    taken_at    timestamptz NOT NULL,    -- the target server's clock
+    stats_reset timestamptz,             -- pg_stat_statements_info.stats_reset then
+    batch_id    text REFERENCES afs_store.batches (id) ON DELETE SET NULL
+);
+CREATE INDEX statement_snapshots_origin ON afs_store.statement_snapshots (origin, taken_at DESC);
+CREATE TABLE afs_store.statement_counters (
+    snapshot_id bigint NOT NULL REFERENCES afs_store.statement_snapshots (id) ON DELETE CASCADE,
+    queryid     bigint NOT NULL,
+    calls       bigint NOT NULL,
+    total_ms    double precision NOT NULL,
+    rows        bigint NOT NULL,
+    PRIMARY KEY (snapshot_id, queryid)
+);
+
+-- one row: which store this is (`afs batch --server` checks it shares the server's store)
+CREATE TABLE afs_store.identity (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    id  text NOT NULL DEFAULT md5(random()::text || clock_timestamp()::text)
+);
+INSERT INTO afs_store.identity DEFAULT VALUES;
 """),
 )

@@ -486,6 +486,11 @@ class Store:
         return [{"name": r[0], "task_id": r[1], "agent": r[2], "worker": r[3],
                  "created_at": _iso(r[4]), "destroyed_at": _iso(r[5])} for r in rows]
 
+    async def identity(self) -> str:
+        """This store's own random id (made by its migration 300): two processes with the same
+        id share one store."""
+        return str(await self.conn.fetchval(f"SELECT id FROM {SCHEMA}.identity"))
+
     async def counts(self) -> dict[str, int]:
         rows = await self.conn.fetchall(f"SELECT status, count(*) FROM {SCHEMA}.tasks GROUP BY status")
         return {str(s): int(n) for s, n in rows}
