@@ -370,3 +370,25 @@ async def test_a_browser_submits_the_readme_query_and_watches_the_squad(
         assert "ann" in audit_row and "applied" in audit_row and task_id in audit_row
         await screenshot(page, tmp_path / "monitor-audit.png")
         assert page.exceptions == []
+
+
+async def test_off_loopback_a_browser_signs_in_with_the_token_as_a_cookie(
+        nursery: trio.Nursery, settings: Settings, store_db: str) -> None:
+    url = await start(nursery, settings.with_(service_token="s3cret"), store_db, workers=0)
+    html = {"Accept": "text/html,application/xhtml+xml"}
+    async with httpx.AsyncClient(base_url=url) as http:
+        sent = await http.get("/", headers=html)
+        assert sent.status_code == 303 and sent.headers["location"] == "/login"
+        assert (await http.get("/v1/board")).status_code == 401  # a script still gets JSON
+        form = await http.get("/login")
+        assert form.status_code == 200 and 'name="token"' in form.text
+        wrong = await http.post("/login", data={"token": "nope"})
+        assert wrong.status_code == 401 and "afs_token" not in wrong.headers.get("set-cookie", "")
+        signed = await http.post("/login", data={"token": "s3cret"})
+        cookie = signed.headers["set-cookie"].lower()
+        assert signed.status_code == 303 and "httponly" in cookie and "samesite=strict" in cookie
+    async with httpx.AsyncClient(base_url=url, cookies={"afs_token": "s3cret"}) as browser:
+        assert (await browser.get("/", headers=html)).status_code == 200
+        assert (await browser.get("/v1/board")).json() == {"tasks": []}
+    async with httpx.AsyncClient(base_url=url, cookies={"afs_token": "s3cre"}) as guess:
+        assert (await guess.get("/v1/board")).status_code == 401

@@ -204,7 +204,7 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
     ], exception_handlers={UnknownTaskError: unknown_task, InputError: bad_input})
     if token is None:
         return app
-    return require_token(app, token)
+    return require_token(app, token, browser_login=True)
 
 
 async def _event_stream(store: Store, task_id: str, after: int) -> AsyncIterator[str]:
