@@ -61,7 +61,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from afs.errors import InputError
 from afs.features import DIALECT, first_line, parse_query, select_text
-from afs.models import ColumnStats, TableInfo
+from afs.models import ColumnStats, ParameterSet, Substitution, TableInfo
 
 __all__ = [
     "ParameterSet",
@@ -79,21 +79,6 @@ STEPS = (1, -1, 2, -2, 3, -3)  # integer equalities not tied to a column; range 
 
 
 # -- public API -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Substitution:
-    """One literal of the query replaced by another of the same type."""
-
-    column: str | None  # "orders.created_at"; None for a literal not compared with a column
-    old: str  # the literal as written in the query (SQL text, quotes and sign included)
-    new: str  # the replacement literal, SQL text
-
-
-@dataclass(frozen=True)
-class ParameterSet:
-    label: str  # for a person: "orders.status = 'shipped' (a common value, 15% of rows); …"
-    substitutions: tuple[Substitution, ...]
 
 
 def parameter_sets(query: str, tables: Mapping[str, TableInfo],

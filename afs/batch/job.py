@@ -134,7 +134,8 @@ async def run_batch(rt: Runtime, *, target_dsn: str, source: str, task_dsn: str 
                 task = await rt.store.submit(
                     task_id=new_task_id(), query=entry.filled_query, source=source, dsn=task_dsn,
                     task_type="query_optimization", priority="normal", provider=options.provider,
-                    weights=None, runs=options.runs, worker=worker, lease_s=rt.lease_s)
+                    weights=None, runs=options.runs, worker=worker, lease_s=rt.lease_s,
+                    parameters=filled.parameters())
                 entry.task_id = task.id
                 finished = await run_task(rt, task, worker, sinks=sinks, on_interrupt="cancel")
                 entry.status, entry.reason, result = finished.status, finished.error, finished.result
