@@ -6,8 +6,9 @@
 
 Each parameter takes its values from the pg_stats of the column it is compared with
 (`afs.analysis.table_info` reads them):
-    col = $n, col <> $n, col IN ($n, …)   most common values, most frequent first, then
-                                          histogram bounds from the middle out
+    col = $n, col <> $n, col IN ($n, …)   a typical value (a histogram bound, from the middle
+                                          out) and a most common one (most frequent first),
+                                          alternately: the first set is the usual case
     col > $n, col >= $n, BETWEEN $n …     lower bound: a histogram percentile (25th, 10th, 50th)
     col < $n, col <= $n, … AND $n         upper bound: a later one (75th, 50th, 90th)
     col LIKE / ILIKE $n                   the first characters of a common value, then %
@@ -190,15 +191,20 @@ def _percentile(bounds: Sequence[str], q: float) -> str:
 
 
 def _equal_values(stats: ColumnStats) -> list[str]:
+    """A typical value (the histogram's middle) first, then the most common one, alternately:
+    the query a task times is the usual case, and the heavy hitters are among its other sets."""
     order = sorted(range(len(stats.most_common_vals)), key=lambda i: -stats.most_common_freqs[i]
                    if i < len(stats.most_common_freqs) else 0)
-    values = [stats.most_common_vals[i] for i in order]
+    common = [stats.most_common_vals[i] for i in order]
     bounds = list(stats.histogram_bounds)
     middle = len(bounds) // 2
+    typical = []
     for step in range(len(bounds)):
         index = middle + (step + 1) // 2 * (1 if step % 2 else -1)
         if 0 <= index < len(bounds):
-            values.append(bounds[index])
+            typical.append(bounds[index])
+    values = [v for pair in zip(typical, common, strict=False) for v in pair]
+    values += typical[len(common):] + common[len(typical):]
     return list(dict.fromkeys(values))
 
 

@@ -161,9 +161,11 @@ async def ensure_pg_stat_statements(conn: Connection) -> bool:
 
 
 async def read_shop(conn: Connection) -> Shop:
+    """Row counts and the orders' days (by primary key: created_at grows with id)."""
     row = await conn.fetchone(
         "SELECT (SELECT max(id) FROM users), (SELECT max(id) FROM products), (SELECT max(id) FROM orders),"
-        " (SELECT min(created_at)::date FROM orders), (SELECT max(created_at)::date FROM orders)")
+        " (SELECT created_at::date FROM orders ORDER BY id LIMIT 1),"
+        " (SELECT created_at::date FROM orders ORDER BY id DESC LIMIT 1)")
     if row is None or any(v is None for v in row):
         raise InputError("the demo database has no data: run `afs sandbox reset`")
     return Shop(int(row[0]), int(row[1]), int(row[2]), row[3], row[4])
@@ -265,6 +267,7 @@ async def run_workload(dsn: str, *, duration_s: float = DEFAULT_DURATION_S,
     if clients < 1:
         raise InputError(f"--clients must be at least 1, got {clients}")
     async with open_connection(dsn) as conn:
+        await conn.execute("SET pg_stat_statements.track = none")  # the setup is not the workload
         created = await ensure_pg_stat_statements(conn)
         if reset or created:  # created now: what it holds of this database is the seeding's
             await conn.execute("SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database"
@@ -300,7 +303,8 @@ async def run_workload(dsn: str, *, duration_s: float = DEFAULT_DURATION_S,
 def summary_text(report: WorkloadReport) -> str:
     out = [f"workload on {report.database}: {report.statements} statements in {report.seconds:.1f} s "
            f"({report.per_second:.0f}/s) from {report.clients} clients, {report.errors} errors"
-           + (" (stopped early)" if report.interrupted else "")]
+           + (" (stopped early)" if report.interrupted else ""),
+           "  (mean ms as the clients saw it, round trip included; pg_stat_statements has the server's)"]
     width = max(len(s["name"]) for s in report.shapes)
     for s in report.shapes:
         line = f"  {s['name']:<{width}}  {s['kind']:<5}  {s['calls']:>7} calls  {s['mean_ms']:>9.2f} ms mean"
