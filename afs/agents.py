@@ -138,6 +138,7 @@ class AgentJob:
     candidates: int = DEFAULT_CANDIDATES  # designs screened per agent
     measured: int = DEFAULT_MEASURED  # of those, measured in the fork
     parameter_sets: int = DEFAULT_PARAMETER_SETS  # other literal values checked per proposal
+    given_sets: tuple[ParameterSet, ...] = ()  # the task's own other values (then none drawn)
     slow_cap_s: float = 0.0  # cap of the one baseline run of a query past the statement timeout
     min_runs: int = DEFAULT_MIN_RUNS  # runs before measuring may stop (the verdict is certain)
     measure_budget_s: float = DEFAULT_MEASURE_BUDGET_S  # query time per candidate's measurement
@@ -639,7 +640,10 @@ async def _result_checks(conn: Connection, known: Sequence[FamilyQuery], readabl
 
 
 def _family(job: AgentJob, ctx: AnalysisContext) -> tuple[ParameterSet, ...]:
-    """Other values for the query's literals, drawn from pg_stats (none without literals)."""
+    """Other values for the query's literals: the task's own (a batch task's filled sets),
+    else drawn from pg_stats (none without literals)."""
+    if job.given_sets:
+        return job.given_sets
     if job.parameter_sets <= 0:
         return ()
     return parameter_sets(job.query, ctx.tables, job.parameter_sets)

@@ -2,6 +2,7 @@
 
     afs optimize --query SQL                    measure how to make a query faster, in forks
     afs sandbox up|status|down|reset|import     the embedded PostgreSQL and its demo data
+    afs sandbox workload                        the demo shop's workload, for `afs batch` to rank
     afs fork create|list|destroy|gc|psql|roundtrip   disposable forks, through the MCP server
     afs mcp serve                               the fork provider as an MCP server (stdio)
     afs history|show|events|resume              tasks in the store: list, report, events, run again
@@ -234,6 +235,40 @@ async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> in
     emit(args, data, f"imported {report.origin} as {report.database} in {report.seconds:.1f} s;"
                      f" fork it with: afs fork create --from {report.database}{skipped}")
     return EXIT_OK
+
+
+async def cmd_sandbox_workload(args: argparse.Namespace, settings: Settings) -> int:
+    """The demo shop's workload against the demo database; Ctrl-C stops it with its summary."""
+    from afs.sandbox.seeding import ensure_demo
+    from afs.sandbox.server import SandboxServer
+    from afs.sandbox.workload import run_workload, summary_text
+
+    if args.duration <= 0 or args.clients < 1:
+        raise InputError("--duration must be positive and --clients at least 1")
+    server = SandboxServer(settings)
+    progress("starting the sandbox")
+    await trio.to_thread.run_sync(server.start)
+    await ensure_demo(settings, server, settings.scale, progress)
+    stop = trio.Event()
+
+    async def on_ctrl_c() -> None:
+        with trio.open_signal_receiver(signal.SIGINT) as signals:  # this one, not the CLI's
+            async for _ in signals:
+                stop.set()  # the workload stops its clients and returns what ran
+                return
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(on_ctrl_c)
+        report = await run_workload(server.dsn(settings.demo_database), duration_s=args.duration,
+                                    clients=args.clients, seed=args.seed, reset=args.reset,
+                                    progress=progress, stop=stop)
+        nursery.cancel_scope.cancel()
+    progress_done()
+    data = {**{k: getattr(report, k) for k in ("database", "clients", "seconds", "statements", "errors",
+                                                 "interrupted")},
+            "per_second": round(report.per_second, 1), "shapes": list(report.shapes)}
+    emit(args, data, summary_text(report))
+    return EXIT_INTERRUPTED if report.interrupted else EXIT_OK
 
 
 # -- forks ---------------------------------------------------------------------------
@@ -1058,6 +1093,23 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also unmount the sandbox's XFS image and detach its loop device (root)")
     reset = sub(sandbox_cmds, "reset", "drop and re-seed the demo database", cmd_sandbox_reset)
     reset.add_argument("--scale", choices=scales, help="demo data size (default: demo)")
+    workload = sub(sandbox_cmds, "workload", "run the demo shop's own mixed workload against the demo "
+                   "database, so pg_stat_statements has something for `afs batch` to rank",
+                   cmd_sandbox_workload)
+    workload.description = (
+        "Runs a mix of the demo shop's statements with real bind parameters (pg_stat_statements "
+        "normalises them to $1 … $n) and Zipf-skewed ids: mostly fast lookups by primary key, four "
+        "deliberately slow shapes (a filter without an index, a join through an unindexed foreign key, "
+        "an aggregate that wants a covering index, a created_at::date cast), and a few writes, each "
+        "rolled back so the demo data stays as seeded. Progress each second on stderr, a summary at the "
+        "end; Ctrl-C stops early (exit 130, with the summary). Then: `afs batch --top 5`.")
+    workload.add_argument("--duration", type=float, default=60.0, metavar="S",
+                          help="seconds to run (default: 60)")
+    workload.add_argument("--clients", type=int, default=4, metavar="N",
+                          help="concurrent connections (default: 4)")
+    workload.add_argument("--seed", type=int, default=1, help="seed of the values drawn (default: 1)")
+    workload.add_argument("--reset", action="store_true",
+                          help="forget the demo database's pg_stat_statements entries first")
     refresh = sub(sandbox_cmds, "refresh", "copy a source database into its fork template again, "
                   "so new forks see what changed in it (needs no other session on it)",
                   cmd_sandbox_refresh)

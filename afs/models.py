@@ -254,6 +254,49 @@ class Measurement:
         return 100.0 * (self.baseline.median_ms - self.optimized.median_ms) / self.baseline.median_ms
 
 
+# -- parameter sets: the values a query is measured with -------------------------------------
+@dataclass(frozen=True)
+class Substitution:
+    """One literal of the query replaced by another of the same type."""
+
+    column: str | None  # "orders.created_at"; None for a literal not compared with a column
+    old: str  # the literal as written in the query (SQL text, quotes and sign included)
+    new: str  # the replacement literal, SQL text
+
+
+@dataclass(frozen=True)
+class ParameterSet:
+    """One set of values for the query's literals (`afs.params` draws them from pg_stats;
+    the batch job fills a normalised statement's $1 … $n with them).
+
+    `substitutions` turn the query as given into this set, in any query of its family (the
+    original, a suite variant, a rewrite): `afs.params.apply_parameters`. A set filled into
+    a normalised statement also has its `values` ($n → SQL literal) and its `query`."""
+
+    label: str  # for a person: "orders.status = 'shipped' (a common value, 15% of rows); …"
+    substitutions: tuple[Substitution, ...] = ()
+    values: Mapping[int, str] = field(default_factory=dict)
+    query: str = ""
+
+
+@dataclass(frozen=True)
+class StatementParameters:
+    """A task's explicit parameter sets: a normalised statement and the values it was filled
+    with. The first set is the query the suite times (the task's query); each proposal is
+    measured and result-checked on the others as well (instead of sets drawn from pg_stats)."""
+
+    statement: str  # $1 … $n, as pg_stat_statements stores it
+    sets: tuple[ParameterSet, ...]
+
+    @property
+    def measured_on(self) -> str:
+        return self.sets[0].label if self.sets else ""
+
+    @property
+    def others(self) -> tuple[ParameterSet, ...]:
+        return self.sets[1:]
+
+
 @dataclass(frozen=True)
 class FamilyQuery:
     """The query with other parameter values, before and after the proposal.
@@ -415,3 +458,4 @@ class TaskResult:
     duration_s: float
     error: str | None = None
     review: tuple[ReviewFlag, ...] = ()  # the reviewer's flags on measured proposals (shown only)
+    parameters: StatementParameters | None = None  # the task's explicit parameter sets, if any

@@ -38,6 +38,7 @@ from afs.models import (
     QueryFeatures,
     ReviewFlag,
     RoutingDecision,
+    StatementParameters,
     TaskResult,
     TaskStatus,
     TaskType,
@@ -54,6 +55,7 @@ class TaskRequest:
     runs: int = 5
     weights: Mapping[str, float] | None = None  # overrides the rules file's consensus weights
     sequential: bool = False  # the agents one after another (what parallelism saves: benchmarks/parallel.py)
+    parameters: StatementParameters | None = None  # explicit sets, the first being `query`'s values
 
 
 class AgentPool:
@@ -229,6 +231,7 @@ async def optimize(
                    statement_timeout_ms=settings.statement_timeout_ms, timeouts=settings.timeouts,
                    candidates=settings.candidates, measured=settings.measured,
                    parameter_sets=settings.parameter_sets,
+                   given_sets=request.parameters.others if request.parameters else (),
                    slow_cap_s=slow_baseline_cap(settings), min_runs=settings.min_runs,
                    measure_budget_s=settings.measure_budget_s)
     outcomes: dict[AgentKey, AgentOutcome] = {}
@@ -285,4 +288,4 @@ async def optimize(
     return TaskResult(task_id=task_id, status=status, query=query, source=source,
                       routing=routing, outcomes=ordered, decision=decision,
                       provider=squad.provider, provider_note=squad.note, duration_s=duration,
-                      error=error, review=review)
+                      error=error, review=review, parameters=request.parameters)

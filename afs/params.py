@@ -5,7 +5,10 @@ the literals the query filters with and draws other values for them from the
 statistics of the compared columns; `apply_parameters` puts those values into any
 query of the family (the original, a suite variant, a proposal's rewrite);
 `baked_literals` tells whether a materialized view's SELECT bakes the query's
-literals in (an answer cache, never a fix).
+literals in (an answer cache, never a fix). `ParameterSet` (in `afs.models`, exported
+here) is also what a batch task carries: its statement's $1 … $n filled from pg_stats
+(`afs.batch.fill`), each set beyond the first written as substitutions of the first's
+values, so `apply_parameters` moves any query of the family to them the same way.
 
 A *filter literal* is a literal operand of a comparison in a WHERE, HAVING or
 JOIN … ON clause, at any nesting level (aggregate FILTER clauses excluded):
@@ -61,7 +64,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from afs.errors import InputError
 from afs.features import DIALECT, first_line, parse_query, select_text
-from afs.models import ColumnStats, TableInfo
+from afs.models import ColumnStats, ParameterSet, Substitution, TableInfo
 
 __all__ = [
     "ParameterSet",
@@ -79,21 +82,6 @@ STEPS = (1, -1, 2, -2, 3, -3)  # integer equalities not tied to a column; range 
 
 
 # -- public API -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Substitution:
-    """One literal of the query replaced by another of the same type."""
-
-    column: str | None  # "orders.created_at"; None for a literal not compared with a column
-    old: str  # the literal as written in the query (SQL text, quotes and sign included)
-    new: str  # the replacement literal, SQL text
-
-
-@dataclass(frozen=True)
-class ParameterSet:
-    label: str  # for a person: "orders.status = 'shipped' (a common value, 15% of rows); …"
-    substitutions: tuple[Substitution, ...]
 
 
 def parameter_sets(query: str, tables: Mapping[str, TableInfo],

@@ -147,6 +147,9 @@ def to_json(result: TaskResult) -> dict[str, Any]:
             if result.decision else None),
         "review": [{"agent": f.agent, "reviewer": f.reviewer, "concern": f.concern} for f in result.review],
         "applied": False,
+        # the task's own parameter sets (a batch task's): the suite ran the first, checks the others
+        "parameter_sets": ([{"label": p.label, "query": p.query} for p in result.parameters.sets]
+                           if result.parameters else None),
     }
 
 
@@ -176,6 +179,9 @@ def render_text(result: TaskResult) -> str:
     out.append(f"routing: {', '.join(result.routing.agents)} — {doc['routing']['rationale']}")
     if result.error:
         out.append(f"error: {result.error}")
+    if result.parameters:
+        out.append(f"parameters: the suite ran {result.parameters.measured_on}; each proposal was also"
+                   f" measured on the task's {len(result.parameters.others)} other set(s) ('other values')")
     for p in doc["proposals"]:
         out.append("")
         title = f"[{p['agent']} / {p['model']}] {p['status']}"

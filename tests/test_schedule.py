@@ -380,6 +380,9 @@ async def test_batch_with_server_runs_its_tasks_on_afs_serve(nursery: trio.Nurse
         assert any(e.kind == "task_started" and str(e.data["worker"]).startswith("serve-") for e in events)
         stored, _ = await stored_batch(store, doc["id"])
         assert stored == doc
+        task = await store.get(statement["task_id"])  # the filled sets went over HTTP with it
+        assert task.parameters is not None and task.parameters.sets[0].query == task.query
+        assert [s.label for s in task.parameters.sets] == statement["parameter_sets"]
 
     other = "afs_store_o_" + os.urandom(4).hex()  # a store of its own: refused before anything runs
     with psycopg.connect(sandbox.dsn(), autocommit=True) as conn:

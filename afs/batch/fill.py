@@ -2,11 +2,13 @@
 
     filled = await fill_statement(conn, statement.query, count=3)
     filled.sets[0].query   # the statement with values, as `afs optimize` takes it
+    filled.parameters()    # what its task carries: every set, measured on each proposal
 
 Each parameter takes its values from the pg_stats of the column it is compared with
 (`afs.analysis.table_info` reads them):
-    col = $n, col <> $n, col IN ($n, …)   most common values, most frequent first, then
-                                          histogram bounds from the middle out
+    col = $n, col <> $n, col IN ($n, …)   a typical value (a histogram bound, from the middle
+                                          out) and a most common one (most frequent first),
+                                          alternately: the first set is the usual case
     col > $n, col >= $n, BETWEEN $n …     lower bound: a histogram percentile (25th, 10th, 50th)
     col < $n, col <= $n, … AND $n         upper bound: a later one (75th, 50th, 90th)
     col LIKE / ILIKE $n                   the first characters of a common value, then %
@@ -30,7 +32,7 @@ from afs.analysis import table_info
 from afs.batch.statements import nodes, relation_name, relations
 from afs.db import Connection
 from afs.errors import DatabaseError
-from afs.models import ColumnStats, TableInfo
+from afs.models import ColumnStats, ParameterSet, StatementParameters, Substitution, TableInfo
 
 DEFAULT_SETS = 3
 LOWER = (0.25, 0.1, 0.5, 0.4)
@@ -53,16 +55,18 @@ class Slot:
 
 
 @dataclass(frozen=True)
-class FilledSet:
-    label: str  # "orders.status = 'pending'; orders.user_id = 42"
-    values: Mapping[int, str]  # $n → SQL literal
-    query: str
-
-
-@dataclass(frozen=True)
 class Filled:
-    sets: tuple[FilledSet, ...]  # empty when `reason` says why it cannot be filled
+    """The parameter sets of one statement: `afs.params.ParameterSet`s with their `values`
+    ($n → SQL literal) and `query`; the others also with their substitutions from the
+    first (the query a task times), so a proposal's rewrite can take their values too."""
+
+    sets: tuple[ParameterSet, ...]  # empty when `reason` says why it cannot be filled
     reason: str | None = None
+    statement: str = ""  # with $1 … $n
+
+    def parameters(self) -> StatementParameters | None:
+        """What a task carries (None when there is nothing to fill)."""
+        return StatementParameters(self.statement, self.sets) if self.sets else None
 
 
 class CannotFill(Exception):
@@ -187,15 +191,20 @@ def _percentile(bounds: Sequence[str], q: float) -> str:
 
 
 def _equal_values(stats: ColumnStats) -> list[str]:
+    """A typical value (the histogram's middle) first, then the most common one, alternately:
+    the query a task times is the usual case, and the heavy hitters are among its other sets."""
     order = sorted(range(len(stats.most_common_vals)), key=lambda i: -stats.most_common_freqs[i]
                    if i < len(stats.most_common_freqs) else 0)
-    values = [stats.most_common_vals[i] for i in order]
+    common = [stats.most_common_vals[i] for i in order]
     bounds = list(stats.histogram_bounds)
     middle = len(bounds) // 2
+    typical = []
     for step in range(len(bounds)):
         index = middle + (step + 1) // 2 * (1 if step % 2 else -1)
         if 0 <= index < len(bounds):
-            values.append(bounds[index])
+            typical.append(bounds[index])
+    values = [v for pair in zip(typical, common, strict=False) for v in pair]
+    values += typical[len(common):] + common[len(typical):]
     return list(dict.fromkeys(values))
 
 
@@ -249,26 +258,43 @@ def fill(query: str, tables: Mapping[str, TableInfo], count: int = DEFAULT_SETS)
     try:
         found = slots(query, tables)
         if not found:
-            return Filled((FilledSet("no parameters", {}, query),))
+            return Filled((ParameterSet("no parameters", query=query),), statement=query)
         by_number: dict[int, list[str]] = {}
         labels: dict[int, str] = {}
+        columns: dict[int, str] = {}
         for slot in found:
             if slot.number in by_number:
                 continue  # the first use decides ($1 used twice gets one value)
             by_number[slot.number] = values_for(slot, tables, count)
             labels[slot.number] = (f"{slot.table}.{slot.column}" if slot.table
                                    else slot.role.upper())
+            if slot.table and slot.role not in ("limit", "offset"):
+                columns[slot.number] = f"{slot.table}.{slot.column}"
     except CannotFill as exc:
-        return Filled((), str(exc))
+        return Filled((), str(exc), query)
     except ParseError as exc:
-        return Filled((), f"does not parse: {exc}")
-    sets = []
+        return Filled((), f"does not parse: {exc}", query)
+    sets: dict[str, ParameterSet] = {}
+    first: Mapping[int, str] | None = None
     for index in range(count):
         values = {n: vals[index] for n, vals in by_number.items()}
+        first = first or values
         label = "; ".join(f"${n} {labels[n]} = {values[n]}" for n in sorted(values))
-        sets.append(FilledSet(label, values, substitute(query, values)))
-    unique = list({s.query: s for s in sets}.values())
-    return Filled(tuple(unique))
+        filled = substitute(query, values)
+        sets.setdefault(filled, ParameterSet(label, _substitutions(first, values, columns), values, filled))
+    return Filled(tuple(sets.values()), statement=query)
+
+
+def _bare(literal: str) -> str:
+    """A literal as a query reads it: fill writes a negative number in parentheses."""
+    return literal[1:-1] if literal.startswith("(") and literal.endswith(")") else literal
+
+
+def _substitutions(first: Mapping[int, str], values: Mapping[int, str],
+                   columns: Mapping[int, str]) -> tuple[Substitution, ...]:
+    """From the first set's values to these, for each parameter compared with a column."""
+    return tuple(Substitution(columns[n], _bare(first[n]), _bare(values[n]))
+                 for n in sorted(values) if n in columns and values[n] != first[n])
 
 
 # -- on the target (read-only: catalog, pg_stats, EXPLAIN) ----------------------------------
@@ -301,13 +327,13 @@ async def fill_statement(conn: Connection, query: str, count: int = DEFAULT_SETS
         try:
             await conn.execute(f"EXPLAIN (GENERIC_PLAN) {query}")
         except DatabaseError as exc:
-            return Filled((), f"does not plan with its parameters: {str(exc).splitlines()[0]}")
+            return Filled((), f"does not plan with its parameters: {str(exc).splitlines()[0]}", query)
     filled = fill(query, await read_tables(conn, query), count)
     good = []
     for pset in filled.sets:
         try:
             await conn.execute(f"EXPLAIN {pset.query}")
         except DatabaseError as exc:
-            return Filled((), f"filled ({pset.label}) it does not plan: {str(exc).splitlines()[0]}")
+            return Filled((), f"filled ({pset.label}) it does not plan: {str(exc).splitlines()[0]}", query)
         good.append(pset)
-    return Filled(tuple(good), filled.reason)
+    return Filled(tuple(good), filled.reason, query)

@@ -29,7 +29,7 @@ import psycopg
 import trio
 from psycopg.types.json import Jsonb
 
-from afs.batch.fill import DEFAULT_SETS, FilledSet, fill_statement
+from afs.batch.fill import DEFAULT_SETS, fill_statement
 from afs.batch.report import Entry, build_report, index_key, outcome, render_markdown
 from afs.batch.statements import (
     Counters,
@@ -44,13 +44,13 @@ from afs.config import Settings
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, InputError, ServiceError
 from afs.events import Sink
-from afs.models import TaskResult
+from afs.models import StatementParameters, TaskResult
 from afs.optimize import new_task_id
 from afs.sandbox.importer import origin_of
 from afs.service.client import ServiceClient
 from afs.service.runner import Runtime, run_task
 from afs.store import Store
-from afs.store.codec import decode
+from afs.store.codec import decode, encode
 from afs.store.migrations import SCHEMA
 
 REUSABLE = ("completed", "no_improvement")
@@ -84,7 +84,7 @@ class NewTask:
     """A statement the batch optimizes: what its task is given."""
 
     query: str  # the statement filled with the first parameter set
-    sets: tuple[FilledSet, ...]  # every parameter set (the first is `query`)
+    parameters: StatementParameters | None  # every parameter set (the first is `query`'s)
     label: str  # "statement 2/5 (queryid 123…)", for progress
 
 
@@ -196,7 +196,8 @@ async def run_batch(rt: Runtime, *, target_dsn: str, source: str, task_dsn: str 
             task = await rt.store.submit(
                 task_id=new_task_id(), query=new.query, source=source, dsn=task_dsn,
                 task_type="query_optimization", priority="normal", provider=options.provider,
-                weights=None, runs=options.runs, worker=worker, lease_s=rt.lease_s)
+                weights=None, runs=options.runs, worker=worker, lease_s=rt.lease_s,
+                parameters=new.parameters)
             finished = await run_task(rt, task, worker, sinks=sinks, on_interrupt="cancel")
             ran.append(Ran(task.id, finished.status, finished.error, finished.result))
         return ran
@@ -267,7 +268,8 @@ async def run_on_server(client: ServiceClient, tasks: Sequence[NewTask], body: d
     try:
         for n, new in enumerate(tasks):
             try:
-                task = await client.submit({**body, "query": new.query})
+                task = await client.submit({**body, "query": new.query, "parameters": None
+                                            if new.parameters is None else encode(new.parameters)})
             except ServiceError as exc:
                 if exc.status is None or exc.status >= 500:
                     raise
@@ -347,7 +349,7 @@ async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: s
                 entry.status, entry.task_id, entry.reused_from = "reused", earlier, earlier
                 result = await store.result(earlier)
             else:
-                todo.append((len(entries), NewTask(entry.filled_query, filled.sets,
+                todo.append((len(entries), NewTask(entry.filled_query, filled.parameters(),
                                                    f"statement {n}/{len(planned)} ({st.queryid})")))
         entries.append(entry)
         results.append(result)

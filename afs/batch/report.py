@@ -49,6 +49,8 @@ class Entry:
     gain_pct: float | None = None
     storage_mb: float = 0.0
     saved_ms_per_day: float | None = None
+    # the winner's figures per parameter set: parameters, baseline_ms, optimized_ms, same_rows, note
+    measured: list[dict[str, Any]] = field(default_factory=list)
 
 
 def outcome(entry: Entry, result: TaskResult | None, period_s: float) -> Entry:
@@ -68,6 +70,19 @@ def outcome(entry: Entry, result: TaskResult | None, period_s: float) -> Entry:
                     "sql_commands": list(p.sql_commands), "rewritten_query": p.rewritten_query,
                     "settings": [list(s) for s in p.settings]}
     entry.gain_pct = round(b.family_improvement_pct, 1)
+    first = next((m for m in b.measurements if m.name == "baseline"), None)
+    given = result.parameters.measured_on if result.parameters else "the values of the query as given"
+    if first is not None:
+        entry.measured.append({"parameters": given, "suite": [m.name for m in b.measurements],
+                               "baseline_ms": round(first.baseline.median_ms, 3),
+                               "optimized_ms": round(first.optimized.median_ms, 3),
+                               "same_rows": all(m.equivalent for m in b.measurements), "note": ""})
+    for check in b.parameter_checks:
+        before, after = check.baseline, check.optimized
+        entry.measured.append({"parameters": check.label, "suite": [],
+                               "baseline_ms": round(before.median_ms, 3) if before else None,
+                               "optimized_ms": round(after.median_ms, 3) if after else None,
+                               "same_rows": check.equivalent, "note": check.note})
     entry.storage_mb = round(b.storage_delta_mb, 2)
     per_day = entry.total_ms * DAY_S / max(period_s, 1.0)
     entry.saved_ms_per_day = round(per_day * max(0.0, b.family_improvement_pct) / 100.0, 1)
@@ -205,8 +220,17 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         out.append(f"{n}. `{_short(e['query'], 200)}`")
         if e["filled_query"] and e["filled_query"] != e["query"]:
             out.append(f"   - measured as: `{_short(e['filled_query'], 200)}`")
-        for label in e["parameter_sets"][1:]:
-            out.append(f"   - other values: {label}")
+        measured = e.get("measured") or []
+        for m in measured:  # the winner's figures, per parameter set
+            times = (f"{m['baseline_ms']:.2f} → {m['optimized_ms']:.2f} ms"
+                     if m["baseline_ms"] is not None and m["optimized_ms"] is not None else "not timed")
+            where = (f" ({', '.join(m['suite'])})" if m["suite"] else "")
+            rows = "same rows" if m["same_rows"] else "OTHER ROWS"
+            out.append(f"   - measured on {m['parameters']}{where}: {times}, {rows}"
+                       + (f" — {m['note']}" if m["note"] else ""))
+        if not measured:
+            for label in e["parameter_sets"][1:]:
+                out.append(f"   - other values: {label}")
         if e["winner"]:
             for sql in e["winner"]["sql_commands"]:
                 out.append(f"   - `{sql}`")

@@ -39,6 +39,7 @@ from afs.apply.api import apply_routes
 from afs.asgi import check_bind, require_token
 from afs.config import Settings
 from afs.errors import InputError, UnknownTaskError
+from afs.models import StatementParameters
 from afs.optimize import new_task_id
 from afs.service.runner import relayed_cancellation
 from afs.service.worker import open_runtime, run_worker, worker_name
@@ -79,7 +80,7 @@ def parse_submission(body: Any, default_runs: int) -> dict[str, Any]:
 
     if not isinstance(body, dict):
         raise FieldError("body", "expected a JSON object")
-    known = {"query", "source", "dsn", "priority", "type", "provider", "weights", "runs"}
+    known = {"query", "source", "dsn", "priority", "type", "provider", "weights", "runs", "parameters"}
     for key in body:
         if key not in known:
             raise FieldError(key, f"unknown field (known: {', '.join(sorted(known))})")
@@ -119,7 +120,35 @@ def parse_submission(body: Any, default_runs: int) -> dict[str, Any]:
         raise FieldError("runs", f"an integer from 1 to {MAX_RUNS}")
     return {"query": query, "source": source if source or dsn else None, "dsn": dsn,
             "task_type": picked["type"], "priority": picked["priority"],
-            "provider": picked["provider"], "weights": weights, "runs": runs}
+            "provider": picked["provider"], "weights": weights, "runs": runs,
+            "parameters": None if body.get("parameters") is None
+            else parse_parameters(body["parameters"], query)}
+
+
+def parse_parameters(data: Any, query: str) -> StatementParameters:
+    """The `parameters` of a submission (afs.models.StatementParameters as JSON: the batch
+    job's filled sets): the first set's query is the task's query, and every set's
+    substitutions must be literals that find their place in it (afs.params)."""
+    from afs.params import apply_parameters
+    from afs.store.codec import decode
+
+    try:
+        parsed = decode(StatementParameters, data)
+    except (ValueError, TypeError) as exc:
+        raise FieldError("parameters", f"expected {{statement, sets: [{{label, substitutions,"
+                         f" values, query}}]}}: {exc}") from None
+    if not parsed.sets:
+        raise FieldError("parameters", "at least one parameter set (the first is the query's own)")
+    if parsed.sets[0].query and parsed.sets[0].query != query:
+        raise FieldError("parameters", "the first set's query must be the task's query")
+    for n, pset in enumerate(parsed.sets):
+        try:
+            placed = apply_parameters(query, pset)
+        except InputError as exc:
+            raise FieldError("parameters", f"set {n + 1}: {exc}") from None
+        if placed is None:
+            raise FieldError("parameters", f"set {n + 1}: a substitution's literal is not in the query")
+    return parsed
 
 
 def build_app(store: Store, settings: Settings, token: str | None) -> Any:

@@ -75,7 +75,8 @@ async def _optimize(rt: Runtime, task: TaskRecord, events: Emitter,
                     direct_dsn: str | None = None) -> TaskResult:
     source = task.source or await sandbox_source(rt.forks, rt.settings.demo_database, task.dsn)
     request = TaskRequest(query=task.query, task_type=task.task_type,  # type: ignore[arg-type]
-                          priority=task.priority, runs=task.runs, weights=task.weights)
+                          priority=task.priority, runs=task.runs, weights=task.weights,
+                          parameters=task.parameters)
     async with open_squad(task.provider, rt.settings, rt.env) as squad:
         return await optimize(rt.settings, request, source=source,
                               source_dsn=direct_dsn or source_dsn(rt.settings, source),

@@ -42,6 +42,16 @@ def decode(cls: type[T], data: Any) -> T:
     return result
 
 
+def _key(hint: Any, key: str, where: str) -> Any:
+    """A mapping's key as its type says (JSON keys are text: `encode` wrote int keys as text)."""
+    if hint is int:
+        try:
+            return int(key)
+        except ValueError:
+            raise ValueError(f"{where}: key {key!r} is not an integer") from None
+    return key
+
+
 def _decode(hint: Any, data: Any, where: str) -> Any:
     origin = get_origin(hint)
     if hint is Any:
@@ -77,7 +87,8 @@ def _decode(hint: Any, data: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
         args = get_args(hint)
         value_hint = args[1] if args else Any
-        return {k: _decode(value_hint, v, f"{where}.{k}") for k, v in data.items()}
+        return {_key(args[0] if args else Any, k, where): _decode(value_hint, v, f"{where}.{k}")
+                for k, v in data.items()}
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected an object, got {type(data).__name__}")

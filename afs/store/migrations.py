@@ -248,4 +248,8 @@ CREATE TABLE afs_store.identity (
 );
 INSERT INTO afs_store.identity DEFAULT VALUES;
 """),
+    # 400: the workload branch's (explicit parameter sets); numbered apart from the others
+    Migration(400, "a task's explicit parameter sets (the batch job's filled $1 … $n)", """
+ALTER TABLE afs_store.tasks ADD COLUMN parameters jsonb;  -- afs.models.StatementParameters (codec)
+"""),
 )

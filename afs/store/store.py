@@ -34,7 +34,7 @@ from afs.config import Settings
 from afs.db import Connection, open_connection, translate
 from afs.errors import AfsError, InputError, UnknownTaskError, scrub
 from afs.events import Event, Sink
-from afs.models import RoutingDecision, TaskResult
+from afs.models import RoutingDecision, StatementParameters, TaskResult
 from afs.report import to_json
 from afs.store.codec import decode, encode
 from afs.store.migrations import AGENTS_LOCK_KEY, LOCK_KEY, MIGRATIONS, SCHEMA
@@ -45,7 +45,7 @@ TERMINAL = ("completed", "no_improvement", "failed", "cancelled")
 STATUSES = ("queued", "running", "recovering", *TERMINAL)
 _COLUMNS = ("id, status, query, source, dsn, task_type, priority, provider, weights, runs, created_at,"
             " updated_at, started_at, finished_at, worker, lease_expires_at, attempts, max_attempts,"
-            " cancel_requested, error")
+            " cancel_requested, error, parameters")
 _T_COLUMNS = ", ".join("t." + c.strip() for c in _COLUMNS.split(","))
 _QUEUE_ORDER = "CASE priority WHEN 'high' THEN 0 WHEN 'normal' THEN 1 ELSE 2 END, created_at"
 Heartbeat = Literal["ok", "cancel", "lost"]
@@ -73,6 +73,7 @@ class TaskRecord:
     max_attempts: int
     cancel_requested: bool
     error: str | None
+    parameters: StatementParameters | None = None  # explicit parameter sets (a batch task's)
 
     @property
     def finished(self) -> bool:
@@ -89,6 +90,7 @@ class TaskRecord:
             "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
             "worker": self.worker, "lease_expires_at": _iso(self.lease_expires_at),
             "attempts": self.attempts, "cancel_requested": self.cancel_requested, "error": self.error,
+            "parameters": None if self.parameters is None else encode(self.parameters),
         }
 
 
@@ -114,7 +116,9 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def _task(row: Sequence[Any]) -> TaskRecord:
-    return TaskRecord(*row)
+    *columns, parameters = row
+    return TaskRecord(*columns, parameters=None if parameters is None  # type: ignore[misc]
+                      else decode(StatementParameters, parameters))
 
 
 Tx = psycopg.Connection[Any]
@@ -165,23 +169,24 @@ class Store:
                      task_type: str, priority: str, provider: str,
                      weights: Mapping[str, float] | None, runs: int,
                      max_attempts: int = 2, worker: str | None = None,
-                     lease_s: float = 30.0) -> TaskRecord:
+                     lease_s: float = 30.0, parameters: StatementParameters | None = None) -> TaskRecord:
         """Queue a task; with `worker`, that worker holds it at once (a task run in-process).
 
         A `dsn` is stored without its password: it only finds the database's sandbox copy.
+        `parameters`: the sets every proposal is measured on (the first is `query`'s values).
         """
         def insert(cur: psycopg.Cursor[Any]) -> TaskRecord:
             cur.execute(
                 f"INSERT INTO {SCHEMA}.tasks (id, status, query, source, dsn, task_type, priority,"
-                " provider, weights, runs, max_attempts, worker, lease_expires_at, attempts, started_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+                " provider, weights, runs, max_attempts, worker, lease_expires_at, attempts, started_at,"
+                " parameters) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
                 " CASE WHEN %s THEN now() + make_interval(secs => %s) END, %s,"
-                f" CASE WHEN %s THEN now() END) RETURNING {_COLUMNS}",
+                f" CASE WHEN %s THEN now() END, %s) RETURNING {_COLUMNS}",
                 (task_id, "queued" if worker is None else "running", query, source,
                  None if dsn is None else scrub(dsn), task_type,
                  priority, provider, None if weights is None else Jsonb(dict(weights)), runs,
                  max_attempts, worker, worker is not None, lease_s, int(worker is not None),
-                 worker is not None))
+                 worker is not None, None if parameters is None else Jsonb(encode(parameters))))
             task = _task(_one(cur))
             _event(cur, task.id, "task_queued", data={"priority": priority, "type": task_type})
             if worker is not None:
