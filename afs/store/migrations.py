@@ -12,6 +12,7 @@ from dataclasses import dataclass
 SCHEMA = "afs_store"
 LOCK_KEY = 0x0AF5_5702  # pg_advisory_xact_lock key of the migrations
 AGENTS_LOCK_KEY = 0x0AF5_5703  # ... and of agent assignment (the capacity across workers)
+EVENTS_CHANNEL = "afs_events"  # NOTIFY channel of appended events; the payload is the task id
 
 
 @dataclass(frozen=True)
@@ -194,5 +195,15 @@ CREATE TABLE afs_store.audit (
     verification jsonb NOT NULL DEFAULT '{}'
 );
 CREATE INDEX audit_task ON afs_store.audit (task_id, id);
+"""),
+    # 500: every event appended, whoever writes it, wakes the SSE streams that LISTEN (afs.store.listen)
+    Migration(500, "events notify their channel (LISTEN/NOTIFY wakes the live event streams)", f"""
+CREATE FUNCTION afs_store.notify_event() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{EVENTS_CHANNEL}', NEW.task_id);  -- sent at commit; one per task per transaction
+    RETURN NULL;
+END $$;
+CREATE TRIGGER events_notify AFTER INSERT ON afs_store.events
+    FOR EACH ROW EXECUTE FUNCTION afs_store.notify_event();
 """),
 )
