@@ -13,7 +13,7 @@ the plan T3 (blocked), whatever the stored verdict said.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,40 +48,61 @@ _LOCKS: dict[str, str] = {
 NAME_MAX = 63  # PostgreSQL's identifier length
 
 
-def partitioned_steps(step: Step, partitions: Sequence[str]) -> tuple[Step, ...]:
+def partitioned_steps(step: Step, tree: Mapping[str, Sequence[str]]) -> tuple[Step, ...]:
     """An index on a partitioned table, the way CONCURRENTLY can build it (plain CONCURRENTLY
-    is refused there): the same index CONCURRENTLY on each partition, then the parent's index
-    ON ONLY (invalid until complete) and each partition's attached to it.
+    is refused there), at any depth of sub-partitioning. `tree` maps each partitioned table
+    of the tree (the root as `step.table` names it) to its partitions, in order.
 
-    The order lets the rollback run backwards: dropping the parent's index drops the attached
-    ones; a partition's index not yet attached is dropped CONCURRENTLY by itself.
+    Steps: the same index CONCURRENTLY on every leaf partition; then ON ONLY (nothing is
+    built, invalid until complete) on each partitioned table, the deepest first and the
+    root last; then the attachments bottom-up, each partition's index to its parent's (a
+    sub-partitioned table's index becomes valid once its own are attached, then is attached
+    in turn). The rollback runs backwards: dropping the root's index drops every index
+    attached under it; whatever was not attached yet is dropped by its own step.
     """
     assert step.kind == "index" and step.name and step.table
-    parent_name = _last_part(step.name)
-    children: list[Step] = []
+    root_name = _last_part(step.name)
+    leaves: list[Step] = []
+    parents: list[Step] = []
     attaches: list[Step] = []
     used: set[str] = set()
-    for partition in partitions:
-        child_name = f"{parent_name}_{_last_part(partition)}"[:NAME_MAX]
-        if child_name in used:
-            child_name = f"{child_name[:NAME_MAX - 6]}_{len(used)}"
-        used.add(child_name)
+
+    def index_on(table: str, name: str, *, concurrent: bool) -> tuple[str, ast.IndexStmt]:
         stmt = parse_sql(step.sql)[0].stmt
         assert isinstance(stmt, ast.IndexStmt)
-        schema, _, rel = partition.rpartition(".")
-        stmt.relation = ast.RangeVar(schemaname=schema or None, relname=rel, inh=True)
-        stmt.idxname = child_name
-        child = f"{schema}.{child_name}" if schema else child_name
-        children.append(Step("index", RawStream()(stmt), _LOCKS["index"],
-                             f"DROP INDEX CONCURRENTLY IF EXISTS {child}", partition, step.columns, child))
-        attaches.append(Step("attach", f"ALTER INDEX {step.name} ATTACH PARTITION {child}", _LOCKS["attach"]))
+        schema, _, rel = table.rpartition(".")
+        stmt.relation = ast.RangeVar(schemaname=schema or None, relname=rel, inh=concurrent)  # ON ONLY
+        stmt.idxname = name
+        stmt.concurrent = concurrent
+        return (f"{schema}.{name}" if schema else name), stmt
+
+    def visit(table: str, index: str) -> None:
+        for partition in tree.get(table, ()):
+            child_name = f"{root_name}_{_last_part(partition)}"[:NAME_MAX]
+            if child_name in used:
+                child_name = f"{child_name[:NAME_MAX - 6]}_{len(used)}"
+            used.add(child_name)
+            if partition in tree:  # partitioned itself: its own ON ONLY index, its partitions first
+                child, stmt = index_on(partition, child_name, concurrent=False)
+                visit(partition, child)
+                parents.append(Step("index_parent", RawStream()(stmt), _LOCKS["index_parent"],
+                                    f"DROP INDEX IF EXISTS {child}", partition, step.columns, child))
+            else:
+                child, stmt = index_on(partition, child_name, concurrent=True)
+                leaves.append(Step("index", RawStream()(stmt), _LOCKS["index"],
+                                   f"DROP INDEX CONCURRENTLY IF EXISTS {child}", partition, step.columns,
+                                   child))
+            attaches.append(Step("attach", f"ALTER INDEX {index} ATTACH PARTITION {child}",
+                                 _LOCKS["attach"]))
+
+    visit(step.table, step.name)
     stmt = parse_sql(step.sql)[0].stmt
     assert isinstance(stmt, ast.IndexStmt) and stmt.relation is not None
     stmt.concurrent = False
     stmt.relation.inh = False  # ON ONLY
-    parent = Step("index_parent", RawStream()(stmt), _LOCKS["index_parent"],
-                  f"DROP INDEX IF EXISTS {step.name}", step.table, step.columns, step.name)
-    return (*children, parent, *attaches)
+    root = Step("index_parent", RawStream()(stmt), _LOCKS["index_parent"],
+                f"DROP INDEX IF EXISTS {step.name}", step.table, step.columns, step.name)
+    return (*leaves, *parents, root, *attaches)
 
 
 def _last_part(name: str) -> str:
