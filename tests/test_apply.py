@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 import trio
 
 from afs.apply import apply_winner, audit, load_plan, plan_winner, render_plan, rollback_task
-from afs.apply.target import APPLY_LOCK_KEY
+from afs.apply.target import APPLY_LOCK_KEY, prepare
 from afs.cli import main
 from afs.config import Settings
 from afs.errors import InputError
@@ -154,7 +155,8 @@ def test_settings_rewrites_and_partitioning_are_advice_and_unsafe_sql_is_blocked
                                    "materialized_view", rewritten="SELECT * FROM mv"))
     assert view.kind == "materialized_view" and view.tier == "T2"
     assert view.rollback == ("DROP INDEX CONCURRENTLY IF EXISTS mv_u", "DROP MATERIALIZED VIEW IF EXISTS mv")
-    assert any(a.startswith("  REFRESH MATERIALIZED VIEW CONCURRENTLY mv;") for a in view.advice)
+    assert view.refresh is not None and view.refresh.reads == ("orders",)
+    assert view.refresh.commands() == ("REFRESH MATERIALIZED VIEW CONCURRENTLY mv",)  # it has a unique index
 
     with pytest.raises(InputError, match="only the winner of a completed task"):
         plan_winner(result_with("t7", ("CREATE INDEX ix ON orders (user_id)",), status="no_improvement"))
@@ -318,7 +320,26 @@ async def test_a_materialized_view_is_created_with_its_index_and_read_by_the_rew
                            " WHERE user_id = 42 GROUP BY user_id",
                            rewritten="SELECT user_id, n, total FROM mv_user_totals WHERE user_id = 42")
     plan = await load_plan(store, task_id)
-    assert any("REFRESH MATERIALIZED VIEW CONCURRENTLY mv_user_totals" in a for a in plan.advice)
+    done = trio.Event()
+
+    async def writer() -> None:  # the application writes to the table the view reads
+        from afs.db import open_connection
+
+        async with open_connection(target) as conn:
+            while not done.is_set():
+                await conn.execute("INSERT INTO orders (user_id, status, total, created_at)"
+                                   " VALUES (4242, 'pending', 1, now())")  # not the user the query reads
+                await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        plan = await prepare(plan, target, sample_s=3)  # before approval: the write rate is sampled
+        done.set()
+    assert plan.refresh is not None and plan.refresh.rows is not None and plan.refresh.rows >= 200_000
+    assert plan.refresh.writes_per_s is not None and plan.refresh.writes_per_s > 5
+    text = render_plan(plan)
+    assert "REFRESH MATERIALIZED VIEW CONCURRENTLY mv_user_totals;" in text
+    assert "orders change" in text and "rows/s (sampled 3 s)" in text and "cron.schedule(" in text
     row = await apply_winner(store, plan, target, approver="alice")
     assert row["result"] == "applied", row["detail"]
     with psycopg.connect(target) as conn:
@@ -624,3 +645,24 @@ async def test_an_index_on_a_two_level_partition_tree_is_applied_verified_and_ro
     assert undone["result"] == "rolled_back", undone["detail"]
     with psycopg.connect(target) as conn:
         assert conn.execute(tree).fetchall() == []
+
+
+def test_a_refresh_schedule_follows_the_refresh_time_and_the_write_rate() -> None:
+    from afs.apply.plan import RefreshPlan
+
+    base = RefreshPlan((("mv", True),), ("orders",), refresh_s=0.5)
+    assert base.interval_s == 300 and "measured when the plan meets the target" in "\n".join(base.lines())
+    busy = replace(base, writes_per_s=10.0, rows=200_000, sampled_s=5)  # 1 % changes in 200 s
+    assert busy.stale_s == 200 and busy.interval_s == 300  # the cost floor: 1 % of the time refreshing
+    text = "\n".join(busy.lines())
+    assert "every 5 minutes" in text and "'*/5 * * * *'" in text and "over 1% of the time" in text
+    calm = replace(busy, writes_per_s=0.1)  # 1 % changes in 20,000 s
+    assert calm.interval_s == 20_000 and "every 6 hours" in "\n".join(calm.lines())
+    assert calm.public()["cron"] == "0 */6 * * *"
+    idle = replace(busy, writes_per_s=0.0)
+    assert idle.interval_s == 86_400 and "every day" in "\n".join(idle.lines())
+    slow = replace(calm, refresh_s=600.0)  # a 10-minute refresh: at most every 1,000 minutes
+    assert slow.interval_s == 60_000 and slow.public()["cron"] == "0 3 * * *"  # 17 hours: daily
+    plain = RefreshPlan((("mv", False),), ("orders",), refresh_s=0.5)
+    assert plain.commands() == ("REFRESH MATERIALIZED VIEW mv",)
+    assert "blocks reads of the view" in "\n".join(plain.lines())

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -181,11 +181,40 @@ async def expand(conn: Connection, plan: ApplyPlan) -> ApplyPlan:
     return replace(plan, steps=tuple(steps))
 
 
-async def prepare(plan: ApplyPlan, target_dsn: str) -> ApplyPlan:
-    """The plan for this target, checked against it (`expand`, then `preflight`); changes nothing."""
+_WRITES = """
+WITH named AS (SELECT to_regclass(n) AS rel FROM unnest(%s::text[]) n),
+rels AS (SELECT rel AS relid FROM named WHERE rel IS NOT NULL
+         UNION SELECT t.relid FROM named, pg_partition_tree(named.rel) t WHERE named.rel IS NOT NULL)
+SELECT coalesce(sum(s.n_tup_ins + s.n_tup_upd + s.n_tup_del), 0)::bigint,
+       coalesce(sum(greatest(c.reltuples, s.n_live_tup, 0)), 0)::bigint
+FROM rels JOIN pg_class c ON c.oid = rels.relid LEFT JOIN pg_stat_user_tables s ON s.relid = rels.relid"""
+WRITE_SAMPLE_S = 5.0  # how long the write rate of a view's tables is sampled before approval
+
+
+async def measure_writes(conn: Connection, tables: Sequence[str],
+                         sample_s: float = WRITE_SAMPLE_S) -> tuple[float, int]:
+    """Rows per second inserted, updated or deleted in `tables` (and their partitions) over
+    `sample_s` on the target, from the statistics counters; and how many rows they hold.
+    (The counters of other sessions reach the statistics within about a second.)"""
+    before = await conn.fetchone(_WRITES, (list(tables),))
+    started = trio.current_time()
+    await trio.sleep(sample_s)
+    after = await conn.fetchone(_WRITES, (list(tables),))
+    assert before is not None and after is not None
+    elapsed = trio.current_time() - started
+    return max(0, after[0] - before[0]) / elapsed, int(after[1])
+
+
+async def prepare(plan: ApplyPlan, target_dsn: str, sample_s: float = WRITE_SAMPLE_S) -> ApplyPlan:
+    """The plan for this target, checked against it (`expand`, then `preflight`); a materialized
+    view's refresh schedule gets the write rate of the tables it reads. Changes nothing."""
     async with open_connection(target_dsn) as conn:
         expanded = await expand(conn, plan)
         await preflight(conn, expanded)
+        if expanded.refresh is not None and expanded.refresh.reads:
+            rate, rows = await measure_writes(conn, expanded.refresh.reads, sample_s)
+            expanded = replace(expanded, refresh=replace(expanded.refresh, writes_per_s=rate, rows=rows,
+                                                         sampled_s=sample_s))
     return expanded
 
 
