@@ -21,7 +21,6 @@ from psycopg import conninfo
 
 from afs.config import Settings
 from afs.errors import InputError, scrub
-from afs.sandbox.importer import origin_of
 from afs.sandbox.server import dsn_for
 
 SCRUBBED = "***"  # what afs.errors.scrub puts where a password was
@@ -39,6 +38,8 @@ def configured(settings: Settings, databases: Iterable[str | None] = ()) -> list
 
 
 def _origin(dsn: str) -> str | None:
+    from afs.sandbox.importer import origin_of  # here: that module imports the fork client (mcp)
+
     try:
         return origin_of(dsn)
     except InputError:
