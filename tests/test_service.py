@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from afs.config import Settings
-from afs.errors import ConfigError
+from afs.errors import AfsError, ConfigError
 from afs.forks.provider import LocalForkProvider
 from afs.models import TaskResult
 from afs.optimize import new_task_id
@@ -395,6 +395,9 @@ async def test_an_appended_event_wakes_the_listeners_of_its_task_only(store_db: 
                 await listener.wait_for(mine.id)
             await writer.cancel(mine.id)  # a status change appends its event in the same transaction
             with trio.fail_after(30):
+                await listener.wait_for(mine.id)
+            await writer.conn.execute("SELECT pg_terminate_backend(%s)", (listener.raw.info.backend_pid,))
+            with trio.fail_after(30), pytest.raises(AfsError):  # lost: said at once (the stream polls)
                 await listener.wait_for(mine.id)
 
 

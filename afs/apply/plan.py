@@ -166,7 +166,7 @@ class RefreshPlan:
 
     def lines(self) -> tuple[str, ...]:
         interval, cron = _every(self.interval_s)
-        why = [f"a refresh takes about {self.refresh_s:.2f} s (the build in the fork)"]
+        why = [f"a refresh takes about {self.refresh_s:.2f} s, as the build did in the fork"]
         if self.writes_per_s is None:
             why.append("the write rate of the tables it reads is measured when the plan meets the target")
         elif self.stale_s is None:

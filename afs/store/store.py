@@ -147,9 +147,14 @@ class EventListener:
             raise translate(exc) from exc
 
     async def wait_for(self, task_id: str) -> None:
-        """Until an event of `task_id` is notified (the caller bounds it: `move_on_after`)."""
+        """Until an event of `task_id` is notified (the caller bounds it: `move_on_after`);
+        DatabaseError when the listening connection is lost."""
         while True:
-            await trio.lowlevel.wait_readable(self.raw.fileno())
+            try:
+                fd = self.raw.fileno()
+            except psycopg.Error as exc:  # closed after an error
+                raise translate(exc) from exc
+            await trio.lowlevel.wait_readable(fd)
             if task_id in self._drain():
                 return
 
