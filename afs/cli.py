@@ -649,7 +649,8 @@ def add_service_commands(commands: Any, sub: Any) -> None:
                        help="address to listen on (default 127.0.0.1:8470); any other than loopback "
                             "needs AFS_SERVICE_TOKEN")
     serve.add_argument("--workers", type=int, default=1, metavar="N",
-                       help="in-process workers (default 1; 0 = API only)")
+                       help="in-process workers (default 1; 0 = the API, and recovery of the tasks of "
+                            "dead workers elsewhere)")
     serve.add_argument("--lease", type=float, default=30.0, metavar="S", help="the workers' lease")
 
 
