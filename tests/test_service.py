@@ -454,3 +454,23 @@ async def test_serve_without_workers_still_recovers_the_tasks_of_dead_workers(
         requeued = next(e for e in await store.events(task.id) if e.kind == "task_requeued")
         assert "1 fork(s) collected" in requeued.data["reason"]
     assert fork.name not in {f["name"] for f in (await provider.list_services())["forks"]}
+
+
+async def test_a_client_that_leaves_mid_stream_leaves_no_listening_connection(
+        nursery: trio.Nursery, settings: Settings, store_db: str) -> None:
+    url = await start(nursery, settings, store_db, workers=0)
+    listening = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                 " AND query = 'LISTEN afs_events'")
+    async with open_store(store_db) as store, httpx.AsyncClient(base_url=url, timeout=60) as http:
+        task = await submitted(store)
+        for _ in range(3):
+            with trio.CancelScope() as leave:
+                async with http.stream("GET", f"/v1/tasks/{task.id}/events") as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("id:"):  # the first event came: the stream listens
+                            assert await store.conn.fetchval(listening) >= 1
+                            leave.cancel()  # and the client goes away
+        with trio.fail_after(30):
+            while await store.conn.fetchval(listening):  # noqa: ASYNC110 - the server closes it
+                await trio.sleep(0.05)
+        await store.cancel(task.id)
