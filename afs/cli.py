@@ -685,7 +685,8 @@ def add_service_commands(commands: Any, sub: Any) -> None:
                        help="address to listen on (default 127.0.0.1:8470); any other than loopback "
                             "needs AFS_SERVICE_TOKEN")
     serve.add_argument("--workers", type=int, default=1, metavar="N",
-                       help="in-process workers (default 1; 0 = API only)")
+                       help="in-process workers (default 1; 0 = the API, and recovery of the tasks of "
+                            "dead workers elsewhere)")
     serve.add_argument("--lease", type=float, default=30.0, metavar="S", help="the workers' lease")
 
 
@@ -879,15 +880,11 @@ def add_schedule_commands(commands: Any, sub: Any) -> None:
     remove.add_argument("id", help="the schedule id (see `afs schedule list`)")
 # -- applying a winner: afs apply / audit / rollback (afs.apply) ---------------------------
 async def _apply_target(args: argparse.Namespace, settings: Settings, store: Any, task_id: str) -> str:
-    """--dsn, else the task's own DSN, else its database in the sandbox."""
-    if args.dsn:
-        return str(args.dsn)
-    task = await store.get(task_id)
-    if task.dsn:
-        return str(task.dsn)
-    from afs.sandbox.server import dsn_for
+    """--dsn, else the task's own database (its DSN resolved), else its database in the sandbox."""
+    from afs.apply.resolve import apply_target
 
-    return dsn_for(settings, task.source or settings.demo_database)
+    task = await store.get(task_id)
+    return apply_target(settings, dsn=args.dsn, task_dsn=task.dsn, source=task.source)
 
 
 async def _approve(args: argparse.Namespace, question: str) -> str | None:
@@ -958,6 +955,7 @@ async def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_rollback(args: argparse.Namespace, settings: Settings) -> int:
     from afs.apply import audit as apply_audit
     from afs.apply import rollback_task
+    from afs.apply.resolve import rollback_target
     from afs.errors import scrub
 
     async with _open_task_store(settings) as store:
@@ -965,7 +963,8 @@ async def cmd_rollback(args: argparse.Namespace, settings: Settings) -> int:
         if previous is None:
             await store.get(args.task)  # an unknown task says so
             raise InputError(f"task {args.task} has nothing applied to roll back (see `afs audit`)")
-        target = await _apply_target(args, settings, store, args.task)
+        task = await store.get(args.task)
+        target = rollback_target(settings, recorded=previous["target"], dsn=args.dsn, source=task.source)
         if not args.json:
             print("\n".join(f"rollback: {sql};" for sql in previous["rollback_sql"]))
         approver = await _approve(args, f"roll back task {args.task} on {scrub(target)}?")
@@ -990,10 +989,13 @@ def add_apply_commands(commands: Any, sub: Any) -> None:
                    "and rolled back or not approved, 2 refused or no terminal without --yes)"
     rollback = sub(commands, "rollback", "undo a task's applied winner with its recorded rollback",
                    cmd_rollback)
-    for command in (apply, rollback):
+    for command, target in ((apply, "the target database (default: the task's database, its password from "
+                                     "AFS_DATABASE_URL, else its sandbox database)"),
+                            (rollback, "the database the winner was applied on, with its password (default: "
+                                       "the audit row's database, resolved against AFS_DATABASE_URL and the "
+                                       "sandbox; exit 2 when it cannot be)")):
         command.add_argument("task", help="the task id (see `afs history`)")
-        command.add_argument("--dsn", metavar="DSN",
-                             help="the target database (default: the task's DSN, else its sandbox database)")
+        command.add_argument("--dsn", metavar="DSN", help=target)
         command.add_argument("--yes", action="store_true", help="approve without asking (scripts)")
         command.add_argument("--approver", metavar="NAME", help="who approves (default: the OS user)")
     aud = sub(commands, "audit", "the audit log of applies and rollbacks, newest first", cmd_audit)

@@ -69,28 +69,57 @@ class Round:
     wall_s: float
     statuses: dict[str, int]
     latencies_ms: list[float] = field(default_factory=list)
+    phases_s: dict[str, float] = field(default_factory=dict)  # summed over the timed tasks' agents
 
     @property
     def per_min(self) -> float:
         return 60.0 * self.tasks / self.wall_s if self.wall_s > 0 else 0.0
 
 
-async def _watch(client: ServiceClient, task_id: str, latencies: list[float]) -> str:
+async def _watch(client: ServiceClient, task_id: str, latencies: list[float],
+                 phases: dict[str, float]) -> str:
     status = "unknown"
+    seen: list[dict[str, Any]] = []
     async for event in client.events(task_id):
         latencies.append(1000.0 * (time.time() - datetime.fromisoformat(event["at"]).timestamp()))
+        seen.append(event)
         if event["kind"] == "task_finished":
             status = event["data"]["status"]
+    for phase, seconds in _phases(seen).items():
+        phases[phase] = phases.get(phase, 0.0) + seconds
     return status
 
 
+def _phases(events: list[dict[str, Any]]) -> dict[str, float]:
+    """Where one task's time went: queued (submitted → a worker took it), and each agent's
+    phases (from its `agent_phase` events: a phase lasts until the agent's next one)."""
+    at = {e["kind"]: datetime.fromisoformat(e["at"]).timestamp() for e in reversed(events)}  # first of each
+    out: dict[str, float] = {}
+    if "task_queued" in at and "task_started" in at:
+        out["queued"] = at["task_started"] - at["task_queued"]
+    if "task_started" in at and "agents_assigned" in at:
+        out["routing"] = at["agents_assigned"] - at["task_started"]
+    last: dict[str, tuple[str, float]] = {}
+    for e in events:
+        if e["kind"] != "agent_phase" or not e["agent"]:
+            continue
+        now = datetime.fromisoformat(e["at"]).timestamp()
+        if e["agent"] in last:
+            phase, since = last[e["agent"]]
+            out[phase] = out.get(phase, 0.0) + now - since
+        last[e["agent"]] = (e["data"]["phase"], now)
+    return out
+
+
 async def _submit_and_watch(client: ServiceClient, bodies: list[dict[str, Any]],
-                            latencies: list[float]) -> dict[str, int]:
+                            latencies: list[float], phases: dict[str, float] | None = None
+                            ) -> dict[str, int]:
     statuses: dict[str, int] = {}
+    phases = {} if phases is None else phases
 
     async def one(body: dict[str, Any]) -> None:
         task = await client.submit(body)
-        status = await _watch(client, task["id"], latencies)
+        status = await _watch(client, task["id"], latencies, phases)
         statuses[status] = statuses.get(status, 0) + 1
 
     async with trio.open_nursery() as nursery:
@@ -113,12 +142,13 @@ async def one_round(settings: Settings, workers: int, args: argparse.Namespace) 
             await _submit_and_watch(client, [_body(i, args.runs) for i in range(workers)], [])
             progress(f"{workers} worker(s): {args.tasks} tasks")
             latencies: list[float] = []
+            phases: dict[str, float] = {}
             started = time.monotonic()
             statuses = await _submit_and_watch(client, [_body(i, args.runs) for i in range(args.tasks)],
-                                               latencies)
+                                               latencies, phases)
             wall = time.monotonic() - started
         nursery.cancel_scope.cancel()
-    return Round(workers, args.tasks, wall, statuses, latencies)
+    return Round(workers, args.tasks, wall, statuses, latencies, phases)
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -155,6 +185,12 @@ def report(rounds: list[Round]) -> dict[str, Any]:
               f"{(r.per_min / base if base else 0):>6.2f}x {statistics.median(r.latencies_ms or [0]):>10.1f} "
               f"{_percentile(r.latencies_ms, 0.95):>10.1f}  "
               + ", ".join(f"{k} {v}" for k, v in sorted(r.statuses.items())))
+    names = sorted({p for r in rounds for p in r.phases_s},
+                   key=lambda p: -max(r.phases_s.get(p, 0) for r in rounds))
+    print("where a task's time goes (seconds per task, summed over its agents; phases overlap across tasks):")
+    print(f"{'phase':<36}" + "".join(f"{str(r.workers) + ' worker(s)':>13}" for r in rounds))
+    for name in names:
+        print(f"{name:<36}" + "".join(f"{r.phases_s.get(name, 0.0) / r.tasks:>13.2f}" for r in rounds))
     latencies = [x for r in rounds for x in r.latencies_ms]
     by_workers = {str(r.workers): round(r.per_min, 2) for r in rounds}
     speedups = {str(r.workers): round(r.per_min / base, 2) if base else 0.0 for r in rounds}
@@ -162,7 +198,9 @@ def report(rounds: list[Round]) -> dict[str, Any]:
     print(f"goals: 2 workers ≥ {GOAL_SPEEDUP_2}× one worker; SSE p95 ≤ {GOAL_P95_MS:g} ms "
           f"(measured over {len(latencies)} events: p95 {p95} ms)")
     return {"tasks_per_min": by_workers, "speedup": speedups, "sse_p50_ms": round(
-        statistics.median(latencies or [0]), 1), "sse_p95_ms": p95, "events": len(latencies)}
+        statistics.median(latencies or [0]), 1), "sse_p95_ms": p95, "events": len(latencies),
+        "phases_s_per_task": {str(r.workers): {p: round(v / r.tasks, 2)
+                                               for p, v in sorted(r.phases_s.items())} for r in rounds}}
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 import trio
 
 from afs.apply import apply_winner, audit, load_plan, plan_winner, render_plan, rollback_task
-from afs.apply.target import APPLY_LOCK_KEY
+from afs.apply.target import APPLY_LOCK_KEY, prepare
 from afs.cli import main
 from afs.config import Settings
 from afs.errors import InputError
@@ -154,7 +155,8 @@ def test_settings_rewrites_and_partitioning_are_advice_and_unsafe_sql_is_blocked
                                    "materialized_view", rewritten="SELECT * FROM mv"))
     assert view.kind == "materialized_view" and view.tier == "T2"
     assert view.rollback == ("DROP INDEX CONCURRENTLY IF EXISTS mv_u", "DROP MATERIALIZED VIEW IF EXISTS mv")
-    assert any(a.startswith("  REFRESH MATERIALIZED VIEW CONCURRENTLY mv;") for a in view.advice)
+    assert view.refresh is not None and view.refresh.reads == ("orders",)
+    assert view.refresh.commands() == ("REFRESH MATERIALIZED VIEW CONCURRENTLY mv",)  # it has a unique index
 
     with pytest.raises(InputError, match="only the winner of a completed task"):
         plan_winner(result_with("t7", ("CREATE INDEX ix ON orders (user_id)",), status="no_improvement"))
@@ -318,7 +320,26 @@ async def test_a_materialized_view_is_created_with_its_index_and_read_by_the_rew
                            " WHERE user_id = 42 GROUP BY user_id",
                            rewritten="SELECT user_id, n, total FROM mv_user_totals WHERE user_id = 42")
     plan = await load_plan(store, task_id)
-    assert any("REFRESH MATERIALIZED VIEW CONCURRENTLY mv_user_totals" in a for a in plan.advice)
+    done = trio.Event()
+
+    async def writer() -> None:  # the application writes to the table the view reads
+        from afs.db import open_connection
+
+        async with open_connection(target) as conn:
+            while not done.is_set():
+                await conn.execute("INSERT INTO orders (user_id, status, total, created_at)"
+                                   " VALUES (4242, 'pending', 1, now())")  # not the user the query reads
+                await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        plan = await prepare(plan, target, sample_s=3)  # before approval: the write rate is sampled
+        done.set()
+    assert plan.refresh is not None and plan.refresh.rows is not None and plan.refresh.rows >= 200_000
+    assert plan.refresh.writes_per_s is not None and plan.refresh.writes_per_s > 5
+    text = render_plan(plan)
+    assert "REFRESH MATERIALIZED VIEW CONCURRENTLY mv_user_totals;" in text
+    assert "orders change" in text and "rows/s (sampled 3 s)" in text and "cron.schedule(" in text
     row = await apply_winner(store, plan, target, approver="alice")
     assert row["result"] == "applied", row["detail"]
     with psycopg.connect(target) as conn:
@@ -441,3 +462,207 @@ def test_cli_prints_advice_for_settings_and_partitioning_and_blocks_unsafe_sql(
     assert "never run by afs apply" in out and "CREATE TABLE orders_p" in out
     assert main(["apply", unsafe_task, "--dsn", "postgresql://nowhere/x"]) == 2
     assert "refused:" in capsys.readouterr().out
+
+
+# -- the whole flow, as a person runs it --------------------------------------------------------
+def test_import_optimize_apply_while_writing_audit_and_rollback_on_the_users_database(
+        sandbox: SandboxServer, store_db: str, target: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`afs sandbox import`, `afs optimize --dsn`, `afs apply --yes` while the application writes,
+    `afs audit`, `afs rollback` (its database resolved from the configuration: the store keeps
+    no password), all through the command line on the user's database (`target`)."""
+    import json
+    import threading
+    import time
+
+    from afs.forks.provider import LocalForkProvider
+
+    monkeypatch.setenv("AFS_STORE_URL", store_db)
+    copy = "afs_apply_copy_" + os.urandom(3).hex()
+
+    def run(*argv: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main(list(argv))
+        return code, capsys.readouterr().out
+
+    try:
+        assert run("sandbox", "import", "--from", target, "--as", copy)[0] == 0
+        code, out = run("optimize", "--dsn", target, "--query", QUERY, "--provider", "heuristic",
+                        "--runs", "2", "--json")
+        assert code == 0, out
+        report = json.loads(out)
+        assert report["status"] == "completed" and report["source"] == copy
+        task_id = report["task_id"]
+
+        writes: list[float] = []
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def application() -> None:  # the user's application, writing all through the build
+            try:
+                with psycopg.connect(target, autocommit=True) as conn:
+                    while not stop.is_set():
+                        conn.execute("INSERT INTO orders (user_id, status, total, created_at)"
+                                     " VALUES (42, 'pending', 1, now())")
+                        writes.append(time.monotonic())
+                        time.sleep(0.005)
+            except BaseException as exc:
+                errors.append(exc)
+
+        writer = threading.Thread(target=application)
+        writer.start()
+        try:
+            time.sleep(0.2)
+            started = time.monotonic()
+            code, out = run("apply", task_id, "--dsn", target, "--yes", "--approver", "me", "--json")
+            finished = time.monotonic()
+        finally:
+            stop.set()
+            writer.join(30)
+        assert code == 0, out
+        applied = json.loads(out)
+        assert applied["applied"] is True and not errors
+        assert any(started < t < finished for t in writes), "writes stopped during the apply"
+        [index] = [s["sql"] for s in applied["plan"]["steps"]]
+        assert index.startswith("CREATE INDEX CONCURRENTLY ") and " ON orders " in index
+        name = index.split()[3]
+        assert indexes(target)[name] is True
+        with psycopg.connect(target) as conn:  # the rows written during the build are in the index
+            count = "SELECT count(*) FROM orders WHERE user_id = 42"
+            conn.execute("SET enable_seqscan = off")
+            assert name in str(conn.execute(f"EXPLAIN {count}").fetchall())
+            by_index = conn.execute(count).fetchone()
+            conn.execute("RESET enable_seqscan")
+            conn.execute("SET enable_indexscan = off")
+            conn.execute("SET enable_bitmapscan = off")
+            assert name not in str(conn.execute(f"EXPLAIN {count}").fetchall())
+            by_table = conn.execute(count).fetchone()
+        assert by_index == by_table
+
+        code, out = run("audit", "--json")
+        [row] = json.loads(out)
+        assert (row["task_id"], row["action"], row["result"], row["approver"]) == (task_id, "apply",
+                                                                                  "applied", "me")
+        assert "s3cret-pw" not in row["target"] and row["sql_commands"] == [index]
+
+        # the store has no password for the target: without --dsn or a configured DSN, refused
+        assert run("rollback", task_id, "--yes", "--approver", "me")[0] == 2
+        assert run("rollback", task_id, "--yes", "--approver", "me", "--dsn", sandbox.dsn(copy))[0] == 2
+        assert name in indexes(target)
+        monkeypatch.setenv("AFS_DATABASE_URL", target)  # the configured DSN names that database
+        code, out = run("rollback", task_id, "--yes", "--approver", "me")
+        assert code == 0, out
+        assert name not in indexes(target)
+        code, out = run("audit", "--json", "--task", task_id)
+        assert [(r["action"], r["result"]) for r in json.loads(out)] == [("rollback", "rolled_back"),
+                                                                         ("apply", "applied")]
+    finally:
+        trio.run(LocalForkProvider(sandbox.dsn()).drop_source, copy)
+
+
+def test_the_database_of_an_apply_or_rollback_is_resolved_without_a_stored_password(
+        settings: Settings) -> None:
+    from afs.apply.resolve import apply_target, rollback_target
+
+    user = "postgresql://app:pw@db.example:5433/shop"
+    recorded = "postgresql://app:***@db.example:5433/shop"  # what the store keeps
+    configured = settings.with_(target_dsn=user)
+    assert rollback_target(configured, recorded=recorded, dsn=None, source="shop_copy") == user
+    assert apply_target(configured, dsn=None, task_dsn=recorded, source="shop_copy") == user
+    in_sandbox = dsn_for(settings, "shop_copy")
+    assert apply_target(settings, dsn=None, task_dsn=None, source="shop_copy") == in_sandbox
+    with pytest.raises(InputError, match="pass --dsn with its password"):
+        rollback_target(settings, recorded=recorded, dsn=None, source="shop_copy")
+    with pytest.raises(InputError, match="another database"):
+        rollback_target(configured, recorded=recorded, dsn="postgresql://app:pw@db.example:5433/other",
+                        source=None)
+    assert rollback_target(settings, recorded=recorded, dsn="host=db.example port=5433 dbname=shop"
+                           " user=app password=pw", source=None).endswith("password=pw")
+    sandbox_db = dsn_for(settings, "afs_demo")  # no password: usable as recorded
+    assert rollback_target(settings, recorded=sandbox_db, dsn=None, source=None) == sandbox_db
+    remote = settings.with_(source_server_url="postgresql://afs:pw@pg.internal/postgres")
+    found = rollback_target(remote, recorded="postgresql://afs:***@pg.internal/shop_copy", dsn=None,
+                            source="shop_copy")
+    assert psycopg.conninfo.conninfo_to_dict(found) == {"host": "pg.internal", "user": "afs",
+                                                        "password": "pw", "dbname": "shop_copy"}
+
+
+def test_a_sub_partitioned_tree_is_built_at_the_leaves_and_attached_bottom_up() -> None:
+    from afs.apply.plan import partitioned_steps
+
+    plan = plan_winner(result_with("t8", ("CREATE INDEX ix_e ON events (user_id)",)))
+    tree = {"events": ["events_2024", "events_2025"], "events_2025": ["events_2025_h0", "events_2025_h1"]}
+    steps = partitioned_steps(plan.steps[0], tree)
+    assert [s.sql for s in steps] == [
+        "CREATE INDEX CONCURRENTLY ix_e_events_2024 ON events_2024 (user_id)",
+        "CREATE INDEX CONCURRENTLY ix_e_events_2025_h0 ON events_2025_h0 (user_id)",
+        "CREATE INDEX CONCURRENTLY ix_e_events_2025_h1 ON events_2025_h1 (user_id)",
+        "CREATE INDEX ix_e_events_2025 ON ONLY events_2025 (user_id)",
+        "CREATE INDEX ix_e ON ONLY events (user_id)",
+        "ALTER INDEX ix_e ATTACH PARTITION ix_e_events_2024",
+        "ALTER INDEX ix_e_events_2025 ATTACH PARTITION ix_e_events_2025_h0",
+        "ALTER INDEX ix_e_events_2025 ATTACH PARTITION ix_e_events_2025_h1",
+        "ALTER INDEX ix_e ATTACH PARTITION ix_e_events_2025",
+    ]
+    rollback = [s.rollback for s in reversed(steps) if s.rollback]
+    assert rollback[:2] == ["DROP INDEX IF EXISTS ix_e", "DROP INDEX IF EXISTS ix_e_events_2025"]
+
+
+async def test_an_index_on_a_two_level_partition_tree_is_applied_verified_and_rolled_back(
+        store: Store, target: str) -> None:
+    with psycopg.connect(target, autocommit=True) as conn:
+        conn.execute("CREATE TABLE visits (id bigint, user_id int, at date) PARTITION BY RANGE (at)")
+        conn.execute("CREATE TABLE visits_2024 PARTITION OF visits FOR VALUES FROM ('2024-01-01')"
+                     " TO ('2025-01-01')")
+        conn.execute("CREATE TABLE visits_2025 PARTITION OF visits FOR VALUES FROM ('2025-01-01')"
+                     " TO ('2026-01-01') PARTITION BY HASH (user_id)")
+        for r in (0, 1):
+            conn.execute(f"CREATE TABLE visits_2025_h{r} PARTITION OF visits_2025"
+                         f" FOR VALUES WITH (MODULUS 2, REMAINDER {r})")
+        conn.execute("INSERT INTO visits SELECT g, g % 5000, date '2024-01-01' + (g % 700)"
+                     " FROM generate_series(1, 150000) g")
+        conn.execute("ANALYZE visits")
+    task_id = await stored(store, ("CREATE INDEX ix_visits_user ON visits (user_id)",),
+                           query="SELECT id FROM visits WHERE user_id = 42")
+    row = await apply_winner(store, await load_plan(store, task_id), target, approver="alice")
+    assert row["result"] == "applied", row["detail"]
+    assert row["sql_commands"][:3] == [
+        f"CREATE INDEX CONCURRENTLY ix_visits_user_{p} ON {p} (user_id)"
+        for p in ("visits_2024", "visits_2025_h0", "visits_2025_h1")]
+    assert row["sql_commands"][-1] == "ALTER INDEX ix_visits_user ATTACH PARTITION ix_visits_user_visits_2025"
+    tree = ("SELECT c.relname, i.indisvalid, (SELECT p.relname FROM pg_inherits h JOIN pg_class p"
+            " ON p.oid = h.inhparent WHERE h.inhrelid = c.oid) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname LIKE 'ix_visits_user%' ORDER BY 1")
+    with psycopg.connect(target) as conn:
+        found = conn.execute(tree).fetchall()
+    assert found == [("ix_visits_user", True, None),
+                     ("ix_visits_user_visits_2024", True, "ix_visits_user"),
+                     ("ix_visits_user_visits_2025", True, "ix_visits_user"),
+                     ("ix_visits_user_visits_2025_h0", True, "ix_visits_user_visits_2025"),
+                     ("ix_visits_user_visits_2025_h1", True, "ix_visits_user_visits_2025")]
+    assert "indexes valid (indisvalid)" in row["detail"]
+    undone = await rollback_task(store, task_id, target, approver="alice")
+    assert undone["result"] == "rolled_back", undone["detail"]
+    with psycopg.connect(target) as conn:
+        assert conn.execute(tree).fetchall() == []
+
+
+def test_a_refresh_schedule_follows_the_refresh_time_and_the_write_rate() -> None:
+    from afs.apply.plan import RefreshPlan
+
+    base = RefreshPlan((("mv", True),), ("orders",), refresh_s=0.5)
+    assert base.interval_s == 300 and "measured when the plan meets the target" in "\n".join(base.lines())
+    busy = replace(base, writes_per_s=10.0, rows=200_000, sampled_s=5)  # 1 % changes in 200 s
+    assert busy.stale_s == 200 and busy.interval_s == 300  # the cost floor: 1 % of the time refreshing
+    text = "\n".join(busy.lines())
+    assert "every 5 minutes" in text and "'*/5 * * * *'" in text and "over 1% of the time" in text
+    calm = replace(busy, writes_per_s=0.1)  # 1 % changes in 20,000 s
+    assert calm.interval_s == 20_000 and "every 6 hours" in "\n".join(calm.lines())
+    assert calm.public()["cron"] == "0 */6 * * *"
+    idle = replace(busy, writes_per_s=0.0)
+    assert idle.interval_s == 86_400 and "every day" in "\n".join(idle.lines())
+    slow = replace(calm, refresh_s=600.0)  # a 10-minute refresh: at most every 1,000 minutes
+    assert slow.interval_s == 60_000 and slow.public()["cron"] == "0 3 * * *"  # 17 hours: daily
+    plain = RefreshPlan((("mv", False),), ("orders",), refresh_s=0.5)
+    assert plain.commands() == ("REFRESH MATERIALIZED VIEW mv",)
+    assert "blocks reads of the view" in "\n".join(plain.lines())

@@ -89,8 +89,11 @@ async def test_overhead_script(sandbox: SandboxServer) -> None:
 async def test_service_script(sandbox: SandboxServer) -> None:
     data = await script("service.py", "--tasks", "2", "--workers", "1,2", "--runs", "1",
                         "--scale", "small")
-    assert set(data) == {"tasks_per_min", "speedup", "sse_p50_ms", "sse_p95_ms", "events"}
+    assert set(data) == {"tasks_per_min", "speedup", "sse_p50_ms", "sse_p95_ms", "events",
+                         "phases_s_per_task"}
     assert set(data["tasks_per_min"]) == {"1", "2"} and data["speedup"]["1"] == 1.0
+    assert set(data["phases_s_per_task"]) == {"1", "2"}
+    assert all(data["phases_s_per_task"][n]["benchmark"] > 0 for n in ("1", "2"))
     assert all(v > 0 for v in data["tasks_per_min"].values())
     assert data["events"] > 0 and data["sse_p95_ms"] >= data["sse_p50_ms"] >= 0
     assert sandbox.status().running

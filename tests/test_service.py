@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from afs.config import Settings
-from afs.errors import ConfigError
+from afs.errors import AfsError, ConfigError
 from afs.forks.provider import LocalForkProvider
 from afs.models import TaskResult
 from afs.optimize import new_task_id
@@ -373,3 +373,105 @@ async def test_a_worker_reaches_forks_over_streamable_http_with_a_token(
         assert done.status == "completed", done.error
         forks = await store.forks(live=False, task_id=task.id)
         assert forks and all(f["destroyed_at"] for f in forks)
+
+
+async def submitted(store: Any, priority: str = "normal") -> Any:
+    return await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
+                              task_type="query_optimization", priority=priority, provider="heuristic",
+                              weights=None, runs=1)
+
+
+async def test_an_appended_event_wakes_the_listeners_of_its_task_only(store_db: str) -> None:
+    from afs.events import Event
+
+    async with open_store(store_db) as store, open_store(store_db) as writer:
+        mine, other = await submitted(store), await submitted(store)
+        async with store.listen() as listener:
+            await writer.append_events([Event("note", other.id)])  # another process's write, another task
+            with trio.move_on_after(0.5) as quiet:
+                await listener.wait_for(mine.id)
+            assert quiet.cancelled_caught, "an event of another task woke the listener"
+            await writer.append_events([Event("note", mine.id)])
+            with trio.fail_after(30):  # the notification, not a poll: wait_for never reads the table
+                await listener.wait_for(mine.id)
+            await writer.cancel(mine.id)  # a status change appends its event in the same transaction
+            with trio.fail_after(30):
+                await listener.wait_for(mine.id)
+            await writer.conn.execute("SELECT pg_terminate_backend(%s)", (listener.raw.info.backend_pid,))
+            with trio.fail_after(30), pytest.raises(AfsError):  # lost: said at once (the stream polls)
+                await listener.wait_for(mine.id)
+
+
+async def test_sse_streams_events_written_by_another_process_and_resumes_after_one(
+        nursery: trio.Nursery, settings: Settings, store_db: str) -> None:
+    from afs.events import Event
+
+    url = await start(nursery, settings, store_db, workers=0)  # nobody runs the task: we write its events
+    async with open_store(store_db) as writer, httpx.AsyncClient(base_url=url, timeout=60) as http:
+        task = await submitted(writer)
+        opened, arrived = trio.Event(), trio.Event()
+
+        def note(event: dict[str, Any]) -> None:
+            opened.set()
+            if event["kind"] == "note":
+                arrived.set()
+
+        async with trio.open_nursery() as watchers:
+            events: list[list[dict[str, Any]]] = []
+
+            async def watch() -> None:
+                events.append(await read_events(http, task.id, seen=note))
+
+            watchers.start_soon(watch)
+            with trio.fail_after(30):
+                await opened.wait()  # the stream is open: task_queued came through
+            await writer.append_events([Event("note", task.id, data={"n": 1})])
+            with trio.fail_after(30):
+                await arrived.wait()
+            await writer.cancel(task.id)  # queued: cancelled at once, the stream ends
+        kinds = [e["kind"] for e in events[0]]
+        assert kinds == ["task_queued", "note", "task_finished"]
+        resumed = await read_events(http, task.id, last_id=events[0][0]["id"])
+        assert [e["kind"] for e in resumed] == ["note", "task_finished"]
+
+
+async def test_serve_without_workers_still_recovers_the_tasks_of_dead_workers(
+        nursery: trio.Nursery, settings: Settings, store_db: str, provider: LocalForkProvider) -> None:
+    from afs.forks.naming import fork_name
+
+    async with open_store(store_db) as store:
+        task = await submitted(store)
+        claimed = await store.claim("remote-worker-gone", lease_s=1, task_id=task.id)
+        assert claimed is not None
+        fork = await provider.fork("afs_demo", fork_name("strategist", task.id))  # left by the dead worker
+        configured = settings.with_(store_url=store_db)
+        await nursery.start(partial(run_service, configured, bind="127.0.0.1:0", workers=0, lease_s=2))
+        with trio.fail_after(90):
+            while (await store.get(task.id)).status != "queued":  # noqa: ASYNC110 - another task writes it
+                await trio.sleep(0.1)
+        expired = next(e for e in await store.events(task.id) if e.kind == "lease_expired")
+        assert expired.data["worker"] == "remote-worker-gone"
+        assert expired.data["recovered_by"].startswith("serve-recovery-")
+        requeued = next(e for e in await store.events(task.id) if e.kind == "task_requeued")
+        assert "1 fork(s) collected" in requeued.data["reason"]
+    assert fork.name not in {f["name"] for f in (await provider.list_services())["forks"]}
+
+
+async def test_a_client_that_leaves_mid_stream_leaves_no_listening_connection(
+        nursery: trio.Nursery, settings: Settings, store_db: str) -> None:
+    url = await start(nursery, settings, store_db, workers=0)
+    listening = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                 " AND query = 'LISTEN afs_events'")
+    async with open_store(store_db) as store, httpx.AsyncClient(base_url=url, timeout=60) as http:
+        task = await submitted(store)
+        for _ in range(3):
+            with trio.CancelScope() as leave:
+                async with http.stream("GET", f"/v1/tasks/{task.id}/events") as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("id:"):  # the first event came: the stream listens
+                            assert await store.conn.fetchval(listening) >= 1
+                            leave.cancel()  # and the client goes away
+        with trio.fail_after(30):
+            while await store.conn.fetchval(listening):  # noqa: ASYNC110 - the server closes it
+                await trio.sleep(0.05)
+        await store.cancel(task.id)

@@ -1,4 +1,5 @@
-"""Applying a task's winner to the target database: plan (pure), target (I/O), audit, run."""
+"""Applying a task's winner to the target database: plan (pure), resolve (which database, pure),
+target (I/O), audit, run."""
 
 from afs.apply.plan import ApplyPlan, plan_winner, render_plan
 from afs.apply.run import apply_winner, load_plan, rollback_task

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from afs.apply.resolve import apply_target
 from afs.apply.run import apply_winner, load_plan, prepare_apply
 from afs.config import Settings
 from afs.errors import InputError
@@ -40,15 +41,9 @@ OPENAPI_PATH: dict[str, Any] = {
 
 
 async def target_of(store: Store, settings: Settings, task_id: str, dsn: str | None) -> str:
-    """The database to apply to: `dsn`, else the task's DSN, else its database in the sandbox."""
-    if dsn:
-        return dsn
+    """The database to apply to: `dsn`, else the task's DSN (resolved), else its sandbox database."""
     task = await store.get(task_id)
-    if task.dsn:
-        return task.dsn
-    from afs.sandbox.server import dsn_for
-
-    return dsn_for(settings, task.source or settings.demo_database)
+    return apply_target(settings, dsn=dsn, task_dsn=task.dsn, source=task.source)
 
 
 def apply_routes(store: Store, settings: Settings) -> list[Route]:

@@ -13,7 +13,7 @@ the plan T3 (blocked), whatever the stored verdict said.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,40 +48,61 @@ _LOCKS: dict[str, str] = {
 NAME_MAX = 63  # PostgreSQL's identifier length
 
 
-def partitioned_steps(step: Step, partitions: Sequence[str]) -> tuple[Step, ...]:
+def partitioned_steps(step: Step, tree: Mapping[str, Sequence[str]]) -> tuple[Step, ...]:
     """An index on a partitioned table, the way CONCURRENTLY can build it (plain CONCURRENTLY
-    is refused there): the same index CONCURRENTLY on each partition, then the parent's index
-    ON ONLY (invalid until complete) and each partition's attached to it.
+    is refused there), at any depth of sub-partitioning. `tree` maps each partitioned table
+    of the tree (the root as `step.table` names it) to its partitions, in order.
 
-    The order lets the rollback run backwards: dropping the parent's index drops the attached
-    ones; a partition's index not yet attached is dropped CONCURRENTLY by itself.
+    Steps: the same index CONCURRENTLY on every leaf partition; then ON ONLY (nothing is
+    built, invalid until complete) on each partitioned table, the deepest first and the
+    root last; then the attachments bottom-up, each partition's index to its parent's (a
+    sub-partitioned table's index becomes valid once its own are attached, then is attached
+    in turn). The rollback runs backwards: dropping the root's index drops every index
+    attached under it; whatever was not attached yet is dropped by its own step.
     """
     assert step.kind == "index" and step.name and step.table
-    parent_name = _last_part(step.name)
-    children: list[Step] = []
+    root_name = _last_part(step.name)
+    leaves: list[Step] = []
+    parents: list[Step] = []
     attaches: list[Step] = []
     used: set[str] = set()
-    for partition in partitions:
-        child_name = f"{parent_name}_{_last_part(partition)}"[:NAME_MAX]
-        if child_name in used:
-            child_name = f"{child_name[:NAME_MAX - 6]}_{len(used)}"
-        used.add(child_name)
+
+    def index_on(table: str, name: str, *, concurrent: bool) -> tuple[str, ast.IndexStmt]:
         stmt = parse_sql(step.sql)[0].stmt
         assert isinstance(stmt, ast.IndexStmt)
-        schema, _, rel = partition.rpartition(".")
-        stmt.relation = ast.RangeVar(schemaname=schema or None, relname=rel, inh=True)
-        stmt.idxname = child_name
-        child = f"{schema}.{child_name}" if schema else child_name
-        children.append(Step("index", RawStream()(stmt), _LOCKS["index"],
-                             f"DROP INDEX CONCURRENTLY IF EXISTS {child}", partition, step.columns, child))
-        attaches.append(Step("attach", f"ALTER INDEX {step.name} ATTACH PARTITION {child}", _LOCKS["attach"]))
+        schema, _, rel = table.rpartition(".")
+        stmt.relation = ast.RangeVar(schemaname=schema or None, relname=rel, inh=concurrent)  # ON ONLY
+        stmt.idxname = name
+        stmt.concurrent = concurrent
+        return (f"{schema}.{name}" if schema else name), stmt
+
+    def visit(table: str, index: str) -> None:
+        for partition in tree.get(table, ()):
+            child_name = f"{root_name}_{_last_part(partition)}"[:NAME_MAX]
+            if child_name in used:
+                child_name = f"{child_name[:NAME_MAX - 6]}_{len(used)}"
+            used.add(child_name)
+            if partition in tree:  # partitioned itself: its own ON ONLY index, its partitions first
+                child, stmt = index_on(partition, child_name, concurrent=False)
+                visit(partition, child)
+                parents.append(Step("index_parent", RawStream()(stmt), _LOCKS["index_parent"],
+                                    f"DROP INDEX IF EXISTS {child}", partition, step.columns, child))
+            else:
+                child, stmt = index_on(partition, child_name, concurrent=True)
+                leaves.append(Step("index", RawStream()(stmt), _LOCKS["index"],
+                                   f"DROP INDEX CONCURRENTLY IF EXISTS {child}", partition, step.columns,
+                                   child))
+            attaches.append(Step("attach", f"ALTER INDEX {index} ATTACH PARTITION {child}",
+                                 _LOCKS["attach"]))
+
+    visit(step.table, step.name)
     stmt = parse_sql(step.sql)[0].stmt
     assert isinstance(stmt, ast.IndexStmt) and stmt.relation is not None
     stmt.concurrent = False
     stmt.relation.inh = False  # ON ONLY
-    parent = Step("index_parent", RawStream()(stmt), _LOCKS["index_parent"],
-                  f"DROP INDEX IF EXISTS {step.name}", step.table, step.columns, step.name)
-    return (*children, parent, *attaches)
+    root = Step("index_parent", RawStream()(stmt), _LOCKS["index_parent"],
+                f"DROP INDEX IF EXISTS {step.name}", step.table, step.columns, step.name)
+    return (*leaves, *parents, root, *attaches)
 
 
 def _last_part(name: str) -> str:
@@ -97,6 +118,111 @@ class Step:
     table: str | None = None  # the table an index or statistics object is on (as written)
     columns: tuple[str, ...] = ()  # the plain columns it names
     name: str | None = None  # the object it creates (index, statistics, view), as written
+    reads: tuple[str, ...] = ()  # a materialized view's: the tables its query reads
+    unique: bool = False  # a UNIQUE index (a view with one refreshes CONCURRENTLY)
+
+
+@dataclass(frozen=True)
+class RefreshPlan:
+    """How to keep a materialized view fresh: the command, and a schedule derived from how long
+    a refresh takes (the build measured in the fork) and how fast the tables it reads change
+    (sampled on the target by `afs.apply.target.measure_writes`; None until then).
+
+    The interval is the time it takes 1 % of the rows it reads to change (STALE_SHARE),
+    kept between a refresh cost of at most 1 % of the time (COST_SHARE: at least 100 ×
+    the refresh time, and 5 minutes) and a day.
+    """
+
+    views: tuple[tuple[str, bool], ...]  # (view, has a unique index: CONCURRENTLY possible)
+    reads: tuple[str, ...]
+    refresh_s: float
+    writes_per_s: float | None = None  # rows inserted, updated or deleted per second, sampled
+    rows: int | None = None  # rows of the tables it reads
+    sampled_s: float = 0.0
+
+    @property
+    def cost_floor_s(self) -> float:
+        return max(REFRESH_MIN_S, self.refresh_s / COST_SHARE)
+
+    @property
+    def stale_s(self) -> float | None:
+        """How long until STALE_SHARE of the rows it reads have changed (None: unknown or never)."""
+        if not self.writes_per_s or self.rows is None:
+            return None
+        return STALE_SHARE * max(self.rows, 1) / self.writes_per_s
+
+    @property
+    def interval_s(self) -> float:
+        if self.writes_per_s is None:  # not sampled: the cost alone
+            return self.cost_floor_s
+        stale = self.stale_s
+        if stale is None:  # nothing written while sampled
+            return REFRESH_MAX_S
+        return min(REFRESH_MAX_S, max(self.cost_floor_s, stale))
+
+    def commands(self) -> tuple[str, ...]:
+        return tuple(f"REFRESH MATERIALIZED VIEW {'CONCURRENTLY ' if unique else ''}{view}"
+                     for view, unique in self.views)
+
+    def lines(self) -> tuple[str, ...]:
+        interval, cron = _every(self.interval_s)
+        why = [f"a refresh takes about {self.refresh_s:.2f} s, as the build did in the fork"]
+        if self.writes_per_s is None:
+            why.append("the write rate of the tables it reads is measured when the plan meets the target")
+        elif self.stale_s is None:
+            why.append(f"no rows of {', '.join(self.reads)} changed in the {self.sampled_s:.0f} s sampled: "
+                       "refresh after each data load, or daily")
+        else:
+            why.append(f"{', '.join(self.reads)} change {self.writes_per_s:.1f} rows/s (sampled "
+                       f"{self.sampled_s:.0f} s) of about {self.rows} rows: 1 % of them change in "
+                       f"{_duration(self.stale_s)}")
+            if self.stale_s < self.cost_floor_s:
+                why.append(f"refreshing that often would spend over {COST_SHARE:.0%} of the time refreshing: "
+                           f"every {_duration(self.cost_floor_s)} at most (or use an index, not a view)")
+        out = ["refresh plan: the view is a snapshot of the tables it reads, stale until refreshed:"]
+        for (_, unique), command in zip(self.views, self.commands(), strict=True):
+            out.append(f"  {command};" + ("" if unique else
+                       "   -- no unique index: blocks reads of the view while it runs"))
+        out.append(f"  suggested schedule: every {interval} ({'; '.join(why)})")
+        for command in self.commands():
+            name = command.rsplit(" ", 1)[1].replace(".", "_")
+            out.append(f"  with pg_cron: SELECT cron.schedule('afs_refresh_{name}', '{cron}', '{command}');")
+        return tuple(out)
+
+    def public(self) -> dict[str, object]:
+        return {"commands": list(self.commands()), "interval_s": round(self.interval_s),
+                "cron": _every(self.interval_s)[1], "refresh_s": round(self.refresh_s, 3),
+                "writes_per_s": None if self.writes_per_s is None else round(self.writes_per_s, 2),
+                "rows": self.rows, "reads": list(self.reads), "sampled_s": self.sampled_s}
+
+
+COST_SHARE = 0.01  # refreshing may take at most this share of the time
+STALE_SHARE = 0.01  # refresh by the time this share of the rows it reads has changed
+REFRESH_MIN_S = 300.0
+REFRESH_MAX_S = 86_400.0
+
+
+def _every(seconds: float) -> tuple[str, str]:
+    """A cron-friendly interval at least `seconds` long: its text and its cron expression."""
+    minutes = max(1, int(seconds / 60 + 0.999))
+    if minutes < 60:
+        step = next(m for m in (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60) if m >= minutes)
+        if step < 60:
+            return f"{step} minutes", f"*/{step} * * * *"
+    hours = (minutes + 59) // 60
+    if hours < 24:
+        step = next(h for h in (1, 2, 3, 4, 6, 8, 12, 24) if h >= hours)
+        if step < 24:
+            return (f"{step} hours" if step > 1 else "hour"), f"0 */{step} * * *"
+    return "day", "0 3 * * *"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds / 3600:.1f} hours"
 
 
 @dataclass(frozen=True)
@@ -116,6 +242,7 @@ class ApplyPlan:
     advice: tuple[str, ...] = ()  # what a person does by hand (rewrites, settings, partitioning)
     refused: tuple[str, ...] = ()  # the validator's reasons (T3)
     rewritten_query: str | None = None  # what the application runs instead (a view's reader)
+    refresh: RefreshPlan | None = None  # a materialized view's: how to keep it fresh
 
     @property
     def verify_query(self) -> str:
@@ -139,6 +266,7 @@ class ApplyPlan:
             "build_s": round(self.build_s, 3), "storage_mb": round(self.storage_mb, 2),
             "improvement_pct": round(self.improvement_pct, 1), "fork_ms": self.fork_ms,
             "advice": list(self.advice), "refused": list(self.refused),
+            "refresh": None if self.refresh is None else self.refresh.public(),
         }
 
 
@@ -173,7 +301,7 @@ def _step(command: str) -> Step:
         columns = tuple(e.name for e in stmt.indexParams or () if isinstance(e, ast.IndexElem) and e.name)
         return Step("index", RawStream()(stmt), _LOCKS["index"],
                     f"DROP INDEX CONCURRENTLY IF EXISTS {RawStream()(_name_node(name))}" if name else None,
-                    table, columns, name)
+                    table, columns, name, unique=bool(stmt.unique))
     if isinstance(stmt, ast.CreateStatsStmt):
         parts = [p.sval or "" for p in stmt.defnames or () if isinstance(p, ast.String)]
         rels = [r for r in stmt.relations or () if isinstance(r, ast.RangeVar)]
@@ -189,10 +317,33 @@ def _step(command: str) -> Step:
         assert stmt.into is not None
         name = _qualified(stmt.into.rel)
         return Step("matview", command, _LOCKS["matview"], f"DROP MATERIALIZED VIEW IF EXISTS {name}",
-                    name=name)
+                    name=name, reads=_tables_read(stmt.query, name))
     if isinstance(stmt, ast.RefreshMatViewStmt):
         return Step("refresh", command, _LOCKS["refresh"])
     raise InputError(f"no way to apply {command!r}")  # pragma: no cover - validate_proposal refuses it
+
+
+def _tables_read(query: ast.Node | None, own: str | None) -> tuple[str, ...]:
+    """The tables a view's query reads (the names of its CTEs left out)."""
+    found: dict[str, None] = {}
+    ctes: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, ast.CommonTableExpr) and node.ctename:
+            ctes.add(node.ctename)
+        if isinstance(node, ast.RangeVar):
+            name = _qualified(node)
+            if name and name != own:
+                found[name] = None
+        elif isinstance(node, ast.Node):
+            for attr in node:
+                walk(getattr(node, attr))
+        elif isinstance(node, tuple | list):
+            for item in node:
+                walk(item)
+
+    walk(query)
+    return tuple(name for name in found if name not in ctes)
 
 
 def _name_node(name: str) -> ast.RangeVar:
@@ -250,27 +401,19 @@ def plan_winner(result: TaskResult) -> ApplyPlan:
     if not steps:
         plan_kind: PlanKind = "settings" if proposal.settings and not proposal.rewritten_query else "rewrite"
         return ApplyPlan(kind=plan_kind, tier="T0", advice=tuple(advice), **common)  # type: ignore[arg-type]
+    refresh = None
     if any(s.kind == "matview" for s in steps):
         plan_kind = "materialized_view"
-        views = [s.name for s in steps if s.kind == "matview"]
-        advice.extend([
-            "refresh plan: the view is a snapshot; refresh it as often as the query tolerates stale rows:",
-            *(f"  REFRESH MATERIALIZED VIEW CONCURRENTLY {v};   -- needs a unique index on it; "
-              f"else without CONCURRENTLY (blocks reads of the view while it runs)" for v in views),
-            f"  suggested schedule: every {_schedule(bench.apply_s)} (the build took {bench.apply_s:.1f} s "
-            "in the fork), e.g. from cron or pg_cron",
-        ])
+        unique = {_last_part(s.table) for s in steps if s.kind == "index" and s.unique and s.table}
+        views = tuple((s.name, _last_part(s.name) in unique) for s in steps if s.kind == "matview" and s.name)
+        reads = tuple(dict.fromkeys(t for s in steps if s.kind == "matview" for t in s.reads))
+        refresh = RefreshPlan(views, reads, refresh_s=bench.apply_s)
     elif any(s.kind == "statistics" for s in steps):
         plan_kind = "statistics"
     else:
         plan_kind = "index"
-    return ApplyPlan(kind=plan_kind, tier="T2", steps=steps, advice=tuple(advice), **common)  # type: ignore[arg-type]
-
-
-def _schedule(build_s: float) -> str:
-    """A refresh interval that keeps refreshing under ~1 % of the time."""
-    minutes = max(5, int(build_s * 100 / 60 + 0.999))
-    return f"{minutes} minutes" if minutes < 60 else f"{(minutes + 59) // 60} hours"
+    return ApplyPlan(kind=plan_kind, tier="T2", steps=steps, advice=tuple(advice), refresh=refresh,
+                     **common)  # type: ignore[arg-type]
 
 
 def render_plan(plan: ApplyPlan) -> str:
@@ -290,5 +433,7 @@ def render_plan(plan: ApplyPlan) -> str:
     out.extend(f"warning: {w}" for w in plan.warnings)
     out.extend(f"refused: {r}" for r in plan.refused)
     out.extend(plan.advice)
+    if plan.refresh is not None:
+        out.extend(plan.refresh.lines())
     return "\n".join(out)
 

@@ -16,8 +16,9 @@ import trio
 
 from afs.apply import audit
 from afs.apply.plan import ApplyPlan, plan_winner
+from afs.apply.resolve import same_database
 from afs.apply.target import Progress, apply_plan, prepare, run_rollback
-from afs.errors import AfsError, InputError
+from afs.errors import AfsError, InputError, scrub
 from afs.store import Store
 
 
@@ -100,6 +101,9 @@ async def rollback_task(store: Store, task_id: str, target_dsn: str, approver: s
     previous = await audit.applied(store, task_id)
     if previous is None:
         raise InputError(f"task {task_id} has nothing applied to roll back (see `afs audit`)")
+    if not same_database(target_dsn, previous["target"]):
+        raise InputError(f"task {task_id} was applied on {previous['target']}, not on "
+                         f"{scrub(target_dsn)}: a rollback runs where the apply ran")
     statements = list(previous["rollback_sql"])
     outcome = await run_rollback(statements, target_dsn, progress)
     await audit.record(store, task_id=task_id, action="rollback", approver=approver, target=target_dsn,

@@ -5,9 +5,11 @@ taken with pg_try_advisory_lock so a second apply is refused at once instead of 
 Indexes are built CONCURRENTLY, one statement at a time, on an autocommit connection with
 no statement timeout (a build takes what it takes; Ctrl-C cancels it on the server).
 
-Before anything runs, the target is checked against the plan (`preflight`): every table
-and column the plan names exists, no table is partitioned (CONCURRENTLY is refused there),
-and nothing it would create exists already. After the build, `verify`: each index is valid
+An index on a partitioned table (CONCURRENTLY is refused there) is first expanded for this
+target (`expand`): CONCURRENTLY on every leaf partition, ON ONLY on each partitioned table,
+attached bottom-up, at any depth. Before anything runs, the target is checked against the
+plan (`preflight`): every table and column the plan names exists, and nothing it would
+create exists already. After the build, `verify`: each index of the tree is valid
 (`indisvalid`), the query's plan on the target uses it (EXPLAIN, no ANALYZE), and the query
 is measured read-only (a READ ONLY transaction) before and after. A failed build leaves an
 invalid index behind: it is dropped (DROP INDEX CONCURRENTLY) and reported; a failed
@@ -19,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -138,9 +140,34 @@ async def preflight(conn: Connection, plan: ApplyPlan) -> None:
             raise InputError(f"statistics {step.name} already exist on the target (applied already?)")
 
 
+_PARTITION_TREE = """
+WITH RECURSIVE tree AS (
+    SELECT inhparent, inhrelid FROM pg_inherits WHERE inhparent = to_regclass(%s)
+    UNION ALL
+    SELECT i.inhparent, i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.inhrelid
+)
+SELECT tree.inhparent = to_regclass(%s), p.oid::regclass::text, c.oid::regclass::text, c.relkind
+FROM tree JOIN pg_class p ON p.oid = tree.inhparent JOIN pg_class c ON c.oid = tree.inhrelid
+ORDER BY 2, 3"""
+
+
+async def partition_tree(conn: Connection, table: str) -> dict[str, list[str]]:
+    """Each partitioned table under `table` (itself as written) → its partitions, at every depth."""
+    tree: dict[str, list[str]] = {table: []}
+    for is_root, parent, child, relkind in await conn.fetchall(_PARTITION_TREE, (table, table)):
+        if relkind == "f":
+            raise InputError(f"{child}, a partition of {table}, is a foreign table: it cannot be indexed "
+                             "here (build the index by hand, leaving it out)")
+        tree.setdefault(table if is_root else parent, []).append(child)
+        if relkind == "p":
+            tree.setdefault(child, [])
+    return tree
+
+
 async def expand(conn: Connection, plan: ApplyPlan) -> ApplyPlan:
-    """The plan as it runs on this target: an index on a partitioned table becomes one index
-    per partition (CONCURRENTLY), the parent's ON ONLY and the attachments (`partitioned_steps`)."""
+    """The plan as it runs on this target: an index on a partitioned table becomes one index per
+    leaf partition (CONCURRENTLY), ON ONLY on each partitioned table of the tree and the
+    attachments, bottom-up (`partitioned_steps`), however deep the sub-partitioning goes."""
     steps: list[Step] = []
     for step in plan.steps:
         relkind = None
@@ -150,21 +177,44 @@ async def expand(conn: Connection, plan: ApplyPlan) -> ApplyPlan:
         if relkind != "p":
             steps.append(step)
             continue
-        rows = await conn.fetchall(
-            "SELECT c.oid::regclass::text, c.relkind FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-            " WHERE i.inhparent = to_regclass(%s) ORDER BY 1", (step.table,))
-        if any(kind == "p" for _, kind in rows):
-            raise InputError(f"{step.table} has partitions that are partitioned themselves: build the index "
-                             "level by level by hand (afs apply handles one level of partitions)")
-        steps.extend(partitioned_steps(step, [name for name, _ in rows]))
+        steps.extend(partitioned_steps(step, await partition_tree(conn, step.table or "")))
     return replace(plan, steps=tuple(steps))
 
 
-async def prepare(plan: ApplyPlan, target_dsn: str) -> ApplyPlan:
-    """The plan for this target, checked against it (`expand`, then `preflight`); changes nothing."""
+_WRITES = """
+WITH named AS (SELECT to_regclass(n) AS rel FROM unnest(%s::text[]) n),
+rels AS (SELECT rel AS relid FROM named WHERE rel IS NOT NULL
+         UNION SELECT t.relid FROM named, pg_partition_tree(named.rel) t WHERE named.rel IS NOT NULL)
+SELECT coalesce(sum(s.n_tup_ins + s.n_tup_upd + s.n_tup_del), 0)::bigint,
+       coalesce(sum(greatest(c.reltuples, s.n_live_tup, 0)), 0)::bigint
+FROM rels JOIN pg_class c ON c.oid = rels.relid LEFT JOIN pg_stat_user_tables s ON s.relid = rels.relid"""
+WRITE_SAMPLE_S = 5.0  # how long the write rate of a view's tables is sampled before approval
+
+
+async def measure_writes(conn: Connection, tables: Sequence[str],
+                         sample_s: float = WRITE_SAMPLE_S) -> tuple[float, int]:
+    """Rows per second inserted, updated or deleted in `tables` (and their partitions) over
+    `sample_s` on the target, from the statistics counters; and how many rows they hold.
+    (The counters of other sessions reach the statistics within about a second.)"""
+    before = await conn.fetchone(_WRITES, (list(tables),))
+    started = trio.current_time()
+    await trio.sleep(sample_s)
+    after = await conn.fetchone(_WRITES, (list(tables),))
+    assert before is not None and after is not None
+    elapsed = trio.current_time() - started
+    return max(0, after[0] - before[0]) / elapsed, int(after[1])
+
+
+async def prepare(plan: ApplyPlan, target_dsn: str, sample_s: float = WRITE_SAMPLE_S) -> ApplyPlan:
+    """The plan for this target, checked against it (`expand`, then `preflight`); a materialized
+    view's refresh schedule gets the write rate of the tables it reads. Changes nothing."""
     async with open_connection(target_dsn) as conn:
         expanded = await expand(conn, plan)
         await preflight(conn, expanded)
+        if expanded.refresh is not None and expanded.refresh.reads:
+            rate, rows = await measure_writes(conn, expanded.refresh.reads, sample_s)
+            expanded = replace(expanded, refresh=replace(expanded.refresh, writes_per_s=rate, rows=rows,
+                                                         sampled_s=sample_s))
     return expanded
 
 

@@ -38,11 +38,11 @@ from afs.apply.api import OPENAPI_PATH as _APPLY_PATH
 from afs.apply.api import apply_routes
 from afs.asgi import check_bind, require_token
 from afs.config import Settings
-from afs.errors import InputError, UnknownTaskError
+from afs.errors import AfsError, InputError, UnknownTaskError
 from afs.models import StatementParameters
 from afs.optimize import new_task_id
 from afs.service.runner import relayed_cancellation
-from afs.service.worker import open_runtime, run_worker, worker_name
+from afs.service.worker import open_runtime, run_recovery, run_worker, worker_name
 from afs.store import Store, open_store, store_url
 from afs.store.store import STATUSES
 from afs.web import OPENAPI_PATHS as _WEB_PATHS
@@ -54,7 +54,7 @@ PRIORITIES = ("high", "normal", "low")
 TASK_TYPES = ("query_optimization", "schema_improvement", "index_recommendation")
 PROVIDERS = ("auto", "heuristic", "gemini")
 _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-EVENT_POLL_S = 0.05
+EVENT_FALLBACK_S = 1.0  # the SSE stream reads the store this often even without a notification
 KEEPALIVE_S = 15.0
 MAX_RUNS = 50
 
@@ -237,23 +237,33 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
 
 
 async def _event_stream(store: Store, task_id: str, after: int) -> AsyncIterator[str]:
+    """The task's events after `after`, then live until it ends: woken by the store's NOTIFY
+    of each appended event (`Store.listen`), and reading anyway every EVENT_FALLBACK_S, so a
+    lost notification (or a listener that broke) costs at most that."""
     last, quiet = after, 0.0
-    while True:
-        events = await store.events(task_id, after=last)
-        for e in events:
-            last = e.id
-            yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(e.public(), default=str)}\n\n"
-        if events:
-            quiet = 0.0
-            continue
-        if (await store.get(task_id)).finished and not await store.events(task_id, after=last):
-            yield "event: end\ndata: {}\n\n"
-            return
-        await trio.sleep(EVENT_POLL_S)
-        quiet += EVENT_POLL_S
-        if quiet >= KEEPALIVE_S:
-            quiet = 0.0
-            yield ": keep-alive\n\n"
+    async with store.listen() as listener:  # listening before the first read: nothing is missed
+        while True:
+            events = await store.events(task_id, after=last)
+            for e in events:
+                last = e.id
+                yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(e.public(), default=str)}\n\n"
+            if events:
+                quiet = 0.0
+                continue
+            if (await store.get(task_id)).finished and not await store.events(task_id, after=last):
+                yield "event: end\ndata: {}\n\n"
+                return
+            started = trio.current_time()
+            try:
+                with trio.move_on_after(EVENT_FALLBACK_S):
+                    await listener.wait_for(task_id)
+            except AfsError as exc:  # the listening connection broke: read on the fallback's clock
+                log.warning("event_listener_failed", task_id=task_id, error=str(exc))
+                await trio.sleep(EVENT_FALLBACK_S)
+            quiet += trio.current_time() - started
+            if quiet >= KEEPALIVE_S:
+                quiet = 0.0
+                yield ": keep-alive\n\n"
 
 
 async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: float,
@@ -275,6 +285,8 @@ async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: f
             shutdown_trigger=never.wait))
         for _ in range(workers):
             nursery.start_soon(_one_worker, settings, url, lease_s)
+        if not workers:  # the workers are elsewhere: this server still recovers their dead tasks
+            nursery.start_soon(run_recovery, settings, url, lease_s)
         from afs.batch.schedule import run_schedules  # `afs schedule`: the stored schedules' batches
 
         await nursery.start(run_schedules, settings, url)

@@ -20,16 +20,19 @@ import structlog
 import trio
 
 from afs.config import Settings
+from afs.errors import AfsError
 from afs.forks.client import open_fork_client
 from afs.optimize import AgentPool, new_task_id
 from afs.router import load_rules
 from afs.service.pool import StorePool
-from afs.service.runner import DEFAULT_LEASE_S, Runtime, collect_forks, run_task
+from afs.service.runner import DEFAULT_LEASE_S, Runtime, collect_forks, relayed_cancellation, run_task
 from afs.store import open_store
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_POLL_S = 0.5
+RECOVER_EVERY_MAX_S = 5.0  # a server without workers looks for expired leases at least this often
+RECOVERY_RETRY_S = 30.0  # ... and tries again this late when it cannot reach the store or fork server
 
 
 def worker_name(label: str = "worker") -> str:
@@ -77,3 +80,36 @@ async def run_worker(rt: Runtime, name: str, *, stop: trio.Event | None = None,
         await run_task(rt, task, name)
         ran += 1
     return ran
+
+
+async def run_recoverer(rt: Runtime, name: str, *, every_s: float | None = None,
+                        stop: trio.Event | None = None) -> None:
+    """Only recovery, every `every_s` (default: half a lease, at most RECOVER_EVERY_MAX_S), until
+    `stop`: what `afs serve --workers 0` runs, so a store whose workers are all on other
+    machines still gets the tasks of dead workers back (forks collected, re-queued or failed)."""
+    every = every_s if every_s is not None else min(rt.lease_s / 2, RECOVER_EVERY_MAX_S)
+    stop = stop or trio.Event()
+    log.info("recoverer_started", worker=name, every_s=every)
+    while not stop.is_set():
+        try:
+            await recover(rt, name)
+        except AfsError as exc:  # the store is away for a moment: look again next time
+            log.warning("recovery_failed", error=str(exc))
+        with trio.move_on_after(every):
+            await stop.wait()
+
+
+async def run_recovery(settings: Settings, store_url: str, lease_s: float = DEFAULT_LEASE_S) -> None:
+    """`afs serve --workers 0`: a store connection and a fork server session for recovery only,
+    until cancelled; when either cannot be opened, it says so and tries again later."""
+    name = worker_name("serve-recovery")
+    while True:
+        try:
+            async with relayed_cancellation() as work, open_runtime(settings, store_url,
+                                                                    lease_s=lease_s) as rt:
+                with work:
+                    await run_recoverer(rt, name)
+            return
+        except AfsError as exc:
+            log.warning("recovery_unavailable", error=str(exc), retry_s=RECOVERY_RETRY_S)
+        await trio.sleep(RECOVERY_RETRY_S)

@@ -13,6 +13,7 @@ SCHEMA = "afs_store"
 LOCK_KEY = 0x0AF5_5702  # pg_advisory_xact_lock key of the migrations
 AGENTS_LOCK_KEY = 0x0AF5_5703  # ... and of agent assignment (the capacity across workers)
 SCHEDULE_LOCK_KEY = 0x0AF5_5704  # pg_try_advisory_lock(key, hashtext(schedule id)): a run going
+EVENTS_CHANNEL = "afs_events"  # NOTIFY channel of appended events; the payload is the task id
 
 
 @dataclass(frozen=True)
@@ -251,5 +252,15 @@ INSERT INTO afs_store.identity DEFAULT VALUES;
     # 400: the workload branch's (explicit parameter sets); numbered apart from the others
     Migration(400, "a task's explicit parameter sets (the batch job's filled $1 … $n)", """
 ALTER TABLE afs_store.tasks ADD COLUMN parameters jsonb;  -- afs.models.StatementParameters (codec)
+"""),
+    # 500: every event appended, whoever writes it, wakes the SSE streams that LISTEN (afs.store.listen)
+    Migration(500, "events notify their channel (LISTEN/NOTIFY wakes the live event streams)", f"""
+CREATE FUNCTION afs_store.notify_event() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{EVENTS_CHANNEL}', NEW.task_id);  -- sent at commit; one per task per transaction
+    RETURN NULL;
+END $$;
+CREATE TRIGGER events_notify AFTER INSERT ON afs_store.events
+    FOR EACH ROW EXECUTE FUNCTION afs_store.notify_event();
 """),
 )

@@ -31,13 +31,13 @@ import trio
 from psycopg.types.json import Jsonb
 
 from afs.config import Settings
-from afs.db import Connection, open_connection, translate
+from afs.db import Connection, connect_sync, open_connection, translate
 from afs.errors import AfsError, InputError, UnknownTaskError, scrub
 from afs.events import Event, Sink
 from afs.models import RoutingDecision, StatementParameters, TaskResult
 from afs.report import to_json
 from afs.store.codec import decode, encode
-from afs.store.migrations import AGENTS_LOCK_KEY, LOCK_KEY, MIGRATIONS, SCHEMA
+from afs.store.migrations import AGENTS_LOCK_KEY, EVENTS_CHANNEL, LOCK_KEY, MIGRATIONS, SCHEMA
 
 log = structlog.get_logger(__name__)
 
@@ -133,11 +133,42 @@ def _transaction(conn: Tx, fn: Any) -> Any:
         raise translate(exc) from exc
 
 
+class EventListener:
+    """A connection that LISTENs on the events' channel: `wait_for(task_id)` returns when an
+    event of that task was appended (by any process).
+
+    The wait is trio's own (the socket becoming readable), so it is cancelled like any trio
+    sleep; the notifications are read without blocking once they are there.
+    """
+
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
+
+    def _drain(self) -> set[str]:
+        try:
+            return {n.payload for n in self.raw.notifies(timeout=0)}
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+    async def wait_for(self, task_id: str) -> None:
+        """Until an event of `task_id` is notified (the caller bounds it: `move_on_after`);
+        DatabaseError when the listening connection is lost."""
+        while True:
+            try:
+                fd = self.raw.fileno()
+            except psycopg.Error as exc:  # closed after an error
+                raise translate(exc) from exc
+            await trio.lowlevel.wait_readable(fd)
+            if task_id in self._drain():
+                return
+
+
 class Store:
     """One connection to the store; every method is one short transaction."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, url: str | None = None) -> None:
         self.conn = conn
+        self.url = url  # where `listen` opens its own connection
 
     async def _tx(self, fn: Any) -> Any:
         return await self.conn.run(lambda raw: _transaction(raw, fn))
@@ -397,6 +428,31 @@ class Store:
                                 " AND agent = %s AND destroyed_at IS NULL", (e.task_id, e.agent))
         await self._tx(insert)
 
+    @asynccontextmanager
+    async def listen(self) -> AsyncIterator[EventListener]:
+        """A connection of its own that LISTENs for appended events (the trigger of migration
+        500 NOTIFYs them at commit), closed on exit. Listen first, then read: an event
+        appended in between is read, and its notification only wakes the reader once more."""
+        if self.url is None:
+            raise AfsError("this store was opened without its URL: it cannot listen")
+        url = self.url
+
+        def connect() -> psycopg.Connection[Any]:
+            raw = connect_sync(url)
+            try:
+                raw.execute(f"LISTEN {EVENTS_CHANNEL}")
+            except psycopg.Error as exc:
+                raw.close()
+                raise translate(exc) from exc
+            return raw
+
+        raw = await trio.to_thread.run_sync(connect)
+        try:
+            yield EventListener(raw)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(raw.close)
+
     async def _append_retrying(self, events: Sequence[Event], worker: str | None) -> None:
         """Once more after a failure (a server-side cancel meant for an interrupted statement
         can land on the next one); then the events are in the log only."""
@@ -577,6 +633,6 @@ def store_url(settings: Settings) -> str:
 async def open_store(url: str) -> AsyncIterator[Store]:
     """Connect to the store and bring its schema up to date."""
     async with open_connection(url) as conn:
-        store = Store(conn)
+        store = Store(conn, url)
         await store.migrate()
         yield store
