@@ -1199,6 +1199,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _reader_left() -> int:
+    """The reader of our output went away (`afs show T | head`): stop quietly, like cat."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+    return 128 + signal.SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -1216,7 +1223,11 @@ def main(argv: list[str] | None = None) -> int:
             progress_done()
             print(f"afs: error: {leaf}", file=sys.stderr)
             return leaf.exit_code
+        if isinstance(leaf, BrokenPipeError):
+            return _reader_left()
         raise
+    except BrokenPipeError:
+        return _reader_left()
     except AfsError as exc:
         progress_done()
         print(f"afs: error: {exc}", file=sys.stderr)

@@ -475,3 +475,16 @@ async def test_a_client_that_leaves_mid_stream_leaves_no_listening_connection(
             while await store.conn.fetchval(listening):  # noqa: ASYNC110 - the server closes it
                 await trio.sleep(0.05)
         await store.cancel(task.id)
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(store_db: str) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # like `afs history | head` once head has gone: every write fails (EPIPE)
+    try:
+        done = subprocess.run([sys.executable, "-m", "afs", "history", "--limit", "5"], stdout=write_end,
+                              stderr=subprocess.PIPE, check=False, timeout=120,
+                              env={**os.environ, "AFS_STORE_URL": store_db})
+    finally:
+        os.close(write_end)
+    assert done.returncode == 128 + signal.SIGPIPE
+    assert b"Traceback" not in done.stderr and b"BrokenPipe" not in done.stderr, done.stderr.decode()
