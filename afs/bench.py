@@ -116,7 +116,8 @@ def timing(samples: Sequence[Sample]) -> Timing:
     median = statistics.median(times)
     middle = min(samples, key=lambda s: abs(s.ms - median))
     return Timing(median_ms=round(median, 3), spread_ms=round((times[-1] - times[0]) / 2, 3),
-                  runs=len(times), buffers=middle.buffers)
+                  runs=len(times), buffers=middle.buffers, min_ms=round(times[0], 3),
+                  max_ms=round(times[-1], 3))
 
 
 def significant(baseline: Sequence[Sample], optimized: Sequence[Sample]) -> bool:

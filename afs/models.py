@@ -234,6 +234,8 @@ class Timing:
     runs: int
     buffers: int  # shared hit + read of the median run
     lower_bound: bool = False  # the run hit its time cap: the true time is at least median_ms
+    min_ms: float | None = None  # the fastest and the slowest run (None in results stored before)
+    max_ms: float | None = None
 
 
 @dataclass(frozen=True)

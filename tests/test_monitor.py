@@ -307,7 +307,16 @@ async def test_a_browser_submits_the_readme_query_and_watches_the_squad(
         drawn = await page.js(f"[...document.querySelectorAll('{card} > .two svg.chart rect.bar.opt')]"
                               ".map(r => [Number(r.dataset.ms), r.getBBox().width])")
         assert sorted(ms for ms, _ in drawn) == pytest.approx(expected) and all(w > 0 for _, w in drawn)
-        assert await page.js(f"document.querySelectorAll('{card} svg.chart line.whisker').length") > 0
+        # whiskers from the fastest to the slowest run, as measured
+        whiskers = f"{card} > .two svg.chart line.whisker.opt[data-from]"
+        spans = await page.js(f"[...document.querySelectorAll('{whiskers}')]"
+                              ".map(l => [Number(l.dataset.from), Number(l.dataset.to)])")
+        runs = sorted((t["optimized"]["min_ms"], t["optimized"]["max_ms"]) for t in timed
+                      if t["optimized"]["spread_ms"] > 0)
+        assert spans and [v for pair in sorted(map(tuple, spans)) for v in pair] == \
+            pytest.approx([v for pair in runs for v in pair])
+        assert all(lo <= t["optimized"]["median_ms"] <= hi for t in timed
+                   for lo, hi in [(t["optimized"]["min_ms"], t["optimized"]["max_ms"])])
         total = await page.js(f"Number(document.querySelector('{card} rect[data-score=total]')"
                               ".getAttribute('width'))")
         assert total > 0

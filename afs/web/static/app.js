@@ -412,6 +412,10 @@ function timingRows(bench) {
   return rows;
 }
 
+// the whiskers: the fastest and the slowest run (results stored before they were kept: median ± half the range)
+const fastest = t => t.min_ms ?? t.median_ms - t.spread_ms;
+const slowest = t => t.max_ms ?? t.median_ms + t.spread_ms;
+
 function drawChart(rows) {
   const timed = rows.filter(r => r.base && r.opt);
   if (!timed.length) return `<p class="muted">Nothing was timed.</p>`;
@@ -419,7 +423,7 @@ function drawChart(rows) {
   const H = top + timed.length * rowH + 8;
   const values = [];
   for (const r of timed) for (const t of [r.base, r.opt]) {
-    values.push(Math.max(t.median_ms + t.spread_ms, 1e-3), Math.max(t.median_ms - t.spread_ms, 1e-3), Math.max(t.median_ms, 1e-3));
+    values.push(Math.max(slowest(t), 1e-3), Math.max(fastest(t), 1e-3), Math.max(t.median_ms, 1e-3));
   }
   const lo = Math.min(...values), hi = Math.max(...values);
   const log = hi / lo > 20;
@@ -450,10 +454,10 @@ function drawChart(rows) {
     [[r.base, "base", y], [r.opt, `opt${r.opt.median_ms > r.base.median_ms ? " worse" : ""}`, y + 16]].forEach(([t, cls, yy]) => {
       const x0 = labelW, x1 = x(t.median_ms);
       parts.push(`<rect class="bar ${cls}" x="${x0}" y="${yy}" width="${Math.max(x1 - x0, 1.5).toFixed(1)}" height="12" rx="2"`
-        + ` data-ms="${t.median_ms}"><title>median ${esc(ms(t.median_ms))}, spread ±${esc(ms(t.spread_ms))} over ${t.runs} runs; ${num(t.buffers)} buffers</title></rect>`);
+        + ` data-ms="${t.median_ms}"><title>median ${esc(ms(t.median_ms))}, runs from ${esc(ms(Math.max(fastest(t), 0)))} to ${esc(ms(slowest(t)))} (${t.runs}); ${num(t.buffers)} buffers</title></rect>`);
       if (t.spread_ms > 0) {
-        const a = x(Math.max(t.median_ms - t.spread_ms, 1e-3)), b = x(t.median_ms + t.spread_ms), c = yy + 6;
-        parts.push(`<line class="whisker" x1="${a}" x2="${b}" y1="${c}" y2="${c}"/>`,
+        const a = x(Math.max(fastest(t), 1e-3)), b = x(slowest(t)), c = yy + 6;
+        parts.push(`<line class="whisker ${cls.split(" ")[0]}" x1="${a}" x2="${b}" y1="${c}" y2="${c}" data-from="${fastest(t)}" data-to="${slowest(t)}"/>`,
                    `<line class="whisker" x1="${a}" x2="${a}" y1="${c - 4}" y2="${c + 4}"/>`,
                    `<line class="whisker" x1="${b}" x2="${b}" y1="${c - 4}" y2="${c + 4}"/>`);
       }
@@ -465,7 +469,7 @@ function drawChart(rows) {
   parts.push("</svg>");
   return `<div class="legend"><span><span class="swatch" style="background:var(--base)"></span>original (baseline)</span>
     <span><span class="swatch" style="background:var(--opt)"></span>with the proposal</span>
-    <span>whiskers: median ± half the min–max range of the runs</span><span>${log ? "log scale" : "linear scale"}</span></div>`
+    <span>whiskers: the fastest and the slowest run</span><span>${log ? "log scale" : "linear scale"}</span></div>`
     + parts.join("");
 }
 
