@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from afs.bench import Budget, StopRule, _significant, benchmark, stop_reason
 from afs.db import Connection, open_connection
 from afs.forks.provider import LocalForkProvider
-from afs.models import EstimatedImpact, OptimizationProposal, QueryVariant
+from afs.models import EstimatedImpact, Measurement, OptimizationProposal, QueryVariant
 
 RULE = StopRule(min_runs=3, max_runs=5)
 
@@ -132,25 +133,47 @@ def suite(sql: str) -> tuple[QueryVariant, ...]:
     return (QueryVariant("baseline", sql, ordered=False, exact=True),)
 
 
+async def measure_index(conn: Connection, sql: str, index_sql: str, name: str, **kw: Any) -> Measurement:
+    """One benchmark of one index proposal, the index dropped afterwards (the next attempt starts clean)."""
+    try:
+        outcome = await benchmark(conn, suite(sql), index_proposal(index_sql.format(name=name)),
+                                  tables=("orders",), **kw)
+    finally:
+        await conn.execute(f"DROP INDEX IF EXISTS {name}")
+    (m,) = outcome.measurements
+    return m
+
+
+# The two tests below are about when measuring stops. Timings on a loaded machine have
+# bursts a run or two long, so each gets three attempts and asserts what every attempt
+# must show (the verdict) and what at least one must show (the stop): a broken stopping
+# rule fails all three; a burst that hides the margin in one attempt does not.
+
 @pytest.mark.usefixtures("no_leaked_forks")
 async def test_an_obvious_index_is_measured_the_minimum_number_of_times(fork_conn: Connection) -> None:
-    outcome = await benchmark(fork_conn, suite(QUERY),
-                              index_proposal("CREATE INDEX bench_orders_user ON orders (user_id)"),
-                              tables=("orders",), runs=5, min_runs=3)
-    (m,) = outcome.measurements
-    assert m.equivalent and m.significant and m.stopped == "separated"
-    assert m.baseline.runs == m.optimized.runs == 3
-    assert m.optimized.median_ms < m.baseline.median_ms
+    attempts = []
+    for n in range(3):
+        m = await measure_index(fork_conn, QUERY, "CREATE INDEX {name} ON orders (user_id)",
+                                f"bench_orders_user_{n}", runs=5, min_runs=3)
+        assert m.equivalent and m.significant and m.optimized.median_ms < m.baseline.median_ms
+        assert m.baseline.runs == m.optimized.runs
+        attempts.append((m.stopped, m.baseline.runs))
+        if m.stopped == "separated":
+            break
+    assert ("separated", 3) in attempts, attempts
 
 
 @pytest.mark.usefixtures("no_leaked_forks")
 async def test_a_useless_index_stops_within_the_noise_or_at_the_maximum(fork_conn: Connection) -> None:
-    outcome = await benchmark(fork_conn, suite(SLOW_SCAN),
-                              index_proposal("CREATE INDEX bench_country ON orders (shipping_country)"),
-                              tables=("orders",), runs=6, min_runs=3)
-    (m,) = outcome.measurements
-    assert m.stopped in ("overlap", "max_runs")
-    assert 3 <= m.optimized.runs <= 6 and m.baseline.runs == m.optimized.runs
+    attempts = []
+    for n in range(3):
+        m = await measure_index(fork_conn, SLOW_SCAN, "CREATE INDEX {name} ON orders (shipping_country)",
+                                f"bench_country_{n}", runs=6, min_runs=3)
+        assert 3 <= m.optimized.runs <= 6 and m.baseline.runs == m.optimized.runs
+        attempts.append(m.stopped)
+        if m.stopped in ("overlap", "max_runs"):
+            break
+    assert attempts[-1] in ("overlap", "max_runs"), attempts
 
 
 @pytest.mark.usefixtures("no_leaked_forks")
