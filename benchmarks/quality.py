@@ -322,10 +322,31 @@ class Config:
     note: str = ""
     own_fork: bool = False  # its changes cannot be hidden: measured in a fork of its own
     definitions: list[str] = field(default_factory=list)  # what it created, without object names
+    per_run: tuple[str, ...] = ()  # statements run inside each run's transaction (statistics)
+
+    def __post_init__(self) -> None:
+        self.ddl, per_run = split_statistics(self.ddl)
+        self.per_run = self.per_run or per_run
 
     @property
     def median_ms(self) -> float | None:
         return timing(self.samples).median_ms if self.samples else None
+
+
+_SET_STATISTICS = re.compile(r"\bSET\s+STATISTICS\b", re.IGNORECASE)
+_ANALYZE = re.compile(r"^\s*ANALYZE\b", re.IGNORECASE)
+
+
+def split_statistics(ddl: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the DDL applied once, the statements run inside each run's transaction). A change of a
+    column's statistics target and the ANALYZE that rebuilds the statistics with it change what
+    every configuration in the fork plans with, and they cannot be hidden by dropping an object:
+    they run inside each of this configuration's runs instead, and roll back with it (ANALYZE runs
+    in a transaction block; its new statistics are rolled back too)."""
+    if not any(_SET_STATISTICS.search(s) for s in ddl):
+        return tuple(ddl), ()
+    per_run = tuple(s for s in ddl if _SET_STATISTICS.search(s) or _ANALYZE.match(s))
+    return tuple(s for s in ddl if s not in per_run), per_run
 
 
 _OBJECTS = """
@@ -415,15 +436,19 @@ def same_fix(a: Config, b: Config) -> bool:
     def settings(c: Config) -> dict[str, str]:
         return {k.lower(): v.strip("'").lower() for k, v in c.settings.items()}
 
+    def per_run(c: Config) -> list[str]:
+        return sorted(normalized_sql(s) for s in c.per_run)
+
     return (a.error is None and b.error is None and a.definitions == b.definitions
+            and per_run(a) == per_run(b)
             and normalized_sql(a.query) == normalized_sql(b.query) and settings(a) == settings(b))
 
 
 async def in_transaction(conn: Connection, hide: Sequence[str], settings: Mapping[str, str],
-                         sql: str, fetch: bool) -> Any:
+                         sql: str, fetch: bool, per_run: Sequence[str] = ()) -> Any:
     await conn.execute("BEGIN")
     try:
-        for statement in hide:
+        for statement in (*hide, *per_run):
             await conn.execute(statement)
         for name, value in settings.items():
             await conn.execute(f"SET LOCAL {name} = {value}")
@@ -436,7 +461,8 @@ async def in_transaction(conn: Connection, hide: Sequence[str], settings: Mappin
 
 
 async def check_rows(conn: Connection, config: Config, hide: Sequence[str]) -> None:
-    row = await in_transaction(conn, hide, config.settings, result_checksum_sql(config.query, False), True)
+    row = await in_transaction(conn, hide, config.settings, result_checksum_sql(config.query, False), True,
+                               config.per_run)
     assert row is not None
     config.rows, config.checksum = int(row[0]), str(row[1])
 
@@ -493,7 +519,7 @@ def rounds(configs: Sequence[Config], runs: int) -> list[Config]:
 
 async def _sample(conn: Connection, config: Config, hide: Sequence[str], keep: bool) -> None:
     try:
-        sample = await in_transaction(conn, hide, config.settings, config.query, False)
+        sample = await in_transaction(conn, hide, config.settings, config.query, False, config.per_run)
     except StatementTimeout:
         config.error = f"timed out (over {MEASURE_TIMEOUT_MS / 1000:g} s)"
         return
@@ -548,7 +574,7 @@ async def measure_in_own_fork(client: ForkClient, provider: LocalForkProvider, d
                               config: Config, runs: int) -> None:
     """A configuration whose changes cannot be hidden: after the change, in a fork of its own."""
     async with measuring_fork(client, provider, db, "qualityown") as conn:
-        fresh = Config(config.label, config.ddl, config.query, config.settings)
+        fresh = Config(config.label, config.ddl, config.query, config.settings, per_run=config.per_run)
         await apply(conn, fresh)
         fresh.created = []  # nothing to hide: it is alone in this fork
         await measure_configs(conn, [fresh], runs)
@@ -761,7 +787,7 @@ class Verdict:
             t = timing(c.samples) if c.samples else None
             return {"median_ms": t.median_ms if t else None, "spread_ms": t.spread_ms if t else None,
                     "runs": len(c.samples), "buffers": t.buffers if t else None, "rows": c.rows,
-                    "same_rows": not self.differs(label), "ddl": list(c.ddl), "query": c.query,
+                    "same_rows": not self.differs(label), "ddl": [*c.ddl, *c.per_run], "query": c.query,
                     "settings": dict(c.settings), "created": [n for _, n in c.created],
                     "error": c.error, "note": c.note}
 
