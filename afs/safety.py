@@ -18,6 +18,9 @@ parse is refused. Two checks:
     CREATE STATISTICS [IF NOT EXISTS] name [(ndistinct | dependencies | mcv, …)]
         ON column | (simple expression), … FROM <one table>   (rollback: DROP STATISTICS IF EXISTS)
     ANALYZE [table [(columns)] …]
+    ALTER TABLE … ALTER COLUMN name SET STATISTICS n, …   (1 ≤ n ≤ 10000: a finer histogram
+        and more most-common values for the planner; rollback: SET STATISTICS -1, then
+        ANALYZE of those columns)
     CREATE EXTENSION IF NOT EXISTS pg_trgm | btree_gin   (trusted extensions shipped with
         PostgreSQL, for their index operator classes; no SCHEMA, VERSION or CASCADE; the
         rollback leaves the extension in place)
@@ -941,6 +944,39 @@ def _check_statistics(stmt: ast.CreateStatsStmt, recipe: _Recipe) -> _Verdict:
     return _Verdict("low", 1.0, (f"DROP STATISTICS IF EXISTS {name}",), tuple(warnings))
 
 
+MAX_STATISTICS_TARGET = 10_000  # PostgreSQL's own upper bound
+
+
+def _only_set_statistics(stmt: ast.AlterTableStmt) -> bool:
+    return bool(stmt.cmds) and all(isinstance(c, ast.AlterTableCmd)
+                                   and c.subtype == enums.AlterTableType.AT_SetStatistics
+                                   for c in stmt.cmds or ())
+
+
+def _check_set_statistics(stmt: ast.AlterTableStmt) -> _Verdict:
+    """ALTER TABLE … ALTER COLUMN name SET STATISTICS n: the column's statistics target."""
+    if stmt.objtype != enums.ObjectType.OBJECT_TABLE:
+        raise _Refused("SET STATISTICS only on a table's columns")
+    _check_target(stmt.relation)
+    assert stmt.relation is not None
+    columns = []
+    for cmd in stmt.cmds or ():
+        if not cmd.name:
+            raise _Refused("SET STATISTICS names its column (not a column number)")
+        target = cmd.def_
+        if not isinstance(target, ast.Integer) or not 1 <= (target.ival or 0) <= MAX_STATISTICS_TARGET:
+            raise _Refused(f"SET STATISTICS takes a target from 1 to {MAX_STATISTICS_TARGET}"
+                           " (DEFAULT and -1 are what the rollback sets)")
+        columns.append(maybe_double_quote_name(cmd.name))
+    table = _rv_sql(stmt.relation)
+    # the rollback runs in reverse: the default target first, then ANALYZE rebuilds with it
+    back = (f"ANALYZE {table} ({', '.join(columns)})",
+            f"ALTER TABLE IF EXISTS {table} "
+            + ", ".join(f"ALTER COLUMN {c} SET STATISTICS -1" for c in columns))
+    return _Verdict("low", 0.9, back,
+                    ("ANALYZE the columns to rebuild their statistics with the new target",))
+
+
 def _check_refresh(stmt: ast.RefreshMatViewStmt) -> _Verdict:
     _check_target(stmt.relation)
     if stmt.skipData:
@@ -1199,6 +1235,8 @@ def _check_statement(stmt: ast.Node, partitioning: bool, recipe: _Recipe) -> _Ve
         raise _Refused("SET changes session settings")
     if isinstance(stmt, ast.DropStmt) and stmt.removeType != enums.ObjectType.OBJECT_TABLE:
         raise _Refused(f"DROP {_object_word(stmt.removeType)} is not in the allow-list")
+    if isinstance(stmt, ast.AlterTableStmt) and _only_set_statistics(stmt):
+        return _check_set_statistics(stmt)
     recipe_steps = (ast.CreateStmt, ast.InsertStmt, ast.RenameStmt, ast.AlterTableStmt, ast.DropStmt)
     if isinstance(stmt, recipe_steps):
         if not partitioning:

@@ -22,8 +22,11 @@ with its oracle: the DDL, rewrite or setting known to fix it), in one run:
      (count and order-independent checksum). A winner whose changes cannot be
      hidden that way (it creates tables: partitioning) is measured in a fork of
      its own, before and after;
-  4. the peer column: postgres-mcp's index tuning needs HypoPG; its absence is
-     detected and shown as "cannot run: <reason>".
+  4. the peer column: postgres-mcp's index tuning (benchmarks/peer.py) asked about the
+     same case, loaded into a private cluster of Debian's PostgreSQL with HypoPG (set
+     up by benchmarks/peer_setup.sh: apt-get as root, postgres-mcp in a venv of its
+     own); its advised indexes are applied in the same fork and measured with the
+     others. Where it cannot run: "cannot run: <reason>" (--no-peer skips it).
 
 Verdicts per case:
 
@@ -45,11 +48,11 @@ The table's AFS/oracle is the measured ratio; median_ratio_to_oracle takes the b
 time for a winner that is a regression or an answer cache (what AFS may honestly offer).
 
     AFS_HOME=... python benchmarks/quality.py [--case NAME ...] [--quick] [--scale F]
-                 [--runs N] [--afs-runs N] [--no-afs] [--json]
+                 [--runs N] [--afs-runs N] [--no-afs] [--no-peer] [--json]
 
 It uses the configured AFS_HOME, starts the sandbox if needed (and stops it only if
 it started it). Progress goes to stderr. `--json` prints {"cases", "reach_share",
-"regressions", "answer_caches", "median_ratio_to_oracle", "details"} as the last
+"regressions", "answer_caches", "median_ratio_to_oracle", "peer", "details"} as the last
 line of stdout. Case databases (and their templates) are dropped at the end of each
 case, also on failure and Ctrl-C; forks are destroyed.
 """
@@ -57,11 +60,9 @@ case, also on failure and Ctrl-C; forks are destroyed.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import re
-import shutil
 import statistics
 import sys
 import time
@@ -76,6 +77,7 @@ import pglast
 import sqlglot
 import trio
 from harness import with_sandbox
+from peer import Advice, Peer, peer_session
 from pglast.stream import RawStream
 from quality_cases import CASES, Case, render, scaled
 from sqlglot import exp
@@ -124,7 +126,6 @@ def progress(message: str) -> None:
 class ServerFacts:
     values: Mapping[str, str]  # placeholders the cases may use
     collation_note: str
-    peer: str  # the peer column: "cannot run: …" or what is available
 
 
 async def non_c_collation(conn: Connection) -> str | None:
@@ -145,23 +146,9 @@ async def non_c_collation(conn: Connection) -> str | None:
     return None
 
 
-async def peer_status(conn: Connection) -> str:
-    reasons = []
-    if importlib.util.find_spec("postgres_mcp") is None and shutil.which("postgres-mcp") is None:
-        reasons.append("postgres-mcp is not installed")
-    if not await conn.fetchval("SELECT 1 FROM pg_available_extensions WHERE name = 'hypopg'"):
-        version = await conn.fetchval("SHOW server_version")
-        reasons.append(f"the server (PostgreSQL {version}) has no hypopg extension,"
-                       " which postgres-mcp's index tuning needs")
-    if reasons:
-        return "cannot run: " + "; ".join(reasons)
-    return "cannot run: postgres-mcp and HypoPG are present but not wired into this script yet"
-
-
 async def server_facts(admin_dsn: str) -> ServerFacts:
     async with open_connection(admin_dsn) as conn:
         collation = await non_c_collation(conn)
-        peer = await peer_status(conn)
     if collation is not None:
         values = {"collate_clause": f"COLLATE {quote_ident(collation)}",
                   "pattern_opclass": "text_pattern_ops"}
@@ -170,7 +157,7 @@ async def server_facts(admin_dsn: str) -> ServerFacts:
         values = {"collate_clause": "", "pattern_opclass": ""}
         note = ("no non-C collation on this server: the column uses C, where a plain btree"
                 " serves LIKE 'x%'")
-    return ServerFacts(values=values, collation_note=note, peer=peer)
+    return ServerFacts(values=values, collation_note=note)
 
 
 # -- the case database ------------------------------------------------------------------------
@@ -335,10 +322,31 @@ class Config:
     note: str = ""
     own_fork: bool = False  # its changes cannot be hidden: measured in a fork of its own
     definitions: list[str] = field(default_factory=list)  # what it created, without object names
+    per_run: tuple[str, ...] = ()  # statements run inside each run's transaction (statistics)
+
+    def __post_init__(self) -> None:
+        self.ddl, per_run = split_statistics(self.ddl)
+        self.per_run = self.per_run or per_run
 
     @property
     def median_ms(self) -> float | None:
         return timing(self.samples).median_ms if self.samples else None
+
+
+_SET_STATISTICS = re.compile(r"\bSET\s+STATISTICS\b", re.IGNORECASE)
+_ANALYZE = re.compile(r"^\s*ANALYZE\b", re.IGNORECASE)
+
+
+def split_statistics(ddl: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the DDL applied once, the statements run inside each run's transaction). A change of a
+    column's statistics target and the ANALYZE that rebuilds the statistics with it change what
+    every configuration in the fork plans with, and they cannot be hidden by dropping an object:
+    they run inside each of this configuration's runs instead, and roll back with it (ANALYZE runs
+    in a transaction block; its new statistics are rolled back too)."""
+    if not any(_SET_STATISTICS.search(s) for s in ddl):
+        return tuple(ddl), ()
+    per_run = tuple(s for s in ddl if _SET_STATISTICS.search(s) or _ANALYZE.match(s))
+    return tuple(s for s in ddl if s not in per_run), per_run
 
 
 _OBJECTS = """
@@ -428,15 +436,19 @@ def same_fix(a: Config, b: Config) -> bool:
     def settings(c: Config) -> dict[str, str]:
         return {k.lower(): v.strip("'").lower() for k, v in c.settings.items()}
 
+    def per_run(c: Config) -> list[str]:
+        return sorted(normalized_sql(s) for s in c.per_run)
+
     return (a.error is None and b.error is None and a.definitions == b.definitions
+            and per_run(a) == per_run(b)
             and normalized_sql(a.query) == normalized_sql(b.query) and settings(a) == settings(b))
 
 
 async def in_transaction(conn: Connection, hide: Sequence[str], settings: Mapping[str, str],
-                         sql: str, fetch: bool) -> Any:
+                         sql: str, fetch: bool, per_run: Sequence[str] = ()) -> Any:
     await conn.execute("BEGIN")
     try:
-        for statement in hide:
+        for statement in (*hide, *per_run):
             await conn.execute(statement)
         for name, value in settings.items():
             await conn.execute(f"SET LOCAL {name} = {value}")
@@ -449,7 +461,8 @@ async def in_transaction(conn: Connection, hide: Sequence[str], settings: Mappin
 
 
 async def check_rows(conn: Connection, config: Config, hide: Sequence[str]) -> None:
-    row = await in_transaction(conn, hide, config.settings, result_checksum_sql(config.query, False), True)
+    row = await in_transaction(conn, hide, config.settings, result_checksum_sql(config.query, False), True,
+                               config.per_run)
     assert row is not None
     config.rows, config.checksum = int(row[0]), str(row[1])
 
@@ -506,7 +519,7 @@ def rounds(configs: Sequence[Config], runs: int) -> list[Config]:
 
 async def _sample(conn: Connection, config: Config, hide: Sequence[str], keep: bool) -> None:
     try:
-        sample = await in_transaction(conn, hide, config.settings, config.query, False)
+        sample = await in_transaction(conn, hide, config.settings, config.query, False, config.per_run)
     except StatementTimeout:
         config.error = f"timed out (over {MEASURE_TIMEOUT_MS / 1000:g} s)"
         return
@@ -527,8 +540,10 @@ async def oracle_query(conn: Connection, case: Case, values: Mapping[str, object
 
 
 async def measure_case(client: ForkClient, provider: LocalForkProvider, db: str, case: Case,
-                       values: Mapping[str, object], afs: AfsRun, runs: int) -> dict[str, Config]:
-    """Baseline, AFS's winner and the oracle, applied in one fork and measured interleaved."""
+                       values: Mapping[str, object], afs: AfsRun, runs: int,
+                       peer: Advice | None = None) -> dict[str, Config]:
+    """Baseline, AFS's winner, the oracle and the peer's advice, applied in one fork and measured
+    interleaved."""
     query = render(case.query, values)
     async with measuring_fork(client, provider, db, "quality") as conn:
         baseline = Config("baseline", (), query)
@@ -542,6 +557,8 @@ async def measure_case(client: ForkClient, provider: LocalForkProvider, db: str,
             configs["oracle"] = Config("oracle", tuple(render(s, values) for s in case.oracle_ddl),
                                        await oracle_query(conn, case, values),
                                        dict(case.oracle_settings))
+        if peer is not None and peer.ddl:
+            configs["peer"] = Config("peer", peer.ddl, query)
         for config in configs.values():
             if config.label != "baseline":
                 await apply(conn, config)
@@ -557,7 +574,7 @@ async def measure_in_own_fork(client: ForkClient, provider: LocalForkProvider, d
                               config: Config, runs: int) -> None:
     """A configuration whose changes cannot be hidden: after the change, in a fork of its own."""
     async with measuring_fork(client, provider, db, "qualityown") as conn:
-        fresh = Config(config.label, config.ddl, config.query, config.settings)
+        fresh = Config(config.label, config.ddl, config.query, config.settings, per_run=config.per_run)
         await apply(conn, fresh)
         fresh.created = []  # nothing to hide: it is alone in this fork
         await measure_configs(conn, [fresh], runs)
@@ -656,7 +673,7 @@ class Verdict:
     query: str  # the case's query as run (placeholders filled)
     afs: AfsRun
     configs: dict[str, Config]
-    peer: str
+    peer: Advice
     build_s: float
     error: str | None = None
 
@@ -673,6 +690,30 @@ class Verdict:
     @property
     def ratio(self) -> float | None:
         return self._ratio(self.ms("afs"))
+
+    @property
+    def peer_ratio(self) -> float | None:
+        """The peer's time over the oracle's; None where it could not run (no advice: the baseline)."""
+        return self._ratio(self.ms("peer")) if self.peer.ran and not self.peer_error else None
+
+    @property
+    def peer_error(self) -> str | None:
+        config = self.configs.get("peer")
+        if config is None:
+            return None
+        if config.error:
+            return config.error
+        return "returns other rows than the query" if self.differs("peer") else None
+
+    @property
+    def peer_reach(self) -> bool:
+        """The peer's time within 10 % of the oracle's (the same test as AFS's), or its very fix."""
+        if not self.peer.ran or self.peer_error:
+            return False
+        peer, oracle = self.configs.get("peer"), self.configs.get("oracle")
+        if peer is not None and oracle is not None and same_fix(peer, oracle):
+            return True
+        return self._within(self.ms("peer"))
 
     @property
     def accepted_ratio(self) -> float | None:
@@ -703,12 +744,15 @@ class Verdict:
         oracle's very fix (their times then differ by noise only)."""
         if self.same_as_oracle:
             return True
-        afs, oracle = self.ms("afs"), self.ms("oracle")
-        if afs is None or oracle is None:
+        return self._within(self.ms("afs"))
+
+    def _within(self, ms: float | None) -> bool:
+        oracle = self.ms("oracle")
+        if ms is None or oracle is None:
             return False
         if oracle < 1.0:
-            return afs <= oracle + REACH_ABS_MS
-        return afs <= oracle * (1 + REACH_SHARE)
+            return ms <= oracle + REACH_ABS_MS
+        return ms <= oracle * (1 + REACH_SHARE)
 
     def differs(self, label: str) -> bool:
         config, baseline = self.configs.get(label), self.configs.get("baseline")
@@ -743,7 +787,7 @@ class Verdict:
             t = timing(c.samples) if c.samples else None
             return {"median_ms": t.median_ms if t else None, "spread_ms": t.spread_ms if t else None,
                     "runs": len(c.samples), "buffers": t.buffers if t else None, "rows": c.rows,
-                    "same_rows": not self.differs(label), "ddl": list(c.ddl), "query": c.query,
+                    "same_rows": not self.differs(label), "ddl": [*c.ddl, *c.per_run], "query": c.query,
                     "settings": dict(c.settings), "created": [n for _, n in c.created],
                     "error": c.error, "note": c.note}
 
@@ -758,27 +802,32 @@ class Verdict:
             "reach": self.reach, "fast_as_oracle": self.fast, "same_fix_as_oracle": self.same_as_oracle,
             "regression": self.regression,
             "answer_cache": self.cache,
-            "peer": self.peer, "oracle": self.case.oracle_text,
+            "peer": {"status": self.peer.note, "ddl": list(self.peer.ddl or ()), "ms": (
+                         self.ms("peer") if self.peer.ran else None),
+                     "ratio_to_oracle": (None if self.peer_ratio is None
+                                         else float(f"{self.peer_ratio:.4g}")),
+                     "reach": self.peer_reach, "error": self.peer_error},
+            "oracle": self.case.oracle_text,
             "afs": {"status": self.afs.status, "agents": list(self.afs.agents), "winner": self.afs.winner,
                     "proposal_type": proposal.proposal_type if proposal else None,
                     "sql": list(proposal.sql_commands) if proposal else [],
                     "rewritten_query": proposal.rewritten_query if proposal else None,
                     "short": winner_short(proposal), "seconds": round(self.afs.seconds, 1),
                     "error": self.afs.error},
-            "measured": {label: config_data(label) for label in ("baseline", "afs", "oracle")},
+            "measured": {label: config_data(label) for label in ("baseline", "afs", "oracle", "peer")},
         }
 
 
 # -- one case, all cases ------------------------------------------------------------------------
 async def run_case(settings: Settings, server: SandboxServer, client: ForkClient,
-                   provider: LocalForkProvider, facts: ServerFacts, case: Case,
+                   provider: LocalForkProvider, facts: ServerFacts, peer: Peer, case: Case,
                    args: argparse.Namespace) -> Verdict:
     values: dict[str, object] = {**scaled(case.sizes, args.scale), **facts.values}
     if case.name == "prefix_like_collation":
         case = _with_note(case, facts.collation_note)
     db = database_name(case)
     verdict = Verdict(case=case, query=render(case.query, values), afs=AfsRun(), configs={},
-                      peer=facts.peer, build_s=0.0)
+                      peer=Advice(None, peer.status), build_s=0.0)
     try:
         sizes = ", ".join(f"{k}={v}" for k, v in scaled(case.sizes, args.scale).items())
         progress(f"{case.name}: building {db} ({sizes})")
@@ -791,8 +840,16 @@ async def run_case(settings: Settings, server: SandboxServer, client: ForkClient
                      f" {verdict.afs.winner or 'none'}: {winner_short(verdict.afs.proposal)}")
         else:
             verdict.afs.status = "skipped (--no-afs)"
-        progress(f"{case.name}: measuring baseline, AFS and oracle in one fork ({args.runs} rounds)")
-        verdict.configs = await measure_case(client, provider, db, case, values, verdict.afs, args.runs)
+        if peer.ready:
+            progress(f"{case.name}: asking the peer (postgres-mcp) on its own server")
+            started = time.monotonic()
+            verdict.peer = await peer.advise(
+                case.name, [render(s, values) for s in (*case.schema, *case.data)], verdict.query)
+            progress(f"{case.name}: peer in {time.monotonic() - started:.1f} s: {verdict.peer.note}"
+                     + "".join(f"; {d}" for d in verdict.peer.ddl or ()))
+        progress(f"{case.name}: measuring baseline, AFS, oracle and peer in one fork ({args.runs} rounds)")
+        verdict.configs = await measure_case(client, provider, db, case, values, verdict.afs, args.runs,
+                                             verdict.peer)
         oracle = verdict.configs.get("oracle")
         if oracle is not None and (oracle.error or verdict.differs("oracle")):
             verdict.error = f"the oracle is broken: {oracle.error or 'it returns other rows'}"
@@ -814,15 +871,16 @@ async def measure_all(settings: Settings, server: SandboxServer, cases: Sequence
                       args: argparse.Namespace) -> list[Verdict]:
     provider = LocalForkProvider(server.dsn(), statement_timeout_ms=BUILD_TIMEOUT_MS)
     facts = await server_facts(server.dsn())
-    progress(f"peer (postgres-mcp): {facts.peer}")
     verdicts = []
-    async with open_fork_client(settings) as client:
+    async with peer_session(not args.no_peer, progress) as peer, open_fork_client(settings) as client:
+        progress(f"peer (postgres-mcp): {peer.status}")
         for number, case in enumerate(cases, 1):
             progress(f"case {number}/{len(cases)}: {case.name}")
-            verdict = await run_case(settings, server, client, provider, facts, case, args)
+            verdict = await run_case(settings, server, client, provider, facts, peer, case, args)
             verdicts.append(verdict)
             progress(f"{case.name}: baseline {_fmt(verdict.ms('baseline'))} ms, AFS {_fmt(verdict.ms('afs'))}"
-                     f" ms, oracle {_fmt(verdict.ms('oracle'))} ms, reach {'yes' if verdict.reach else 'no'}")
+                     f" ms, oracle {_fmt(verdict.ms('oracle'))} ms, peer {peer_cell(verdict)},"
+                     f" reach {'yes' if verdict.reach else 'no'}")
     return verdicts
 
 
@@ -835,6 +893,25 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return f"{value:,.{digits}f}"
 
 
+def peer_cell(v: Verdict) -> str:
+    """The peer's time in the table: its ms, or why not ("cannot run", "error")."""
+    if not v.peer.ran:
+        return "cannot run"
+    if v.peer_error:
+        return "error"
+    return _fmt(v.ms("peer"))
+
+
+def peer_summary(measured: Sequence[Verdict]) -> dict[str, Any]:
+    ran = [v for v in measured if v.peer.ran and not v.peer_error]
+    ratios = [r for v in ran if (r := v.peer_ratio) is not None]
+    reasons = sorted({v.peer.note for v in measured if not v.peer.ran})
+    return {"name": "postgres-mcp (analyze_query_indexes, dta)", "cases_run": len(ran),
+            "reach_share": round(sum(v.peer_reach for v in ran) / len(measured), 3) if measured else 0.0,
+            "median_ratio_to_oracle": float(f"{statistics.median(ratios):.4g}") if ratios else None,
+            "cannot_run": reasons}
+
+
 def summary(verdicts: Sequence[Verdict]) -> dict[str, Any]:
     measured = [v for v in verdicts if v.error is None]
     ratios = [v.accepted_ratio for v in measured if v.accepted_ratio is not None]
@@ -844,19 +921,20 @@ def summary(verdicts: Sequence[Verdict]) -> dict[str, Any]:
         "regressions": sum(v.regression is not None for v in measured),
         "answer_caches": sum(v.cache is not None for v in measured),
         "median_ratio_to_oracle": float(f"{statistics.median(ratios):.4g}") if ratios else None,
+        "peer": peer_summary(measured),
         "details": [v.details() for v in verdicts],
     }
 
 
 def report(verdicts: Sequence[Verdict], wall_s: float, args: argparse.Namespace) -> dict[str, Any]:
     data = summary(verdicts)
-    peer = verdicts[0].peer if verdicts else "-"
     print(f"AFS against the known-good fix (oracle), {len(verdicts)} public advisor cases,"
           f" scale {args.scale:g}, {args.runs} interleaved rounds per configuration")
-    print(f"peer = postgres-mcp: {peer}")
+    print("peer = postgres-mcp's index tuning (analyze_query_indexes, dta) on Debian's PostgreSQL"
+          " with HypoPG; its indexes measured in the same fork")
     print()
-    header = (f"{'case':<27} {'baseline ms':>11} {'AFS ms':>9} {'oracle ms':>9} {'peer':>5}"
-              f" {'AFS/oracle':>10} {'reach':>5}  AFS's winner")
+    header = (f"{'case':<27} {'baseline ms':>11} {'AFS ms':>9} {'oracle ms':>9} {'peer ms':>10}"
+              f" {'AFS/oracle':>10} {'peer/oracle':>11} {'reach':>5}  AFS's winner")
     print(header)
     print("-" * (len(header) + 30))
     for v in verdicts:
@@ -868,9 +946,10 @@ def report(verdicts: Sequence[Verdict], wall_s: float, args: argparse.Namespace)
             flags.append(f"REGRESSION: {v.regression}")
         if v.cache:
             flags.append(f"ANSWER CACHE: {v.cache}")
-        ratio = "-" if v.ratio is None else (f"{v.ratio:.3g}" if v.ratio < 100 else f"{v.ratio:,.0f}")
+        ratio = _ratio_text(v.ratio)
         print(f"{v.case.name:<27} {_fmt(v.ms('baseline')):>11} {_fmt(v.ms('afs')):>9}"
-              f" {_fmt(v.ms('oracle')):>9} {'n/a':>5} {ratio:>10} {'yes' if v.reach else 'no':>5}"
+              f" {_fmt(v.ms('oracle')):>9} {peer_cell(v):>10} {ratio:>10} {_ratio_text(v.peer_ratio):>11}"
+              f" {'yes' if v.reach else 'no':>5}"
               f"  {'= oracle: ' if v.same_as_oracle else ''}{winner_short(v.afs.proposal)[:70]}")
         for flag in flags:
             print(f"{'':<27}   {flag}")
@@ -879,7 +958,27 @@ def report(verdicts: Sequence[Verdict], wall_s: float, args: argparse.Namespace)
           f" answer caches {data['answer_caches']}, median AFS/oracle"
           f" {data['median_ratio_to_oracle']} (a disqualified winner counts as no change)"
           f"  (wall time {wall_s / 60:.1f} min)")
+    peer = data["peer"]
+    print(f"peer (postgres-mcp): ran on {peer['cases_run']} of {data['cases']} cases, reach"
+          f" {peer['reach_share']:.0%}, median peer/oracle {peer['median_ratio_to_oracle']}")
+    for v in verdicts:
+        if v.error is None:
+            what = v.peer_error or v.peer.note
+            advice = "; ".join(winner_short_sql(d) for d in v.peer.ddl or ())
+            print(f"  peer {v.case.name}: {what}" + (f": {advice}" if advice and not v.peer_error else ""))
     return data
+
+
+def _ratio_text(ratio: float | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.3g}" if ratio < 100 else f"{ratio:,.0f}"
+
+
+def winner_short_sql(command: str) -> str:
+    text = " ".join(command.split())
+    match = _INDEX.match(text)
+    return "idx " + re.sub(r"^(public\.)", "", match.group(1)).replace('"', "") if match else text[:60]
 
 
 # -- the script -------------------------------------------------------------------------------------
@@ -926,6 +1025,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--afs-runs", type=int, metavar="N",
                         help="AFS's own runs per suite query and side (default: AFS_RUNS or 5)")
     parser.add_argument("--no-afs", action="store_true", help="measure baseline and oracle only")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="skip the peer column (postgres-mcp on Debian's PostgreSQL with HypoPG, set up"
+                             " by benchmarks/peer_setup.sh: apt-get as root, a venv of its own)")
     parser.add_argument("--json", action="store_true",
                         help="print the summary as one JSON object on the last line")
     args = parser.parse_args(argv)

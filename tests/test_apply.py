@@ -311,6 +311,27 @@ async def test_statistics_are_created_and_analyzed(store: Store, target: str) ->
         assert conn.execute(STATS).fetchone() == (0,)
 
 
+TARGET_OF_STATUS = ("SELECT attstattarget FROM pg_attribute"
+                    " WHERE attrelid = 'orders'::regclass AND attname = 'status'")
+
+
+async def test_a_statistics_target_is_set_with_its_index_and_reset_by_the_rollback(
+        store: Store, target: str) -> None:
+    task_id = await stored(store, ("CREATE INDEX ix_orders_user_id ON orders (user_id)",
+                                   "ALTER TABLE orders ALTER COLUMN status SET STATISTICS 1500",
+                                   "ANALYZE orders (status)"), "index")
+    plan = await load_plan(store, task_id)
+    assert [s.kind for s in plan.steps] == ["index", "statistics_target", "analyze"]
+    row = await apply_winner(store, plan, target, approver="alice")
+    assert row["result"] == "applied", row["detail"]
+    with psycopg.connect(target) as conn:
+        assert conn.execute(TARGET_OF_STATUS).fetchone() == (1500,)
+    await rollback_task(store, task_id, target, approver="alice")
+    with psycopg.connect(target) as conn:
+        assert conn.execute(TARGET_OF_STATUS).fetchone() in ((None,), (-1,))  # the default again
+        assert conn.execute("SELECT to_regclass('ix_orders_user_id')").fetchone() == (None,)
+
+
 async def test_a_materialized_view_is_created_with_its_index_and_read_by_the_rewrite(
         store: Store, target: str) -> None:
     view = ("CREATE MATERIALIZED VIEW mv_user_totals AS SELECT user_id, count(*) AS n, sum(total) AS total"

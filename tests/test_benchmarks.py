@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,12 @@ async def test_parallel_script(sandbox: SandboxServer) -> None:
 
 
 async def test_quality_script(sandbox: SandboxServer) -> None:
-    data = await script("quality.py", "--quick", "--scale", "0.03", "--runs", "3", "--afs-runs", "1")
+    data = await script("quality.py", "--quick", "--scale", "0.03", "--runs", "3", "--afs-runs", "1",
+                        "--no-peer")
     assert set(data) == {"cases", "reach_share", "regressions", "answer_caches",
-                         "median_ratio_to_oracle", "details"}
+                         "median_ratio_to_oracle", "peer", "details"}
+    assert data["peer"]["cases_run"] == 0
+    assert data["peer"]["cannot_run"] == ["cannot run: not asked for (--no-peer)"]
     assert data["cases"] >= 3 and len(data["details"]) == data["cases"]
     assert 0.0 <= data["reach_share"] <= 1.0
     # the measuring stick measures: some oracle beats its baseline (a missing index at 30k rows)
@@ -69,6 +73,34 @@ async def test_quality_script(sandbox: SandboxServer) -> None:
         left = await conn.fetchall("SELECT datname FROM pg_database WHERE datname LIKE 'afs\\_qc\\_%'")
     assert not left, f"case databases left behind: {left}"
     assert sandbox.status().running
+
+
+def peer_dirs() -> set[str]:
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("afs-peer-")}
+
+
+async def test_quality_peer_column(sandbox: SandboxServer) -> None:
+    """postgres-mcp's advice, measured beside AFS's: on a machine where benchmarks/peer_setup.sh can
+    install Debian's PostgreSQL with HypoPG and postgres-mcp (root, apt, Python >= 3.12) it runs and
+    advises the index the HypoPG README's own example needs; elsewhere the column says why not,
+    and the run does not fail. Either way no cluster or directory of the peer's is left behind."""
+    before = peer_dirs()
+    data = await script("quality.py", "--case", "hypopg_readme", "--scale", "0.05", "--runs", "3",
+                        "--afs-runs", "1")
+    (case,) = data["details"]
+    assert case["error"] is None
+    peer = case["peer"]
+    if data["peer"]["cases_run"] == 0:
+        assert peer["status"].startswith("cannot run: ") and peer["ms"] is None
+        assert data["peer"]["cannot_run"] == [peer["status"]]
+    else:
+        assert peer["ddl"] and all(d.upper().startswith("CREATE INDEX") for d in peer["ddl"])
+        assert "(id)" in peer["ddl"][0]
+        measured = case["measured"]["peer"]
+        assert measured["runs"] == 3 and measured["same_rows"] and measured["median_ms"] == peer["ms"]
+        assert peer["ms"] < case["baseline_ms"]  # an index lookup instead of a scan of 10k rows
+    leftovers = peer_dirs() - before
+    assert not leftovers, f"the peer's cluster directories were left behind: {leftovers}"
 
 
 async def test_overhead_script(sandbox: SandboxServer) -> None:

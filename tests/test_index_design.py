@@ -62,7 +62,8 @@ def decide(ctx: AnalysisContext) -> Decision:
     for candidate in candidates:
         assert validate_candidate(candidate).is_valid, candidate.sql_commands
         assert candidate.rationale and len(candidate.rollback_commands) == sum(
-            c.startswith("CREATE INDEX") for c in candidate.sql_commands)
+            c.startswith("CREATE INDEX") for c in candidate.sql_commands) + 2 * sum(
+            "SET STATISTICS" in c for c in candidate.sql_commands)
     return decision
 
 
@@ -337,6 +338,37 @@ def test_a_pattern_no_btree_serves_gets_a_trigram_gin_index(where: str) -> None:
     assert first.rollback_commands == ("DROP INDEX IF EXISTS afs_docs_title_trgm_gin",)
     assert "needs the pg_trgm extension" in first.rationale and "Seq Scan on docs visits" in first.rationale
     assert first.estimated_impact.risk == "medium"
+
+
+def misestimated_docs_ctx(planned: float, kept: float = 3_300) -> AnalysisContext:
+    """LIKE '%…%' on 500k rows, kept rows 0.66 %: the default histogram (101 bounds) matched none
+    and the planner estimated `planned` rows."""
+    query = "SELECT id, title FROM docs WHERE title LIKE '%titanium kettle%'"
+    plan = seq("docs", kept, 500_000 - kept, 90.0, filter="(title ~~ '%titanium kettle%'::text)")
+    plan["Plan Rows"] = planned
+    return ctx_of(query, plan, [docs()], 90.2)
+
+
+def test_a_pattern_the_planner_cannot_estimate_gets_the_index_with_a_finer_histogram_too() -> None:
+    decision = decide(misestimated_docs_ctx(planned=50))
+    plain, tuned = [c for c in decision.candidates if any("gin_trgm_ops" in s for s in c.sql_commands)]
+    assert not any("STATISTICS" in s for s in plain.sql_commands)  # the plain index first
+    assert tuned.sql_commands == (
+        "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+        "CREATE INDEX afs_docs_title_trgm_gin ON docs USING gin (title gin_trgm_ops)",
+        "ALTER TABLE docs ALTER COLUMN title SET STATISTICS 500",  # 3 bounds of 0.66 % → 455 → 500
+        "ANALYZE docs (title)")
+    assert tuned.rollback_commands == ("ALTER TABLE IF EXISTS docs ALTER COLUMN title SET STATISTICS -1",
+                                       "ANALYZE docs (title)", "DROP INDEX IF EXISTS afs_docs_title_trgm_gin")
+    assert "estimated at 50 rows" in tuned.rationale and "histogram bounds" in tuned.rationale
+    # a rarer pattern needs more bounds: 0.05 % → 6,000
+    rare = decide(misestimated_docs_ctx(planned=5_000, kept=250))
+    assert any("SET STATISTICS 6000" in s for c in rare.candidates for s in c.sql_commands)
+
+
+def test_no_finer_histogram_when_the_pattern_was_estimated_well() -> None:
+    decision = decide(misestimated_docs_ctx(planned=1_000))  # off 3.3×
+    assert not any("STATISTICS" in s for c in decision.candidates for s in c.sql_commands)
 
 
 @pytest.mark.parametrize("where", ["title LIKE '%ab%'", "title NOT LIKE '%beef42%'"])

@@ -50,3 +50,19 @@ def test_the_oracles_very_fix_is_recognised_whatever_the_names_and_spelling() ->
                                 config("oracle", "SELECT 1", [], work_mem="'32MB'"))
     assert quality.same_fix(config("afs", "SELECT 1", [], work_mem="'32MB'"),
                             config("oracle", "select 1", [], work_mem="'32mb'"))
+
+
+def test_a_statistics_target_runs_inside_each_run_and_is_part_of_the_fix() -> None:
+    """A column's statistics target cannot be hidden by dropping an object: it and its ANALYZE run
+    inside each of the configuration's runs (and roll back), the index is applied once."""
+    ddl = ("CREATE EXTENSION IF NOT EXISTS pg_trgm",
+           "CREATE INDEX i ON items USING gin (name gin_trgm_ops)",
+           "ALTER TABLE items ALTER COLUMN name SET STATISTICS 1500", "ANALYZE items (name)")
+    tuned = quality.Config("afs", ddl, "SELECT 1", definitions=["CREATE INDEX ON items (name)"])
+    assert tuned.ddl == ddl[:2] and tuned.per_run == ddl[2:]
+    plain = quality.Config("oracle", (*ddl[:2], "ANALYZE items"), "SELECT 1",
+                           definitions=["CREATE INDEX ON items (name)"])
+    assert plain.per_run == () and plain.ddl == (*ddl[:2], "ANALYZE items")
+    assert not quality.same_fix(tuned, plain)
+    assert quality.same_fix(tuned, quality.Config("oracle", ddl, "SELECT 1",
+                                                  definitions=["CREATE INDEX ON items (name)"]))

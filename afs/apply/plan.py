@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pglast import ast, parse_sql
-from pglast.stream import RawStream
+from pglast.stream import RawStream, maybe_double_quote_name
 
 from afs.errors import InputError
 from afs.models import AgentOutcome, TaskResult
 from afs.safety import settings_sql, validate_candidate
 
 Tier = Literal["T0", "T2", "T3"]
-StepKind = Literal["index", "index_parent", "attach", "statistics", "analyze", "extension", "matview",
-                   "refresh"]
+StepKind = Literal["index", "index_parent", "attach", "statistics", "statistics_target", "analyze",
+                   "extension", "matview", "refresh"]
 PlanKind = Literal["index", "statistics", "materialized_view", "settings", "rewrite", "partitioning",
                    "blocked"]
 
@@ -38,6 +38,7 @@ _LOCKS: dict[str, str] = {
              "it waits for transactions older than the build)",
     "statistics": "SHARE UPDATE EXCLUSIVE on the table (reads and writes continue)",
     "analyze": "SHARE UPDATE EXCLUSIVE on the table (reads and writes continue)",
+    "statistics_target": "SHARE UPDATE EXCLUSIVE on the table, for an instant (catalog only)",
     "extension": "none on user tables (catalog only)",
     "matview": "ACCESS SHARE on the tables it reads (writes continue); the new view is its own",
     "refresh": "EXCLUSIVE on the view (reads of the view continue only with CONCURRENTLY)",
@@ -311,6 +312,12 @@ def _step(command: str) -> Step:
                     _qualified(rels[0]) if rels else None, columns, name)
     if isinstance(stmt, ast.VacuumStmt):
         return Step("analyze", command, _LOCKS["analyze"])
+    if isinstance(stmt, ast.AlterTableStmt):  # ALTER COLUMN … SET STATISTICS (the allow-list's only one)
+        table = _qualified(stmt.relation)
+        columns = tuple(c.name for c in stmt.cmds or () if isinstance(c, ast.AlterTableCmd) and c.name)
+        reset = ", ".join(f"ALTER COLUMN {maybe_double_quote_name(c)} SET STATISTICS -1" for c in columns)
+        return Step("statistics_target", command, _LOCKS["statistics_target"],
+                    f"ALTER TABLE IF EXISTS {RawStream()(_name_node(table or ''))} {reset}", table, columns)
     if isinstance(stmt, ast.CreateExtensionStmt):
         return Step("extension", command, _LOCKS["extension"])
     if isinstance(stmt, ast.CreateTableAsStmt):

@@ -100,6 +100,7 @@ class PlanNode:
     analyzed: bool = False  # EXPLAIN ANALYZE ran it: actual rows and times are known
     subplan: str | None = None  # the top node of a subquery: "SubPlan 1", "hashed SubPlan 1", "InitPlan 2"
     plan_width: float = 0.0  # the planner's average row width in bytes
+    group_key: tuple[str, ...] = ()  # Aggregate, Group: the grouping expressions as EXPLAIN prints them
 
     @property
     def estimate_error(self) -> float:
@@ -194,6 +195,7 @@ def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
             analyzed="Actual Loops" in node,
             subplan=str(node["Subplan Name"]) if node.get("Subplan Name") else None,
             plan_width=_num(node.get("Plan Width")),
+            group_key=tuple(str(k) for k in node.get("Group Key") or ()),
         )
         return [me, *(n for k in kids for n in k)]
 

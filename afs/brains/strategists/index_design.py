@@ -46,6 +46,7 @@ from afs.brains.strategists.evidence import (
     time_share,
     write_risk,
 )
+from afs.brains.strategists.plan_fixes import MISESTIMATE_FACTOR
 from afs.features import Disjunction, IndexablePredicate
 from afs.models import (
     AgentKey,
@@ -95,6 +96,10 @@ SET_CLEARLY_BETTER: Final = 1.5  # … or when it spares this many times the row
 TRIGRAM_MIN_CHARS: Final = 3  # a pattern needs a run of this many characters for pg_trgm to narrow it
 TRIGRAM_OPCLASS: Final = "gin_trgm_ops"
 TRIGRAM_EXTENSION: Final = "pg_trgm"
+_PATTERN_OPERATOR = re.compile(r"~~\*?")  # LIKE, ILIKE as EXPLAIN prints them
+PATTERN_BOUNDS_MATCHED: Final = 3  # histogram bounds a pattern should match to be estimated
+MIN_PATTERN_TARGET: Final = 500
+MAX_STATISTICS_TARGET: Final = 10_000  # PostgreSQL's upper bound (afs.safety refuses more)
 EQUALITY_OPS: Final = frozenset({"=", "==", "IN", "IS NULL", "IS"})
 # types too wide (or unsortable) to carry in an index as INCLUDE columns
 WIDE_TYPES: Final = ("json", "jsonb", "bytea", "xml", "tsvector", "[]")
@@ -139,6 +144,7 @@ class IndexDesign:
     method: Literal["btree", "gin"] = "btree"
     analyze: bool = False  # an expression key: ANALYZE gives the planner statistics on it
     extension: str | None = None  # the (trusted) extension its operator class comes from
+    statistics_target: int = 0  # > 0: the key column's statistics target, raised with the index
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -649,6 +655,13 @@ def _build(ev: Evidence, design: IndexDesign, taken: Sequence[str]) -> _Built:
         commands.append(f"ANALYZE {qualified(design.table)}")
         steps.insert(0, f"ANALYZE {relation_name(design.table)} collects statistics on the indexed "
                      "expression")
+    if design.statistics_target:
+        column = ident(design.key[0].name)
+        commands += [f"ALTER TABLE {qualified(design.table)} ALTER COLUMN {column} "
+                     f"SET STATISTICS {design.statistics_target}",
+                     f"ANALYZE {qualified(design.table)} ({column})"]
+        steps.append("EXPLAIN ANALYZE: the row estimate for the pattern is within "
+                     f"{MISESTIMATE_FACTOR:g}× of the rows it matches")
     if design.sort_served:
         steps.append("EXPLAIN shows no Sort node above that scan")
     summary = (f"Proposed: CREATE INDEX on {design.describe()} ({ptype}), about {fmt_count(entries)} "
@@ -695,9 +708,12 @@ def _set_proposal(agent: AgentKey, ev: Evidence, designs: Sequence[IndexDesign],
         *(_extension_note(e) for e in extensions),
         *warnings,
     ])
+    resets = [c for d in designs if d.statistics_target for c in (
+        f"ALTER TABLE IF EXISTS {qualified(d.table)} ALTER COLUMN {ident(d.key[0].name)} SET STATISTICS -1",
+        f"ANALYZE {qualified(d.table)} ({ident(d.key[0].name)})")]
     return OptimizationProposal(
         agent=agent, proposal_type=ptype, sql_commands=tuple(commands),
-        rollback_commands=tuple(b.rollback for b in reversed(built)),
+        rollback_commands=(*resets, *(b.rollback for b in reversed(built))),
         rationale=rationale,
         estimated_impact=EstimatedImpact(query_time_improvement=improvement,
                                          storage_overhead_mb=round(sum(b.storage for b in built), 2),
@@ -764,11 +780,46 @@ def _trigram_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDe
                 f"no B-tree serves a pattern {kind}, "
                 f"a GIN index with {TRIGRAM_OPCLASS} (pg_trgm) answers it with a Bitmap Index Scan")
         notes.append(note)
-        out.append(IndexDesign(
+        design = IndexDesign(
             table=table, key=(KeyColumn(column, opclass=TRIGRAM_OPCLASS, label=f"{column}_trgm"),),
             kind="filter", fraction=fraction, benefit=ev.visited_rows(table) - fraction * rows,
-            reasons=(_scan_reason(ev, table, rows), note), method="gin", extension=TRIGRAM_EXTENSION))
+            reasons=(_scan_reason(ev, table, rows), note), method="gin", extension=TRIGRAM_EXTENSION)
+        out.append(design)
+        tuned = _pattern_statistics(ev, table, column, shown)
+        if tuned is not None:
+            target, why = tuned
+            out.append(dataclasses.replace(design, statistics_target=target, reasons=(*design.reasons, why)))
     return out
+
+
+def _pattern_statistics(ev: Evidence, table: str, column: str, shown: str) -> tuple[int, str] | None:
+    """A statistics target that lets the planner estimate a pattern, when the plan shows it cannot.
+
+    PostgreSQL estimates `LIKE '%…%'` / ILIKE by the share of the column's histogram bounds that
+    match (selfuncs.c, histogram_selectivity; 101 bounds at the default target of 100): a pattern
+    rarer than about 1 % then matches one bound or none, and its estimate is 1 % or more, or a
+    floor near zero, depending on the rows ANALYZE happened to sample. Near zero, the planner takes
+    the trigram index even where a sequential scan stops after a few pages (`LIMIT`), and that
+    flips from one ANALYZE to the next. A target giving ~PATTERN_BOUNDS_MATCHED matching bounds
+    for the fraction the plan observed makes the estimate follow the data instead."""
+    for node in ev.scans(table):
+        if (not node.analyzed or node.estimate_error < MISESTIMATE_FACTOR or node.scanned <= 0
+                or node.rows <= 0 or not any(_PATTERN_OPERATOR.search(c) and column in c
+                                             for c in node.conditions)):
+            continue
+        fraction = node.rows / node.scanned
+        target = math.ceil(PATTERN_BOUNDS_MATCHED / fraction / 100) * 100
+        target = min(MAX_STATISTICS_TARGET, max(MIN_PATTERN_TARGET, target))
+        why = (f"{node.label} was estimated at {fmt_count(node.plan_rows)} rows for {shown} and returned "
+               f"{fmt_count(node.rows)} ({fmt_pct(fraction)}): PostgreSQL estimates such a pattern from "
+               "the share of the column's histogram bounds it matches, about 100 at the default "
+               f"statistics target, too few for a pattern this rare. With SET STATISTICS {target} on "
+               f"{column} (and ANALYZE of it) about {PATTERN_BOUNDS_MATCHED} bounds match, and the "
+               "planner keeps a sequential scan where LIMIT stops it early instead of reading the "
+               "whole trigram index. ANALYZE of the column reads more rows and pg_statistic holds a "
+               "larger histogram; nothing changes on writes")
+        return target, why
+    return None
 
 
 def _order_limit_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:

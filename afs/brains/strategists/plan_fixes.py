@@ -5,10 +5,12 @@ Every strategist agent measures these after its own specialisation's candidates
 Evidence (the EXPLAIN (ANALYZE, BUFFERS) plan, the statistics and the query) that yields
 proposals; `RULES` is their tuple, as in sqlglot's optimizer:
 
-    extended_statistics   a scan or join node whose row estimate is off by ≥ 10× (either
-                          way) and that filters on ≥ 2 columns of one table compared with
-                          constants → CREATE STATISTICS (dependencies, ndistinct, mcv) on
-                          them, then ANALYZE of those columns (which builds the statistics)
+    extended_statistics   a node whose row estimate is off by ≥ 10× (either way) and that
+                          filters on ≥ 2 columns of one table compared with constants →
+                          CREATE STATISTICS (dependencies, mcv) on them; or an aggregate
+                          that groups by ≥ 2 columns of one table, its input estimated
+                          well → CREATE STATISTICS (ndistinct); then ANALYZE of those
+                          columns (which builds the statistics)
     work_mem              a Sort that spilled to disk (external merge), a Hash with more
                           than one batch, a HashAggregate that wrote to disk → work_mem for
                           this query: the next power of two above ~2.5× what spilled
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Final
 
 from afs.brains.strategists.evidence import SMALL_TABLE_ROWS, Evidence
@@ -32,11 +35,13 @@ from afs.models import AgentKey, AnalysisContext, EstimatedImpact, OptimizationP
 from afs.pg.names import ident, object_name, qualified, relation_name, schema_and_relation
 from afs.pg.plan import PlanNode, fmt_count, fmt_ms, fmt_pct
 
-__all__ = ["RULES", "extended_statistics", "plan_fix_proposals", "work_mem", "work_mem_mb"]
+__all__ = ["RULES", "extended_statistics", "misestimates", "plan_fix_proposals", "work_mem", "work_mem_mb"]
 
 MISESTIMATE_FACTOR: Final = 10.0  # rows estimated vs actual, either way
 MAX_STATISTICS: Final = 2  # CREATE STATISTICS candidates per query
 STATISTICS_KINDS: Final = ("dependencies", "ndistinct", "mcv")
+FILTER_KINDS: Final = ("dependencies", "mcv")  # selectivity of clauses over correlated columns
+GROUP_KINDS: Final = ("ndistinct",)  # the number of groups of correlated GROUP BY columns
 CONSTANT_ROLES: Final = ("equality", "range")  # column uses compared with a constant
 # A sort in memory takes more room than its run files on disk: 2.0–2.2× on PostgreSQL 18
 # (140,000 narrow rows: 6.2 MB on disk, 12.6–13.8 MB in memory); 2.5 leaves a margin.
@@ -86,26 +91,86 @@ def _condition_columns(ev: Evidence, node: PlanNode) -> dict[str, list[str]]:
     return found
 
 
-def extended_statistics(ev: Evidence, agent: AgentKey) -> Iterator[OptimizationProposal]:
-    """CREATE STATISTICS for correlated filter columns behind a row estimate off by ≥ 10×."""
-    seen: set[tuple[str, tuple[str, ...]]] = set()
-    for node in ev.nodes:
-        if len(seen) >= MAX_STATISTICS:
-            return
-        error = node.estimate_error
-        if error < MISESTIMATE_FACTOR or not node.conditions:
+def _group_columns(ev: Evidence, node: PlanNode) -> dict[str, list[str]]:
+    """table → the plain columns of it among `node`'s Group Key (an Aggregate or Group node).
+
+    A key is a column as EXPLAIN prints it (`city`, `a.city`); an expression key is skipped
+    (statistics on expressions exist, but the rule stays with what it can name safely). Only
+    columns the query groups by count (features' group role): the planner may add a key of
+    its own (a primary key that makes the others functionally dependent)."""
+    found: dict[str, list[str]] = {}
+    for key in node.group_key:
+        match = _NAME.fullmatch(key.strip())
+        if match is None:
             continue
-        for table, columns in _condition_columns(ev, node).items():
-            info = ev.table(table)
-            key = (table, tuple(sorted(columns)))
-            if len(columns) < 2 or info is None or info.rows < SMALL_TABLE_ROWS or key in seen:
-                continue
-            seen.add(key)
-            yield _statistics_proposal(ev, agent, node, table, columns, error)
+        qualifier, name = match.group(1), _unquote(match.group(2))
+        table = ev.resolver.table_of(_unquote(qualifier) if qualifier else None, name)
+        if table is None or not ev.resolver.has_column(table, name):
+            continue
+        grouped = {u.column for u in ev.uses(table, "group")}
+        if name in grouped and name not in found.get(table, []):
+            found.setdefault(table, []).append(name)
+    return found
 
 
-def _statistics_proposal(ev: Evidence, agent: AgentKey, node: PlanNode, table: str,
-                         columns: list[str], error: float) -> OptimizationProposal:
+def _input_estimate_error(ev: Evidence, node: PlanNode) -> float:
+    """The estimate error of the node's first child (1 for a leaf): an aggregate's error that its
+    input already had started lower in the plan, where statistics on the group keys cannot help."""
+    index = ev.nodes.index(node)
+    child = ev.nodes[index + 1] if index + 1 < len(ev.nodes) else None
+    return child.estimate_error if child is not None and child.depth == node.depth + 1 else 1.0
+
+
+@dataclass
+class Misestimate:
+    node: PlanNode
+    table: str
+    columns: list[str]
+    kinds: list[str]  # in STATISTICS_KINDS order
+    error: float
+    grouped: bool  # the misestimate is a group count (else a filter's selectivity)
+
+
+def misestimates(ev: Evidence) -> list[Misestimate]:
+    """The plan's row estimates off by ≥ MISESTIMATE_FACTOR that extended statistics address, by
+    (table, columns), at most MAX_STATISTICS: a scan or join filtering on ≥ 2 columns of one table
+    compared with constants (the planner multiplies their selectivities: dependencies, mcv), and an
+    aggregate grouping by ≥ 2 columns of one table whose input was estimated well (the planner
+    multiplies their distinct counts: ndistinct)."""
+    found: dict[tuple[str, tuple[str, ...]], Misestimate] = {}
+    for node in ev.nodes:
+        error = node.estimate_error
+        if error < MISESTIMATE_FACTOR:
+            continue
+        by_table: list[tuple[dict[str, list[str]], tuple[str, ...], bool]] = []
+        if node.conditions:
+            by_table.append((_condition_columns(ev, node), FILTER_KINDS, False))
+        if node.group_key and _input_estimate_error(ev, node) < MISESTIMATE_FACTOR:
+            by_table.append((_group_columns(ev, node), GROUP_KINDS, True))
+        for columns_of, kinds, grouped in by_table:
+            for table, columns in columns_of.items():
+                info = ev.table(table)
+                if len(columns) < 2 or info is None or info.rows < SMALL_TABLE_ROWS:
+                    continue
+                key = (table, tuple(sorted(columns)))
+                if key in found:
+                    known = found[key]
+                    known.kinds = [k for k in STATISTICS_KINDS if k in known.kinds or k in kinds]
+                    continue
+                if len(found) >= MAX_STATISTICS:
+                    return list(found.values())
+                found[key] = Misestimate(node, table, columns, list(kinds), error, grouped)
+    return list(found.values())
+
+
+def extended_statistics(ev: Evidence, agent: AgentKey) -> Iterator[OptimizationProposal]:
+    """CREATE STATISTICS for correlated columns behind a row estimate off by ≥ 10×."""
+    for found in misestimates(ev):
+        yield _statistics_proposal(ev, agent, found)
+
+
+def _statistics_proposal(ev: Evidence, agent: AgentKey, found: Misestimate) -> OptimizationProposal:
+    node, table, columns, error = found.node, found.table, found.columns, found.error
     schema, _ = schema_and_relation(table)
     name = object_name("afs", relation_name(table), *columns, suffix="stats")
     full_name = f"{ident(schema)}.{ident(name)}" if schema else ident(name)
@@ -113,18 +178,26 @@ def _statistics_proposal(ev: Evidence, agent: AgentKey, node: PlanNode, table: s
     way = "under" if node.rows > node.plan_rows else "over"
     share = min(1.0, node.total_ms / ev.ctx.execution_ms) if ev.ctx.execution_ms > 0 else 0.0
     names = ", ".join(columns[:-1]) + " and " + columns[-1]
+    kinds = ", ".join(found.kinds)
+    if found.grouped:
+        why = (f"It groups {table} by {names}, whose distinct combinations the planner takes for the "
+               "product of their distinct counts, as if the columns were independent. Extended "
+               f"statistics ({kinds}) on ({column_list}) count the combinations that occur")
+        after = "the aggregate's strategy (hash or sort, parallel or not), its memory and the plan above it"
+    else:
+        why = (f"It filters {table} on {names}, which the planner takes for independent columns and "
+               f"multiplies their selectivities. Extended statistics ({kinds}) on ({column_list}) let it "
+               "estimate them together")
+        after = "the join order, the join method or the scan"
     rationale = (
         f"{node.label} was estimated at {fmt_count(node.plan_rows)} rows and returned "
-        f"{fmt_count(node.rows)}: {way}estimated {error:,.0f}×. It filters {table} on {names}, which "
-        "the planner takes for independent columns and multiplies their selectivities. Extended "
-        f"statistics ({', '.join(STATISTICS_KINDS)}) on ({column_list}) let it estimate them together; "
-        f"ANALYZE of those columns builds them. The node and what is above it take "
-        f"{fmt_pct(share)} of {fmt_ms(ev.ctx.execution_ms)}: a corrected estimate may change the join "
-        "order, the join method or the scan, and whether the new plan is faster is measured. The "
+        f"{fmt_count(node.rows)}: {way}estimated {error:,.0f}×. {why}; ANALYZE of those columns builds "
+        f"them. The node and what is below it take {fmt_pct(share)} of {fmt_ms(ev.ctx.execution_ms)}: a "
+        f"corrected estimate may change {after}, and whether the new plan is faster is measured. The "
         "statistics are a few kB and cost a little more ANALYZE time; nothing changes on writes.")
     return OptimizationProposal(
         agent=agent, proposal_type="statistics",
-        sql_commands=(f"CREATE STATISTICS {full_name} ({', '.join(STATISTICS_KINDS)}) "
+        sql_commands=(f"CREATE STATISTICS {full_name} ({kinds}) "
                       f"ON {column_list} FROM {qualified(table)}",
                       f"ANALYZE {qualified(table)} ({column_list})"),
         rollback_commands=(f"DROP STATISTICS IF EXISTS {full_name}",),
