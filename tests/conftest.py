@@ -9,14 +9,17 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import trio
+from mcp import Client
 
 from afs.config import Settings, load_settings
+from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
+from afs.forks.server import build_server
 from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer
 
@@ -63,6 +66,13 @@ def sandbox(settings: Settings) -> Iterator[SandboxServer]:
 @pytest.fixture
 def provider(sandbox: SandboxServer) -> LocalForkProvider:
     return LocalForkProvider(sandbox.dsn())
+
+
+@pytest.fixture
+async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
+    """The fork tools over the real MCP protocol (an in-memory MCP session to our server)."""
+    async with Client(build_server(provider)) as client:
+        yield ForkClient(client)
 
 
 @pytest.fixture

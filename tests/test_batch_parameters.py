@@ -4,10 +4,8 @@ every proposal is measured and result-checked on (real server, real forks, real 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 
 import pytest
-from mcp import Client
 
 from afs.batch.fill import fill, fill_statement
 from afs.batch.report import Entry, outcome, render_markdown
@@ -16,8 +14,6 @@ from afs.config import Settings
 from afs.db import open_connection
 from afs.events import Emitter
 from afs.forks.client import ForkClient
-from afs.forks.provider import LocalForkProvider
-from afs.forks.server import build_server
 from afs.models import AgentKey, ColumnInfo, ColumnStats, EstimatedImpact, OptimizationProposal, TableInfo
 from afs.optimize import TaskRequest, new_task_id, optimize
 from afs.params import apply_parameters
@@ -79,12 +75,6 @@ async def test_a_tasks_stored_input_round_trips_its_sets(store_db: str, sandbox:
                                    dsn=None, task_type="query_optimization", priority="normal",
                                    provider="heuristic", weights=None, runs=1)
         assert (await store.get(plain.id)).parameters is None
-
-
-@pytest.fixture
-async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
-    async with Client(build_server(provider)) as client:
-        yield ForkClient(client)
 
 
 @pytest.mark.usefixtures("no_leaked_forks")

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import AsyncIterator
 
 import pytest
-from mcp import Client
 
 from afs.agents import (
     as_fast,
@@ -22,8 +20,6 @@ from afs.agents import (
 from afs.config import Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
-from afs.forks.provider import LocalForkProvider
-from afs.forks.server import build_server
 from afs.models import (
     AgentKey,
     BenchmarkOutcome,
@@ -127,12 +123,6 @@ def test_a_family_original_past_the_statement_timeout_is_paid_for_once_per_task(
 
 
 # -- end to end in real forks ----------------------------------------------------------------
-@pytest.fixture
-async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
-    async with Client(build_server(provider)) as client:
-        yield ForkClient(client)
-
-
 def proposal(agent: AgentKey, ptype: ProposalType, *sql: str, rewrite: str | None = None,
              settings: tuple[tuple[str, str], ...] = ()) -> OptimizationProposal:
     return OptimizationProposal(agent=agent, proposal_type=ptype, sql_commands=sql, rollback_commands=(),

@@ -33,7 +33,6 @@ import structlog.testing
 import trio
 import trio.testing
 from google.genai import errors as genai_errors
-from mcp import Client
 
 from afs.analysis import gather_context, table_info
 from afs.brains.gemini.brain import (
@@ -82,7 +81,6 @@ from afs.events import Emitter
 from afs.features import extract_features
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
-from afs.forks.server import build_server
 from afs.models import (
     AGENTS,
     AnalysisContext,
@@ -978,12 +976,6 @@ def answers(proposal: dict[str, Any]) -> Any:
         return reply_json(proposal if "candidates" in schema.get("properties", {}) else ANALYSIS)
 
     return respond
-
-
-@pytest.fixture
-async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
-    async with Client(build_server(provider)) as client:
-        yield ForkClient(client)
 
 
 @pytest.mark.usefixtures("no_leaked_forks")

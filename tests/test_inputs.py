@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -185,12 +185,6 @@ def test_cli_refuses_bad_input_with_exit_2_before_starting_anything(
 
 
 # -- inside a task -------------------------------------------------------------------------
-@pytest.fixture
-async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
-    async with Client(build_server(provider)) as client:
-        yield ForkClient(client)
-
-
 def _squad(brains: dict[str, object]) -> Squad:
     default = StrategistBrain()
     return Squad(brain_for=lambda agent: brains.get(agent, default),  # type: ignore[arg-type, return-value]

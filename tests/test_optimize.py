@@ -7,13 +7,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 
 import pytest
 import structlog
 import trio
 import trio.testing
-from mcp import Client
 
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings, Timeouts
@@ -22,7 +20,6 @@ from afs.errors import InputError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
-from afs.forks.server import build_server
 from afs.models import (
     AgentKey,
     AnalysisContext,
@@ -41,12 +38,6 @@ pytestmark = pytest.mark.usefixtures("no_leaked_forks")
 
 MISSING_INDEX = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending'"
                  " AND o.user_id = 42 ORDER BY o.created_at DESC")
-
-
-@pytest.fixture
-async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
-    async with Client(build_server(provider)) as client:
-        yield ForkClient(client)
 
 
 def squad(agents: tuple[AgentKey, ...] | None = None, brains: dict[str, object] | None = None) -> Squad:

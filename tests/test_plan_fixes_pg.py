@@ -4,17 +4,13 @@ measured in real forks (real server, MCP fork client, `optimize()`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 
 import pytest
-from mcp import Client
 
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
-from afs.forks.provider import LocalForkProvider
-from afs.forks.server import build_server
 from afs.models import AgentKey, CandidateResult, TaskResult
 from afs.optimize import TaskRequest, optimize
 from afs.report import to_json
@@ -22,12 +18,6 @@ from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
 
 pytestmark = pytest.mark.usefixtures("no_leaked_forks")
-
-
-@pytest.fixture
-async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
-    async with Client(build_server(provider)) as client:
-        yield ForkClient(client)
 
 
 async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, query: str,

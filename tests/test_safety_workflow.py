@@ -4,10 +4,8 @@ proposal that creates nothing new is rejected, and a migration that loses data f
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 
 import pytest
-from mcp import Client
 
 from afs.brains import Squad
 from afs.catalog import Fingerprint, lost_rows, table_fingerprints
@@ -16,8 +14,6 @@ from afs.db import open_connection
 from afs.errors import UnsafeSqlError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
-from afs.forks.provider import LocalForkProvider
-from afs.forks.server import build_server
 from afs.models import AgentKey, EstimatedImpact, OptimizationProposal, ProposalType, TaskResult
 from afs.optimize import TaskRequest, optimize
 from afs.router import load_rules
@@ -25,12 +21,6 @@ from afs.sandbox.server import SandboxServer
 from afs.testing import ScriptedBrain
 
 NO_LEAKS = pytest.mark.usefixtures("no_leaked_forks")
-
-
-@pytest.fixture
-async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
-    async with Client(build_server(provider)) as client:
-        yield ForkClient(client)
 
 
 def proposal(agent: AgentKey, ptype: ProposalType, *sql: str) -> OptimizationProposal:

@@ -8,15 +8,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
-from mcp import Client
 
 from afs.config import Settings
 from afs.db import open_connection
 from afs.errors import DatabaseError, InputError, UnknownTaskError
 from afs.events import Event
 from afs.forks.client import ForkClient
-from afs.forks.provider import LocalForkProvider
-from afs.forks.server import build_server
 from afs.models import RoutingDecision, TaskResult
 from afs.optimize import new_task_id
 from afs.report import render_text, to_json
@@ -36,12 +33,6 @@ QUERY = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending'"
 async def store(store_db: str) -> AsyncIterator[Store]:
     async with open_store(store_db) as opened:
         yield opened
-
-
-@pytest.fixture
-async def forks(provider: LocalForkProvider) -> AsyncIterator[ForkClient]:
-    async with Client(build_server(provider)) as client:
-        yield ForkClient(client)
 
 
 async def submit(store: Store, priority: str = "normal", **extra: object) -> str:
