@@ -94,6 +94,7 @@ async def _sandbox_status(settings: Settings) -> dict[str, Any]:
         "pid": state.pid,
         "data_dir": str(settings.pgdata),
         "forks": None,
+        "spares": None,  # ready forks kept for the next fork (where forks clone)
         # stopped: what a start gives (the image is mounted again then)
         "fork_method": ("clone" if image.exists() else await trio.to_thread.run_sync(fork_method, probe)
                         if probe.is_dir() else "copy"),
@@ -107,7 +108,10 @@ async def _sandbox_status(settings: Settings) -> dict[str, Any]:
                                        " WHERE datname = %s", (settings.demo_database,))
             info["size_mb"] = None if size is None else round(size / 1048576, 1)
             if await conn.fetchval("SELECT to_regclass('afs.forks')"):
-                info["forks"] = await conn.fetchval("SELECT count(*) FROM afs.forks")
+                counts = await conn.fetchone(
+                    "SELECT count(*) FILTER (WHERE state <> 'spare'),"
+                    " count(*) FILTER (WHERE state = 'spare') FROM afs.forks")
+                info["forks"], info["spares"] = counts or (0, 0)
     return info
 
 
@@ -121,7 +125,9 @@ def _status_text(info: dict[str, Any]) -> str:
     return (f"sandbox: running (pid {info['pid']})\n"
             f"database: {info['database']} ({size})\n"
             f"dsn: {info['dsn']}\n"
-            f"forks: {info['forks'] or 0}, made by {method}{image}")
+            f"forks: {info['forks'] or 0}, made by {method}{image}"
+            + (f"\nspares: {info['spares']} ready forks kept for the next task (AFS_FORK_SPARES)"
+               if info.get("spares") else ""))
 
 
 async def cmd_sandbox_up(args: argparse.Namespace, settings: Settings) -> int:
@@ -1024,7 +1030,7 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
         sandbox.start()
         admin_dsn = sandbox.dsn()
     provider = LocalForkProvider(admin_dsn, limits=ForkLimits.from_settings(settings),
-                                 public_address=args.public_address)
+                                 public_address=args.public_address, spares=settings.fork_spares)
     for source in args.register:
         trio.run(provider.register_source, source, "registered")
     if args.http:

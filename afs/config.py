@@ -12,6 +12,8 @@ Environment:
     AFS_STATEMENT_TIMEOUT_MS  server-side statement timeout of every connection
     AFS_FORK_TTL_SECONDS      default lifetime of a fork
     AFS_FORK_GC_INTERVAL_S    how often a running fork server collects expired forks (default 60)
+    AFS_FORK_SPARES           ready forks the fork server keeps per source where forks clone
+                              (default 3; 0: none)
     AFS_FORK_MAX_GROWTH_MB    how much a fork may grow past its copy (default 2048)
     AFS_FORK_TEMP_FILE_LIMIT_MB  temp_file_limit of every fork's role (default 2048)
     AFS_SCALE                 demo data scale: small | demo | large
@@ -75,6 +77,7 @@ DEFAULT_HOME = "~/.afs"
 DEFAULT_STATEMENT_TIMEOUT_MS = 60_000
 DEFAULT_FORK_TTL_SECONDS = 3600
 DEFAULT_FORK_GC_INTERVAL_S = 60
+DEFAULT_FORK_SPARES = 3  # a squad's forks at once
 DEFAULT_FORK_MAX_GROWTH_MB = 2048
 DEFAULT_FORK_TEMP_FILE_LIMIT_MB = 2048
 DEFAULT_SCALE = "demo"
@@ -210,6 +213,7 @@ class Settings:
     statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
     fork_ttl_seconds: int = DEFAULT_FORK_TTL_SECONDS
     fork_gc_interval_s: int = DEFAULT_FORK_GC_INTERVAL_S
+    fork_spares: int = DEFAULT_FORK_SPARES
     fork_max_growth_mb: int = DEFAULT_FORK_MAX_GROWTH_MB
     fork_temp_file_limit_mb: int = DEFAULT_FORK_TEMP_FILE_LIMIT_MB
     scale: str = DEFAULT_SCALE
@@ -286,13 +290,14 @@ def _target_from_env(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def _int(value: Any, name: str, source: str) -> int:
+def _int(value: Any, name: str, source: str, minimum: int = 1) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{source}: {name} must be an integer, got {value!r}") from None
-    if number <= 0:
-        raise ConfigError(f"{source}: {name} must be positive, got {number}")
+    if number < minimum:
+        raise ConfigError(f"{source}: {name} must be {'positive' if minimum == 1 else f'at least {minimum}'},"
+                          f" got {number}")
     return number
 
 
@@ -339,6 +344,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         value, source = pick(key, env_name)
         if value is not None:
             changes[key] = _int(value, key, source)
+    value, source = pick("fork_spares", "AFS_FORK_SPARES")
+    if value is not None:
+        changes["fork_spares"] = _int(value, "fork_spares", source, minimum=0)
     for key, env_name in (
         ("runs", "AFS_RUNS"),
         ("min_runs", "AFS_MIN_RUNS"),

@@ -3,19 +3,27 @@
 On the sandbox's demo database, in one run, the median of N repetitions of:
 
   (a) afs clone      fork create + destroy through AFS: `service_fork` + `service_delete`
-                     over one MCP stdio session opened beforehand (the fork server and
+                     over an MCP stdio session opened beforehand (the fork server and
                      PostgreSQL already run; only the round trips are timed), with
                      `file_copy_method = clone` (copy-on-write; only where the sandbox's
-                     filesystem has reflinks, see `afs sandbox up --cow`);
-  (b) afs copy       the same with `file_copy_method = copy`, on the same disk;
+                     filesystem has reflinks, see `afs sandbox up --cow`), as AFS runs it:
+                     the fork server keeps AFS_FORK_SPARES (default 3) ready forks of a
+                     source it has forked, and the fork claims one (renamed, new password);
+                     after each such run the script waits, untimed, until the server has
+                     topped its spares up again, as it does between two tasks;
+  (a') afs clone, no spare   the same on a fork server without spares (AFS_FORK_SPARES=0):
+                     the template cloned while you wait (CREATE DATABASE … FILE_COPY, the
+                     fork's role, limits, hand-over, log-in check);
+  (b) afs copy       (a') with `file_copy_method = copy`, on the same disk;
   (c) raw template   `CREATE DATABASE … TEMPLATE <demo>_template STRATEGY FILE_COPY` +
                      `DROP DATABASE`, on a superuser connection, with the server's method;
   (d) dump/restore   `CREATE DATABASE`, `pg_dump --format=custom <demo> | pg_restore`
                      into it, `DROP DATABASE`;
-  (e) three at once  three AFS forks created at the same time over the one MCP session,
+  (e) three at once  three AFS forks created at the same time over the MCP session of (a),
                      then destroyed at the same time (the server's method): a squad's start;
-  (f) disk per fork  the space one fresh AFS fork adds to the data directory's filesystem
-                     (used blocks before and after it is created, before any change to it).
+  (f) disk per fork  the space one fresh AFS fork (no spare, as (a')) adds to the data
+                     directory's filesystem (used blocks before and after it is created,
+                     before any change to it).
 
 The method of (a) and (b) is switched for the fork server's connections only
 (`ALTER ROLE postgres IN DATABASE postgres SET file_copy_method`, reset at the end).
@@ -31,8 +39,9 @@ It uses the configured AFS_HOME, starts the sandbox and seeds the demo database
 when missing (like `afs sandbox up`), and stops the sandbox at the end only if
 it started it. `--json` prints {"afs_ms", "raw_template_ms", "dump_restore_ms",
 "ratio_vs_raw_template", "ratio_vs_dump_restore", "db_size_mb", "fork_method", "clone_ms",
-"copy_ms", "ratio_clone_vs_copy", "parallel3_ms", "fork_added_mb"} as the last line of
-stdout (clone_ms and its ratio are null where forks cannot clone). Progress goes to
+"copy_ms", "ratio_clone_vs_copy", "parallel3_ms", "fork_added_mb", "clone_cold_ms",
+"ratio_clone_cold_vs_copy", "spares"} as the last line of stdout (the clone figures are null
+where forks cannot clone). Progress goes to
 stderr. Forks and the bench_* databases are removed on exit, also on Ctrl-C.
 """
 
@@ -47,7 +56,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import harness
 import trio
@@ -69,6 +78,7 @@ RAW_DB = "bench_raw"
 DUMP_DB = "bench_dump"
 ADMIN_TIMEOUT_MS = 600_000
 CLEANUP_TIMEOUT_S = 60
+SPARES_WAIT_S = 30
 GOAL_VS_RAW = 1.5
 GOAL_VS_DUMP = 0.25
 GOAL_CLONE_MS = 150.0
@@ -97,6 +107,7 @@ class Measured:
     methods: dict[str, Method]  # clone (may be empty), copy, raw, dump, parallel3
     size_mb: float
     fork_method: str  # the server's own
+    spares: int  # ready forks the fork server of (a) keeps (0 where forks copy)
     added_mb: list[float]
 
 
@@ -193,6 +204,18 @@ async def added_by_one_fork(client: ForkClient, provider: LocalForkProvider, sou
         await destroy_fork_shielded(client, provider, name)
 
 
+async def spares_ready(admin: Connection, source: str, wanted: int) -> None:
+    """Wait until `wanted` spares of `source` are ready (at most SPARES_WAIT_S)."""
+    if wanted <= 0:
+        return
+    with trio.move_on_after(SPARES_WAIT_S) as waiting:
+        while await admin.fetchval("SELECT count(*) FROM afs.forks WHERE state = 'spare'"  # noqa: ASYNC110
+                                   " AND parent = %s", (source,)) < wanted:
+            await trio.sleep(0.02)
+    if waiting.cancelled_caught:
+        progress(f"the fork server did not top up its {wanted} spares in {SPARES_WAIT_S} s")
+
+
 # -- (c) raw template ------------------------------------------------------------------
 async def raw_template_cycle(admin: Connection, template: str) -> float:
     async def cycle() -> None:
@@ -275,8 +298,9 @@ async def measure(settings: Settings, server: SandboxServer, scale: str, runs: i
     provider = LocalForkProvider(admin_dsn)
     data_dir = str(settings.pgdata)
     methods = {
-        "clone": Method("AFS fork, clone (MCP create + destroy)", []),
-        "copy": Method("AFS fork, copy (MCP create + destroy)", []),
+        "clone": Method("AFS fork, clone, from a spare", []),
+        "clone_cold": Method("AFS fork, clone, no spare", []),
+        "copy": Method("AFS fork, copy", []),
         "parallel3": Method("three AFS forks at once (create + destroy)", []),
         "raw": Method("CREATE DATABASE … TEMPLATE + DROP", []),
         "dump": Method("pg_dump | pg_restore + DROP", []),
@@ -291,28 +315,43 @@ async def measure(settings: Settings, server: SandboxServer, scale: str, runs: i
         size_mb = round((size or 0) / 1048576, 1)
         for leftover in (RAW_DB, DUMP_DB):
             await drop_shielded(admin, leftover)
-        ways = ["clone", "copy"] if fork_method == "clone" else ["copy"]
-        progress(f"{source}: {size_mb} MB, forks {fork_method} here; opening the MCP session"
+        progress(f"{source}: {size_mb} MB, forks {fork_method} here; opening the MCP sessions"
                  " (not timed)")
-        async with open_fork_client(settings) as client:
+        spares = settings.fork_spares if fork_method == "clone" else 0
+        async with open_fork_client(settings) as client, \
+                open_fork_client(replace(settings, fork_spares=0)) as cold:
             template = template_name(source)
+
+            async def spared(action: Callable[[], Awaitable[float]]) -> float:
+                """`action` on the session with spares; then wait (not timed) until the fork
+                server has topped them up again, so every such run finds them ready."""
+                took = await action()
+                await spares_ready(admin, source, spares)
+                return took
+
             try:
                 progress("warm-up (not counted)")
-                for way in ways:
-                    await use_method(admin, way)
-                    await afs_fork_cycle(client, provider, source)
+                if fork_method == "clone":
+                    await spared(lambda: afs_fork_cycle(client, provider, source))
+                    await use_method(admin, "copy")
+                    await afs_fork_cycle(cold, provider, source)
                 await use_method(admin, None)
+                await afs_fork_cycle(cold, provider, source)
                 await raw_template_cycle(admin, template)
                 for run in range(1, max(runs, dump_runs) + 1):
                     if run <= runs:
-                        for way in ways:
-                            await use_method(admin, way)
-                            methods[way].samples.append(await afs_fork_cycle(client, provider, source))
+                        if fork_method == "clone":
+                            methods["clone"].samples.append(
+                                await spared(lambda: afs_fork_cycle(client, provider, source)))
+                            methods["clone_cold"].samples.append(
+                                await afs_fork_cycle(cold, provider, source))
+                            await use_method(admin, "copy")
+                        methods["copy"].samples.append(await afs_fork_cycle(cold, provider, source))
                         await use_method(admin, None)
                         methods["raw"].samples.append(await raw_template_cycle(admin, template))
                         methods["parallel3"].samples.append(
-                            await three_at_once(client, provider, source))
-                        added.append(await added_by_one_fork(client, provider, source, data_dir))
+                            await spared(lambda: three_at_once(client, provider, source)))
+                        added.append(await added_by_one_fork(cold, provider, source, data_dir))
                         progress(f"run {run}: " + ", ".join(
                             f"{way} {m.samples[-1]:.1f} ms" for way, m in methods.items()
                             if way != "dump" and m.samples) + f", +{added[-1]:.1f} MB per fork")
@@ -322,15 +361,17 @@ async def measure(settings: Settings, server: SandboxServer, scale: str, runs: i
                         progress(f"run {run}: dump/restore {methods['dump'].samples[-1]:.1f} ms")
             finally:
                 await use_method(admin, None)
-    return Measured(methods, size_mb, fork_method, added)
+    return Measured(methods, size_mb, fork_method, spares, added)
 
 
 def report(measured: Measured) -> dict[str, object]:
     m = measured.methods
     clone = m["clone"] if m["clone"].samples else None
+    cold = m["clone_cold"] if m["clone_cold"].samples else None
     copy, raw, dump, three = m["copy"], m["raw"], m["dump"], m["parallel3"]
     afs = clone if measured.fork_method == "clone" and clone is not None else copy
-    print(f"{measured.size_mb} MB database; this server forks by {measured.fork_method}")
+    print(f"{measured.size_mb} MB database; this server forks by {measured.fork_method}"
+          + (f", keeping {measured.spares} spares" if measured.spares else ""))
     print(f"{'method':<42} {'runs':>4} {'median ms':>11} {'min ms':>11} {'max ms':>11}"
           f" {'× AFS':>9}")
     for method in m.values():
@@ -358,11 +399,15 @@ def report(measured: Measured) -> dict[str, object]:
         "ratio_clone_vs_copy": round(clone.median / copy.median, 4) if clone else None,
         "parallel3_ms": round(three.median, 1),
         "fork_added_mb": round(added, 2),
+        "clone_cold_ms": round(cold.median, 1) if cold else None,
+        "ratio_clone_cold_vs_copy": round(cold.median / copy.median, 4) if cold else None,
+        "spares": measured.spares,
     }
     goals: list[tuple[str, float | None, float, str]] = [
         ("clone_ms", clone.median if clone else None, GOAL_CLONE_MS, "ms"),
         ("ratio_clone_vs_copy", clone.median / copy.median if clone else None, GOAL_CLONE_VS_COPY,
          "at demo scale"),
+        ("clone_cold_ms (no spare)", cold.median if cold else None, GOAL_CLONE_MS, "ms"),
         ("parallel3_ms / afs_ms", three.median / afs.median, GOAL_PARALLEL3_VS_ONE, ""),
         ("fork_added_mb", added, GOAL_ADDED_MB, "MB"),
         ("ratio_vs_raw_template", afs.median / raw.median, GOAL_VS_RAW, ""),

@@ -38,11 +38,14 @@ async def test_fork_latency_script(sandbox: SandboxServer, provider: LocalForkPr
     data = await script("fork_latency.py", "--quick", "--runs", "1", "--scale", "small")
     assert set(data) == {"afs_ms", "raw_template_ms", "dump_restore_ms", "ratio_vs_raw_template",
                          "ratio_vs_dump_restore", "db_size_mb", "fork_method", "clone_ms", "copy_ms",
-                         "ratio_clone_vs_copy", "parallel3_ms", "fork_added_mb"}
+                         "ratio_clone_vs_copy", "parallel3_ms", "fork_added_mb", "clone_cold_ms",
+                         "ratio_clone_cold_vs_copy", "spares"}
     assert data["afs_ms"] > 0 and data["dump_restore_ms"] > data["raw_template_ms"] > 0
     assert data["copy_ms"] > 0 and data["parallel3_ms"] > 0
     # clone only where the session's sandbox can: then both ways were measured in the same run
     assert (data["clone_ms"] is None) is (data["fork_method"] == "copy")
+    assert (data["clone_cold_ms"] is None) is (data["fork_method"] == "copy")
+    assert (data["spares"] == 0) is (data["fork_method"] == "copy")  # no spares where forks copy
     assert data["afs_ms"] == (data["clone_ms"] if data["fork_method"] == "clone" else data["copy_ms"])
     assert sandbox.status().running  # it did not stop a sandbox it had not started
 

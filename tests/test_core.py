@@ -41,7 +41,15 @@ def test_settings_from_env_and_file(tmp_path: Path) -> None:
     assert load_settings({"AFS_HOME": str(tmp_path), "AFS_DATABASE_URL": url}).target_dsn == url
 
 
-@pytest.mark.parametrize("text", ["scale: huge\n", "fork_ttl_seconds: -1\n", "[1, 2\n", "- a\n"])
+def test_spares_may_be_turned_off_but_not_negative(tmp_path: Path) -> None:
+    assert load_settings({"AFS_HOME": str(tmp_path)}).fork_spares == 3
+    assert load_settings({"AFS_HOME": str(tmp_path), "AFS_FORK_SPARES": "0"}).fork_spares == 0
+    with pytest.raises(ConfigError, match=r"AFS_FORK_SPARES.*at least 0"):
+        load_settings({"AFS_HOME": str(tmp_path), "AFS_FORK_SPARES": "-1"})
+
+
+@pytest.mark.parametrize("text", ["scale: huge\n", "fork_ttl_seconds: -1\n", "[1, 2\n", "- a\n",
+                                  "fork_spares: -2\n"])
 def test_bad_settings_file_names_the_file(tmp_path: Path, text: str) -> None:
     (tmp_path / "settings.yaml").write_text(text)
     with pytest.raises(ConfigError, match=r"settings\.yaml") as caught:

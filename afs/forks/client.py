@@ -191,6 +191,7 @@ def server_parameters(settings: Settings) -> StdioServerParameters:
     command, *args = settings.fork_server_command
     env = dict(os.environ)
     env["AFS_HOME"] = str(settings.home)
+    env["AFS_FORK_SPARES"] = str(settings.fork_spares)  # these settings', not the file's alone
     return StdioServerParameters(command=command, args=args, env=env)
 
 

@@ -13,6 +13,17 @@ database): parent, role password, owner process, TTL. The row is written
 before anything else is made and deleted last, so `gc()` can always find and
 remove what a killed process left behind: expired forks, forks whose owner
 process is gone, and fork databases or roles that have no row.
+
+Spares. Where forks clone (copy-on-write), the provider keeps `spares` ready forks
+of each source it has forked (`top_up_spares`, run by the fork server in the
+background): databases made from the template, role, limits and hand-over done,
+state `spare`, no owner. A fork of that source then claims one in a single
+transaction (the database and role renamed to the fork's name, a new password, the
+limits set again) instead of copying: a squad's forks are ready in milliseconds.
+A spare is a fork of the template as it was when the spare was made: refreshing
+the template removes the spares made before (and `gc()` removes any it finds), so
+a claimed spare never holds older data than a fork made at that moment would.
+Where forks copy, there are no spares (each would cost a full copy of the data).
 """
 
 from __future__ import annotations
@@ -49,6 +60,8 @@ TEMPLATE_LOCK = "afs.template:"  # advisory lock: refresh exclusive, forking sha
 HAND_OVER_LOCK = "afs.hand_over"  # advisory lock around REASSIGN OWNED in a new fork
 FORK_CONNECTION_LIMIT = 20
 STUCK_CREATION_S = 600
+SPARE_TTL_S = 3600  # an unclaimed spare is collected after an hour
+SPARE_LABEL = "spare"
 _SQLSTATE_IN_USE = "55006"
 _SQLSTATE_DUPLICATE_DB = "42P04"
 
@@ -64,7 +77,7 @@ CREATE TABLE IF NOT EXISTS afs.forks (
     name          text PRIMARY KEY,
     parent        text NOT NULL,
     role_password text NOT NULL,
-    state         text NOT NULL DEFAULT 'creating' CHECK (state IN ('creating', 'ready')),
+    state         text NOT NULL DEFAULT 'creating',
     owner_host    text,
     owner_pid     integer,
     owner_started double precision,
@@ -75,6 +88,15 @@ CREATE TABLE IF NOT EXISTS afs.forks (
 ALTER TABLE afs.forks ADD COLUMN IF NOT EXISTS base_bytes bigint;
 -- an import's origin server: server_version and planner settings (afs.analysis.server_facts)
 ALTER TABLE afs.sources ADD COLUMN IF NOT EXISTS origin_server jsonb;
+-- states: creating -> ready (a fork), creating -> spare -> ready (claimed, renamed)
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'afs.forks'::regclass
+                 AND conname = 'forks_state_check' AND pg_get_constraintdef(oid) LIKE '%spare%') THEN
+    ALTER TABLE afs.forks DROP CONSTRAINT IF EXISTS forks_state_check;
+    ALTER TABLE afs.forks ADD CONSTRAINT forks_state_check
+      CHECK (state IN ('creating', 'ready', 'spare'));
+  END IF;
+END $$;
 """
 
 
@@ -162,14 +184,20 @@ class LocalForkProvider:
     """Fork databases on one PostgreSQL server, reached with a superuser DSN."""
 
     def __init__(self, admin_dsn: str, statement_timeout_ms: int = 120_000,
-                 limits: ForkLimits | None = None, public_address: str | None = None) -> None:
+                 limits: ForkLimits | None = None, public_address: str | None = None,
+                 spares: int = 0) -> None:
         """`public_address` ("host[:port]"): where clients reach the server, when that is not
-        the admin DSN's host (a server in a container, published on the host machine)."""
+        the admin DSN's host (a server in a container, published on the host machine).
+        `spares`: ready forks to keep per source this provider has forked, where forks
+        clone (0: none; see the module's docstring)."""
         self.admin_dsn = admin_dsn
         self.public_address = public_address
         self.statement_timeout_ms = statement_timeout_ms
         self.limits = limits or ForkLimits()
+        self.spares = spares
         self._catalog_ready = False
+        self._spare_sources: set[str] = set()  # sources forked here: their spares are kept
+        self._spares_wanted = trio.Event()
 
     # -- plumbing -----------------------------------------------------------
     def _admin(self) -> Any:
@@ -241,6 +269,7 @@ class LocalForkProvider:
         await conn.execute(
             "UPDATE afs.sources SET refreshed_at = now() WHERE name = %s", (source,)
         )
+        await self._remove_spares(conn, source)  # copies of the old template
 
     async def drop_source(self, source: str) -> None:
         """Drop a source database, its template and its catalog row (forks of it stay)."""
@@ -249,6 +278,7 @@ class LocalForkProvider:
             await self.ensure_catalog(conn)
             if await self._database_exists(conn, template):
                 await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE false")
+            await self._remove_spares(conn, source)
             for name in (template, source):
                 await self._drop_database(conn, name)
             await conn.execute("DELETE FROM afs.sources WHERE name = %s", (source,))
@@ -313,29 +343,123 @@ class LocalForkProvider:
             owner_started = _process_start(owner_pid)
             if owner_started is None:
                 raise InputError(f"owner process {owner_pid} does not exist on {here}")
+        owner = (owner_host, owner_pid, owner_started)
         password = secrets.token_urlsafe(24)
         async with self._admin() as conn:
             await self.ensure_catalog(conn)
             template = await self._template_of(conn, service_id)
-            inserted = await conn.fetchval(
-                "INSERT INTO afs.forks (name, parent, role_password, owner_host, owner_pid,"
-                " owner_started, ttl_seconds, expires_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s))"
-                " ON CONFLICT (name) DO NOTHING RETURNING 1",
-                (name, service_id, password, owner_host, owner_pid, owner_started, ttl_seconds,
-                 ttl_seconds),
-            )
-            if not inserted or await self._database_exists(conn, name):
+            if await conn.fetchval("SELECT 1 FROM afs.forks WHERE name = %s", (name,)) \
+                    or await self._database_exists(conn, name):
                 raise InputError(f"a fork named {name!r} exists already")
-            try:
-                await self._make_fork(conn, name, password, template)
-            except BaseException:
-                with trio.CancelScope(shield=True):
-                    await self._remove(conn, name)
-                raise
+            spares = self.spares > 0 and template != service_id  # a source's fork: spares serve it
+            if not (spares and await self._claim_spare(conn, service_id, template, name, password,
+                                                       ttl_seconds, owner)):
+                await self._create(conn, service_id, template, name, password, ttl_seconds,
+                                   owner, state="ready")
             fork = (await self._forks(conn, name))[0]
+        if spares:  # after the claim: the top-up counts what is left
+            self._spare_sources.add(service_id)
+            self._spares_wanted.set()
         await self._verify(fork.name, password)
         return fork
+
+    # -- spares -------------------------------------------------------------
+    async def spares_wanted(self) -> None:
+        """Return once a fork of a source was asked for since the last call (the fork
+        server then tops up the spares)."""
+        await self._spares_wanted.wait()
+        self._spares_wanted = trio.Event()
+
+    async def top_up_spares(self) -> list[str]:
+        """Make spares, one at a time, until each source forked here has `spares` fresh
+        ones (none where forks copy); returns the names made."""
+        made: list[str] = []
+        for source in sorted(self._spare_sources):
+            async with self._admin() as conn:
+                await self.ensure_catalog(conn)
+                if not await _forks_clone(conn):
+                    return made
+                fresh = await conn.fetchval(
+                    "SELECT count(*) FROM afs.forks f JOIN afs.sources s ON s.name = f.parent"
+                    " WHERE f.state = 'spare' AND f.parent = %s"
+                    " AND f.created_at >= coalesce(s.refreshed_at, '-infinity')",
+                    (source,))
+                template = await self._template_of(conn, source)
+                for _ in range(self.spares - int(fresh or 0)):
+                    name = validate_name(random_fork_name(SPARE_LABEL))
+                    password = secrets.token_urlsafe(24)
+                    await self._create(conn, source, template, name, password, SPARE_TTL_S,
+                                       (None, None, None), state="spare")
+                    await self._verify(name, password)
+                    made.append(name)
+        return made
+
+    async def _claim_spare(self, conn: Connection, source: str, template: str, name: str,
+                           password: str, ttl_seconds: int,
+                           owner: tuple[str | None, int | None, float | None]) -> bool:
+        """Turn a fresh spare of `source` into the fork `name`, in one transaction; False
+        when there is none (or forks copy here)."""
+        if not await _forks_clone(conn):
+            return False
+        ident = quote_ident(name)
+        owner_host, owner_pid, owner_started = owner
+        async with advisory_lock(conn, TEMPLATE_LOCK + template, shared=True):  # not mid-refresh
+            await conn.execute("BEGIN")
+            try:
+                spare = await conn.fetchval(
+                    "SELECT f.name FROM afs.forks f JOIN afs.sources s ON s.name = f.parent"
+                    " WHERE f.state = 'spare' AND f.parent = %s"
+                    " AND f.created_at >= coalesce(s.refreshed_at, '-infinity')"
+                    " AND f.expires_at > now() + interval '1 minute'"
+                    " ORDER BY f.created_at LIMIT 1 FOR UPDATE OF f SKIP LOCKED", (source,))
+                if spare is None:
+                    await conn.execute("ROLLBACK")
+                    return False
+                await conn.execute(
+                    "UPDATE afs.forks SET name = %s, role_password = %s, state = 'ready',"
+                    " owner_host = %s, owner_pid = %s, owner_started = %s, created_at = now(),"
+                    " ttl_seconds = %s, expires_at = now() + make_interval(secs => %s)"
+                    " WHERE name = %s",
+                    (name, password, owner_host, owner_pid, owner_started, ttl_seconds,
+                     ttl_seconds, spare))
+                await conn.execute(f"ALTER DATABASE {quote_ident(spare)} RENAME TO {ident}")
+                await conn.execute(f"ALTER ROLE {quote_ident(spare)} RENAME TO {ident}")
+                await conn.execute(f"ALTER ROLE {ident} PASSWORD {quote_literal(password)}")
+                await apply_role_limits(conn, name, self.limits)  # today's limits
+                await conn.execute("COMMIT")
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await conn.execute("ROLLBACK")
+                raise
+        return True
+
+    async def _remove_spares(self, conn: Connection, source: str) -> None:
+        rows = await conn.fetchall(
+            "SELECT name FROM afs.forks WHERE state = 'spare' AND parent = %s", (source,))
+        for (name,) in rows:
+            await self._remove(conn, name)
+
+    async def _create(self, conn: Connection, parent: str, template: str, name: str,
+                      password: str, ttl_seconds: int,
+                      owner: tuple[str | None, int | None, float | None], state: str) -> None:
+        """Catalog row first, then role and database; everything removed again on failure."""
+        owner_host, owner_pid, owner_started = owner
+        inserted = await conn.fetchval(
+            "INSERT INTO afs.forks (name, parent, role_password, owner_host, owner_pid,"
+            " owner_started, ttl_seconds, expires_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s))"
+            " ON CONFLICT (name) DO NOTHING RETURNING 1",
+            (name, parent, password, owner_host, owner_pid, owner_started, ttl_seconds,
+             ttl_seconds),
+        )
+        if not inserted or await self._database_exists(conn, name):
+            raise InputError(f"a fork named {name!r} exists already")
+        try:
+            await self._make_fork(conn, name, password, template, state)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._remove(conn, name)
+            raise
 
     async def delete(self, service_id: str) -> dict[str, Any]:
         """Destroy a fork: database, role and catalog row. Idempotent."""
@@ -347,7 +471,8 @@ class LocalForkProvider:
         return {"service_id": service_id, "deleted": existed}
 
     async def gc(self) -> GcReport:
-        """Remove expired forks, forks of dead owners and leftovers without a catalog row.
+        """Remove expired forks, forks of dead owners, spares older than their source's
+        template and leftovers without a catalog row.
 
         Each fork is removed on its own: one that cannot be removed (its role still
         owns or holds something elsewhere, say) is reported in `failed` and kept in
@@ -360,12 +485,14 @@ class LocalForkProvider:
             rows = await conn.fetchall(
                 "SELECT name, owner_host, owner_pid, owner_started,"
                 " expires_at < now() AS expired,"
-                " state = 'creating' AND created_at < now() - make_interval(secs => %s) AS stuck"
+                " state = 'creating' AND created_at < now() - make_interval(secs => %s) AS stuck,"
+                " state = 'spare' AND NOT EXISTS (SELECT 1 FROM afs.sources s WHERE s.name = parent"
+                " AND created_at >= coalesce(s.refreshed_at, '-infinity')) AS stale"
                 " FROM afs.forks ORDER BY name",
                 (STUCK_CREATION_S,),
             )
-            doomed = [name for name, host, pid, started, expired, stuck in rows
-                      if expired or stuck or not owner_alive(host, pid, started)]
+            doomed = [name for name, host, pid, started, expired, stuck, stale in rows
+                      if expired or stuck or stale or not owner_alive(host, pid, started)]
             like = FORK_PREFIX.replace("_", r"\_") + "%"
             stray = await conn.fetchall(
                 "SELECT datname FROM pg_database WHERE datname LIKE %s"
@@ -416,7 +543,8 @@ class LocalForkProvider:
         return {r[0] for r in rows}
 
     # -- internals ------------------------------------------------------------
-    async def _make_fork(self, conn: Connection, name: str, password: str, template: str) -> None:
+    async def _make_fork(self, conn: Connection, name: str, password: str, template: str,
+                         state: str) -> None:
         ident = quote_ident(name)
         await conn.execute(
             f"CREATE ROLE {ident} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION"
@@ -433,8 +561,8 @@ class LocalForkProvider:
         async with open_connection(fork_admin_dsn, self.statement_timeout_ms) as fork_conn:
             # REASSIGN OWNED touches pg_database rows: one at a time (see _reassign_owned_here)
             await _hand_over_objects(fork_conn, name, lambda: advisory_lock(conn, HAND_OVER_LOCK))
-        await conn.execute("UPDATE afs.forks SET state = 'ready', base_bytes = pg_database_size(%s)"
-                           " WHERE name = %s", (name, name))
+        await conn.execute("UPDATE afs.forks SET state = %s, base_bytes = pg_database_size(%s)"
+                           " WHERE name = %s", (state, name, name))
 
     async def _verify(self, name: str, password: str) -> None:
         """The seed's "verify fork accessible": log in as the fork's role (at the admin DSN's
@@ -520,6 +648,12 @@ class LocalForkProvider:
             )
             for fname, password, parent, created, ttl, expires, host, pid in rows
         ]
+
+
+async def _forks_clone(conn: Connection) -> bool:
+    """Whether CREATE DATABASE on `conn` clones files (PostgreSQL 18, file_copy_method)."""
+    return bool(await conn.fetchval(
+        "SELECT current_setting('file_copy_method', true) IS NOT DISTINCT FROM 'clone'"))
 
 
 def _iso(value: datetime) -> str:

@@ -129,6 +129,22 @@ async def enforce_limits_periodically(provider: LocalForkProvider, interval_s: f
                         max_growth_mb=provider.limits.max_growth_mb)
 
 
+async def keep_spares(provider: LocalForkProvider) -> None:
+    """Top up the spares each time a source is forked, for as long as the server runs
+    (nothing to do with `spares` = 0); a failure is logged and tried again at the next fork."""
+    if provider.spares <= 0:
+        return
+    while True:
+        await provider.spares_wanted()
+        try:
+            made = await provider.top_up_spares()
+        except AfsError as exc:
+            log.warning("fork_spares_not_made", error=str(exc))
+            continue
+        if made:
+            log.info("fork_spares_made", forks=made)
+
+
 async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int,
                       gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
     """Collect garbage, then serve MCP over stdin/stdout until the client goes away,
@@ -137,6 +153,7 @@ async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int,
     async with trio.open_nursery() as nursery:
         nursery.start_soon(collect_periodically, provider, gc_interval_s)
         nursery.start_soon(enforce_limits_periodically, provider, LIMITS_INTERVAL_S)
+        nursery.start_soon(keep_spares, provider)
         await build_server(provider, default_ttl_seconds).run_stdio_async()
         nursery.cancel_scope.cancel()
 
@@ -167,6 +184,7 @@ async def serve_http(provider: LocalForkProvider, default_ttl_seconds: int, bind
     async with trio.open_nursery() as nursery:
         nursery.start_soon(collect_periodically, provider, gc_interval_s)
         nursery.start_soon(enforce_limits_periodically, provider, LIMITS_INTERVAL_S)
+        nursery.start_soon(keep_spares, provider)
         urls: list[str] = await nursery.start(functools.partial(
             hypercorn.trio.serve, require_token(app, token) if token else app, config,
             shutdown_trigger=never.wait))
