@@ -62,6 +62,11 @@ FORK_CONNECTION_LIMIT = 20
 STUCK_CREATION_S = 600
 SPARE_TTL_S = 3600  # an unclaimed spare is collected after an hour
 SPARE_LABEL = "spare"
+# A fork's password is 192 random bits: there is nothing to stretch, and PostgreSQL's default
+# 4,096 SCRAM iterations cost ~5 ms when it is set and ~4 ms at every log-in to the fork.
+SCRAM_ITERATIONS = 16
+_FEWER_SCRAM_ITERATIONS = ("SELECT set_config('scram_iterations', %s, false) FROM pg_settings"
+                           " WHERE name = 'scram_iterations'")  # PostgreSQL 16 and later
 _SQLSTATE_IN_USE = "55006"
 _SQLSTATE_DUPLICATE_DB = "42P04"
 
@@ -424,6 +429,7 @@ class LocalForkProvider:
                      ttl_seconds, spare))
                 await conn.execute(f"ALTER DATABASE {quote_ident(spare)} RENAME TO {ident}")
                 await conn.execute(f"ALTER ROLE {quote_ident(spare)} RENAME TO {ident}")
+                await conn.execute(_FEWER_SCRAM_ITERATIONS, (str(SCRAM_ITERATIONS),))
                 await conn.execute(f"ALTER ROLE {ident} PASSWORD {quote_literal(password)}")
                 await apply_role_limits(conn, name, self.limits)  # today's limits
                 await conn.execute("COMMIT")
@@ -546,6 +552,7 @@ class LocalForkProvider:
     async def _make_fork(self, conn: Connection, name: str, password: str, template: str,
                          state: str) -> None:
         ident = quote_ident(name)
+        await conn.execute(_FEWER_SCRAM_ITERATIONS, (str(SCRAM_ITERATIONS),))
         await conn.execute(
             f"CREATE ROLE {ident} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION"
             f" CONNECTION LIMIT {FORK_CONNECTION_LIMIT} PASSWORD {quote_literal(password)}"
