@@ -27,10 +27,12 @@ On the sandbox's demo database, in one run, the median of N repetitions of:
 
 The method of (a) and (b) is switched for the fork server's connections only
 (`ALTER ROLE postgres IN DATABASE postgres SET file_copy_method`, reset at the end).
-Repetitions are interleaved (a, b, c, d, e, f, a, …) so drift hits all alike, after
-one warm-up of (a)/(b) and (c) that is not counted. Goals: clone ≤ 150 ms and ≤ 0.1×
-copy (demo scale), three at once ≤ 2× one fork, ≤ 5 MB added per fork, afs /
-dump-restore ≤ 0.25 and afs / raw template ≤ 1.5 ("afs" is the server's own method).
+Repetitions are interleaved (a, a', c, e, f, b, d, a, …) so drift hits all alike, after
+one warm-up of (a)/(a')/(b) and (c) that is not counted; each timed action starts after a
+CHECKPOINT and a sync (not timed), so none pays for the writes of the one before it.
+Goals: clone ≤ 150 ms and ≤ 0.1× copy (demo scale), three at once ≤ 2× one fork,
+≤ 5 MB added per fork, afs / dump-restore ≤ 0.25 and afs / raw template ≤ 1.5 ("afs"
+is the server's own method).
 
     AFS_HOME=... python benchmarks/fork_latency.py [--runs N] [--dump-runs N]
                                                    [--scale small|demo|large] [--json] [--quick]
@@ -204,6 +206,14 @@ async def added_by_one_fork(client: ForkClient, provider: LocalForkProvider, sou
         await destroy_fork_shielded(client, provider, name)
 
 
+async def settled(admin: Connection, action: Callable[[], Awaitable[float]]) -> float:
+    """`action` after a checkpoint and a sync (not timed): no method pays for the writes
+    of the one before it."""
+    await admin.execute("CHECKPOINT")
+    await trio.to_thread.run_sync(os.sync)
+    return await action()
+
+
 async def spares_ready(admin: Connection, source: str, wanted: int) -> None:
     """Wait until `wanted` spares of `source` are ready (at most SPARES_WAIT_S)."""
     if wanted <= 0:
@@ -325,7 +335,7 @@ async def measure(settings: Settings, server: SandboxServer, scale: str, runs: i
             async def spared(action: Callable[[], Awaitable[float]]) -> float:
                 """`action` on the session with spares; then wait (not timed) until the fork
                 server has topped them up again, so every such run finds them ready."""
-                took = await action()
+                took = await settled(admin, action)
                 await spares_ready(admin, source, spares)
                 return took
 
@@ -344,14 +354,17 @@ async def measure(settings: Settings, server: SandboxServer, scale: str, runs: i
                             methods["clone"].samples.append(
                                 await spared(lambda: afs_fork_cycle(client, provider, source)))
                             methods["clone_cold"].samples.append(
-                                await afs_fork_cycle(cold, provider, source))
-                            await use_method(admin, "copy")
-                        methods["copy"].samples.append(await afs_fork_cycle(cold, provider, source))
-                        await use_method(admin, None)
-                        methods["raw"].samples.append(await raw_template_cycle(admin, template))
+                                await settled(admin, lambda: afs_fork_cycle(cold, provider, source)))
+                        methods["raw"].samples.append(
+                            await settled(admin, lambda: raw_template_cycle(admin, template)))
                         methods["parallel3"].samples.append(
                             await spared(lambda: three_at_once(client, provider, source)))
                         added.append(await added_by_one_fork(cold, provider, source, data_dir))
+                        if fork_method == "clone":
+                            await use_method(admin, "copy")
+                        methods["copy"].samples.append(
+                            await settled(admin, lambda: afs_fork_cycle(cold, provider, source)))
+                        await use_method(admin, None)
                         progress(f"run {run}: " + ", ".join(
                             f"{way} {m.samples[-1]:.1f} ms" for way, m in methods.items()
                             if way != "dump" and m.samples) + f", +{added[-1]:.1f} MB per fork")

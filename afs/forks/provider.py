@@ -633,7 +633,8 @@ class LocalForkProvider:
         return bool(await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = %s", (name,)))
 
     async def _known(self, conn: Connection) -> list[str]:
-        rows = await conn.fetchall("SELECT name FROM afs.sources UNION SELECT name FROM afs.forks")
+        rows = await conn.fetchall("SELECT name FROM afs.sources"
+                                   " UNION SELECT name FROM afs.forks WHERE state <> 'spare'")
         return [r[0] for r in rows]
 
     async def _forks(self, conn: Connection, name: str | None = None) -> list[ForkInfo]:
