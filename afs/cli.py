@@ -293,11 +293,11 @@ def _fork_text(fork: dict[str, Any]) -> str:
 
 
 async def cmd_fork_create(args: argparse.Namespace, settings: Settings) -> int:
-    from afs.forks.client import open_fork_client
+    from afs.sandbox.forks import open_forks
 
     if args.ttl is not None and args.ttl <= 0:
         raise InputError(f"--ttl must be a positive number of seconds, got {args.ttl}")
-    async with open_fork_client(settings) as client:
+    async with open_forks(settings) as client:
         source = args.source or await _default_source(client, settings)
         fork = await client.create(source, name=args.name,
                                    ttl_seconds=args.ttl or settings.fork_ttl_seconds)
@@ -306,9 +306,9 @@ async def cmd_fork_create(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_fork_list(args: argparse.Namespace, settings: Settings) -> int:
-    from afs.forks.client import open_fork_client
+    from afs.sandbox.forks import open_forks
 
-    async with open_fork_client(settings) as client:
+    async with open_forks(settings) as client:
         services = await client.list_services()
     forks = [{k: f[k] for k in ("name", "dsn", "parent", "created_at", "ttl_seconds")}
              for f in services["forks"]]
@@ -317,9 +317,9 @@ async def cmd_fork_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_fork_destroy(args: argparse.Namespace, settings: Settings) -> int:
-    from afs.forks.client import open_fork_client
+    from afs.sandbox.forks import open_forks
 
-    async with open_fork_client(settings) as client:
+    async with open_forks(settings) as client:
         deleted = await client.destroy(args.name)
     emit(args, {"name": args.name, "deleted": deleted},
          f"destroyed {args.name}" if deleted else f"{args.name} did not exist (nothing to do)")
@@ -340,10 +340,10 @@ async def cmd_fork_gc(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_fork_psql(args: argparse.Namespace, settings: Settings) -> int:
-    from afs.forks.client import open_fork_client
+    from afs.sandbox.forks import open_forks
     from afs.sandbox.server import pg_binary
 
-    async with open_fork_client(settings) as client:
+    async with open_forks(settings) as client:
         info = await client.get(args.name)
     if info.get("kind") != "fork":
         raise InputError(f"{args.name!r} is not a fork")
@@ -357,7 +357,7 @@ async def cmd_fork_psql(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_fork_roundtrip(args: argparse.Namespace, settings: Settings) -> int:
     """Sandbox up, then one fork through MCP: write in it, check the source, destroy it."""
     from afs.db import open_connection
-    from afs.forks.client import open_fork_client
+    from afs.sandbox.forks import open_forks
     from afs.sandbox.seeding import ensure_demo
     from afs.sandbox.server import SandboxServer
 
@@ -367,7 +367,7 @@ async def cmd_fork_roundtrip(args: argparse.Namespace, settings: Settings) -> in
     await ensure_demo(settings, server, settings.scale, progress)
     progress("forking the demo database through the MCP server")
     started = time.monotonic()
-    async with open_fork_client(settings) as client:
+    async with open_forks(settings) as client:
         async with client.open_fork(settings.demo_database) as fork:
             created_ms = (time.monotonic() - started) * 1000
             async with open_connection(fork.dsn) as conn:

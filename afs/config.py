@@ -8,7 +8,8 @@ Environment:
     AFS_HOME                  state directory (default ~/.afs)
     AFS_DATABASE_URL          the user's own database (libpq DSN or URL);
                               PGHOST/PGPORT/PGDATABASE/PGUSER/PGSERVICE count too
-    AFS_FORK_SERVER_COMMAND   command of the MCP fork server (shell words)
+    AFS_FORK_SERVER_COMMAND   command of an MCP fork server over stdio (shell words; default:
+                              the sandbox's fork server inside the process, afs.sandbox.forks)
     AFS_STATEMENT_TIMEOUT_MS  server-side statement timeout of every connection
     AFS_FORK_TTL_SECONDS      default lifetime of a fork
     AFS_FORK_GC_INTERVAL_S    how often a running fork server collects expired forks (default 60)

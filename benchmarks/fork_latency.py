@@ -67,10 +67,11 @@ from harness import with_sandbox
 from afs.config import Settings
 from afs.db import Connection, open_connection
 from afs.errors import AfsError
-from afs.forks.client import ForkClient, open_fork_client
+from afs.forks.client import ForkClient
 from afs.forks.naming import random_fork_name
 from afs.forks.provider import LocalForkProvider, template_name
 from afs.pg.names import quote_ident
+from afs.sandbox.forks import open_forks
 from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer, pg_binary
 
@@ -328,8 +329,8 @@ async def measure(settings: Settings, server: SandboxServer, scale: str, runs: i
         progress(f"{source}: {size_mb} MB, forks {fork_method} here; opening the MCP sessions"
                  " (not timed)")
         spares = settings.fork_spares if fork_method == "clone" else 0
-        async with open_fork_client(settings) as client, \
-                open_fork_client(replace(settings, fork_spares=0)) as cold:
+        async with open_forks(settings) as client, \
+                open_forks(replace(settings, fork_spares=0)) as cold:
             template = template_name(source)
 
             async def spared(action: Callable[[], Awaitable[float]]) -> float:

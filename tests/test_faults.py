@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -98,29 +99,39 @@ async def a_fork_exists(provider: LocalForkProvider) -> bool:
 pytestmark = pytest.mark.usefixtures("clean_after")
 
 
+def stdio_server(sandbox: SandboxServer) -> dict[str, str]:
+    """The environment of an `afs optimize` whose fork server is `afs mcp serve` over stdio,
+    a process of its own (by default the sandbox's fork server runs inside the command)."""
+    command = [sys.executable, "-m", "afs", "mcp", "serve", "--admin-dsn", sandbox.dsn()]
+    return {"AFS_FORK_SERVER_COMMAND": shlex.join(command)}
+
+
+@pytest.mark.parametrize("server", ["in-process", "stdio"])
 async def test_sigkill_of_optimize_mid_benchmark(provider: LocalForkProvider,
-                                                 sandbox: SandboxServer) -> None:
+                                                 sandbox: SandboxServer, server: str) -> None:
     async with open_connection(sandbox.dsn()) as conn:
         bench_lock = connection_lock_path(conn, "benchmark")
-    optimize = await start_optimize()
+    optimize = await start_optimize(stdio_server(sandbox) if server == "stdio" else None)
     try:
         async def measuring() -> bool:
             return is_locked(bench_lock)
 
         await wait_until(measuring, "the benchmark")
         servers = fork_servers(optimize)
-        assert servers
+        assert bool(servers) is (server == "stdio")
+        assert await a_fork_exists(provider)
         optimize.send_signal(signal.SIGKILL)
         await optimize.wait()
-        # the orphaned fork server sees its stdin close and exits on its own
+        # the orphaned fork server sees its stdin close and exits on its own; the forks of
+        # the dead command are collected by the next one (`clean_after` runs `afs fork gc`)
         await trio.to_thread.run_sync(lambda: psutil.wait_procs(servers, timeout=30))
         assert not [s for s in servers if s.is_running()]
     finally:
         await stop(optimize)
 
 
-async def test_sigkill_of_the_fork_server(provider: LocalForkProvider) -> None:
-    optimize = await start_optimize()
+async def test_sigkill_of_the_fork_server(provider: LocalForkProvider, sandbox: SandboxServer) -> None:
+    optimize = await start_optimize(stdio_server(sandbox))
     try:
         await wait_until(lambda: a_fork_exists(provider), "a fork")
         servers = fork_servers(optimize)

@@ -7,7 +7,9 @@
 
 `open_fork(settings, source)` does both for a single fork. The server command is
 configurable (`fork_server_command`), so another MCP fork server that speaks the
-same tools can stand in.
+same tools can stand in. (Commands reach the sandbox's fork server through
+`afs.sandbox.forks.open_forks`, which runs it in their own process unless another
+fork server is configured.)
 """
 
 from __future__ import annotations

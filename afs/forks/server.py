@@ -10,7 +10,8 @@ errors (`is_error`), with the message a person can act on.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
@@ -145,22 +146,37 @@ async def keep_spares(provider: LocalForkProvider) -> None:
             log.info("fork_spares_made", forks=made)
 
 
-async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int,
-                      gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
-    """Collect garbage, then serve MCP over stdin/stdout until the client goes away,
-    collecting expired forks every `gc_interval_s` seconds meanwhile."""
+@asynccontextmanager
+async def running(provider: LocalForkProvider,
+                  gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> AsyncIterator[None]:
+    """A fork server's own work, around the block that serves: garbage collected once
+    first, then every `gc_interval_s` seconds; forks past their growth cap stopped; spares
+    topped up. (The stdio and HTTP servers here, and a fork server in the client's own
+    process, `afs.sandbox.forks`.)"""
     await collect(provider)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(collect_periodically, provider, gc_interval_s)
         nursery.start_soon(enforce_limits_periodically, provider, LIMITS_INTERVAL_S)
         nursery.start_soon(keep_spares, provider)
+        try:
+            yield
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int,
+                      gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
+    """Collect garbage, then serve MCP over stdin/stdout until the client goes away,
+    collecting expired forks every `gc_interval_s` seconds meanwhile."""
+    async with running(provider, gc_interval_s):
         await build_server(provider, default_ttl_seconds).run_stdio_async()
-        nursery.cancel_scope.cancel()
 
 
 def run(provider: LocalForkProvider, default_ttl_seconds: int,
         gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
     anyio.run(serve_stdio, provider, default_ttl_seconds, gc_interval_s, backend="trio")
+
+
 async def serve_http(provider: LocalForkProvider, default_ttl_seconds: int, bind: str,
                      token: str | None, gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -174,17 +190,13 @@ async def serve_http(provider: LocalForkProvider, default_ttl_seconds: int, bind
     from afs.asgi import check_bind, require_token
 
     host, _ = check_bind(bind, token)
-    await collect(provider)
     app: Any = build_server(provider, default_ttl_seconds).streamable_http_app(host=host)
     config = Config()
     config.bind = [bind]
     config.accesslog = None
     config.errorlog = None
     never = trio.Event()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(collect_periodically, provider, gc_interval_s)
-        nursery.start_soon(enforce_limits_periodically, provider, LIMITS_INTERVAL_S)
-        nursery.start_soon(keep_spares, provider)
+    async with running(provider, gc_interval_s), trio.open_nursery() as nursery:
         urls: list[str] = await nursery.start(functools.partial(
             hypercorn.trio.serve, require_token(app, token) if token else app, config,
             shutdown_trigger=never.wait))

@@ -21,9 +21,9 @@ import trio
 
 from afs.config import Settings
 from afs.errors import AfsError
-from afs.forks.client import open_fork_client
 from afs.optimize import AgentPool, new_task_id
 from afs.router import load_rules
+from afs.sandbox.forks import open_forks
 from afs.service.pool import StorePool
 from afs.service.runner import DEFAULT_LEASE_S, Runtime, collect_forks, relayed_cancellation, run_task
 from afs.store import open_store
@@ -45,7 +45,7 @@ async def open_runtime(settings: Settings, store_url: str, *, pool: AgentPool | 
     """A store connection and a fork server session, for one worker; the agents' capacity is
     counted across every worker on the store unless `pool` says otherwise."""
     rules = load_rules(settings.routing_rules)
-    async with open_store(store_url) as store, open_fork_client(settings) as forks:
+    async with open_store(store_url) as store, open_forks(settings) as forks:
         yield Runtime(settings, store, forks, rules, pool=pool or StorePool(store), lease_s=lease_s)
 
 
