@@ -54,8 +54,8 @@ class ForkLimits:
 
 async def apply_role_limits(conn: Connection, role: str, limits: ForkLimits) -> None:
     """Set the limits on the fork's role (as the admin: temp_file_limit is superuser-only)."""
-    for name, value in limits.role_settings().items():
-        await conn.execute(f"ALTER ROLE {quote_ident(role)} SET {name} = {quote_literal(value)}")
+    await conn.execute(";".join(f"ALTER ROLE {quote_ident(role)} SET {name} = {quote_literal(value)}"
+                                for name, value in limits.role_settings().items()))  # one round trip
 
 
 def _estimable(sql: str) -> bool:

@@ -65,8 +65,8 @@ SPARE_LABEL = "spare"
 # A fork's password is 192 random bits: there is nothing to stretch, and PostgreSQL's default
 # 4,096 SCRAM iterations cost ~5 ms when it is set and ~4 ms at every log-in to the fork.
 SCRAM_ITERATIONS = 16
-_FEWER_SCRAM_ITERATIONS = ("SELECT set_config('scram_iterations', %s, false) FROM pg_settings"
-                           " WHERE name = 'scram_iterations'")  # PostgreSQL 16 and later
+_FEWER_SCRAM_ITERATIONS = (f"SELECT set_config('scram_iterations', '{SCRAM_ITERATIONS}', false)"
+                           " FROM pg_settings WHERE name = 'scram_iterations'")  # PostgreSQL 16+
 _SQLSTATE_IN_USE = "55006"
 _SQLSTATE_DUPLICATE_DB = "42P04"
 
@@ -353,8 +353,9 @@ class LocalForkProvider:
         async with self._admin() as conn:
             await self.ensure_catalog(conn)
             template = await self._template_of(conn, service_id)
-            if await conn.fetchval("SELECT 1 FROM afs.forks WHERE name = %s", (name,)) \
-                    or await self._database_exists(conn, name):
+            if await conn.fetchval("SELECT EXISTS (SELECT FROM afs.forks WHERE name = %s)"
+                                   " OR EXISTS (SELECT FROM pg_database WHERE datname = %s)",
+                                   (name, name)):
                 raise InputError(f"a fork named {name!r} exists already")
             spares = self.spares > 0 and template != service_id  # a source's fork: spares serve it
             if not (spares and await self._claim_spare(conn, service_id, template, name, password,
@@ -427,10 +428,11 @@ class LocalForkProvider:
                     " WHERE name = %s",
                     (name, password, owner_host, owner_pid, owner_started, ttl_seconds,
                      ttl_seconds, spare))
-                await conn.execute(f"ALTER DATABASE {quote_ident(spare)} RENAME TO {ident}")
-                await conn.execute(f"ALTER ROLE {quote_ident(spare)} RENAME TO {ident}")
-                await conn.execute(_FEWER_SCRAM_ITERATIONS, (str(SCRAM_ITERATIONS),))
-                await conn.execute(f"ALTER ROLE {ident} PASSWORD {quote_literal(password)}")
+                await conn.execute(  # one round trip
+                    f"ALTER DATABASE {quote_ident(spare)} RENAME TO {ident};"
+                    f"ALTER ROLE {quote_ident(spare)} RENAME TO {ident};"
+                    f"{_FEWER_SCRAM_ITERATIONS};"
+                    f"ALTER ROLE {ident} PASSWORD {quote_literal(password)}")
                 await apply_role_limits(conn, name, self.limits)  # today's limits
                 await conn.execute("COMMIT")
             except BaseException:
@@ -552,7 +554,7 @@ class LocalForkProvider:
     async def _make_fork(self, conn: Connection, name: str, password: str, template: str,
                          state: str) -> None:
         ident = quote_ident(name)
-        await conn.execute(_FEWER_SCRAM_ITERATIONS, (str(SCRAM_ITERATIONS),))
+        await conn.execute(_FEWER_SCRAM_ITERATIONS)
         await conn.execute(
             f"CREATE ROLE {ident} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION"
             f" CONNECTION LIMIT {FORK_CONNECTION_LIMIT} PASSWORD {quote_literal(password)}"
@@ -585,12 +587,17 @@ class LocalForkProvider:
     async def _template_of(self, conn: Connection, service_id: str) -> str:
         if not service_id or not isinstance(service_id, str):
             raise InputError("service_id must name a source database or a fork")
-        if await conn.fetchval("SELECT 1 FROM afs.forks WHERE name = %s AND state = 'ready'", (service_id,)):
-            return service_id
-        if not await conn.fetchval("SELECT 1 FROM afs.sources WHERE name = %s", (service_id,)):
-            raise UnknownServiceError(service_id, await self._known(conn))
         template = template_name(service_id)
-        if not await self._database_exists(conn, template):
+        row = await conn.fetchone(  # one round trip
+            "SELECT EXISTS (SELECT FROM afs.forks WHERE name = %s AND state = 'ready'),"
+            " EXISTS (SELECT FROM afs.sources WHERE name = %s),"
+            " EXISTS (SELECT FROM pg_database WHERE datname = %s)", (service_id, service_id, template))
+        is_fork, is_source, has_template = row or (False, False, False)
+        if is_fork:
+            return service_id
+        if not is_source:
+            raise UnknownServiceError(service_id, await self._known(conn))
+        if not has_template:
             raise ForkError(
                 f"source {service_id!r} has no template {template!r}; run `afs sandbox up`"
                 " (or re-import it) to make one"
