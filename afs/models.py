@@ -234,6 +234,7 @@ class Timing:
     runs: int
     buffers: int  # shared hit + read of the median run
     lower_bound: bool = False  # the run hit its time cap: the true time is at least median_ms
+    reused: int = 0  # of the runs, those taken from an earlier measurement of the task (afs.bench.Reuse)
 
 
 @dataclass(frozen=True)
