@@ -26,7 +26,7 @@ from pglast import ast as pg_ast
 from pglast.stream import RawStream
 
 from afs.analysis import gather_context
-from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, result_of, undo
+from afs.bench import ApplyError, Result, Reuse, Sample, benchmark, planner_cost, result_of, undo
 from afs.brains import Brain, RevisingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
@@ -91,6 +91,8 @@ class SharedMeasurements:
         self._entries: dict[tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]], _Measurement] = {}
         # one run of a query past the statement timeout, for every proposal of the task
         self.slow_baselines: dict[str, tuple[Result | None, Sample]] = {}
+        # results and baseline runs of the queries before any change, for every fork of the task
+        self.reuse = Reuse()
         # the query with other values (a family member's original) known to exceed the
         # statement timeout (sql -> whether its rows could still be read): each later proposal
         # would wait for that timeout again for nothing
@@ -295,6 +297,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 note="beyond the measuring budget: the planner expects less of it than of those measured")
 
     family = await trio.to_thread.run_sync(_family, job, ctx)
+    reuse = shared.reuse.for_fork()  # what this fork has run already is its own
     by_rank = {rank: (proposal, validation, cs) for rank, proposal, validation, cs in checked}
     for position, rank in enumerate(chosen):
         proposal, validation, candidate_suite = by_rank[rank]
@@ -327,7 +330,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                         family=timed,
                         statement_timeout_ms=job.statement_timeout_ms,
                         slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,
-                        known_slow=ctx.slow)
+                        known_slow=ctx.slow, reuse=reuse)
                     await rows_kept()
                     shared.slow_family.update(slow_originals(timed, outcome))
                     # still with the proposal in place: check its rows for the members skipped

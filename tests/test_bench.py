@@ -1,4 +1,4 @@
-"""Adaptive measurement: when a measuring loop stops (pure), and the loop in a real fork."""
+"""Adaptive measurement: when a measuring loop stops (pure), what it reuses, and the loop in a real fork."""
 
 from __future__ import annotations
 
@@ -8,7 +8,18 @@ from typing import Any
 
 import pytest
 
-from afs.bench import Budget, StopRule, _significant, benchmark, stop_reason
+from afs.bench import (
+    Budget,
+    Result,
+    Reuse,
+    Sample,
+    StopRule,
+    _agrees,
+    _far_apart,
+    _significant,
+    benchmark,
+    stop_reason,
+)
 from afs.db import Connection, open_connection
 from afs.forks.provider import LocalForkProvider
 from afs.models import EstimatedImpact, Measurement, OptimizationProposal, QueryVariant
@@ -108,6 +119,25 @@ def test_the_budget_is_shared_by_the_loops_still_to_come() -> None:
     assert budget.allowance() == 0.0
 
 
+def samples(*ms: float) -> tuple[Sample, ...]:
+    return tuple(Sample(ms=m, buffers=0) for m in ms)
+
+
+def test_a_reused_baseline_stands_alone_only_far_from_the_candidate() -> None:
+    prior = samples(900.0, 1000.0, 1100.0)
+    assert _far_apart(prior, 1.0) and _far_apart(prior, 300.0) and _far_apart(prior, 3300.0)
+    assert not _far_apart(prior, 301.0) and not _far_apart(prior, 1000.0) and not _far_apart(prior, 3299.0)
+    assert not _far_apart(samples(0.0, 1.0, 2.0), 100.0)  # nothing is a factor away from zero
+
+
+def test_a_fresh_baseline_run_agrees_within_the_reused_spread() -> None:
+    prior = samples(900.0, 1000.0, 1100.0)  # width 200 ms
+    assert _agrees(prior, 700.0) and _agrees(prior, 1300.0) and _agrees(prior, 1000.0)
+    assert not _agrees(prior, 699.0) and not _agrees(prior, 1301.0)
+    tight = samples(1000.0, 1000.0, 1000.0)  # no spread: 5 % of the median
+    assert _agrees(tight, 1050.0) and not _agrees(tight, 1051.0)
+
+
 # -- the loop in a real fork -------------------------------------------------------------------
 QUERY = "SELECT id, total_amount FROM orders WHERE user_id = 42"
 SLOW_SCAN = "SELECT count(*) FROM orders o1 WHERE o1.total_amount > (SELECT avg(total_amount) FROM orders)"
@@ -188,3 +218,70 @@ async def test_the_budget_and_the_fixed_count(fork_conn: Connection) -> None:
                             tables=("orders",), runs=4, min_runs=4)
     (m,) = fixed.measurements
     assert m.baseline.runs == m.optimized.runs == 4 and m.significant
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_later_candidate_reuses_the_baseline_runs_of_the_task(fork_conn: Connection) -> None:
+    reuse = Reuse()
+    first = await benchmark(fork_conn, suite(SLOW_SCAN),
+                            index_proposal("CREATE INDEX bench_r1 ON orders (status)"),
+                            tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
+    (m,) = first.measurements
+    assert m.baseline.reused == 0 and SLOW_SCAN in reuse.baselines
+    assert len(reuse.baselines[SLOW_SCAN]) == m.baseline.runs
+    kept = [s.ms for s in reuse.baselines[SLOW_SCAN]]
+    # an index that makes the scan 3x faster or more: reused runs, no fresh baseline run
+    faster = "CREATE INDEX bench_r2 ON orders (total_amount)"
+    second = await benchmark(fork_conn, suite(SLOW_SCAN), index_proposal(faster),
+                             tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
+    (m,) = second.measurements
+    if m.baseline.reused:
+        assert m.baseline.runs >= m.baseline.reused and "reused from an earlier measurement" in m.note
+        assert m.optimized.runs >= 3
+        # the fastest and the slowest baseline run count the reused runs too (the monitor's whiskers)
+        assert m.baseline.min_ms is not None and m.baseline.max_ms is not None
+        assert m.baseline.min_ms <= round(min(kept), 3) and m.baseline.max_ms >= round(max(kept), 3)
+        assert m.baseline.min_ms <= m.baseline.median_ms <= m.baseline.max_ms
+    else:  # the index was not 3x faster on this machine: a close verdict is measured afresh
+        assert "reused" not in m.note
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_close_candidate_gets_a_fresh_baseline_run(fork_conn: Connection) -> None:
+    reuse = Reuse()
+    useless = "CREATE INDEX bench_c1 ON orders (shipping_country)"
+    await benchmark(fork_conn, suite(SLOW_SCAN), index_proposal(useless), tables=("orders",),
+                    runs=5, min_runs=3, reuse=reuse)
+    kept = reuse.baselines[SLOW_SCAN]
+    second = await benchmark(fork_conn, suite(SLOW_SCAN),
+                             index_proposal("CREATE INDEX bench_c2 ON orders (shipping_country)"),
+                             tables=("orders",), runs=5, min_runs=3, reuse=reuse)
+    (m,) = second.measurements
+    if m.baseline.reused:  # the fresh run agreed with the reused ones and joined them
+        assert m.baseline.runs == m.baseline.reused + 1 == len(kept) + 1
+        assert "1 fresh run that agreed" in m.note
+    else:  # it did not: drift, measured afresh and interleaved
+        assert m.baseline.runs == m.optimized.runs >= 3
+    assert reuse.baselines[SLOW_SCAN] != kept  # the fresh runs are kept for the next candidate
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_results_before_the_change_are_taken_from_the_task(fork_conn: Connection) -> None:
+    reuse = Reuse()
+    proposal = index_proposal("CREATE INDEX bench_k1 ON orders (user_id)")
+    await benchmark(fork_conn, suite(QUERY), proposal, tables=("orders",), runs=5, min_runs=3,
+                    reuse=reuse)
+    (key,) = [k for k in reuse.results if k.endswith(QUERY)]
+    assert QUERY in reuse.warm
+    # what the task knows is what counts: a different record shows up as different rows
+    reuse.results[key] = Result(rows=reuse.results[key].rows + 1, checksum="x")
+    second = await benchmark(fork_conn, suite(QUERY),
+                             index_proposal("CREATE INDEX bench_k2 ON orders (user_id)"),
+                             tables=("orders",), runs=5, min_runs=3, reuse=reuse)
+    assert not second.measurements[0].equivalent
+    # a fixed run count measures everything afresh, as before adaptive measurement
+    fixed = await benchmark(fork_conn, suite(QUERY),
+                            index_proposal("CREATE INDEX bench_k3 ON orders (user_id)"),
+                            tables=("orders",), runs=3, min_runs=3, reuse=reuse)
+    (m,) = fixed.measurements
+    assert m.equivalent and m.baseline.reused == 0 and m.baseline.runs == 3

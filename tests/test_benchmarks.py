@@ -108,7 +108,7 @@ async def test_overhead_script(sandbox: SandboxServer) -> None:
                         "--query", "SELECT count(*) FROM events e WHERE e.user_id = 42",
                         "--slow-query", "SELECT o.id FROM orders o WHERE o.user_id = 7")
     assert set(data) == {"overhead_share", "tasks", "fixed_s", "adaptive_s", "ratio_fixed_vs_adaptive",
-                         "same_winner"}
+                         "same_winner", "fixed_slow_runs", "adaptive_slow_runs"}
     (task,) = data["tasks"]
     assert task["task_s"] > task["query_s"] > 0 and 0 < data["overhead_share"] < 1
     assert data["fixed_s"] > 0 and data["adaptive_s"] > 0
