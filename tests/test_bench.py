@@ -39,6 +39,32 @@ def test_a_clear_difference_stops_at_the_minimum() -> None:
     assert stop_reason([10.0, 10.5, 10.2], [30.0, 31.0, 29.0], RULE) == "separated"
 
 
+def test_the_margin_is_a_ratio_so_one_noisy_run_on_a_small_baseline_does_not_hide_a_clear_verdict() -> None:
+    # a ~10 ms baseline with one 10 ms burst; the candidate 200x faster. In milliseconds the
+    # gap (9.95 ms) is below the burst's range (10 ms); as ratios it is 200x against 2x.
+    noisy, fast = [10.0, 10.2, 20.0], [0.05, 0.048, 0.05]
+    assert stop_reason(noisy, fast, RULE) == "separated"
+    assert stop_reason(fast, noisy, RULE) == "separated"  # symmetric: the candidate slower
+    # the same shapes at any scale give the same answer
+    for scale in (0.01, 1.0, 1000.0):
+        assert stop_reason([t * scale for t in noisy], [t * scale for t in fast], RULE) == "separated"
+
+
+def test_a_ten_percent_difference_with_ten_percent_noise_is_not_separated() -> None:
+    base, cand = [100.0, 105.0, 110.0], [90.0, 94.5, 99.0]  # 10 % faster, each sample 10 % wide
+    assert stop_reason(base, cand, RULE) is None
+    assert stop_reason(cand, base, RULE) is None
+    small = [t / 100 for t in base], [t / 100 for t in cand]  # the same at 1 ms: still no margin
+    assert stop_reason(*small, RULE) is None
+    # one more pair each, still separated but no wider: the loop runs on to the maximum
+    assert stop_reason([*base, 104.0, 106.0], [*cand, 95.0, 93.0], RULE) == "max_runs"
+
+
+def test_times_of_zero_do_not_break_the_ratio() -> None:
+    assert stop_reason([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], RULE) == "overlap"
+    assert stop_reason([5.0, 5.1, 5.2], [0.0, 0.001, 0.0], RULE) == "separated"
+
+
 def test_overlap_stops_the_loop_for_good() -> None:
     # once the samples overlap, complete separation cannot come back: within the noise
     assert stop_reason([100.0, 92.0, 108.0], [95.0, 110.0, 101.0], RULE) == "overlap"
@@ -105,6 +131,36 @@ def test_early_stops_agree_with_the_verdict_and_keep_its_false_alarm_rate() -> N
             false_alarms += _significant(base, cand)
     # the fixed rule (5 against 5) calls 2/252 = 0.8 % of equal pairs different; early stops add little
     assert false_alarms / trials < 0.02
+
+
+def test_early_stops_keep_their_false_alarm_rate_with_heavy_noise_on_a_small_baseline() -> None:
+    # a ~2 ms query on a loaded machine: multiplicative noise (log-normal) and now and then
+    # (1 run in 10) a burst of a few ms on either side. Equal pairs must rarely be called
+    # different; a 20x faster candidate whose samples stay apart must be called at the
+    # minimum (a margin in milliseconds ran 23 % of them on: a burst is wider than the gap)
+    rng = random.Random(11)
+
+    def run(ms: float) -> float:
+        return ms * rng.lognormvariate(0.0, 0.15) + (rng.uniform(2.0, 10.0) if rng.random() < 0.1 else 0.0)
+
+    false_alarms = trials = quick = obvious = 0
+    for _ in range(20_000):
+        same = rng.random() < 0.5
+        base: list[float] = []
+        cand: list[float] = []
+        reason = None
+        while reason is None:
+            base.append(run(2.0))
+            cand.append(run(2.0 if same else 0.1))
+            reason = stop_reason(base, cand, RULE)
+        if same:
+            trials += 1
+            false_alarms += reason == "separated" or _significant(base, cand)
+        elif reason != "overlap":  # a burst on the candidate's side may still make them overlap
+            obvious += 1
+            quick += reason == "separated" and len(cand) == RULE.min_runs
+    assert false_alarms / trials < 0.02
+    assert quick / obvious > 0.99
 
 
 def test_the_budget_is_shared_by_the_loops_still_to_come() -> None:
