@@ -184,10 +184,10 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
     state = _Progress(agent=agent, started=trio.current_time())
     limits = job.timeouts
 
-    def enter(phase: str) -> None:
+    def enter(phase: str, **data: Any) -> None:
         state.phase = phase
         events.emit("agent_phase", agent=agent, fork=state.fork, phase=phase,
-                    elapsed_s=round(trio.current_time() - state.started, 2))
+                    elapsed_s=round(trio.current_time() - state.started, 2), **data)
 
     try:
         with trio.fail_after(limits.agent):
@@ -203,7 +203,9 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
                     async with open_connection(fork.dsn, job.statement_timeout_ms) as conn:
                         outcome = await _work_in_fork(conn, job, state, brain, bench_limiter,
                                                       events, enter, shared or SharedMeasurements())
-            enter("done")
+                closing = trio.current_time()
+            # how long closing the fork took (its delete through the fork server)
+            enter("done", fork_closed_s=round(trio.current_time() - closing, 3))
             # the agent's time includes closing its fork
             return dataclasses.replace(outcome, duration_s=trio.current_time() - state.started)
     except trio.TooSlowError:

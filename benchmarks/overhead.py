@@ -15,6 +15,10 @@ nor model time:
     overhead     task_s − query_s − build_s − model_s: forks, planner-only
                  EXPLAINs, statistics, parsing, process start, MCP round trips
                                                                goal ≤ 10 % of task_s
+    of which     forks_s: every agent's fork create (its `fork_created` event) and
+                 delete (`fork_closed_s` of its "done" phase), through the fork server;
+                 server_s: the fork server's process start, handshake and shutdown;
+                 rest_s: everything else (the task's own work between statements)
 
 Part 2, adaptive measurement: one slow query (≥ 1 s as given; default: a
 correlated subquery) optimized twice in this run, first measuring a fixed count
@@ -33,8 +37,10 @@ reused, see afs.bench); the total task time of both, the runs of statements slow
 It uses the configured AFS_HOME, starts the sandbox and seeds the demo database
 when missing, and stops the sandbox at the end only if it started it. It creates
 the pg_stat_statements extension in the sandbox's `postgres` database if it is
-missing (and drops it again). `--json` prints {"overhead_share", "tasks",
-"fixed_s", "adaptive_s", "ratio_fixed_vs_adaptive", "same_winner"} as the last line.
+missing (and drops it again). `--json` prints {"overhead_share", "overhead_parts"
+(forks_s, server_s, rest_s as shares of task time), "tasks", "fixed_s", "adaptive_s",
+"ratio_fixed_vs_adaptive", "same_winner", "fixed_slow_runs", "adaptive_slow_runs"}
+as the last line.
 """
 
 from __future__ import annotations
@@ -100,10 +106,16 @@ class Task:
     build_s: float
     slow_runs: int = 0  # runs of the query (or its variants) that took at least SLOW_RUN_MS
     model_s: float = 0.0
+    forks_s: float = 0.0  # of the overhead: fork create + delete, every agent
+    server_s: float = 0.0  # of the overhead: the fork server's start, handshake and shutdown
 
     @property
     def overhead_s(self) -> float:
         return max(0.0, self.task_s - self.query_s - self.build_s - self.model_s)
+
+    @property
+    def rest_s(self) -> float:
+        return max(0.0, self.overhead_s - self.forks_s - self.server_s)
 
     @property
     def winner_sql(self) -> tuple[str, ...] | None:
@@ -122,16 +134,28 @@ async def one_task(settings: Settings, server: SandboxServer, admin: Connection,
                   note="offline strategists")
     source = settings.demo_database
     await admin.execute("SELECT pg_stat_statements_reset()")
+    events = Emitter(new_task_id())
     started = trio.current_time()
     async with open_fork_client(settings) as client:
+        opened = trio.current_time()
         result = await optimize(settings, TaskRequest(query=query, runs=runs, sequential=sequential),
                                 source=source, source_dsn=server.dsn(source), forks=client,
                                 squad=squad, rules=load_rules(settings.routing_rules),
-                                events=Emitter(new_task_id()))
-    task_s = trio.current_time() - started
+                                events=events)
+        finished = trio.current_time()
+    ended = trio.current_time()
     row = await admin.fetchone(_TIMES, (SLOW_RUN_MS,))
     assert row is not None
-    return Task(query, result, task_s, float(row[0]), float(row[1]), int(row[2]))
+    return Task(query, result, ended - started, float(row[0]), float(row[1]), int(row[2]),
+                forks_s=fork_seconds(events), server_s=(opened - started) + (ended - finished))
+
+
+def fork_seconds(events: Emitter) -> float:
+    """Fork create and delete of every agent, from the task's events."""
+    created = sum(e.duration_s or 0.0 for e in events.history if e.kind == "fork_created")
+    closed = sum(float(e.data.get("fork_closed_s", 0.0)) for e in events.history
+                 if e.kind == "agent_phase" and e.data.get("phase") == "done")
+    return created + closed
 
 
 @dataclass(frozen=True)
@@ -204,24 +228,33 @@ def _report_overhead(tasks: list[Task]) -> dict[str, Any]:
     print("part 1: the share of task time that is not query execution, index builds or model time"
           " (agents one after another)")
     header = (f"{'query':<62} {'agents':>6} {'task s':>8} {'query s':>8} {'build s':>8}"
-              f" {'model s':>8} {'other s':>8} {'other %':>8}")
+              f" {'model s':>8} {'other s':>8} {'other %':>8} {'forks s':>8} {'server s':>8}"
+              f" {'rest s':>8}")
     print(header)
     print("-" * len(header))
     for t in tasks:
         print(f"{_short(t.query):<62} {len(t.result.outcomes):>6} {t.task_s:>8.2f} {t.query_s:>8.2f}"
               f" {t.build_s:>8.2f} {t.model_s:>8.2f} {t.overhead_s:>8.2f}"
-              f" {100 * t.overhead_s / t.task_s:>7.1f}%")
+              f" {100 * t.overhead_s / t.task_s:>7.1f}% {t.forks_s:>8.2f} {t.server_s:>8.2f}"
+              f" {t.rest_s:>8.2f}")
     total = sum(t.task_s for t in tasks)
     other = sum(t.overhead_s for t in tasks)
+    parts = {name: sum(getattr(t, name) for t in tasks) for name in ("forks_s", "server_s", "rest_s")}
     share = other / total if total else 0.0
     print("-" * len(header))
-    print(f"{'all':<62} {'':>6} {total:>8.2f} {'':>8} {'':>8} {'':>8} {other:>8.2f} {100 * share:>7.1f}%")
+    print(f"{'all':<62} {'':>6} {total:>8.2f} {'':>8} {'':>8} {'':>8} {other:>8.2f} {100 * share:>7.1f}%"
+          f" {parts['forks_s']:>8.2f} {parts['server_s']:>8.2f} {parts['rest_s']:>8.2f}")
     verdict = "met" if share <= GOAL_OVERHEAD else "NOT met"
-    print(f"overhead_share = {share:.3f}  (goal ≤ {GOAL_OVERHEAD}: {verdict})")
+    print(f"overhead_share = {share:.3f}  (goal ≤ {GOAL_OVERHEAD}: {verdict}); of the task time:"
+          + "".join(f" {name[:-2]} {100 * v / total if total else 0.0:.1f} %," for name, v in parts.items())
+          .rstrip(","))
     return {
         "overhead_share": round(share, 4),
+        "overhead_parts": {name: round(v / total if total else 0.0, 4) for name, v in parts.items()},
         "tasks": [{"query": t.query, "task_s": round(t.task_s, 2), "query_s": round(t.query_s, 2),
-                   "build_s": round(t.build_s, 2), "overhead_s": round(t.overhead_s, 2)}
+                   "build_s": round(t.build_s, 2), "overhead_s": round(t.overhead_s, 2),
+                   "forks_s": round(t.forks_s, 2), "server_s": round(t.server_s, 2),
+                   "rest_s": round(t.rest_s, 2)}
                   for t in tasks],
     }
 
