@@ -14,6 +14,7 @@ bugs escape.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -79,16 +80,27 @@ class _Measurement:
     outcome: BenchmarkOutcome | None = None
 
 
+@dataclass
+class _Screening:
+    done: trio.Event = field(default_factory=trio.Event)
+    cost: float | None = None
+    error: ApplyError | None = None
+
+
+ProposalKey = tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]
+
+
 class SharedMeasurements:
     """Identical proposals (same normalized DDL and rewrite) are measured once per task.
 
     The first agent to propose it measures it in its own fork; the others wait and
     take that measurement (their forks hold the same data). If the measuring agent
-    fails, the next one measures it itself.
+    fails, the next one measures it itself. Screening (`screen`) is shared the same way.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]], _Measurement] = {}
+        self._entries: dict[ProposalKey, _Measurement] = {}
+        self._screenings: dict[ProposalKey, _Screening] = {}
         # one run of a query past the statement timeout, for every proposal of the task
         self.slow_baselines: dict[str, tuple[Result | None, Sample]] = {}
         # results and baseline runs of the queries before any change, for every fork of the task
@@ -98,8 +110,33 @@ class SharedMeasurements:
         # would wait for that timeout again for nothing
         self.slow_family: dict[str, bool] = {}
 
+    async def screen(self, proposal: OptimizationProposal, run: Callable[[], Awaitable[float]]) -> float:
+        """The planner's cost of the task's query with `proposal` in place (`run`: a rolled-back
+        build in the caller's fork), once per task: screening runs before anything is applied
+        in a fork, and every fork of a task starts with the same data and statistics. A proposal
+        that fails to apply (ApplyError) fails the same way for every agent. If the agent that
+        screens it fails otherwise, the next one screens it itself."""
+        key = self.key(proposal)
+        while True:
+            entry = self._screenings.get(key)
+            if entry is None or (entry.done.is_set() and entry.cost is None and entry.error is None):
+                entry = self._screenings[key] = _Screening()
+                try:
+                    entry.cost = await run()
+                    return entry.cost
+                except ApplyError as exc:
+                    entry.error = exc
+                    raise
+                finally:
+                    entry.done.set()
+            await entry.done.wait()
+            if entry.error is not None:
+                raise ApplyError(str(entry.error))
+            if entry.cost is not None:
+                return entry.cost
+
     @staticmethod
-    def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]:
+    def key(proposal: OptimizationProposal) -> ProposalKey:
         rewrite = " ".join(proposal.rewritten_query.split()) if proposal.rewritten_query else None
         # settings count: two settings-only proposals have the same (empty) DDL and no rewrite
         return ddl_signature(proposal), rewrite, tuple(sorted(proposal.settings))
@@ -281,7 +318,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 costs[rank] = None  # moving the data is too slow to try in a transaction
                 continue
             try:
-                costs[rank] = await planner_cost(conn, proposal.rewritten_query or job.query, proposal)
+                costs[rank] = await shared.screen(proposal, functools.partial(
+                    planner_cost, conn, proposal.rewritten_query or job.query, proposal))
             except ApplyError as exc:
                 tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                               baseline_cost=baseline_cost, note=str(exc))

@@ -7,8 +7,10 @@ import dataclasses
 import os
 
 import pytest
+import trio
 
 from afs.agents import (
+    SharedMeasurements,
     as_fast,
     best_candidate,
     choose_for_measurement,
@@ -17,6 +19,7 @@ from afs.agents import (
     split_slow_family,
     with_known_slow,
 )
+from afs.bench import ApplyError
 from afs.config import Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
@@ -120,6 +123,65 @@ def test_a_family_original_past_the_statement_timeout_is_paid_for_once_per_task(
     check = ParameterCheck(common.label, True, False, note="not timed: … (found with an earlier proposal)")
     later = with_known_slow(dataclasses.replace(first, parameter_checks=()), (check,))
     assert later.parameter_checks == (check,)
+
+
+# -- screening is shared by the agents of a task ----------------------------------------------
+async def test_the_same_design_is_screened_once_per_task() -> None:
+    shared = SharedMeasurements()
+    builds: list[str] = []
+
+    async def build(name: str, cost: float) -> float:
+        builds.append(name)
+        await trio.sleep(0.01)  # the other agents arrive while it builds
+        return cost
+
+    mine = proposal("gemini25pro", "index", "CREATE INDEX a ON orders (user_id)")
+    theirs = proposal("gemini25flash", "index", "create index b on orders(user_id)")  # the same index
+    other = proposal("gemini25flash", "index", "CREATE INDEX c ON orders (status)")
+    costs: dict[str, float] = {}
+
+    async def screen(label: str, p: OptimizationProposal, cost: float) -> None:
+        costs[label] = await shared.screen(p, lambda: build(label, cost))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(screen, "mine", mine, 8.5)
+        nursery.start_soon(screen, "theirs", theirs, 99.0)
+        nursery.start_soon(screen, "other", other, 40.0)
+    (first,) = [b for b in builds if b in ("mine", "theirs")]  # whichever trio started first
+    assert sorted(builds) == sorted([first, "other"]) and costs["other"] == 40.0
+    assert costs["mine"] == costs["theirs"] == {"mine": 8.5, "theirs": 99.0}[first]
+    await screen("later", theirs, 1.0)  # an agent after the others: no build either
+    assert costs["later"] == costs["mine"] and len(builds) == 2
+
+
+async def test_a_design_that_fails_to_build_fails_for_every_agent_and_a_lost_screening_is_redone() -> None:
+    shared = SharedMeasurements()
+    broken = proposal("gemini25pro", "index", "CREATE INDEX a ON orders USING gin (user_id)")
+    runs = 0
+
+    async def fail() -> float:
+        nonlocal runs
+        runs += 1
+        raise ApplyError("screening the proposal failed: no default operator class")
+
+    for _ in range(2):
+        with pytest.raises(ApplyError, match="no default operator class"):
+            await shared.screen(broken, fail)
+    assert runs == 1
+    # the agent screening a design is cut off (its time limit): the next agent screens it itself
+    good = proposal("gemini25pro", "index", "CREATE INDEX g ON orders (user_id)")
+
+    async def slow() -> float:
+        await trio.sleep(10)
+        return 1.0
+
+    with trio.move_on_after(0.01):
+        await shared.screen(good, slow)
+
+    async def fast() -> float:
+        return 2.0
+
+    assert await shared.screen(good, fast) == 2.0
 
 
 # -- end to end in real forks ----------------------------------------------------------------
