@@ -13,6 +13,7 @@ bugs escape.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -134,6 +135,11 @@ class SharedMeasurements:
                 raise ApplyError(str(entry.error))
             if entry.cost is not None:
                 return entry.cost
+
+    def screened(self, proposal: OptimizationProposal) -> float | None:
+        """The planner cost found for `proposal` in this task, if any."""
+        entry = self._screenings.get(self.key(proposal))
+        return entry.cost if entry is not None else None
 
     @staticmethod
     def key(proposal: OptimizationProposal) -> ProposalKey:
@@ -311,8 +317,12 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     enter("screen")
     costs: dict[int, float | None] = {}
     baseline_cost: float | None = None
+    # the planner chooses only when some candidate cannot be measured; else every candidate's
+    # cost is read in the fork where it is measured (it is built there anyway)
+    choosing = len(checked) > job.measured
     if len(checked) > 1:
         baseline_cost = await planner_cost(conn, job.query)
+    if choosing:
         for rank, proposal, validation, _ in checked:
             if proposal.proposal_type == "partitioning":
                 costs[rank] = None  # moving the data is too slow to try in a transaction
@@ -323,6 +333,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             except ApplyError as exc:
                 tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                               baseline_cost=baseline_cost, note=str(exc))
+    if choosing:
         events.emit("candidates_screened", agent=agent, fork=state.fork, baseline_cost=baseline_cost,
                     costs={str(r): c for r, c in costs.items()})
     chosen = choose_for_measurement(
@@ -372,6 +383,13 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                         slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,
                         known_slow=ctx.slow, reuse=reuse)
                     await rows_kept()
+                    if baseline_cost is not None and proposal.proposal_type != "partitioning":
+                        # the planner's cost with the proposal in place, for the record (and
+                        # for an agent that screens the same design later)
+                        with contextlib.suppress(ApplyError):
+                            await shared.screen(proposal, functools.partial(
+                                planner_cost, conn, proposal.rewritten_query or job.query, proposal,
+                                applied=True))
                     shared.slow_family.update(slow_originals(timed, outcome))
                     # still with the proposal in place: check its rows for the members skipped
                     exact = all(v.exact for v in (*suite[:1], *(candidate_suite or ())[:1]))
@@ -389,7 +407,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                           planner_cost=costs.get(rank), baseline_cost=baseline_cost,
                                           note=str(exc))
-            if measured_here:
+            if measured_here and (last or not await _undone(conn, proposal)):
                 break  # the fork's state is unknown now: measure nothing more in it
             continue
         if measured_by is not None:
@@ -400,8 +418,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                     storage_delta_mb=outcome.storage_delta_mb, equivalent=outcome.equivalent)
         note = f"measured by {measured_by} (the same proposal)" if measured_by else ""
         tried[rank] = CandidateResult(proposal, "measured", rank, validation,
-                                      planner_cost=costs.get(rank), baseline_cost=baseline_cost,
-                                      benchmark=outcome, note=note)
+                                      planner_cost=costs.get(rank, shared.screened(proposal)),
+                                      baseline_cost=baseline_cost, benchmark=outcome, note=note)
         if measured_by is not None:
             state.shared_by[rank] = measured_by
         revised = await _revise_rewrite(brain, agent, ctx, state, proposal, outcome, limits.model, events)
@@ -428,6 +446,19 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     state.candidates = tuple(tried[r] for r in sorted(tried))
     return _best(state)
+
+
+async def _undone(conn: Connection, proposal: OptimizationProposal) -> bool:
+    """Whether a proposal that failed while measured is taken out of the fork again by its
+    validated rollback (every statement IF EXISTS), so the next candidate starts from the
+    fork as it was; never for partitioning (data moved half-way is not undone blindly)."""
+    if proposal.proposal_type == "partitioning" or not proposal.rollback_commands:
+        return False
+    try:
+        await undo(conn, proposal.rollback_commands)
+    except ApplyError:
+        return False
+    return True
 
 
 async def _admit(conn: Connection, proposal: OptimizationProposal

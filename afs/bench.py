@@ -382,12 +382,14 @@ async def undo(conn: Connection, rollback: Sequence[str]) -> None:
             raise ApplyError(f"undoing the proposal failed: {exc}") from exc
 
 
-async def planner_cost(conn: Connection, sql: str, proposal: OptimizationProposal | None = None) -> float:
-    """EXPLAIN's total cost of `sql`, with the proposal applied inside a rolled-back transaction."""
+async def planner_cost(conn: Connection, sql: str, proposal: OptimizationProposal | None = None,
+                       *, applied: bool = False) -> float:
+    """EXPLAIN's total cost of `sql`, with the proposal applied inside a rolled-back transaction
+    (or, `applied`, with the proposal already in place in the fork: its settings only)."""
     await conn.execute("BEGIN")
     try:
         if proposal is not None:
-            for command in proposal.sql_commands:
+            for command in () if applied else proposal.sql_commands:
                 await conn.execute(command)
             for name, value in proposal.settings:
                 await conn.execute(f"SET LOCAL {name} = {_setting_literal(value)}")

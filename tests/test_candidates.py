@@ -232,6 +232,28 @@ async def test_an_agent_tries_several_designs_and_keeps_the_best(
     assert useless.benchmark is not None and useless.planner_cost is not None
 
 
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_design_that_fails_to_build_where_it_is_measured_leaves_the_fork_to_the_next(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    # two candidates, three measuring slots: nothing is screened out, so nothing is built in a
+    # rolled-back transaction first; the duplicate keys fail the build where it is measured
+    brain = ScriptedBrain(lambda agent: (
+        proposal(agent, "index", "CREATE UNIQUE INDEX c_dup ON orders (status)"),
+        proposal(agent, "composite_index", "CREATE INDEX c_next ON orders (user_id, created_at)"),
+    ))
+    result = await run(settings, sandbox, forks, PENDING, brain)
+    (outcome,) = result.outcomes
+    failed, measured = sorted(outcome.candidates, key=lambda c: c.rank)
+    assert failed.status == "failed" and "could not create unique index" in failed.note
+    assert failed.note.startswith("applying the proposal failed")  # where it was measured, not screened
+    assert measured.status == "measured" and measured.benchmark is not None
+    # its planner cost is read in the fork where it was measured, against the query's as it was
+    assert measured.planner_cost is not None and measured.baseline_cost is not None
+    assert measured.planner_cost < measured.baseline_cost
+    assert result.status == "completed" and outcome.proposal is not None
+    assert "c_next" in outcome.proposal.sql_commands[0]
+
+
 AGGREGATE = "SELECT count(*) AS n, sum(total_amount) AS total FROM orders WHERE status = 'pending'"
 
 
