@@ -88,6 +88,12 @@ class _Screening:
     error: ApplyError | None = None
 
 
+@dataclass
+class _Analysis:
+    done: trio.Event = field(default_factory=trio.Event)
+    value: tuple[AnalysisContext, tuple[str, ...]] | None = None
+
+
 ProposalKey = tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]
 
 
@@ -96,12 +102,14 @@ class SharedMeasurements:
 
     The first agent to propose it measures it in its own fork; the others wait and
     take that measurement (their forks hold the same data). If the measuring agent
-    fails, the next one measures it itself. Screening (`screen`) is shared the same way.
+    fails, the next one measures it itself. The analysis of the query before any change
+    (`analysis`) and screening (`screen`) are shared the same way.
     """
 
     def __init__(self) -> None:
         self._entries: dict[ProposalKey, _Measurement] = {}
         self._screenings: dict[ProposalKey, _Screening] = {}
+        self._analysis: _Analysis | None = None
         # one run of a query past the statement timeout, for every proposal of the task
         self.slow_baselines: dict[str, tuple[Result | None, Sample]] = {}
         # results and baseline runs of the queries before any change, for every fork of the task
@@ -135,6 +143,25 @@ class SharedMeasurements:
                 raise ApplyError(str(entry.error))
             if entry.cost is not None:
                 return entry.cost
+
+    async def analysis(self, run: Callable[[], Awaitable[tuple[AnalysisContext, tuple[str, ...]]]]
+                       ) -> tuple[AnalysisContext, tuple[str, ...]]:
+        """The analysis of the query before any change (`run`, in the caller's fork: EXPLAIN
+        ANALYZE, statistics, the suite), once per task: every fork of a task starts with the same
+        data and statistics. The first agent runs it, the others take it; if that agent fails
+        before it is done, the next one runs it itself."""
+        while True:
+            entry = self._analysis
+            if entry is None or (entry.done.is_set() and entry.value is None):
+                entry = self._analysis = _Analysis()
+                try:
+                    entry.value = await run()
+                    return entry.value
+                finally:
+                    entry.done.set()
+            await entry.done.wait()
+            if entry.value is not None:
+                return entry.value
 
     def screened(self, proposal: OptimizationProposal) -> float | None:
         """The planner cost found for `proposal` in this task, if any."""
@@ -268,17 +295,9 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     agent, limits = state.agent, job.timeouts
     enter("analysis")
     t0 = trio.current_time()
-    ctx = await gather_context(conn, task_id=job.task_id, task_type=job.task_type,
-                               query=job.query, features=job.features,
-                               source_stats=job.source_stats)
+    ctx, skipped = await shared.analysis(functools.partial(_analyse, conn, job))
     state.writes_per_read = {name: info.writes_per_read for name, info in ctx.tables.items()}
-    ctx = dataclasses.replace(ctx, keyset_last_key=await _last_key(conn, job.query, ctx.tables),
-                              source_server=job.source_server, source_imported=job.source_imported)
-    main = ctx.tables.get(job.features.main_table or "")
-    # reading the query is CPU work (up to seconds for a large one): off the event loop
-    suite, skipped = await trio.to_thread.run_sync(build_suite, job.query, main, _alias_of(job.features))
-    ctx = dataclasses.replace(ctx, suite=suite)
-    state.skipped = tuple(skipped)
+    state.skipped, suite = skipped, ctx.suite
     with trio.fail_after(limits.model):
         state.analysis = await brain.analyze(agent, ctx)
     events.emit("analysis_completed", agent=agent, fork=state.fork,
@@ -446,6 +465,20 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     state.candidates = tuple(tried[r] for r in sorted(tried))
     return _best(state)
+
+
+async def _analyse(conn: Connection, job: AgentJob) -> tuple[AnalysisContext, tuple[str, ...]]:
+    """The query before any change, in a fork: its plan and time, the tables' statistics, the
+    keyset probe, and the suite (with the variants left out and why)."""
+    ctx = await gather_context(conn, task_id=job.task_id, task_type=job.task_type,
+                               query=job.query, features=job.features,
+                               source_stats=job.source_stats)
+    ctx = dataclasses.replace(ctx, keyset_last_key=await _last_key(conn, job.query, ctx.tables),
+                              source_server=job.source_server, source_imported=job.source_imported)
+    main = ctx.tables.get(job.features.main_table or "")
+    # reading the query is CPU work (up to seconds for a large one): off the event loop
+    suite, skipped = await trio.to_thread.run_sync(build_suite, job.query, main, _alias_of(job.features))
+    return dataclasses.replace(ctx, suite=suite), tuple(skipped)
 
 
 async def _undone(conn: Connection, proposal: OptimizationProposal) -> bool:

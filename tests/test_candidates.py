@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import pytest
 import trio
@@ -21,6 +22,7 @@ from afs.agents import (
 )
 from afs.bench import ApplyError
 from afs.config import Settings
+from afs.errors import DatabaseError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import (
@@ -182,6 +184,34 @@ async def test_a_design_that_fails_to_build_fails_for_every_agent_and_a_lost_scr
         return 2.0
 
     assert await shared.screen(good, fast) == 2.0
+
+
+async def test_the_query_is_analysed_once_per_task() -> None:
+    shared = SharedMeasurements()
+    runs: list[str] = []
+
+    async def analyse(agent: str, fail: bool = False) -> Any:
+        runs.append(agent)
+        await trio.sleep(0.01)
+        if fail:
+            raise DatabaseError("the fork went away")
+        return (agent, ())  # stands for (AnalysisContext, skipped variants)
+
+    got: dict[str, Any] = {}
+
+    async def agent(name: str) -> None:
+        got[name] = await shared.analysis(lambda: analyse(name))
+
+    async with trio.open_nursery() as nursery:
+        for name in ("pro", "flash", "flash20"):
+            nursery.start_soon(agent, name)
+    (first,) = runs
+    assert got == {name: (first, ()) for name in ("pro", "flash", "flash20")}
+    # an agent whose analysis fails takes nobody else down: the next one analyses itself
+    other = SharedMeasurements()
+    with pytest.raises(DatabaseError):
+        await other.analysis(lambda: analyse("a", fail=True))
+    assert await other.analysis(lambda: analyse("b")) == ("b", ())
 
 
 # -- end to end in real forks ----------------------------------------------------------------
