@@ -52,7 +52,8 @@ What measuring reuses (`Reuse`, adaptive measurement only: with `min_runs` equal
   (drift between two measurements of one task is far smaller than that: 2.2x at most on a
   loaded two-core machine). A close candidate gets one fresh baseline run: if it agrees with
   the reused samples (within their range widened by their width, at least 5 %) it joins them;
-  if not, the machine has drifted and the figure is measured afresh, interleaved;
+  if not, the machine has drifted and the figure is measured afresh, interleaved (that fresh
+  run and the candidate run just before it are the first pair);
 - warm-ups: none for a query that already ran in this fork (its checksum, an earlier run).
 """
 
@@ -310,8 +311,11 @@ async def _measure(
                     if not warm_baseline:
                         await run_baseline()
                     fresh.append(await run_baseline())
-                    if not _agrees(prior, fresh[0].ms):  # drift: afresh (the runs so far warmed up)
-                        return await _pairs(run_baseline, run_candidate, rule, out_of_time)
+                    if not _agrees(prior, fresh[0].ms):
+                        # drift: afresh, interleaved; the candidate run and the fresh baseline
+                        # run just made are its first pair (the runs before them warmed up)
+                        return await _pairs(run_baseline, run_candidate, rule, out_of_time,
+                                            first=(fresh[0], candidate[-1]))
                 baseline = [*prior, *fresh]
                 reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule,
                                      out_of_time())
@@ -326,16 +330,23 @@ async def _measure(
 
 async def _pairs(run_baseline: Callable[[], Awaitable[Sample]],
                  run_candidate: Callable[[], Awaitable[Sample]], rule: StopRule,
-                 out_of_time: Callable[[], bool]) -> Figure:
-    """Baseline and candidate alternately (the order flips every pair) until `stop_reason`."""
-    baseline: list[Sample] = []
-    candidate: list[Sample] = []
+                 out_of_time: Callable[[], bool],
+                 first: tuple[Sample, Sample] | None = None) -> Figure:
+    """Baseline and candidate alternately (the order flips every pair) until `stop_reason`;
+    `first`: a pair (baseline, candidate) made already, the candidate's run first."""
+    baseline: list[Sample] = [first[0]] if first else []
+    candidate: list[Sample] = [first[1]] if first else []
+    flip = 1 if first else 0  # the pair made already ran the candidate first
+    if first:
+        reason = stop_reason([first[0].ms], [first[1].ms], rule, out_of_time())
+        if reason is not None:
+            return Figure(baseline, candidate, reason)
     while True:
-        first, second = ((run_baseline, run_candidate) if len(baseline) % 2 == 0
-                         else (run_candidate, run_baseline))
-        a, b = await first(), await second()
-        baseline.append(a if first is run_baseline else b)
-        candidate.append(b if first is run_baseline else a)
+        first_run, second_run = ((run_baseline, run_candidate) if (len(baseline) + flip) % 2 == 0
+                                 else (run_candidate, run_baseline))
+        a, b = await first_run(), await second_run()
+        baseline.append(a if first_run is run_baseline else b)
+        candidate.append(b if first_run is run_baseline else a)
         reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule, out_of_time())
         if reason is not None:
             return Figure(baseline, candidate, reason)

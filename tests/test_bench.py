@@ -16,6 +16,7 @@ from afs.bench import (
     StopRule,
     _agrees,
     _far_apart,
+    _measure,
     _significant,
     benchmark,
     stop_reason,
@@ -192,6 +193,31 @@ def test_a_fresh_baseline_run_agrees_within_the_reused_spread() -> None:
     assert not _agrees(prior, 699.0) and not _agrees(prior, 1301.0)
     tight = samples(1000.0, 1000.0, 1000.0)  # no spread: 5 % of the median
     assert _agrees(tight, 1050.0) and not _agrees(tight, 1051.0)
+
+
+async def test_after_drift_the_runs_that_found_it_are_the_first_pair() -> None:
+    # reused baseline runs at ~1000 ms; the machine has slowed down since: the fresh baseline
+    # run (1500 ms) disagrees, and the figure is measured afresh, interleaved, starting with
+    # the candidate run and the fresh baseline run that found the drift
+    order: list[str] = []
+    baseline_ms = iter([1500.0, 1490.0, 1510.0, 1505.0])
+    candidate_ms = iter([1400.0, 1460.0, 1560.0, 1450.0, 1455.0])
+
+    async def run_baseline() -> Sample:
+        order.append("b")
+        return Sample(next(baseline_ms), 0)
+
+    async def run_candidate() -> Sample:
+        order.append("c")
+        return Sample(next(candidate_ms), 0)
+
+    figure = await _measure(run_baseline, run_candidate, RULE, Budget(60.0, 1),
+                            prior=samples(990.0, 1000.0, 1010.0), warm_baseline=True, warm_candidate=True)
+    assert [s.ms for s in figure.baseline] == [1500.0, 1490.0, 1510.0]
+    assert [s.ms for s in figure.candidate] == [1400.0, 1460.0, 1560.0]
+    assert figure.stopped == "overlap" and figure.reused == 0
+    # pairs alternate: the first pair ran the candidate first, the next the baseline first
+    assert order == ["c", "b", "b", "c", "c", "b"]
 
 
 # -- the loop in a real fork -------------------------------------------------------------------
