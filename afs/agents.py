@@ -13,7 +13,9 @@ bugs escape.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from pglast import ast as pg_ast
 from pglast.stream import RawStream
 
 from afs.analysis import gather_context
-from afs.bench import ApplyError, Result, Sample, benchmark, planner_cost, result_of, undo
+from afs.bench import ApplyError, Result, Reuse, Sample, benchmark, planner_cost, result_of, undo
 from afs.brains import Brain, RevisingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
@@ -79,25 +81,95 @@ class _Measurement:
     outcome: BenchmarkOutcome | None = None
 
 
+@dataclass
+class _Screening:
+    done: trio.Event = field(default_factory=trio.Event)
+    cost: float | None = None
+    error: ApplyError | None = None
+
+
+@dataclass
+class _Analysis:
+    done: trio.Event = field(default_factory=trio.Event)
+    value: tuple[AnalysisContext, tuple[str, ...]] | None = None
+
+
+ProposalKey = tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]
+
+
 class SharedMeasurements:
     """Identical proposals (same normalized DDL and rewrite) are measured once per task.
 
     The first agent to propose it measures it in its own fork; the others wait and
     take that measurement (their forks hold the same data). If the measuring agent
-    fails, the next one measures it itself.
+    fails, the next one measures it itself. The analysis of the query before any change
+    (`analysis`) and screening (`screen`) are shared the same way.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]], _Measurement] = {}
+        self._entries: dict[ProposalKey, _Measurement] = {}
+        self._screenings: dict[ProposalKey, _Screening] = {}
+        self._analysis: _Analysis | None = None
         # one run of a query past the statement timeout, for every proposal of the task
         self.slow_baselines: dict[str, tuple[Result | None, Sample]] = {}
+        # results and baseline runs of the queries before any change, for every fork of the task
+        self.reuse = Reuse()
         # the query with other values (a family member's original) known to exceed the
         # statement timeout (sql -> whether its rows could still be read): each later proposal
         # would wait for that timeout again for nothing
         self.slow_family: dict[str, bool] = {}
 
+    async def screen(self, proposal: OptimizationProposal, run: Callable[[], Awaitable[float]]) -> float:
+        """The planner's cost of the task's query with `proposal` in place (`run`: a rolled-back
+        build in the caller's fork), once per task: screening runs before anything is applied
+        in a fork, and every fork of a task starts with the same data and statistics. A proposal
+        that fails to apply (ApplyError) fails the same way for every agent. If the agent that
+        screens it fails otherwise, the next one screens it itself."""
+        key = self.key(proposal)
+        while True:
+            entry = self._screenings.get(key)
+            if entry is None or (entry.done.is_set() and entry.cost is None and entry.error is None):
+                entry = self._screenings[key] = _Screening()
+                try:
+                    entry.cost = await run()
+                    return entry.cost
+                except ApplyError as exc:
+                    entry.error = exc
+                    raise
+                finally:
+                    entry.done.set()
+            await entry.done.wait()
+            if entry.error is not None:
+                raise ApplyError(str(entry.error))
+            if entry.cost is not None:
+                return entry.cost
+
+    async def analysis(self, run: Callable[[], Awaitable[tuple[AnalysisContext, tuple[str, ...]]]]
+                       ) -> tuple[AnalysisContext, tuple[str, ...]]:
+        """The analysis of the query before any change (`run`, in the caller's fork: EXPLAIN
+        ANALYZE, statistics, the suite), once per task: every fork of a task starts with the same
+        data and statistics. The first agent runs it, the others take it; if that agent fails
+        before it is done, the next one runs it itself."""
+        while True:
+            entry = self._analysis
+            if entry is None or (entry.done.is_set() and entry.value is None):
+                entry = self._analysis = _Analysis()
+                try:
+                    entry.value = await run()
+                    return entry.value
+                finally:
+                    entry.done.set()
+            await entry.done.wait()
+            if entry.value is not None:
+                return entry.value
+
+    def screened(self, proposal: OptimizationProposal) -> float | None:
+        """The planner cost found for `proposal` in this task, if any."""
+        entry = self._screenings.get(self.key(proposal))
+        return entry.cost if entry is not None else None
+
     @staticmethod
-    def key(proposal: OptimizationProposal) -> tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]:
+    def key(proposal: OptimizationProposal) -> ProposalKey:
         rewrite = " ".join(proposal.rewritten_query.split()) if proposal.rewritten_query else None
         # settings count: two settings-only proposals have the same (empty) DDL and no rewrite
         return ddl_signature(proposal), rewrite, tuple(sorted(proposal.settings))
@@ -182,10 +254,10 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
     state = _Progress(agent=agent, started=trio.current_time())
     limits = job.timeouts
 
-    def enter(phase: str) -> None:
+    def enter(phase: str, **data: Any) -> None:
         state.phase = phase
         events.emit("agent_phase", agent=agent, fork=state.fork, phase=phase,
-                    elapsed_s=round(trio.current_time() - state.started, 2))
+                    elapsed_s=round(trio.current_time() - state.started, 2), **data)
 
     try:
         with trio.fail_after(limits.agent):
@@ -201,7 +273,9 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
                     async with open_connection(fork.dsn, job.statement_timeout_ms) as conn:
                         outcome = await _work_in_fork(conn, job, state, brain, bench_limiter,
                                                       events, enter, shared or SharedMeasurements())
-            enter("done")
+                closing = trio.current_time()
+            # how long closing the fork took (its delete through the fork server)
+            enter("done", fork_closed_s=round(trio.current_time() - closing, 3))
             # the agent's time includes closing its fork
             return dataclasses.replace(outcome, duration_s=trio.current_time() - state.started)
     except trio.TooSlowError:
@@ -221,17 +295,9 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     agent, limits = state.agent, job.timeouts
     enter("analysis")
     t0 = trio.current_time()
-    ctx = await gather_context(conn, task_id=job.task_id, task_type=job.task_type,
-                               query=job.query, features=job.features,
-                               source_stats=job.source_stats)
+    ctx, skipped = await shared.analysis(functools.partial(_analyse, conn, job))
     state.writes_per_read = {name: info.writes_per_read for name, info in ctx.tables.items()}
-    ctx = dataclasses.replace(ctx, keyset_last_key=await _last_key(conn, job.query, ctx.tables),
-                              source_server=job.source_server, source_imported=job.source_imported)
-    main = ctx.tables.get(job.features.main_table or "")
-    # reading the query is CPU work (up to seconds for a large one): off the event loop
-    suite, skipped = await trio.to_thread.run_sync(build_suite, job.query, main, _alias_of(job.features))
-    ctx = dataclasses.replace(ctx, suite=suite)
-    state.skipped = tuple(skipped)
+    state.skipped, suite = skipped, ctx.suite
     with trio.fail_after(limits.model):
         state.analysis = await brain.analyze(agent, ctx)
     events.emit("analysis_completed", agent=agent, fork=state.fork,
@@ -270,17 +336,23 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     enter("screen")
     costs: dict[int, float | None] = {}
     baseline_cost: float | None = None
+    # the planner chooses only when some candidate cannot be measured; else every candidate's
+    # cost is read in the fork where it is measured (it is built there anyway)
+    choosing = len(checked) > job.measured
     if len(checked) > 1:
         baseline_cost = await planner_cost(conn, job.query)
+    if choosing:
         for rank, proposal, validation, _ in checked:
             if proposal.proposal_type == "partitioning":
                 costs[rank] = None  # moving the data is too slow to try in a transaction
                 continue
             try:
-                costs[rank] = await planner_cost(conn, proposal.rewritten_query or job.query, proposal)
+                costs[rank] = await shared.screen(proposal, functools.partial(
+                    planner_cost, conn, proposal.rewritten_query or job.query, proposal))
             except ApplyError as exc:
                 tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                               baseline_cost=baseline_cost, note=str(exc))
+    if choosing:
         events.emit("candidates_screened", agent=agent, fork=state.fork, baseline_cost=baseline_cost,
                     costs={str(r): c for r, c in costs.items()})
     chosen = choose_for_measurement(
@@ -295,6 +367,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 note="beyond the measuring budget: the planner expects less of it than of those measured")
 
     family = await trio.to_thread.run_sync(_family, job, ctx)
+    reuse = shared.reuse.for_fork()  # what this fork has run already is its own
     by_rank = {rank: (proposal, validation, cs) for rank, proposal, validation, cs in checked}
     for position, rank in enumerate(chosen):
         proposal, validation, candidate_suite = by_rank[rank]
@@ -327,8 +400,15 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                         family=timed,
                         statement_timeout_ms=job.statement_timeout_ms,
                         slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,
-                        known_slow=ctx.slow)
+                        known_slow=ctx.slow, reuse=reuse)
                     await rows_kept()
+                    if baseline_cost is not None and proposal.proposal_type != "partitioning":
+                        # the planner's cost with the proposal in place, for the record (and
+                        # for an agent that screens the same design later)
+                        with contextlib.suppress(ApplyError):
+                            await shared.screen(proposal, functools.partial(
+                                planner_cost, conn, proposal.rewritten_query or job.query, proposal,
+                                applied=True))
                     shared.slow_family.update(slow_originals(timed, outcome))
                     # still with the proposal in place: check its rows for the members skipped
                     exact = all(v.exact for v in (*suite[:1], *(candidate_suite or ())[:1]))
@@ -346,7 +426,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                           planner_cost=costs.get(rank), baseline_cost=baseline_cost,
                                           note=str(exc))
-            if measured_here:
+            if measured_here and (last or not await _undone(conn, proposal)):
                 break  # the fork's state is unknown now: measure nothing more in it
             continue
         if measured_by is not None:
@@ -357,8 +437,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                     storage_delta_mb=outcome.storage_delta_mb, equivalent=outcome.equivalent)
         note = f"measured by {measured_by} (the same proposal)" if measured_by else ""
         tried[rank] = CandidateResult(proposal, "measured", rank, validation,
-                                      planner_cost=costs.get(rank), baseline_cost=baseline_cost,
-                                      benchmark=outcome, note=note)
+                                      planner_cost=costs.get(rank, shared.screened(proposal)),
+                                      baseline_cost=baseline_cost, benchmark=outcome, note=note)
         if measured_by is not None:
             state.shared_by[rank] = measured_by
         revised = await _revise_rewrite(brain, agent, ctx, state, proposal, outcome, limits.model, events)
@@ -385,6 +465,33 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     state.candidates = tuple(tried[r] for r in sorted(tried))
     return _best(state)
+
+
+async def _analyse(conn: Connection, job: AgentJob) -> tuple[AnalysisContext, tuple[str, ...]]:
+    """The query before any change, in a fork: its plan and time, the tables' statistics, the
+    keyset probe, and the suite (with the variants left out and why)."""
+    ctx = await gather_context(conn, task_id=job.task_id, task_type=job.task_type,
+                               query=job.query, features=job.features,
+                               source_stats=job.source_stats)
+    ctx = dataclasses.replace(ctx, keyset_last_key=await _last_key(conn, job.query, ctx.tables),
+                              source_server=job.source_server, source_imported=job.source_imported)
+    main = ctx.tables.get(job.features.main_table or "")
+    # reading the query is CPU work (up to seconds for a large one): off the event loop
+    suite, skipped = await trio.to_thread.run_sync(build_suite, job.query, main, _alias_of(job.features))
+    return dataclasses.replace(ctx, suite=suite), tuple(skipped)
+
+
+async def _undone(conn: Connection, proposal: OptimizationProposal) -> bool:
+    """Whether a proposal that failed while measured is taken out of the fork again by its
+    validated rollback (every statement IF EXISTS), so the next candidate starts from the
+    fork as it was; never for partitioning (data moved half-way is not undone blindly)."""
+    if proposal.proposal_type == "partitioning" or not proposal.rollback_commands:
+        return False
+    try:
+        await undo(conn, proposal.rollback_commands)
+    except ApplyError:
+        return False
+    return True
 
 
 async def _admit(conn: Connection, proposal: OptimizationProposal

@@ -23,24 +23,48 @@ uncertain. After `min_runs` (default 3) pairs a loop stops as soon as
   complete separation never comes back once lost;
 - they are completely separated with a margin ("separated"): the verdict is
   significant and the gap between the samples is at least as wide as the wider
-  sample's range (for two samples of 3 from one normal distribution that
-  happens with probability 0.008, the same false-alarm rate as complete
-  separation of 5 against 5);
+  sample's range, both measured as ratios (on the logarithms of the times): the
+  slower sample's fastest run over the faster sample's slowest run at least the
+  wider sample's slowest over fastest run. Ratios make the margin scale-free:
+  a 10 ms burst in a ~10 ms baseline doubles its range in ratio terms (2x) and
+  still lets a 200x faster candidate be called at the minimum, where a margin in
+  milliseconds (gap 10 ms < range 10 ms) ran it to `max_runs`; a candidate 10 %
+  faster with 10 % noise is not separated either way. For two samples of 3 from
+  one distribution whose logarithm is normal (timing noise is multiplicative)
+  the margin happens with probability 0.008, the same false-alarm rate as
+  complete separation of 5 against 5;
 
 and in any case after `max_runs` pairs ("max_runs", the configured run count)
 or when its share of the candidate's time budget is spent ("budget", after at
 least one pair). The budget is the query time one candidate's measurement may
 take (warm-ups and runs of every suite query and parameter set), shared fairly
 by the loops still to come, so the unused part of a fast loop goes to the next.
+
+What measuring reuses (`Reuse`, adaptive measurement only: with `min_runs` equal to
+`runs` every figure is measured afresh, warm-ups and checksums included, as before):
+
+- the result (rows, checksum) of a query as it runs before any change, once per task;
+- a figure's baseline samples, once per task, when its baseline runs as before any change
+  (the suite before the change, an index hidden in a rolled-back transaction, the original
+  query against a rewrite or settings that create nothing). Later candidates are measured
+  against those samples (`_measure`): a candidate whose every run is `REUSE_FACTOR` times
+  faster (or slower) than every reused run gets its verdict without a fresh baseline run
+  (drift between two measurements of one task is far smaller than that: 2.2x at most on a
+  loaded two-core machine). A close candidate gets one fresh baseline run: if it agrees with
+  the reused samples (within their range widened by their width, at least 5 %) it joins them;
+  if not, the machine has drifted and the figure is measured afresh, interleaved (that fresh
+  run and the candidate run just before it are the first pair);
+- warm-ups: none for a query that already ran in this fork (its checksum, an earlier run).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import pglast
@@ -69,6 +93,8 @@ MIN_EFFECT = 0.05  # medians must differ by at least 5 % to count
 MIN_RUNS = DEFAULT_MIN_RUNS  # pairs before a loop may stop early
 MAX_RUNS = DEFAULT_RUNS  # pairs at most (the configured run count)
 BUDGET_S = DEFAULT_MEASURE_BUDGET_S  # query time one candidate's measurement may take
+
+REUSE_FACTOR = 3.0  # a candidate this many times apart from reused baseline runs needs no fresh one
 
 StopReason = Literal["separated", "overlap", "max_runs", "budget"]
 
@@ -143,6 +169,9 @@ def stop_reason(baseline: Sequence[float], candidate: Sequence[float], rule: Sto
                 out_of_time: bool = False) -> StopReason | None:
     """Why a measuring loop stops now, or None to run another pair (pure; times in ms).
 
+    "overlap" and "separated" as in the module's notes: the margin compares the gap
+    between the samples with the wider sample's range as ratios (log times), so it
+    means the same for a 10 ms query as for a 10 s one, whichever side is faster.
     `candidate` counts the runs made; `baseline` is the other side's sample (the same
     length when interleaved; fixed when the baseline ran before; empty when the loop
     measures one side alone, which then stops only at `max_runs` or out of time).
@@ -151,10 +180,12 @@ def stop_reason(baseline: Sequence[float], candidate: Sequence[float], rule: Sto
     if n == 0:
         return None
     if baseline and n >= min(rule.min_runs, rule.max_runs):
-        gap = max(min(baseline) - max(candidate), min(candidate) - max(baseline))
+        b_lo, b_hi, c_lo, c_hi = (_log(min(baseline)), _log(max(baseline)),
+                                  _log(min(candidate)), _log(max(candidate)))
+        gap = max(b_lo - c_hi, c_lo - b_hi)  # log of the ratio between the samples (symmetric)
         if gap <= 0:
             return "overlap"
-        wider = max(max(baseline) - min(baseline), max(candidate) - min(candidate))
+        wider = max(b_hi - b_lo, c_hi - c_lo)  # log of the wider sample's slowest over fastest run
         if gap >= wider and _significant(baseline, candidate):
             return "separated"
     if n >= rule.max_runs:
@@ -162,6 +193,13 @@ def stop_reason(baseline: Sequence[float], candidate: Sequence[float], rule: Sto
     if out_of_time:
         return "budget"
     return None
+
+
+_MIN_MS = 0.001  # EXPLAIN reports times in µs: a time of 0 counts as 1 µs on the log scale
+
+
+def _log(ms: float) -> float:
+    return math.log(max(ms, _MIN_MS))
 
 
 class Budget:
@@ -178,6 +216,41 @@ class Budget:
     def charge(self, seconds: float) -> None:
         self.left = max(0.0, self.left - seconds)
         self.loops = max(1, self.loops - 1)
+
+
+@dataclass
+class Reuse:
+    """What a measurement may take from earlier measurements of the same task.
+
+    `results` and `baselines` hold what the queries give and take before any change (every
+    fork of a task starts with the same data); `warm` the queries that already ran in this
+    fork. `for_fork()`: the same task's records with a fork's own `warm` set.
+    """
+
+    results: dict[str, Result] = field(default_factory=dict)  # by _result_key
+    baselines: dict[str, tuple[Sample, ...]] = field(default_factory=dict)  # by SQL text
+    warm: set[str] = field(default_factory=set)
+
+    def for_fork(self) -> Reuse:
+        return Reuse(self.results, self.baselines, set())
+
+
+def _result_key(sql: str, ordered: bool) -> str:
+    return f"{ordered}:{sql}"
+
+
+def _far_apart(prior: Sequence[Sample], ms: float) -> bool:
+    """A run too far from the reused baseline runs for drift to explain (REUSE_FACTOR)."""
+    if min(s.ms for s in prior) <= 0.0:
+        return False
+    return ms * REUSE_FACTOR <= min(s.ms for s in prior) or ms >= REUSE_FACTOR * max(s.ms for s in prior)
+
+
+def _agrees(prior: Sequence[Sample], ms: float) -> bool:
+    """A fresh baseline run within the reused runs' range, widened by its width (at least 5 %)."""
+    times = [s.ms for s in prior]
+    tolerance = max(max(times) - min(times), MIN_EFFECT * statistics.median(times))
+    return min(times) - tolerance <= ms <= max(times) + tolerance
 
 
 def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:
@@ -198,39 +271,96 @@ def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:
     return tuple(names) or None
 
 
-async def _measure_pairs(
+@dataclass(frozen=True)
+class Figure:
+    """How one figure was measured: both samples, why it stopped, baseline runs reused."""
+
+    baseline: list[Sample]
+    candidate: list[Sample]
+    stopped: StopReason
+    reused: int = 0
+
+
+async def _measure(
     run_baseline: Callable[[], Awaitable[Sample]],
     run_candidate: Callable[[], Awaitable[Sample]],
     rule: StopRule,
     budget: Budget,
-) -> tuple[list[Sample], list[Sample], StopReason]:
-    """Warm-up, then baseline and candidate alternately until `stop_reason` says stop."""
+    *,
+    prior: Sequence[Sample] = (),
+    warm_baseline: bool = False,
+    warm_candidate: bool = False,
+) -> Figure:
+    """One figure: against `prior` (baseline runs reused, see the module's notes) when given,
+    else baseline and candidate alternately until `stop_reason` says stop. A side that is
+    not warm gets a warm-up run first."""
     started, allowance = trio.current_time(), budget.allowance()
+
+    def out_of_time() -> bool:
+        return trio.current_time() - started >= allowance
+
     try:
-        await run_baseline()  # warm-up, both sides
-        await run_candidate()
-        baseline: list[Sample] = []
-        candidate: list[Sample] = []
-        while True:
-            first, second = ((run_baseline, run_candidate) if len(baseline) % 2 == 0
-                             else (run_candidate, run_baseline))
-            a, b = await first(), await second()
-            baseline.append(a if first is run_baseline else b)
-            candidate.append(b if first is run_baseline else a)
-            reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule,
-                                 trio.current_time() - started >= allowance)
-            if reason is not None:
-                return baseline, candidate, reason
+        if not warm_candidate:
+            await run_candidate()
+        if prior:
+            candidate: list[Sample] = []
+            fresh: list[Sample] = []
+            while True:
+                candidate.append(await run_candidate())
+                if not fresh and not _far_apart(prior, candidate[-1].ms):
+                    if not warm_baseline:
+                        await run_baseline()
+                    fresh.append(await run_baseline())
+                    if not _agrees(prior, fresh[0].ms):
+                        # drift: afresh, interleaved; the candidate run and the fresh baseline
+                        # run just made are its first pair (the runs before them warmed up)
+                        return await _pairs(run_baseline, run_candidate, rule, out_of_time,
+                                            first=(fresh[0], candidate[-1]))
+                baseline = [*prior, *fresh]
+                reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule,
+                                     out_of_time())
+                if reason is not None:
+                    return Figure(baseline, candidate, reason, len(prior))
+        if not warm_baseline:
+            await run_baseline()
+        return await _pairs(run_baseline, run_candidate, rule, out_of_time)
     finally:
         budget.charge(trio.current_time() - started)
 
 
+async def _pairs(run_baseline: Callable[[], Awaitable[Sample]],
+                 run_candidate: Callable[[], Awaitable[Sample]], rule: StopRule,
+                 out_of_time: Callable[[], bool],
+                 first: tuple[Sample, Sample] | None = None) -> Figure:
+    """Baseline and candidate alternately (the order flips every pair) until `stop_reason`;
+    `first`: a pair (baseline, candidate) made already, the candidate's run first."""
+    baseline: list[Sample] = [first[0]] if first else []
+    candidate: list[Sample] = [first[1]] if first else []
+    flip = 1 if first else 0  # the pair made already ran the candidate first
+    if first:
+        reason = stop_reason([first[0].ms], [first[1].ms], rule, out_of_time())
+        if reason is not None:
+            return Figure(baseline, candidate, reason)
+    while True:
+        first_run, second_run = ((run_baseline, run_candidate) if (len(baseline) + flip) % 2 == 0
+                                 else (run_candidate, run_baseline))
+        a, b = await first_run(), await second_run()
+        baseline.append(a if first_run is run_baseline else b)
+        candidate.append(b if first_run is run_baseline else a)
+        reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule, out_of_time())
+        if reason is not None:
+            return Figure(baseline, candidate, reason)
+
+
 async def _measure_alone(run: Callable[[], Awaitable[Sample]], rule: StopRule, budget: Budget,
-                         against: Sequence[Sample] = ()) -> tuple[list[Sample], StopReason]:
-    """Warm-up, then runs of one side; measured `against` a baseline made before, if given."""
+                         against: Sequence[Sample] = (), warm: bool = False
+                         ) -> tuple[list[Sample], StopReason]:
+    """Warm-up (unless `warm`), then runs of one side; measured `against` a baseline made
+    before, if given."""
     started, allowance = trio.current_time(), budget.allowance()
     try:
-        await run()  # warm-up
+        if not warm:
+            await run()  # warm-up
         samples: list[Sample] = []
         while True:
             samples.append(await run())
@@ -263,12 +393,14 @@ async def undo(conn: Connection, rollback: Sequence[str]) -> None:
             raise ApplyError(f"undoing the proposal failed: {exc}") from exc
 
 
-async def planner_cost(conn: Connection, sql: str, proposal: OptimizationProposal | None = None) -> float:
-    """EXPLAIN's total cost of `sql`, with the proposal applied inside a rolled-back transaction."""
+async def planner_cost(conn: Connection, sql: str, proposal: OptimizationProposal | None = None,
+                       *, applied: bool = False) -> float:
+    """EXPLAIN's total cost of `sql`, with the proposal applied inside a rolled-back transaction
+    (or, `applied`, with the proposal already in place in the fork: its settings only)."""
     await conn.execute("BEGIN")
     try:
         if proposal is not None:
-            for command in proposal.sql_commands:
+            for command in () if applied else proposal.sql_commands:
                 await conn.execute(command)
             for name, value in proposal.settings:
                 await conn.execute(f"SET LOCAL {name} = {_setting_literal(value)}")
@@ -321,6 +453,31 @@ class _Sides:
     candidate: Callable[[str], Awaitable[Sample]]
     interleaved: bool
     note: str
+    pristine: bool = False  # the baseline runs as before any change (its samples may be reused)
+
+
+def _pristine_baseline(proposal: OptimizationProposal, hidden: tuple[str, ...] | None) -> bool:
+    """Whether the interleaved baseline runs as before any change: every object the proposal
+    makes is an index hidden for the run (no ANALYZE: new statistics change plans), or it makes
+    nothing (a rewrite, settings)."""
+    if hidden is not None:
+        return len(hidden) == len(proposal.sql_commands)
+    return not proposal.sql_commands
+
+
+def _reuse_note(figure: Figure) -> str:
+    if not figure.reused:
+        return ""
+    fresh = len(figure.baseline) - figure.reused
+    return (f"; baseline: {figure.reused} runs reused from an earlier measurement in this task"
+            + (f" and {fresh} fresh run that agreed with them" if fresh else ""))
+
+
+def _timings(figure: Figure) -> tuple[Timing, Timing]:
+    base = timing(figure.baseline)
+    if figure.reused:
+        base = dataclasses.replace(base, reused=figure.reused)
+    return base, timing(figure.candidate)
 
 
 async def benchmark(
@@ -340,6 +497,7 @@ async def benchmark(
     slow_cap_ms: int = 0,
     slow_cache: dict[str, tuple[Result | None, Sample]] | None = None,
     known_slow: bool = False,
+    reuse: Reuse | None = None,
 ) -> BenchmarkOutcome:
     """Measure `suite` before and `candidate_suite` (default: the same) after the proposal.
 
@@ -352,8 +510,13 @@ async def benchmark(
     that exceed the timeout are left out. `slow_cache` keeps that run for the next proposal
     measured on the same data (by the query's text), so it is paid once per task. Once the
     query as given is known to be that slow (`known_slow`: its analysis timed out too), it goes
-    to the long run at once and the other variants are left out.
+    to the long run at once and the other variants are left out. `reuse`: what earlier
+    measurements of the task found (see the module's notes; only when measuring is adaptive,
+    `min_runs` < `runs`), updated with what this one finds.
     """
+    rule = StopRule(min_runs=min(min_runs, runs), max_runs=runs)
+    family_rule = StopRule(min_runs=min(min_runs, family_runs), max_runs=family_runs)
+    memo = reuse if rule.min_runs < rule.max_runs else None
     candidates = {v.name: v for v in (candidate_suite or suite)}
     pairs = [(v, candidates[v.name]) for v in suite if v.name in candidates]
     missing = [f"{v.name}: no equivalent query on the proposal's objects" for v in suite
@@ -366,6 +529,22 @@ async def benchmark(
     settings = proposal.settings
     # A rewrite may order ties differently: compare its results as multisets.
     ordered = {v.name: v.ordered and c.ordered and not rewrite for v, c in pairs}
+
+    async def checked(variant: QueryVariant, in_order: bool, unchanged: bool) -> Result:
+        """The query's rows and checksum; taken from `memo` when the fork is `unchanged`."""
+        key = _result_key(variant.sql, in_order)
+        if memo is not None and unchanged and key in memo.results:
+            return memo.results[key]
+        result = await result_of(conn, variant, in_order)
+        if memo is not None:
+            memo.warm.add(variant.sql)
+            if unchanged:
+                memo.results[key] = result
+        return result
+
+    def warm(sql: str) -> bool:
+        return memo is not None and sql in memo.warm
+
     before_results: dict[str, Result] = {}
     slow_baseline: dict[str, Sample] = {}
     kept: list[tuple[QueryVariant, QueryVariant]] = []
@@ -378,7 +557,7 @@ async def benchmark(
             continue
         if not (too_slow and long_run):
             try:
-                before_results[variant.name] = await result_of(conn, variant, ordered[variant.name])
+                before_results[variant.name] = await checked(variant, ordered[variant.name], True)
                 kept.append((variant, candidate))
                 continue
             except StatementTimeout:
@@ -386,7 +565,7 @@ async def benchmark(
                 if not long_run:
                     missing.append(f"{variant.name}: exceeds the statement timeout before the change")
                     continue
-        key = f"{ordered[variant.name]}:{variant.sql}"
+        key = _result_key(variant.sql, ordered[variant.name])
         cached = slow_cache.get(key) if slow_cache is not None else None
         if cached is None:
             cached = await _long_run(conn, variant, ordered[variant.name], slow_cap_ms,
@@ -400,9 +579,20 @@ async def benchmark(
         kept.append((variant, candidate))
     pairs = kept
 
+    # the query with other values: its rows before the change (None: past the statement timeout)
+    family_ordered = bool(pairs) and ordered.get(pairs[0][0].name, False)
+    family_exact = bool(pairs) and pairs[0][0].exact and pairs[0][1].exact
+    family_before_results: dict[str, Result | None] = {}
+    for member in family:
+        if member.candidate_sql is None:
+            continue
+        probe = QueryVariant("baseline", member.baseline_sql, family_ordered, family_exact)
+        try:
+            family_before_results[member.label] = await checked(probe, family_ordered, True)
+        except StatementTimeout:
+            family_before_results[member.label] = None
+
     sequential = hidden is None and not rewrite and not settings
-    rule = StopRule(min_runs=min(min_runs, runs), max_runs=runs)
-    family_rule = StopRule(min_runs=min(min_runs, family_runs), max_runs=family_runs)
     timed_family = [m for m in family if m.candidate_sql is not None]
     budget = Budget(budget_s, (len(pairs) + len(timed_family)) * (2 if sequential else 1))
     sequential_baseline: dict[str, list[Sample]] = {}
@@ -411,10 +601,21 @@ async def benchmark(
         for variant, _ in pairs:
             if variant.name not in slow_baseline:
                 sequential_baseline[variant.name], _ = await _measure_alone(
-                    functools.partial(run_once, conn, variant.sql), rule, budget)
+                    functools.partial(run_once, conn, variant.sql), rule, budget, warm=warm(variant.sql))
         for member in timed_family:
-            family_before[member.label], _ = await _measure_alone(
-                functools.partial(run_once, conn, member.baseline_sql), family_rule, budget)
+            if family_before_results.get(member.label) is not None:
+                family_before[member.label], _ = await _measure_alone(
+                    functools.partial(run_once, conn, member.baseline_sql), family_rule, budget,
+                    warm=warm(member.baseline_sql))
+        if memo is not None:
+            memo.warm.update(v.sql for v, _ in pairs)
+            memo.warm.update(m.baseline_sql for m in timed_family)
+            for variant, _ in pairs:
+                if variant.name in sequential_baseline:
+                    memo.baselines[variant.sql] = tuple(sequential_baseline[variant.name])
+            for member in timed_family:
+                if member.label in family_before:
+                    memo.baselines[member.baseline_sql] = tuple(family_before[member.label])
 
     apply_s = await apply(conn, proposal)
     relations_after = float(await conn.fetchval(_USER_RELATIONS_SIZE))
@@ -430,19 +631,38 @@ async def benchmark(
         return await _run_without(conn, hidden, sql)
 
     run_candidate = with_settings if settings else plain
+    pristine = _pristine_baseline(proposal, hidden)
     if hidden is not None:
         sides = _Sides(without_new_indexes, run_candidate, True,
-                       "interleaved; baseline with the new indexes hidden in a rolled-back transaction")
+                       "interleaved; baseline with the new indexes hidden in a rolled-back transaction",
+                       pristine)
     elif rewrite or settings:
         sides = _Sides(plain, run_candidate, True,
                        "interleaved; original query against the "
-                       + ("rewrite" if rewrite else "query with the proposed settings"))
+                       + ("rewrite" if rewrite else "query with the proposed settings"), pristine)
     else:
         sides = _Sides(plain, run_candidate, False, "baseline before the change, candidate after it")
 
+    async def figure(baseline_sql: str, candidate_sql: str, stop: StopRule) -> Figure:
+        """One interleaved figure, reusing the task's baseline runs where they hold."""
+        prior = (memo.baselines.get(baseline_sql, ()) if memo is not None and sides.pristine else ())
+        measured = await _measure(
+            functools.partial(sides.baseline, baseline_sql),
+            functools.partial(sides.candidate, candidate_sql), stop, budget, prior=prior,
+            warm_baseline=warm(baseline_sql),
+            # settings change the plan: the checksum run (without them) warmed other pages
+            warm_candidate=warm(candidate_sql) and not settings)
+        if memo is not None:
+            memo.warm.update((baseline_sql, candidate_sql))
+            if sides.pristine and len(measured.baseline) > measured.reused:  # fresh runs to keep
+                memo.baselines[baseline_sql] = tuple(measured.baseline[-stop.max_runs:])
+        return measured
+
+    # a query's rows after the change are as before it only when the proposal makes nothing
+    unchanged_after = not proposal.sql_commands
     measurements: list[Measurement] = []
     for variant, candidate in pairs:
-        after = await result_of(conn, candidate, ordered[variant.name])
+        after = await checked(candidate, ordered[variant.name], unchanged_after)
         before = before_results.get(variant.name)
         # a rewrite may cut a LIMIT at other rows (its order differs): compare counts there
         exact = variant.exact and candidate.exact and not (rewrite and variant.name == "limit")
@@ -454,36 +674,36 @@ async def benchmark(
             equivalent = before.rows == after.rows and (not exact or before.checksum == after.checksum)
         note = sides.note
         if variant.name in slow_baseline:
-            base = [slow_baseline[variant.name]]
             cand, stopped = await _measure_alone(functools.partial(run_candidate, candidate.sql),
-                                                 rule, budget, against=base)
+                                                 rule, budget, against=[slow_baseline[variant.name]],
+                                                 warm=warm(candidate.sql) and not settings)
+            measured = Figure([slow_baseline[variant.name]], cand, stopped)
             note = (f"the query exceeds the statement timeout ({statement_timeout_ms / 1000:g} s) before "
                     f"the change: baseline is one run under a {slow_cap_ms / 1000:g} s cap, a lower bound")
         elif sides.interleaved:
-            base, cand, stopped = await _measure_pairs(
-                functools.partial(sides.baseline, variant.sql),
-                functools.partial(sides.candidate, candidate.sql), rule, budget)
+            measured = await figure(variant.sql, candidate.sql, rule)
+            note += _reuse_note(measured)
         else:
-            base = sequential_baseline[variant.name]
             cand, stopped = await _measure_alone(functools.partial(sides.candidate, candidate.sql),
-                                                 rule, budget, against=base)
+                                                 rule, budget, against=sequential_baseline[variant.name],
+                                                 warm=warm(candidate.sql))
+            measured = Figure(sequential_baseline[variant.name], cand, stopped)
         if unproven:
             note = (f"not proven: the query as given did not finish within the {slow_cap_ms / 1000:g} s"
                     " cap, so the rewrite's rows cannot be compared with its rows")
         elif not equivalent:
             note = (f"results differ: {before.rows} rows before, {after.rows} after"
                     + ("" if before.rows != after.rows else " (checksum differs)"))
-        base_timing = timing(base)
+        base_timing, cand_timing = _timings(measured)
         if variant.name in slow_baseline:
             base_timing = dataclasses.replace(base_timing, lower_bound=True)
         measurements.append(Measurement(
-            name=variant.name, baseline=base_timing, optimized=timing(cand), rows=before.rows,
-            equivalent=equivalent, significant=significant(base, cand), note=note, stopped=stopped))
+            name=variant.name, baseline=base_timing, optimized=cand_timing, rows=before.rows,
+            equivalent=equivalent, significant=significant(measured.baseline, measured.candidate),
+            note=note, stopped=measured.stopped))
 
     checks: list[ParameterCheck] = []
     answer_cache: str | None = None
-    family_ordered = bool(pairs) and ordered.get(pairs[0][0].name, False)
-    family_exact = bool(pairs) and pairs[0][0].exact and pairs[0][1].exact
     for member in family:
         if member.candidate_sql is None:
             answer_cache = answer_cache or (
@@ -492,27 +712,24 @@ async def benchmark(
             checks.append(ParameterCheck(label=member.label, equivalent=False, slower=False,
                                          note="the proposal cannot answer the query with these values"))
             continue
-        probe = QueryVariant("baseline", member.baseline_sql, family_ordered, family_exact)
-        other = QueryVariant("baseline", member.candidate_sql, family_ordered, family_exact)
-        try:
-            before = await result_of(conn, probe, family_ordered)
-        except StatementTimeout:
+        member_before = family_before_results[member.label]
+        if member_before is None:
             checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False,
                                          note="not checked: the original exceeds the statement timeout"
                                               " for these values"))
             continue
-        after = await result_of(conn, other, family_ordered)
-        equivalent = before.rows == after.rows and (not family_exact or before.checksum == after.checksum)
+        other = QueryVariant("baseline", member.candidate_sql, family_ordered, family_exact)
+        after = await checked(other, family_ordered, unchanged_after)
+        equivalent = (member_before.rows == after.rows
+                      and (not family_exact or member_before.checksum == after.checksum))
         try:
             if member.label in family_before:
-                base = family_before[member.label]
-                cand, _ = await _measure_alone(
+                cand, stopped = await _measure_alone(
                     functools.partial(sides.candidate, member.candidate_sql), family_rule, budget,
-                    against=base)
+                    against=family_before[member.label], warm=warm(member.candidate_sql))
+                measured = Figure(family_before[member.label], cand, stopped)
             else:
-                base, cand, _ = await _measure_pairs(
-                    functools.partial(sides.baseline, member.baseline_sql),
-                    functools.partial(sides.candidate, member.candidate_sql), family_rule, budget)
+                measured = await figure(member.baseline_sql, member.candidate_sql, family_rule)
         except StatementTimeout:
             # which side ran past the timeout? the proposal's query alone tells
             try:
@@ -521,17 +738,18 @@ async def benchmark(
             except StatementTimeout:
                 slow_side, slower = "the proposal's query", True
             checks.append(ParameterCheck(
-                label=member.label, equivalent=equivalent, slower=slower, rows=before.rows,
+                label=member.label, equivalent=equivalent, slower=slower, rows=member_before.rows,
                 note=f"not timed: {slow_side} exceeds the statement timeout for these values"
-                     + ("" if equivalent else f"; results differ: {before.rows} rows before, "
+                     + ("" if equivalent else f"; results differ: {member_before.rows} rows before, "
                         f"{after.rows} after")))
             continue
-        b, c = timing(base), timing(cand)
-        slower = significant(base, cand) and c.median_ms > b.median_ms
+        b, c = _timings(measured)
+        slower = significant(measured.baseline, measured.candidate) and c.median_ms > b.median_ms
         checks.append(ParameterCheck(
             label=member.label, equivalent=equivalent, slower=slower, baseline=b, optimized=c,
-            rows=before.rows,
-            note="" if equivalent else f"results differ: {before.rows} rows before, {after.rows} after"))
+            rows=member_before.rows,
+            note="" if equivalent else (f"results differ: {member_before.rows} rows before,"
+                                        f" {after.rows} after")))
 
     delta = max(0.0, relations_after - relations_before)
     return BenchmarkOutcome(

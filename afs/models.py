@@ -236,6 +236,7 @@ class Timing:
     lower_bound: bool = False  # the run hit its time cap: the true time is at least median_ms
     min_ms: float | None = None  # the fastest and the slowest run (None in results stored before)
     max_ms: float | None = None
+    reused: int = 0  # of the runs, those taken from an earlier measurement of the task (afs.bench.Reuse)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ def _benchmarks(m: Measurement) -> dict[str, Any]:
         "optimized_spread_ms": round(m.optimized.spread_ms, 3),
         "runs": m.optimized.runs,
         "baseline_runs": m.baseline.runs,
+        "baseline_reused_runs": m.baseline.reused,
         "stopped": m.stopped,
         "baseline_lower_bound": m.baseline.lower_bound,
         "significant": m.significant,
@@ -41,6 +42,7 @@ def _check(c: ParameterCheck) -> dict[str, Any]:
         "baseline_ms": round(c.baseline.median_ms, 3) if c.baseline else None,
         "optimized_ms": round(c.optimized.median_ms, 3) if c.optimized else None,
         "baseline_runs": c.baseline.runs if c.baseline else 0,
+        "baseline_reused_runs": c.baseline.reused if c.baseline else 0,
         "runs": c.optimized.runs if c.optimized else 0,
         "note": c.note,
     }
@@ -153,6 +155,11 @@ def to_json(result: TaskResult) -> dict[str, Any]:
     }
 
 
+def _reused(figure: dict[str, Any]) -> str:
+    """"*" after a baseline run count that includes reused runs."""
+    return "*" if figure.get("baseline_reused_runs") else ""
+
+
 _STOPPED = {  # why measuring stopped (afs.bench.stop_reason), as the report says it
     "separated": "clear",
     "overlap": "noise",
@@ -224,10 +231,14 @@ def render_text(result: TaskResult) -> str:
                     f"{m['optimized_ms']:.2f}±{m['optimized_spread_ms']:.2f}",
                     speed + flag, str(m["rows"]),
                     f"{m['baseline_buffers']}→{m['optimized_buffers']}",
-                    f"{m['baseline_runs']}/{m['runs']}", _STOPPED.get(m["stopped"], "")],
+                    f"{m['baseline_runs']}{_reused(m)}/{m['runs']}", _STOPPED.get(m["stopped"], "")],
                     widths).rstrip())
             out.append("  (median ± half the range of the runs b/o, baseline/optimized; ~ = within"
                        " the noise; measuring stops once the verdict is certain)")
+            if any(m["baseline_reused_runs"] for m in p["benchmarks"]) or any(
+                    c["baseline_reused_runs"] for c in p["parameter_checks"]):
+                out.append("  (* the baseline runs of an earlier measurement in this task, reused: the"
+                           " candidate is far from them, or a fresh run agreed with them)")
             if p["baseline_lower_bound"]:
                 out.append("  the query as given ran past the statement timeout: its baseline is one run"
                            " under a longer cap, a lower bound (> means at least)")
@@ -236,7 +247,7 @@ def render_text(result: TaskResult) -> str:
             for c in p["parameter_checks"]:
                 verdict = ("other rows" if not c["equivalent"] else "slower" if c["slower"] else "ok")
                 times = (f"{c['baseline_ms']:.2f} → {c['optimized_ms']:.2f} ms"
-                         f" ({c['baseline_runs']}/{c['runs']} runs)"
+                         f" ({c['baseline_runs']}{_reused(c)}/{c['runs']} runs)"
                          if c["baseline_ms"] is not None and c["optimized_ms"] is not None else "not timed")
                 out.append(f"  other values: {c['parameters']}: {times}, {verdict}"
                            + (f" ({c['note']})" if c["note"] else ""))

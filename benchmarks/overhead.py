@@ -15,21 +15,32 @@ nor model time:
     overhead     task_s − query_s − build_s − model_s: forks, planner-only
                  EXPLAINs, statistics, parsing, process start, MCP round trips
                                                                goal ≤ 10 % of task_s
+    of which     forks_s: every agent's fork create (its `fork_created` event) and
+                 delete (`fork_closed_s` of its "done" phase), through the fork server;
+                 server_s: the fork server's process start, handshake and shutdown;
+                 rest_s: everything else (the task's own work between statements)
 
 Part 2, adaptive measurement: one slow query (≥ 1 s as given; default: a
 correlated subquery) optimized twice in this run, first measuring a fixed count
-(AFS_MIN_RUNS = AFS_RUNS: warm-up + N runs a side, as before adaptive measurement),
-then adaptively (the defaults); the total task time of both and the winner of both.
+(AFS_MIN_RUNS = AFS_RUNS: every figure measured afresh, warm-up + N runs a side and
+every checksum, as before adaptive measurement), then adaptively (the defaults: runs stop
+once the verdict is certain; results and baseline runs measured earlier in the task are
+reused, see afs.bench); the total task time of both, the runs of statements slower than
+0.1 s on average ("slow runs", from pg_stat_statements), the run counts b/o per figure
+(* = baseline runs reused) and the winner of both.
                                            goal: fixed_s / adaptive_s ≥ 3, same winner
 
     AFS_HOME=... python benchmarks/overhead.py [--runs N] [--scale small|demo|large]
+                                               [--part all|overhead|adaptive]
                                                [--slow-query SQL] [--skip-fixed] [--json]
 
 It uses the configured AFS_HOME, starts the sandbox and seeds the demo database
 when missing, and stops the sandbox at the end only if it started it. It creates
 the pg_stat_statements extension in the sandbox's `postgres` database if it is
-missing (and drops it again). `--json` prints {"overhead_share", "tasks",
-"fixed_s", "adaptive_s", "ratio_fixed_vs_adaptive", "same_winner"} as the last line.
+missing (and drops it again). `--json` prints {"overhead_share", "overhead_parts"
+(forks_s, server_s, rest_s as shares of task time), "tasks", "fixed_s", "adaptive_s",
+"ratio_fixed_vs_adaptive", "same_winner", "fixed_slow_runs", "adaptive_slow_runs"}
+as the last line.
 """
 
 from __future__ import annotations
@@ -63,6 +74,7 @@ QUERIES = (
 )
 SLOW_QUERY = ("SELECT u.id, u.email, (SELECT count(*) FROM orders o WHERE o.user_id = u.id) AS orders"
               " FROM users u WHERE u.country = 'DE' ORDER BY u.id LIMIT 5")
+SLOW_RUN_MS = 100.0  # part 2 counts the runs of statements slower than this on average
 GOAL_OVERHEAD = 0.10
 GOAL_RATIO = 3.0
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -75,7 +87,8 @@ _BUILD = ("(query ILIKE 'CREATE INDEX%%' OR query ILIKE 'CREATE UNIQUE INDEX%%'"
           " OR query ILIKE 'CREATE MATERIALIZED VIEW%%' OR query ILIKE 'REFRESH MATERIALIZED VIEW%%')")
 _TIMES = f"""
 SELECT coalesce(sum(total_exec_time) FILTER (WHERE {_QUERY}), 0) / 1000,
-       coalesce(sum(total_exec_time) FILTER (WHERE {_BUILD}), 0) / 1000
+       coalesce(sum(total_exec_time) FILTER (WHERE {_BUILD}), 0) / 1000,
+       coalesce(sum(calls) FILTER (WHERE {_QUERY} AND mean_exec_time >= %s), 0)
 FROM pg_stat_statements
 """
 
@@ -91,11 +104,18 @@ class Task:
     task_s: float
     query_s: float
     build_s: float
+    slow_runs: int = 0  # runs of the query (or its variants) that took at least SLOW_RUN_MS
     model_s: float = 0.0
+    forks_s: float = 0.0  # of the overhead: fork create + delete, every agent
+    server_s: float = 0.0  # of the overhead: the fork server's start, handshake and shutdown
 
     @property
     def overhead_s(self) -> float:
         return max(0.0, self.task_s - self.query_s - self.build_s - self.model_s)
+
+    @property
+    def rest_s(self) -> float:
+        return max(0.0, self.overhead_s - self.forks_s - self.server_s)
 
     @property
     def winner_sql(self) -> tuple[str, ...] | None:
@@ -114,23 +134,35 @@ async def one_task(settings: Settings, server: SandboxServer, admin: Connection,
                   note="offline strategists")
     source = settings.demo_database
     await admin.execute("SELECT pg_stat_statements_reset()")
+    events = Emitter(new_task_id())
     started = trio.current_time()
     async with open_fork_client(settings) as client:
+        opened = trio.current_time()
         result = await optimize(settings, TaskRequest(query=query, runs=runs, sequential=sequential),
                                 source=source, source_dsn=server.dsn(source), forks=client,
                                 squad=squad, rules=load_rules(settings.routing_rules),
-                                events=Emitter(new_task_id()))
-    task_s = trio.current_time() - started
-    row = await admin.fetchone(_TIMES)
+                                events=events)
+        finished = trio.current_time()
+    ended = trio.current_time()
+    row = await admin.fetchone(_TIMES, (SLOW_RUN_MS,))
     assert row is not None
-    return Task(query, result, task_s, float(row[0]), float(row[1]))
+    return Task(query, result, ended - started, float(row[0]), float(row[1]), int(row[2]),
+                forks_s=fork_seconds(events), server_s=(opened - started) + (ended - finished))
+
+
+def fork_seconds(events: Emitter) -> float:
+    """Fork create and delete of every agent, from the task's events."""
+    created = sum(e.duration_s or 0.0 for e in events.history if e.kind == "fork_created")
+    closed = sum(float(e.data.get("fork_closed_s", 0.0)) for e in events.history
+                 if e.kind == "agent_phase" and e.data.get("phase") == "done")
+    return created + closed
 
 
 @dataclass(frozen=True)
 class Measured:
     tasks: list[Task]
     fixed: Task | None
-    adaptive: Task
+    adaptive: Task | None
 
 
 async def measure(settings: Settings, server: SandboxServer, args: argparse.Namespace) -> Measured:
@@ -142,11 +174,13 @@ async def measure(settings: Settings, server: SandboxServer, args: argparse.Name
             await admin.execute("CREATE EXTENSION pg_stat_statements")
         try:
             tasks = []
-            for query in args.queries:
+            for query in (args.queries if args.part in ("all", "overhead") else []):
                 progress(f"task: {query}")
                 tasks.append(await one_task(settings, server, admin, query, args.runs, True))
                 progress(f"  {tasks[-1].task_s:.1f} s, {tasks[-1].result.status}")
-            fixed = None
+            fixed = adaptive = None
+            if args.part == "overhead":
+                return Measured(tasks, fixed, adaptive)
             if not args.skip_fixed:
                 progress(f"slow query, a fixed {args.runs} runs a side: {args.slow_query}")
                 fixed_settings = settings.with_(min_runs=args.runs, measure_budget_s=1e9)
@@ -167,42 +201,77 @@ def _short(text: str, limit: int = 60) -> str:
 
 
 def _runs(task: Task) -> str:
-    counts = sorted({(m.baseline.runs, m.optimized.runs) for o in task.result.outcomes
-                     if o.benchmark for m in o.benchmark.measurements})
-    return ", ".join(f"{b}/{c}" for b, c in counts) or "-"
+    """The distinct run counts b/o of the figures (suite and other values); * = baseline reused."""
+    counts = set()
+    for o in task.result.outcomes:
+        if o.benchmark is None:
+            continue
+        timings = [(m.baseline, m.optimized) for m in o.benchmark.measurements]
+        timings += [(c.baseline, c.optimized) for c in o.benchmark.parameter_checks
+                    if c.baseline is not None and c.optimized is not None]
+        counts.update((b.runs, "*" if b.reused else "", c.runs) for b, c in timings)
+    return ", ".join(f"{b}{star}/{c}" for b, star, c in sorted(counts)) or "-"
 
 
 def report(measured: Measured) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    if measured.tasks:
+        data.update(_report_overhead(measured.tasks))
+    if measured.adaptive is not None:
+        if measured.tasks:
+            print()
+        data.update(_report_adaptive(measured.fixed, measured.adaptive))
+    return data
+
+
+def _report_overhead(tasks: list[Task]) -> dict[str, Any]:
     print("part 1: the share of task time that is not query execution, index builds or model time"
           " (agents one after another)")
     header = (f"{'query':<62} {'agents':>6} {'task s':>8} {'query s':>8} {'build s':>8}"
-              f" {'model s':>8} {'other s':>8} {'other %':>8}")
+              f" {'model s':>8} {'other s':>8} {'other %':>8} {'forks s':>8} {'server s':>8}"
+              f" {'rest s':>8}")
     print(header)
     print("-" * len(header))
-    for t in measured.tasks:
+    for t in tasks:
         print(f"{_short(t.query):<62} {len(t.result.outcomes):>6} {t.task_s:>8.2f} {t.query_s:>8.2f}"
               f" {t.build_s:>8.2f} {t.model_s:>8.2f} {t.overhead_s:>8.2f}"
-              f" {100 * t.overhead_s / t.task_s:>7.1f}%")
-    total = sum(t.task_s for t in measured.tasks)
-    other = sum(t.overhead_s for t in measured.tasks)
+              f" {100 * t.overhead_s / t.task_s:>7.1f}% {t.forks_s:>8.2f} {t.server_s:>8.2f}"
+              f" {t.rest_s:>8.2f}")
+    total = sum(t.task_s for t in tasks)
+    other = sum(t.overhead_s for t in tasks)
+    parts = {name: sum(getattr(t, name) for t in tasks) for name in ("forks_s", "server_s", "rest_s")}
     share = other / total if total else 0.0
     print("-" * len(header))
-    print(f"{'all':<62} {'':>6} {total:>8.2f} {'':>8} {'':>8} {'':>8} {other:>8.2f} {100 * share:>7.1f}%")
+    print(f"{'all':<62} {'':>6} {total:>8.2f} {'':>8} {'':>8} {'':>8} {other:>8.2f} {100 * share:>7.1f}%"
+          f" {parts['forks_s']:>8.2f} {parts['server_s']:>8.2f} {parts['rest_s']:>8.2f}")
     verdict = "met" if share <= GOAL_OVERHEAD else "NOT met"
-    print(f"overhead_share = {share:.3f}  (goal ≤ {GOAL_OVERHEAD}: {verdict})")
-    print()
-    print(f"part 2: a slow query, fixed run count against adaptive measurement: {measured.adaptive.query}")
-    header = f"{'measuring':<10} {'task s':>8} {'query s':>8} {'runs b/o per figure':>22}  winner"
+    print(f"overhead_share = {share:.3f}  (goal ≤ {GOAL_OVERHEAD}: {verdict}); of the task time:"
+          + "".join(f" {name[:-2]} {100 * v / total if total else 0.0:.1f} %," for name, v in parts.items())
+          .rstrip(","))
+    return {
+        "overhead_share": round(share, 4),
+        "overhead_parts": {name: round(v / total if total else 0.0, 4) for name, v in parts.items()},
+        "tasks": [{"query": t.query, "task_s": round(t.task_s, 2), "query_s": round(t.query_s, 2),
+                   "build_s": round(t.build_s, 2), "overhead_s": round(t.overhead_s, 2),
+                   "forks_s": round(t.forks_s, 2), "server_s": round(t.server_s, 2),
+                   "rest_s": round(t.rest_s, 2)}
+                  for t in tasks],
+    }
+
+
+def _report_adaptive(fixed: Task | None, adaptive: Task) -> dict[str, Any]:
+    print(f"part 2: a slow query, fixed run count against adaptive measurement: {adaptive.query}")
+    header = (f"{'measuring':<10} {'task s':>8} {'query s':>8} {'slow runs':>9}"
+              f" {'runs b/o per figure':>26}  winner")
     print(header)
     print("-" * len(header))
-    rows = [("fixed", measured.fixed), ("adaptive", measured.adaptive)]
-    for label, task in rows:
+    for label, task in (("fixed", fixed), ("adaptive", adaptive)):
         if task is None:
             continue
         winner = task.winner_sql
-        print(f"{label:<10} {task.task_s:>8.2f} {task.query_s:>8.2f} {_runs(task):>22}  "
+        print(f"{label:<10} {task.task_s:>8.2f} {task.query_s:>8.2f} {task.slow_runs:>9}"
+              f" {_runs(task):>26}  "
               + (_short("; ".join(w for w in winner if w), 70) if winner else "none"))
-    fixed, adaptive = measured.fixed, measured.adaptive
     ratio = fixed.task_s / adaptive.task_s if fixed else None
     same = fixed.winner_sql == adaptive.winner_sql if fixed else None
     if fixed is not None and ratio is not None:
@@ -210,11 +279,9 @@ def report(measured: Measured) -> dict[str, Any]:
         print(f"ratio_fixed_vs_adaptive = {ratio:.2f}, same winner: {same}"
               f"  (goal ≥ {GOAL_RATIO:g} with the same winner: {verdict})")
     return {
-        "overhead_share": round(share, 4),
-        "tasks": [{"query": t.query, "task_s": round(t.task_s, 2), "query_s": round(t.query_s, 2),
-                   "build_s": round(t.build_s, 2), "overhead_s": round(t.overhead_s, 2)}
-                  for t in measured.tasks],
         "fixed_s": round(fixed.task_s, 2) if fixed else None,
+        "fixed_slow_runs": fixed.slow_runs if fixed else None,
+        "adaptive_slow_runs": adaptive.slow_runs,
         "adaptive_s": round(adaptive.task_s, 2),
         "ratio_fixed_vs_adaptive": round(ratio, 3) if ratio is not None else None,
         "same_winner": same,
@@ -228,7 +295,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     data = report(measured)
     if args.json:
         print(json.dumps(data))
-    failed = any(t.result.status == "failed" for t in (*measured.tasks, measured.adaptive))
+    done = [*measured.tasks, *(t for t in (measured.fixed, measured.adaptive) if t is not None)]
+    failed = any(t.result.status == "failed" for t in done)
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -243,6 +311,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slow-query", default=SLOW_QUERY, metavar="SQL",
                         help="the slow query of part 2 (default: a correlated subquery, > 1 s at demo"
                              " scale)")
+    parser.add_argument("--part", choices=("all", "overhead", "adaptive"), default="all",
+                        help="part 1 (overhead), part 2 (fixed against adaptive), or both (default)")
     parser.add_argument("--skip-fixed", action="store_true",
                         help="part 2 without the fixed-count run (a smoke test)")
     parser.add_argument("--scale", choices=("small", "demo", "large"),

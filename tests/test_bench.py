@@ -1,4 +1,4 @@
-"""Adaptive measurement: when a measuring loop stops (pure), and the loop in a real fork."""
+"""Adaptive measurement: when a measuring loop stops (pure), what it reuses, and the loop in a real fork."""
 
 from __future__ import annotations
 
@@ -8,7 +8,19 @@ from typing import Any
 
 import pytest
 
-from afs.bench import Budget, StopRule, _significant, benchmark, stop_reason
+from afs.bench import (
+    Budget,
+    Result,
+    Reuse,
+    Sample,
+    StopRule,
+    _agrees,
+    _far_apart,
+    _measure,
+    _significant,
+    benchmark,
+    stop_reason,
+)
 from afs.db import Connection, open_connection
 from afs.forks.provider import LocalForkProvider
 from afs.models import EstimatedImpact, Measurement, OptimizationProposal, QueryVariant
@@ -26,6 +38,32 @@ def test_a_clear_difference_stops_at_the_minimum() -> None:
     assert stop_reason([1000.0, 1010.0, 990.0], [1.0, 1.2, 1.1], RULE) == "separated"
     # the candidate slower, just as clearly: a verdict too
     assert stop_reason([10.0, 10.5, 10.2], [30.0, 31.0, 29.0], RULE) == "separated"
+
+
+def test_the_margin_is_a_ratio_so_one_noisy_run_on_a_small_baseline_does_not_hide_a_clear_verdict() -> None:
+    # a ~10 ms baseline with one 10 ms burst; the candidate 200x faster. In milliseconds the
+    # gap (9.95 ms) is below the burst's range (10 ms); as ratios it is 200x against 2x.
+    noisy, fast = [10.0, 10.2, 20.0], [0.05, 0.048, 0.05]
+    assert stop_reason(noisy, fast, RULE) == "separated"
+    assert stop_reason(fast, noisy, RULE) == "separated"  # symmetric: the candidate slower
+    # the same shapes at any scale give the same answer
+    for scale in (0.01, 1.0, 1000.0):
+        assert stop_reason([t * scale for t in noisy], [t * scale for t in fast], RULE) == "separated"
+
+
+def test_a_ten_percent_difference_with_ten_percent_noise_is_not_separated() -> None:
+    base, cand = [100.0, 105.0, 110.0], [90.0, 94.5, 99.0]  # 10 % faster, each sample 10 % wide
+    assert stop_reason(base, cand, RULE) is None
+    assert stop_reason(cand, base, RULE) is None
+    small = [t / 100 for t in base], [t / 100 for t in cand]  # the same at 1 ms: still no margin
+    assert stop_reason(*small, RULE) is None
+    # one more pair each, still separated but no wider: the loop runs on to the maximum
+    assert stop_reason([*base, 104.0, 106.0], [*cand, 95.0, 93.0], RULE) == "max_runs"
+
+
+def test_times_of_zero_do_not_break_the_ratio() -> None:
+    assert stop_reason([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], RULE) == "overlap"
+    assert stop_reason([5.0, 5.1, 5.2], [0.0, 0.001, 0.0], RULE) == "separated"
 
 
 def test_overlap_stops_the_loop_for_good() -> None:
@@ -96,6 +134,36 @@ def test_early_stops_agree_with_the_verdict_and_keep_its_false_alarm_rate() -> N
     assert false_alarms / trials < 0.02
 
 
+def test_early_stops_keep_their_false_alarm_rate_with_heavy_noise_on_a_small_baseline() -> None:
+    # a ~2 ms query on a loaded machine: multiplicative noise (log-normal) and now and then
+    # (1 run in 10) a burst of a few ms on either side. Equal pairs must rarely be called
+    # different; a 20x faster candidate whose samples stay apart must be called at the
+    # minimum (a margin in milliseconds ran 23 % of them on: a burst is wider than the gap)
+    rng = random.Random(11)
+
+    def run(ms: float) -> float:
+        return ms * rng.lognormvariate(0.0, 0.15) + (rng.uniform(2.0, 10.0) if rng.random() < 0.1 else 0.0)
+
+    false_alarms = trials = quick = obvious = 0
+    for _ in range(20_000):
+        same = rng.random() < 0.5
+        base: list[float] = []
+        cand: list[float] = []
+        reason = None
+        while reason is None:
+            base.append(run(2.0))
+            cand.append(run(2.0 if same else 0.1))
+            reason = stop_reason(base, cand, RULE)
+        if same:
+            trials += 1
+            false_alarms += reason == "separated" or _significant(base, cand)
+        elif reason != "overlap":  # a burst on the candidate's side may still make them overlap
+            obvious += 1
+            quick += reason == "separated" and len(cand) == RULE.min_runs
+    assert false_alarms / trials < 0.02
+    assert quick / obvious > 0.99
+
+
 def test_the_budget_is_shared_by_the_loops_still_to_come() -> None:
     budget = Budget(60.0, loops=4)
     assert budget.allowance() == 15.0
@@ -106,6 +174,50 @@ def test_the_budget_is_shared_by_the_loops_still_to_come() -> None:
     assert budget.allowance() == 0.0
     budget.charge(1.0)  # more loops than announced: never negative
     assert budget.allowance() == 0.0
+
+
+def samples(*ms: float) -> tuple[Sample, ...]:
+    return tuple(Sample(ms=m, buffers=0) for m in ms)
+
+
+def test_a_reused_baseline_stands_alone_only_far_from_the_candidate() -> None:
+    prior = samples(900.0, 1000.0, 1100.0)
+    assert _far_apart(prior, 1.0) and _far_apart(prior, 300.0) and _far_apart(prior, 3300.0)
+    assert not _far_apart(prior, 301.0) and not _far_apart(prior, 1000.0) and not _far_apart(prior, 3299.0)
+    assert not _far_apart(samples(0.0, 1.0, 2.0), 100.0)  # nothing is a factor away from zero
+
+
+def test_a_fresh_baseline_run_agrees_within_the_reused_spread() -> None:
+    prior = samples(900.0, 1000.0, 1100.0)  # width 200 ms
+    assert _agrees(prior, 700.0) and _agrees(prior, 1300.0) and _agrees(prior, 1000.0)
+    assert not _agrees(prior, 699.0) and not _agrees(prior, 1301.0)
+    tight = samples(1000.0, 1000.0, 1000.0)  # no spread: 5 % of the median
+    assert _agrees(tight, 1050.0) and not _agrees(tight, 1051.0)
+
+
+async def test_after_drift_the_runs_that_found_it_are_the_first_pair() -> None:
+    # reused baseline runs at ~1000 ms; the machine has slowed down since: the fresh baseline
+    # run (1500 ms) disagrees, and the figure is measured afresh, interleaved, starting with
+    # the candidate run and the fresh baseline run that found the drift
+    order: list[str] = []
+    baseline_ms = iter([1500.0, 1490.0, 1510.0, 1505.0])
+    candidate_ms = iter([1400.0, 1460.0, 1560.0, 1450.0, 1455.0])
+
+    async def run_baseline() -> Sample:
+        order.append("b")
+        return Sample(next(baseline_ms), 0)
+
+    async def run_candidate() -> Sample:
+        order.append("c")
+        return Sample(next(candidate_ms), 0)
+
+    figure = await _measure(run_baseline, run_candidate, RULE, Budget(60.0, 1),
+                            prior=samples(990.0, 1000.0, 1010.0), warm_baseline=True, warm_candidate=True)
+    assert [s.ms for s in figure.baseline] == [1500.0, 1490.0, 1510.0]
+    assert [s.ms for s in figure.candidate] == [1400.0, 1460.0, 1560.0]
+    assert figure.stopped == "overlap" and figure.reused == 0
+    # pairs alternate: the first pair ran the candidate first, the next the baseline first
+    assert order == ["c", "b", "b", "c", "c", "b"]
 
 
 # -- the loop in a real fork -------------------------------------------------------------------
@@ -188,3 +300,70 @@ async def test_the_budget_and_the_fixed_count(fork_conn: Connection) -> None:
                             tables=("orders",), runs=4, min_runs=4)
     (m,) = fixed.measurements
     assert m.baseline.runs == m.optimized.runs == 4 and m.significant
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_later_candidate_reuses_the_baseline_runs_of_the_task(fork_conn: Connection) -> None:
+    reuse = Reuse()
+    first = await benchmark(fork_conn, suite(SLOW_SCAN),
+                            index_proposal("CREATE INDEX bench_r1 ON orders (status)"),
+                            tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
+    (m,) = first.measurements
+    assert m.baseline.reused == 0 and SLOW_SCAN in reuse.baselines
+    assert len(reuse.baselines[SLOW_SCAN]) == m.baseline.runs
+    kept = [s.ms for s in reuse.baselines[SLOW_SCAN]]
+    # an index that makes the scan 3x faster or more: reused runs, no fresh baseline run
+    faster = "CREATE INDEX bench_r2 ON orders (total_amount)"
+    second = await benchmark(fork_conn, suite(SLOW_SCAN), index_proposal(faster),
+                             tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
+    (m,) = second.measurements
+    if m.baseline.reused:
+        assert m.baseline.runs >= m.baseline.reused and "reused from an earlier measurement" in m.note
+        assert m.optimized.runs >= 3
+        # the fastest and the slowest baseline run count the reused runs too (the monitor's whiskers)
+        assert m.baseline.min_ms is not None and m.baseline.max_ms is not None
+        assert m.baseline.min_ms <= round(min(kept), 3) and m.baseline.max_ms >= round(max(kept), 3)
+        assert m.baseline.min_ms <= m.baseline.median_ms <= m.baseline.max_ms
+    else:  # the index was not 3x faster on this machine: a close verdict is measured afresh
+        assert "reused" not in m.note
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_close_candidate_gets_a_fresh_baseline_run(fork_conn: Connection) -> None:
+    reuse = Reuse()
+    useless = "CREATE INDEX bench_c1 ON orders (shipping_country)"
+    await benchmark(fork_conn, suite(SLOW_SCAN), index_proposal(useless), tables=("orders",),
+                    runs=5, min_runs=3, reuse=reuse)
+    kept = reuse.baselines[SLOW_SCAN]
+    second = await benchmark(fork_conn, suite(SLOW_SCAN),
+                             index_proposal("CREATE INDEX bench_c2 ON orders (shipping_country)"),
+                             tables=("orders",), runs=5, min_runs=3, reuse=reuse)
+    (m,) = second.measurements
+    if m.baseline.reused:  # the fresh run agreed with the reused ones and joined them
+        assert m.baseline.runs == m.baseline.reused + 1 == len(kept) + 1
+        assert "1 fresh run that agreed" in m.note
+    else:  # it did not: drift, measured afresh and interleaved
+        assert m.baseline.runs == m.optimized.runs >= 3
+    assert reuse.baselines[SLOW_SCAN] != kept  # the fresh runs are kept for the next candidate
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_results_before_the_change_are_taken_from_the_task(fork_conn: Connection) -> None:
+    reuse = Reuse()
+    proposal = index_proposal("CREATE INDEX bench_k1 ON orders (user_id)")
+    await benchmark(fork_conn, suite(QUERY), proposal, tables=("orders",), runs=5, min_runs=3,
+                    reuse=reuse)
+    (key,) = [k for k in reuse.results if k.endswith(QUERY)]
+    assert QUERY in reuse.warm
+    # what the task knows is what counts: a different record shows up as different rows
+    reuse.results[key] = Result(rows=reuse.results[key].rows + 1, checksum="x")
+    second = await benchmark(fork_conn, suite(QUERY),
+                             index_proposal("CREATE INDEX bench_k2 ON orders (user_id)"),
+                             tables=("orders",), runs=5, min_runs=3, reuse=reuse)
+    assert not second.measurements[0].equivalent
+    # a fixed run count measures everything afresh, as before adaptive measurement
+    fixed = await benchmark(fork_conn, suite(QUERY),
+                            index_proposal("CREATE INDEX bench_k3 ON orders (user_id)"),
+                            tables=("orders",), runs=3, min_runs=3, reuse=reuse)
+    (m,) = fixed.measurements
+    assert m.equivalent and m.baseline.reused == 0 and m.baseline.runs == 3

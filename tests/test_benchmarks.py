@@ -110,10 +110,14 @@ async def test_overhead_script(sandbox: SandboxServer) -> None:
     data = await script("overhead.py", "--runs", "3", "--scale", "small",
                         "--query", "SELECT count(*) FROM events e WHERE e.user_id = 42",
                         "--slow-query", "SELECT o.id FROM orders o WHERE o.user_id = 7")
-    assert set(data) == {"overhead_share", "tasks", "fixed_s", "adaptive_s", "ratio_fixed_vs_adaptive",
-                         "same_winner"}
+    assert set(data) == {"overhead_share", "overhead_parts", "tasks", "fixed_s", "adaptive_s",
+                         "ratio_fixed_vs_adaptive", "same_winner", "fixed_slow_runs", "adaptive_slow_runs"}
     (task,) = data["tasks"]
     assert task["task_s"] > task["query_s"] > 0 and 0 < data["overhead_share"] < 1
+    # the overhead's parts: a fork made and dropped, the fork server started and stopped
+    assert task["forks_s"] > 0 and task["server_s"] > 0 and task["rest_s"] >= 0
+    assert task["forks_s"] + task["server_s"] + task["rest_s"] == pytest.approx(task["overhead_s"], abs=0.03)
+    assert set(data["overhead_parts"]) == {"forks_s", "server_s", "rest_s"}
     assert data["fixed_s"] > 0 and data["adaptive_s"] > 0
     assert data["ratio_fixed_vs_adaptive"] == pytest.approx(data["fixed_s"] / data["adaptive_s"], rel=0.01)
     async with open_connection(sandbox.dsn()) as conn:  # the extension it made for itself is gone

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import pytest
+import trio
 
 from afs.agents import (
+    SharedMeasurements,
     as_fast,
     best_candidate,
     choose_for_measurement,
@@ -17,7 +20,9 @@ from afs.agents import (
     split_slow_family,
     with_known_slow,
 )
+from afs.bench import ApplyError
 from afs.config import Settings
+from afs.errors import DatabaseError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import (
@@ -122,6 +127,93 @@ def test_a_family_original_past_the_statement_timeout_is_paid_for_once_per_task(
     assert later.parameter_checks == (check,)
 
 
+# -- screening is shared by the agents of a task ----------------------------------------------
+async def test_the_same_design_is_screened_once_per_task() -> None:
+    shared = SharedMeasurements()
+    builds: list[str] = []
+
+    async def build(name: str, cost: float) -> float:
+        builds.append(name)
+        await trio.sleep(0.01)  # the other agents arrive while it builds
+        return cost
+
+    mine = proposal("gemini25pro", "index", "CREATE INDEX a ON orders (user_id)")
+    theirs = proposal("gemini25flash", "index", "create index b on orders(user_id)")  # the same index
+    other = proposal("gemini25flash", "index", "CREATE INDEX c ON orders (status)")
+    costs: dict[str, float] = {}
+
+    async def screen(label: str, p: OptimizationProposal, cost: float) -> None:
+        costs[label] = await shared.screen(p, lambda: build(label, cost))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(screen, "mine", mine, 8.5)
+        nursery.start_soon(screen, "theirs", theirs, 99.0)
+        nursery.start_soon(screen, "other", other, 40.0)
+    (first,) = [b for b in builds if b in ("mine", "theirs")]  # whichever trio started first
+    assert sorted(builds) == sorted([first, "other"]) and costs["other"] == 40.0
+    assert costs["mine"] == costs["theirs"] == {"mine": 8.5, "theirs": 99.0}[first]
+    await screen("later", theirs, 1.0)  # an agent after the others: no build either
+    assert costs["later"] == costs["mine"] and len(builds) == 2
+
+
+async def test_a_design_that_fails_to_build_fails_for_every_agent_and_a_lost_screening_is_redone() -> None:
+    shared = SharedMeasurements()
+    broken = proposal("gemini25pro", "index", "CREATE INDEX a ON orders USING gin (user_id)")
+    runs = 0
+
+    async def fail() -> float:
+        nonlocal runs
+        runs += 1
+        raise ApplyError("screening the proposal failed: no default operator class")
+
+    for _ in range(2):
+        with pytest.raises(ApplyError, match="no default operator class"):
+            await shared.screen(broken, fail)
+    assert runs == 1
+    # the agent screening a design is cut off (its time limit): the next agent screens it itself
+    good = proposal("gemini25pro", "index", "CREATE INDEX g ON orders (user_id)")
+
+    async def slow() -> float:
+        await trio.sleep(10)
+        return 1.0
+
+    with trio.move_on_after(0.01):
+        await shared.screen(good, slow)
+
+    async def fast() -> float:
+        return 2.0
+
+    assert await shared.screen(good, fast) == 2.0
+
+
+async def test_the_query_is_analysed_once_per_task() -> None:
+    shared = SharedMeasurements()
+    runs: list[str] = []
+
+    async def analyse(agent: str, fail: bool = False) -> Any:
+        runs.append(agent)
+        await trio.sleep(0.01)
+        if fail:
+            raise DatabaseError("the fork went away")
+        return (agent, ())  # stands for (AnalysisContext, skipped variants)
+
+    got: dict[str, Any] = {}
+
+    async def agent(name: str) -> None:
+        got[name] = await shared.analysis(lambda: analyse(name))
+
+    async with trio.open_nursery() as nursery:
+        for name in ("pro", "flash", "flash20"):
+            nursery.start_soon(agent, name)
+    (first,) = runs
+    assert got == {name: (first, ()) for name in ("pro", "flash", "flash20")}
+    # an agent whose analysis fails takes nobody else down: the next one analyses itself
+    other = SharedMeasurements()
+    with pytest.raises(DatabaseError):
+        await other.analysis(lambda: analyse("a", fail=True))
+    assert await other.analysis(lambda: analyse("b")) == ("b", ())
+
+
 # -- end to end in real forks ----------------------------------------------------------------
 def proposal(agent: AgentKey, ptype: ProposalType, *sql: str, rewrite: str | None = None,
              settings: tuple[tuple[str, str], ...] = ()) -> OptimizationProposal:
@@ -168,6 +260,28 @@ async def test_an_agent_tries_several_designs_and_keeps_the_best(
         assert f" {m['baseline_runs']}/{m['runs']}" in text
     useless = next(c for c in outcome.candidates if c.rank == 1)
     assert useless.benchmark is not None and useless.planner_cost is not None
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_design_that_fails_to_build_where_it_is_measured_leaves_the_fork_to_the_next(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    # two candidates, three measuring slots: nothing is screened out, so nothing is built in a
+    # rolled-back transaction first; the duplicate keys fail the build where it is measured
+    brain = ScriptedBrain(lambda agent: (
+        proposal(agent, "index", "CREATE UNIQUE INDEX c_dup ON orders (status)"),
+        proposal(agent, "composite_index", "CREATE INDEX c_next ON orders (user_id, created_at)"),
+    ))
+    result = await run(settings, sandbox, forks, PENDING, brain)
+    (outcome,) = result.outcomes
+    failed, measured = sorted(outcome.candidates, key=lambda c: c.rank)
+    assert failed.status == "failed" and "could not create unique index" in failed.note
+    assert failed.note.startswith("applying the proposal failed")  # where it was measured, not screened
+    assert measured.status == "measured" and measured.benchmark is not None
+    # its planner cost is read in the fork where it was measured, against the query's as it was
+    assert measured.planner_cost is not None and measured.baseline_cost is not None
+    assert measured.planner_cost < measured.baseline_cost
+    assert result.status == "completed" and outcome.proposal is not None
+    assert "c_next" in outcome.proposal.sql_commands[0]
 
 
 AGGREGATE = "SELECT count(*) AS n, sum(total_amount) AS total FROM orders WHERE status = 'pending'"
