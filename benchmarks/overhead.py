@@ -5,8 +5,8 @@ squad, offline strategists, agents one after another so their times add up), and
 the share of the task's time that is neither query execution, nor index builds,
 nor model time:
 
-    task_s       opening the MCP fork server (its process start and handshake, as
-                 `afs optimize` does) + `optimize()` from start to consensus
+    task_s       opening the MCP session with the fork server (the sandbox's, in this
+                 process, as `afs optimize` does) + `optimize()` from start to consensus
     query_s      server-side execution time of the statements that run the query
                  or its variants (EXPLAIN ANALYZE, the result checksums), from
                  pg_stat_statements, reset before the task
@@ -17,7 +17,9 @@ nor model time:
                                                                goal ≤ 10 % of task_s
     of which     forks_s: every agent's fork create (its `fork_created` event) and
                  delete (`fork_closed_s` of its "done" phase), through the fork server;
-                 server_s: the fork server's process start, handshake and shutdown;
+                 server_s: opening and closing the fork server session (sandbox check,
+                 garbage collection, MCP handshake; a process start with
+                 AFS_FORK_SERVER_COMMAND);
                  rest_s: everything else (the task's own work between statements)
 
 Part 2, adaptive measurement: one slow query (≥ 1 s as given; default: a
@@ -59,10 +61,10 @@ from afs.brains import Squad, StrategistBrain
 from afs.config import DEFAULT_RUNS, Settings
 from afs.db import Connection, open_connection
 from afs.events import Emitter
-from afs.forks.client import open_fork_client
 from afs.models import TaskResult
 from afs.optimize import TaskRequest, new_task_id, optimize
 from afs.router import load_rules
+from afs.sandbox.forks import open_forks
 from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer
 
@@ -72,8 +74,9 @@ QUERIES = (
     "SELECT count(*), sum(oi.quantity) FROM order_items oi WHERE oi.product_id = 1234",
     "SELECT count(*) FROM events e WHERE e.user_id = 4242 AND e.kind = 'purchase'",
 )
+# ~1.4 s at the demo scale on this machine (the goal is set for a baseline of 1 s or more)
 SLOW_QUERY = ("SELECT u.id, u.email, (SELECT count(*) FROM orders o WHERE o.user_id = u.id) AS orders"
-              " FROM users u WHERE u.country = 'DE' ORDER BY u.id LIMIT 5")
+              " FROM users u WHERE u.country = 'DE' ORDER BY u.id LIMIT 12")
 SLOW_RUN_MS = 100.0  # part 2 counts the runs of statements slower than this on average
 GOAL_OVERHEAD = 0.10
 GOAL_RATIO = 3.0
@@ -136,7 +139,7 @@ async def one_task(settings: Settings, server: SandboxServer, admin: Connection,
     await admin.execute("SELECT pg_stat_statements_reset()")
     events = Emitter(new_task_id())
     started = trio.current_time()
-    async with open_fork_client(settings) as client:
+    async with open_forks(settings) as client:
         opened = trio.current_time()
         result = await optimize(settings, TaskRequest(query=query, runs=runs, sequential=sequential),
                                 source=source, source_dsn=server.dsn(source), forks=client,

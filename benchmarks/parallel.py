@@ -56,10 +56,11 @@ from afs.brains import SlowBrain, Squad, StrategistBrain
 from afs.config import DEFAULT_RUNS, Settings
 from afs.errors import AfsError
 from afs.events import Emitter, Event, log_sink
-from afs.forks.client import ForkClient, open_fork_client
+from afs.forks.client import ForkClient
 from afs.models import AgentKey, AgentOutcome, TaskResult
 from afs.optimize import TaskRequest, new_task_id, optimize
 from afs.router import load_rules
+from afs.sandbox.forks import open_forks
 from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer
 
@@ -173,7 +174,7 @@ async def measure(settings: Settings, server: SandboxServer, args: argparse.Name
     timelines = (Timeline(), Timeline())
     results: list[tuple[TaskResult, float]] = []
     progress("opening the MCP session with the fork server (not timed)")
-    async with open_fork_client(settings) as client:
+    async with open_forks(settings) as client:
         for sequential, timeline in zip((False, True), timelines, strict=True):
             request = TaskRequest(query=args.query, runs=args.runs, sequential=sequential)
             emitter = Emitter(new_task_id(), sinks=(log_sink, timeline.sink))

@@ -89,12 +89,13 @@ from afs.consensus import score
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, StatementTimeout
 from afs.events import Emitter, Event, log_sink
-from afs.forks.client import ForkClient, open_fork_client
+from afs.forks.client import ForkClient
 from afs.forks.naming import random_fork_name
 from afs.forks.provider import LocalForkProvider, quote_ident
 from afs.models import AgentOutcome, OptimizationProposal, TaskResult
 from afs.optimize import TaskRequest, new_task_id, optimize
 from afs.router import load_rules
+from afs.sandbox.forks import open_forks
 from afs.sandbox.server import SandboxServer
 from afs.suite import result_checksum_sql
 
@@ -872,7 +873,7 @@ async def measure_all(settings: Settings, server: SandboxServer, cases: Sequence
     provider = LocalForkProvider(server.dsn(), statement_timeout_ms=BUILD_TIMEOUT_MS)
     facts = await server_facts(server.dsn())
     verdicts = []
-    async with peer_session(not args.no_peer, progress) as peer, open_fork_client(settings) as client:
+    async with peer_session(not args.no_peer, progress) as peer, open_forks(settings) as client:
         progress(f"peer (postgres-mcp): {peer.status}")
         for number, case in enumerate(cases, 1):
             progress(f"case {number}/{len(cases)}: {case.name}")
