@@ -19,7 +19,7 @@ import functools
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pglast
 import structlog
@@ -74,27 +74,48 @@ AS_FAST_RATIO = 1.1  # a candidate leaving at most 1.1x the fastest one's share 
 AS_FAST_MS = 0.3  # … or one within 0.3 ms of its time (below that, timings are mostly noise)
 
 
-@dataclass
-class _Measurement:
-    owner: AgentKey
-    done: trio.Event = field(default_factory=trio.Event)
-    outcome: BenchmarkOutcome | None = None
-
-
-@dataclass
-class _Screening:
-    done: trio.Event = field(default_factory=trio.Event)
-    cost: float | None = None
-    error: ApplyError | None = None
-
-
-@dataclass
-class _Analysis:
-    done: trio.Event = field(default_factory=trio.Event)
-    value: tuple[AnalysisContext, tuple[str, ...]] | None = None
-
-
+T = TypeVar("T")
 ProposalKey = tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]
+
+
+@dataclass
+class _Once(Generic[T]):
+    """Work one agent does for the whole task (see `_once`)."""
+
+    owner: AgentKey | None
+    done: trio.Event = field(default_factory=trio.Event)
+    value: T | None = None
+    error: ApplyError | None = None  # a failure every agent would meet the same way
+
+
+async def _once(entries: dict[Any, _Once[T]], key: Any, run: Callable[[], Awaitable[T]], *,
+                owner: AgentKey | None = None, errors_shared: bool = False,
+                waiting: Callable[[AgentKey], None] | None = None) -> tuple[T, AgentKey | None]:
+    """`run` once per `key` for every agent of a task: the first agent runs it, the others wait
+    (`waiting` is told who runs it) and take its value; if the one running it fails before it
+    is done, the next one runs it itself. With `errors_shared`, an ApplyError is raised to every
+    agent instead (applying the same design fails the same way in every fork). Returns the
+    value and the agent it was taken from (None: this one ran it)."""
+    while True:
+        entry = entries.get(key)
+        if entry is None or (entry.done.is_set() and entry.value is None and entry.error is None):
+            entry = entries[key] = _Once(owner=owner)
+            try:
+                entry.value = await run()
+                return entry.value, None
+            except ApplyError as exc:
+                if errors_shared:
+                    entry.error = exc
+                raise
+            finally:
+                entry.done.set()
+        if waiting is not None and entry.owner is not None:
+            waiting(entry.owner)
+        await entry.done.wait()
+        if entry.error is not None:
+            raise ApplyError(str(entry.error))
+        if entry.value is not None:
+            return entry.value, entry.owner
 
 
 class SharedMeasurements:
@@ -107,9 +128,9 @@ class SharedMeasurements:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[ProposalKey, _Measurement] = {}
-        self._screenings: dict[ProposalKey, _Screening] = {}
-        self._analysis: _Analysis | None = None
+        self._measurements: dict[ProposalKey, _Once[BenchmarkOutcome]] = {}
+        self._screenings: dict[ProposalKey, _Once[float]] = {}
+        self._analysis: dict[None, _Once[tuple[AnalysisContext, tuple[str, ...]]]] = {}
         # one run of a query past the statement timeout, for every proposal of the task
         self.slow_baselines: dict[str, tuple[Result | None, Sample]] = {}
         # results and baseline runs of the queries before any change, for every fork of the task
@@ -125,24 +146,8 @@ class SharedMeasurements:
         in a fork, and every fork of a task starts with the same data and statistics. A proposal
         that fails to apply (ApplyError) fails the same way for every agent. If the agent that
         screens it fails otherwise, the next one screens it itself."""
-        key = self.key(proposal)
-        while True:
-            entry = self._screenings.get(key)
-            if entry is None or (entry.done.is_set() and entry.cost is None and entry.error is None):
-                entry = self._screenings[key] = _Screening()
-                try:
-                    entry.cost = await run()
-                    return entry.cost
-                except ApplyError as exc:
-                    entry.error = exc
-                    raise
-                finally:
-                    entry.done.set()
-            await entry.done.wait()
-            if entry.error is not None:
-                raise ApplyError(str(entry.error))
-            if entry.cost is not None:
-                return entry.cost
+        cost, _ = await _once(self._screenings, self.key(proposal), run, errors_shared=True)
+        return cost
 
     async def analysis(self, run: Callable[[], Awaitable[tuple[AnalysisContext, tuple[str, ...]]]]
                        ) -> tuple[AnalysisContext, tuple[str, ...]]:
@@ -150,23 +155,13 @@ class SharedMeasurements:
         ANALYZE, statistics, the suite), once per task: every fork of a task starts with the same
         data and statistics. The first agent runs it, the others take it; if that agent fails
         before it is done, the next one runs it itself."""
-        while True:
-            entry = self._analysis
-            if entry is None or (entry.done.is_set() and entry.value is None):
-                entry = self._analysis = _Analysis()
-                try:
-                    entry.value = await run()
-                    return entry.value
-                finally:
-                    entry.done.set()
-            await entry.done.wait()
-            if entry.value is not None:
-                return entry.value
+        value, _ = await _once(self._analysis, None, run)
+        return value
 
     def screened(self, proposal: OptimizationProposal) -> float | None:
         """The planner cost found for `proposal` in this task, if any."""
         entry = self._screenings.get(self.key(proposal))
-        return entry.cost if entry is not None else None
+        return entry.value if entry is not None else None
 
     @staticmethod
     def key(proposal: OptimizationProposal) -> ProposalKey:
@@ -178,20 +173,7 @@ class SharedMeasurements:
                       run: Callable[[], Awaitable[BenchmarkOutcome]],
                       waiting: Callable[[AgentKey], None]) -> tuple[BenchmarkOutcome, AgentKey | None]:
         """The measurement and, when it was taken over from another agent, that agent."""
-        key = self.key(proposal)
-        while True:
-            entry = self._entries.get(key)
-            if entry is None or (entry.done.is_set() and entry.outcome is None):
-                entry = self._entries[key] = _Measurement(owner=agent)
-                try:
-                    entry.outcome = await run()
-                    return entry.outcome, None
-                finally:
-                    entry.done.set()
-            waiting(entry.owner)
-            await entry.done.wait()
-            if entry.outcome is not None:
-                return entry.outcome, entry.owner
+        return await _once(self._measurements, self.key(proposal), run, owner=agent, waiting=waiting)
 
 
 @dataclass(frozen=True)

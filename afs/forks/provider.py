@@ -62,6 +62,10 @@ FORK_CONNECTION_LIMIT = 20
 STUCK_CREATION_S = 600
 SPARE_TTL_S = 3600  # an unclaimed spare is collected after an hour
 SPARE_LABEL = "spare"
+# the spares of a source (%s) made from its template as it is now (not before its last refresh)
+_FRESH_SPARES = ("FROM afs.forks f JOIN afs.sources s ON s.name = f.parent"
+                 " WHERE f.state = 'spare' AND f.parent = %s"
+                 " AND f.created_at >= coalesce(s.refreshed_at, '-infinity')")
 # A fork's password is 192 random bits: there is nothing to stretch, and PostgreSQL's default
 # 4,096 SCRAM iterations cost ~5 ms when it is set and ~4 ms at every log-in to the fork.
 SCRAM_ITERATIONS = 16
@@ -385,11 +389,7 @@ class LocalForkProvider:
                 await self.ensure_catalog(conn)
                 if not await _forks_clone(conn):
                     return made
-                fresh = await conn.fetchval(
-                    "SELECT count(*) FROM afs.forks f JOIN afs.sources s ON s.name = f.parent"
-                    " WHERE f.state = 'spare' AND f.parent = %s"
-                    " AND f.created_at >= coalesce(s.refreshed_at, '-infinity')",
-                    (source,))
+                fresh = await conn.fetchval(f"SELECT count(*) {_FRESH_SPARES}", (source,))
                 template = await self._template_of(conn, source)
                 for _ in range(self.spares - int(fresh or 0)):
                     name = validate_name(random_fork_name(SPARE_LABEL))
@@ -413,10 +413,7 @@ class LocalForkProvider:
             await conn.execute("BEGIN")
             try:
                 spare = await conn.fetchval(
-                    "SELECT f.name FROM afs.forks f JOIN afs.sources s ON s.name = f.parent"
-                    " WHERE f.state = 'spare' AND f.parent = %s"
-                    " AND f.created_at >= coalesce(s.refreshed_at, '-infinity')"
-                    " AND f.expires_at > now() + interval '1 minute'"
+                    f"SELECT f.name {_FRESH_SPARES} AND f.expires_at > now() + interval '1 minute'"
                     " ORDER BY f.created_at LIMIT 1 FOR UPDATE OF f SKIP LOCKED", (source,))
                 if spare is None:
                     await conn.execute("ROLLBACK")
