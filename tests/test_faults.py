@@ -116,10 +116,12 @@ async def test_sigkill_of_optimize_mid_benchmark(provider: LocalForkProvider,
         async def measuring() -> bool:
             return is_locked(bench_lock)
 
+        # a fork first, then the benchmark (checked in that order: once measuring, the task
+        # may be done and its forks gone before a second look at the server)
+        await wait_until(lambda: a_fork_exists(provider), "a fork")
         await wait_until(measuring, "the benchmark")
         servers = fork_servers(optimize)
         assert bool(servers) is (server == "stdio")
-        assert await a_fork_exists(provider)
         optimize.send_signal(signal.SIGKILL)
         await optimize.wait()
         # the orphaned fork server sees its stdin close and exits on its own; the forks of
