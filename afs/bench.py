@@ -43,17 +43,22 @@ by the loops still to come, so the unused part of a fast loop goes to the next.
 What measuring reuses (`Reuse`, adaptive measurement only: with `min_runs` equal to
 `runs` every figure is measured afresh, warm-ups and checksums included, as before):
 
-- the result (rows, checksum) of a query as it runs before any change, once per task;
+- the result (rows, checksum) of a query as it runs before any change, once per task (for a
+  query whose order counts, its ordered and its multiset checksum from the same run: a rewrite
+  compares its rows as a multiset, an index in order);
 - a figure's baseline samples, once per task, when its baseline runs as before any change
   (the suite before the change, an index hidden in a rolled-back transaction, the original
   query against a rewrite or settings that create nothing). Later candidates are measured
   against those samples (`_measure`): a candidate whose every run is `REUSE_FACTOR` times
   faster (or slower) than every reused run gets its verdict without a fresh baseline run
   (drift between two measurements of one task is far smaller than that: 2.2x at most on a
-  loaded two-core machine). A close candidate gets one fresh baseline run: if it agrees with
-  the reused samples (within their range widened by their width, at least 5 %) it joins them;
-  if not, the machine has drifted and the figure is measured afresh, interleaved (that fresh
-  run and the candidate run just before it are the first pair);
+  loaded two-core machine). A close candidate gets one fresh baseline run, once per
+  candidate (`Drift`: the check is whether the machine has drifted since the reused runs,
+  which one run tells for all the figures measured in the next seconds): if it agrees with
+  the reused samples (within their range widened by their width, at least 5 %) it joins them,
+  and the candidate's other close figures stand on their reused runs; if not, the machine
+  has drifted and the figure, and every later one of the candidate, is measured afresh,
+  interleaved (that fresh run and the candidate run just before it are the first pair);
 - warm-ups: none for a query that already ran in this fork (its checksum, an earlier run).
 """
 
@@ -86,7 +91,7 @@ from afs.models import (
 )
 from afs.pg.names import quote_qualified
 from afs.pg.plan import explained, plan_of, shared_buffers
-from afs.suite import result_checksum_sql
+from afs.suite import result_checksum_sql, result_checksums_sql
 
 MB = 1048576.0
 MIN_EFFECT = 0.05  # medians must differ by at least 5 % to count
@@ -135,6 +140,13 @@ async def result_of(conn: Connection, variant: QueryVariant, ordered: bool) -> R
     row = await conn.fetchone(result_checksum_sql(variant.sql, ordered))
     assert row is not None
     return Result(rows=int(row[0]), checksum=str(row[1]))
+
+
+async def results_of(conn: Connection, variant: QueryVariant) -> tuple[Result, Result]:
+    """The variant's result compared in order and as a multiset, from one run of it."""
+    row = await conn.fetchone(result_checksums_sql(variant.sql))
+    assert row is not None
+    return Result(rows=int(row[0]), checksum=str(row[1])), Result(rows=int(row[0]), checksum=str(row[2]))
 
 
 def timing(samples: Sequence[Sample]) -> Timing:
@@ -271,6 +283,16 @@ def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:
     return tuple(names) or None
 
 
+@dataclass
+class Drift:
+    """What the fresh baseline run of a close candidate found, once per candidate's measurement:
+    None before one is made, True when it agreed with the reused runs (the machine has not
+    drifted since they were made: the candidate's other close figures stand on them alone), False
+    when it did not (every later figure of the measurement is measured afresh, interleaved)."""
+
+    held: bool | None = None
+
+
 @dataclass(frozen=True)
 class Figure:
     """How one figure was measured: both samples, why it stopped, baseline runs reused."""
@@ -288,13 +310,15 @@ async def _measure(
     budget: Budget,
     *,
     prior: Sequence[Sample] = (),
+    drift: Drift | None = None,
     warm_baseline: bool = False,
     warm_candidate: bool = False,
 ) -> Figure:
     """One figure: against `prior` (baseline runs reused, see the module's notes) when given,
     else baseline and candidate alternately until `stop_reason` says stop. A side that is
-    not warm gets a warm-up run first."""
+    not warm gets a warm-up run first. `drift`: the candidate's one drift check (`Drift`)."""
     started, allowance = trio.current_time(), budget.allowance()
+    drift = drift if drift is not None else Drift()
 
     def out_of_time() -> bool:
         return trio.current_time() - started >= allowance
@@ -302,16 +326,17 @@ async def _measure(
     try:
         if not warm_candidate:
             await run_candidate()
-        if prior:
+        if prior and drift.held is not False:
             candidate: list[Sample] = []
             fresh: list[Sample] = []
             while True:
                 candidate.append(await run_candidate())
-                if not fresh and not _far_apart(prior, candidate[-1].ms):
+                if drift.held is None and not _far_apart(prior, candidate[-1].ms):
                     if not warm_baseline:
                         await run_baseline()
                     fresh.append(await run_baseline())
-                    if not _agrees(prior, fresh[0].ms):
+                    drift.held = _agrees(prior, fresh[0].ms)
+                    if not drift.held:
                         # drift: afresh, interleaved; the candidate run and the fresh baseline
                         # run just made are its first pair (the runs before them warmed up)
                         return await _pairs(run_baseline, run_candidate, rule, out_of_time,
@@ -535,6 +560,14 @@ async def benchmark(
         key = _result_key(variant.sql, in_order)
         if memo is not None and unchanged and key in memo.results:
             return memo.results[key]
+        if memo is not None and unchanged and variant.ordered:
+            # a later candidate may compare these rows the other way (a rewrite as a multiset,
+            # an index in order): both from the one run
+            in_turn, as_set = await results_of(conn, variant)
+            memo.results[_result_key(variant.sql, True)] = in_turn
+            memo.results[_result_key(variant.sql, False)] = as_set
+            memo.warm.add(variant.sql)
+            return in_turn if in_order else as_set
         result = await result_of(conn, variant, in_order)
         if memo is not None:
             memo.warm.add(variant.sql)
@@ -643,12 +676,14 @@ async def benchmark(
     else:
         sides = _Sides(plain, run_candidate, False, "baseline before the change, candidate after it")
 
+    drift = Drift()  # one drift check for the candidate's figures
+
     async def figure(baseline_sql: str, candidate_sql: str, stop: StopRule) -> Figure:
         """One interleaved figure, reusing the task's baseline runs where they hold."""
         prior = (memo.baselines.get(baseline_sql, ()) if memo is not None and sides.pristine else ())
         measured = await _measure(
             functools.partial(sides.baseline, baseline_sql),
-            functools.partial(sides.candidate, candidate_sql), stop, budget, prior=prior,
+            functools.partial(sides.candidate, candidate_sql), stop, budget, prior=prior, drift=drift,
             warm_baseline=warm(baseline_sql),
             # settings change the plan: the checksum run (without them) warmed other pages
             warm_candidate=warm(candidate_sql) and not settings)

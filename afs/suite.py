@@ -37,7 +37,8 @@ How results are compared (`QueryVariant.ordered` / `.exact`):
 
 `result_checksum_sql` wraps a variant into a query returning (row count,
 checksum): an order-independent sum of row hashes for multiset comparison, an
-md5 over the rows in their order for ordered comparison.
+md5 over the rows in their order for ordered comparison; `result_checksums_sql`
+gives both in one run of the variant.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ __all__ = [
     "SUITE_LIMIT",
     "build_suite",
     "result_checksum_sql",
+    "result_checksums_sql",
 ]
 
 SUITE_LIMIT = 10  # rows kept by the "limit" variant
@@ -142,15 +144,30 @@ def result_checksum_sql(variant_sql: str, ordered: bool) -> str:
     """
     inner = _single_select(variant_sql)
     if ordered:
-        sql = ("SELECT count(*) AS afs_rows,\n"
-               "       coalesce(md5(string_agg(afs_s.afs_r::text, '|' ORDER BY afs_s.afs_n)), '')"
-               " AS afs_checksum\n"
-               "FROM (SELECT afs_q AS afs_r, row_number() OVER () AS afs_n\n"
-               f"      FROM (\n{inner}\n) AS afs_q) AS afs_s")
+        sql = (f"SELECT count(*) AS afs_rows,\n       {_ORDERED_SUM} AS afs_checksum\n"
+               + _NUMBERED_ROWS.format(inner=inner))
     else:
-        sql = ("SELECT count(*) AS afs_rows,\n"
-               "       coalesce(sum(hashtextextended(afs_q::text, 0)::numeric), 0)::text AS afs_checksum\n"
+        sql = (f"SELECT count(*) AS afs_rows,\n       {_UNORDERED_SUM.format(row='afs_q')} AS afs_checksum\n"
                f"FROM (\n{inner}\n) AS afs_q")
+    return _parsed(sql)
+
+
+def result_checksums_sql(variant_sql: str) -> str:
+    """Both checksums of `result_checksum_sql` in one run of the query: one row (afs_rows,
+    afs_ordered, afs_unordered), equal to the ordered and the unordered form's checksums."""
+    inner = _single_select(variant_sql)
+    return _parsed(f"SELECT count(*) AS afs_rows,\n       {_ORDERED_SUM} AS afs_ordered,\n"
+                   f"       {_UNORDERED_SUM.format(row='afs_s.afs_r')} AS afs_unordered\n"
+                   + _NUMBERED_ROWS.format(inner=inner))
+
+
+_ORDERED_SUM = "coalesce(md5(string_agg(afs_s.afs_r::text, '|' ORDER BY afs_s.afs_n)), '')"
+_UNORDERED_SUM = "coalesce(sum(hashtextextended({row}::text, 0)::numeric), 0)::text"
+_NUMBERED_ROWS = ("FROM (SELECT afs_q AS afs_r, row_number() OVER () AS afs_n\n"
+                  "      FROM (\n{inner}\n) AS afs_q) AS afs_s")
+
+
+def _parsed(sql: str) -> str:
     problem = _pglast_problem(sql)
     if problem:  # pragma: no cover - the inner statement parsed on its own
         raise ValueError(f"checksum query does not parse: {problem}")

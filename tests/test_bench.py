@@ -10,6 +10,7 @@ import pytest
 
 from afs.bench import (
     Budget,
+    Drift,
     Result,
     Reuse,
     Sample,
@@ -19,6 +20,8 @@ from afs.bench import (
     _measure,
     _significant,
     benchmark,
+    result_of,
+    results_of,
     stop_reason,
 )
 from afs.db import Connection, open_connection
@@ -220,6 +223,53 @@ async def test_after_drift_the_runs_that_found_it_are_the_first_pair() -> None:
     assert order == ["c", "b", "b", "c", "c", "b"]
 
 
+class Runs:
+    """Runs of a figure from given times, in the order they were asked for."""
+
+    def __init__(self, baseline: list[float], candidate: list[float]) -> None:
+        self.order: list[str] = []
+        self._b, self._c = iter(baseline), iter(candidate)
+
+    async def baseline(self) -> Sample:
+        self.order.append("b")
+        return Sample(next(self._b), 0)
+
+    async def candidate(self) -> Sample:
+        self.order.append("c")
+        return Sample(next(self._c), 0)
+
+
+async def test_one_fresh_baseline_run_vouches_for_the_candidates_other_figures() -> None:
+    drift, prior = Drift(), samples(990.0, 1000.0, 1010.0)
+    first = Runs([1005.0], [400.0, 410.0, 405.0])  # close (2.5x): one fresh run, which agrees
+    one = await _measure(first.baseline, first.candidate, RULE, Budget(60.0, 2), prior=prior,
+                         drift=drift, warm_baseline=True, warm_candidate=True)
+    assert drift.held is True and first.order == ["c", "b", "c", "c"]
+    assert one.reused == 3 and len(one.baseline) == 4 and one.stopped == "separated"
+    second = Runs([], [395.0, 400.0, 402.0])  # the next close figure: no baseline run at all
+    two = await _measure(second.baseline, second.candidate, RULE, Budget(60.0, 1), prior=prior,
+                         drift=drift, warm_baseline=True, warm_candidate=True)
+    assert second.order == ["c", "c", "c"] and two.reused == 3 and two.stopped == "separated"
+    # without the shared check, the second figure would have made its own fresh run
+    alone = Runs([1000.0], [395.0, 400.0, 402.0])
+    await _measure(alone.baseline, alone.candidate, RULE, Budget(60.0, 1), prior=prior,
+                   warm_baseline=True, warm_candidate=True)
+    assert alone.order.count("b") == 1
+
+
+async def test_after_drift_every_later_figure_of_the_candidate_is_measured_afresh() -> None:
+    drift, prior = Drift(), samples(990.0, 1000.0, 1010.0)
+    first = Runs([1500.0, 1490.0, 1510.0], [400.0, 410.0, 405.0])  # the fresh run disagrees
+    await _measure(first.baseline, first.candidate, RULE, Budget(60.0, 2), prior=prior,
+                   drift=drift, warm_baseline=True, warm_candidate=True)
+    assert drift.held is False
+    second = Runs([1500.0, 1495.0, 1505.0], [1.0, 1.1, 1.2])  # far apart, yet the reused runs are stale
+    two = await _measure(second.baseline, second.candidate, RULE, Budget(60.0, 1), prior=prior,
+                         drift=drift, warm_baseline=True, warm_candidate=True)
+    assert two.reused == 0 and [s.ms for s in two.baseline] == [1500.0, 1495.0, 1505.0]
+    assert second.order == ["b", "c", "c", "b", "b", "c"]
+
+
 # -- the loop in a real fork -------------------------------------------------------------------
 QUERY = "SELECT id, total_amount FROM orders WHERE user_id = 42"
 SLOW_SCAN = "SELECT count(*) FROM orders o1 WHERE o1.total_amount > (SELECT avg(total_amount) FROM orders)"
@@ -367,3 +417,37 @@ async def test_results_before_the_change_are_taken_from_the_task(fork_conn: Conn
                             tables=("orders",), runs=3, min_runs=3, reuse=reuse)
     (m,) = fixed.measurements
     assert m.equivalent and m.baseline.reused == 0 and m.baseline.runs == 3
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_both_checksums_from_one_run_equal_each_form_alone(fork_conn: Connection) -> None:
+    for sql in ("SELECT id, total_amount, status FROM orders WHERE user_id = 42 ORDER BY id",
+                "SELECT user_id FROM orders WHERE user_id < 30 ORDER BY user_id DESC, id",
+                "SELECT id FROM orders WHERE false ORDER BY id"):
+        variant = QueryVariant("baseline", sql, ordered=True, exact=True)
+        in_turn, as_set = await results_of(fork_conn, variant)
+        assert in_turn == await result_of(fork_conn, variant, True)
+        assert as_set == await result_of(fork_conn, variant, False)
+        assert in_turn.checksum != as_set.checksum or in_turn.rows == 0
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_rewrite_after_an_index_takes_the_multiset_result_of_the_task(fork_conn: Connection) -> None:
+    reuse = Reuse()
+    ordered_query = "SELECT id, total_amount FROM orders WHERE user_id = 42 ORDER BY id"
+    variant = QueryVariant("baseline", ordered_query, ordered=True, exact=True)
+    await benchmark(fork_conn, (variant,), index_proposal("CREATE INDEX bench_m1 ON orders (user_id)"),
+                    tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
+    keys = [k for k in reuse.results if k.endswith(ordered_query)]
+    assert len(keys) == 2  # in order and as a multiset, from the one run before the change
+    # what the task holds is what a rewrite's rows are compared with (as a multiset)
+    (as_set,) = [k for k in keys if k.startswith("False:")]
+    reuse.results[as_set] = Result(rows=reuse.results[as_set].rows, checksum="x")
+    rewrite = OptimizationProposal(
+        agent="gemini25flash", proposal_type="query_rewrite", sql_commands=(), rollback_commands=(),
+        rationale="test", estimated_impact=EstimatedImpact(50, 1, "low", "low"),
+        rewritten_query="SELECT id, total_amount FROM orders WHERE user_id = 42 ORDER BY id + 0")
+    candidate = QueryVariant("baseline", rewrite.rewritten_query or "", ordered=True, exact=True)
+    outcome = await benchmark(fork_conn, (variant,), rewrite, candidate_suite=(candidate,),
+                              tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
+    assert not outcome.measurements[0].equivalent
