@@ -302,6 +302,12 @@ def _int(value: Any, name: str, source: str, minimum: int = 1) -> int:
     return number
 
 
+def safe_yaml(text: str) -> Any:
+    """`yaml.safe_load`, by libyaml when PyYAML has it (ten times faster: the routing rules
+    are read for every task)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Build the settings from `env` (default: the process environment) and the YAML file."""
     env = os.environ if env is None else env
@@ -310,7 +316,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     settings_file = home / "settings.yaml"
     if settings_file.exists():
         try:
-            loaded = yaml.safe_load(settings_file.read_text()) or {}
+            loaded = safe_yaml(settings_file.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{settings_file}: not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):

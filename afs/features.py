@@ -51,6 +51,7 @@ Python's stack), or holding parameters ($1, as pg_stat_statements stores queries
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -315,8 +316,10 @@ def _parenthesis_depth(sql: str) -> tuple[int, int]:
 
 
 # -- parsing (shared with afs.suite) -------------------------------------------------
+@functools.lru_cache(maxsize=1024)
 def select_text(sql: str) -> str:
-    """The text of the one query in `sql`, without its terminating `;` (pglast decides).
+    """The text of the one query in `sql`, without its terminating `;` (pglast decides;
+    remembered: a task asks for the same few texts again and again).
 
     A query is what PostgreSQL parses as a SELECT: WITH … SELECT, VALUES, TABLE and set
     operations included. Raises InputError for anything else.

@@ -26,6 +26,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
+from afs.config import safe_yaml
 from afs.consensus import check_weights
 from afs.errors import InputError, RulesError
 from afs.models import AGENT_PREFERENCE, AGENTS, AgentKey, Priority, QueryFeatures, RoutingDecision, TaskType
@@ -171,7 +172,7 @@ def load_rules(path: Path | None = None) -> RuleSet:
     path = default_rules_path() if path is None else path
     source = str(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise RulesError(f"{source}: cannot read: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:

@@ -43,6 +43,7 @@ gives both in one run of the variant.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -129,6 +130,7 @@ def build_suite(
     return tuple(variants), tuple(skipped)
 
 
+@functools.lru_cache(maxsize=1024)
 def result_checksum_sql(variant_sql: str, ordered: bool) -> str:
     """A query returning one row (afs_rows bigint, afs_checksum text) for the variant's result.
 
@@ -152,6 +154,7 @@ def result_checksum_sql(variant_sql: str, ordered: bool) -> str:
     return _parsed(sql)
 
 
+@functools.lru_cache(maxsize=1024)
 def result_checksums_sql(variant_sql: str) -> str:
     """Both checksums of `result_checksum_sql` in one run of the query: one row (afs_rows,
     afs_ordered, afs_unordered), equal to the ordered and the unordered form's checksums."""

@@ -210,8 +210,7 @@ async def added_by_one_fork(client: ForkClient, provider: LocalForkProvider, sou
 async def settled(admin: Connection, action: Callable[[], Awaitable[float]]) -> float:
     """`action` after a checkpoint and a sync (not timed): no method pays for the writes
     of the one before it."""
-    await admin.execute("CHECKPOINT")
-    await trio.to_thread.run_sync(os.sync)
+    await harness.settle(admin)
     return await action()
 
 

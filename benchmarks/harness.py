@@ -1,7 +1,9 @@
-"""What every benchmark script here shares: the sandbox around the work, and Ctrl-C.
+"""What every benchmark script here shares: the sandbox around the work, Ctrl-C, and a
+settled start.
 
     measured = await with_sandbox(settings, lambda server: measure(...), say)
     if measured is None: ...  # interrupted; everything was cleaned up
+    await settle(admin)       # before each timed step: no step pays for the writes of the last
 
 The sandbox is started if needed and stopped at the end only if the script
 started it. Ctrl-C (or SIGTERM) becomes a cancellation, so the shielded cleanup
@@ -11,6 +13,7 @@ of forks and scratch databases runs as usual.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -20,6 +23,7 @@ import trio
 
 from afs import log as afs_log
 from afs.config import Settings, load_settings
+from afs.db import Connection
 from afs.errors import AfsError
 from afs.sandbox.server import SandboxServer
 
@@ -65,6 +69,13 @@ async def with_sandbox(settings: Settings, work: Callable[[SandboxServer], Await
     if error is not None:
         raise error
     return result[0]
+
+
+async def settle(admin: Connection) -> None:
+    """A checkpoint and a sync (not timed, before a timed step): the writes of the step
+    before (index builds, forks made and dropped) are on disk, not in the next one's time."""
+    await admin.execute("CHECKPOINT")
+    await trio.to_thread.run_sync(os.sync)
 
 
 EXIT_INTERRUPTED = 130

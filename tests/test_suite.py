@@ -390,5 +390,5 @@ def test_suite_module_is_pure() -> None:
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
-    assert imported <= {"__future__", "json", "math", "re", "collections", "dataclasses", "datetime",
-                        "typing", "pglast", "sqlglot", "afs"}
+    assert imported <= {"__future__", "functools", "json", "math", "re", "collections", "dataclasses",
+                        "datetime", "typing", "pglast", "sqlglot", "afs"}
