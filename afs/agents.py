@@ -28,7 +28,17 @@ from pglast import ast as pg_ast
 from pglast.stream import RawStream
 
 from afs.analysis import gather_context
-from afs.bench import ApplyError, Result, Reuse, Sample, benchmark, planner_cost, result_of, undo
+from afs.bench import (
+    ApplyError,
+    Result,
+    Reuse,
+    Sample,
+    benchmark,
+    measure_before,
+    planner_cost,
+    result_of,
+    undo,
+)
 from afs.brains import Brain, RevisingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
@@ -42,7 +52,7 @@ from afs.config import (
 )
 from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
-from afs.errors import AfsError, DatabaseError, InputError, StatementTimeout
+from afs.errors import AfsError, DatabaseError, InputError, StatementTimeout, single_leaf
 from afs.events import Emitter
 from afs.features import check_input
 from afs.forks.client import ForkClient
@@ -139,6 +149,13 @@ class SharedMeasurements:
         # statement timeout (sql -> whether its rows could still be read): each later proposal
         # would wait for that timeout again for nothing
         self.slow_family: dict[str, bool] = {}
+        self._before_claimed = False
+
+    def claim_before(self) -> bool:
+        """True for the first agent to ask: it measures the queries before any change
+        (`afs.bench.measure_before`) while its model thinks; the others go on."""
+        claimed, self._before_claimed = self._before_claimed, True
+        return not claimed
 
     async def screen(self, proposal: OptimizationProposal, run: Callable[[], Awaitable[float]]) -> float:
         """The planner's cost of the task's query with `proposal` in place (`run`: a rolled-back
@@ -280,22 +297,38 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     ctx, skipped = await shared.analysis(functools.partial(_analyse, conn, job))
     state.writes_per_read = {name: info.writes_per_read for name, info in ctx.tables.items()}
     state.skipped, suite = skipped, ctx.suite
-    with trio.fail_after(limits.model):
-        state.analysis = await brain.analyze(agent, ctx)
-    events.emit("analysis_completed", agent=agent, fork=state.fork,
-                duration_s=trio.current_time() - t0, insights=list(state.analysis.insights[:3]))
+    family = await trio.to_thread.run_sync(_family, job, ctx)
+    reuse = shared.reuse.for_fork()  # what this fork has run already is its own
+    try:
+        async with trio.open_nursery() as thinking:
+            # the first agent of the task measures the queries before any change meanwhile
+            if job.min_runs < job.runs and not ctx.slow and shared.claim_before():
+                thinking.start_soon(functools.partial(
+                    _measure_before, conn, job, ctx, family, reuse, bench_limiter, events, state))
+            with trio.fail_after(limits.model):
+                state.analysis = await brain.analyze(agent, ctx)
+            events.emit("analysis_completed", agent=agent, fork=state.fork,
+                        duration_s=trio.current_time() - t0, insights=list(state.analysis.insights[:3]))
 
-    enter("propose")
-    t0 = trio.current_time()
-    with trio.fail_after(limits.model):
-        proposals = tuple(await brain.propose(agent, ctx, state.analysis))[:job.candidates]
-    if not proposals:
-        events.emit("proposal_submitted", agent=agent, fork=state.fork,
-                    duration_s=trio.current_time() - t0, proposal_type=None)
-        return state.outcome("ok")
-    events.emit("proposal_submitted", agent=agent, fork=state.fork,
-                duration_s=trio.current_time() - t0, proposal_type=proposals[0].proposal_type,
-                sql=list(proposals[0].sql_commands), candidates=len(proposals))
+            enter("propose")
+            t0 = trio.current_time()
+            with trio.fail_after(limits.model):
+                proposals = tuple(await brain.propose(agent, ctx, state.analysis))[:job.candidates]
+            if not proposals:
+                thinking.cancel_scope.cancel()  # nothing to measure against it
+                events.emit("proposal_submitted", agent=agent, fork=state.fork,
+                            duration_s=trio.current_time() - t0, proposal_type=None)
+                return state.outcome("ok")
+            events.emit("proposal_submitted", agent=agent, fork=state.fork,
+                        duration_s=trio.current_time() - t0, proposal_type=proposals[0].proposal_type,
+                        sql=list(proposals[0].sql_commands), candidates=len(proposals))
+            if thinking.child_tasks:
+                enter("waiting for the baseline")
+    except BaseExceptionGroup as group:  # the nursery wraps what the model calls raise
+        leaf = single_leaf(group)
+        if leaf is group:
+            raise
+        raise leaf from None
 
     tried: dict[int, CandidateResult] = {}
     checked: list[tuple[int, OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None]] = []
@@ -348,8 +381,6 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 baseline_cost=baseline_cost,
                 note="beyond the measuring budget: the planner expects less of it than of those measured")
 
-    family = await trio.to_thread.run_sync(_family, job, ctx)
-    reuse = shared.reuse.for_fork()  # what this fork has run already is its own
     by_rank = {rank: (proposal, validation, cs) for rank, proposal, validation, cs in checked}
     for position, rank in enumerate(chosen):
         proposal, validation, candidate_suite = by_rank[rank]
@@ -447,6 +478,27 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     state.candidates = tuple(tried[r] for r in sorted(tried))
     return _best(state)
+
+
+async def _measure_before(conn: Connection, job: AgentJob, ctx: AnalysisContext,
+                          family: Sequence[ParameterSet], reuse: Reuse,
+                          bench_limiter: trio.CapacityLimiter, events: Emitter, state: _Progress) -> None:
+    """The suite and the query with other values as they run before any change, measured in
+    the benchmark slot while the model writes the proposals (`afs.bench.measure_before`).
+    Its own failure costs nothing but the head start: the benchmarks measure what it missed."""
+    others = [sql for pset in family if (sql := apply_parameters(job.query, pset)) is not None]
+    async with bench_limiter, server_lock(conn, "benchmark"):
+        t0 = trio.current_time()
+        events.emit("baseline_measuring", agent=state.agent, fork=state.fork)
+        try:
+            with trio.fail_after(job.timeouts.benchmark):
+                measured = await measure_before(conn, ctx.suite, others, reuse, job.min_runs)
+        except (DatabaseError, trio.TooSlowError) as exc:
+            events.emit("baseline_measured", agent=state.agent, fork=state.fork,
+                        duration_s=trio.current_time() - t0, queries=0, error=str(exc) or "timed out")
+            return
+        events.emit("baseline_measured", agent=state.agent, fork=state.fork,
+                    duration_s=trio.current_time() - t0, queries=measured)
 
 
 async def _analyse(conn: Connection, job: AgentJob) -> tuple[AnalysisContext, tuple[str, ...]]:

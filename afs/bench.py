@@ -60,6 +60,9 @@ What measuring reuses (`Reuse`, adaptive measurement only: with `min_runs` equal
   has drifted and the figure, and every later one of the candidate, is measured afresh,
   interleaved (that fresh run and the candidate run just before it are the first pair);
 - warm-ups: none for a query that already ran in this fork (its checksum, an earlier run).
+
+`measure_before` fills the same records before any candidate exists (the agents call it
+while the model writes the proposals), so the first candidate is measured like a later one.
 """
 
 from __future__ import annotations
@@ -263,6 +266,38 @@ def _agrees(prior: Sequence[Sample], ms: float) -> bool:
     times = [s.ms for s in prior]
     tolerance = max(max(times) - min(times), MIN_EFFECT * statistics.median(times))
     return min(times) - tolerance <= ms <= max(times) + tolerance
+
+
+async def measure_before(conn: Connection, suite: Sequence[QueryVariant], family: Sequence[str],
+                         reuse: Reuse, runs: int = MIN_RUNS) -> int:
+    """The task's queries as they run before any change, measured while the brains still
+    think (adaptive measurement): each suite query's and each other-values query's (`family`)
+    result, with both checksums where the order counts, and `runs` runs of it, into `reuse`.
+    The candidates' benchmarks then find them there as their reused baseline runs (see the
+    module's notes: a close candidate still gets its fresh baseline run). A query measured
+    already in the task is skipped; the first one past the statement timeout ends it (the
+    benchmark runs such a query once under its longer cap). Returns how many were measured."""
+    first = suite[0] if suite else None
+    queries = [*suite, *(QueryVariant("baseline", sql, first.ordered if first else False,
+                                      first.exact if first else True) for sql in family)]
+    measured = 0
+    for variant in queries:
+        if variant.sql in reuse.baselines:
+            continue
+        try:
+            if variant.ordered:
+                in_turn, as_set = await results_of(conn, variant)
+                reuse.results[_result_key(variant.sql, True)] = in_turn
+                reuse.results[_result_key(variant.sql, False)] = as_set
+            else:
+                reuse.results[_result_key(variant.sql, False)] = await result_of(conn, variant, False)
+            reuse.warm.add(variant.sql)  # the checksum's run warmed it up
+            samples = [await run_once(conn, variant.sql) for _ in range(runs)]
+        except StatementTimeout:
+            return measured
+        reuse.baselines[variant.sql] = tuple(samples)
+        measured += 1
+    return measured
 
 
 def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:

@@ -26,7 +26,8 @@ A second table splits each agent's time into phases (fork creation and connectio
 analysis, proposal, waiting for the benchmark slot, benchmark, closing the fork),
 from the task's events stamped with the trio clock as they are emitted, and the
 wall time into the stretch before the agents, the agents before the first
-benchmark, the benchmark slot's busy and idle time, and what follows the last
+benchmark (and, of it, the slot measuring the queries before any change while the
+models think), the benchmark slot's busy and idle time, and what follows the last
 benchmark. Per-agent progress goes to stderr.
 
     AFS_HOME=... python benchmarks/parallel.py [--latency SECONDS] [--runs N] [--query SQL]
@@ -84,6 +85,7 @@ PHASE_OF_MARK: dict[str, str] = {
     "phase:waiting for the benchmark slot": "wait",
     "phase:benchmark": "benchmark",
     "phase:waiting for a shared measurement": "wait",  # another agent measures the same proposal
+    "phase:waiting for the baseline": "wait",  # the model was quicker than measuring the baseline
     "benchmark_completed": "close",  # MCP service_delete and the connection's end
 }
 END_MARKS = ("phase:done", "agent_failed")
@@ -302,6 +304,9 @@ def print_wall_split(timeline: Timeline, wall_s: float) -> None:
         ]
     else:
         rows.append(("agents at work, consensus (no benchmark ran)", end - assigned))
+    measuring, measured = timeline.first("baseline_measuring"), timeline.first("baseline_measured")
+    if measuring is not None and measured is not None:  # in the slot, while the models think
+        rows.insert(2, ("  of which the slot measures the queries before any change", measured - measuring))
     for label, seconds in rows:
         print(f"  {label:<64} {seconds:>8.2f} s")
     print(f"  {'total':<64} {wall_s:>8.2f} s")

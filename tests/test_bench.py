@@ -20,6 +20,7 @@ from afs.bench import (
     _measure,
     _significant,
     benchmark,
+    measure_before,
     result_of,
     results_of,
     stop_reason,
@@ -451,3 +452,44 @@ async def test_a_rewrite_after_an_index_takes_the_multiset_result_of_the_task(fo
     outcome = await benchmark(fork_conn, (variant,), rewrite, candidate_suite=(candidate,),
                               tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
     assert not outcome.measurements[0].equivalent
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_the_queries_before_any_change_are_measured_ahead_for_the_task(fork_conn: Connection) -> None:
+    reuse = Reuse()
+    query = QueryVariant("baseline", "SELECT id FROM orders WHERE user_id = 42 ORDER BY id", True, True)
+    other = "SELECT id FROM orders WHERE user_id = 43 ORDER BY id"
+    assert await measure_before(fork_conn, (query,), (other,), reuse, runs=3) == 2
+    assert len(reuse.baselines[query.sql]) == len(reuse.baselines[other]) == 3
+    assert set(reuse.results) == {f"{o}:{sql}" for o in (True, False) for sql in (query.sql, other)}
+    assert {query.sql, other} <= reuse.warm
+    assert await measure_before(fork_conn, (query,), (other,), reuse) == 0  # measured already
+    kept = reuse.baselines[query.sql]
+    # the first candidate stands on those runs (an index 100x faster needs no fresh one) ...
+    index = index_proposal("CREATE INDEX bench_b1 ON orders (user_id)")
+    outcome = await benchmark(fork_conn, (query,), index, tables=("orders",), runs=5, min_runs=3,
+                              reuse=reuse)
+    (m,) = outcome.measurements
+    assert m.baseline.reused == 3 and m.baseline.runs == 3 and m.optimized.runs == 3 and m.significant
+    assert m.baseline.min_ms == round(min(s.ms for s in kept), 3)
+    # ... and on the rows found ahead: a different record shows as different rows
+    key = f"True:{query.sql}"
+    reuse.results[key] = Result(rows=reuse.results[key].rows + 1, checksum="x")
+    index = index_proposal("CREATE INDEX bench_b2 ON orders (user_id)")
+    again = await benchmark(fork_conn, (query,), index, tables=("orders",), runs=5, min_runs=3,
+                            reuse=reuse)
+    assert not again.measurements[0].equivalent
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_measuring_ahead_stops_at_a_query_past_the_statement_timeout(fork_conn: Connection) -> None:
+    reuse = Reuse()
+    fast = QueryVariant("baseline", "SELECT id FROM orders WHERE user_id = 42", False, True)
+    slow = QueryVariant("limit", "SELECT pg_sleep(0.5), id FROM orders WHERE user_id = 42", False, True)
+    later = QueryVariant("filter", "SELECT id FROM orders WHERE user_id = 44", False, True)
+    await fork_conn.execute("SET statement_timeout = 100")
+    try:
+        assert await measure_before(fork_conn, (fast, slow, later), (), reuse) == 1
+    finally:
+        await fork_conn.execute("RESET statement_timeout")
+    assert set(reuse.baselines) == {fast.sql}  # nothing of the slow one, nothing after it

@@ -13,7 +13,7 @@ import structlog
 import trio
 import trio.testing
 
-from afs.brains import Squad, StrategistBrain
+from afs.brains import SlowBrain, Squad, StrategistBrain
 from afs.config import Settings, Timeouts
 from afs.db import open_connection
 from afs.errors import InputError
@@ -50,7 +50,7 @@ def squad(agents: tuple[AgentKey, ...] | None = None, brains: dict[str, object] 
 async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, query: str,
               the_squad: Squad | None = None, **request: object) -> tuple[TaskResult, Emitter]:
     events = Emitter("t" + os.urandom(3).hex())
-    result = await optimize(settings, TaskRequest(query=query, runs=3, **request),  # type: ignore[arg-type]
+    result = await optimize(settings, TaskRequest(**{"query": query, "runs": 3, **request}),  # type: ignore[arg-type]
                             source="afs_demo", source_dsn=sandbox.dsn("afs_demo"), forks=forks,
                             squad=the_squad or squad(), rules=load_rules(None), events=events)
     return result, events
@@ -76,6 +76,8 @@ async def test_missing_index_gets_a_measured_index_winner(settings: Settings, sa
     for kind in ("agents_assigned", "fork_created", "analysis_completed", "proposal_submitted",
                  "benchmark_completed", "consensus_reached"):
         assert kind in kinds, kind
+    # a fixed run count measures every figure afresh: nothing is measured ahead
+    assert "baseline_measuring" not in kinds
     fork_events = [e for e in events.history if e.kind == "fork_created"]
     assert {e.agent for e in fork_events} == {"gemini25pro", "gemini25flash"}
     assert all(e.fork and e.duration_s is not None and e.task_id == events.task_id
@@ -341,3 +343,28 @@ async def test_log_lines_inside_an_agent_carry_task_agent_and_fork(
     (created,) = [e for e in events.history if e.kind == "fork_created"]
     assert brain.seen == [{"task_id": events.task_id, "agent": "gemini25pro", "fork": created.fork}]
     assert structlog.contextvars.get_contextvars() == {}  # nothing left bound after the task
+
+
+async def test_the_queries_before_any_change_are_measured_while_the_models_think(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    thinking = SlowBrain(StrategistBrain(), 0.5)
+    result, events = await run(settings, sandbox, forks, MISSING_INDEX,
+                               squad(("gemini25pro", "gemini25flash"),
+                                     {"gemini25pro": thinking, "gemini25flash": thinking}), runs=5)
+    assert result.status == "completed"
+    order = [(e.kind, e.agent) for e in events.history]
+    (ahead,) = [e for e in events.history if e.kind == "baseline_measured"]
+    assert ahead.data["queries"] >= 1 and "error" not in ahead.data
+    starts = [i for i, (kind, _) in enumerate(order) if kind == "baseline_measuring"]
+    assert len(starts) == 1  # once per task
+    # it starts before the measuring agent's model has proposed, and ends before any benchmark
+    assert starts[0] < order.index(("proposal_submitted", ahead.agent))
+    benchmarks = [i for i, e in enumerate(events.history)
+                  if e.kind == "agent_phase" and e.data["phase"] == "benchmark"]
+    assert benchmarks and order.index(("baseline_measured", ahead.agent)) < benchmarks[0]
+    # every measurement, the task's first included, stands on those runs (each index candidate
+    # here is hundreds of times faster than the query: no fresh baseline run is needed)
+    measured = {id(c.benchmark): c.benchmark for o in result.outcomes for c in o.candidates
+                if c.benchmark is not None}
+    assert measured and all(b.measurements[0].name == "baseline" and b.measurements[0].baseline.reused >= 3
+                            for b in measured.values())
