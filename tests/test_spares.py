@@ -154,6 +154,35 @@ async def test_the_fork_server_tops_up_the_spares_after_a_fork(cow_dsn: str) -> 
         await remove_everything(provider)
 
 
+async def test_spares_are_made_once_the_forks_asked_for_are_done(cow_dsn: str) -> None:
+    provider = LocalForkProvider(cow_dsn, spares=2)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep_spares, provider)
+            seed = await provider.fork(SOURCE, ttl_seconds=60)  # the source is forked here now
+            with trio.fail_after(60):
+                while len(await spare_names(provider)) < 2:  # noqa: ASYNC110 (another task)
+                    await trio.sleep(0.05)
+            # a fork made (a spare claimed, which asks for a top-up) and deleted at once: the
+            # top-up waits for both, so no CREATE DATABASE of a spare slows the delete down
+            before = await spare_names(provider)
+            claimed = await provider.fork(SOURCE, ttl_seconds=60)
+            assert (await provider.delete(claimed.name))["deleted"]
+            async with open_connection(provider.admin_dsn) as conn:
+                deleted_at = await conn.fetchval("SELECT clock_timestamp()")
+                with trio.fail_after(60):
+                    while len(await spare_names(provider)) < 2:  # noqa: ASYNC110 (another task)
+                        await trio.sleep(0.05)
+                new = sorted(await spare_names(provider) - before)
+                made = await conn.fetchval("SELECT min(created_at) FROM afs.forks WHERE name = ANY(%s)",
+                                           (new,))
+            assert new and made > deleted_at
+            await provider.delete(seed.name)
+            nursery.cancel_scope.cancel()
+    finally:
+        await remove_everything(provider)
+
+
 async def _append(client: ForkClient, squad: list[Fork]) -> None:
     squad.append(await client.create(SOURCE, ttl_seconds=60))
 

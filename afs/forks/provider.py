@@ -16,8 +16,8 @@ process is gone, and fork databases or roles that have no row.
 
 Spares. Where forks clone (copy-on-write), the provider keeps `spares` ready forks
 of each source it has forked (`top_up_spares`, run by the fork server in the
-background): databases made from the template, role, limits and hand-over done,
-state `spare`, no owner. A fork of that source then claims one in a single
+background once no fork is being made or deleted): databases made from the template,
+role, limits and hand-over done, state `spare`, no owner. A fork of that source then claims one in a single
 transaction (the database and role renamed to the fork's name, a new password, the
 limits set again) instead of copying: a squad's forks are ready in milliseconds.
 A spare is a fork of the template as it was when the spare was made: refreshing
@@ -29,10 +29,11 @@ Where forks copy, there are no spares (each would cost a full copy of the data).
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import socket
-from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -62,6 +63,7 @@ FORK_CONNECTION_LIMIT = 20
 STUCK_CREATION_S = 600
 SPARE_TTL_S = 3600  # an unclaimed spare is collected after an hour
 SPARE_LABEL = "spare"
+QUIET_S = 0.05  # spares are made once no fork was made or deleted here for this long
 # the spares of a source (%s) made from its template as it is now (not before its last refresh)
 _FRESH_SPARES = ("FROM afs.forks f JOIN afs.sources s ON s.name = f.parent"
                  " WHERE f.state = 'spare' AND f.parent = %s"
@@ -207,6 +209,8 @@ class LocalForkProvider:
         self._catalog_ready = False
         self._spare_sources: set[str] = set()  # sources forked here: their spares are kept
         self._spares_wanted = trio.Event()
+        self._asked = 0  # forks being made or deleted here now
+        self._last_asked = -math.inf  # when the last of them was done (trio clock)
 
     # -- plumbing -----------------------------------------------------------
     def _admin(self) -> Any:
@@ -354,24 +358,25 @@ class LocalForkProvider:
                 raise InputError(f"owner process {owner_pid} does not exist on {here}")
         owner = (owner_host, owner_pid, owner_started)
         password = secrets.token_urlsafe(24)
-        async with self._admin() as conn:
-            await self.ensure_catalog(conn)
-            template = await self._template_of(conn, service_id)
-            if await conn.fetchval("SELECT EXISTS (SELECT FROM afs.forks WHERE name = %s)"
-                                   " OR EXISTS (SELECT FROM pg_database WHERE datname = %s)",
-                                   (name, name)):
-                raise InputError(f"a fork named {name!r} exists already")
-            spares = self.spares > 0 and template != service_id  # a source's fork: spares serve it
-            if not (spares and await self._claim_spare(conn, service_id, template, name, password,
-                                                       ttl_seconds, owner)):
-                await self._create(conn, service_id, template, name, password, ttl_seconds,
-                                   owner, state="ready")
-            fork = (await self._forks(conn, name))[0]
-        if spares:  # after the claim: the top-up counts what is left
-            self._spare_sources.add(service_id)
-            self._spares_wanted.set()
-        await self._verify(fork.name, password)
-        return fork
+        with self._asked_for():
+            async with self._admin() as conn:
+                await self.ensure_catalog(conn)
+                template = await self._template_of(conn, service_id)
+                if await conn.fetchval("SELECT EXISTS (SELECT FROM afs.forks WHERE name = %s)"
+                                       " OR EXISTS (SELECT FROM pg_database WHERE datname = %s)",
+                                       (name, name)):
+                    raise InputError(f"a fork named {name!r} exists already")
+                spares = self.spares > 0 and template != service_id  # a source's fork: spares serve it
+                if not (spares and await self._claim_spare(conn, service_id, template, name, password,
+                                                           ttl_seconds, owner)):
+                    await self._create(conn, service_id, template, name, password, ttl_seconds,
+                                       owner, state="ready")
+                fork = (await self._forks(conn, name))[0]
+            if spares:  # after the claim: the top-up counts what is left
+                self._spare_sources.add(service_id)
+                self._spares_wanted.set()
+            await self._verify(fork.name, password)
+            return fork
 
     # -- spares -------------------------------------------------------------
     async def spares_wanted(self) -> None:
@@ -380,11 +385,33 @@ class LocalForkProvider:
         await self._spares_wanted.wait()
         self._spares_wanted = trio.Event()
 
+    @contextmanager
+    def _asked_for(self) -> Iterator[None]:
+        """Mark a fork being made or deleted for a client: spares wait for it (`_quiet`)."""
+        self._asked += 1
+        try:
+            yield
+        finally:
+            self._asked -= 1
+            self._last_asked = trio.current_time()
+
+    async def _quiet(self) -> None:
+        """Return once no fork has been made or deleted here for QUIET_S: a spare is made
+        in the background, and its CREATE DATABASE (two checkpoints, the clone, the hand-over)
+        would slow down the forks a client waits for (a squad's three at once, say)."""
+        while True:
+            wait = QUIET_S if self._asked else QUIET_S - (trio.current_time() - self._last_asked)
+            if wait <= 0:
+                return
+            await trio.sleep(wait)
+
     async def top_up_spares(self) -> list[str]:
-        """Make spares, one at a time, until each source forked here has `spares` fresh
-        ones (none where forks copy); returns the names made."""
+        """Make spares, one at a time, each once the forks asked for here are done
+        (`_quiet`), until each source forked here has `spares` fresh ones (none where
+        forks copy); returns the names made."""
         made: list[str] = []
         for source in sorted(self._spare_sources):
+            await self._quiet()
             async with self._admin() as conn:
                 await self.ensure_catalog(conn)
                 if not await _forks_clone(conn):
@@ -392,6 +419,7 @@ class LocalForkProvider:
                 fresh = await conn.fetchval(f"SELECT count(*) {_FRESH_SPARES}", (source,))
                 template = await self._template_of(conn, source)
                 for _ in range(self.spares - int(fresh or 0)):
+                    await self._quiet()
                     name = validate_name(random_fork_name(SPARE_LABEL))
                     password = secrets.token_urlsafe(24)
                     await self._create(conn, source, template, name, password, SPARE_TTL_S,
@@ -470,9 +498,10 @@ class LocalForkProvider:
         """Destroy a fork: database, role and catalog row. Idempotent."""
         if service_id.endswith(TEMPLATE_SUFFIX) or not service_id.startswith(FORK_PREFIX):
             raise InputError(f"{service_id!r} is not a fork; only forks can be deleted")
-        async with self._admin() as conn:
-            await self.ensure_catalog(conn)
-            existed = await self._remove(conn, service_id)
+        with self._asked_for():
+            async with self._admin() as conn:
+                await self.ensure_catalog(conn)
+                existed = await self._remove(conn, service_id)
         return {"service_id": service_id, "deleted": existed}
 
     async def gc(self) -> GcReport:
