@@ -285,19 +285,26 @@ async def measure_before(conn: Connection, suite: Sequence[QueryVariant], family
         if variant.sql in reuse.baselines:
             continue
         try:
-            if variant.ordered:
-                in_turn, as_set = await results_of(conn, variant)
-                reuse.results[_result_key(variant.sql, True)] = in_turn
-                reuse.results[_result_key(variant.sql, False)] = as_set
-            else:
-                reuse.results[_result_key(variant.sql, False)] = await result_of(conn, variant, False)
-            reuse.warm.add(variant.sql)  # the checksum's run warmed it up
+            await _results_before(conn, variant, reuse)  # its run warms the query up
             samples = [await run_once(conn, variant.sql) for _ in range(runs)]
         except StatementTimeout:
             return measured
         reuse.baselines[variant.sql] = tuple(samples)
         measured += 1
     return measured
+
+
+async def _results_before(conn: Connection, variant: QueryVariant, reuse: Reuse) -> None:
+    """The variant's rows and checksum before any change, into `reuse`: as a multiset, and in
+    order too when its order counts (a later candidate may compare these rows either way: a
+    rewrite as a multiset, an index in order), both from one run, which warms the query up."""
+    if variant.ordered:
+        in_turn, as_set = await results_of(conn, variant)
+        reuse.results[_result_key(variant.sql, True)] = in_turn
+        reuse.results[_result_key(variant.sql, False)] = as_set
+    else:
+        reuse.results[_result_key(variant.sql, False)] = await result_of(conn, variant, False)
+    reuse.warm.add(variant.sql)
 
 
 def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:
@@ -593,21 +600,14 @@ async def benchmark(
     async def checked(variant: QueryVariant, in_order: bool, unchanged: bool) -> Result:
         """The query's rows and checksum; taken from `memo` when the fork is `unchanged`."""
         key = _result_key(variant.sql, in_order)
-        if memo is not None and unchanged and key in memo.results:
+        if memo is not None and unchanged:
+            if key not in memo.results:
+                await _results_before(conn, dataclasses.replace(variant, ordered=variant.ordered or in_order),
+                                      memo)
             return memo.results[key]
-        if memo is not None and unchanged and variant.ordered:
-            # a later candidate may compare these rows the other way (a rewrite as a multiset,
-            # an index in order): both from the one run
-            in_turn, as_set = await results_of(conn, variant)
-            memo.results[_result_key(variant.sql, True)] = in_turn
-            memo.results[_result_key(variant.sql, False)] = as_set
-            memo.warm.add(variant.sql)
-            return in_turn if in_order else as_set
         result = await result_of(conn, variant, in_order)
         if memo is not None:
             memo.warm.add(variant.sql)
-            if unchanged:
-                memo.results[key] = result
         return result
 
     def warm(sql: str) -> bool:
