@@ -166,9 +166,9 @@ async def test_spares_are_made_once_the_forks_asked_for_are_done(cow_dsn: str) -
             # a fork made (a spare claimed, which asks for a top-up) and deleted at once: the
             # top-up waits for both, so no CREATE DATABASE of a spare slows the delete down
             before = await spare_names(provider)
-            claimed = await provider.fork(SOURCE, ttl_seconds=60)
-            assert (await provider.delete(claimed.name))["deleted"]
-            async with open_connection(provider.admin_dsn) as conn:
+            async with open_connection(provider.admin_dsn) as conn:  # open before: the clock at once
+                claimed = await provider.fork(SOURCE, ttl_seconds=60)
+                assert (await provider.delete(claimed.name))["deleted"]
                 deleted_at = await conn.fetchval("SELECT clock_timestamp()")
                 with trio.fail_after(60):
                     while len(await spare_names(provider)) < 2:  # noqa: ASYNC110 (another task)
