@@ -16,10 +16,11 @@ process is gone, and fork databases or roles that have no row.
 
 Spares. Where forks clone (copy-on-write), the provider keeps `spares` ready forks
 of each source it has forked (`top_up_spares`, run by the fork server in the
-background once no fork is being made or deleted): databases made from the template,
-role, limits and hand-over done, state `spare`, no owner. A fork of that source then claims one in a single
-transaction (the database and role renamed to the fork's name, a new password, the
-limits set again) instead of copying: a squad's forks are ready in milliseconds.
+background once no fork is being made or deleted): databases made from the
+template, role, limits and hand-over done, state `spare`, no owner. A fork of that
+source then claims one in a single transaction (the database and role renamed to
+the fork's name, a new password, the limits set again) instead of copying: a
+squad's forks are ready in milliseconds.
 A spare is a fork of the template as it was when the spare was made: refreshing
 the template removes the spares made before (and `gc()` removes any it finds), so
 a claimed spare never holds older data than a fork made at that moment would.
