@@ -49,8 +49,9 @@ when missing, and stops the sandbox at the end only if it started it. It creates
 the pg_stat_statements extension in the sandbox's `postgres` database if it is
 missing (and drops it again). `--json` prints {"overhead_share", "overhead_parts"
 (forks_s, server_s, rest_s as shares of task time), "tasks", "fixed_s", "adaptive_s",
-"ratio_fixed_vs_adaptive", "same_winner", "fixed_slow_runs", "adaptive_slow_runs"}
-as the last line.
+"ratio_fixed_vs_adaptive", "same_winner", "fixed_slow_runs", "adaptive_slow_runs",
+"slow_baseline_ms"} as the last line. The goal of part 2 is judged only for a query whose
+baseline ran ≥ 1 s here (the script prints the time it measured).
 """
 
 from __future__ import annotations
@@ -82,9 +83,11 @@ QUERIES = (
     "SELECT count(*), sum(oi.quantity) FROM order_items oi WHERE oi.product_id = 1234",
     "SELECT count(*) FROM events e WHERE e.user_id = 4242 AND e.kind = 'purchase'",
 )
-# ~1.4 s at the demo scale on this machine (the goal is set for a baseline of 1 s or more)
+# 1.2-1.5 s at the demo scale on this machine (one scan of orders per user row: LIMIT 12
+# ran 0.9-1.2 s, at the edge of the goal's 1 s); the script reports the baseline it measured
 SLOW_QUERY = ("SELECT u.id, u.email, (SELECT count(*) FROM orders o WHERE o.user_id = u.id) AS orders"
-              " FROM users u WHERE u.country = 'DE' ORDER BY u.id LIMIT 12")
+              " FROM users u WHERE u.country = 'DE' ORDER BY u.id LIMIT 15")
+SLOW_BASELINE_MS = 1000.0  # the goal of part 2 is set for a query this slow or slower
 SLOW_RUN_MS = 100.0  # part 2 counts the runs of statements slower than this on average
 GOAL_OVERHEAD = 0.10
 GOAL_RATIO = 3.0
@@ -300,11 +303,19 @@ def _report_adaptive(fixed: Task | None, adaptive: Task) -> dict[str, Any]:
               + (_short("; ".join(w for w in winner if w), 70) if winner else "none"))
     ratio = fixed.task_s / adaptive.task_s if fixed else None
     same = fixed.winner_sql == adaptive.winner_sql if fixed else None
+    baseline = slow_baseline_ms(fixed or adaptive)
+    if baseline is not None:
+        print(f"the query as given ran {baseline:.0f} ms (median of its baseline runs,"
+              f" {'fixed' if fixed else 'adaptive'} task; the goal is set for ≥ {SLOW_BASELINE_MS:.0f} ms)")
     if fixed is not None and ratio is not None:
-        verdict = "met" if ratio >= GOAL_RATIO and same else "NOT met"
+        if baseline is not None and baseline < SLOW_BASELINE_MS:
+            verdict = "does not apply: the query is faster than the goal's baseline"
+        else:
+            verdict = "met" if ratio >= GOAL_RATIO and same else "NOT met"
         print(f"ratio_fixed_vs_adaptive = {ratio:.2f}, same winner: {same}"
               f"  (goal ≥ {GOAL_RATIO:g} with the same winner: {verdict})")
     return {
+        "slow_baseline_ms": round(baseline, 1) if baseline is not None else None,
         "fixed_s": round(fixed.task_s, 2) if fixed else None,
         "fixed_slow_runs": fixed.slow_runs if fixed else None,
         "adaptive_slow_runs": adaptive.slow_runs,
@@ -312,6 +323,18 @@ def _report_adaptive(fixed: Task | None, adaptive: Task) -> dict[str, Any]:
         "ratio_fixed_vs_adaptive": round(ratio, 3) if ratio is not None else None,
         "same_winner": same,
     }
+
+
+def slow_baseline_ms(task: Task) -> float | None:
+    """The median time of the query as given before any change ("baseline" figure), from the
+    first agent whose benchmark measured it."""
+    for outcome in task.result.outcomes:
+        if outcome.benchmark is None:
+            continue
+        for m in outcome.benchmark.measurements:
+            if m.name == "baseline":
+                return m.baseline.median_ms
+    return None
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -335,8 +358,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--query", dest="queries", action="append", metavar="SQL",
                         help="a query for part 1 (repeatable; default: three demo queries)")
     parser.add_argument("--slow-query", default=SLOW_QUERY, metavar="SQL",
-                        help="the slow query of part 2 (default: a correlated subquery, > 1 s at demo"
-                             " scale)")
+                        help="the slow query of part 2 (default: a correlated subquery, 1.2-1.5 s at"
+                             " demo scale on a 2-core machine)")
     parser.add_argument("--part", choices=("all", "overhead", "adaptive"), default="all",
                         help="part 1 (overhead), part 2 (fixed against adaptive), or both (default)")
     parser.add_argument("--skip-fixed", action="store_true",
