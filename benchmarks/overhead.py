@@ -227,7 +227,7 @@ def _short(text: str, limit: int = 60) -> str:
 
 def _runs(task: Task) -> str:
     """The distinct run counts b/o of the figures (suite and other values); * = baseline reused."""
-    counts = set()
+    counts: set[tuple[int, str, int]] = set()
     for o in task.result.outcomes:
         if o.benchmark is None:
             continue
