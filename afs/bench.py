@@ -52,13 +52,16 @@ What measuring reuses (`Reuse`, adaptive measurement only: with `min_runs` equal
   against those samples (`_measure`): a candidate whose every run is `REUSE_FACTOR` times
   faster (or slower) than every reused run gets its verdict without a fresh baseline run
   (drift between two measurements of one task is far smaller than that: 2.2x at most on a
-  loaded two-core machine). A close candidate gets one fresh baseline run, once per
+  loaded two-core machine). A close candidate gets a fresh baseline run, once per
   candidate (`Drift`: the check is whether the machine has drifted since the reused runs,
-  which one run tells for all the figures measured in the next seconds): if it agrees with
-  the reused samples (within their range widened by their width, at least 5 %) it joins them,
-  and the candidate's other close figures stand on their reused runs; if not, the machine
-  has drifted and the figure, and every later one of the candidate, is measured afresh,
-  interleaved (that fresh run and the candidate run just before it are the first pair);
+  which tells for all the figures measured in the next seconds): if it agrees with the
+  reused samples (within their range widened by their width, at least 5 %) it joins them,
+  and the candidate's other close figures stand on their reused runs. If it does not, a
+  second fresh run tells drift from one noisy run (a shared two-core machine has single runs
+  15-30 % off, while three reused runs may happen to lie close together): if the second
+  agrees, both join the reused runs as above; if it does not either, the machine has drifted
+  and the figure, and every later one of the candidate, is measured afresh, interleaved
+  (that second fresh run and the candidate run before it are the first pair);
 - warm-ups: none for a query that already ran in this fork (its checksum, an earlier run).
 
 `measure_before` fills the same records before any candidate exists (the agents call it
@@ -327,10 +330,11 @@ def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:
 
 @dataclass
 class Drift:
-    """What the fresh baseline run of a close candidate found, once per candidate's measurement:
-    None before one is made, True when it agreed with the reused runs (the machine has not
-    drifted since they were made: the candidate's other close figures stand on them alone), False
-    when it did not (every later figure of the measurement is measured afresh, interleaved)."""
+    """What the fresh baseline runs of a close candidate found, once per candidate's measurement:
+    None before any is made, True when one agreed with the reused runs (the first, or the second
+    after a first one that did not: the machine has not drifted since they were made, and the
+    candidate's other close figures stand on them alone), False when neither did (every later
+    figure of the measurement is measured afresh, interleaved)."""
 
     held: bool | None = None
 
@@ -377,12 +381,14 @@ async def _measure(
                     if not warm_baseline:
                         await run_baseline()
                     fresh.append(await run_baseline())
-                    drift.held = _agrees(prior, fresh[0].ms)
+                    if not _agrees(prior, fresh[-1].ms):  # drift, or one noisy run: a second tells
+                        fresh.append(await run_baseline())
+                    drift.held = _agrees(prior, fresh[-1].ms)
                     if not drift.held:
-                        # drift: afresh, interleaved; the candidate run and the fresh baseline
-                        # run just made are its first pair (the runs before them warmed up)
+                        # drift: afresh, interleaved; the candidate run and the last fresh
+                        # baseline run are its first pair (the runs before them warmed up)
                         return await _pairs(run_baseline, run_candidate, rule, out_of_time,
-                                            first=(fresh[0], candidate[-1]))
+                                            first=(fresh[-1], candidate[-1]))
                 baseline = [*prior, *fresh]
                 reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule,
                                      out_of_time())
@@ -537,7 +543,8 @@ def _reuse_note(figure: Figure) -> str:
         return ""
     fresh = len(figure.baseline) - figure.reused
     return (f"; baseline: {figure.reused} runs reused from an earlier measurement in this task"
-            + (f" and {fresh} fresh run that agreed with them" if fresh else ""))
+            + ("" if not fresh else " and 1 fresh run that agreed with them" if fresh == 1
+               else f" and {fresh} fresh runs, the last of which agreed with them (one noisy run)"))
 
 
 def _timings(figure: Figure) -> tuple[Timing, Timing]:
