@@ -25,7 +25,7 @@ from afs.models import TaskResult
 from afs.optimize import new_task_id
 from afs.report import to_json
 from afs.sandbox.server import SandboxServer
-from afs.service.api import check_bind, run_service
+from afs.service.api import EventStreamResponse, check_bind, run_service
 from afs.service.client import parse_sse
 from afs.service.worker import open_runtime, run_worker
 from afs.store import open_store
@@ -475,6 +475,40 @@ async def test_a_client_that_leaves_mid_stream_leaves_no_listening_connection(
             while await store.conn.fetchval(listening):  # noqa: ASYNC110 - the server closes it
                 await trio.sleep(0.05)
         await store.cancel(task.id)
+
+
+@pytest.mark.parametrize("leaves", ["cancelled", "disconnected"])
+async def test_an_event_stream_left_at_a_yield_is_closed_at_once(leaves: str) -> None:
+    # the client goes away while the response sends an event, i.e. while the generator waits at a
+    # `yield` (the race a browser that closes its page can win): the generator is closed then and
+    # there (its `finally` ran), not left to the garbage collector with its listening connection
+    closed: list[str] = []
+
+    async def events() -> Any:
+        try:
+            while True:
+                yield "data: {}\n\n"
+        finally:
+            closed.append("closed")
+
+    stream = events()
+    messages: list[object] = []
+
+    with trio.CancelScope() as scope:
+        async def send(message: object) -> None:
+            messages.append(message)
+            if len(messages) == 3:  # the start, one event, and during the next one the client goes
+                if leaves == "disconnected":
+                    raise OSError("the client went away")
+                scope.cancel()
+                await trio.lowlevel.checkpoint()
+
+        response = EventStreamResponse(stream, media_type="text/event-stream")
+        try:
+            await response.stream_response(send)
+        except OSError:
+            assert leaves == "disconnected"
+    assert len(messages) == 3 and closed == ["closed"]
 
 
 def test_a_reader_that_leaves_early_ends_the_command_quietly(store_db: str) -> None:

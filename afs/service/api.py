@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from functools import partial
 from typing import Any
 
@@ -33,6 +34,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Send
 
 from afs.apply.api import OPENAPI_PATH as _APPLY_PATH
 from afs.apply.api import apply_routes
@@ -199,8 +201,8 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
             after = int(raw)
         except ValueError:
             return _error(400, "an event id (an integer)", "Last-Event-ID")
-        return StreamingResponse(_event_stream(store, task_id, after), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return EventStreamResponse(_event_stream(store, task_id, after), media_type="text/event-stream",
+                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def list_forks(request: Request) -> Response:
         live = request.query_params.get("all") is None
@@ -236,7 +238,21 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
     return require_token(app, token, browser_login=True)
 
 
-async def _event_stream(store: Store, task_id: str, after: int) -> AsyncIterator[str]:
+class EventStreamResponse(StreamingResponse):
+    """A StreamingResponse that closes its generator however the stream ends. Starlette's
+    leaves a generator that a departed client (or a shutdown) interrupted at a `yield` to the
+    garbage collector: its listening connection stays open until then, and trio warns."""
+
+    def __init__(self, events: AsyncGenerator[str, None], **kwargs: Any) -> None:
+        super().__init__(events, **kwargs)
+        self._events = events
+
+    async def stream_response(self, send: Send) -> None:
+        async with aclosing(self._events):
+            await super().stream_response(send)
+
+
+async def _event_stream(store: Store, task_id: str, after: int) -> AsyncGenerator[str, None]:
     """The task's events after `after`, then live until it ends: woken by the store's NOTIFY
     of each appended event (`Store.listen`), and reading anyway every EVENT_FALLBACK_S, so a
     lost notification (or a listener that broke) costs at most that."""
