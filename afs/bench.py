@@ -280,9 +280,8 @@ async def measure_before(conn: Connection, suite: Sequence[QueryVariant], family
     module's notes: a close candidate still gets its fresh baseline run). A query measured
     already in the task is skipped; the first one past the statement timeout ends it (the
     benchmark runs such a query once under its longer cap). Returns how many were measured."""
-    first = suite[0] if suite else None
-    queries = [*suite, *(QueryVariant("baseline", sql, first.ordered if first else False,
-                                      first.exact if first else True) for sql in family)]
+    ordered, exact = (suite[0].ordered, suite[0].exact) if suite else (False, True)
+    queries = [*suite, *(QueryVariant("baseline", sql, ordered, exact) for sql in family)]
     measured = 0
     for variant in queries:
         if variant.sql in reuse.baselines:
@@ -541,10 +540,13 @@ def _pristine_baseline(proposal: OptimizationProposal, hidden: tuple[str, ...] |
 def _reuse_note(figure: Figure) -> str:
     if not figure.reused:
         return ""
+    note = f"; baseline: {figure.reused} runs reused from an earlier measurement in this task"
     fresh = len(figure.baseline) - figure.reused
-    return (f"; baseline: {figure.reused} runs reused from an earlier measurement in this task"
-            + ("" if not fresh else " and 1 fresh run that agreed with them" if fresh == 1
-               else f" and {fresh} fresh runs, the last of which agreed with them (one noisy run)"))
+    if fresh == 1:
+        note += " and 1 fresh run that agreed with them"
+    elif fresh:
+        note += f" and {fresh} fresh runs, the last of which agreed with them (one noisy run)"
+    return note
 
 
 def _timings(figure: Figure) -> tuple[Timing, Timing]:
