@@ -36,7 +36,8 @@ every checksum, as before adaptive measurement), then adaptively (the defaults: 
 once the verdict is certain; results and baseline runs measured earlier in the task are
 reused, see afs.bench); the total task time of both, the runs of statements slower than
 0.1 s on average ("slow runs", from pg_stat_statements), the run counts b/o per figure
-(* = baseline runs reused) and the winner of both.
+(* = baseline runs reused), each task's own median of the query as given ("baseline ms":
+the two apart means the machine changed speed between them) and the winner of both.
                                            goal: fixed_s / adaptive_s ≥ 3, same winner
 
     AFS_HOME=... python benchmarks/overhead.py [--runs N] [--scale small|demo|large]
@@ -50,8 +51,8 @@ the pg_stat_statements extension in the sandbox's `postgres` database if it is
 missing (and drops it again). `--json` prints {"overhead_share", "overhead_parts"
 (forks_s, server_s, rest_s as shares of task time), "tasks", "fixed_s", "adaptive_s",
 "ratio_fixed_vs_adaptive", "same_winner", "fixed_slow_runs", "adaptive_slow_runs",
-"slow_baseline_ms"} as the last line. The goal of part 2 is judged only for a query whose
-baseline ran ≥ 1 s here (the script prints the time it measured).
+"slow_baseline_ms", "adaptive_baseline_ms"} as the last line. The goal of part 2 is judged
+only for a query whose baseline ran ≥ 1 s here (the script prints the time it measured).
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ def _report_overhead(tasks: list[Task]) -> dict[str, Any]:
 
 def _report_adaptive(fixed: Task | None, adaptive: Task) -> dict[str, Any]:
     print(f"part 2: a slow query, fixed run count against adaptive measurement: {adaptive.query}")
-    header = (f"{'measuring':<10} {'task s':>8} {'query s':>8} {'slow runs':>9}"
+    header = (f"{'measuring':<10} {'task s':>8} {'query s':>8} {'slow runs':>9} {'baseline ms':>11}"
               f" {'runs b/o per figure':>26}  winner")
     print(header)
     print("-" * len(header))
@@ -298,15 +299,18 @@ def _report_adaptive(fixed: Task | None, adaptive: Task) -> dict[str, Any]:
         if task is None:
             continue
         winner = task.winner_sql
+        own = slow_baseline_ms(task)
         print(f"{label:<10} {task.task_s:>8.2f} {task.query_s:>8.2f} {task.slow_runs:>9}"
-              f" {_runs(task):>26}  "
+              f" {'-' if own is None else f'{own:.0f}':>11} {_runs(task):>26}  "
               + (_short("; ".join(w for w in winner if w), 70) if winner else "none"))
     ratio = fixed.task_s / adaptive.task_s if fixed else None
     same = fixed.winner_sql == adaptive.winner_sql if fixed else None
     baseline = slow_baseline_ms(fixed or adaptive)
+    adaptive_baseline = slow_baseline_ms(adaptive)
     if baseline is not None:
         print(f"the query as given ran {baseline:.0f} ms (median of its baseline runs,"
-              f" {'fixed' if fixed else 'adaptive'} task; the goal is set for ≥ {SLOW_BASELINE_MS:.0f} ms)")
+              f" {'fixed' if fixed else 'adaptive'} task; the goal is set for ≥ {SLOW_BASELINE_MS:.0f} ms);"
+              " a task's \"baseline ms\" apart from the other's: the machine changed speed between them")
     if fixed is not None and ratio is not None:
         if baseline is not None and baseline < SLOW_BASELINE_MS:
             verdict = "does not apply: the query is faster than the goal's baseline"
@@ -316,6 +320,7 @@ def _report_adaptive(fixed: Task | None, adaptive: Task) -> dict[str, Any]:
               f"  (goal ≥ {GOAL_RATIO:g} with the same winner: {verdict})")
     return {
         "slow_baseline_ms": round(baseline, 1) if baseline is not None else None,
+        "adaptive_baseline_ms": round(adaptive_baseline, 1) if adaptive_baseline is not None else None,
         "fixed_s": round(fixed.task_s, 2) if fixed else None,
         "fixed_slow_runs": fixed.slow_runs if fixed else None,
         "adaptive_slow_runs": adaptive.slow_runs,

@@ -112,7 +112,7 @@ async def test_overhead_script(sandbox: SandboxServer) -> None:
                         "--slow-query", "SELECT o.id FROM orders o WHERE o.user_id = 7")
     assert set(data) == {"overhead_share", "overhead_parts", "tasks", "fixed_s", "adaptive_s",
                          "ratio_fixed_vs_adaptive", "same_winner", "fixed_slow_runs", "adaptive_slow_runs",
-                         "slow_baseline_ms"}
+                         "slow_baseline_ms", "adaptive_baseline_ms"}
     (task,) = data["tasks"]
     assert task["task_s"] > task["query_s"] > 0 and 0 < data["overhead_share"] < 1
     # the overhead's parts: a fork made and dropped, the fork server session opened and closed
@@ -122,6 +122,7 @@ async def test_overhead_script(sandbox: SandboxServer) -> None:
     assert data["fixed_s"] > 0 and data["adaptive_s"] > 0
     # the query as given, measured before any change: well under 1 s on the small scale
     assert 0 < data["slow_baseline_ms"] < 1000
+    assert 0 < data["adaptive_baseline_ms"] < 1000  # the adaptive task's own, as the machine ran it then
     # the ratio is of the unrounded times: the printed ones are rounded to 0.01 s
     low = (data["fixed_s"] - 0.005) / (data["adaptive_s"] + 0.005)
     high = (data["fixed_s"] + 0.005) / (data["adaptive_s"] - 0.005)
