@@ -295,18 +295,18 @@ def _report_adaptive(fixed: Task | None, adaptive: Task) -> dict[str, Any]:
               f" {'runs b/o per figure':>26}  winner")
     print(header)
     print("-" * len(header))
-    for label, task in (("fixed", fixed), ("adaptive", adaptive)):
+    fixed_baseline = slow_baseline_ms(fixed) if fixed else None
+    adaptive_baseline = slow_baseline_ms(adaptive)
+    for label, task, own in (("fixed", fixed, fixed_baseline), ("adaptive", adaptive, adaptive_baseline)):
         if task is None:
             continue
         winner = task.winner_sql
-        own = slow_baseline_ms(task)
         print(f"{label:<10} {task.task_s:>8.2f} {task.query_s:>8.2f} {task.slow_runs:>9}"
               f" {'-' if own is None else f'{own:.0f}':>11} {_runs(task):>26}  "
               + (_short("; ".join(w for w in winner if w), 70) if winner else "none"))
     ratio = fixed.task_s / adaptive.task_s if fixed else None
     same = fixed.winner_sql == adaptive.winner_sql if fixed else None
-    baseline = slow_baseline_ms(fixed or adaptive)
-    adaptive_baseline = slow_baseline_ms(adaptive)
+    baseline = fixed_baseline if fixed else adaptive_baseline
     if baseline is not None:
         print(f"the query as given ran {baseline:.0f} ms (median of its baseline runs,"
               f" {'fixed' if fixed else 'adaptive'} task; the goal is set for ≥ {SLOW_BASELINE_MS:.0f} ms);"
