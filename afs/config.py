@@ -65,7 +65,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
@@ -108,6 +108,29 @@ TEMPLATE_SUFFIX = "_template"
 # The longest unix socket path is 107 bytes; keep a margin for ".s.PGSQL.5432".
 _MAX_SOCKET_DIR = 90
 _LIBPQ_TARGET_VARS = ("PGHOST", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE", "PGHOSTADDR")
+
+# The user's libpq variables (PGHOST, PGPORT, PGSERVICE, PGSSLMODE, PGTZ, …: every name with the
+# PG prefix) describe the user's database, not AFS's own servers. libpq reads them at every
+# connect, in this process and in every child, and a connection string cannot undo some of them
+# (PGSERVICE, PGTZ, PGDATESTYLE). So `load_settings` takes them out of the process environment
+# once and keeps them here; `afs.db.resolve_dsn` writes them into the user's DSNs explicitly,
+# as libpq would have (the DSN first, then its service, then these), while AFS's own servers
+# (the sandbox, its forks) see none of them. This is process state because the environment is.
+_TAKEN_LIBPQ_ENV: dict[str, str] = {}
+
+
+def take_libpq_environment(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Move every PG* variable out of `env` (default: the process environment) and return all
+    taken so far (a later call takes what was set since)."""
+    env = os.environ if env is None else env
+    for name in [n for n in env if n.startswith("PG")]:
+        _TAKEN_LIBPQ_ENV[name] = env.pop(name)
+    return dict(_TAKEN_LIBPQ_ENV)
+
+
+def user_libpq_environment() -> dict[str, str]:
+    """The user's libpq variables as `take_libpq_environment` took them (nothing before)."""
+    return dict(_TAKEN_LIBPQ_ENV)
 
 
 # -- Gemini models -------------------------------------------------------------------------
@@ -310,7 +333,8 @@ def safe_yaml(text: str) -> Any:
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Build the settings from `env` (default: the process environment) and the YAML file."""
-    env = os.environ if env is None else env
+    if env is None:  # the user's PG* variables are for the user's database only (above)
+        env = {**os.environ, **take_libpq_environment()}
     home = Path(env.get("AFS_HOME") or DEFAULT_HOME).expanduser().resolve()
     file_values: dict[str, Any] = {}
     settings_file = home / "settings.yaml"

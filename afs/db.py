@@ -14,19 +14,22 @@ defence.
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
 import trio
+from psycopg import conninfo, pq
 from psycopg.pq import TransactionStatus
 
-from afs.config import DEFAULT_STATEMENT_TIMEOUT_MS
-from afs.errors import DatabaseError, StatementTimeout
+from afs.config import DEFAULT_STATEMENT_TIMEOUT_MS, user_libpq_environment
+from afs.errors import DatabaseError, InputError, StatementTimeout, scrub
 
 T = TypeVar("T")
 
@@ -46,16 +49,92 @@ def translate(exc: psycopg.Error, sql: str | None = None) -> DatabaseError:
     return cls(text, sqlstate=sqlstate)
 
 
+# -- whose connection string: the user's, or AFS's own ----------------------------------------
+# A DSN AFS writes for a server of its own (the sandbox, a fork) carries this keyword; the
+# user's libpq variables (afs.config.take_libpq_environment) never reach those connections.
+OWN_SERVER_MARK = ("fallback_application_name", "afs-own-server")
+# libpq's variables that are no connection keyword: it sends them as settings at start-up
+_SESSION_VARIABLES = {"PGDATESTYLE": "DateStyle", "PGTZ": "TimeZone", "PGGEQO": "geqo"}
+
+
+def is_own_server(dsn: str) -> bool:
+    """Whether AFS wrote `dsn` for a server of its own (OWN_SERVER_MARK)."""
+    try:
+        params = conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return False
+    return params.get(OWN_SERVER_MARK[0]) == OWN_SERVER_MARK[1]
+
+
+def _service_entries(name: str, env: Mapping[str, str]) -> dict[str, str] | None:
+    """The keywords of service `name` in the first service file that defines it (libpq's order:
+    PGSERVICEFILE or ~/.pg_service.conf, then PGSYSCONFDIR/pg_service.conf), None if none does."""
+    files = [Path(env["PGSERVICEFILE"]) if env.get("PGSERVICEFILE")
+             else Path.home() / ".pg_service.conf"]
+    if env.get("PGSYSCONFDIR"):
+        files.append(Path(env["PGSYSCONFDIR"]) / "pg_service.conf")
+    for path in files:
+        parser = configparser.ConfigParser(interpolation=None, strict=False,
+                                           delimiters=("=",), comment_prefixes=("#",))
+        parser.optionxform = str  # type: ignore[assignment, method-assign]  # keywords as written
+        try:
+            parser.read(path, encoding="utf-8")
+        except (OSError, configparser.Error, UnicodeDecodeError):
+            continue
+        if parser.has_section(name):
+            return {k.strip(): v.strip() for k, v in parser.items(name)}
+    return None
+
+
+def resolve_dsn(dsn: str, env: Mapping[str, str] | None = None) -> str:
+    """`dsn` with the user's libpq variables written in, as libpq would read them: what the DSN
+    says first, then its service's entries (the DSN's `service` or PGSERVICE), then the
+    variables (PGHOST, PGPORT, PGPASSWORD, PGSSLMODE, …; PGTZ, PGDATESTYLE, PGGEQO as settings).
+    `env` defaults to the variables AFS took from its environment at start-up. A DSN of AFS's
+    own server (OWN_SERVER_MARK) is returned as it is. Raises InputError for a DSN that does not
+    parse or a service that no service file defines."""
+    if env is None:
+        env = user_libpq_environment()
+    try:
+        params = {k: str(v) for k, v in conninfo.conninfo_to_dict(dsn).items()}
+    except psycopg.ProgrammingError as exc:
+        raise InputError(f"the connection string does not parse: {scrub(str(exc))}") from exc
+    if params.get(OWN_SERVER_MARK[0]) == OWN_SERVER_MARK[1]:
+        return dsn
+    service = params.pop("service", None) or env.get("PGSERVICE")
+    if service:
+        entries = _service_entries(service, env)
+        if entries is None:
+            raise InputError(f"the connection service {service!r} is not defined in any service file"
+                             " (PGSERVICEFILE, ~/.pg_service.conf, PGSYSCONFDIR/pg_service.conf)")
+        for key, value in entries.items():
+            params.setdefault(key, value)
+    for option in pq.Conninfo.get_defaults():
+        keyword, variable = option.keyword.decode(), option.envvar
+        if variable and keyword != "service" and variable.decode() in env:
+            params.setdefault(keyword, env[variable.decode()])
+    settings = " ".join(f"-c {setting}=" + env[name].replace("\\", "\\\\").replace(" ", "\\ ")
+                        for name, setting in _SESSION_VARIABLES.items() if env.get(name))
+    if settings:
+        params["options"] = " ".join(filter(None, (params.get("options", ""), settings)))
+    return conninfo.make_conninfo("", **params)
+
+
 def connect_sync(dsn: str, statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
                  autocommit: bool = True) -> psycopg.Connection[Any]:
-    """Open a blocking connection with a server-side statement_timeout."""
+    """Open a blocking connection with a server-side statement_timeout. A user's DSN is first
+    completed from the user's libpq variables (`resolve_dsn`)."""
+    resolved = resolve_dsn(dsn)
+    own = conninfo.conninfo_to_dict(resolved).get("options", "")
     try:
         return psycopg.connect(
-            dsn,
+            resolved,
             autocommit=autocommit,
             connect_timeout=CONNECT_TIMEOUT_S,
+            # the DSN's own options first; then AFS's, which win:
             # standard_conforming_strings: the server reads strings as pglast checked them
-            options=f"-c statement_timeout={int(statement_timeout_ms)} -c standard_conforming_strings=on",
+            options=" ".join(filter(None, (str(own), f"-c statement_timeout={int(statement_timeout_ms)}",
+                                           "-c standard_conforming_strings=on"))),
             application_name="afs",
         )
     except psycopg.Error as exc:

@@ -19,15 +19,13 @@
         └── ForkServerError       the MCP fork server could not be reached or answered badly
 
 Third-party errors (psycopg, mcp, subprocess) are translated once, where they
-are caught, with `raise … from exc`; passwords are scrubbed from the message.
+are caught, with `raise … from exc`; passwords are scrubbed from the message (`scrub`:
+libpq's own parser for a connection string, a conservative search for free text).
 """
 
 from __future__ import annotations
 
 import re
-
-_URL_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*)@")
-_KW_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 
 def single_leaf(exc: BaseException) -> BaseException:
@@ -37,10 +35,98 @@ def single_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
+MASK = "***"  # what `scrub` puts where a secret was
+
+# Keywords whose values are secrets: password, sslpassword, oauth_client_secret (libpq 18),
+# PGPASSWORD in a quoted environment: any word that holds "password" or "secret", any case.
+_SECRET_WORD = r"[A-Za-z0-9_\-]*(?:password|passwd|secret)[A-Za-z0-9_\-]*"
+_SECRET_KEY = re.compile(_SECRET_WORD, re.IGNORECASE)
+# scheme://user:password@: any scheme, any spelling (libpq knows postgresql:// and postgres://,
+# but a message may hold a mistyped one). A password in free text may be decoded already (`@`
+# and `/` in it) or hold spaces: the userinfo runs to the last "@" of the URI's word, then (a
+# second pass) to an "@" before any "/", across spaces. Over-scrubbing is fine, a leak is not.
+_URI_USERINFO = (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)(\S*)@"),
+                 re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)([^/@\n]*)@"))
+# key=value, key = 'quoted \' value', key: value, "key": "value" (a dict in a message): the
+# value ends where libpq's would (at a closing quote or white space not escaped by a backslash,
+# or by a run of them in a JSON string; `a,b&c` is one value); an unterminated quote runs to
+# the end of the text.
+_KEY_VALUE = re.compile(
+    rf"""(["']?\b{_SECRET_WORD}["']?\s*[=:]\s*)("(?:[^"\\]|\\+.)*"?|'(?:[^'\\]|\\+.)*'?|(?:\\+.|\S)+)""",
+    re.IGNORECASE)
+# a URI's query string: ?password=…&…, the name percent-encoded or not (pass%77ord)
+_QUERY_PARAM = re.compile(r"([?&])([^=&\s?#]+)=([^&\s#]*)")
+# libpq's own complaints about a connection string quote the part they could not read, which
+# may be the password (`unexpected spaces found in "pa ss"`) or the whole URI.
+_LIBPQ_COMPLAINT = re.compile(r"connection info string|connection option|URI|percent-encoded"
+                              r"|unexpected spaces found", re.IGNORECASE)
+_QUOTED = re.compile(r'"[^"\n]*"')
+
+
 def scrub(text: str) -> str:
-    """Hide passwords in DSNs and libpq keyword strings."""
-    text = _URL_PASSWORD.sub(r"\1***@", text)
-    return _KW_PASSWORD.sub(r"\1***", text)
+    """`text` with every password hidden (MASK in its place), whatever form it takes.
+
+    A whole connection string is read by libpq's own parser (psycopg.conninfo): a URI with
+    its password in the userinfo or the query string, percent-encoded or not, keyword/value
+    pairs with quotes and escapes. Free text (an error message that quotes a DSN) is scrubbed
+    where anything looks like one: `scheme://user:…@`, `…password… = value` (any case,
+    sslpassword and oauth_client_secret too, quoted or not), `?password=…`, and the quoted
+    fragments of libpq's complaints about a connection string. It errs towards hiding more.
+    """
+    whole = _scrub_conninfo(text)
+    return whole if whole is not None else _scrub_free_text(text)
+
+
+def _scrub_conninfo(text: str) -> str | None:
+    """A connection string with its secrets masked (its own shape kept when the driver reads
+    the same values from it), or None when `text` is not one."""
+    if "=" not in text and "://" not in text:
+        return None
+    # libpq's parser, not a regex; this module stays free of I/O (it opens nothing)
+    from psycopg import conninfo
+
+    try:
+        params = conninfo.conninfo_to_dict(text)
+    except Exception:  # not a connection string (the driver says why, in many ways)
+        return None
+    shown = _scrub_free_text(text)
+    try:
+        again = conninfo.conninfo_to_dict(shown)
+    except Exception:  # scrubbing broke its shape: rebuilt below
+        again = {}
+    # Masked: the secrets, a value that holds a DSN (a URI's dbname runs to its end, decoded:
+    # `shop\npostgres://…`), and a value the free-text scrubber changed (a raw `user:pa@ss@host`
+    # leaves `ss@host` as libpq's host, but it was meant as the password's).
+    wanted = {k: MASK if _SECRET_KEY.fullmatch(k) or _scrub_free_text(str(v)) != v or again.get(k, v) != v
+              else v for k, v in params.items()}
+    if wanted == params:
+        return text
+    if again == wanted:
+        return shown  # a URI stays a URI
+    return conninfo.make_conninfo("", **wanted)
+
+
+def _scrub_free_text(text: str) -> str:
+    def userinfo(match: re.Match[str]) -> str:
+        user, sep, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user}{sep}{MASK if sep else ''}@"
+
+    def query(match: re.Match[str]) -> str:
+        name = _percent_decoded(match.group(2))
+        return (f"{match.group(1)}{match.group(2)}={MASK}" if _SECRET_KEY.fullmatch(name)
+                else match.group(0))
+
+    for pattern in _URI_USERINFO:
+        text = pattern.sub(userinfo, text)
+    text = _QUERY_PARAM.sub(query, text)
+    text = _KEY_VALUE.sub(lambda m: m.group(1) + MASK, text)
+    if _LIBPQ_COMPLAINT.search(text):
+        text = _QUOTED.sub(f'"{MASK}"', text)
+    return text
+
+
+def _percent_decoded(text: str) -> str:
+    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), text)
 
 
 class AfsError(Exception):

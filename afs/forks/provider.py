@@ -44,7 +44,7 @@ import psutil
 import trio
 from psycopg import conninfo
 
-from afs.db import Connection, open_connection
+from afs.db import OWN_SERVER_MARK, Connection, open_connection
 from afs.errors import (
     DatabaseError,
     ForkBusyError,
@@ -147,6 +147,8 @@ def dsn_with(base_dsn: str, *, dbname: str, user: str, password: str | None,
         query = f"?host={quote(host, safe='/')}" + (f"&port={port}" if port else "")
     else:
         netloc = f"{auth}@{host}" + (f":{port}" if port else "")
+    if params.get(OWN_SERVER_MARK[0]) == OWN_SERVER_MARK[1]:  # a fork of AFS's own server is too
+        query += ("&" if query else "?") + "=".join(OWN_SERVER_MARK)
     return f"postgresql://{netloc}/{quote(dbname, safe='')}{query}"
 
 

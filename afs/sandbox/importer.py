@@ -23,7 +23,6 @@ The copy lands in the sandbox's own data directory, so on copy-on-write storage
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tempfile
@@ -40,7 +39,7 @@ import trio
 from psycopg import conninfo
 
 from afs.analysis import server_facts
-from afs.db import connect_sync, open_connection
+from afs.db import connect_sync, open_connection, resolve_dsn
 from afs.errors import AfsError, InputError, SandboxError, scrub
 from afs.forks.provider import LocalForkProvider, restrict_definer_routines
 from afs.pg.names import quote_ident
@@ -72,12 +71,12 @@ class ImportReport:
 def origin_of(dsn: str) -> str:
     """A password-free description of where a DSN points (used to find the import again)."""
     try:
-        params = conninfo.conninfo_to_dict(dsn)
-    except Exception as exc:
+        params = conninfo.conninfo_to_dict(resolve_dsn(dsn))  # the user's PG* variables written in
+    except psycopg.ProgrammingError as exc:
         raise InputError(f"not a valid connection string: {scrub(str(exc))}") from None
-    host = params.get("host") or os.environ.get("PGHOST") or "localhost"
-    port = params.get("port") or os.environ.get("PGPORT") or "5432"
-    dbname = params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or "postgres"
+    host = params.get("host") or "localhost"
+    port = params.get("port") or "5432"
+    dbname = params.get("dbname") or params.get("user") or "postgres"
     return f"{host}:{port}/{dbname}"
 
 
@@ -101,6 +100,7 @@ def _tail(text: str) -> str:
 # -- dump --------------------------------------------------------------------------------
 def dump(source_dsn: str, path: Path, schema_only: bool = False) -> None:
     """pg_dump the source into `path` (custom format); SandboxError "pg_dump failed: …"."""
+    source_dsn = resolve_dsn(source_dsn)  # pg_dump sees no PG* variable: AFS took them (afs.config)
     command = [pg_binary("pg_dump"), "--format=custom", "--no-owner", "--no-privileges",
                f"--file={path}"]
     if schema_only:

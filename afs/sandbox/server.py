@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from afs.config import Settings
+from afs.db import OWN_SERVER_MARK
 from afs.errors import SandboxError
 from afs.sandbox.storage import CowImage, fork_method
 
@@ -58,9 +59,11 @@ def pg_binary(name: str) -> str:
 
 
 def dsn_for(settings: Settings, database: str, user: str = SUPERUSER, password: str | None = None) -> str:
-    """A libpq URL for the sandbox, over its unix socket."""
+    """A libpq URL for the sandbox, over its unix socket, marked as AFS's own (afs.db.OWN_SERVER_MARK:
+    the user's PG* variables never steer it)."""
     auth = user if password is None else f"{user}:{password}"
-    return f"postgresql://{auth}@/{database}?host={settings.socket_dir}"
+    mark = "=".join(OWN_SERVER_MARK)
+    return f"postgresql://{auth}@/{database}?host={settings.socket_dir}&{mark}"
 
 
 def _as_root() -> bool:
