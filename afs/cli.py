@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -34,6 +34,10 @@ from afs.config import Settings, default_fork_server_command, load_settings
 from afs.errors import AfsError, ConfigError, InputError, single_leaf
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# every option that takes a DSN says so in its help
+DSN_PASSWORDS = ("Keep the password out of the DSN (a command line is visible to every local user in "
+                 "`ps`): libpq reads it from PGPASSWORD, ~/.pgpass, or a service file "
+                 "(service=NAME, in ~/.pg_service.conf).")
 
 
 # -- output helpers --------------------------------------------------------------
@@ -339,6 +343,20 @@ async def cmd_fork_gc(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_FAILED if report.failed else EXIT_OK
 
 
+def psql_invocation(psql: str, dsn: str, env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """psql's command line and environment for `dsn`: the password goes in PGPASSWORD, never
+    on the command line (`ps` and /proc/PID/cmdline show it to every local user; a process's
+    environment only to its own user)."""
+    from psycopg import conninfo
+
+    params = conninfo.conninfo_to_dict(dsn)
+    password = params.pop("password", None)
+    child = dict(env)
+    if password is not None:
+        child["PGPASSWORD"] = str(password)
+    return [psql, conninfo.make_conninfo("", **params)], child
+
+
 async def cmd_fork_psql(args: argparse.Namespace, settings: Settings) -> int:
     from afs.sandbox.forks import open_forks
     from afs.sandbox.server import pg_binary
@@ -351,7 +369,8 @@ async def cmd_fork_psql(args: argparse.Namespace, settings: Settings) -> int:
         print(info["dsn"])
         return EXIT_OK
     psql = pg_binary("psql")
-    os.execv(psql, [psql, info["dsn"]])
+    argv, env = psql_invocation(psql, info["dsn"], os.environ)
+    os.execve(psql, argv, env)
 
 
 async def cmd_fork_roundtrip(args: argparse.Namespace, settings: Settings) -> int:
@@ -789,7 +808,7 @@ def add_batch_command(commands: Any, sub: Any) -> None:
     batch.add_argument("--dsn", metavar="DSN",
                        help="the target database (read: pg_stat_statements, pg_stats, EXPLAIN); its copy "
                             "in the sandbox is where tasks run (`afs sandbox import`); default: the demo "
-                            "database")
+                            "database. " + DSN_PASSWORDS)
     batch.add_argument("--top", type=int, default=10, metavar="N", help="statements to optimize (default 10)")
     batch.add_argument("--min-calls", type=int, default=1, metavar="C",
                        help="only statements called at least C times")
@@ -861,7 +880,7 @@ def add_schedule_commands(commands: Any, sub: Any) -> None:
     add.add_argument("--dsn", metavar="DSN",
                      help="the target database, as for `afs batch` (stored as given: prefer a DSN "
                           "without a password, with ~/.pgpass or PGPASSWORD where `afs serve` runs); "
-                          "default: the sandbox's demo database")
+                          "default: the sandbox's demo database. " + DSN_PASSWORDS)
     add.add_argument("--cron", required=True, metavar="EXPR",
                      help='five fields, minute hour day-of-month month day-of-week, e.g. "0 3 * * *" '
                           "(or @daily, @hourly, …)")
@@ -1001,7 +1020,7 @@ def add_apply_commands(commands: Any, sub: Any) -> None:
                                        "the audit row's database, resolved against AFS_DATABASE_URL and the "
                                        "sandbox; exit 2 when it cannot be)")):
         command.add_argument("task", help="the task id (see `afs history`)")
-        command.add_argument("--dsn", metavar="DSN", help=target)
+        command.add_argument("--dsn", metavar="DSN", help=f"{target}. {DSN_PASSWORDS}")
         command.add_argument("--yes", action="store_true", help="approve without asking (scripts)")
         command.add_argument("--approver", metavar="NAME", help="who approves (default: the OS user)")
     aud = sub(commands, "audit", "the audit log of applies and rollbacks, newest first", cmd_audit)
@@ -1125,7 +1144,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp = sub(sandbox_cmds, "import", "copy a database into the sandbox (pg_dump | pg_restore)",
               cmd_sandbox_import)
     imp.add_argument("--from", dest="source", metavar="DSN",
-                     help="the database to copy (default: AFS_DATABASE_URL or PG* variables)")
+                     help="the database to copy (default: AFS_DATABASE_URL or PG* variables). "
+                          + DSN_PASSWORDS)
     imp.add_argument("--as", dest="name", metavar="NAME", help="name in the sandbox")
     imp.add_argument("--schema-only", action="store_true", help="copy the schema, not the data")
 
@@ -1144,8 +1164,8 @@ def build_parser() -> argparse.ArgumentParser:
                   cmd_fork_destroy)
     destroy.add_argument("name")
     sub(fork_cmds, "gc", "destroy expired forks and forks whose owner process is gone", cmd_fork_gc)
-    psql = sub(fork_cmds, "psql", "open psql in a fork, as the fork's own role", cmd_fork_psql,
-               json_flag=False)
+    psql = sub(fork_cmds, "psql", "open psql in a fork, as the fork's own role (its password in "
+               "PGPASSWORD, not on psql's command line)", cmd_fork_psql, json_flag=False)
     psql.add_argument("name")
     psql.add_argument("--dsn", action="store_true", help="print the fork's DSN instead")
     sub(fork_cmds, "roundtrip", "sandbox up, then fork, write, check isolation, destroy",
@@ -1163,7 +1183,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--dsn", metavar="DSN",
                      help="the database (its copy in the sandbox, see `afs sandbox import`; "
                           "with another fork server (AFS_FORK_SERVER_COMMAND), the database "
-                          "registered there, and no sandbox); default: the sandbox's demo database")
+                          "registered there, and no sandbox); default: the sandbox's demo database. "
+                          + DSN_PASSWORDS)
     opt.add_argument("--priority", choices=("high", "normal", "low"), default="normal",
                      help="high assigns all three agents")
     opt.add_argument("--type", choices=("query_optimization", "schema_improvement",
@@ -1192,7 +1213,8 @@ def build_parser() -> argparse.ArgumentParser:
                 cmd_mcp_serve,
                 json_flag=False)
     serve.add_argument("--admin-dsn", metavar="DSN",
-                       help="superuser DSN of the server to fork on (default: the sandbox)")
+                       help="superuser DSN of the server to fork on (default: the sandbox). "
+                            + DSN_PASSWORDS)
     serve.add_argument("--http", metavar="HOST:PORT",
                        help="serve over MCP's streamable HTTP transport at http://HOST:PORT/mcp, for "
                             "workers on other machines (they set AFS_FORK_SERVER_URL); off loopback "
@@ -1212,10 +1234,60 @@ def _reader_left() -> int:
     return 128 + signal.SIGPIPE
 
 
+def _actions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Iterator[argparse.Action]:
+    """The arguments of `parser` and of the subcommands `args` chose, recursively."""
+    for action in parser._actions:  # argparse keeps them there; it has no public walk
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(str(getattr(args, action.dest, "")))
+            if chosen is not None:
+                yield from _actions(chosen, args)
+        else:
+            yield action
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse an argument that is not UTF-8 text (InputError, exit 2), and say where a
+    password given in a DSN option is better kept.
+
+    Python hands an argument's undecodable bytes over as lone surrogates (U+DC80-U+DCFF);
+    nothing downstream (SQL, a DSN, a name in the store) can carry them.
+    """
+    names: dict[str, str] = {}
+    dsn_options = set()
+    for action in _actions(parser, args):
+        names[action.dest] = max(action.option_strings, key=len, default=action.dest)
+        if action.metavar == "DSN":
+            dsn_options.add(action.dest)
+    for dest, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if not isinstance(text, str):
+                continue
+            at = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+            if at is not None:
+                code = ord(text[at])
+                what = (f"byte 0x{code - 0xDC00:02X}" if 0xDC80 <= code <= 0xDCFF
+                        else f"a lone surrogate U+{code:04X}")
+                raise InputError(f"{names.get(dest, dest)} is not valid UTF-8 text ({what} at character "
+                                 f"{at + 1}): give it as UTF-8")
+            if dest in dsn_options and _has_password(text):
+                print(f"afs: note: the password in {names[dest]} is visible to every local user (ps). "
+                      + DSN_PASSWORDS, file=sys.stderr)
+
+
+def _has_password(dsn: str) -> bool:
+    from psycopg import conninfo
+
+    try:
+        return "password" in conninfo.conninfo_to_dict(dsn)
+    except Exception:  # not a connection string: the command says so itself
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_arguments(parser, args)
         settings = load_settings()
         afs_log.configure(settings.log_dir, verbose=args.verbose)
         handler: Callable[[argparse.Namespace, Settings], Awaitable[int]] = args.handler

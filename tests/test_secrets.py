@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import secrets
+import subprocess
+import sys
+from pathlib import Path
 from urllib.parse import quote
 
 import psycopg
 import pytest
+import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from afs.cli import psql_invocation
 from afs.errors import MASK, AfsError, DatabaseError, scrub
+from afs.forks.provider import LocalForkProvider
 
 SPECIAL = ["", " ", "'", "\\", "\\'", "@", "/", ":", "%", "%40", "&", "=", "?", "#", " x=y ", "é",
            "'; host=evil", "\"", "\t"]
@@ -109,3 +116,57 @@ def test_scrub_keeps_what_holds_no_password() -> None:
                  "", "postgresql://bob:***@host/db"):
         assert scrub(text) == text
     assert scrub("postgresql://bob:hunter2@host/db") == "postgresql://bob:***@host/db"  # a URI stays one
+
+
+# -- passwords never on a command line --------------------------------------------------------
+def afs_cli(home: Path | None, *args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, **({"AFS_HOME": str(home)} if home else {})}
+    return subprocess.run([sys.executable, "-m", "afs", *args], capture_output=True, check=False,
+                          input=stdin, env=env, timeout=120)
+
+
+@pytest.mark.parametrize(("password", "head", "tail"), passwords())
+def test_psql_is_given_the_password_in_its_environment(password: str, head: str, tail: str) -> None:
+    for dsn in forms(password):
+        argv, env = psql_invocation("/usr/bin/psql", dsn, {"PATH": "/usr/bin"})
+        assert head not in " ".join(argv) and tail not in " ".join(argv)
+        assert env == {"PATH": "/usr/bin", "PGPASSWORD": password}
+        wanted = conninfo_to_dict(dsn)
+        del wanted["password"]
+        assert conninfo_to_dict(argv[1]) == wanted
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_afs_fork_psql_logs_in_with_no_password_on_its_command_line(
+        provider: LocalForkProvider) -> None:
+    fork = await provider.fork("afs_demo", ttl_seconds=120)
+    try:
+        password = str(conninfo_to_dict(fork.dsn)["password"])
+        # psql runs the shell: its parent ($PPID) is psql itself, whose command line it prints
+        script = b"\\! tr '\\0' ' ' < /proc/$PPID/cmdline; echo\nSELECT 'as ' || current_user;\n"
+        result = await trio.to_thread.run_sync(lambda: afs_cli(None, "fork", "psql", fork.name, stdin=script))
+        out = result.stdout.decode()
+        assert result.returncode == 0, result.stderr.decode()
+        assert "psql" in out and f"dbname={fork.name}" in out  # its command line, printed
+        assert f"as {fork.name}" in out  # logged in, as the fork's role
+        assert password not in out
+    finally:
+        await provider.delete(fork.name)
+
+
+# -- the command line takes text -------------------------------------------------------------
+@pytest.mark.parametrize(("argv", "option"), [
+    ([b"optimize", b"--query", b"SELECT \xff"], "--query"),
+    ([b"optimize", b"--query", b"SELECT '\xed\xa0\x80'"], "--query"),  # a surrogate, UTF-8-encoded
+    ([b"history", b"--status", b"\xff"], "--status"),
+    ([b"fork", b"destroy", b"afs-fork-\xc3"], "name"),
+    ([b"sandbox", b"import", b"--from", b"host=x dbname=\xff"], "--from"),
+])
+def test_an_argument_that_is_not_utf8_is_refused_with_exit_2(tmp_path: Path, argv: list[bytes],
+                                                              option: str) -> None:
+    result = afs_cli(tmp_path, *argv)
+    stderr = result.stderr.decode(errors="replace")
+    assert result.returncode == 2, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith(f"afs: error: {option} is not valid UTF-8"), stderr
+    assert not (tmp_path / "sandbox").exists()  # refused before anything started
