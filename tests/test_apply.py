@@ -592,8 +592,10 @@ def test_the_database_of_an_apply_or_rollback_is_resolved_without_a_stored_passw
     assert apply_target(configured, dsn=None, task_dsn=recorded, source="shop_copy") == user
     in_sandbox = dsn_for(settings, "shop_copy")
     assert apply_target(settings, dsn=None, task_dsn=None, source="shop_copy") == in_sandbox
-    with pytest.raises(InputError, match="pass --dsn with its password"):
-        rollback_target(settings, recorded=recorded, dsn=None, source="shop_copy")
+    # nothing configured names it: the recorded DSN without the scrubbed password (libpq finds one)
+    bare = rollback_target(settings, recorded=recorded, dsn=None, source="shop_copy")
+    assert psycopg.conninfo.conninfo_to_dict(bare) == {"host": "db.example", "port": "5433", "user": "app",
+                                                       "dbname": "shop"}
     with pytest.raises(InputError, match="another database"):
         rollback_target(configured, recorded=recorded, dsn="postgresql://app:pw@db.example:5433/other",
                         source=None)
@@ -687,3 +689,35 @@ def test_a_refresh_schedule_follows_the_refresh_time_and_the_write_rate() -> Non
     plain = RefreshPlan((("mv", False),), ("orders",), refresh_s=0.5)
     assert plain.commands() == ("REFRESH MATERIALIZED VIEW mv",)
     assert "blocks reads of the view" in "\n".join(plain.lines())
+
+
+@pytest.mark.parametrize("lookup", ["PGPASSWORD", "PGPASSFILE"])
+def test_a_recorded_target_finds_its_password_as_psql_would(sandbox: SandboxServer, tmp_path: Path,
+                                                             lookup: str) -> None:
+    from afs.apply.resolve import apply_target, rollback_target
+    from afs.db import connect_sync, resolve_dsn
+
+    role, password = "afs_t_pw_lookup", "s3cret pw"
+    with connect_sync(sandbox.dsn()) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {role}")
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        conn.execute(f"GRANT CONNECT ON DATABASE postgres TO {role}")
+    try:
+        host = str(sandbox.settings.socket_dir)
+        recorded = f"postgresql://{role}:***@/postgres?host={host}"  # as the store keeps it
+        if lookup == "PGPASSWORD":
+            env = {"PGPASSWORD": password}
+        else:
+            passfile = tmp_path / "pgpass"
+            passfile.write_text(f"*:*:postgres:{role}:{password}\n")
+            passfile.chmod(0o600)
+            env = {"PGPASSFILE": str(passfile)}
+        unconfigured = sandbox.settings.with_(target_dsn=None)
+        for target in (rollback_target(unconfigured, recorded=recorded, dsn=None, source=None),
+                       apply_target(unconfigured, dsn=None, task_dsn=recorded, source=None)):
+            with connect_sync(resolve_dsn(target, env)) as conn:
+                assert conn.execute("SELECT current_user").fetchone() == (role,)
+    finally:
+        with connect_sync(sandbox.dsn()) as conn:
+            conn.execute(f"REVOKE CONNECT ON DATABASE postgres FROM {role}")
+            conn.execute(f"DROP ROLE IF EXISTS {role}")

@@ -9,8 +9,10 @@ the password comes from where the user configured it:
     rollback  the database the audit row says the winner was applied on, resolved:
               --dsn (it must name that database), else a configured DSN that names it
               (AFS_DATABASE_URL / PG* / database_url, AFS_SOURCE_SERVER_URL, the sandbox's
-              databases), else the recorded DSN itself when it had no password (a socket
-              that trusts its user, a password file). Nothing resolves it → InputError.
+              databases), else the recorded DSN without its password: libpq then finds one
+              as for psql (PGPASSWORD, ~/.pgpass or PGPASSFILE, a service file), or the
+              server needs none (a socket that trusts its user). A recorded DSN that does
+              not parse → InputError.
 """
 
 from __future__ import annotations
@@ -54,18 +56,18 @@ def same_database(a: str, b: str) -> bool:
 
 def resolve(recorded: str, candidates: Iterable[str], what: str) -> str:
     """The first candidate that names the same database as `recorded` (a scrubbed DSN), else
-    `recorded` itself when it never had a password; InputError (exit 2) otherwise."""
+    `recorded` without the password the store scrubbed (libpq's own lookup finds it)."""
     origin = _origin(recorded)
     if origin is None:
         raise InputError(f"{what}: the recorded database {scrub(recorded)!r} is not a connection string")
     for dsn in candidates:
         if _origin(dsn) == origin:
             return dsn
-    if SCRUBBED not in recorded:
+    params = conninfo.conninfo_to_dict(recorded)
+    if params.get("password") != SCRUBBED:
         return recorded
-    raise InputError(f"{what}: it is on {scrub(recorded)} ({origin}), whose password the store does not "
-                     "keep, and no configured DSN names that database: pass --dsn with its password "
-                     "(or set AFS_DATABASE_URL to it)")
+    del params["password"]  # PGPASSWORD, ~/.pgpass, a service file: as psql would find it
+    return conninfo.make_conninfo("", **params)
 
 
 def apply_target(settings: Settings, *, dsn: str | None, task_dsn: str | None,
