@@ -1035,10 +1035,14 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
     from afs.forks.provider import LocalForkProvider
     from afs.sandbox.server import SandboxServer
 
+    token = ""
     if args.http:
         from afs.asgi import check_bind
+        from afs.forks.token import ensure_token
 
-        check_bind(args.http, settings.fork_server_token)  # before anything starts
+        # a token always, loopback included: made once and kept in AFS_HOME when none is set
+        token = settings.fork_server_token or ensure_token(settings.fork_server_token_file)
+        check_bind(args.http, token)  # before anything starts
     else:
         # The client owns this process through its stdin; a terminal's Ctrl-C reaches the
         # whole process group, and the client still needs us to destroy its forks.
@@ -1056,10 +1060,12 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
         async def serve_http() -> None:
             async with trio.open_nursery() as nursery:
                 urls = await nursery.start(mcp_server.serve_http, provider, settings.fork_ttl_seconds,
-                                           args.http, settings.fork_server_token,
-                                           settings.fork_gc_interval_s)
-                print(f"afs mcp serve: streamable HTTP on {', '.join(urls)}; Ctrl-C stops it",
-                      file=sys.stderr, flush=True)
+                                           args.http, token, settings.fork_gc_interval_s)
+                where = ("AFS_FORK_SERVER_TOKEN" if settings.fork_server_token
+                         else f"{settings.fork_server_token_file}, which AFS reads on this machine; "
+                              "elsewhere set AFS_FORK_SERVER_TOKEN to it")
+                print(f"afs mcp serve: streamable HTTP on {', '.join(urls)}, bearer token in {where}; "
+                      "Ctrl-C stops it", file=sys.stderr, flush=True)
 
         try:
             trio.run(serve_http)
@@ -1217,8 +1223,10 @@ def build_parser() -> argparse.ArgumentParser:
                             + DSN_PASSWORDS)
     serve.add_argument("--http", metavar="HOST:PORT",
                        help="serve over MCP's streamable HTTP transport at http://HOST:PORT/mcp, for "
-                            "workers on other machines (they set AFS_FORK_SERVER_URL); off loopback "
-                            "AFS_FORK_SERVER_TOKEN is required")
+                            "workers on other machines (they set AFS_FORK_SERVER_URL and "
+                            "AFS_FORK_SERVER_TOKEN); every request needs the bearer token, loopback "
+                            "too: AFS_FORK_SERVER_TOKEN, else one made once and kept in "
+                            "$AFS_HOME/fork-server.token (mode 0600)")
     serve.add_argument("--register", action="append", default=[], metavar="DB",
                        help="make database DB forkable first (refreshes its template); repeatable")
     serve.add_argument("--public-address", metavar="HOST[:PORT]",

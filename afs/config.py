@@ -37,7 +37,8 @@ Environment:
     AFS_SERVICE_TOKEN         bearer token of `afs serve` (required off loopback) and its clients
     AFS_FORK_SERVER_URL       a fork server over streamable HTTP (`afs mcp serve --http`), e.g.
                               http://forks:8471/mcp, instead of the stdio command
-    AFS_FORK_SERVER_TOKEN     its bearer token (required off loopback)
+    AFS_FORK_SERVER_TOKEN     its bearer token (always required; default: made by the server once and
+                              kept in $AFS_HOME/fork-server.token, mode 0600, where AFS's clients read it)
     AFS_SOURCE_SERVER_URL     the server holding the source databases, for workers on other
                               machines (its database name is replaced by the task's source)
 
@@ -272,6 +273,11 @@ class Settings:
     @property
     def log_dir(self) -> Path:
         return self.home / "logs"
+
+    @property
+    def fork_server_token_file(self) -> Path:
+        """The fork server's token over HTTP when `fork_server_token` is not set (afs.forks.token)."""
+        return self.home / "fork-server.token"
 
     @property
     def socket_dir(self) -> Path:

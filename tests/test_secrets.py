@@ -11,20 +11,28 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import secrets
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import psycopg
 import pytest
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from afs.cli import psql_invocation
-from afs.errors import MASK, AfsError, DatabaseError, scrub
+from afs.config import load_settings
+from afs.errors import MASK, AfsError, ConfigError, DatabaseError, scrub
+from afs.forks.client import open_fork_client
 from afs.forks.provider import LocalForkProvider
+from afs.forks.token import ensure_token, read_token
+from afs.sandbox.server import SandboxServer
 
 SPECIAL = ["", " ", "'", "\\", "\\'", "@", "/", ":", "%", "%40", "&", "=", "?", "#", " x=y ", "é",
            "'; host=evil", "\"", "\t"]
@@ -170,3 +178,78 @@ def test_an_argument_that_is_not_utf8_is_refused_with_exit_2(tmp_path: Path, arg
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1].startswith(f"afs: error: {option} is not valid UTF-8"), stderr
     assert not (tmp_path / "sandbox").exists()  # refused before anything started
+
+
+# -- the fork server over HTTP: a token always -------------------------------------------------
+def test_a_token_is_made_once_private_to_its_user(tmp_path: Path) -> None:
+    path = tmp_path / "home" / "fork-server.token"
+    old = os.umask(0)  # even a umask that lets everyone read new files
+    try:
+        token = ensure_token(path)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(token) >= 40 and ensure_token(path) == token == read_token(path)
+    assert os.listdir(path.parent) == [path.name]  # no draft left behind
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="other users may read it"):
+        read_token(path)
+    assert read_token(tmp_path / "none") is None
+
+
+async def _start_fork_server(sandbox: SandboxServer, home: Path) -> tuple[trio.Process, str]:
+    """`afs mcp serve --http 127.0.0.1:0` with no token configured; its process and URL."""
+    env = {k: v for k, v in os.environ.items() if k != "AFS_FORK_SERVER_TOKEN"}
+    env.update(AFS_HOME=str(home), AFS_FORK_SPARES="0")
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "afs", "mcp", "serve", "--http", "127.0.0.1:0", "--admin-dsn", sandbox.dsn()],
+        stderr=subprocess.PIPE, env=env)
+    assert process.stderr is not None
+    said = b""
+    with trio.fail_after(60):
+        while (found := re.search(rb"http://127\.0\.0\.1:\d+/mcp", said)) is None:
+            chunk = await process.stderr.receive_some()
+            assert chunk, said.decode()
+            said += chunk
+    return process, found.group().decode()
+
+
+async def _stop(process: trio.Process) -> None:
+    if process.returncode is None:
+        process.send_signal(signal.SIGINT)
+        with trio.move_on_after(15):
+            await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_the_fork_server_over_http_wants_its_token_on_loopback_too(
+        sandbox: SandboxServer, tmp_path: Path) -> None:
+    home = tmp_path / "server"
+    process, url = await _start_fork_server(sandbox, home)
+    try:
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "a local process", "version": "1"}}}
+        async with httpx.AsyncClient(timeout=10) as http:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic eDp5"}):
+                response = await http.post(url, json=hello, headers={
+                    "Accept": "application/json, text/event-stream", **headers})
+                assert response.status_code == 401, (headers, response.text)
+        token_file = load_settings({"AFS_HOME": str(home)}).fork_server_token_file
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        # AFS's own client on this machine reads the token from AFS_HOME
+        client_settings = load_settings({"AFS_HOME": str(home), "AFS_FORK_SERVER_URL": url})
+        async with open_fork_client(client_settings) as client:
+            assert "afs_demo" in {s["name"] for s in (await client.list_services())["sources"]}
+            async with client.open_fork("afs_demo") as fork:
+                assert fork.name in {f["name"] for f in (await client.list_services())["forks"]}
+        # one without it is told what to set, before it connects
+        with pytest.raises(ConfigError, match="AFS_FORK_SERVER_TOKEN"):
+            async with open_fork_client(load_settings({"AFS_HOME": str(tmp_path / "elsewhere"),
+                                                       "AFS_FORK_SERVER_URL": url})):
+                pass
+    finally:
+        await _stop(process)

@@ -32,6 +32,7 @@ from mcp_types import CallToolResult, TextContent
 from afs.config import Settings
 from afs.errors import (
     AfsError,
+    ConfigError,
     DatabaseError,
     ForkBusyError,
     ForkError,
@@ -41,6 +42,7 @@ from afs.errors import (
     single_leaf,
 )
 from afs.forks.naming import random_fork_name
+from afs.forks.token import read_token
 
 log = structlog.get_logger(__name__)
 _UNKNOWN = re.compile(r"unknown service '([^']*)'")
@@ -202,11 +204,16 @@ async def open_fork_client(settings: Settings, server: Any = None) -> AsyncItera
     """Start (or connect to) the fork server and open an MCP session with it.
 
     `server` defaults to the configured fork server: over streamable HTTP when
-    `fork_server_url` is set (AFS_FORK_SERVER_URL, with AFS_FORK_SERVER_TOKEN), else
-    the stdio command; tests may pass an in-process `MCPServer`.
+    `fork_server_url` is set (AFS_FORK_SERVER_URL, with AFS_FORK_SERVER_TOKEN, else the token
+    a fork server on this machine keeps in AFS_HOME), else the stdio command; tests may pass
+    an in-process `MCPServer`.
     """
     if server is None and settings.fork_server_url:  # a fork server on another machine
-        url, token = settings.fork_server_url, settings.fork_server_token
+        url = settings.fork_server_url
+        token = settings.fork_server_token or read_token(settings.fork_server_token_file)
+        if token is None:
+            raise ConfigError(f"the fork server at {url} needs its token: set AFS_FORK_SERVER_TOKEN "
+                              "(the server keeps it in its $AFS_HOME/fork-server.token)")
         async with _open_http_transport(url, token) as target, _session(settings, target) as client:
             yield client
         return
@@ -215,14 +222,13 @@ async def open_fork_client(settings: Settings, server: Any = None) -> AsyncItera
 
 
 @asynccontextmanager
-async def _open_http_transport(url: str, token: str | None) -> AsyncIterator[Any]:
+async def _open_http_transport(url: str, token: str) -> AsyncIterator[Any]:
     from mcp.client.streamable_http import (  # type: ignore[attr-defined]  # imported there, not in __all__
         create_mcp_http_client,
         streamable_http_client,
     )
 
-    headers = {"Authorization": f"Bearer {token}"} if token else None
-    async with create_mcp_http_client(headers=headers) as http:  # ours to close
+    async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http:  # ours to close
         yield streamable_http_client(url, http_client=http)
 
 

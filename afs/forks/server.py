@@ -1,6 +1,8 @@
 """`afs mcp serve`: the fork provider behind an MCP server (stdio, under trio), or over
-MCP's streamable HTTP transport (`--http ADDR`, hypercorn under trio, bearer token) for
-workers on other machines.
+MCP's streamable HTTP transport (`--http ADDR`, hypercorn under trio) for workers on other
+machines. Over HTTP every request needs the bearer token, loopback included: the server
+hands out fork DSNs with their passwords (the token: AFS_FORK_SERVER_TOKEN, else the one
+`afs.forks.token` keeps in AFS_HOME, mode 0600).
 
 Tool names follow the Tiger Cloud MCP server where it has one (service_list,
 service_get, service_fork) and add service_delete. Errors come back as MCP tool
@@ -21,7 +23,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from afs.config import DEFAULT_FORK_GC_INTERVAL_S
-from afs.errors import AfsError
+from afs.errors import AfsError, ConfigError
 from afs.forks.provider import LocalForkProvider
 
 P = ParamSpec("P")
@@ -178,17 +180,21 @@ def run(provider: LocalForkProvider, default_ttl_seconds: int,
 
 
 async def serve_http(provider: LocalForkProvider, default_ttl_seconds: int, bind: str,
-                     token: str | None, gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S,
+                     token: str, gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve MCP over streamable HTTP at `bind` (path /mcp) until cancelled; reports the URLs.
 
-    Off loopback a token is required (`afs.asgi.check_bind`); clients send it as a bearer token.
+    Every request must carry `token` as a bearer token (compared in constant time), on
+    loopback too: any local process can reach loopback.
     """
     import hypercorn.trio
     from hypercorn.config import Config
 
     from afs.asgi import check_bind, require_token
 
+    if not token:
+        raise ConfigError("the fork server over HTTP needs a token (AFS_FORK_SERVER_TOKEN, or the one "
+                          "afs.forks.token keeps in AFS_HOME)")
     host, _ = check_bind(bind, token)
     app: Any = build_server(provider, default_ttl_seconds).streamable_http_app(host=host)
     config = Config()
@@ -198,6 +204,6 @@ async def serve_http(provider: LocalForkProvider, default_ttl_seconds: int, bind
     never = trio.Event()
     async with running(provider, gc_interval_s), trio.open_nursery() as nursery:
         urls: list[str] = await nursery.start(functools.partial(
-            hypercorn.trio.serve, require_token(app, token) if token else app, config,
+            hypercorn.trio.serve, require_token(app, token), config,
             shutdown_trigger=never.wait))
         task_status.started([f"{url}/mcp" for url in urls])
