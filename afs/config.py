@@ -34,7 +34,11 @@ Environment:
 
     AFS_GEMINI_MODEL_<AGENT>  the model behind an agent, e.g. AFS_GEMINI_MODEL_GEMINI25PRO
     AFS_STORE_URL             the task store's database (default: the sandbox's `postgres`)
-    AFS_SERVICE_TOKEN         bearer token of `afs serve` (required off loopback) and its clients
+    AFS_SERVICE_TOKEN         bearer token of `afs serve` (required off loopback and for an apply
+                              over HTTP) and its clients
+    AFS_SERVICE_HOSTS         host names `afs serve` answers to besides loopback (comma-separated;
+                              a request with another Host header is refused: DNS rebinding)
+    AFS_SERVICE_MAX_BODY      the largest request body `afs serve` reads (default 1M)
     AFS_FORK_SERVER_URL       a fork server over streamable HTTP (`afs mcp serve --http`), e.g.
                               http://forks:8471/mcp, instead of the stdio command
     AFS_FORK_SERVER_TOKEN     its bearer token (always required; default: made by the server once and
@@ -49,8 +53,8 @@ reads them from the environment the CLI passes in.
 
 The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `candidates`,
 `measured`, `parameter_sets`, `slow_baseline_cap_s`, `min_runs`, `measure_budget_s`, `cow`,
-`cow_size`, and `gemini:` with `models` (agent → model) and `model_settings` (model →
-generation settings, merged over MODEL_SETTINGS):
+`cow_size`, `service_hosts` (a list), `service_max_body`, and `gemini:` with `models`
+(agent → model) and `model_settings` (model → generation settings, merged over MODEL_SETTINGS):
 
     gemini:
       models: {gemini25pro: gemini-3.1-pro-preview}
@@ -94,6 +98,7 @@ DEFAULT_PARAMETER_SETS = 2  # other literal values every proposal is also checke
 MIN_COW_SIZE_BYTES = 512 * 1024 ** 2  # mkfs.xfs refuses file systems under 300 MB
 DEFAULT_COW_SIZE = "100G"  # the sandbox's sparse XFS image (it takes space only as data is written)
 DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the statement timeout
+DEFAULT_SERVICE_MAX_BODY_BYTES = 1024 ** 2  # a task request is at most a 100 kB query and its options
 
 
 @dataclass(frozen=True)
@@ -261,6 +266,8 @@ class Settings:
     fork_server_url: str | None = None  # the fork server over streamable HTTP, instead of stdio
     fork_server_token: str | None = None  # its bearer token
     source_server_url: str | None = None  # where the sources are read; None: the sandbox
+    service_hosts: tuple[str, ...] = ()  # Host names the service answers to besides loopback
+    service_max_body_bytes: int = DEFAULT_SERVICE_MAX_BODY_BYTES  # larger request bodies: 413
 
     @property
     def sandbox_dir(self) -> Path:
@@ -424,6 +431,16 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         value, _ = pick(key, env_name)
         if value:
             changes[key] = str(value)
+    hosts, _ = pick("service_hosts", "AFS_SERVICE_HOSTS")
+    if hosts:
+        words = hosts.split(",") if isinstance(hosts, str) else [str(h) for h in hosts]
+        changes["service_hosts"] = tuple(h.strip().lower() for h in words if h.strip())
+    value, source = pick("service_max_body", "AFS_SERVICE_MAX_BODY")
+    if value is not None:
+        try:
+            changes["service_max_body_bytes"] = parse_size(str(value))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: service_max_body: {exc}") from None
     rules, _ = pick("routing_rules", "AFS_ROUTING_RULES")
     if rules:
         changes["routing_rules"] = Path(str(rules)).expanduser()

@@ -30,7 +30,7 @@ from afs.consensus import decide
 from afs.db import open_connection
 from afs.errors import AfsError, DatabaseError, InputError
 from afs.events import Emitter
-from afs.features import check_input, extract_features, see_through
+from afs.features import see_through
 from afs.forks.client import ForkClient
 from afs.models import (
     AgentKey,
@@ -44,7 +44,8 @@ from afs.models import (
     TaskType,
 )
 from afs.router import RuleSet, consensus_weights, route
-from afs.safety import check_query, query_references
+from afs.safety import query_references
+from afs.task import read_query
 
 
 @dataclass(frozen=True)
@@ -145,15 +146,10 @@ def new_task_id() -> str:
 
 
 def read_input(sql: str) -> tuple[str, QueryFeatures]:
-    """The query to optimize and its features, or InputError: too large or too deep to read,
-    parameters, not one read-only SELECT, no table. CPU-bound (up to a second or two for
-    the largest query accepted): call it in a worker thread from trio code."""
-    check_input(sql)
-    query = check_query(sql)
-    features = extract_features(query)
-    if not features.tables:
-        raise InputError("the query reads no table: there is nothing to optimize")
-    return query, features
+    """The query to optimize and its features, or InputError: afs.task.read_query, the one
+    check of a task request (the command line and the API use it too). CPU-bound (up to a
+    second or two for the largest query accepted): call it in a worker thread from trio code."""
+    return read_query(sql)
 
 
 async def prepare(request: TaskRequest,

@@ -379,18 +379,23 @@ async def test_post_apply_needs_an_approver_applies_and_refuses_a_second_time(
 
     from afs.service.api import run_service
 
-    task_id = await stored(store, ("CREATE INDEX ix_api ON orders (user_id, created_at)",))
-    urls = await nursery.start(partial(run_service, settings.with_(store_url=store_db), bind="127.0.0.1:0",
-                                       workers=0, lease_s=5))
+    task_id = new_task_id()  # a task on the target (its DSN stored without the password)
+    await store.submit(task_id=task_id, query=QUERY, source="afs_demo", dsn=target,
+                       task_type="query_optimization", priority="normal", provider="heuristic", weights=None,
+                       runs=2, worker="t", lease_s=30)
+    assert await store.finish(task_id, "t", status="completed", result=result_with(
+        task_id, ("CREATE INDEX ix_api ON orders (user_id, created_at)",)))
+    urls = await nursery.start(partial(run_service, settings.with_(store_url=store_db, service_token="tok"),
+                                       bind="127.0.0.1:0", workers=0, lease_s=5))
     url = next(u for u in urls if u.startswith("http://127.0.0.1"))
-    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers={"Authorization": "Bearer tok"}) as http:
         missing = await http.post(f"/v1/tasks/{task_id}/apply", json={"dsn": target})
         assert missing.status_code == 422 and missing.json()["field"] == "approver"
         assert "ix_api" not in indexes(target)
         done = await http.post(f"/v1/tasks/{task_id}/apply", json={"approver": "carol", "dsn": target})
         assert done.status_code == 200, done.text
         body = done.json()
-        assert body["applied"] is True and body["audit"]["approver"] == "carol"
+        assert body["applied"] is True and body["audit"]["approver"].endswith(" (carol)")
         assert "s3cret-pw" not in done.text
         assert indexes(target)["ix_api"] is True
         again = await http.post(f"/v1/tasks/{task_id}/apply", json={"approver": "carol", "dsn": target})

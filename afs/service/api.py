@@ -5,15 +5,22 @@
     GET    /v1/tasks/{id}         one task, its report and its result
     GET    /v1/tasks/{id}/events  Server-Sent Events, live; resumable with Last-Event-ID
     DELETE /v1/tasks/{id}         cancel (a running task's agents destroy their forks)
-    POST   /v1/tasks/{id}/apply   apply the winner (needs an approver; afs.apply.api)
+    POST   /v1/tasks/{id}/apply   apply the winner (needs a token and an approver; afs.apply.api)
     GET    /v1/forks              forks the store knows to be alive, with their task and agent
     GET    /healthz               liveness, tasks by status, running tasks per agent (no token)
     GET    /v1/openapi.json       this API, described
 
 Bad requests get a 4xx JSON body {"error": …, "field": …}; a task is written
-whole or not at all. On loopback no token is needed; on any other address the
-server refuses to start without AFS_SERVICE_TOKEN, and requests without
-`Authorization: Bearer <token>` get 401.
+whole or not at all. On loopback no token is needed (but for an apply); on any
+other address the server refuses to start without AFS_SERVICE_TOKEN, and requests
+without `Authorization: Bearer <token>` get 401.
+
+What a page in the user's browser could make it do is refused first, on every route
+(afs.asgi.guard_requests): a Host that is neither loopback, the address it listens on nor
+in AFS_SERVICE_HOSTS (421: DNS rebinding), a state-changing request from another origin
+(403), a body that is not `application/json` (415) or larger than AFS_SERVICE_MAX_BODY
+(413, counted as it arrives). A task request is read by afs.task.read_query, the check
+the command line uses, in a worker thread of its own: a slow one never holds up /healthz.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from starlette.types import Send
 
 from afs.apply.api import OPENAPI_PATH as _APPLY_PATH
 from afs.apply.api import apply_routes
-from afs.asgi import check_bind, require_token
+from afs.asgi import BodyError, check_bind, guard_requests, parse_json, require_token
 from afs.config import Settings
 from afs.errors import AfsError, InputError, UnknownTaskError
 from afs.models import StatementParameters
@@ -59,12 +66,14 @@ _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 EVENT_FALLBACK_S = 1.0  # the SSE stream reads the store this often even without a notification
 KEEPALIVE_S = 15.0
 MAX_RUNS = 50
+PARSING_THREADS = 1  # task requests read at once: each holds the GIL for up to a second or two
 
 
 class FieldError(Exception):
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, status: int = 422) -> None:
         super().__init__(message)
         self.field = field
+        self.status = status
 
 
 def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
@@ -74,11 +83,20 @@ def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+def read_submission(raw: bytes, default_runs: int) -> dict[str, Any]:
+    """A POST /v1/tasks body, read and checked (CPU-bound: called in a worker thread);
+    FieldError naming the first bad field (400 for a body that is not JSON text)."""
+    try:
+        body = parse_json(raw)
+    except BodyError as exc:
+        raise FieldError(exc.field, str(exc), status=400) from None
+    return parse_submission(body, default_runs)
+
+
 def parse_submission(body: Any, default_runs: int) -> dict[str, Any]:
     """Check a POST /v1/tasks body; raises FieldError naming the first bad field."""
     from afs.consensus import check_weights
-    from afs.features import extract_features
-    from afs.safety import check_query
+    from afs.task import read_query
 
     if not isinstance(body, dict):
         raise FieldError("body", "expected a JSON object")
@@ -90,7 +108,7 @@ def parse_submission(body: Any, default_runs: int) -> dict[str, Any]:
     if not isinstance(query, str) or not query.strip():
         raise FieldError("query", "required: one read-only SELECT, as a string")
     try:
-        extract_features(check_query(query))
+        read_query(query)  # the command line's check: text, size, depth, safety, tables
     except InputError as exc:
         raise FieldError("query", str(exc)) from None
     source, dsn = body.get("source"), body.get("dsn")
@@ -153,17 +171,18 @@ def parse_parameters(data: Any, query: str) -> StatementParameters:
     return parsed
 
 
-def build_app(store: Store, settings: Settings, token: str | None) -> Any:
-    """The ASGI application (Starlette, behind the token check when there is a token)."""
+def build_app(store: Store, settings: Settings, token: str | None, hosts: tuple[str, ...] = ()) -> Any:
+    """The ASGI application: Starlette, behind the token check when there is a token, behind
+    the request guard (afs.asgi.guard_requests: Host, Origin, JSON, body size) always.
+    `hosts`: names it answers to besides loopback and settings.service_hosts."""
+    parsing = trio.CapacityLimiter(PARSING_THREADS)  # its own: the store's threads stay free
+
     async def submit(request: Request) -> Response:
+        raw = await request.body()  # bounded by the guard
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "the body is not valid JSON", "body")
-        try:
-            fields = parse_submission(body, settings.runs)
+            fields = await trio.to_thread.run_sync(read_submission, raw, settings.runs, limiter=parsing)
         except FieldError as exc:
-            return _error(422, str(exc), exc.field)
+            return _error(exc.status, str(exc), exc.field)
         if fields["source"] is None and fields["dsn"] is None:
             fields["source"] = settings.demo_database
         task = await store.submit(task_id=new_task_id(), **fields)
@@ -233,9 +252,9 @@ def build_app(store: Store, settings: Settings, token: str | None) -> Any:
         *apply_routes(store, settings),  # POST /v1/tasks/{id}/apply (afs.apply.api)
         *web_routes(store, settings),  # the monitor's pages and their JSON (afs.web)
     ], exception_handlers={UnknownTaskError: unknown_task, InputError: bad_input})
-    if token is None:
-        return app
-    return require_token(app, token, browser_login=True)
+    guarded = app if token is None else require_token(app, token, browser_login=True)
+    return guard_requests(guarded, hosts=(*settings.service_hosts, *hosts),
+                          max_body=settings.service_max_body_bytes)
 
 
 class EventStreamResponse(StreamingResponse):
@@ -286,9 +305,10 @@ async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: f
                       task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """The API, `workers` in-process workers and the scheduler of `afs schedule`, until
     cancelled; reports the bound URLs."""
-    check_bind(bind, settings.service_token)
+    host, _ = check_bind(bind, settings.service_token)
     if workers < 0:
         raise InputError(f"--workers must be 0 or more, got {workers}")
+    own = () if host in ("0.0.0.0", "::") else (host,)  # the address it listens on names it too
     url = store_url(settings)
     config = Config()
     config.bind = [bind]
@@ -297,7 +317,7 @@ async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: f
     async with open_store(url) as store, trio.open_nursery() as nursery:
         never = trio.Event()
         urls: list[str] = await nursery.start(partial(
-            hypercorn.trio.serve, build_app(store, settings, settings.service_token), config,
+            hypercorn.trio.serve, build_app(store, settings, settings.service_token, own), config,
             shutdown_trigger=never.wait))
         for _ in range(workers):
             nursery.start_soon(_one_worker, settings, url, lease_s)
@@ -364,7 +384,8 @@ OPENAPI: dict[str, Any] = {
         "/v1/tasks": {
             "post": {"summary": "submit a task", "requestBody": {"required": True, "content": {
                 "application/json": {"schema": _TASK_BODY}}},
-                "responses": {"201": {"description": "queued"}, "400": _ERROR, "422": _ERROR}},
+                "responses": {"201": {"description": "queued"}, "400": _ERROR, "413": _ERROR,
+                              "415": _ERROR, "422": _ERROR}},
             "get": {"summary": "the newest tasks", "parameters": [
                 {"name": "status", "in": "query", "schema": {"enum": list(STATUSES)}},
                 {"name": "limit", "in": "query", "schema": {"type": "integer"}}],
