@@ -577,7 +577,7 @@ async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         return _print_finished(args, task.id, result, task.error)
     emit(args, task.public(), f"AFS task {task.id}: {task.status}"
          + (f": {task.error}" if task.error else "") + f"\nquery: {task.query}")
-    return EXIT_FAILED if task.status in ("failed", "cancelled") else EXIT_OK
+    return EXIT_FAILED if task.status in ("failed", "cancelled", "interrupted") else EXIT_OK
 
 
 def _event_text(e: Any) -> str:
@@ -606,7 +606,7 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    """Queue a failed or cancelled task again, and run it here unless --queue-only."""
+    """Queue a failed, cancelled or interrupted task again, and run it here unless --queue-only."""
     from afs.service.runner import run_task
     from afs.service.worker import open_runtime, worker_name
     from afs.store import store_url
@@ -618,7 +618,7 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     worker = worker_name("resume")
     async with open_runtime(settings, store_url(settings)) as rt:
-        claimed = await rt.store.claim(worker, rt.lease_s, task_id=task.id)
+        claimed = await rt.store.claim(worker, rt.lease_s, task_id=task.id, in_process=True)
         if claimed is None:
             emit(args, task.public(), f"task {task.id} is queued again; a worker took it already")
             return EXIT_OK
@@ -695,7 +695,8 @@ def add_service_commands(commands: Any, sub: Any) -> None:
     events.add_argument("task")
     events.add_argument("--follow", "-f", action="store_true", help="wait for new events until the task ends")
     events.add_argument("--after", type=int, default=0, metavar="ID", help="only events after this id")
-    resume = sub(commands, "resume", "run a failed or cancelled task again", cmd_resume)
+    resume = sub(commands, "resume", "run a failed, cancelled or interrupted task again (interrupted: "
+                 "the command that ran it was killed)", cmd_resume)
     resume.add_argument("task")
     resume.add_argument("--queue-only", action="store_true",
                         help="only put it back in the queue, for a worker")

@@ -4,6 +4,10 @@ results that rebuild the same report, and a task run through the store end to en
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -20,7 +24,7 @@ from afs.report import render_text, to_json
 from afs.router import load_rules
 from afs.service.pool import StorePool
 from afs.service.runner import Runtime, run_task
-from afs.service.worker import recover
+from afs.service.worker import open_runtime, recover
 from afs.store import Store, open_store
 from afs.store.codec import decode, encode
 from afs.store.migrations import MIGRATIONS
@@ -243,3 +247,62 @@ async def test_agent_capacity_is_shared_by_every_worker_on_the_store(
         kinds = [e.kind for e in await store.events(mine)]
         assert kinds.index("waiting_for_agents") < kinds.index("agents_assigned")
         assert await store.agent_load() == dict.fromkeys(sorted(ALL_AGENTS), 2)  # mine released
+
+
+async def test_a_task_its_command_ran_is_interrupted_when_the_command_dies(
+        settings: Settings, store: Store, forks: ForkClient, sandbox: object) -> None:
+    """`afs optimize` runs its task itself (submit with a worker): when it is killed, the next
+    worker or `afs serve` collects its forks and marks it interrupted; nobody runs it again."""
+    task_id = await submit(store, worker="optimize-host-1-ab12", lease_s=0.1)
+    assert (await store.get(task_id)).in_process
+    left = await forks.create("afs_demo", name=f"afs-fork-gemini25pro-task{task_id}-1", ttl_seconds=600)
+    queued = await submit(store)  # the queue's own task is still the queue's
+    await store.claim("dead-worker", lease_s=0.1, task_id=queued)
+    await trio.sleep(0.3)
+    rt = Runtime(settings, store, forks, load_rules(None), lease_s=5)
+    assert sorted(await recover(rt, "serve-1")) == sorted([(task_id, "interrupted"), (queued, "queued")])
+    assert left.name not in {f["name"] for f in (await forks.list_services())["forks"]}
+    task = await store.get(task_id)
+    assert task.status == "interrupted" and task.finished and task.finished_at is not None
+    assert f"afs resume {task_id}" in (task.error or "") and "1 fork(s) collected" in (task.error or "")
+    taken = await store.claim("serve-1", lease_s=5)
+    assert taken is not None and taken.id == queued  # only the queue's task runs again
+    assert await store.claim("serve-1", lease_s=5) is None
+    assert (await store.events(task_id))[-1].kind == "task_finished"
+    again = await store.resume(task_id)  # asked for: it runs again, by whoever claims it
+    assert again.status == "queued" and not again.in_process
+    resumed = await store.claim("resume-host-2-cd34", lease_s=5, task_id=task_id, in_process=True)
+    assert resumed is not None and resumed.in_process
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_afs_optimize_killed_mid_task_leaves_it_interrupted(settings: Settings, store: Store,
+                                                                  store_db: str) -> None:
+    env = {**os.environ, "AFS_STORE_URL": store_db}
+    optimize = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "afs", "optimize", "--provider", "heuristic", "--runs", "3", "--json",
+         "--query", QUERY], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        with trio.fail_after(90):
+            # another process's progress: polled in the store, no trio.Event can tell us
+            while not (tasks := await store.tasks()) or not await store.forks(task_id=tasks[0].id):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        optimize.send_signal(signal.SIGKILL)
+        await optimize.wait()
+    finally:
+        if optimize.returncode is None:
+            optimize.kill()
+            await optimize.wait()
+    (task,) = await store.tasks()
+    assert task.status == "running" and task.in_process
+    # its lease runs out (30 s): here at once
+    await store.conn.execute("UPDATE afs_store.tasks SET lease_expires_at = now() - interval '1 second'"
+                             " WHERE id = %s", (task.id,))
+    async with open_runtime(settings, store_db, lease_s=5) as rt:  # what `afs serve` and workers run
+        assert await recover(rt, "serve-1") == [(task.id, "interrupted")]
+        assert await rt.store.claim("serve-1", rt.lease_s) is None
+    history = await trio.run_process([sys.executable, "-m", "afs", "history", "--status", "interrupted",
+                                      "--json"], capture_stdout=True, capture_stderr=True, check=False,
+                                     env=env)
+    assert history.returncode == 0, history.stderr.decode()
+    assert [(t["id"], t["status"]) for t in json.loads(history.stdout)] == [(task.id, "interrupted")]

@@ -6,7 +6,9 @@
 Claiming is `FOR UPDATE SKIP LOCKED`, so any number of workers on any number of
 machines share one queue. A worker that dies stops renewing its lease; the next
 worker that looks (`recover`) collects the task's forks and puts the task back in
-the queue, or fails it with the reason once its attempts are spent.
+the queue, or fails it with the reason once its attempts are spent. A task run by
+the command that started it (`afs optimize` killed mid-task) is marked interrupted
+instead: nobody asked a worker to run it, so none runs it again unasked.
 """
 
 from __future__ import annotations
@@ -51,12 +53,18 @@ async def open_runtime(settings: Settings, store_url: str, *, pool: AgentPool | 
 
 async def recover(rt: Runtime, worker: str) -> list[tuple[str, str]]:
     """Settle the tasks of workers that stopped renewing their lease: forks collected, then
-    re-queued (attempts left) or failed with the reason. Returns (task id, new status)."""
+    re-queued (attempts left) or failed with the reason; a task its own command ran is
+    interrupted. Returns (task id, new status)."""
     settled = []
     for task, holder in await rt.store.take_expired(worker, rt.lease_s):
         destroyed = await collect_forks(rt, task.id)
-        reason = (f"worker {holder} stopped renewing its lease (its process died or hung);"
-                  f" {len(destroyed)} fork(s) collected")
+        if task.in_process:
+            reason = (f"interrupted: the command that ran it ({holder}) stopped before it finished (it "
+                      f"was killed, or hung); {len(destroyed)} fork(s) collected; `afs resume {task.id}`"
+                      " runs it again")
+        else:
+            reason = (f"worker {holder} stopped renewing its lease (its process died or hung);"
+                      f" {len(destroyed)} fork(s) collected")
         status = await rt.store.requeue_or_fail(task.id, worker, reason)
         log.warning("task_recovered", task_id=task.id, dead_worker=holder, status=status,
                     forks=destroyed)

@@ -263,4 +263,12 @@ END $$;
 CREATE TRIGGER events_notify AFTER INSERT ON afs_store.events
     FOR EACH ROW EXECUTE FUNCTION afs_store.notify_event();
 """),
+    # 600: a task run by the command that started it (`afs optimize`, `afs batch`, `afs resume`)
+    # is not the queue's: when that process dies, the task is interrupted, not run again unasked
+    Migration(600, "tasks run in the process that started them; the interrupted status", """
+ALTER TABLE afs_store.tasks ADD COLUMN in_process boolean NOT NULL DEFAULT false;
+ALTER TABLE afs_store.tasks DROP CONSTRAINT tasks_status_check;
+ALTER TABLE afs_store.tasks ADD CONSTRAINT tasks_status_check CHECK (status IN ('queued', 'running',
+    'recovering', 'completed', 'no_improvement', 'failed', 'cancelled', 'interrupted'));
+"""),
 )

@@ -11,7 +11,10 @@ A task's life: queued → running (a worker holds its lease and renews it) →
 completed | no_improvement | failed | cancelled. A running task whose lease
 expired belongs to a process that died: `take_expired` moves it to
 `recovering` (the recoverer's lease), its forks are collected, then
-`requeue_or_fail` puts it back in the queue or fails it with the reason.
+`requeue_or_fail` puts it back in the queue or fails it with the reason. A task
+run by the command that started it (`in_process`: `afs optimize`, `afs batch`,
+`afs resume`) is not the queue's: when that process dies it is `interrupted`,
+never run again unasked (`afs resume` runs it again).
 Every write that changes a task is one transaction; a worker's writes are
 fenced by its name (a worker that lost its lease writes nothing).
 """
@@ -41,11 +44,12 @@ from afs.store.migrations import AGENTS_LOCK_KEY, EVENTS_CHANNEL, LOCK_KEY, MIGR
 
 log = structlog.get_logger(__name__)
 
-TERMINAL = ("completed", "no_improvement", "failed", "cancelled")
+TERMINAL = ("completed", "no_improvement", "failed", "cancelled", "interrupted")
+RESUMABLE = ("failed", "cancelled", "interrupted")
 STATUSES = ("queued", "running", "recovering", *TERMINAL)
 _COLUMNS = ("id, status, query, source, dsn, task_type, priority, provider, weights, runs, created_at,"
             " updated_at, started_at, finished_at, worker, lease_expires_at, attempts, max_attempts,"
-            " cancel_requested, error, parameters")
+            " cancel_requested, error, parameters, in_process")
 _T_COLUMNS = ", ".join("t." + c.strip() for c in _COLUMNS.split(","))
 _QUEUE_ORDER = "CASE priority WHEN 'high' THEN 0 WHEN 'normal' THEN 1 ELSE 2 END, created_at"
 Heartbeat = Literal["ok", "cancel", "lost"]
@@ -74,6 +78,7 @@ class TaskRecord:
     cancel_requested: bool
     error: str | None
     parameters: StatementParameters | None = None  # explicit parameter sets (a batch task's)
+    in_process: bool = False  # run by the command that started it, not by a worker from the queue
 
     @property
     def finished(self) -> bool:
@@ -91,6 +96,7 @@ class TaskRecord:
             "worker": self.worker, "lease_expires_at": _iso(self.lease_expires_at),
             "attempts": self.attempts, "cancel_requested": self.cancel_requested, "error": self.error,
             "parameters": None if self.parameters is None else encode(self.parameters),
+            "in_process": self.in_process,
         }
 
 
@@ -116,9 +122,9 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def _task(row: Sequence[Any]) -> TaskRecord:
-    *columns, parameters = row
+    *columns, parameters, in_process = row
     return TaskRecord(*columns, parameters=None if parameters is None  # type: ignore[misc]
-                      else decode(StatementParameters, parameters))
+                      else decode(StatementParameters, parameters), in_process=in_process)
 
 
 Tx = psycopg.Connection[Any]
@@ -201,7 +207,8 @@ class Store:
                      weights: Mapping[str, float] | None, runs: int,
                      max_attempts: int = 2, worker: str | None = None,
                      lease_s: float = 30.0, parameters: StatementParameters | None = None) -> TaskRecord:
-        """Queue a task; with `worker`, that worker holds it at once (a task run in-process).
+        """Queue a task; with `worker`, that worker holds it at once: a task run in the process
+        that submits it (`in_process`), interrupted rather than re-queued if that process dies.
 
         A `dsn` is stored without its password: it only finds the database's sandbox copy.
         `parameters`: the sets every proposal is measured on (the first is `query`'s values).
@@ -210,14 +217,15 @@ class Store:
             cur.execute(
                 f"INSERT INTO {SCHEMA}.tasks (id, status, query, source, dsn, task_type, priority,"
                 " provider, weights, runs, max_attempts, worker, lease_expires_at, attempts, started_at,"
-                " parameters) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+                " parameters, in_process) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
                 " CASE WHEN %s THEN now() + make_interval(secs => %s) END, %s,"
-                f" CASE WHEN %s THEN now() END, %s) RETURNING {_COLUMNS}",
+                f" CASE WHEN %s THEN now() END, %s, %s) RETURNING {_COLUMNS}",
                 (task_id, "queued" if worker is None else "running", query, source,
                  None if dsn is None else scrub(dsn), task_type,
                  priority, provider, None if weights is None else Jsonb(dict(weights)), runs,
                  max_attempts, worker, worker is not None, lease_s, int(worker is not None),
-                 worker is not None, None if parameters is None else Jsonb(encode(parameters))))
+                 worker is not None, None if parameters is None else Jsonb(encode(parameters)),
+                 worker is not None))
             task = _task(_one(cur))
             _event(cur, task.id, "task_queued", data={"priority": priority, "type": task_type})
             if worker is not None:
@@ -226,18 +234,20 @@ class Store:
         task: TaskRecord = await self._tx(insert)
         return task
 
-    async def claim(self, worker: str, lease_s: float, task_id: str | None = None) -> TaskRecord | None:
-        """Take the next queued task (or that one), with a lease; None when there is none."""
+    async def claim(self, worker: str, lease_s: float, task_id: str | None = None,
+                    in_process: bool = False) -> TaskRecord | None:
+        """Take the next queued task (or that one), with a lease; None when there is none.
+        `in_process`: a command runs it itself (`afs resume`), not a worker of the queue."""
         def take(cur: psycopg.Cursor[Any]) -> TaskRecord | None:
             which = "id = %s AND" if task_id is not None else ""
             params: tuple[Any, ...] = (task_id,) if task_id is not None else ()
             cur.execute(
                 f"UPDATE {SCHEMA}.tasks SET status = 'running', worker = %s,"
                 " lease_expires_at = now() + make_interval(secs => %s), attempts = attempts + 1,"
-                " started_at = coalesce(started_at, now()), updated_at = now()"
+                " started_at = coalesce(started_at, now()), updated_at = now(), in_process = %s"
                 f" WHERE id = (SELECT id FROM {SCHEMA}.tasks WHERE {which} status = 'queued'"
                 f" ORDER BY {_QUEUE_ORDER} LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING {_COLUMNS}",
-                (worker, lease_s, *params))
+                (worker, lease_s, in_process, *params))
             row = cur.fetchone()
             if row is None:
                 return None
@@ -324,15 +334,19 @@ class Store:
         return tasks
 
     async def requeue_or_fail(self, task_id: str, worker: str, reason: str) -> str:
-        """After recovery: back to the queue while attempts remain, else failed with the reason."""
+        """After recovery: back to the queue while attempts remain, else failed with the reason;
+        a task run in its own command's process is interrupted (the reason as its error)."""
         def settle(cur: psycopg.Cursor[Any]) -> str:
             cur.execute(
-                f"UPDATE {SCHEMA}.tasks SET status = CASE WHEN cancel_requested THEN 'cancelled'"
-                " WHEN attempts < max_attempts THEN 'queued' ELSE 'failed' END,"
-                " error = CASE WHEN attempts < max_attempts AND NOT cancel_requested THEN NULL ELSE %s END,"
-                " finished_at = CASE WHEN attempts < max_attempts AND NOT cancel_requested THEN NULL"
-                " ELSE now() END, worker = NULL, lease_expires_at = NULL, updated_at = now()"
-                " WHERE id = %s AND worker = %s AND status = 'recovering' RETURNING status",
+                f"UPDATE {SCHEMA}.tasks t SET status = s.status,"
+                " error = CASE WHEN s.status = 'queued' THEN NULL ELSE %s END,"
+                " finished_at = CASE WHEN s.status = 'queued' THEN NULL ELSE now() END,"
+                " worker = NULL, lease_expires_at = NULL, updated_at = now()"
+                " FROM (SELECT id, CASE WHEN cancel_requested THEN 'cancelled'"
+                " WHEN in_process THEN 'interrupted' WHEN attempts < max_attempts THEN 'queued'"
+                f" ELSE 'failed' END AS status FROM {SCHEMA}.tasks"
+                " WHERE id = %s AND worker = %s AND status = 'recovering' FOR UPDATE) s"
+                " WHERE t.id = s.id RETURNING t.status",
                 (reason, task_id, worker))
             row = cur.fetchone()
             if row is None:
@@ -361,16 +375,19 @@ class Store:
         return done
 
     async def resume(self, task_id: str) -> TaskRecord:
-        """Put a finished task that did not complete (failed or cancelled) back in the queue."""
+        """Put a finished task that did not complete (failed, cancelled, interrupted) back in the
+        queue (the queue's now, until a command claims it to run it itself)."""
         def back(cur: psycopg.Cursor[Any]) -> TaskRecord:
             cur.execute(f"SELECT status FROM {SCHEMA}.tasks WHERE id = %s FOR UPDATE", (task_id,))
             row = cur.fetchone()
             if row is None:
                 raise UnknownTaskError(task_id)
-            if row[0] not in ("failed", "cancelled"):
-                raise InputError(f"task {task_id} is {row[0]}: only a failed or cancelled task resumes")
+            if row[0] not in RESUMABLE:
+                raise InputError(f"task {task_id} is {row[0]}: only a failed, cancelled or interrupted"
+                                 " task resumes")
             cur.execute(f"UPDATE {SCHEMA}.tasks SET status = 'queued', attempts = 0, error = NULL,"
                         " cancel_requested = false, finished_at = NULL, result = NULL, report = NULL,"
+                        " in_process = false,"
                         f" updated_at = now() WHERE id = %s RETURNING {_COLUMNS}", (task_id,))
             task = _task(_one(cur))
             for table in ("consensus_decisions", "agent_executions"):

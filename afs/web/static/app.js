@@ -17,7 +17,7 @@ const EVENT_KINDS = [
   "task_finished", "cancel_requested", "task_cancelling", "lease_expired", "task_requeued",
   "review_failed", "proposal_flagged", "rewrite_revision_asked", "rewrite_revision_failed",
 ];
-const TERMINAL = ["completed", "no_improvement", "failed", "cancelled"];
+const TERMINAL = ["completed", "no_improvement", "failed", "cancelled", "interrupted"];
 
 // -- small helpers ------------------------------------------------------------------------
 function esc(value) {
