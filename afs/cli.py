@@ -31,7 +31,15 @@ import trio
 
 from afs import log as afs_log
 from afs.config import Settings, default_fork_server_command, load_settings
-from afs.errors import AfsError, ConfigError, InputError, single_leaf
+from afs.errors import (
+    AfsError,
+    ConfigError,
+    DatabaseError,
+    ForkError,
+    InputError,
+    SandboxError,
+    single_leaf,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # every option that takes a DSN says so in its help
@@ -81,6 +89,41 @@ async def run_interruptible(handler: Callable[[argparse.Namespace, Settings], Aw
 
 
 # -- sandbox -----------------------------------------------------------------------
+SANDBOX_STOPPED = "the sandbox stopped during the task; start it with `afs sandbox up` and run again"
+
+
+async def _sandbox_answers(settings: Settings) -> bool:
+    """Whether the sandbox server runs and takes connections (not stopped, not stopping)."""
+    from afs.db import connect_sync
+    from afs.sandbox.server import SandboxServer
+
+    def probe() -> bool:
+        server = SandboxServer(settings)
+        if not server.status().running:
+            return False
+        try:
+            connect_sync(server.dsn()).close()
+        except AfsError:
+            return False
+        return True
+
+    return await trio.to_thread.run_sync(probe)
+
+
+@asynccontextmanager
+async def sandbox_stop_reported(settings: Settings, used: bool = True) -> AsyncIterator[None]:
+    """Work that needs the sandbox (`used`): when it fails because the sandbox stopped meanwhile
+    (`afs sandbox down`, a crash), SandboxError says so and what to do, instead of the message
+    of the first connection that was lost ("the connection is closed [in: SELECT …]")."""
+    try:
+        yield
+    except Exception as exc:
+        leaf = single_leaf(exc)
+        if not used or not isinstance(leaf, (DatabaseError, ForkError)) or await _sandbox_answers(settings):
+            raise
+        raise SandboxError(SANDBOX_STOPPED) from exc
+
+
 async def _sandbox_status(settings: Settings) -> dict[str, Any]:
     from afs.db import open_connection
     from afs.sandbox.server import SandboxServer
@@ -495,7 +538,8 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     display = LiveDisplay(live=None if not args.json else False)
     worker = worker_name("optimize")
     finished = None
-    async with relayed_cancellation() as work, open_runtime(settings, store_url(settings)) as rt:
+    async with sandbox_stop_reported(settings, sandboxed), relayed_cancellation() as work, \
+            open_runtime(settings, store_url(settings)) as rt:
         with work:  # Ctrl-C: the task is recorded as cancelled, its forks destroyed
             direct_dsn = None
             if sandboxed:
@@ -511,6 +555,8 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
                                           direct_dsn=direct_dsn)
     if finished is None:
         raise KeyboardInterrupt
+    if finished.status == "failed" and sandboxed and not await _sandbox_answers(settings):
+        raise SandboxError(f"{SANDBOX_STOPPED} (task {finished.task_id}: `afs resume {finished.task_id}`)")
     return _print_finished(args, finished.task_id, finished.result, finished.error,
                            finished.bad_input)
 
@@ -617,7 +663,9 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
         emit(args, task.public(), f"task {task.id} is queued again: a worker will take it")
         return EXIT_OK
     worker = worker_name("resume")
-    async with open_runtime(settings, store_url(settings)) as rt:
+    sandboxed = settings.store_url is None or (not settings.fork_server_url and settings.fork_server_command
+                                                == default_fork_server_command())
+    async with sandbox_stop_reported(settings, sandboxed), open_runtime(settings, store_url(settings)) as rt:
         claimed = await rt.store.claim(worker, rt.lease_s, task_id=task.id, in_process=True)
         if claimed is None:
             emit(args, task.public(), f"task {task.id} is queued again; a worker took it already")
@@ -740,8 +788,9 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
         await trio.to_thread.run_sync(server.start)
         if args.dsn is None:
             await ensure_demo(settings, server, settings.scale, progress)
-        doc = await run_batch_here(settings, store_url(settings), dsn=args.dsn, options=options,
-                                   progress=progress)
+        async with sandbox_stop_reported(settings):
+            doc = await run_batch_here(settings, store_url(settings), dsn=args.dsn, options=options,
+                                       progress=progress)
     progress_done()
     from afs.batch.report import render_markdown
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -18,10 +19,12 @@ from afs.db import open_connection
 from afs.errors import DatabaseError, InputError, UnknownTaskError
 from afs.events import Event
 from afs.forks.client import ForkClient
+from afs.forks.provider import LocalForkProvider
 from afs.models import RoutingDecision, TaskResult
 from afs.optimize import new_task_id
 from afs.report import render_text, to_json
 from afs.router import load_rules
+from afs.sandbox.server import SandboxServer
 from afs.service.pool import StorePool
 from afs.service.runner import Runtime, run_task
 from afs.service.worker import open_runtime, recover
@@ -306,3 +309,31 @@ async def test_afs_optimize_killed_mid_task_leaves_it_interrupted(settings: Sett
                                      env=env)
     assert history.returncode == 0, history.stderr.decode()
     assert [(t["id"], t["status"]) for t in json.loads(history.stdout)] == [(task.id, "interrupted")]
+
+
+async def test_the_sandbox_stopping_mid_task_is_said_so(sandbox: SandboxServer, provider: LocalForkProvider,
+                                                        tmp_path: Path) -> None:
+    """Not "the connection is closed [in: SELECT … afs_store.forks …]": what stopped, what to do."""
+    stderr = tmp_path / "stderr"
+    with stderr.open("wb") as sink:
+        optimize = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "afs", "optimize", "--provider", "heuristic", "--runs", "3", "--json",
+             "--query", QUERY], stdout=subprocess.DEVNULL, stderr=sink)
+    try:
+        with trio.fail_after(90):
+            while not await provider.traces():  # noqa: ASYNC110  (a fork: the task is under way)
+                await trio.sleep(0.02)
+        await trio.to_thread.run_sync(sandbox.stop)
+        with trio.fail_after(90):
+            await optimize.wait()
+    finally:
+        if optimize.returncode is None:
+            optimize.kill()
+            await optimize.wait()
+        await trio.to_thread.run_sync(sandbox.start)
+        await provider.gc()  # the forks of the task (their owner is gone)
+    said = stderr.read_text()
+    assert optimize.returncode == 1, said
+    assert "Traceback" not in said and "[in: " not in said.splitlines()[-1]
+    assert said.splitlines()[-1] == ("afs: error: the sandbox stopped during the task; start it with "
+                                     "`afs sandbox up` and run again"), said[-2000:]
