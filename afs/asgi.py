@@ -6,7 +6,8 @@ rule that only loopback may go without a token, and the reading of a JSON body.
                      requests (cross-site: 403), JSON bodies only (415), the body size (413)
     require_token    Authorization: Bearer (401); names the principal of the request
     check_bind       a non-loopback address needs a token
-    parse_json       a body as JSON, UTF-8 with no lone surrogates (BodyError naming the field)
+    parse_json       a body as JSON, UTF-8 with no lone surrogates or NULs (BodyError naming
+                     the field)
 
 A browser lets any page it shows send a "simple" request to any address: a POST of
 text/plain, a form or no body type at all, with no preflight and the user's cookies. With
@@ -168,6 +169,9 @@ def parse_json(raw: bytes) -> Any:
                 raise BodyError(field, f"{field} holds a lone surrogate (U+{ord(value[exc.start]):04X} at "
                                        f"character {exc.start + 1}), which is not text: send valid "
                                        "UTF-8") from None
+            if "\0" in value:
+                raise BodyError(field, f"{field} holds a NUL character (at character "
+                                       f"{value.index(chr(0)) + 1}), which PostgreSQL text cannot hold")
     return body
 
 
@@ -208,6 +212,8 @@ def guard_requests(app: Any, *, hosts: Iterable[str] = (), max_body: int) -> Cal
       not browsers send neither.
     - POST, PUT and PATCH need `Content-Type: application/json` (415), but for the token form
       (FORM_PATHS).
+    - A path or query string with a NUL character: 400 (no name here holds one, and the
+      store's text cannot).
     - A body larger than `max_body` bytes is refused with 413: at once by its Content-Length,
       else once the bytes that arrived pass it; the body is read here, in chunks, and handed
       to the application whole.
@@ -226,6 +232,9 @@ def guard_requests(app: Any, *, hosts: Iterable[str] = (), max_body: int) -> Cal
             refusal = (421, "Host", f"this server answers to {', '.join(sorted(allowed))} (any port), "
                                     f"not {host or 'a request without a Host'}: add a name to "
                                     "AFS_SERVICE_HOSTS to use it")
+        elif "\0" in scope["path"] or b"%00" in scope.get("query_string", b"").lower():
+            refusal = (400, "path", "the path or query string holds a NUL character, which no "
+                                    "name here holds")
         elif scope.get("method") in STATE_CHANGING:
             origin = headers.get("origin")
             own = _origin_of(scope.get("scheme", "http"), host)

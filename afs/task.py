@@ -4,7 +4,7 @@ anything is stored, forked or started. (The request itself is afs.optimize.TaskR
 
     read_query(sql) -> (query, features)   the query as AFS reads it, or InputError:
         text      check_text: Unicode that UTF-8 can carry (no lone surrogate: a command
-                  line's undecodable bytes, a JSON "\\ud800" without its pair)
+                  line's undecodable bytes, a JSON "\\ud800" without its pair), no NUL
         limits    afs.features.check_input: at most MAX_QUERY_BYTES, MAX_QUERY_DEPTH deep,
                   no parameters ($1)
         safety    afs.safety.check_query: one read-only SELECT
@@ -26,13 +26,17 @@ from afs.safety import check_query
 
 
 def check_text(text: str, what: str = "the query") -> None:
-    """InputError when `text` holds a lone surrogate (it is not text UTF-8 can carry)."""
+    """InputError when `text` holds a lone surrogate (it is not text UTF-8 can carry) or a
+    NUL character (PostgreSQL's text cannot hold one)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InputError(f"{what} is not valid UTF-8: character {exc.start + 1} is a lone surrogate "
                          f"(U+{ord(text[exc.start]):04X}: a byte that is not UTF-8, or half of a "
                          "\\ud800-style pair)") from None
+    if "\0" in text:
+        raise InputError(f"{what} holds a NUL character (character {text.index(chr(0)) + 1}), "
+                         "which PostgreSQL text cannot hold")
 
 
 def read_query(sql: str) -> tuple[str, QueryFeatures]:

@@ -285,6 +285,10 @@ async def test_text_that_is_not_utf8_is_a_400_with_the_reason(nursery: trio.Nurs
         assert "surrogate" in surrogate.json()["error"] and surrogate.json()["field"] == "query"
         in_apply = await http.post("/v1/tasks/x/apply", content=b'{"approver": "\\udc80"}')
         assert in_apply.status_code == 400 and "surrogate" in in_apply.json()["error"]
+        nul = await http.post("/v1/tasks/x/apply", content=b'{"approver": "a\\u0000b"}')
+        assert nul.status_code == 400 and "NUL" in nul.json()["error"] and nul.json()["field"] == "approver"
+        nul = await http.post("/v1/tasks", content=b'{"query": "SELECT id FROM orders -- \\u0000"}')
+        assert nul.status_code == 400 and "NUL" in nul.json()["error"] and nul.json()["field"] == "query"
         assert (await http.get("/v1/tasks")).json() == {"tasks": []}
 
 
@@ -344,3 +348,36 @@ async def test_a_task_request_gets_the_command_lines_input_limits(nursery: trio.
             assert refused.status_code == 422, refused.text[:300]
             assert refused.json()["field"] == "query" and says in refused.json()["error"]
         assert (await http.get("/v1/tasks")).json() == {"tasks": []}
+
+
+
+async def test_bytes_that_are_not_text_in_a_path_or_query_string_are_a_4xx(
+        nursery: trio.Nursery, settings: Settings, store_db: str) -> None:
+    url = await start(nursery, settings, store_db)
+    async with httpx.AsyncClient(base_url=url) as http:
+        for path in ("/v1/tasks/%ff", "/v1/tasks/%ed%a0%80", "/v1/tasks/%ed%a0%80/log",
+                     "/v1/tasks/%ed%a0%80/events", "/v1/batches/%ed%a0%80"):  # read as U+FFFD
+            assert (await http.get(path)).status_code == 404, path
+        assert (await http.get("/v1/tasks?status=%ff")).status_code == 400
+        for path in ("/v1/tasks/x%00y", "/v1/audit?task=x%00y", "/v1/tasks/x%00y/log"):
+            answer = await http.get(path)
+            assert answer.status_code == 400 and "NUL" in answer.json()["error"], (path, answer.text)
+        assert (await http.delete("/v1/tasks/x%00y")).status_code == 400
+
+
+@pytest.mark.parametrize(("query", "says"), [
+    ("SELECT id FROM orders WHERE note = '\udcff'", "lone surrogate"),  # an undecodable argv byte
+    ("SELECT id FROM orders WHERE note = '\ud800'", "lone surrogate"),  # JSON's half of a pair
+    ("SELECT id FROM orders WHERE note = 'a\0b'", "NUL"),
+    (in_list(200_000), "bytes"),
+    ("SELECT 1", "reads no table"),
+])
+def test_the_one_check_of_a_task_request_refuses_with_the_reason(query: str, says: str) -> None:
+    # the command line (afs.optimize.read_input), the API and the worker all read a query so
+    from afs.errors import InputError
+    from afs.optimize import read_input
+    from afs.task import read_query
+
+    for read in (read_query, read_input):
+        with pytest.raises(InputError, match=says):
+            read(query)
