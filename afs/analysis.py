@@ -12,6 +12,9 @@ the fork (it is a per-database catalog); activity counters do not, so
 Views are seen through before the analysis: `view_definitions` reads them on the source and
 `afs.features.see_through` puts their tables in the query's features, so the analysis, the
 proposals and the storage measurement are about the tables PostgreSQL scans.
+
+What runs on the source (a user's database) is catalog reads only: the query itself is
+planned there through `afs.target.on_target` alone.
 """
 
 from __future__ import annotations
@@ -20,10 +23,8 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-import trio
-
 from afs.db import Connection
-from afs.errors import DatabaseError, InputError, StatementTimeout
+from afs.errors import InputError, StatementTimeout
 from afs.features import extract_features
 from afs.models import (
     AnalysisContext,
@@ -140,41 +141,6 @@ async def view_definitions(conn: Connection, tables: tuple[str, ...]) -> dict[st
         with contextlib.suppress(InputError):  # a view AFS cannot read stays opaque
             pending.extend(extract_features(found[name]).tables)
     return found
-
-
-# EXPLAIN on the source runs in a READ ONLY transaction, as this role when the connected role
-# can have it: NOLOGIN, a member of pg_read_all_data (reads every table, writes nothing).
-# Planning evaluates immutable and stable functions (constant folding, selectivity estimates),
-# and a user's function can do anything its caller may: read-only always stops writes, the
-# role also takes away every other right of the (superuser) connection. The role is created
-# on first use where the connection may create roles (the sandbox: AFS's own server).
-EXPLAIN_ROLE = "afs_explain"
-
-
-async def explain_on_source(conn: Connection, query: str) -> None:
-    """EXPLAIN (the plan only, nothing runs) of `query` on the source, read-only and as
-    EXPLAIN_ROLE where it can be had. Raises DatabaseError when the query does not plan."""
-    role = await _explain_role(conn)
-    await conn.execute("BEGIN TRANSACTION READ ONLY")
-    try:
-        if role:
-            await conn.execute(f"SET LOCAL ROLE {role}")
-        await conn.execute(f"EXPLAIN {query}")
-    finally:
-        with trio.CancelScope(shield=True):
-            await conn.execute("ROLLBACK")
-
-
-async def _explain_role(conn: Connection) -> str | None:
-    """EXPLAIN_ROLE if the connected role may SET ROLE to it (created if missing), else None."""
-    sql = "SELECT pg_has_role(current_user, oid, 'MEMBER') FROM pg_roles WHERE rolname = %s"
-    member = await conn.fetchval(sql, (EXPLAIN_ROLE,))
-    if member is None:
-        # no right to create roles, or created meanwhile: look again either way
-        with contextlib.suppress(DatabaseError):
-            await conn.execute(f"CREATE ROLE {EXPLAIN_ROLE} NOLOGIN IN ROLE pg_read_all_data")
-        member = await conn.fetchval(sql, (EXPLAIN_ROLE,))
-    return EXPLAIN_ROLE if member else None
 
 
 async def explain_analyze(conn: Connection, sql: str) -> tuple[dict[str, Any], float]:

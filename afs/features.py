@@ -233,9 +233,10 @@ def _view_reading(sql: str) -> tuple[QueryFeatures, dict[str, tuple[str, str]]] 
 
 
 # -- the input check ----------------------------------------------------------------
-def check_input(sql: str) -> None:
+def check_input(sql: str, *, allow_parameters: bool = False) -> None:
     """Refuse a query AFS cannot read safely (InputError): larger than MAX_QUERY_BYTES,
-    nested deeper than MAX_QUERY_DEPTH, or with parameters ($1). Iterative and linear in
+    nested deeper than MAX_QUERY_DEPTH, or with parameters ($1) unless `allow_parameters`
+    (pg_stat_statements' texts, planned generically by the batch). Iterative and linear in
     the size of the query, so it cannot itself run out of stack or time. Text that does not
     parse passes: the safety check (afs.safety.check_query) comes next and refuses it."""
     size = len(sql.encode())
@@ -254,7 +255,7 @@ def check_input(sql: str) -> None:
     if depth > MAX_QUERY_DEPTH:
         raise InputError(f"the query nests too deeply for AFS to analyse: {depth} levels of "
                          f"expressions, subqueries and parentheses, at most {MAX_QUERY_DEPTH}")
-    parameters = sorted(_parameters(statements))
+    parameters = [] if allow_parameters else sorted(_parameters(statements))
     if parameters:
         shown = ", ".join(f"${n}" for n in parameters[:5]) + (", …" if len(parameters) > 5 else "")
         raise InputError(

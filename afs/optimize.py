@@ -6,8 +6,9 @@
     ─► TaskResult
 
 Nothing is written to the source database: it is read for statistics and
-EXPLAIN (without ANALYZE) only, the EXPLAIN in a read-only transaction as a role without
-write rights (afs.analysis.explain_on_source); every change happens in forks.
+EXPLAIN (without ANALYZE) only, the EXPLAIN after the catalog check, in a read-only
+transaction as a role without write rights (afs.target.on_target); every change happens
+in forks.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ import structlog
 import trio
 
 from afs.agents import AgentJob, SharedMeasurements, run_agent
-from afs.analysis import explain_on_source, server_facts, source_table_stats, view_definitions
+from afs.analysis import server_facts, source_table_stats, view_definitions
 from afs.brains import ReviewingBrain, Squad
-from afs.catalog import check_query_catalog
 from afs.config import Settings
 from afs.consensus import decide
 from afs.db import open_connection
@@ -44,7 +44,7 @@ from afs.models import (
     TaskType,
 )
 from afs.router import RuleSet, consensus_weights, route
-from afs.safety import query_references
+from afs.target import on_target, plan_only
 from afs.task import read_query
 
 
@@ -154,11 +154,10 @@ def read_input(sql: str) -> tuple[str, QueryFeatures]:
 
 async def prepare(request: TaskRequest,
                   source_dsn: str) -> tuple[str, QueryFeatures, dict[str, tuple[int, float]]]:
-    """Refuse bad input before any fork exists: size, SQL safety, parse, tables, columns."""
+    """Refuse bad input before any fork exists: size, SQL safety, parse, tables, what the
+    source's catalog says the query calls, columns (UnsafeSqlError, InputError)."""
     query, features = await trio.to_thread.run_sync(read_input, request.query)
     async with open_connection(source_dsn) as conn:
-        # functions, operators, casts and relations, judged by the catalog before EXPLAIN plans it
-        await check_query_catalog(conn, query, query_references(query))
         views = await view_definitions(conn, features.tables)
         if views:  # agents work on the tables behind the views
             features = await trio.to_thread.run_sync(see_through, features, views)
@@ -166,8 +165,8 @@ async def prepare(request: TaskRequest,
         unknown = [t for t in features.tables if t not in stats]
         if unknown:
             raise InputError(f"unknown table {', '.join(unknown)} in the query")
-        try:  # catches unknown columns, types; runs nothing, writes nothing (read-only role)
-            await explain_on_source(conn, query)
+        try:  # the catalog judges it, then EXPLAIN catches unknown columns, types (afs.target)
+            await on_target(conn, query, plan_only)
         except DatabaseError as exc:
             raise InputError(f"the query does not run on the source: {str(exc).splitlines()[0]}") from exc
     return query, features, stats

@@ -13,7 +13,7 @@ import pytest
 import trio
 from mcp import Client
 
-from afs.analysis import EXPLAIN_ROLE, explain_on_source, gather_context
+from afs.analysis import gather_context
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
 from afs.db import connect_sync, open_connection
@@ -38,6 +38,7 @@ from afs.router import load_rules
 from afs.safety import check_query
 from afs.sandbox.server import SandboxServer
 from afs.suite import build_suite
+from afs.target import TARGET_ROLE, _read_only, plan_only
 from afs.testing import ScriptedBrain
 
 NESTED_50 = "SELECT id FROM orders WHERE " + "(" * 50 + "id = 1" + ")" * 50
@@ -347,16 +348,16 @@ async def test_explain_on_the_source_is_read_only_and_low_privileged(
     """Item 7: a function that planning evaluates cannot write, and runs as afs_explain."""
     async with open_connection(sandbox.dsn(cases_db)) as conn:
         with pytest.raises(DatabaseError, match="read-only transaction"):
-            await explain_on_source(conn, "SELECT id FROM orders WHERE id = sneaky()")
-        with pytest.raises(DatabaseError, match=f"planned as {EXPLAIN_ROLE}"):
-            await explain_on_source(conn, "SELECT whoami()")
-        await explain_on_source(conn, "SELECT id FROM orders WHERE id = 1")  # a plain query plans
+            await _read_only(conn, "SELECT id FROM orders WHERE id = sneaky()", plan_only)  # past the gate
+        with pytest.raises(DatabaseError, match=f"planned as {TARGET_ROLE}"):
+            await _read_only(conn, "SELECT whoami()", plan_only)
+        await _read_only(conn, "SELECT id FROM orders WHERE id = 1", plan_only)  # a plain query plans
         assert await conn.fetchval("SELECT count(*) FROM audit") == 0
         assert await conn.fetchval("SELECT current_user") == "postgres"  # the session is as it was
         member = await conn.fetchval("SELECT pg_has_role(%s, 'pg_read_all_data', 'MEMBER')",
-                                     (EXPLAIN_ROLE,))
+                                     (TARGET_ROLE,))
         writes = await conn.fetchval("SELECT has_table_privilege(%s, 'orders', 'INSERT')",
-                                     (EXPLAIN_ROLE,))
+                                     (TARGET_ROLE,))
         assert member and not writes
     with pytest.raises(InputError):
         await prepare(TaskRequest(query="SELECT id FROM orders WHERE id = sneaky()"),

@@ -11,9 +11,12 @@ attached bottom-up, at any depth. Before anything runs, the target is checked ag
 plan (`preflight`): every table and column the plan names exists, and nothing it would
 create exists already. After the build, `verify`: each index of the tree is valid
 (`indisvalid`), the query's plan on the target uses it (EXPLAIN, no ANALYZE), and the query
-is measured read-only (a READ ONLY transaction) before and after. A failed build leaves an
-invalid index behind: it is dropped (DROP INDEX CONCURRENTLY) and reported; a failed
-verification rolls back every step that ran.
+is measured read-only before and after. The query is planned and measured only through
+`afs.target.on_target` (the input limits, the structural and the catalog checks, then a READ
+ONLY transaction as the low-privilege role): the task's query before anything is built, the
+query that verifies (a rewrite may read what the plan builds) after. A failed build leaves an
+invalid index behind: it is dropped (DROP INDEX CONCURRENTLY) and reported; a failed or
+refused verification rolls back every step that ran.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import psycopg
 import trio
 
 from afs.apply.plan import ApplyPlan, Step, partitioned_steps
-from afs.db import Connection, open_connection, translate
+from afs.db import Connection, open_connection
 from afs.errors import AfsError, DatabaseError, InputError
+from afs.target import on_target, plan_json, timed_runs
 
 APPLY_LOCK_KEY = 0x0AF5_A991  # pg_try_advisory_lock key: one apply or rollback per database
 MEASURE_RUNS = 3
@@ -65,32 +68,11 @@ def _last(name: str) -> str:
     return name.rpartition(".")[2].strip('"')
 
 
-async def _explain(conn: Connection, query: str) -> Mapping[str, Any]:
-    rows = await conn.fetchall(f"EXPLAIN (FORMAT JSON) {query}")
-    doc = rows[0][0]
-    return dict(doc[0]["Plan"])
-
-
-def _timed_read_only(raw: psycopg.Connection[Any], query: str, runs: int) -> list[float]:
-    times = []
-    try:
-        with raw.transaction(), raw.cursor() as cur:
-            cur.execute("SET TRANSACTION READ ONLY")
-            cur.execute(f"SET LOCAL statement_timeout = {MEASURE_TIMEOUT_MS}")
-            for _ in range(runs):
-                start = time.perf_counter()
-                cur.execute(query)
-                cur.fetchall()
-                times.append((time.perf_counter() - start) * 1000)
-    except psycopg.Error as exc:
-        raise translate(exc, query) from exc
-    return times
-
-
 async def measure(conn: Connection, query: str, runs: int = MEASURE_RUNS) -> float | None:
-    """The query's median over `runs`, read-only on the target (None: it ran past 30 s)."""
+    """The query's median over `runs`, read-only on the target as the low-privilege role,
+    after the target's checks (afs.target.on_target); None: it ran past 30 s."""
     try:
-        times = await conn.run(lambda raw: _timed_read_only(raw, query, runs))
+        times = await on_target(conn, query, timed_runs(runs, MEASURE_TIMEOUT_MS))
     except DatabaseError as exc:
         if exc.sqlstate == "57014":  # query_canceled: the statement timeout
             return None
@@ -242,7 +224,7 @@ async def verify(conn: Connection, plan: ApplyPlan, query: str) -> tuple[list[st
             problems.append(f"index {step.name} is not valid (indisvalid is false)")
     if indexes:
         checks.append("indexes valid (indisvalid)")
-    nodes = list(_plan_nodes(await _explain(conn, query)))
+    nodes = list(_plan_nodes(await on_target(conn, query, plan_json)))
     used = {n.get("Index Name") for n in nodes} - {None}
     relations = {n.get("Relation Name") for n in nodes} - {None}
     table_indexes = [s for s in indexes if not any(_last(s.table or "") == _last(v.name or "")
@@ -284,7 +266,8 @@ async def apply_plan(plan: ApplyPlan, target_dsn: str, query: str,
 
     `query` is what the verification measures (the task's query, or the rewrite that reads a
     materialized view). Raises InputError before changing anything when the target does not
-    match the plan (`preflight`) or another apply is running.
+    match the plan (`preflight`), the target's checks refuse the task's query (UnsafeSqlError:
+    afs.target.on_target) or another apply is running.
     """
     start = time.perf_counter()
     async with open_connection(target_dsn, statement_timeout_ms=0) as conn:
@@ -319,11 +302,15 @@ async def apply_plan(plan: ApplyPlan, target_dsn: str, query: str,
                 executed.append(step)
                 out.executed.append(step.sql)
             if failure is None:
-                problems, checks = await verify(conn, plan, query)
+                try:
+                    problems, checks = await verify(conn, plan, query)
+                    if not problems:
+                        out.verification["after_ms"] = await measure(conn, query)
+                except AfsError as exc:  # refused or failed on the target: nothing stays applied
+                    problems, checks = [str(exc)], []
                 if problems:
                     failure = "verification failed: " + "; ".join(problems)
                 else:
-                    out.verification["after_ms"] = await measure(conn, query)
                     out.verification["verified"] = checks
             if failure is not None:
                 undo = [s.rollback for s in reversed(executed) if s.rollback]

@@ -16,7 +16,10 @@ Each parameter takes its values from the pg_stats of the column it is compared w
 A parameter compared with anything else (an expression, a column without statistics)
 cannot be filled: the statement is skipped with that reason. The statement is first
 screened with `EXPLAIN (GENERIC_PLAN)` (it plans with its parameters unknown) and every
-filled query with a plain EXPLAIN; neither runs the statement.
+filled query with a plain EXPLAIN; neither runs the statement, and both go through
+`afs.target.on_target`: the input limits, the structural and the catalog checks first (a
+refused statement is skipped with the reason, never planned: planning evaluates IMMUTABLE
+functions), then a READ ONLY transaction as the low-privilege role.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from pglast.parser import ParseError, scan
 from afs.analysis import table_info
 from afs.batch.statements import nodes, relation_name, relations
 from afs.db import Connection
-from afs.errors import DatabaseError
+from afs.errors import DatabaseError, InputError, UnsafeSqlError
 from afs.models import ColumnStats, ParameterSet, StatementParameters, Substitution, TableInfo
+from afs.target import check_on_target, generic_plan, on_target, plan_only
 
 DEFAULT_SETS = 3
 LOWER = (0.25, 0.1, 0.5, 0.4)
@@ -321,19 +325,32 @@ def typed_parameters(query: str) -> str:
 
 
 async def fill_statement(conn: Connection, query: str, count: int = DEFAULT_SETS) -> Filled:
-    """Screen with EXPLAIN (GENERIC_PLAN), fill from pg_stats, EXPLAIN each filled query."""
+    """Screen (the target's checks, then EXPLAIN (GENERIC_PLAN)), fill from pg_stats, EXPLAIN
+    each filled query; every plan through `afs.target.on_target`. A statement the checks
+    refuse is a Filled with the reason, never planned."""
     query = typed_parameters(query)
-    if any(t.name == "PARAM" for t in scan(query)):
-        try:
-            await conn.execute(f"EXPLAIN (GENERIC_PLAN) {query}")
-        except DatabaseError as exc:
-            return Filled((), f"does not plan with its parameters: {str(exc).splitlines()[0]}", query)
+    try:
+        if any(t.name == "PARAM" for t in scan(query)):
+            await on_target(conn, query, generic_plan, parameters=True)
+        else:
+            await check_on_target(conn, query)  # before its tables' statistics are read
+    except InputError as exc:
+        return Filled((), _refused(exc), query)
+    except DatabaseError as exc:
+        return Filled((), f"does not plan with its parameters: {str(exc).splitlines()[0]}", query)
     filled = fill(query, await read_tables(conn, query), count)
     good = []
     for pset in filled.sets:
         try:
-            await conn.execute(f"EXPLAIN {pset.query}")
+            await on_target(conn, pset.query, plan_only)
+        except InputError as exc:
+            return Filled((), f"filled ({pset.label}) it is {_refused(exc)}", query)
         except DatabaseError as exc:
             return Filled((), f"filled ({pset.label}) it does not plan: {str(exc).splitlines()[0]}", query)
         good.append(pset)
     return Filled(tuple(good), filled.reason, query)
+
+
+def _refused(exc: InputError) -> str:
+    reason = exc.reason if isinstance(exc, UnsafeSqlError) else str(exc).splitlines()[0]
+    return f"refused by the checks on the target: {reason}"

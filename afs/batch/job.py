@@ -5,8 +5,10 @@
     doc = await run_batch_on_server(store, settings, client, target_dsn=dsn, task_dsn=None,
                                     options=BatchOptions(top=5))  # by `afs serve`'s workers
 
-Statements come from the target (read-only: pg_stat_statements, pg_stats, EXPLAIN);
-each is filled with values and becomes a task like `afs optimize` makes, run here
+Statements come from the target (read-only: pg_stat_statements, pg_stats, EXPLAIN, every
+plan through `afs.target.on_target`, so a statement with a function the target's catalog
+refuses is skipped with the reason, never planned); each is filled with values and
+becomes a task like `afs optimize` makes, run here
 by this worker in turn (or submitted to `afs serve` and waited for), against the
 target's copy in the sandbox. The counters read are stored as a snapshot, so that a
 later batch `--since` then ranks by what ran since (afs.batch.statements). A statement
