@@ -8,7 +8,9 @@ Layering (lower layers never import higher ones):
     I/O edges     db (psycopg under trio), sandbox.server (pg_ctl), sandbox.seeding,
                   sandbox.importer, forks.provider, forks.server (MCP), forks.client (MCP),
                   analysis and bench (SQL in a fork), events, display,
-                  brains (Brain, Squad), brains.gemini (the model client and brain)
+                  target (the one path of a query to a user's database: checked, then
+                  read-only as a low-privilege role), brains (Brain, Squad), brains.gemini
+                  (the model client and brain)
     workflow      agents (one agent: fork → analyse → propose → validate → benchmark),
                   optimize (one task: route, one nursery, consensus)
     entry points  cli, __main__

