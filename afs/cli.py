@@ -1097,7 +1097,7 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
         # The client owns this process through its stdin; a terminal's Ctrl-C reaches the
         # whole process group, and the client still needs us to destroy its forks.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    admin_dsn = args.admin_dsn
+    admin_dsn = args.admin_dsn or settings.admin_dsn
     if admin_dsn is None:
         sandbox = SandboxServer(settings)
         sandbox.start()
@@ -1269,8 +1269,8 @@ def build_parser() -> argparse.ArgumentParser:
                 cmd_mcp_serve,
                 json_flag=False)
     serve.add_argument("--admin-dsn", metavar="DSN",
-                       help="superuser DSN of the server to fork on (default: the sandbox). "
-                            + DSN_PASSWORDS)
+                       help="superuser DSN of the server to fork on (default: AFS_ADMIN_DSN, else the "
+                            "sandbox). " + DSN_PASSWORDS)
     serve.add_argument("--http", metavar="HOST:PORT",
                        help="serve over MCP's streamable HTTP transport at http://HOST:PORT/mcp, for "
                             "workers on other machines (they set AFS_FORK_SERVER_URL and "

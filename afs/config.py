@@ -43,6 +43,8 @@ Environment:
                               http://forks:8471/mcp, instead of the stdio command
     AFS_FORK_SERVER_TOKEN     its bearer token (always required; default: made by the server once and
                               kept in $AFS_HOME/fork-server.token, mode 0600, where AFS's clients read it)
+    AFS_ADMIN_DSN             superuser DSN of the server `afs mcp serve` forks on (default: the sandbox):
+                              instead of --admin-dsn, whose command line every local user sees in `ps`
     AFS_SOURCE_SERVER_URL     the server holding the source databases, for workers on other
                               machines (its database name is replaced by the task's source)
 
@@ -265,6 +267,7 @@ class Settings:
     service_token: str | None = None  # bearer token of the HTTP service
     fork_server_url: str | None = None  # the fork server over streamable HTTP, instead of stdio
     fork_server_token: str | None = None  # its bearer token
+    admin_dsn: str | None = None  # where `afs mcp serve` forks (default: the sandbox)
     source_server_url: str | None = None  # where the sources are read; None: the sandbox
     service_hosts: tuple[str, ...] = ()  # Host names the service answers to besides loopback
     service_max_body_bytes: int = DEFAULT_SERVICE_MAX_BODY_BYTES  # larger request bodies: 413
@@ -427,6 +430,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     for key, env_name in (("store_url", "AFS_STORE_URL"), ("service_token", "AFS_SERVICE_TOKEN"),
                           ("fork_server_url", "AFS_FORK_SERVER_URL"),
                           ("fork_server_token", "AFS_FORK_SERVER_TOKEN"),
+                          ("admin_dsn", "AFS_ADMIN_DSN"),
                           ("source_server_url", "AFS_SOURCE_SERVER_URL")):
         value, _ = pick(key, env_name)
         if value:

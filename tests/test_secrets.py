@@ -198,12 +198,13 @@ def test_a_token_is_made_once_private_to_its_user(tmp_path: Path) -> None:
 
 
 async def _start_fork_server(sandbox: SandboxServer, home: Path) -> tuple[trio.Process, str]:
-    """`afs mcp serve --http 127.0.0.1:0` with no token configured; its process and URL."""
+    """`afs mcp serve --http 127.0.0.1:0` with no token configured, its admin DSN from the
+    environment (AFS_ADMIN_DSN, not --admin-dsn); its process and URL."""
     env = {k: v for k, v in os.environ.items() if k != "AFS_FORK_SERVER_TOKEN"}
-    env.update(AFS_HOME=str(home), AFS_FORK_SPARES="0")
+    env.update(AFS_HOME=str(home), AFS_FORK_SPARES="0", AFS_ADMIN_DSN=sandbox.dsn())
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "afs", "mcp", "serve", "--http", "127.0.0.1:0", "--admin-dsn", sandbox.dsn()],
-        stderr=subprocess.PIPE, env=env)
+        [sys.executable, "-m", "afs", "mcp", "serve", "--http", "127.0.0.1:0"], stderr=subprocess.PIPE,
+        env=env)
     assert process.stderr is not None
     said = b""
     with trio.fail_after(60):
@@ -230,6 +231,8 @@ async def test_the_fork_server_over_http_wants_its_token_on_loopback_too(
     home = tmp_path / "server"
     process, url = await _start_fork_server(sandbox, home)
     try:
+        cmdline = await trio.Path(f"/proc/{process.pid}/cmdline").read_text()
+        assert sandbox.dsn() not in cmdline and "mcp" in cmdline
         hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "a local process", "version": "1"}}}
