@@ -53,9 +53,12 @@ CREATE FUNCTION public.plant(x int, tag text) RETURNS int IMMUTABLE LANGUAGE plp
 -- for a superuser session whose search_path puts public first
 CREATE FUNCTION public.pg_stat_reset() RETURNS void LANGUAGE plpgsql
   AS $f$ BEGIN PERFORM public.act('pg_stat_reset'); END $f$;
--- an exact match for quote_ident(name), which a superuser's catalog query in a fork may call
+-- exact matches for calls a superuser's catalog query may make (the catalog's take text and
+-- regclass): quote_ident(nspname) in a fork's hand-over, pg_relation_size(c.oid) anywhere
 CREATE FUNCTION public.quote_ident(name) RETURNS text LANGUAGE plpgsql
   AS $f$ BEGIN PERFORM public.act('quote_ident'); RETURN pg_catalog.quote_ident($1::text); END $f$;
+CREATE FUNCTION public.pg_relation_size(oid) RETURNS bigint LANGUAGE plpgsql AS $f$
+  BEGIN PERFORM public.act('pg_relation_size'); RETURN pg_catalog.pg_relation_size($1::regclass); END $f$;
 CREATE TABLE public.t (id int CHECK (public.plant(id, 'check') IS NOT NULL));
 INSERT INTO public.t SELECT generate_series(1, 50);
 CREATE INDEX t_planted ON public.t (public.plant(id, 'index'));
