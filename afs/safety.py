@@ -47,7 +47,17 @@ parse is refused. Two checks:
   Everything else is refused, and so is any allowed statement that names a relation in a
   system schema (pg_catalog, information_schema, pg_toast, pg_temp…, any pg_ prefix, in any
   case: `CREATE TABLE pg_temp.x` would hide the real table) or calls a function known by name
-  to have side effects (`DENIED_FUNCTIONS`, and the patterns of the pg_ prefix).
+  to have side effects (`DENIED_FUNCTIONS`, and the patterns of the pg_ prefix) or to read
+  what the statement does not name (`READS_UNNAMED`: table_to_xml, schema_to_xml,
+  database_to_xml, query_to_xml and cursor_to_xml with their siblings read relations named
+  as text; pg_stat_get_activity, pg_stat_get_backend_*, pg_blocking_pids, pg_lock_status, …
+  read other sessions).
+
+The gate has three layers, each run only when the one before passes: the structure (above,
+pure), the names in the catalog (`judge_references`), and what PostgreSQL resolves the
+statement to (`judge_resolved`). The text alone misses what the analyzer decides: `o.total`
+may be the function `total(o)` (attribute notation), the `=` of `JOIN … USING` and `NATURAL
+JOIN` is chosen by name, a domain may sit on a domain, in an array or in a composite's field.
 
 Names only the catalog can judge. Structure says `f(x)`, `a === b`, `x::t`, `FROM pg_authid`,
 `CREATE INDEX IF NOT EXISTS i`; what they mean depends on the database. Every check above
@@ -86,11 +96,33 @@ resolves them in one query against the catalog of the fork where they would run
   never refused.
 
 * A view a statement reads runs its own functions: those of every view it reads, at any
-  depth, are judged as above (materialized views too, which REFRESH runs).
+  depth, are judged as above (materialized views too, which REFRESH runs), with the operators
+  and types its rules use.
+* Types are judged through everything inside them (`afs.catalog`): a cast to a type runs its
+  input function, the casts to it, the checks of a domain, of the domain under it, of an
+  array's element and of a composite's fields, and a range's functions. A relation read also
+  has the types of its columns judged, for what reading them may run: the element and field
+  types inside them (a literal compared with an array of a domain runs the domain's checks
+  while PostgreSQL parses the statement, before anything is planned) and a range's
+  subtype_diff (run by the planner's estimates); a column of a domain itself runs its checks
+  only when written, which the created table's dependencies cover.
+* Ordered-set and hypothetical-set aggregates (`percentile_cont(0.9) WITHIN GROUP (ORDER BY
+  x)`) are looked up with their direct and their WITHIN GROUP arguments, as PostgreSQL does.
+
+What PostgreSQL resolves. Each check above also lists, as `Target`s, what PostgreSQL must
+resolve: the query or rewrite, a materialized view's query, an index's or statistics object's
+expressions and predicate (`SELECT (expr) AS e1, … FROM <table> WHERE <predicate>`), the
+source of a recipe's copy; a recipe's CREATE TABLE, RENAME and DROP are run so that what
+follows resolves. `afs.catalog` creates a temporary view over each (parse analysis only:
+nothing is planned or run) in a transaction that is always rolled back, and reads what its
+rewrite rule depends on (pg_depend, and the rule's own tree for the built-ins pg_depend never
+records); `judge_resolved` decides: every function reached, directly or through an operator,
+a type or a view, is judged by origin and against the deny lists, the ones called directly by
+volatility too (IMMUTABLE for an index target, not VOLATILE for a read); a read target that
+PostgreSQL cannot resolve is refused (it could not be judged, and would not run either).
 
 Not judged here: row-level security policies, triggers (proposals write only into tables they
-create), the types a table takes over with LIKE (the user's own, checked as on any write into
-it), operator classes, and the planner's own support functions (written in C, so by a
+create), operator classes, and the planner's own support functions (written in C, so by a
 superuser).
 A migration recipe is also checked where it runs: agents.py counts and checksums the rows of
 every table it moves before and after (`afs.catalog.lost_rows`).
@@ -107,7 +139,7 @@ from typing import Any, Literal
 
 from pglast import ast, enums, parse_sql, split
 from pglast.parser import ParseError, scan
-from pglast.stream import maybe_double_quote_name
+from pglast.stream import RawStream, maybe_double_quote_name
 
 from afs.errors import InputError, UnsafeSqlError
 from afs.models import PROPOSAL_TYPES, OptimizationProposal, RiskLevel, UnsafeStatement, ValidationResult
@@ -116,16 +148,22 @@ __all__ = [
     "ALLOWED_EXTENSIONS",
     "DENIED_FUNCTIONS",
     "INDEX_ACCESS_METHODS",
+    "READS_UNNAMED",
     "TRUSTED_EXTENSIONS",
     "VOLATILE_ALLOWED",
     "CatalogFact",
     "Ref",
     "References",
+    "Target",
+    "bind_parameters",
     "check_query",
     "denied_function",
     "judge_references",
+    "judge_resolved",
+    "parameter_count",
     "proposal_references",
     "query_references",
+    "reads_unnamed",
     "split_statements",
     "validate_proposal",
 ]
@@ -169,6 +207,22 @@ DENIED_FUNCTIONS: frozenset[str] = frozenset({
     "crosstab3", "crosstab4", "http", "http_get", "http_post", "http_put", "http_delete", "http_patch",
     "http_head",
 })
+# Built-ins that read what the query does not name: relations named as text (the *_to_xml family,
+# which `check_query` and the relation checks never see) and other sessions' activity, locks and
+# memory. Refused wherever PostgreSQL resolves them (a call, a view, attribute notation), like
+# DENIED_FUNCTIONS; the patterns below cover their siblings.
+READS_UNNAMED: frozenset[str] = frozenset({
+    "table_to_xml", "table_to_xmlschema", "table_to_xml_and_xmlschema", "schema_to_xml",
+    "schema_to_xmlschema", "schema_to_xml_and_xmlschema", "database_to_xml", "database_to_xmlschema",
+    "database_to_xml_and_xmlschema", "pg_stat_get_activity", "pg_stat_get_progress_info",
+    "pg_blocking_pids", "pg_safe_snapshot_blocking_pids", "pg_lock_status", "pg_prepared_xact",
+    "pg_get_backend_memory_contexts", "pg_stat_get_wal_senders", "pg_stat_get_wal_receiver",
+    "pg_stat_get_subscription",
+})
+_READS_UNNAMED_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
+    r"^(table|schema|database|query|cursor)_to_xml",  # reads a relation, schema or query named as text
+    r"^pg_stat_get_backend_",  # another backend's query, user, client address, …
+))
 _DENIED_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
     r"^dblink",  # dblink, dblink_exec, dblink_connect, …
     r"^pg_(try_)?advisory_",  # advisory locks
@@ -193,7 +247,15 @@ def denied_function(funcname: Sequence[str]) -> bool:
     if not funcname:
         return False
     name = funcname[-1].lower()
-    return name in DENIED_FUNCTIONS or any(p.search(name) for p in _DENIED_PATTERNS)
+    return (name in DENIED_FUNCTIONS or any(p.search(name) for p in _DENIED_PATTERNS)
+            or reads_unnamed(funcname))
+
+
+def reads_unnamed(funcname: Sequence[str]) -> bool:
+    """True when a built-in, named by its (possibly qualified) parts, reads relations named as
+    text or other sessions' activity (`READS_UNNAMED`)."""
+    name = funcname[-1].lower() if funcname else ""
+    return name in READS_UNNAMED or any(p.search(name) for p in _READS_UNNAMED_PATTERNS)
 
 
 def _denied_by_name(funcname: Sequence[str]) -> bool:
@@ -204,7 +266,15 @@ def _denied_by_name(funcname: Sequence[str]) -> bool:
         return False
     name = funcname[-1].lower()
     system_prefix = name.startswith(("pg_", "binary_upgrade_"))
-    return name in DENIED_FUNCTIONS or (system_prefix and denied_function(funcname))
+    return (name in DENIED_FUNCTIONS or name in READS_UNNAMED
+            or (system_prefix and denied_function(funcname)))
+
+
+def _denial(funcname: Sequence[str]) -> str:
+    """Why a denied function is refused, as the end of a sentence."""
+    if reads_unnamed(funcname):
+        return "reads relations named as text or other sessions' activity"
+    return "has side effects"
 
 
 def _system_schema(schema: str | None) -> bool:
@@ -325,7 +395,7 @@ def _side_effect_problem(node: Any) -> str | None:
             if len(parts) == 2 and _system_schema(parts[0]) and parts[0].lower() != "pg_catalog":
                 return f"calls {'.'.join(parts)}(), which is not a built-in function"
             if _denied_by_name(parts):
-                return f"calls {'.'.join(parts)}(), which has side effects"
+                return f"calls {'.'.join(parts)}(), which {_denial(parts)}"
         elif isinstance(sub, ast.RangeVar):
             if sub.catalogname:
                 return "cross-database names are not allowed"
@@ -534,18 +604,51 @@ class Ref:
     columns: tuple[str, ...] = ()
 
 
+TargetKind = Literal["read", "index", "matview", "create", "execute"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One piece of a query or proposal whose meaning PostgreSQL itself resolves (`afs.catalog`),
+    in order, inside a transaction that is always rolled back.
+
+    * read: `sql` is a SELECT (the query, a rewrite, a materialized view's query, the source of a
+      copy, `SELECT 1 FROM <matview>` for a REFRESH): a temporary view over it is created and
+      what its rewrite rule depends on is judged (direct calls must not be VOLATILE);
+    * index: `sql` is `SELECT (expression) AS e1, … FROM <table> WHERE <predicate>` for an index
+      or statistics object: as read, but direct calls must be IMMUTABLE;
+    * matview: `sql` is the CREATE MATERIALIZED VIEW … WITH NO DATA (created empty: its query is
+      analysed, not run), judged as read, so that an index on it or its REFRESH resolve after it;
+    * create: `sql` is a recipe's CREATE TABLE, run in that transaction, then the dependencies of
+      the table `relation` (column types, defaults, partition key, constraints) are judged;
+    * execute: `sql` is a recipe's RENAME, DROP TABLE or CREATE EXTENSION, run so that the
+      statements after it resolve as they will in the fork; nothing of the database's runs.
+
+    A read, index or matview target that PostgreSQL cannot resolve is refused (what it cannot
+    resolve cannot be judged, and would not run either); a create or execute one that fails is
+    left to fail where it runs, and what follows it is still resolved (or refused) on its own.
+    """
+
+    kind: TargetKind
+    statement: str
+    sql: str
+    relation: str | None = None
+
+
 @dataclass(frozen=True)
 class References:
     """What the catalog must judge for one query or proposal (`judge_references`).
 
     `creates_extension`: the proposal installs an allowed extension, so names it defines may not
     exist yet. `preserved`: existing tables a partitioning recipe moves, renames, drops or copies,
-    as SQL text: each must hold the same rows and columns under its name afterwards.
+    as SQL text: each must hold the same rows and columns under its name afterwards. `targets`:
+    what PostgreSQL is asked to resolve after the names pass (`judge_resolved`).
     """
 
     refs: tuple[Ref, ...] = ()
     creates_extension: bool = False
     preserved: tuple[str, ...] = ()
+    targets: tuple[Target, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -568,6 +671,7 @@ class CatalogFact:
     security_definer: bool = False
     via: str | None = None
     extra: tuple[str, ...] = ()
+    kind: Literal["function", "relation"] = "function"  # what `name` is (for `judge_resolved`)
 
 
 # extensions whose functions and operators a proposal or query may use, judged by their
@@ -598,7 +702,7 @@ def _origin_problem(fact: CatalogFact, subject: str) -> str | None:
         return (f"{subject}is not built in: it {origin} (only built-in functions and those of "
                 f"{', '.join(sorted(TRUSTED_EXTENSIONS))} may run)")
     if denied_function((fact.name or "",)):
-        return f"{subject}has side effects"
+        return f"{subject}{_denial((fact.name or '',))}"
     return None
 
 
@@ -634,16 +738,21 @@ def _ref_problem(ref: Ref, facts: Sequence[CatalogFact], creates_extension: bool
                     "(index expressions and predicates must be)")
         return None
     if ref.kind == "relation":
-        for fact in facts:
-            if fact.via is not None:  # a function a view (at any depth) calls
-                problem = _origin_problem(fact, f"{ref.name} reads {fact.via}, which calls "
-                                                f"{fact.schema}.{fact.name}(), which ")
+        # the relation itself first: a system relation is refused for what it is
+        for fact in sorted(facts, key=lambda f: (f.kind != "relation", f.via is not None)):
+            if fact.kind == "function":  # what a view (at any depth) or a column's type runs
+                problem = _origin_problem(fact, f"{ref.name} runs {fact.schema}.{fact.name}() (through "
+                                                f"{fact.via}), which ")
                 if problem:
                     return problem
-            elif _system_schema(fact.schema):
+                continue
+            if fact.via is None and _system_schema(fact.schema):
                 return (f"{ref.name} is {fact.schema}.{fact.name}, a system relation: system "
                         "relations are neither read nor changed")
             if set(fact.extra) & _FOREIGN_RELKINDS:
+                if fact.via is not None:
+                    return (f"{ref.name} reads {fact.schema}.{fact.name} through {fact.via}, a foreign "
+                            "table: it reaches another database")
                 return f"{ref.name} is a foreign table: it reaches another database"
         return None
     if ref.kind in ("exists", "statistics"):
@@ -685,6 +794,115 @@ def judge_references(refs: References, facts: Sequence[CatalogFact]) -> tuple[Un
     return tuple(UnsafeStatement(statement, reason) for statement, reason in problems.items())
 
 
+def _resolved_problem(target: Target, facts: Sequence[CatalogFact]) -> str | None:
+    """Why what PostgreSQL resolved for one target is refused, or None."""
+    for fact in facts:
+        qualified = f"{fact.schema}.{fact.name}"
+        if fact.kind == "relation":
+            if fact.via is None and _system_schema(fact.schema):
+                return f"reads {qualified}, a system relation: system relations are neither read nor changed"
+            if set(fact.extra) & _FOREIGN_RELKINDS:
+                through = f" (through {fact.via})" if fact.via else ""
+                return f"reads {qualified}{through}, a foreign table: it reaches another database"
+            continue
+        subject = (f"uses {fact.via}, which runs {qualified}(), which " if fact.via
+                   else f"calls {qualified}(), which ")
+        if target.kind == "create" and fact.name == "nextval" and fact.builtin:
+            continue  # a serial column's default, as LIKE … INCLUDING ALL copies it
+        problem = _origin_problem(fact, subject)
+        if problem:
+            return problem
+        if fact.via is not None:
+            continue  # behind an operator, a type or a view: judged by origin (as above)
+        if target.kind == "index" and fact.volatility != "i":
+            return f"{subject}is not IMMUTABLE (index expressions and predicates must be)"
+        reads = target.kind in ("read", "matview")
+        if reads and fact.volatility == "v" and fact.name not in VOLATILE_ALLOWED:
+            return (f"{subject}is VOLATILE: it may change data "
+                    f"(only {', '.join(sorted(VOLATILE_ALLOWED))} are allowed)")
+    return None
+
+
+def judge_resolved(refs: References, facts: Sequence[CatalogFact],
+                   failures: Mapping[int, str]) -> tuple[UnsafeStatement, ...]:
+    """The statements refused for what PostgreSQL resolved of `refs.targets`, each with its first
+    reason (empty when all pass). `facts[k].ref` and the keys of `failures` (what PostgreSQL
+    said when a target did not resolve) count the targets from 0.
+
+    Every function that would run, directly or behind an operator, a type (its input and output
+    functions, the checks of a domain at any depth, a range's functions) or a view at any depth,
+    is judged as in `judge_references`, by what it is; one called directly must also be
+    IMMUTABLE for an index target and not VOLATILE (outside `VOLATILE_ALLOWED`) for a read one.
+    A target that does not resolve is refused: what PostgreSQL cannot resolve cannot be judged.
+    """
+    by_target: dict[int, list[CatalogFact]] = {}
+    for fact in facts:
+        by_target.setdefault(fact.ref, []).append(fact)
+    problems: dict[str, str] = {}
+    for i, target in enumerate(refs.targets):
+        if target.statement in problems:
+            continue
+        if i in failures:
+            problem = (f"does not run on the database: {failures[i]}"
+                       if target.kind in ("read", "index", "matview") else None)
+        else:
+            problem = _resolved_problem(target, by_target.get(i, []))
+        if problem:
+            problems[target.statement] = problem
+    return tuple(UnsafeStatement(statement, reason) for statement, reason in problems.items())
+
+
+def _sql(node: ast.Node) -> str:
+    """A node as SQL text (a new stream each time: one accumulates what it printed)."""
+    return str(RawStream()(node))
+
+
+def _targets(stmt: ast.Node, command: str) -> list[Target]:
+    """What PostgreSQL must resolve of one accepted statement (`Target`)."""
+    if isinstance(stmt, ast.IndexStmt | ast.CreateStatsStmt):
+        if isinstance(stmt, ast.IndexStmt):
+            table, elements, where = stmt.relation, stmt.indexParams or (), stmt.whereClause
+        else:
+            table, elements, where = (stmt.relations or (None,))[0], stmt.exprs or (), None
+        exprs = [e.expr for e in elements if getattr(e, "expr", None) is not None]
+        if not isinstance(table, ast.RangeVar) or not (exprs or where is not None):
+            return []
+        columns = ", ".join(f"({_sql(e)}) AS e{i}" for i, e in enumerate(exprs, 1)) or "1 AS e0"
+        predicate = f" WHERE {_sql(where)}" if where is not None else ""
+        return [Target("index", command, f"SELECT {columns} FROM {_rv_sql(table)}{predicate}")]
+    if isinstance(stmt, ast.CreateTableAsStmt) and stmt.into is not None:
+        # created empty (WITH NO DATA runs nothing), so that an index or REFRESH after it resolves
+        stmt.into.skipData = True
+        return [Target("matview", command, _sql(stmt), _rv_sql(stmt.into.rel))]
+    if isinstance(stmt, ast.RefreshMatViewStmt):
+        return [Target("read", command, f"SELECT 1 FROM {_rv_sql(stmt.relation)}")]
+    if isinstance(stmt, ast.InsertStmt) and stmt.selectStmt is not None:
+        return [Target("read", command, _sql(stmt.selectStmt))]
+    if isinstance(stmt, ast.CreateStmt):
+        return [Target("create", command, command, _rv_sql(stmt.relation))]
+    if isinstance(stmt, ast.RenameStmt | ast.DropStmt | ast.CreateExtensionStmt):
+        return [Target("execute", command, command)]
+    return []  # ANALYZE, SET STATISTICS, ATTACH PARTITION: names only (`judge_references`)
+
+
+def parameter_count(sql: str) -> int:
+    """The highest $n in `sql` (0 when it has no parameters)."""
+    numbers = [int(sql[t.start + 1:t.end + 1]) for t in scan(sql) if t.name == "PARAM"]
+    return max(numbers, default=0)
+
+
+def bind_parameters(sql: str, types: Sequence[str]) -> str:
+    """`sql` with each $n replaced by `(NULL::<types[n-1]>)` (types as SQL text, from PostgreSQL):
+    a query of pg_stat_statements resolves in a view as it does when planned with parameters."""
+    out, last = [], 0
+    for token in scan(sql):
+        if token.name == "PARAM":
+            n = int(sql[token.start + 1:token.end + 1])
+            out += [sql[last:token.start], f"(NULL::{types[n - 1]})"]
+            last = token.end + 1
+    return "".join(out) + sql[last:]
+
+
 def _operator_names(expr: ast.A_Expr) -> list[tuple[str | None, str]]:
     parts = [p.sval for p in expr.name or () if isinstance(p, ast.String) and p.sval]
     if not parts:
@@ -715,8 +933,10 @@ def _collect(node: Any, statement: str, context: Context, out: list[Ref]) -> Non
         if isinstance(item, ast.FuncCall):
             parts = _func_name(item)
             if parts:
+                # an ordered-set aggregate takes its direct arguments, then those of WITHIN GROUP
+                nargs = len(item.args or ()) + (len(item.agg_order or ()) if item.agg_within_group else 0)
                 out.append(Ref("function", statement, parts[-1], parts[0] if len(parts) > 1 else None,
-                               ctx, len(item.args or ())))
+                               ctx, nargs))
         elif isinstance(item, ast.A_Expr):
             operands = 1 if item.lexpr is None else 2
             out.extend(Ref("operator", statement, name, schema, ctx, operands)
@@ -1282,6 +1502,7 @@ def _validate(sql_commands: Sequence[str], proposal_type: str) -> tuple[Validati
     risk: RiskLevel = "low"
     reversibility = 1.0
     creates_extension = False
+    targets: list[Target] = []
     if not sql_commands:
         rejected.append(UnsafeStatement("", "empty proposal: no commands"))
     for command in sql_commands:
@@ -1295,6 +1516,7 @@ def _validate(sql_commands: Sequence[str], proposal_type: str) -> tuple[Validati
             rejected.append(UnsafeStatement(command, exc.reason))
             continue
         _collect(stmt, command, "read", recipe.refs)
+        targets.extend(_targets(stmt, command))
         creates_extension = creates_extension or isinstance(stmt, ast.CreateExtensionStmt)
         if _RISK_ORDER[verdict.risk] > _RISK_ORDER[risk]:
             risk = verdict.risk
@@ -1306,7 +1528,7 @@ def _validate(sql_commands: Sequence[str], proposal_type: str) -> tuple[Validati
     rejected.extend(UnsafeStatement(command, reason) for command, reason in recipe.replacement_problems())
     undo = tuple(reversed(rollback))
     preserved = tuple(_key_sql(key) for key in sorted(recipe.touched))
-    refs = References(tuple(recipe.refs), creates_extension, preserved)
+    refs = References(tuple(recipe.refs), creates_extension, preserved, tuple(targets))
     if rejected:
         return ValidationResult(False, "high", 0.0, tuple(warnings), undo, tuple(rejected)), refs
     return ValidationResult(True, risk, reversibility, tuple(warnings), undo), refs
@@ -1320,7 +1542,9 @@ def query_references(sql: str) -> References:
         return References()
     refs: list[Ref] = []
     _collect(stmt, text, "read", refs)
-    return References(tuple(refs))
+    # only what `check_query` accepts is resolved (a rewrite is judged before its structure)
+    readable = isinstance(stmt, ast.SelectStmt) and _read_only_problem(stmt) is None
+    return References(tuple(refs), targets=(Target("read", text, text),) if readable else ())
 
 
 def proposal_references(proposal: OptimizationProposal) -> References:
@@ -1328,7 +1552,8 @@ def proposal_references(proposal: OptimizationProposal) -> References:
     commands = (_validate(proposal.sql_commands, proposal.proposal_type)[1] if proposal.sql_commands
                 else References())
     rewrite = query_references(proposal.rewritten_query) if proposal.rewritten_query else References()
-    return References((*commands.refs, *rewrite.refs), commands.creates_extension, commands.preserved)
+    return References((*commands.refs, *rewrite.refs), commands.creates_extension, commands.preserved,
+                      (*commands.targets, *rewrite.targets))
 
 
 # -- per-query settings -------------------------------------------------------------------------
