@@ -24,6 +24,7 @@ import pytest
 import structlog.testing
 
 from afs.apply import apply_winner, audit, load_plan
+from afs.apply.target import prepare as apply_prepare
 from afs.batch.fill import fill_statement
 from afs.batch.job import BatchOptions, run_batch
 from afs.config import Settings
@@ -211,6 +212,32 @@ async def test_apply_refuses_a_planted_rewrite_and_rolls_back_what_it_built(
     assert planted.untouched(sandbox)
     with psycopg.connect(planted.dsn) as conn:
         assert conn.execute("SELECT to_regclass('mv_u')").fetchone() == (None,)
+
+
+async def test_apply_judges_its_statements_by_the_targets_catalog_before_building(
+        planted: Target, sandbox: SandboxServer, settings: Settings, store: Store) -> None:
+    """The fork judged `lower(code)` as the built-in; on the target the attacker has since planted
+    public.lower(varchar), a closer match for a varchar column than pg_catalog.lower(text): the
+    index build would run it on every row as the table's owner (before: the superuser)."""
+    with psycopg.connect(planted.dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE orders ADD COLUMN code varchar(20)")
+        conn.execute("UPDATE orders SET code = 'C' || (id % 10)")
+    as_attacker = dsn_for(settings, planted.database, user=planted.attacker, password="attacker")
+    with psycopg.connect(as_attacker, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION public.lower(varchar) RETURNS text IMMUTABLE LANGUAGE plpgsql"
+                     " AS $f$ BEGIN PERFORM public.escalate(); RETURN pg_catalog.lower($1::text); END $f$")
+    task_id = await stored(store, ("CREATE INDEX ix_orders_code ON orders (lower(code))",),
+                           query="SELECT id FROM orders WHERE user_id = 7")
+    plan = await load_plan(store, task_id)
+    with pytest.raises(UnsafeSqlError, match="lower"):
+        await apply_prepare(plan, planted.dsn, sample_s=0.0)
+    with pytest.raises(UnsafeSqlError, match="lower"):
+        await apply_winner(store, plan, planted.dsn, approver="carol")
+    assert planted.untouched(sandbox)
+    [row] = await audit.entries(store, task_id)
+    assert row["result"] == "refused" and "on the target" in row["detail"]
+    with psycopg.connect(planted.dsn) as conn:
+        assert conn.execute("SELECT to_regclass('ix_orders_code')").fetchone() == (None,)
 
 
 async def test_optimize_refuses_a_planted_function_before_planning(planted: Target,

@@ -8,8 +8,9 @@ no statement timeout (a build takes what it takes; Ctrl-C cancels it on the serv
 An index on a partitioned table (CONCURRENTLY is refused there) is first expanded for this
 target (`expand`): CONCURRENTLY on every leaf partition, ON ONLY on each partitioned table,
 attached bottom-up, at any depth. Before anything runs, the target is checked against the
-plan (`preflight`): every table and column the plan names exists, and nothing it would
-create exists already. After the build, `verify`: each index of the tree is valid
+plan: its statements are judged by the target's own catalog (`judge_statements`: the fork
+judged them by the copy's), and (`preflight`) every table and column the plan names exists,
+and nothing it would create exists already. After the build, `verify`: each index of the tree is valid
 (`indisvalid`), the query's plan on the target uses it (EXPLAIN, no ANALYZE), and the query
 is measured read-only before and after. The query is planned and measured only through
 `afs.target.on_target` (the input limits, the structural and the catalog checks, then a READ
@@ -31,8 +32,11 @@ from typing import Any
 import trio
 
 from afs.apply.plan import ApplyPlan, Step, partitioned_steps
+from afs.catalog import catalog_problems
 from afs.db import Connection, open_connection
-from afs.errors import AfsError, DatabaseError, InputError
+from afs.errors import AfsError, DatabaseError, InputError, UnsafeSqlError
+from afs.models import EstimatedImpact, OptimizationProposal
+from afs.safety import proposal_references
 from afs.target import on_target, plan_json, timed_runs
 
 APPLY_LOCK_KEY = 0x0AF5_A991  # pg_try_advisory_lock key: one apply or rollback per database
@@ -92,6 +96,22 @@ async def _unlock(conn: Connection) -> None:
 
 def _ms(value: float | None) -> str:
     return "over 30 s" if value is None else f"{value} ms"
+
+
+async def judge_statements(conn: Connection, plan: ApplyPlan) -> None:
+    """Refuse (UnsafeSqlError) what the target's catalog refuses in the plan's statements: the
+    fork judged them by the copy's catalog, and a name can resolve to something else here (a
+    function planted after the import that matches its arguments better than the built-in
+    one). An index build or a view's query runs what they call on the target's rows."""
+    commands = tuple(s.sql for s in plan.steps)
+    if plan.kind not in ("index", "statistics", "materialized_view") or not commands:
+        return
+    proposal = OptimizationProposal(
+        agent=plan.agent, proposal_type=plan.kind, sql_commands=commands, rollback_commands=(),
+        rationale="the plan as it runs on the target", estimated_impact=EstimatedImpact(0, 0, "low", "low"))
+    problems = await catalog_problems(conn, proposal_references(proposal))
+    if problems:
+        raise UnsafeSqlError(problems[0].statement, f"on the target: {problems[0].reason}")
 
 
 async def preflight(conn: Connection, plan: ApplyPlan) -> None:
@@ -188,9 +208,11 @@ async def measure_writes(conn: Connection, tables: Sequence[str],
 
 
 async def prepare(plan: ApplyPlan, target_dsn: str, sample_s: float = WRITE_SAMPLE_S) -> ApplyPlan:
-    """The plan for this target, checked against it (`expand`, then `preflight`); a materialized
+    """The plan for this target, checked against it (`judge_statements`, `expand`, then
+    `preflight`); a materialized
     view's refresh schedule gets the write rate of the tables it reads. Changes nothing."""
     async with open_connection(target_dsn) as conn:
+        await judge_statements(conn, plan)
         expanded = await expand(conn, plan)
         await preflight(conn, expanded)
         if expanded.refresh is not None and expanded.refresh.reads:
@@ -266,13 +288,14 @@ async def apply_plan(plan: ApplyPlan, target_dsn: str, query: str,
 
     `query` is what the verification measures (the task's query, or the rewrite that reads a
     materialized view). Raises InputError before changing anything when the target does not
-    match the plan (`preflight`), the target's checks refuse the task's query (UnsafeSqlError:
-    afs.target.on_target) or another apply is running.
+    match the plan (`preflight`), the target's catalog refuses its statements (UnsafeSqlError:
+    `judge_statements`) or the task's query (afs.target.on_target), or another apply is running.
     """
     start = time.perf_counter()
     async with open_connection(target_dsn, statement_timeout_ms=0) as conn:
         await _try_lock(conn)
         try:
+            await judge_statements(conn, plan)
             plan = await expand(conn, plan)
             await preflight(conn, plan)
             out = Outcome("applied", "", rollback=list(plan.rollback), planned=[s.sql for s in plan.steps])
