@@ -6,6 +6,8 @@ One function per step, with the embedded PostgreSQL 18 binaries (they dump older
              LOGIN with a random password while the import runs), and a scratch database in
              which it may create schemas, and whose `public` schema it owns
     dump     pg_dump --format=custom into a file (the source database is only read)
+    extend   the extensions of SUPERUSER_EXTENSIONS the dump has, made by the superuser in the
+             still empty copy (only a superuser may create them)
     restore  pg_restore --no-owner --no-privileges logged in as that role, going on past
              errors; then each object that failed is restored again statement by statement in
              dump order, and the statements the server still refuses (a setting of another
@@ -28,7 +30,8 @@ security-restricted, as the table's owner). The database itself belongs to the s
 so the role cannot `ALTER DATABASE … SET` defaults (a `search_path` that puts its own
 functions before the catalog's) for AFS's later sessions. Extensions the server trusts are
 created by the role (their objects then belong to the bootstrap superuser, as PostgreSQL
-does it); the others are refused and listed. The few steps that need the superuser (the
+does it); of the others, those of SUPERUSER_EXTENSIONS are made before the restore (`extend`),
+the rest are refused and listed. The few steps that need the superuser (the
 role's own, the counters, the rename) pin `search_path` to the catalog. No password is on a
 child's command line (every local user sees those in `ps`): pg_dump and pg_restore get the
 connection string without it, and the password as PGPASSWORD (`child_connection`).
@@ -81,10 +84,26 @@ _DATA_KINDS = ("TABLE DATA", "BLOBS", "BLOB", "BLOB DATA", "LARGE OBJECT")
 _TOC_ENTRY = re.compile(r"^pg_restore: from TOC entry (\d+); ")
 _TOC_LINE = re.compile(r"^(\d+); \d+ \d+ (.+)$")
 _META = re.compile(r"^\\(un)?restrict .*$", re.MULTILINE)  # psql meta-commands pg_restore -f writes
+# Extensions PostgreSQL does not trust (only a superuser may create them) that the sandbox makes
+# for a copy whose dump has them: types, operators, index methods and statistics, whose scripts
+# are the sandbox's own installation's, run while the copy is still empty (nothing of the
+# source can stand in their way). Without them, a table with a `vector` column would be lost.
+SUPERUSER_EXTENSIONS = frozenset({"bloom", "pg_stat_statements", "vector"})
 IMPORT_OWNER_PREFIX = "afs_import_"  # the role that owns an imported copy (afs.forks.provider drops it)
 # the superuser's sessions in a copy: the catalog's functions and operators, never one the
 # copy's role wrote into a schema of the path as a closer match (quote_ident(name), say)
 PIN_SEARCH_PATH = "SET search_path = pg_catalog, pg_temp"
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """Where an import lands until it is published: the scratch database, and its connections."""
+
+    name: str  # the scratch database
+    role: str  # the copy's role (import_owner)
+    admin: str  # the superuser, in the admin database
+    superuser: str  # the superuser, in the scratch database
+    as_role: str  # the copy's role, in the scratch database (it may log in until `seal`)
 
 
 @dataclass(frozen=True)
@@ -179,13 +198,52 @@ def dump(source_dsn: str, path: Path, schema_only: bool = False) -> None:
         raise SandboxError(f"pg_dump failed: {_tail(result.stderr)}")
 
 
+# -- extend ------------------------------------------------------------------------------
+def extend(path: Path, scratch_dsn: str, role: str) -> Path | None:
+    """Make the extensions of SUPERUSER_EXTENSIONS that the dump at `path` creates (and this
+    server has) in the empty copy, as the superuser (`scratch_dsn`), each in the dump's schema
+    (made for `role` when not `public`); returns the restore's list of entries, without those
+    extensions, their comments and their schemas (None: all entries)."""
+    wanted = [entry for entry, kind in _toc(path) if kind.startswith("EXTENSION - ")
+              and kind.removeprefix("EXTENSION - ") in SUPERUSER_EXTENSIONS]
+    if not wanted:
+        return None
+    script = _run("pg_restore", [pg_binary("pg_restore"), f"--use-list={_list_file(path, *wanted)}",
+                                 "--file=-", str(path)])
+    schemas = {str(stmt.extname): next((o.arg.sval for o in stmt.options or () if o.defname == "schema"),
+                                  "public")
+               for stmt in (raw.stmt for raw in pglast.parse_sql(_META.sub("", script.stdout)))
+               if isinstance(stmt, pglast.ast.CreateExtensionStmt)}
+    left_out = set()
+    with connect_sync(scratch_dsn, statement_timeout_ms=IMPORT_TIMEOUT_S * 1000) as conn:
+        conn.execute(PIN_SEARCH_PATH)
+        available = {r[0] for r in conn.execute(
+            "SELECT name FROM pg_available_extensions WHERE name = ANY(%s)", (list(schemas),))}
+        for name, schema in sorted(schemas.items()):
+            if name not in available:  # the restore refuses it to the role, and lists it
+                continue
+            if schema != "public":
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}"
+                             f" AUTHORIZATION {quote_ident(role)}")
+                left_out.add(f"SCHEMA - {schema}")
+            conn.execute(f"CREATE EXTENSION IF NOT EXISTS {quote_ident(name)}"
+                         f" WITH SCHEMA {quote_ident(schema)}")
+            left_out |= {f"EXTENSION - {name}", f"COMMENT - EXTENSION {name}"}
+    listed = path.with_name("restore.list")
+    listed.write_text("".join(f"{';' if kind in left_out else ''}{entry};\n"
+                              for entry, kind in _toc(path)))
+    return listed
+
+
 # -- restore -----------------------------------------------------------------------------
-def restore(path: Path, target_dsn: str) -> tuple[str, ...]:
+def restore(path: Path, target_dsn: str, entries: Path | None = None) -> tuple[str, ...]:
     """Restore the dump at `path` into `target_dsn` (the copy's role, logged in itself: see the
-    module's notes): what can be restored is, the statements the server refuses are skipped
-    and returned (each with its error). SandboxError "pg_restore failed: …" when pg_restore
-    cannot work at all or table data would be lost."""
-    result = _run("pg_restore", *restore_command(path, target_dsn, "--verbose"))
+    module's notes), the entries listed in `entries` (None: all): what can be restored is, the
+    statements the server refuses are skipped and returned (each with its error).
+    SandboxError "pg_restore failed: …" when pg_restore cannot work at all or table data
+    would be lost."""
+    listed = () if entries is None else (f"--use-list={entries}",)
+    result = _run("pg_restore", *restore_command(path, target_dsn, "--verbose", *listed))
     failed = _failed_entries(result.stderr)
     if result.returncode != 0 and not failed:
         raise SandboxError(f"pg_restore failed: {_tail(_errors_only(result.stderr))}")
@@ -251,9 +309,9 @@ def _toc(path: Path) -> list[tuple[str, str]]:
     return entries
 
 
-def _list_file(path: Path, entry: str) -> Path:
-    listed = path.with_name(f"entry-{entry}.list")
-    listed.write_text(f"{entry};\n")
+def _list_file(path: Path, *entries: str) -> Path:
+    listed = path.with_name(f"entry-{entries[0]}.list")
+    listed.write_text("".join(f"{entry};\n" for entry in entries))
     return listed
 
 
@@ -291,7 +349,8 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
     admin = server.dsn()
     scratch = name + "_importing"
     role, password = import_owner(name), secrets.token_urlsafe(24)
-    as_role = dsn_for(server.settings, scratch, user=role, password=password)
+    landing = Scratch(name=scratch, role=role, admin=admin, superuser=server.dsn(scratch),
+                      as_role=dsn_for(server.settings, scratch, user=role, password=password))
     started = time.monotonic()
     origin_server = await _source_server(source_dsn)
     async with open_connection(admin) as conn:
@@ -299,14 +358,13 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
             raise InputError(f"the sandbox has a database named {name!r} already; pick --as NAME")
         await _drop_scratch(conn, scratch, role)
     try:
-        await prepare(admin, server.dsn(scratch), scratch, role, password)
+        await prepare(landing, password)
         server.settings.home.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="import-", dir=server.settings.home) as work:
             path = Path(work) / "source.dump"
-            skipped = await _dump_and_restore(source_dsn, path, schema_only, admin, scratch,
-                                              as_role, progress)
-        await analyze(as_role)
-        await seal(admin, server.dsn(scratch), role)
+            skipped = await _dump_and_restore(source_dsn, path, schema_only, landing, progress)
+        await analyze(landing.as_role)
+        await seal(landing)
         async with open_connection(admin) as conn:
             await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(name)}")
     except BaseException:
@@ -324,19 +382,18 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
                         skipped=skipped)
 
 
-async def prepare(admin: str, scratch_dsn: str, scratch: str, role: str, password: str) -> None:
+async def prepare(scratch: Scratch, password: str) -> None:
     """The copy's role (LOGIN with `password` until `seal`) and the scratch database, the
     superuser's, in which the role may create schemas and temporary tables, and owns `public`."""
-    ident = quote_ident(role)
-    async with open_connection(admin) as conn:
-        await conn.execute(f"CREATE ROLE {ident} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE"
+    role, database = quote_ident(scratch.role), quote_ident(scratch.name)
+    async with open_connection(scratch.admin) as conn:
+        await conn.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE"
                            f" NOREPLICATION NOBYPASSRLS PASSWORD {quote_literal(password)}")
-        await conn.execute(f"CREATE DATABASE {quote_ident(scratch)}")
-        await conn.execute(f"REVOKE ALL ON DATABASE {quote_ident(scratch)} FROM PUBLIC")
-        await conn.execute(f"GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {quote_ident(scratch)}"
-                           f" TO {ident}")
-    async with open_connection(scratch_dsn) as conn:
-        await conn.execute(f"ALTER SCHEMA public OWNER TO {ident}")
+        await conn.execute(f"CREATE DATABASE {database}")
+        await conn.execute(f"REVOKE ALL ON DATABASE {database} FROM PUBLIC")
+        await conn.execute(f"GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {database} TO {role}")
+    async with open_connection(scratch.superuser) as conn:
+        await conn.execute(f"ALTER SCHEMA public OWNER TO {role}")
 
 
 async def analyze(dsn: str) -> None:
@@ -348,14 +405,14 @@ async def analyze(dsn: str) -> None:
         await conn.execute("ANALYZE")
 
 
-async def seal(admin: str, scratch_dsn: str, role: str) -> None:
+async def seal(scratch: Scratch) -> None:
     """After the role's last step: it can no longer log in (its objects are handed to each
     fork's role in the fork); activity counters from zero (the restore is not the workload:
     writes per read count from here); SECURITY DEFINER routines of a superuser, if any, lose
     EXECUTE for PUBLIC."""
-    async with open_connection(admin) as conn:
-        await conn.execute(f"ALTER ROLE {quote_ident(role)} NOLOGIN PASSWORD NULL")
-    async with open_connection(scratch_dsn) as conn:
+    async with open_connection(scratch.admin) as conn:
+        await conn.execute(f"ALTER ROLE {quote_ident(scratch.role)} NOLOGIN PASSWORD NULL")
+    async with open_connection(scratch.superuser) as conn:
         await conn.execute(PIN_SEARCH_PATH)
         await conn.execute("SELECT pg_catalog.pg_stat_reset()")
         await restrict_definer_routines(conn)
@@ -369,13 +426,14 @@ async def _drop_scratch(conn: Connection, scratch: str, role: str) -> None:
 
 
 # -- progress ----------------------------------------------------------------------------
-async def _dump_and_restore(source_dsn: str, path: Path, schema_only: bool, admin: str,
-                            scratch: str, target_dsn: str,
+async def _dump_and_restore(source_dsn: str, path: Path, schema_only: bool, scratch: Scratch,
                             progress: Callable[[str], None] | None) -> tuple[str, ...]:
-    """The dump and restore steps, telling `progress` how far they got; the skipped statements."""
+    """The dump, extend and restore steps, telling `progress` how far they got; the skipped
+    statements."""
     async def steps() -> tuple[str, ...]:
         await trio.to_thread.run_sync(dump, source_dsn, path, schema_only)
-        return await trio.to_thread.run_sync(restore, path, target_dsn)
+        entries = await trio.to_thread.run_sync(extend, path, scratch.superuser, scratch.role)
+        return await trio.to_thread.run_sync(restore, path, scratch.as_role, entries)
 
     if progress is None:
         return await steps()
@@ -383,7 +441,7 @@ async def _dump_and_restore(source_dsn: str, path: Path, schema_only: bool, admi
     skipped: tuple[str, ...] = ()
     failed: list[BaseException] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_report_progress, admin, scratch, path, total, progress)
+        nursery.start_soon(_report_progress, scratch.admin, scratch.name, path, total, progress)
         try:
             skipped = await steps()
         except AfsError as exc:  # raised below, not wrapped in the nursery's exception group
