@@ -49,7 +49,8 @@ Environment:
                               machines (its database name is replaced by the task's source)
 
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
-GOOGLE_GENAI_USE_VERTEXAI with GOOGLE_CLOUD_PROJECT and GOOGLE_CLOUD_LOCATION), plus
+GOOGLE_GENAI_USE_ENTERPRISE, or the older GOOGLE_GENAI_USE_VERTEXAI, with GOOGLE_CLOUD_PROJECT
+and GOOGLE_CLOUD_LOCATION), plus
 AFS_GEMINI_BASE_URL (another endpoint: proxies, the fake server); `afs.brains.gemini.client`
 reads them from the environment the CLI passes in.
 
@@ -62,6 +63,8 @@ The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `ca
       models: {gemini25pro: gemini-3.1-pro-preview}
       model_settings:
         gemini-3.1-pro-preview: {thinking_level: high, call_timeout_s: 100}
+      max_spend_usd: 0.50     # per task (AFS_GEMINI_MAX_SPEND_USD): no model call past it
+      send_values: false      # AFS_GEMINI_SEND_VALUES: no literals, MCVs or bounds in prompts
 """
 
 from __future__ import annotations
@@ -143,31 +146,49 @@ def user_libpq_environment() -> dict[str, str]:
 
 # -- Gemini models -------------------------------------------------------------------------
 # The agents keep the seed's identities (gemini25pro, gemini25flash, gemini20flash: routing,
-# reports, tie-breaks); the model behind each moves on. Defaults chosen on 2026-11-23 from the
-# Gemini API's model and deprecation pages: gemini-2.0-flash is shut down, gemini-2.5-pro and
-# gemini-2.5-flash are deprecated (shutdown announced for 2026). Each role gets the current
-# model of its tier: the Pro for index design and review, the newest GA Flash for structure,
-# the GA Flash-Lite for pre-computation (the cheap tier 2.0-flash held).
-GEMINI_DEFAULTS_CHOSEN: Final = "2026-11-23"
+# reports, tie-breaks); the model behind each moves on. Defaults chosen on 2026-11-27 among
+# GA (stable) models only, from the Gemini API's models, deprecations and pricing pages: no
+# Pro model is GA (gemini-3.1-pro-preview is a Preview: excluded from production use by the
+# terms, no free quota), so the index-design role and the review take the most capable GA
+# Flash (gemini-3.8-flash, thinking high); structure takes the previous GA Flash
+# (gemini-3.7-flash, the same price); pre-computation takes the newest GA Flash-Lite
+# (gemini-3.5-flash-lite: gemini-3.1-flash-lite shuts down on 2027-05-07).
+GEMINI_DEFAULTS_CHOSEN: Final = "2026-11-27"
 DEFAULT_GEMINI_MODELS: Final[Mapping[str, str]] = {
-    "gemini25pro": "gemini-3.1-pro-preview",
-    "gemini25flash": "gemini-3.8-flash",
-    "gemini20flash": "gemini-3.1-flash-lite",
+    "gemini25pro": "gemini-3.8-flash",
+    "gemini25flash": "gemini-3.7-flash",
+    "gemini20flash": "gemini-3.5-flash-lite",
 }
 ENV_GEMINI_MODEL_PREFIX: Final = "AFS_GEMINI_MODEL_"  # + the agent key in capitals
 THINKING_LEVELS: Final = ("minimal", "low", "medium", "high")
+MODEL_STAGES: Final = ("stable", "preview", "deprecated")  # as the deprecations page lists them
 DEFAULT_CALL_TIMEOUT_S: Final = 60.0  # one HTTP attempt of a model without an entry below
 
 
 @dataclass(frozen=True)
+class Price:
+    """List prices in USD per million tokens, from `since` (an ISO date) on."""
+
+    since: str
+    input_usd_per_mtok: float
+    output_usd_per_mtok: float  # thinking included
+    cached_input_usd_per_mtok: float | None = None
+
+
+@dataclass(frozen=True)
 class ModelSettings:
-    """How AFS calls one model: thinking, sampling, output limit, time per call, price.
+    """How AFS calls one model, and what is known of it: thinking, sampling, output limit,
+    time per call, price, stage.
 
     `thinking_level` is for Gemini 3.x, `thinking_budget` (tokens; -1 dynamic, 0 off) for 2.5;
     2.5-pro always thinks (no budget 0); None sends nothing (2.0 models do not think).
+    `thinking_levels` are the levels the model accepts (empty: not known, not checked).
     `temperature` None leaves the vendor's default (Gemini 3 advises keeping it: lower values can
     loop). `max_output_tokens` includes the thinking tokens. Prices are USD per million tokens,
-    output including thinking (list prices: an estimate, not a bill); None: unknown.
+    output including thinking (list prices: an estimate, not a bill), in effect from
+    `prices_from`; `price_changes` are announced later prices; None: unknown. `stage` and
+    `shutdown` (ISO date) are the deprecations page's; `free_tier` says whether the Gemini API's
+    free tier has quota for the model (None: not known).
     """
 
     thinking_level: str | None = None
@@ -177,30 +198,85 @@ class ModelSettings:
     call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
     input_usd_per_mtok: float | None = None
     output_usd_per_mtok: float | None = None
+    cached_input_usd_per_mtok: float | None = None
+    prices_from: str | None = None
+    price_changes: tuple[Price, ...] = ()
+    thinking_levels: tuple[str, ...] = ()
+    stage: str | None = None
+    shutdown: str | None = None
+    free_tier: bool | None = None
+
+    def price_on(self, day: str) -> Price | None:
+        """The prices in effect on `day` (an ISO date); None without a known price."""
+        if self.input_usd_per_mtok is None or self.output_usd_per_mtok is None:
+            return None
+        price = Price(self.prices_from or "", self.input_usd_per_mtok, self.output_usd_per_mtok,
+                      self.cached_input_usd_per_mtok)
+        for change in sorted(self.price_changes, key=lambda c: c.since):
+            if change.since <= day:
+                price = change
+        return price
 
 
 # Per model family (a versioned name such as gemini-2.5-pro-002 reads its family's entry).
-# Prices: the Gemini API's paid tier for text prompts up to 200k tokens, as listed on the
-# chosen date (2.x: July 2025). A thinking Pro call can take more than a minute: its per-call
-# timeout is longer, still inside the 120 s model phase.
+# Checked on 2026-11-27. Prices: the Gemini API's paid tier for text prompts up to 200k
+# tokens (ai.google.dev/gemini-api/docs/pricing as transcribed on 2026-10-07; cached-input
+# prices a tenth of the input price, as resellers list them). Stages and shutdown dates:
+# ai.google.dev/gemini-api/docs/deprecations. Thinking levels: the Agent Platform's model
+# pages (3.5 Flash, 3.1 Pro, 3.1 and 3.5 Flash-Lite); 3.8 Flash dropped `minimal`; 3.6 and 3.7
+# Flash are taken to accept what 3.5 Flash does. A thinking call can take more than a minute:
+# its per-call timeout is longer, still inside the 120 s model phase.
+_GEMINI3_LEVELS: Final = THINKING_LEVELS
 MODEL_SETTINGS: Final[Mapping[str, ModelSettings]] = {
-    "gemini-3.1-pro-preview": ModelSettings(thinking_level="high", max_output_tokens=32_768,
-                                            call_timeout_s=100.0, input_usd_per_mtok=2.00,
-                                            output_usd_per_mtok=12.00),
-    "gemini-3.8-flash": ModelSettings(thinking_level="medium", max_output_tokens=32_768,
-                                      call_timeout_s=75.0, input_usd_per_mtok=0.75,
-                                      output_usd_per_mtok=3.75),
-    "gemini-3.1-flash-lite": ModelSettings(thinking_level="medium", max_output_tokens=16_384,
-                                           call_timeout_s=60.0, input_usd_per_mtok=0.25,
-                                           output_usd_per_mtok=1.50),
+    "gemini-3.8-flash": ModelSettings(
+        thinking_level="high", max_output_tokens=32_768, call_timeout_s=100.0,
+        input_usd_per_mtok=0.75, output_usd_per_mtok=3.75, cached_input_usd_per_mtok=0.075,
+        prices_from="2026-09-02",
+        price_changes=(Price("2027-01-01", 1.50, 7.50, 0.15),),
+        thinking_levels=("low", "medium", "high"), stage="stable", free_tier=True),
+    "gemini-3.7-flash": ModelSettings(
+        thinking_level="medium", max_output_tokens=32_768, call_timeout_s=75.0,
+        input_usd_per_mtok=0.75, output_usd_per_mtok=3.75, cached_input_usd_per_mtok=0.075,
+        prices_from="2026-08-13", thinking_levels=_GEMINI3_LEVELS, stage="stable"),
+    "gemini-3.6-flash": ModelSettings(
+        thinking_level="medium", max_output_tokens=32_768, call_timeout_s=75.0,
+        input_usd_per_mtok=0.75, output_usd_per_mtok=3.75, cached_input_usd_per_mtok=0.075,
+        prices_from="2026-07-21", thinking_levels=_GEMINI3_LEVELS, stage="stable"),
+    "gemini-3.5-flash": ModelSettings(
+        thinking_level="medium", max_output_tokens=32_768, call_timeout_s=75.0,
+        input_usd_per_mtok=1.50, output_usd_per_mtok=9.00, cached_input_usd_per_mtok=0.15,
+        prices_from="2026-05-19", thinking_levels=_GEMINI3_LEVELS, stage="stable"),
+    "gemini-3.5-flash-lite": ModelSettings(
+        thinking_level="medium", max_output_tokens=16_384, call_timeout_s=60.0,
+        input_usd_per_mtok=0.30, output_usd_per_mtok=2.50, cached_input_usd_per_mtok=0.03,
+        prices_from="2026-07-21", thinking_levels=_GEMINI3_LEVELS, stage="stable"),
+    "gemini-3.1-flash-lite": ModelSettings(
+        thinking_level="medium", max_output_tokens=16_384, call_timeout_s=60.0,
+        input_usd_per_mtok=0.25, output_usd_per_mtok=1.50, cached_input_usd_per_mtok=0.025,
+        prices_from="2026-05-07", thinking_levels=_GEMINI3_LEVELS, stage="stable",
+        shutdown="2027-05-07"),
+    "gemini-3.1-pro-preview": ModelSettings(
+        thinking_level="high", max_output_tokens=32_768, call_timeout_s=100.0,
+        input_usd_per_mtok=2.00, output_usd_per_mtok=12.00, cached_input_usd_per_mtok=0.20,
+        prices_from="2026-02-19", thinking_levels=("low", "medium", "high"), stage="preview",
+        free_tier=False),
+    "gemini-3-flash-preview": ModelSettings(
+        thinking_level="medium", max_output_tokens=32_768, call_timeout_s=75.0,
+        input_usd_per_mtok=0.50, output_usd_per_mtok=3.00, cached_input_usd_per_mtok=0.05,
+        prices_from="2025-12-17", thinking_levels=_GEMINI3_LEVELS, stage="preview"),
     "gemini-2.5-pro": ModelSettings(thinking_budget=8_192, temperature=0.2, max_output_tokens=32_768,
                                     call_timeout_s=100.0, input_usd_per_mtok=1.25,
-                                    output_usd_per_mtok=10.00),
+                                    output_usd_per_mtok=10.00, cached_input_usd_per_mtok=0.125,
+                                    prices_from="2025-07-01", stage="deprecated",
+                                    shutdown="2026-06-17"),
     "gemini-2.5-flash": ModelSettings(thinking_budget=4_096, temperature=0.2, max_output_tokens=16_384,
                                       call_timeout_s=75.0, input_usd_per_mtok=0.30,
-                                      output_usd_per_mtok=2.50),
+                                      output_usd_per_mtok=2.50, cached_input_usd_per_mtok=0.03,
+                                      prices_from="2025-07-01", stage="deprecated",
+                                      shutdown="2026-06-17"),
     "gemini-2.0-flash": ModelSettings(temperature=0.2, max_output_tokens=8_192, call_timeout_s=60.0,
-                                      input_usd_per_mtok=0.10, output_usd_per_mtok=0.40),
+                                      input_usd_per_mtok=0.10, output_usd_per_mtok=0.40,
+                                      prices_from="2025-02-05", stage="deprecated"),
 }
 _VERSION_SUFFIX: Final = re.compile(r"-(?:\d+|latest|preview|exp\w*)$")  # one segment at a time
 
@@ -211,20 +287,27 @@ class GeminiSettings:
 
     models: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_GEMINI_MODELS))
     model_settings: Mapping[str, ModelSettings] = field(default_factory=lambda: dict(MODEL_SETTINGS))
+    max_spend_usd: float | None = None  # per task: no model call once the estimate reaches it
+    send_values: bool = True  # False: no literals, most common values or bounds in prompts
 
     def model_of(self, agent: str) -> str:
         return self.models.get(agent) or DEFAULT_GEMINI_MODELS.get(agent) or DEFAULT_GEMINI_MODELS[
             "gemini25pro"]
 
     def settings_of(self, model: str) -> ModelSettings:
-        """The entry of `model`, else of its family (without a version suffix), else defaults."""
+        """The entry of `model`, else of its family (without a version suffix), else defaults
+        (`entry_of` says whether there is one: AFS warns before any fork when there is not)."""
+        return self.entry_of(model) or ModelSettings()
+
+    def entry_of(self, model: str) -> ModelSettings | None:
+        """The entry of `model` or of its family; None when the table has neither."""
         name = model.removeprefix("models/")
         while True:
             if name in self.model_settings:
                 return self.model_settings[name]
             shorter = _VERSION_SUFFIX.sub("", name)
             if shorter == name:
-                return ModelSettings()
+                return None
             name = shorter
 
     @staticmethod
@@ -473,7 +556,18 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     return replace(settings, **changes)
 
 
-_MODEL_SETTING_FIELDS: Final = frozenset(f.name for f in fields(ModelSettings))
+# what settings.yaml may set (announced price changes are the table's alone)
+_MODEL_SETTING_FIELDS: Final = frozenset(f.name for f in fields(ModelSettings)) - {"price_changes"}
+_PRICE_FIELDS: Final = frozenset({"input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_per_mtok"})
+
+
+def _iso_date(value: Any, where: str, name: str) -> str | None:
+    if value is None:
+        return None
+    text = str(value)  # YAML reads 2027-05-07 as a date: its str() is the ISO form
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        raise ConfigError(f"{where}: {name} must be a date (YYYY-MM-DD), got {value!r}")
+    return text
 
 
 def _model_settings(model: str, raw: Any, base: ModelSettings, source: str) -> ModelSettings:
@@ -490,12 +584,27 @@ def _model_settings(model: str, raw: Any, base: ModelSettings, source: str) -> M
         values["thinking_budget"] = None  # the one given replaces the other
     if "thinking_budget" in raw and raw["thinking_budget"] is not None and "thinking_level" not in raw:
         values["thinking_level"] = None
+    if _PRICE_FIELDS & set(raw):  # your own prices hold from today on: no announced change applies
+        values["price_changes"] = ()
+    accepted = values["thinking_levels"]
+    if not isinstance(accepted, list | tuple) or any(str(a).lower() not in THINKING_LEVELS for a in accepted):
+        raise ConfigError(f"{where}: thinking_levels must be a list of {', '.join(THINKING_LEVELS)}, "
+                          f"got {accepted!r}")
+    accepted = tuple(str(a).lower() for a in accepted)
     level, budget = values["thinking_level"], values["thinking_budget"]
     if level is not None:
         level = str(level).lower()
-        if level not in THINKING_LEVELS:
-            raise ConfigError(f"{where}: thinking_level must be one of {', '.join(THINKING_LEVELS)}, "
+        if level not in (accepted or THINKING_LEVELS):
+            allowed = ", ".join(accepted or THINKING_LEVELS)
+            raise ConfigError(f"{where}: thinking_level must be one of {allowed}"
+                              f"{' (the levels ' + model + ' accepts)' if accepted else ''}, "
                               f"got {values['thinking_level']!r}")
+    stage = values["stage"]
+    if stage is not None and str(stage).lower() not in MODEL_STAGES:
+        raise ConfigError(f"{where}: stage must be one of {', '.join(MODEL_STAGES)}, got {stage!r}")
+    free_tier = values["free_tier"]
+    if free_tier is not None and not isinstance(free_tier, bool):
+        raise ConfigError(f"{where}: free_tier must be true or false, got {free_tier!r}")
     if budget is not None:
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
             raise ConfigError(f"{where}: thinking_budget must be a number of tokens (-1: dynamic, "
@@ -511,7 +620,8 @@ def _model_settings(model: str, raw: Any, base: ModelSettings, source: str) -> M
         raise ConfigError(f"{where}: temperature must be a number from 0 to 2 (or null for the "
                           f"vendor's default), got {temperature!r}")
     numbers: dict[str, float | None] = {}
-    for name in ("max_output_tokens", "call_timeout_s", "input_usd_per_mtok", "output_usd_per_mtok"):
+    for name in ("max_output_tokens", "call_timeout_s", "input_usd_per_mtok", "output_usd_per_mtok",
+                 "cached_input_usd_per_mtok"):
         value = values[name]
         optional = name.endswith("_per_mtok")
         if value is None and optional:
@@ -526,7 +636,12 @@ def _model_settings(model: str, raw: Any, base: ModelSettings, source: str) -> M
                          max_output_tokens=int(numbers["max_output_tokens"] or 0),
                          call_timeout_s=float(numbers["call_timeout_s"] or 0),
                          input_usd_per_mtok=numbers["input_usd_per_mtok"],
-                         output_usd_per_mtok=numbers["output_usd_per_mtok"])
+                         output_usd_per_mtok=numbers["output_usd_per_mtok"],
+                         cached_input_usd_per_mtok=numbers["cached_input_usd_per_mtok"],
+                         prices_from=_iso_date(values["prices_from"], where, "prices_from"),
+                         price_changes=tuple(values["price_changes"]), thinking_levels=accepted,
+                         stage=None if stage is None else str(stage).lower(),
+                         shutdown=_iso_date(values["shutdown"], where, "shutdown"), free_tier=free_tier)
 
 
 def _gemini_settings(raw: Any, env: Mapping[str, str], source: str) -> GeminiSettings:
@@ -534,10 +649,29 @@ def _gemini_settings(raw: Any, env: Mapping[str, str], source: str) -> GeminiSet
     raw = raw if raw is not None else {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: gemini must be a mapping (models, model_settings)")
-    unknown = sorted(set(raw) - {"models", "model_settings"})
+    keys = ("models", "model_settings", "max_spend_usd", "send_values")
+    unknown = sorted(set(raw) - set(keys))
     if unknown:
-        raise ConfigError(f"{source}: gemini: unknown key {', '.join(unknown)} (known: models, "
-                          f"model_settings)")
+        raise ConfigError(f"{source}: gemini: unknown key {', '.join(unknown)} (known: {', '.join(keys)})")
+    spend: float | None = None
+    value, where = (raw.get("max_spend_usd"), f"{source}: gemini.max_spend_usd")
+    if env.get("AFS_GEMINI_MAX_SPEND_USD"):
+        value, where = env["AFS_GEMINI_MAX_SPEND_USD"], "AFS_GEMINI_MAX_SPEND_USD"
+    if value is not None:
+        try:
+            spend = float(value)
+        except (TypeError, ValueError):
+            spend = -1.0
+        if isinstance(value, bool) or not math.isfinite(spend) or spend < 0:
+            raise ConfigError(f"{where} must be a number of US dollars (0 or more), got {value!r}")
+    value, where = (raw.get("send_values"), f"{source}: gemini.send_values")
+    if env.get("AFS_GEMINI_SEND_VALUES"):
+        value, where = env["AFS_GEMINI_SEND_VALUES"], "AFS_GEMINI_SEND_VALUES"
+    send_values = True
+    if value is not None:
+        if str(value).lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        send_values = str(value).lower() in ("1", "true", "yes", "on")
     models = dict(DEFAULT_GEMINI_MODELS)
     file_models = raw.get("models") or {}
     if not isinstance(file_models, dict):
@@ -560,4 +694,4 @@ def _gemini_settings(raw: Any, env: Mapping[str, str], source: str) -> GeminiSet
     defaults = GeminiSettings(models={}, model_settings=table)
     for model, entry in file_table.items():
         table[str(model)] = _model_settings(str(model), entry, defaults.settings_of(str(model)), source)
-    return GeminiSettings(models=models, model_settings=table)
+    return GeminiSettings(models=models, model_settings=table, max_spend_usd=spend, send_values=send_values)

@@ -9,6 +9,12 @@ a JSON body or a status code, headers (Retry-After), a delay. It records every
 `generateContent` request it receives in `requests`, and every `models.get` in
 `lookups`: that one answers from the model list, not the script (any model
 exists, except those named in `retired`, which get the 404 of a shut-down model).
+Like the real API, every answer names the `modelVersion` that produced it
+(`versions[model]`, else the model's own name; `routed` sends a retired name to
+another model, as Google re-routes) and, for a model in `stages`, its
+`modelStatus` (stage, retirement time, message). `reply_zero_quota(model)` is the
+429 of a model without quota on the key's tier (a QuotaFailure detail with
+quotaValue "0", and a RetryInfo that a client must not obey).
 It has two sides, sharing one script:
 
 * `serve_fake_gemini(fake)` — a real HTTP server on 127.0.0.1 (an ephemeral
@@ -144,6 +150,38 @@ def reply_json(document: Any, **kwargs: Any) -> FakeReply:
     return reply_text(json.dumps(document), **kwargs)
 
 
+def reply_zero_quota(model: str, *, metric: str = "generate_content_free_tier_requests",
+                     retry_delay: str = "27s") -> FakeReply:
+    """The Gemini API's 429 for a model the key's tier has no quota for (`limit: 0`)."""
+    violation = {"quotaMetric": f"generativelanguage.googleapis.com/{metric}",
+                 "quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+                 "quotaDimensions": {"location": "global", "model": model}, "quotaValue": "0"}
+    error = {"code": 429, "status": "RESOURCE_EXHAUSTED",
+             "message": (f"You exceeded your current quota, please check your plan and billing details. "
+                         f"Quota exceeded for metric: generativelanguage.googleapis.com/{metric}, "
+                         f"limit: 0, model: {model}\nPlease retry in {retry_delay}."),
+             "details": [{"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [violation]},
+                         {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": retry_delay}]}
+    return FakeReply(body={"error": error}, status=429)
+
+
+@dataclass(frozen=True)
+class FakeStage:
+    """The `modelStatus` the fake puts in a model's answers."""
+
+    stage: str  # PREVIEW, STABLE, DEPRECATED, RETIRED, …
+    retirement: str | None = None  # RFC 3339
+    message: str | None = None
+
+    def json(self) -> dict[str, Any]:
+        status: dict[str, Any] = {"modelStage": self.stage}
+        if self.retirement:
+            status["retirementTime"] = self.retirement
+        if self.message:
+            status["message"] = self.message
+        return status
+
+
 def reply_error(status: int, message: str = "", *, retry_after: str | float | None = None,
                 retry_delay: str | None = None, delay_s: float = 0.0) -> FakeReply:
     """A Google API error body; `retry_after` sets the header, `retry_delay` a RetryInfo detail."""
@@ -167,12 +205,17 @@ class FakeGemini:
     """
 
     def __init__(self, *replies: FakeReply, fallback: Responder | None = None,
-                 api_key: str | None = None, retired: Iterable[str] = ()) -> None:
+                 api_key: str | None = None, retired: Iterable[str] = (),
+                 versions: Mapping[str, str] | None = None, stages: Mapping[str, FakeStage] | None = None,
+                 routed: Mapping[str, str] | None = None) -> None:
         self._queue: deque[FakeReply] = deque(replies)
         self._lock = threading.Lock()
         self.fallback = fallback
         self.api_key = api_key
         self.retired = set(retired)
+        self.versions = dict(versions or {})  # model → the modelVersion its answers name
+        self.stages = dict(stages or {})  # model → its modelStatus
+        self.routed = dict(routed or {})  # a retired name → the model that answers in its place
         self.requests: list[FakeRequest] = []
         self.lookups: list[str] = []  # the models asked for with models.get, in order
 
@@ -204,11 +247,24 @@ class FakeGemini:
                 return reply_error(404, f"fake Gemini: no such endpoint {method} {path}")
             if self.api_key is not None and request.headers.get("x-goog-api-key") != self.api_key:
                 return reply_error(401, "API key not valid. Please pass a valid API key.")
-            if self._queue:
-                return self._queue.popleft()
-        if self.fallback is not None:
-            return self.fallback(request)
-        return reply_error(500, "fake Gemini: no scripted reply left")
+            reply = self._queue.popleft() if self._queue else None
+        if reply is None and self.fallback is not None:
+            reply = self.fallback(request)
+        if reply is None:
+            return reply_error(500, "fake Gemini: no scripted reply left")
+        return self._named(request.model or "", reply)
+
+    def _named(self, model: str, reply: FakeReply) -> FakeReply:
+        """An answer with the modelVersion (and modelStatus) of the model that gave it."""
+        if reply.status != 200 or not isinstance(reply.body, dict) or "candidates" not in reply.body:
+            return reply
+        body = dict(reply.body)
+        answering = self.routed.get(model, model)
+        if body.get("modelVersion") in (None, "fake"):
+            body["modelVersion"] = self.versions.get(answering, answering)
+        if answering in self.stages and "modelStatus" not in body:
+            body["modelStatus"] = self.stages[answering].json()
+        return dataclasses.replace(reply, body=body)
 
     def _model(self, model: str, headers: Mapping[str, str]) -> FakeReply:
         """models.get: the model's resource, a 404 for a retired one."""

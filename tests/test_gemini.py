@@ -481,7 +481,9 @@ def test_every_agent_has_its_prompts_filled_with_the_context(agent: str) -> None
     assert analysis.count("CREATE UNIQUE INDEX orders_pkey") == 1  # each fact once
     proposal = proposal_prompt(agent, ctx, AnalysisResult(("the insight",), ("the action",), 0.8))
     assert QUERY not in proposal  # it is in the analysis turn of the same conversation
-    assert "- the insight" in proposal and "- the action" in proposal
+    # the model's own words come back as data (issue 26, item 9)
+    assert '<data label="insights">[\n"the insight"\n]</data>' in proposal
+    assert '<data label="proposed actions">[\n"the action"\n]</data>' in proposal
     assert "SAFETY RULES" in proposal and '{"candidates": []}' in proposal
     assert '{"candidates": [...]}' in proposal and "up to 4 candidate designs" in proposal
     assert "QUERY REWRITES" in proposal and "NOT EXISTS" in proposal and "keyset" in proposal
@@ -579,13 +581,15 @@ def test_vertex_mode() -> None:
            "GOOGLE_CLOUD_LOCATION": "europe-west4", "GOOGLE_API_KEY": "k"}
     vertex = gemini_credentials(env)
     assert vertex == Credentials(vertexai=True, project="proj", location="europe-west4",
-                                 source="GOOGLE_CLOUD_PROJECT")
-    assert "Vertex AI (project proj, europe-west4)" in vertex.describe()
+                                 source="GOOGLE_GENAI_USE_VERTEXAI, GOOGLE_CLOUD_PROJECT")
+    assert "Vertex AI (project proj, europe-west4" in vertex.describe()
     default_location = gemini_credentials({**env, "GOOGLE_CLOUD_LOCATION": ""})
     assert default_location is not None and default_location.location == "global"
     express = gemini_credentials({"GOOGLE_GENAI_USE_VERTEXAI": "1", "GOOGLE_API_KEY": "k"})
     assert express is not None and express.vertexai and express.api_key == "k"
-    assert gemini_credentials({"GOOGLE_GENAI_USE_VERTEXAI": "true"}) is None
+    # as the SDK: neither project nor key is the application default credentials' project
+    adc = gemini_credentials({"GOOGLE_GENAI_USE_VERTEXAI": "true"})
+    assert adc is not None and adc.vertexai and adc.project is None and adc.api_key is None
     off = gemini_credentials({"GOOGLE_GENAI_USE_VERTEXAI": "false", "GOOGLE_CLOUD_PROJECT": "p"})
     assert off is None
 
@@ -695,7 +699,8 @@ async def test_broken_then_good_reprompts_with_the_error(fake: FakeGemini, base_
     first, second = fake.requests
     assert [c["role"] for c in second.body["contents"]] == ["user", "model", "user"]
     assert second.texts[1] == "I think you should add an index."
-    assert "could not be used: not valid JSON" in second.prompt and first.prompt == second.texts[0]
+    assert 'could not be used: <data label="parser">"not valid JSON' in second.prompt
+    assert first.prompt == second.texts[0]
     assert brain.usage["gemini20flash"]["calls"] == 2 and brain.usage["gemini20flash"]["reprompts"] == 1
 
 
@@ -756,9 +761,9 @@ async def test_an_answer_without_a_usable_candidate_is_reprompted(fake: FakeGemi
     assert proposal.proposal_type == "query_rewrite"
     _, second = fake.requests
     assert second.texts[-2] == json.dumps(bad)  # the unusable answer, then the reason
-    assert "could not be used: no usable candidate" in second.prompt
+    assert 'could not be used: <data label="parser">"no usable candidate' in second.prompt
     assert "candidate 1: proposal_type 'vacuum_full'" in second.prompt
-    assert 'candidate 2: a "query_rewrite" needs the complete new query' in second.prompt
+    assert 'candidate 2: a \\"query_rewrite\\" needs the complete new query' in second.prompt  # JSON
     assert brain.usage["gemini25flash"]["reprompts"] == 1
 
 
@@ -997,7 +1002,7 @@ async def test_a_model_proposal_is_validated_and_measured(
     assert outcome.candidates[0].status == "measured"
     assert outcome.candidates[1].proposal.settings == (("work_mem", "64MB"),)
     assert outcome.benchmark is not None and outcome.benchmark.measurements
-    assert result.provider == "gemini" and "gemini25pro = gemini-3.1-pro-preview" in result.provider_note
+    assert result.provider == "gemini" and "gemini25pro = gemini-3.8-flash" in result.provider_note
     assert result.status == "completed" and result.decision and result.decision.winner == "gemini25pro"
     assert squad.usage["gemini25pro"]["calls"] == 2
     assert any("SELECT o.id" in r.prompt and "Seq Scan" in r.prompt for r in fake.requests)
@@ -1084,7 +1089,7 @@ gemini:
     my-tuned-model: {thinking_level: LOW, input_usd_per_mtok: 1, output_usd_per_mtok: 2}
 """, AFS_GEMINI_MODEL_GEMINI20FLASH="gemini-3.1-flash-lite")
     gemini = settings.gemini
-    assert gemini.models == {"gemini25pro": "gemini-2.5-pro", "gemini25flash": "gemini-3.8-flash",
+    assert gemini.models == {"gemini25pro": "gemini-2.5-pro", "gemini25flash": "gemini-3.7-flash",
                              "gemini20flash": "gemini-3.1-flash-lite"}  # the environment wins
     pro = gemini.settings_of("gemini-2.5-pro")
     assert (pro.thinking_budget, pro.call_timeout_s, pro.temperature) == (2048, 90.0, 0.2)  # merged
@@ -1159,16 +1164,16 @@ async def test_thinking_settings_are_in_the_request() -> None:
         if "thinkingConfig" in config:
             config["thinkingConfig"] = {re.sub(r"_(\w)", lambda m: m[1].upper(), k): v
                                         for k, v in config["thinkingConfig"].items()}
-    assert configs["gemini-3.1-pro-preview"]["thinkingConfig"] == {"thinkingLevel": "HIGH"}
-    assert configs["gemini-3.8-flash"]["thinkingConfig"] == {"thinkingLevel": "MEDIUM"}
-    assert configs["gemini-3.1-flash-lite"]["thinkingConfig"] == {"thinkingLevel": "MEDIUM"}
-    for model in ("gemini-3.1-pro-preview", "gemini-3.8-flash", "gemini-3.1-flash-lite"):
+    assert configs["gemini-3.8-flash"]["thinkingConfig"] == {"thinkingLevel": "HIGH"}
+    assert configs["gemini-3.7-flash"]["thinkingConfig"] == {"thinkingLevel": "MEDIUM"}
+    assert configs["gemini-3.5-flash-lite"]["thinkingConfig"] == {"thinkingLevel": "MEDIUM"}
+    for model in ("gemini-3.8-flash", "gemini-3.7-flash", "gemini-3.5-flash-lite"):
         assert "temperature" not in configs[model]  # Gemini 3: the vendor's default
     assert configs["gemini-2.5-pro"]["thinkingConfig"] == {"thinkingBudget": 8192}
     assert configs["gemini-2.5-flash"]["thinkingConfig"] == {"thinkingBudget": 4096}
     assert "thinkingConfig" not in configs["gemini-2.0-flash"]  # 2.0 does not think
     assert configs["gemini-2.5-pro"]["temperature"] == 0.2
-    assert configs["gemini-3.1-pro-preview"]["maxOutputTokens"] == 32768
+    assert configs["gemini-3.8-flash"]["maxOutputTokens"] == 32768
     assert configs["gemini-2.0-flash"]["maxOutputTokens"] == 8192
 
 
@@ -1177,13 +1182,17 @@ async def test_thinking_tokens_are_counted_and_priced() -> None:
     async with open_brain(transport=fake.transport(), gemini=GeminiSettings()) as brain:
         await brain.analyze("gemini25pro", issue_context())
     usage = brain.usage["gemini25pro"]
-    assert usage["model"] == "gemini-3.1-pro-preview"
+    assert usage["model"] == "gemini-3.8-flash"
     assert (usage["thinking_tokens"], usage["output_tokens"], usage["total_tokens"]) == (3000, 3200, 4200)
-    assert usage["estimated_cost_usd"] == pytest.approx((1000 * 2.0 + 3200 * 12.0) / 1e6)
+    price = MODEL_SETTINGS["gemini-3.8-flash"].price_on(datetime.now(UTC).date().isoformat())
+    assert price is not None
+    assert usage["estimated_cost_usd"] == pytest.approx(
+        (1000 * price.input_usd_per_mtok + 3200 * price.output_usd_per_mtok) / 1e6)
 
 
 async def test_each_model_gets_its_own_call_timeout(autojump_clock: trio.testing.MockClock) -> None:
-    """The Pro's call may take 100 s (a thinking call), a Flash's 75 s; within the model phase."""
+    """The index-design model's call may take 100 s (thinking high), a Flash's 75 s; within the
+    model phase."""
     fake = FakeGemini(reply_json(ANALYSIS, delay_s=90), reply_json(ANALYSIS, delay_s=90),
                       reply_json(ANALYSIS, delay_s=10))
     async with open_brain(transport=fake.transport(), gemini=GeminiSettings()) as brain:
@@ -1534,7 +1543,7 @@ async def test_the_reviewer_flags_a_measured_proposal_without_changing_the_conse
     assert "agent gemini25flash:" in asked.prompt and "agent gemini25pro:" not in asked.prompt
     usage = {o.agent: o.usage for o in result.outcomes}
     assert usage["gemini25pro"]["calls"] == 3 and usage["gemini25flash"]["calls"] == 2  # + the review
-    assert asked.model == "gemini-3.1-pro-preview"  # the reviewer's model
+    assert asked.model == "gemini-3.8-flash"  # the reviewer's model
     measured = json.loads(re.search(r'<data label="measured proposal">(.*?)</data>', asked.prompt)[1])
     assert measured["proposal"]["sql_commands"][0] == INDEX_SQL and measured["measured"]["same_rows"]
     assert measured["measured"]["average_improvement_pct"] > 0

@@ -13,6 +13,13 @@
     revise_rewrite: the same conversation + its rewrite + why the result check failed
              it in the fork (afs.agents asks, once per agent)
 
+Everything that came from the database or from a model (the model's own insights and
+actions, its refused statements, the parser's complaint quoting its text, the result
+check's reason) goes into the prompt as a `data` block, never as prompt text: a second
+answer cannot be steered by text the first one planted. The proposal prompt names the
+PostgreSQL version of the source server (where a fix is applied) and of the server the
+plans were measured on.
+
 Unusable output is sent back with the reason, and so are candidates the safety check
 refuses (all of them: one acceptable candidate is enough), at most `MAX_REPROMPTS` times
 in all; then unusable output fails the agent with a `ModelOutputError`, and refused
@@ -20,9 +27,16 @@ candidates are returned for the agent to report as refused. Malformed candidates
 good ones are dropped with a warning. The candidates then go through the same safety
 check, screening and benchmark as a strategist's: the model's estimate is never a
 measurement. Tokens (thinking included), attempts and estimated cost are kept per agent
-in `brain.usage`. The prompts are files in `afs/brains/gemini/prompts/`
-(string.Template: `$query`, …); `allowed_sql`, `candidates` and `rewrites` are the
-blocks every proposal prompt shares; `data_rule` ends every system prompt.
+in `brain.usage`, with the model version and stage the API said answered; `brain.calls`
+holds one record per call (agent, purpose, configured model, the version that answered,
+its stage and retirement time, tokens, estimated cost, outcome). A spending cap
+(`gemini.max_spend_usd`, per squad) is checked before every attempt. `check_models`,
+before any fork, refuses a thinking level the model does not accept and warns of a model
+in preview, deprecated, past or near its shutdown date, or without an entry in the
+settings table (timeout, output cap and price then fall back to defaults). The prompts
+are files in `afs/brains/gemini/prompts/` (string.Template: `$query`, …); `allowed_sql`,
+`candidates` and `rewrites` are the blocks every proposal prompt shares; `data_rule` ends
+every system prompt.
 """
 
 from __future__ import annotations
@@ -49,9 +63,10 @@ from afs.brains.gemini.client import (
     Credentials,
     GeminiClient,
     RetryPolicy,
+    SpendMeter,
     Turn,
-    estimate_cost,
     open_gemini_client,
+    today,
 )
 from afs.brains.gemini.parsing import (
     ANALYSIS_SCHEMA,
@@ -70,7 +85,7 @@ from afs.config import (
     Settings,
     Timeouts,
 )
-from afs.errors import ConfigError, ModelOutputError, UnsafeSqlError
+from afs.errors import ConfigError, ModelError, ModelOutputError, UnsafeSqlError
 from afs.models import (
     AGENTS,
     AgentKey,
@@ -151,10 +166,6 @@ def _stats_lines(table: TableInfo) -> list[str]:
     return lines
 
 
-def _bullets(items: Sequence[str]) -> str:
-    return "\n".join(f"- {item}" for item in items) or "(none)"
-
-
 def _definition(table: TableInfo) -> dict[str, object]:
     """What the table is, each fact once (its indexes and sizes have their own sections)."""
     definition: dict[str, object] = {
@@ -191,6 +202,19 @@ def server_text(ctx: AnalysisContext) -> str:
     if settings and any(ctx.server.get(k) != v for k, v in settings.items()):
         line += "\nthe source server's planner settings: " + data("source server", settings)
     return f"{line}\n{measured}"
+
+
+def pg_syntax(ctx: AnalysisContext) -> str:
+    """Which PostgreSQL the proposals must run on: the source server's version (a fix is
+    applied there), and the one the plans were measured on when it differs."""
+    measured = pg_version(ctx.server)
+    if not ctx.source_server:
+        return f"{measured} (the fixes are applied on this server; the plans were measured on it)"
+    source = pg_version(ctx.source_server)
+    if source == measured:
+        return f"{source}, the source server's version (the fixes are applied there)"
+    return (f"{source}, the source server's version (the fixes are applied there; the plans were "
+            f"measured on {measured}): use no syntax, function or option newer than {source}")
 
 
 def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> dict[str, str]:
@@ -252,8 +276,10 @@ def proposal_prompt(agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisRes
     """The specialisation's proposal template, with the blocks every agent shares: ranked
     candidates and how they are judged, the query rewrites, the safety rules."""
     return prompt_template(f"proposal_{agent}").substitute(
-        context_fields(ctx, plan_budget_tokens), insights=_bullets(analysis.insights),
-        proposed_actions=_bullets(analysis.proposed_actions),
+        context_fields(ctx, plan_budget_tokens), pg_syntax=pg_syntax(ctx),
+        insights=data_lines("insights", analysis.insights) if analysis.insights else "(none)",
+        proposed_actions=(data_lines("proposed actions", analysis.proposed_actions)
+                          if analysis.proposed_actions else "(none)"),
         candidates=prompt_template("candidates").substitute(max_candidates=max_candidates).strip(),
         rewrites=prompt_template("rewrites").substitute(keyset=_keyset_note(ctx)).strip(),
         allowed_sql=prompt_template("allowed_sql").template.strip())
@@ -366,6 +392,8 @@ class GeminiBrain:
         self.policy = policy
         self.plan_budget_tokens = plan_budget_tokens
         self.usage: dict[AgentKey, dict[str, Any]] = {}
+        self.calls: list[dict[str, Any]] = []  # one record per call, answered or not
+        self.meter = SpendMeter(self.gemini.max_spend_usd)
 
     def model_of(self, agent: AgentKey) -> str:
         return self.gemini.model_of(agent)
@@ -398,7 +426,7 @@ class GeminiBrain:
             ("model", _analysis_json(analysis)),
             ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens, self.max_candidates)),
             ("model", json.dumps({"candidates": [candidate_json(proposal)]})),
-            ("user", prompt_template("revise").substitute(reason=reason)),
+            ("user", prompt_template("revise").substitute(reason=data("result check", reason))),
         ]
         revised = await self._ask(agent, "revise", turns, proposal_schema(self.max_candidates),
                                   functools.partial(parse_proposals, agent), judge=refusals)
@@ -429,14 +457,23 @@ class GeminiBrain:
         for reprompts in range(MAX_REPROMPTS + 1):
             started = trio.current_time()
             stats = CallStats()
+            outcome = "answered"
             try:
                 reply = await self.client.generate_json(model=model, system=system, turns=turns,
                                                         schema=schema, settings=settings,
                                                         call_timeout_s=timeout, policy=self.policy,
-                                                        stats=stats)
+                                                        stats=stats, meter=self.meter)
+            except ModelError as exc:
+                outcome = exc.code or ("error" if exc.status is None else str(exc.status))
+                raise
+            except BaseException:
+                outcome = "cancelled"
+                raise
             finally:
                 cost = self._record(agent, model, settings, stats, reprompts > 0)
+                self._call_record(agent, model, purpose, settings, stats, cost, outcome)
             log.info("model_call", agent=agent, model=model, purpose=purpose, attempts=stats.attempts,
+                     model_version=stats.model_version, model_stage=stats.model_stage,
                      prompt_tokens=stats.usage.prompt_tokens, output_tokens=stats.usage.output_tokens,
                      thinking_tokens=stats.usage.thinking_tokens, total_tokens=stats.usage.total_tokens,
                      estimated_cost_usd=cost, duration_s=round(trio.current_time() - started, 3))
@@ -450,7 +487,7 @@ class GeminiBrain:
                 if last:
                     raise ModelOutputError(f"{model} ({purpose}): {exc.reason} "
                                            f"(still after {MAX_REPROMPTS} re-prompts)", reply.text) from None
-                retry = prompt_template("reprompt").substitute(error=exc.reason)
+                retry = prompt_template("reprompt").substitute(error=data("parser", exc.reason))
                 turns = [*turns, ("model", reply.text), ("user", retry)]
                 continue
             for warning in warnings:
@@ -462,7 +499,8 @@ class GeminiBrain:
                             reprompt=not last)
                 if not last:
                     self.usage[agent]["refusals_reprompted"] += 1
-                    retry = prompt_template("refused").substitute(reasons=refused)
+                    retry = prompt_template("refused").substitute(
+                        reasons=data_lines("refusals", refused.splitlines()))
                     turns = [*turns, ("model", reply.text), ("user", retry)]
                     continue
             return value
@@ -472,13 +510,21 @@ class GeminiBrain:
                 reprompt: bool) -> float | None:
         """Add one call (answered or not) to `usage[agent]`; returns its estimated cost."""
         entry = self.usage.setdefault(agent, {
-            "model": model, "prompt_tokens": 0, "output_tokens": 0, "thinking_tokens": 0,
+            "model": model, "model_version": None, "model_stage": settings.stage, "retirement": None,
+            "prompt_tokens": 0, "output_tokens": 0, "thinking_tokens": 0, "cached_tokens": 0,
             "total_tokens": 0, "estimated_cost_usd": 0.0, "calls": 0, "attempts": 0, "retries": 0,
             "failed_attempts": 0, "timeouts": 0, "reprompts": 0, "refusals_reprompted": 0})
+        if stats.model_version:
+            entry["model_version"] = stats.model_version  # what answered, as the API says
+        if stats.model_stage:
+            entry["model_stage"] = stats.model_stage
+        if stats.retirement:
+            entry["retirement"] = stats.retirement
         usage = stats.usage
         entry["prompt_tokens"] += usage.prompt_tokens
         entry["output_tokens"] += usage.output_tokens
         entry["thinking_tokens"] += usage.thinking_tokens
+        entry["cached_tokens"] += usage.cached_tokens
         entry["total_tokens"] += usage.total_tokens
         entry["calls"] += 1
         entry["attempts"] += stats.attempts
@@ -486,28 +532,105 @@ class GeminiBrain:
         entry["failed_attempts"] += stats.failed
         entry["timeouts"] += stats.timeouts
         entry["reprompts"] += int(reprompt)
-        cost = estimate_cost(settings, usage)
+        cost = stats.cost_usd
         if cost is None or entry["estimated_cost_usd"] is None:
             entry["estimated_cost_usd"] = None  # a model without a known price
         else:
             entry["estimated_cost_usd"] = round(entry["estimated_cost_usd"] + cost, 6)
         return None if cost is None else round(cost, 6)
 
+    def _call_record(self, agent: AgentKey, model: str, purpose: str, settings: ModelSettings,
+                     stats: CallStats, cost: float | None, outcome: str) -> None:
+        """One call in `calls`: who asked, which model was configured and which answered."""
+        answered = stats.model_version
+        rerouted = bool(answered) and not _same_model(model, answered or "")
+        if rerouted:
+            log.warning("model_rerouted", agent=agent, model=model, model_version=answered,
+                        note="the API answered with another model (billed at its rate)")
+        self.calls.append({
+            "agent": agent, "purpose": purpose, "model": model, "model_version": answered,
+            "rerouted": rerouted, "model_stage": stats.model_stage or settings.stage,
+            "retirement": stats.retirement or settings.shutdown, "status_message": stats.status_message,
+            "attempts": stats.attempts, "prompt_tokens": stats.usage.prompt_tokens,
+            "cached_tokens": stats.usage.cached_tokens, "output_tokens": stats.usage.output_tokens,
+            "thinking_tokens": stats.usage.thinking_tokens, "estimated_cost_usd": cost,
+            "priced_on": today(), "outcome": outcome})
+
+    @property
+    def spent_usd(self) -> float:
+        """The estimated spend of every call so far (the cap's count)."""
+        return round(self.meter.spent_usd, 6)
+
+
+def _same_model(configured: str, version: str) -> bool:
+    """Whether `version` (a response's modelVersion) is `configured` or one of its versions."""
+    configured, version = configured.removeprefix("models/"), version.removeprefix("models/")
+    return version == configured or version.startswith(configured + "-") or configured.startswith(version)
+
+
+def model_warnings(gemini: GeminiSettings, models: Sequence[str], day: str) -> list[str]:
+    """What a person should know about the configured models before any fork: no entry in the
+    settings table, a preview or deprecated stage, a shutdown date passed or announced."""
+    warnings = []
+    for model in models:
+        entry = gemini.entry_of(model)
+        if entry is None:
+            defaults = gemini.settings_of(model)
+            warnings.append(f"{model} has no entry in the model settings table: it runs with a "
+                            f"{defaults.call_timeout_s:g} s call timeout, a {defaults.max_output_tokens} "
+                            f"token output cap, no thinking setting and no price (cost unknown, the "
+                            f"spending cap cannot count it); add gemini.model_settings.{model} in "
+                            f"settings.yaml")
+            continue
+        if entry.stage == "preview":
+            warnings.append(f"{model} is a Preview model: Google's terms exclude Preview models from "
+                            f"production use, it may change or be shut down at short notice, and the free "
+                            f"tier may have no quota for it")
+        elif entry.stage == "deprecated":
+            warnings.append(f"{model} is deprecated" + (f" (shutdown {entry.shutdown})" if entry.shutdown
+                                                        else "") + ": Google may answer with another model")
+        if entry.shutdown and entry.stage != "deprecated":
+            passed = entry.shutdown <= day
+            warnings.append(f"{model} {'was shut down on' if passed else 'shuts down on'} {entry.shutdown}")
+    return warnings
+
+
+def thinking_problems(gemini: GeminiSettings, models: Sequence[str]) -> list[str]:
+    """Thinking settings a model does not accept (its entry's `thinking_levels`)."""
+    problems = []
+    for model in models:
+        settings = gemini.settings_of(model)
+        accepted = settings.thinking_levels
+        if settings.thinking_level is not None and accepted and settings.thinking_level not in accepted:
+            problems.append(f"{model} does not accept thinking_level {settings.thinking_level} (it accepts "
+                            f"{', '.join(accepted)}): set gemini.model_settings.{model}.thinking_level")
+        if settings.thinking_budget is not None and accepted:
+            problems.append(f"{model} takes a thinking_level ({', '.join(accepted)}), not a "
+                            f"thinking_budget: set gemini.model_settings.{model}.thinking_level")
+    return problems
+
 
 async def check_models(client: GeminiClient, gemini: GeminiSettings,
-                       agents: Sequence[AgentKey] = tuple(AGENTS)) -> None:
-    """Every configured model exists and can generate (`models.get`); raises ConfigError naming
-    the model and the setting to change. Run before any fork is made."""
+                       agents: Sequence[AgentKey] = tuple(AGENTS)) -> list[str]:
+    """Every configured model exists, can generate (`models.get`) and accepts its thinking
+    setting; raises ConfigError naming the model and the setting to change. Returns the
+    warnings of `model_warnings`, each logged. Run before any fork is made."""
     by_model: dict[str, list[AgentKey]] = {}
     for agent in agents:
         by_model.setdefault(gemini.model_of(agent), []).append(agent)
-    problems = []
+    problems = thinking_problems(gemini, list(by_model))
+    if problems:
+        raise ConfigError("Gemini: " + ". ".join(problems))
     for model, owners in by_model.items():
         found = await client.check_model(model)
+        settings = gemini.settings_of(model)
         if found is None:
             why = "the API has no such model (retired, or misspelt)"
         elif found.supported_actions and "generateContent" not in found.supported_actions:
             why = "it cannot generate content (supported: " + ", ".join(found.supported_actions) + ")"
+        elif found.thinking is False and (settings.thinking_level or settings.thinking_budget):
+            why = ("it does not think, and its settings ask for thinking (remove thinking_level or "
+                   "thinking_budget)")
         else:
             continue
         where = "; ".join(GeminiSettings.setting_names(agent) for agent in owners)
@@ -515,6 +638,10 @@ async def check_models(client: GeminiClient, gemini: GeminiSettings,
     if problems:
         raise ConfigError("Gemini: " + ". ".join(problems) + f" (defaults chosen on {GEMINI_DEFAULTS_CHOSEN}:"
                           f" {', '.join(DEFAULT_GEMINI_MODELS.values())})")
+    warnings = model_warnings(gemini, list(by_model), today())
+    for warning in warnings:
+        log.warning("model_warning", warning=warning)
+    return warnings
 
 
 @asynccontextmanager
@@ -528,10 +655,16 @@ async def open_gemini_squad(settings: Settings, credentials: Credentials, env: M
     """
     async with open_gemini_client(credentials, transport=transport, google_auth=google_auth) as client:
         gemini = settings.gemini
-        await check_models(client, gemini)
+        warnings = await check_models(client, gemini)
         brain = GeminiBrain(client, gemini, model_phase_s=settings.timeouts.model,
                             max_candidates=settings.candidates)
         note = (f"Gemini models via {credentials.describe()}: "
                 + ", ".join(f"{agent} = {gemini.model_of(agent)}" for agent in AGENTS))
+        if credentials.note:
+            note += f"; {credentials.note}"
+        if gemini.max_spend_usd is not None:
+            note += f"; spending cap {gemini.max_spend_usd:g} USD (estimated at list prices)"
+        if warnings:
+            note += "; warning: " + "; ".join(warnings)
         yield Squad(brain_for=lambda _agent: brain, provider="gemini", note=note,
                     usage=brain.usage, reviewer=REVIEWER)

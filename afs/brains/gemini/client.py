@@ -1,10 +1,13 @@
 """The Gemini API under trio: credentials, the client, one JSON call with retries, usage, cost.
 
-* `gemini_credentials(env)` reads the variables the SDK reads: `GOOGLE_API_KEY` or
-  `GEMINI_API_KEY` (API-key mode), or `GOOGLE_GENAI_USE_VERTEXAI=true` with
-  `GOOGLE_CLOUD_PROJECT` and `GOOGLE_CLOUD_LOCATION` (Vertex AI; application
-  default credentials, or an API key in express mode). `AFS_GEMINI_BASE_URL`
-  overrides the endpoint (tests, proxies).
+* `gemini_credentials(env)` reads the variables the SDK reads, as google-genai's
+  `BaseApiClient.__init__` (`_api_client.py`, 3.6.1) reads them: `GOOGLE_GENAI_USE_ENTERPRISE`
+  wins over the older `GOOGLE_GENAI_USE_VERTEXAI` ("true" or "1" is on, anything else off);
+  on, it is Vertex AI / the Agent Platform, where `GOOGLE_CLOUD_PROJECT` or
+  `GOOGLE_CLOUD_LOCATION` wins over an API key (application default credentials, which may
+  name the project), and an API key alone is express mode; off, `GOOGLE_API_KEY` then
+  `GEMINI_API_KEY` (the Gemini API). `AFS_GEMINI_BASE_URL` overrides the endpoint (tests,
+  proxies).
 * `open_gemini_client(credentials)` makes the SDK's async client on an
   `httpx.AsyncClient` (the SDK's default async transport needs asyncio).
 * `GeminiClient.generate_json` makes one call with the model's generation
@@ -14,10 +17,16 @@
   wait of up to 1, 2, 4 s (or the server's Retry-After), at most 4 attempts, a
   timed-out call once only; other 4xx fail at once with a message a person can
   act on. An answer cut at max_output_tokens, stopped by a safety filter, or a
-  blocked prompt fails at once too: the same request would stop the same way.
-  `CallStats` counts every attempt, failed or timed out, and its tokens.
+  blocked prompt fails at once too: the same request would stop the same way, and so
+  does a 429 whose QuotaFailure detail gives a quota of 0 (the model has no quota on the
+  key's tier: it needs billing; waiting does not help). Requests to the Gemini API carry
+  `store: false` (the SDK refuses the field on Vertex AI). `CallStats` counts every
+  attempt, failed or timed out, its tokens, its estimated cost, and the model version and
+  stage the API says answered (`modelVersion`, `modelStatus`). A `SpendMeter` is checked
+  before every attempt: once its cap is reached no call is made.
 * `GeminiClient.check_model` is `models.get`: does the model exist (before any fork).
-* `estimate_cost` prices the usage with list prices: an estimate, not a bill.
+* `estimate_cost` prices the usage with the list prices in effect on the day (cached
+  tokens at their own price): an estimate, not a bill.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import ValidationError
 
-from afs.config import ENV_GEMINI_MODEL_PREFIX, THINKING_LEVELS, ModelSettings
+from afs.config import ENV_GEMINI_MODEL_PREFIX, MODEL_SETTINGS, THINKING_LEVELS, ModelSettings
 from afs.errors import ConfigError, ModelError
 
 log = structlog.get_logger("afs.gemini")
@@ -50,10 +59,13 @@ ENV_BASE_URL: Final = "AFS_GEMINI_BASE_URL"
 API_KEY_VARIABLES: Final = ("GOOGLE_API_KEY", "GEMINI_API_KEY")  # the SDK's order of preference
 GEMINI_API_VERSION: Final = "v1beta"  # structured output (responseJsonSchema) is documented there
 DEFAULT_VERTEX_LOCATION: Final = "global"  # what the SDK assumes without GOOGLE_CLOUD_LOCATION
+ENTERPRISE_VARIABLES: Final = ("GOOGLE_GENAI_USE_ENTERPRISE", "GOOGLE_GENAI_USE_VERTEXAI")  # first wins
 NO_CREDENTIALS: Final = (
     "no Gemini credentials: set GOOGLE_API_KEY (or GEMINI_API_KEY) for the Gemini API, or "
-    "GOOGLE_GENAI_USE_VERTEXAI=true with GOOGLE_CLOUD_PROJECT (and GOOGLE_CLOUD_LOCATION) for "
-    "Vertex AI; or use --provider heuristic")
+    "GOOGLE_GENAI_USE_ENTERPRISE=true with GOOGLE_CLOUD_PROJECT (and GOOGLE_CLOUD_LOCATION) for "
+    "Vertex AI / the Agent Platform; or use --provider heuristic")
+ZERO_QUOTA: Final = "ZERO_QUOTA"  # ModelError.code of a 429 whose quota is 0
+SPEND_CAP: Final = "SPEND_CAP"  # ModelError.code of a call the spending cap stopped
 
 Role = Literal["user", "model"]
 Turn = tuple[Role, str]  # one message of the conversation
@@ -70,10 +82,12 @@ class Credentials:
     location: str | None = None
     base_url: str | None = None
     source: str = ""  # the variable the key or the mode came from
+    note: str = ""  # what the SDK would warn about (conflicting variables)
 
     def describe(self) -> str:
-        if self.vertexai and self.project:
-            where = f"Vertex AI (project {self.project}, {self.location or DEFAULT_VERTEX_LOCATION})"
+        if self.vertexai and self.api_key is None:
+            project = f"project {self.project}" if self.project else "the project of the default credentials"
+            where = f"Vertex AI ({project}, {self.location or DEFAULT_VERTEX_LOCATION}; {self.source})"
         elif self.vertexai:
             where = f"Vertex AI express mode (API key from {self.source})"
         else:
@@ -85,22 +99,41 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("true", "1")
 
 
+def enterprise_mode(env: Mapping[str, str]) -> tuple[bool, str, str]:
+    """Vertex AI or not, the variable that decided, and a note when the two variables disagree
+    (the SDK's reading: GOOGLE_GENAI_USE_ENTERPRISE wins; "true" or "1" is on, other text off)."""
+    given = {name: _truthy(env[name]) for name in ENTERPRISE_VARIABLES if env.get(name) is not None}
+    if not given:
+        return False, "", ""
+    deciding = next(name for name in ENTERPRISE_VARIABLES if name in given)
+    note = ""
+    if len(given) == 2 and len(set(given.values())) == 2:
+        note = (f"GOOGLE_GENAI_USE_ENTERPRISE and GOOGLE_GENAI_USE_VERTEXAI disagree: "
+                f"GOOGLE_GENAI_USE_ENTERPRISE={env['GOOGLE_GENAI_USE_ENTERPRISE']} is used, as the SDK does")
+    return given[deciding], deciding, note
+
+
 def gemini_credentials(env: Mapping[str, str]) -> Credentials | None:
-    """The credentials the environment holds, or None when it holds none that can work."""
+    """The credentials the environment holds, read as the SDK reads them; None when it holds
+    none (the Gemini API without a key). In Vertex AI mode a project or location from the
+    environment wins over an API key, and without either the application default credentials
+    are used (they may name the project): the SDK's order."""
     base_url = env.get(ENV_BASE_URL) or None
     key_variable = next((name for name in API_KEY_VARIABLES if env.get(name, "").strip()), None)
     api_key = env[key_variable].strip() if key_variable else None
-    if _truthy(env.get("GOOGLE_GENAI_USE_VERTEXAI")):
+    vertex, deciding, note = enterprise_mode(env)
+    if vertex:
         project = env.get("GOOGLE_CLOUD_PROJECT") or None
-        if project:
-            return Credentials(vertexai=True, project=project,
-                               location=env.get("GOOGLE_CLOUD_LOCATION") or DEFAULT_VERTEX_LOCATION,
-                               base_url=base_url, source="GOOGLE_CLOUD_PROJECT")
-        if api_key and key_variable:
-            return Credentials(api_key=api_key, vertexai=True, base_url=base_url, source=key_variable)
-        return None
+        location = env.get("GOOGLE_CLOUD_LOCATION") or None
+        if project or location or not (api_key and key_variable):
+            return Credentials(vertexai=True, project=project, location=location or DEFAULT_VERTEX_LOCATION,
+                               base_url=base_url, note=note,
+                               source=f"{deciding}, GOOGLE_CLOUD_PROJECT" if project else
+                               f"{deciding}, application default credentials")
+        return Credentials(api_key=api_key, vertexai=True, base_url=base_url, source=key_variable,
+                           note=note)
     if api_key and key_variable:
-        return Credentials(api_key=api_key, base_url=base_url, source=key_variable)
+        return Credentials(api_key=api_key, base_url=base_url, source=key_variable, note=note)
     return None
 
 
@@ -110,14 +143,16 @@ class Usage:
     """Tokens of one call or a sum of calls. `output_tokens` includes the thinking tokens (billed
     as output); `thinking_tokens` says how many of them were thinking."""
 
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # cached ones included
     output_tokens: int = 0
     total_tokens: int = 0
     thinking_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt tokens, those read from the context cache
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(self.prompt_tokens + other.prompt_tokens, self.output_tokens + other.output_tokens,
-                     self.total_tokens + other.total_tokens, self.thinking_tokens + other.thinking_tokens)
+                     self.total_tokens + other.total_tokens, self.thinking_tokens + other.thinking_tokens,
+                     self.cached_tokens + other.cached_tokens)
 
 
 def usage_of(response: types.GenerateContentResponse) -> Usage:
@@ -127,15 +162,52 @@ def usage_of(response: types.GenerateContentResponse) -> Usage:
     prompt = meta.prompt_token_count or 0
     thinking = meta.thoughts_token_count or 0
     output = (meta.candidates_token_count or 0) + thinking
-    return Usage(prompt, output, meta.total_token_count or prompt + output, thinking)
+    return Usage(prompt, output, meta.total_token_count or prompt + output, thinking,
+                 meta.cached_content_token_count or 0)
 
 
-def estimate_cost(settings: ModelSettings, usage: Usage) -> float | None:
-    """USD for `usage` at the model's list prices (thinking billed as output); None without a price."""
-    if settings.input_usd_per_mtok is None or settings.output_usd_per_mtok is None:
+def today() -> str:
+    return datetime.now(UTC).date().isoformat()
+
+
+def estimate_cost(settings: ModelSettings, usage: Usage, day: str | None = None) -> float | None:
+    """USD for `usage` at the model's list prices in effect on `day` (default today; thinking
+    billed as output, cached prompt tokens at the cached price when there is one); None
+    without a price."""
+    price = settings.price_on(day or today())
+    if price is None:
         return None
-    return (usage.prompt_tokens * settings.input_usd_per_mtok
-            + usage.output_tokens * settings.output_usd_per_mtok) / 1e6
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    cached_price = price.input_usd_per_mtok if price.cached_input_usd_per_mtok is None \
+        else price.cached_input_usd_per_mtok
+    return ((usage.prompt_tokens - cached) * price.input_usd_per_mtok + cached * cached_price
+            + usage.output_tokens * price.output_usd_per_mtok) / 1e6
+
+
+class SpendMeter:
+    """A spending cap in USD (None: no cap) and what was spent against it, by estimate.
+
+    `check` runs before every attempt: once the estimate so far reaches the cap, no call is
+    made (a ModelError with code SPEND_CAP says so). An attempt of a model without a price
+    counts as 0 and makes `unpriced` true: the cap cannot see it.
+    """
+
+    def __init__(self, cap_usd: float | None = None) -> None:
+        self.cap_usd = cap_usd
+        self.spent_usd = 0.0
+        self.unpriced = False
+
+    def check(self, model: str) -> None:
+        if self.cap_usd is not None and self.spent_usd >= self.cap_usd:
+            raise ModelError(f"{model}: the spending cap is reached ({self.spent_usd:.4f} of "
+                             f"{self.cap_usd:g} USD, estimated at list prices): no more model calls "
+                             f"(raise gemini.max_spend_usd or AFS_GEMINI_MAX_SPEND_USD)", code=SPEND_CAP)
+
+    def add(self, cost: float | None) -> None:
+        if cost is None:
+            self.unpriced = True
+        else:
+            self.spent_usd += cost
 
 
 @dataclass
@@ -148,6 +220,11 @@ class CallStats:
     failed: int = 0
     timeouts: int = 0
     usage: Usage = field(default_factory=Usage)
+    cost_usd: float | None = 0.0  # estimated; None once an answered attempt had no price
+    model_version: str | None = None  # the version that answered (`modelVersion`), last seen
+    model_stage: str | None = None  # `modelStatus.modelStage` of the answer (Gemini API only)
+    retirement: str | None = None  # `modelStatus.retirementTime`, ISO
+    status_message: str | None = None  # `modelStatus.message`
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -205,20 +282,54 @@ def retry_after_s(exc: genai_errors.APIError, now: datetime | None = None) -> fl
             if moment.tzinfo is None:
                 moment = moment.replace(tzinfo=UTC)
             return max(0.0, (moment - (now or datetime.now(UTC))).total_seconds())
-    body = exc.details if isinstance(exc.details, dict) else {}
-    error = body.get("error", body)
-    details = error.get("details") if isinstance(error, dict) else None
-    for detail in details if isinstance(details, list) else ():
+    for detail in _details(exc):
         delay = detail.get("retryDelay") if isinstance(detail, dict) else None
         if isinstance(delay, str) and (match := re.fullmatch(r"\s*(\d+(?:\.\d+)?)s\s*", delay)):
             return float(match[1])
     return None
 
 
+def _details(exc: genai_errors.APIError) -> list[Any]:
+    body = exc.details if isinstance(exc.details, dict) else {}
+    error = body.get("error", body)
+    details = error.get("details") if isinstance(error, dict) else None
+    return details if isinstance(details, list) else []
+
+
+def zero_quota(exc: genai_errors.APIError) -> str | None:
+    """The quota a 429 says is 0 (its QuotaFailure detail: a violation with quotaValue "0"),
+    named by its metric or id; None when no violated quota is 0 (a rate limit: wait)."""
+    for detail in _details(exc):
+        kind = str(detail.get("@type", "")) if isinstance(detail, dict) else ""
+        if not isinstance(detail, dict) or not kind.endswith("google.rpc.QuotaFailure"):
+            continue
+        for violation in detail.get("violations") or ():
+            if not isinstance(violation, dict):
+                continue
+            value = violation.get("quotaValue")
+            if value is not None and not isinstance(value, bool) and str(value).strip() == "0":
+                metric = violation.get("quotaMetric") or violation.get("quotaId") or "a quota"
+                return str(metric).rsplit("/", 1)[-1]
+    return None
+
+
+def _working_models(model: str) -> str:
+    """Which models of AFS's table have free-tier quota (a key without billing can use them)."""
+    free = [name for name, entry in MODEL_SETTINGS.items()
+            if entry.free_tier and entry.stage == "stable" and name != model.removeprefix("models/")]
+    if not free:
+        return ""
+    return (f"; or set a model with free-tier quota, e.g. {', '.join(free)} (gemini.models.<agent> "
+            f"in settings.yaml or {ENV_GEMINI_MODEL_PREFIX}<AGENT>)")
+
+
 # -- one request and its answer ---------------------------------------------------------------------
-def generation_config(system: str, schema: Mapping[str, Any],
-                      settings: ModelSettings) -> types.GenerateContentConfig:
-    """The request's configuration: JSON of `schema`, and the model's generation settings."""
+def generation_config(system: str, schema: Mapping[str, Any], settings: ModelSettings,
+                      store: bool | None = None) -> types.GenerateContentConfig:
+    """The request's configuration: JSON of `schema`, and the model's generation settings.
+
+    `store` False asks the Gemini API not to log the request (it takes precedence over the
+    project's logging setting); None sends nothing (Vertex AI: the SDK refuses the field)."""
     thinking = None
     if settings.thinking_level is not None:
         level = settings.thinking_level.upper()
@@ -229,7 +340,7 @@ def generation_config(system: str, schema: Mapping[str, Any],
     return types.GenerateContentConfig(
         system_instruction=system, temperature=settings.temperature,
         max_output_tokens=settings.max_output_tokens, thinking_config=thinking,
-        response_mime_type="application/json", response_json_schema=dict(schema))
+        response_mime_type="application/json", response_json_schema=dict(schema), store=store)
 
 
 # Finish reasons after which the same request would stop the same way: no re-prompt, no retry.
@@ -243,6 +354,20 @@ class ModelReply:
     usage: Usage  # of the answered attempt
     attempts: int  # 1 + retries
     finish_reason: str | None = None
+    model_version: str | None = None  # what answered, as the API says
+
+
+def _note_answer(stats: CallStats, response: types.GenerateContentResponse) -> None:
+    """The model version and status an answer names, into `stats`."""
+    if response.model_version:
+        stats.model_version = response.model_version
+    status = response.model_status
+    if status is not None:
+        if status.model_stage is not None:
+            stats.model_stage = status.model_stage.value.lower()
+        if status.retirement_time is not None:
+            stats.retirement = status.retirement_time.isoformat()
+        stats.status_message = status.message or stats.status_message
 
 
 def _reply(model: str, response: types.GenerateContentResponse, attempt: int,
@@ -268,7 +393,7 @@ def _reply(model: str, response: types.GenerateContentResponse, attempt: int,
     if not candidates:
         return ModelError(f"{model}: the API returned no answer candidate", code=reason)
     return ModelReply(text=response.text or "", usage=usage_of(response), attempts=attempt,
-                      finish_reason=reason)
+                      finish_reason=reason, model_version=response.model_version)
 
 
 # -- the client ------------------------------------------------------------------------------------
@@ -296,17 +421,22 @@ class GeminiClient:
     async def generate_json(self, *, model: str, system: str, turns: Sequence[Turn],
                             schema: Mapping[str, Any], settings: ModelSettings, call_timeout_s: float,
                             policy: RetryPolicy = DEFAULT_RETRY,
-                            stats: CallStats | None = None) -> ModelReply:
+                            stats: CallStats | None = None, meter: SpendMeter | None = None) -> ModelReply:
         """Ask `model` for JSON matching `schema`; retries per `policy`; raises ModelError.
 
-        `stats` (when given) counts every attempt, answered or not, and their tokens.
+        `stats` (when given) counts every attempt, answered or not, their tokens and cost, and
+        the model version that answered. `meter` is checked before every attempt and charged
+        after every answered one.
         """
         stats = stats if stats is not None else CallStats()
-        config = generation_config(system, schema, settings)
+        config = generation_config(system, schema, settings,
+                                   store=None if self.credentials.vertexai else False)
         contents: list[types.ContentUnion] = [
             types.Content(role=role, parts=[types.Part(text=text)]) for role, text in turns]
         secret = self.credentials.api_key
         for attempt in range(1, policy.attempts + 1):
+            if meter is not None:
+                meter.check(model)
             stats.attempts += 1
             with trio.move_on_after(call_timeout_s) as scope:
                 try:
@@ -329,7 +459,13 @@ class GeminiClient:
                                          f" ({type(exc).__name__}: {_clean(str(exc), secret)[:200]}):"
                                          f" check {ENV_BASE_URL} if it is set")
                 else:
-                    stats.usage += usage_of(response)
+                    usage = usage_of(response)
+                    stats.usage += usage
+                    cost = estimate_cost(settings, usage)
+                    stats.cost_usd = None if cost is None or stats.cost_usd is None else stats.cost_usd + cost
+                    if meter is not None:
+                        meter.add(cost)
+                    _note_answer(stats, response)
                     reply = _reply(model, response, attempt, settings)
                     if isinstance(reply, ModelError):
                         stats.failed += 1
@@ -389,6 +525,10 @@ class GeminiClient:
         key_hint = ("check the API key in " + " or ".join(API_KEY_VARIABLES)
                     if self.credentials.api_key else
                     "check the application default credentials (gcloud auth application-default login)")
+        if status == 429 and (zero := zero_quota(exc)) is not None:
+            return ModelError(f"{model}: no quota for this model on this key ({zero}, limit 0): the model "
+                              f"needs billing on the project (a paid tier); waiting will not help"
+                              f"{_working_models(model)}", status=status, code=ZERO_QUOTA)
         if status in RETRY_STATUSES or (status is not None and 500 <= status <= 599 and status != 501):
             what = f"{model}: {'rate limited' if status == 429 else 'the API failed'} ({detail})"
             asked = retry_after_s(exc)
@@ -410,18 +550,19 @@ class GeminiClient:
         return ModelError(message, status=status, code=code)
 
 
-def _default_google_auth() -> Any:
-    """Application default credentials for Vertex AI (blocking: run it in a thread)."""
+def _default_google_auth() -> tuple[Any, str | None]:
+    """Application default credentials for Vertex AI, and the project they name (blocking:
+    run it in a thread)."""
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
 
     try:
-        auth, _project = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        auth, project = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     except DefaultCredentialsError as exc:
         raise ConfigError(f"Vertex AI needs application default credentials: run `gcloud auth "
                           f"application-default login` or set GOOGLE_APPLICATION_CREDENTIALS ({exc})"
                           ) from exc
-    return auth
+    return auth, project
 
 
 @asynccontextmanager
@@ -433,15 +574,20 @@ async def open_gemini_client(credentials: Credentials, *,
     `transport` replaces the network (tests: `FakeGemini.transport()`); `google_auth`
     replaces the application default credentials of Vertex AI mode.
     """
+    project = credentials.project
     if credentials.vertexai and credentials.api_key is None and google_auth is None:
-        google_auth = await trio.to_thread.run_sync(_default_google_auth)
+        google_auth, found = await trio.to_thread.run_sync(_default_google_auth)
+        project = project or found
+        if not project:
+            raise ConfigError("Vertex AI needs a project: set GOOGLE_CLOUD_PROJECT (the application "
+                              "default credentials name none)")
     async with httpx.AsyncClient(timeout=None, transport=transport) as http:
         options = types.HttpOptions(
             httpx_async_client=http, base_url=credentials.base_url,
             api_version=None if credentials.vertexai else GEMINI_API_VERSION)
         try:
             sdk = genai.Client(vertexai=credentials.vertexai, api_key=credentials.api_key,
-                               project=credentials.project, location=credentials.location,
+                               project=project, location=credentials.location,
                                credentials=google_auth if credentials.api_key is None else None,
                                http_options=options)
         except ValueError as exc:
