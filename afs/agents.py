@@ -849,7 +849,8 @@ async def _refused_by_catalog(conn: Connection, proposal: OptimizationProposal,
                               validation: ValidationResult) -> ValidationResult | None:
     """The validation of a proposal the fork's catalog refuses (`safety.judge_references`:
     functions, operators and casts that are not built in, system relations, objects that
-    already exist, partial copies), or None when it passes. One query per proposal."""
+    already exist, partial copies; then `safety.judge_resolved`: what PostgreSQL resolves its
+    statements to, in a transaction rolled back), or None when it passes."""
     refused = await catalog_problems(conn, proposal_references(proposal))
     if not refused:
         return None

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg.pq import TransactionStatus
 
 from afs.db import Connection, translate
@@ -411,6 +412,16 @@ def resolve_sync(raw: psycopg.Connection[Any], refs: References) -> tuple[list[C
     nested = raw.info.transaction_status == TransactionStatus.INTRANS
     try:
         raw.execute("SAVEPOINT afs_gate" if nested else "BEGIN READ WRITE")
+    except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.FeatureNotSupported) as exc:
+        # a standby ("cannot set transaction read-write mode during recovery"): no temporary view
+        # can be created, so nothing can be resolved, and what cannot be resolved is refused
+        reason = f"{_first_line(exc)} (a read-only server: AFS needs the primary to resolve queries)"
+        with contextlib.suppress(psycopg.Error):
+            raw.execute("ROLLBACK")
+        return [], dict.fromkeys(range(len(refs.targets)), reason)
+    except psycopg.Error as exc:
+        raise translate(exc, "BEGIN READ WRITE") from exc
+    try:
         try:
             try:
                 resolved, failures = _resolve_targets(raw, refs.targets, role)

@@ -50,6 +50,9 @@ CREATE VIEW gate.checked_orders AS SELECT id, status::gate.outer_text AS status 
 CREATE TABLE gate.secrets (secret text);
 INSERT INTO gate.secrets VALUES ('s3cr3t');
 CREATE VIEW gate.as_xml AS SELECT table_to_xml('gate.secrets', true, false, '') AS x;
+CREATE FUNCTION gate.next_id() RETURNS bigint LANGUAGE plpgsql VOLATILE
+  AS $$BEGIN PERFORM gate.ran(); RETURN 1; END$$;
+CREATE TABLE gate.template (id bigint DEFAULT gate.next_id(), status text CHECK (gate.check_status(status)));
 SELECT setval('gate.calls', 1, false);
 """
 # an `=` of the user's for an enum of the user's: JOIN … USING and NATURAL JOIN choose it by name
@@ -93,6 +96,11 @@ BYPASSES: list[Case] = [
          ("CREATE TABLE x1 (id bigint, status gate.outer_text) PARTITION BY RANGE (id)",
           "CREATE TABLE x1_all PARTITION OF x1 DEFAULT",
           "INSERT INTO x1 SELECT id, status FROM orders"), "gate.check_status()", "partitioning"),
+    Case("defaults-and-checks-taken-over-with-like",
+         ("CREATE TABLE x1 (LIKE gate.template INCLUDING ALL) PARTITION BY LIST (status)",
+          "CREATE TABLE x1_all PARTITION OF x1 DEFAULT",
+          "INSERT INTO x1 (status) SELECT status FROM orders WHERE id < 10"), "calls gate.",
+         "partitioning"),
     Case("array-of-domain-column", ("SELECT id FROM gate.tagged WHERE tags = '{b}'",),
          "gate.check_status()"),
     Case("composite-with-domain-field", ("SELECT ROW(status)::gate.holder FROM orders WHERE id < 50",),
