@@ -45,7 +45,7 @@ from afs.config import (
 from afs.errors import ConfigError, ModelError
 from afs.models import AnalysisResult
 from afs.testing import FakeGemini, FakeStage, reply_json, reply_text, reply_zero_quota, serve_fake_gemini
-from tests.test_gemini import ANALYSIS, PROPOSAL, issue_context
+from tests.test_gemini import ANALYSIS, ANALYZED, PROPOSAL, REFUSED, issue_context
 
 KEY = "keyholder-key"
 STEADY = RetryPolicy(jitter=False)
@@ -213,6 +213,22 @@ async def test_enterprise_mode_over_the_fake_server() -> None:
                             "gemini-3.8-flash:generateContent")
     assert request.headers["authorization"] == "Bearer enterprise-token"
     assert "store" not in request.body  # the Agent Platform takes no `store` (the SDK refuses it)
+
+
+# -- 5. each call its own limit, inside the question's budget ------------------------------------
+async def test_a_reprompt_cut_by_the_phase_limit_keeps_the_refused_candidates(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A thinking call takes 70 s and is refused; the re-prompt would take 100 s, past the
+    model phase (120 s, the limit the agent sets around `propose`): the refused candidates come
+    back before the agent's limit fires, for the agent to report, instead of a timeout."""
+    fake = FakeGemini(reply_json({"candidates": [REFUSED]}, delay_s=70),
+                      reply_json({"candidates": [PROPOSAL]}, delay_s=100), api_key=KEY)
+    async with open_brain(fake, model_phase_s=120) as brain:
+        with trio.fail_after(120):  # what afs.agents puts around brain.propose
+            proposals = await brain.propose("gemini25pro", issue_context(), ANALYZED)
+    assert [p.sql_commands[-1] for p in proposals] == [REFUSED["sql_commands"][-1]]
+    assert trio.current_time() == pytest.approx(119)
+    assert [c["outcome"] for c in brain.calls] == ["answered", "cancelled"]
 
 
 # -- 6. thinking levels, per model, before any fork ---------------------------------------------

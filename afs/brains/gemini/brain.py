@@ -59,6 +59,7 @@ import trio
 from afs.brains import Squad
 from afs.brains.gemini.client import (
     DEFAULT_RETRY,
+    SPEND_CAP,
     CallStats,
     Credentials,
     GeminiClient,
@@ -103,6 +104,7 @@ log = structlog.get_logger("afs.gemini")
 
 REVIEWER: Final = "gemini25pro"  # the seed gives gemini-2.5-pro's agent the review role
 MAX_REPROMPTS: Final = 2  # the seed's "Re-prompt … Limit: 2 retry attempts" (repairs and refusals)
+PHASE_MARGIN_S: Final = 1.0  # a question ends this much before the agent's model-phase limit
 MAX_VALUES_SHOWN: Final = 10  # most common values per column
 MAX_VALUE_CHARS: Final = 40
 
@@ -449,29 +451,49 @@ class GeminiBrain:
                    parse: Callable[[str], tuple[T, list[str]]],
                    judge: Callable[[T], str | None] | None = None) -> T:
         """One question; unusable answers (and, with `judge`, refused ones) go back with the
-        reason, MAX_REPROMPTS times at most in all."""
+        reason, MAX_REPROMPTS times at most in all.
+
+        Each call has its model's own limit (`call_timeout_s`), and all of them the question's
+        budget (the model phase, less a second so that this returns before the agent's limit
+        fires): a re-prompt that the budget, a timeout or the spending cap cuts short returns
+        the refused candidates already in hand (the agent reports them) instead of losing them."""
         model = self.model_of(agent)
         settings = self.gemini.settings_of(model)
-        timeout = self.call_timeout_s or min(settings.call_timeout_s, self.model_phase_s)
+        deadline = trio.current_time() + max(self.model_phase_s - PHASE_MARGIN_S, self.model_phase_s / 2)
         system = prompt_template(f"system_{agent}").template + "\n" + prompt_template("data_rule").template
+        kept: list[T] = []  # the refused answer of the round before, to return if time runs out
         for reprompts in range(MAX_REPROMPTS + 1):
             started = trio.current_time()
+            left = deadline - started
+            timeout = self.call_timeout_s or min(settings.call_timeout_s, max(left, 0.0))
             stats = CallStats()
             outcome = "answered"
-            try:
-                reply = await self.client.generate_json(model=model, system=system, turns=turns,
-                                                        schema=schema, settings=settings,
-                                                        call_timeout_s=timeout, policy=self.policy,
-                                                        stats=stats, meter=self.meter)
-            except ModelError as exc:
-                outcome = exc.code or ("error" if exc.status is None else str(exc.status))
-                raise
-            except BaseException:
-                outcome = "cancelled"
-                raise
-            finally:
-                cost = self._record(agent, model, settings, stats, reprompts > 0)
-                self._call_record(agent, model, purpose, settings, stats, cost, outcome)
+            with trio.move_on_after(max(left, 0.0)) as budget:
+                try:
+                    reply = await self.client.generate_json(model=model, system=system, turns=turns,
+                                                            schema=schema, settings=settings,
+                                                            call_timeout_s=timeout, policy=self.policy,
+                                                            stats=stats, meter=self.meter)
+                except ModelError as exc:
+                    outcome = exc.code or ("error" if exc.status is None else str(exc.status))
+                    if kept and (exc.retryable or exc.code == SPEND_CAP):
+                        log.warning("model_reprompt_cut", agent=agent, model=model, purpose=purpose,
+                                    error=str(exc), kept="the refused candidates")
+                        return kept[0]
+                    raise
+                except BaseException:
+                    outcome = "cancelled"
+                    raise
+                finally:
+                    cost = self._record(agent, model, settings, stats, reprompts > 0)
+                    self._call_record(agent, model, purpose, settings, stats, cost, outcome)
+            if budget.cancelled_caught:
+                if kept:
+                    log.warning("model_reprompt_cut", agent=agent, model=model, purpose=purpose,
+                                error="the model phase's time ran out", kept="the refused candidates")
+                    return kept[0]
+                raise ModelError(f"{model} ({purpose}): no usable answer within the model phase "
+                                 f"({self.model_phase_s:g} s)", retryable=True)
             log.info("model_call", agent=agent, model=model, purpose=purpose, attempts=stats.attempts,
                      model_version=stats.model_version, model_stage=stats.model_stage,
                      prompt_tokens=stats.usage.prompt_tokens, output_tokens=stats.usage.output_tokens,
@@ -498,6 +520,7 @@ class GeminiBrain:
                 log.warning("model_proposal_refused", agent=agent, model=model, reasons=refused,
                             reprompt=not last)
                 if not last:
+                    kept[:] = [value]
                     self.usage[agent]["refusals_reprompted"] += 1
                     retry = prompt_template("refused").substitute(
                         reasons=data_lines("refusals", refused.splitlines()))
