@@ -7,7 +7,8 @@ Layering (lower layers never import higher ones):
                   report, forks.naming, sandbox.demo
     I/O edges     db (psycopg under trio), sandbox.server (pg_ctl), sandbox.seeding,
                   sandbox.importer, forks.provider, forks.server (MCP), forks.client (MCP),
-                  analysis and bench (SQL in a fork), events, display,
+                  analysis and bench (SQL in a fork), conditions (the user's settings,
+                  plan and tables against the forks'), events, display,
                   target (the one path of a query to a user's database: checked, then
                   read-only as a low-privilege role), brains (Brain, Squad), brains.gemini
                   (the model client and brain)

@@ -2,7 +2,8 @@
 
 The workflow is the same for every agent (the seed's agent contract):
 
-    open fork (MCP service_fork) ─► analyse (EXPLAIN ANALYZE, schema, pg_stats)
+    open fork (MCP service_fork) ─► the user's plan settings given to it, its plan of the
+    query compared with the source's (afs.conditions) ─► analyse (EXPLAIN ANALYZE, schema, pg_stats)
     ─► propose (the brain) ─► validate (SQL allow-list) ─► benchmark (the suite,
     before vs after, same fork) ─► close fork (MCP service_delete), always
 
@@ -42,6 +43,7 @@ from afs.bench import (
 from afs.brains import Brain, RevisingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
+from afs.conditions import carry_into_fork, check_plan
 from afs.config import (
     DEFAULT_CANDIDATES,
     DEFAULT_MEASURE_BUDGET_S,
@@ -69,11 +71,13 @@ from afs.models import (
     FamilyQuery,
     OptimizationProposal,
     ParameterCheck,
+    PlanCheck,
     QueryFeatures,
     QueryVariant,
     ScoreBreakdown,
     TableInfo,
     TaskType,
+    UserConditions,
     ValidationResult,
 )
 from afs.params import ParameterSet, apply_parameters, baked_literals, parameter_sets, stored_rows
@@ -215,6 +219,7 @@ class AgentJob:
     measure_budget_s: float = DEFAULT_MEASURE_BUDGET_S  # query time per candidate's measurement
     source_server: Mapping[str, str] = field(default_factory=dict)  # AnalysisContext.source_server
     source_imported: bool = False
+    conditions: UserConditions | None = None  # the user's server: settings forks take, its plan
 
 
 @dataclass
@@ -235,6 +240,7 @@ class _Progress:
     writes_per_read: dict[str, float] = field(default_factory=dict)
     shared_by: dict[int, AgentKey] = field(default_factory=dict)  # rank -> agent that measured it
     revisions: int = 0  # rewrites sent back to the brain after failing the result check
+    plan_check: PlanCheck | None = None  # the query's plan in the fork against the source's
 
     def outcome(self, status: AgentStatus, error: str | None = None,
                 bench: BenchmarkOutcome | None = None) -> AgentOutcome:
@@ -243,7 +249,7 @@ class _Progress:
             analysis=self.analysis, proposal=self.proposal, validation=self.validation,
             benchmark=bench, duration_s=trio.current_time() - self.started, waited_s=self.waited_s,
             measured_by=self.measured_by, candidates=self.candidates,
-            writes_per_read=dict(self.writes_per_read))
+            writes_per_read=dict(self.writes_per_read), plan_check=self.plan_check)
 
 
 async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain: Brain,
@@ -269,7 +275,17 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
                             duration_s=trio.current_time() - state.started)
                 # every log line inside the fork names it (task id and agent are bound by the task)
                 with structlog.contextvars.bound_contextvars(fork=fork.name):
+                    # the user's plan settings as the fork's own, before its sessions start
+                    carried, gaps = await carry_into_fork(fork.dsn, fork.name, job.conditions,
+                                                          job.statement_timeout_ms)
                     async with open_connection(fork.dsn, job.statement_timeout_ms) as conn:
+                        # the same plan as on the source, or a warning: before any measurement
+                        state.plan_check = await check_plan(conn, job.query, job.conditions,
+                                                            carried, gaps)
+                        if state.plan_check is not None:
+                            events.emit("plan_compared", agent=agent, fork=fork.name,
+                                        matches=state.plan_check.matches,
+                                        differences=list(state.plan_check.differences))
                         outcome = await _work_in_fork(conn, job, state, brain, bench_limiter,
                                                       events, enter, shared or SharedMeasurements())
                 closing = trio.current_time()

@@ -47,6 +47,8 @@ Environment:
                               instead of --admin-dsn, whose command line every local user sees in `ps`
     AFS_SOURCE_SERVER_URL     the server holding the source databases, for workers on other
                               machines (its database name is replaced by the task's source)
+    AFS_APPLICATION_ROLE      the role the application uses on the user's database: forks take
+                              its per-role and per-database planner settings (default: the DSN's role)
 
 Gemini credentials are the SDK's own variables (GOOGLE_API_KEY or GEMINI_API_KEY;
 GOOGLE_GENAI_USE_ENTERPRISE, or the older GOOGLE_GENAI_USE_VERTEXAI, with GOOGLE_CLOUD_PROJECT
@@ -103,6 +105,12 @@ DEFAULT_PARAMETER_SETS = 2  # other literal values every proposal is also checke
 MIN_COW_SIZE_BYTES = 512 * 1024 ** 2  # mkfs.xfs refuses file systems under 300 MB
 DEFAULT_COW_SIZE = "100G"  # the sandbox's sparse XFS image (it takes space only as data is written)
 DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the statement timeout
+# The copy against the user's server (afs.conditions): a table whose size differs from the
+# source's by more than this fraction makes the copy stale; an all-visible fraction
+# (relallvisible / the pages it has now, as the planner reads it) that differs by more than
+# this makes index-only scans measure otherwise than on the user's server.
+SIZE_DRIFT: Final = 0.2
+ALL_VISIBLE_GAP: Final = 0.2
 DEFAULT_SERVICE_MAX_BODY_BYTES = 1024 ** 2  # a task request is at most a 100 kB query and its options
 
 
@@ -352,6 +360,7 @@ class Settings:
     fork_server_token: str | None = None  # its bearer token
     admin_dsn: str | None = None  # where `afs mcp serve` forks (default: the sandbox)
     source_server_url: str | None = None  # where the sources are read; None: the sandbox
+    application_role: str | None = None  # whose planner settings forks take; None: the DSN's role
     service_hosts: tuple[str, ...] = ()  # Host names the service answers to besides loopback
     service_max_body_bytes: int = DEFAULT_SERVICE_MAX_BODY_BYTES  # larger request bodies: 413
 
@@ -514,7 +523,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                           ("fork_server_url", "AFS_FORK_SERVER_URL"),
                           ("fork_server_token", "AFS_FORK_SERVER_TOKEN"),
                           ("admin_dsn", "AFS_ADMIN_DSN"),
-                          ("source_server_url", "AFS_SOURCE_SERVER_URL")):
+                          ("source_server_url", "AFS_SOURCE_SERVER_URL"),
+                          ("application_role", "AFS_APPLICATION_ROLE")):
         value, _ = pick(key, env_name)
         if value:
             changes[key] = str(value)

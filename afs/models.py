@@ -377,6 +377,58 @@ class BenchmarkOutcome:
         return sum(m.improvement_pct for m in self.measurements) / len(self.measurements)
 
 
+# -- the user's conditions: how far the forks are from the user's server ------------------
+@dataclass(frozen=True)
+class SettingGap:
+    """A setting whose value on the source the forks do not have, and why (afs.pg.settings)."""
+
+    name: str
+    source: str  # the source's value, as SHOW prints it
+    sandbox: str | None  # the sandbox's value (None: unknown there, or not read)
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlanCheck:
+    """The query's plan in a fork against its plan on the source, both EXPLAIN without ANALYZE,
+    in short form (afs.pg.plan.plan_shape), before any candidate is measured."""
+
+    matches: bool
+    source_shape: tuple[str, ...]
+    fork_shape: tuple[str, ...]
+    differences: tuple[str, ...] = ()  # afs.pg.plan.shape_differences
+    carried: Mapping[str, str] = field(default_factory=dict)  # the source's settings the fork took
+    gaps: tuple[SettingGap, ...] = ()  # what it could not take, with both values
+
+
+@dataclass(frozen=True)
+class TableState:
+    """One table of the query on the source and in the copy the forks are made from."""
+
+    name: str
+    source_bytes: int | None = None  # the heap's size (pg_relation_size), read at optimize time
+    copy_bytes: int | None = None  # the copy's, when it was imported
+    source_all_visible: float | None = None  # relallvisible / relpages (None: no pages)
+    copy_all_visible: float | None = None
+
+
+@dataclass(frozen=True)
+class UserConditions:
+    """What the forks took over from the user's server, and where they differ from it
+    (afs.conditions): the report says it before any number."""
+
+    # the plan settings of the application's sessions on the source, read at optimize time:
+    # every fork is given them (PlanCheck says what it took and what it could not)
+    carried: Mapping[str, str] = field(default_factory=dict)
+    server: Mapping[str, str] = field(default_factory=dict)  # the source's NOT_CARRIED facts
+    source_plan: tuple[str, ...] = ()  # the query's plan shape on the source
+    imported_at: str | None = None  # when the copy was imported (None: the source is not a copy)
+    tables: tuple[TableState, ...] = ()
+    stale: tuple[str, ...] = ()  # tables whose size drifted past config.SIZE_DRIFT, said in words
+    unsettled: tuple[str, ...] = ()  # tables whose all-visible fraction differs, said in words
+    notes: tuple[str, ...] = ()
+
+
 AgentStatus = Literal["ok", "failed", "rejected"]
 CandidateStatus = Literal["measured", "screened_out", "rejected", "failed"]
 
@@ -411,6 +463,7 @@ class AgentOutcome:
     usage: Mapping[str, Any] = field(default_factory=dict)
     candidates: tuple[CandidateResult, ...] = ()  # every design tried; `proposal` is the best
     writes_per_read: Mapping[str, float] = field(default_factory=dict)  # by table, measured on the source
+    plan_check: PlanCheck | None = None  # the query's plan in the fork against the source's
 
 
 # -- consensus -------------------------------------------------------------------------
@@ -462,3 +515,4 @@ class TaskResult:
     error: str | None = None
     review: tuple[ReviewFlag, ...] = ()  # the reviewer's flags on measured proposals (shown only)
     parameters: StatementParameters | None = None  # the task's explicit parameter sets, if any
+    conditions: UserConditions | None = None  # the forks against the user's server (afs.conditions)

@@ -25,6 +25,7 @@ import trio
 from afs.agents import AgentJob, SharedMeasurements, run_agent
 from afs.analysis import server_facts, source_table_stats, view_definitions
 from afs.brains import ReviewingBrain, Squad
+from afs.conditions import task_conditions
 from afs.config import Settings
 from afs.consensus import decide
 from afs.db import open_connection
@@ -202,6 +203,9 @@ async def optimize(
     task_id = events.task_id
     query, features, stats = await prepare(request, source_dsn)
     facts, imported = await source_server(forks, source, source_dsn)
+    # the source's plan settings, plan and tables now: forks take them, the report compares
+    conditions = await task_conditions(forks, source, source_dsn, query, features.tables,
+                                       settings.application_role)
     pool = pool or AgentPool()
     max_rows = max((rows for rows, _ in stats.values()), default=0)
 
@@ -222,7 +226,7 @@ async def optimize(
 
     job = AgentJob(task_id=task_id, task_type=request.task_type, query=query,
                    features=features, source=source, source_stats=stats, runs=request.runs,
-                   source_server=facts, source_imported=imported,
+                   source_server=facts, source_imported=imported, conditions=conditions,
                    statement_timeout_ms=settings.statement_timeout_ms, timeouts=settings.timeouts,
                    candidates=settings.candidates, measured=settings.measured,
                    parameter_sets=settings.parameter_sets,
@@ -283,4 +287,5 @@ async def optimize(
     return TaskResult(task_id=task_id, status=status, query=query, source=source,
                       routing=routing, outcomes=ordered, decision=decision,
                       provider=squad.provider, provider_note=squad.note, duration_s=duration,
-                      error=error, review=review, parameters=request.parameters)
+                      error=error, review=review, parameters=request.parameters,
+                      conditions=conditions)

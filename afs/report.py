@@ -1,10 +1,27 @@
-"""The task report: a JSON document for scripts, text for people (pure)."""
+"""The task report: a JSON document for scripts, text for people (pure).
+
+Before any number, the report says how far the forks were from the user's server
+(afs.conditions): a fork that planned the query otherwise than the source, the settings no fork
+could take (both values), tables whose copy is stale or whose visibility map differs, and when
+the copy was imported. A speedup measured in a fork whose plan differs from the source's
+carries the warning wherever it is shown.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from afs.models import AGENTS, AgentOutcome, CandidateResult, Measurement, ParameterCheck, TaskResult
+from afs.models import (
+    AGENTS,
+    AgentOutcome,
+    CandidateResult,
+    Measurement,
+    ParameterCheck,
+    PlanCheck,
+    SettingGap,
+    TaskResult,
+    UserConditions,
+)
 from afs.safety import settings_sql
 
 NOT_APPLIED = ("Nothing was applied to your database: every change ran in a disposable fork, "
@@ -112,6 +129,58 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
              "disqualified": list(scores.disqualified)}
             if scores else None),
         "usage": dict(o.usage),
+        "plan_check": _plan_check(o.plan_check),
+    }
+
+
+def _gap(g: SettingGap) -> dict[str, Any]:
+    return {"name": g.name, "source": g.source, "sandbox": g.sandbox, "reason": g.reason}
+
+
+def _plan_check(c: PlanCheck | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {"matches": c.matches, "source_shape": list(c.source_shape), "fork_shape": list(c.fork_shape),
+            "differences": list(c.differences), "carried_settings": dict(c.carried),
+            "not_carried": [_gap(g) for g in c.gaps]}
+
+
+def plan_matches_source(result: TaskResult) -> bool | None:
+    """False when any fork planned the query otherwise than the source; None when no fork's
+    plan was compared (no source plan, or no fork)."""
+    checks = [o.plan_check for o in result.outcomes if o.plan_check is not None]
+    return None if not checks else all(c.matches for c in checks)
+
+
+def _mismatch(result: TaskResult) -> PlanCheck | None:
+    return next((o.plan_check for o in result.outcomes
+                 if o.plan_check is not None and not o.plan_check.matches), None)
+
+
+def _gaps(result: TaskResult) -> list[SettingGap]:
+    """The settings no fork could take, once each (every fork reports the same ones)."""
+    seen: dict[str, SettingGap] = {}
+    for o in result.outcomes:
+        for g in o.plan_check.gaps if o.plan_check else ():
+            seen.setdefault(g.name, g)
+    return [seen[k] for k in sorted(seen)]
+
+
+def _conditions(c: UserConditions | None, result: TaskResult) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {
+        "source_settings": dict(c.carried),
+        "source_server": dict(c.server),
+        "not_carried": [_gap(g) for g in _gaps(result)],
+        "source_plan": list(c.source_plan),
+        "imported_at": c.imported_at,
+        "tables": [{"name": t.name, "source_bytes": t.source_bytes, "copy_bytes": t.copy_bytes,
+                    "source_all_visible": t.source_all_visible, "copy_all_visible": t.copy_all_visible}
+                   for t in c.tables],
+        "stale": list(c.stale),
+        "visibility_differs": list(c.unsettled),
+        "notes": list(c.notes),
     }
 
 
@@ -152,7 +221,49 @@ def to_json(result: TaskResult) -> dict[str, Any]:
         # the task's own parameter sets (a batch task's): the suite ran the first, checks the others
         "parameter_sets": ([{"label": p.label, "query": p.query} for p in result.parameters.sets]
                            if result.parameters else None),
+        # the forks against the user's server (afs.conditions): False = a fork planned otherwise
+        "plan_matches_source": plan_matches_source(result),
+        "plan_differences": list(mismatch.differences) if (mismatch := _mismatch(result)) else [],
+        "conditions": _conditions(result.conditions, result),
     }
+
+
+PLAN_WARNING = ("measured in a fork that planned the query otherwise than your server: this speedup"
+                " may not hold there")
+
+
+def conditions_text(result: TaskResult) -> list[str]:
+    """The lines on the user's conditions, for the top of the report (empty when there is
+    nothing to say)."""
+    c = result.conditions
+    out: list[str] = []
+    mismatch = _mismatch(result)
+    if mismatch is not None:
+        out.append("WARNING: the forks planned this query otherwise than your server: every speedup"
+                   " below may not hold there (marked !)")
+        out.append("  plan on your server:")
+        out.extend(f"    {line}" for line in mismatch.source_shape)
+        out.append("  plan in the fork:")
+        out.extend(f"    {line}" for line in mismatch.fork_shape)
+        out.append("  differences: " + "; ".join(mismatch.differences))
+    gaps = _gaps(result)
+    if gaps:
+        out.append("not carried over to the forks (your server / the sandbox):")
+        out.extend(f"  {g.name}: {g.source} / {g.sandbox if g.sandbox is not None else '-'} ({g.reason})"
+                   for g in gaps)
+    if c is None:
+        return out
+    if c.imported_at:
+        out.append(f"copy: imported {c.imported_at}")
+    if c.stale:
+        out.append("the copy is stale: its tables' sizes are no longer your server's (import it"
+                   " again: `afs sandbox import --from DSN --as NAME`):")
+        out.extend(f"  {line}" for line in c.stale)
+    if c.unsettled:
+        out.append("visibility differs from your server's (index-only scans measure otherwise):")
+        out.extend(f"  {line}" for line in c.unsettled)
+    out.extend(f"note: {line}" for line in c.notes if out or "could not" in line)
+    return out
 
 
 def _reused(figure: dict[str, Any]) -> str:
@@ -186,6 +297,7 @@ def render_text(result: TaskResult) -> str:
     out.append(f"routing: {', '.join(result.routing.agents)} — {doc['routing']['rationale']}")
     if result.error:
         out.append(f"error: {result.error}")
+    out.extend(conditions_text(result))
     if result.parameters:
         out.append(f"parameters: the suite ran {result.parameters.measured_on}; each proposal was also"
                    f" measured on the task's {len(result.parameters.others)} other set(s) ('other values')")
@@ -217,13 +329,14 @@ def render_text(result: TaskResult) -> str:
         if p["measured_by"]:
             out.append(f"  the same proposal as {p['measured_by']}'s: measured once, in its fork")
         if p["benchmarks"]:
+            differs = bool(p["plan_check"] and not p["plan_check"]["matches"])
             widths = [9, 16, 16, 9, 9, 17, 6, 0]
             out.append("  " + _row(["query", "baseline ms", "optimized ms", "speedup", "rows",
                                     "buffers b→o", "runs", ""], widths).rstrip())
             for m in p["benchmarks"]:
                 speed = (f"{m['baseline_ms'] / m['optimized_ms']:.1f}x" if m["optimized_ms"] > 0
                          else "-")
-                flag = "" if m["significant"] else " ~"
+                flag = ("" if m["significant"] else " ~") + (" !" if differs else "")
                 bound = ">" if m["baseline_lower_bound"] else ""
                 out.append("  " + _row([
                     m["name"],
@@ -235,6 +348,8 @@ def render_text(result: TaskResult) -> str:
                     widths).rstrip())
             out.append("  (median ± half the range of the runs b/o, baseline/optimized; ~ = within"
                        " the noise; measuring stops once the verdict is certain)")
+            if differs:
+                out.append(f"  ! {PLAN_WARNING}")
             if any(m["baseline_reused_runs"] for m in p["benchmarks"]) or any(
                     c["baseline_reused_runs"] for c in p["parameter_checks"]):
                 out.append("  (* the baseline runs of an earlier measurement in this task, reused: the"
@@ -283,7 +398,8 @@ def render_text(result: TaskResult) -> str:
     if winner:
         out.append("")
         out.append(f"winner: {winner['agent']} ({winner['proposal_type']}), "
-                   f"{winner['improvement_pct']:.1f} % faster on average over the suite")
+                   f"{winner['improvement_pct']:.1f} % faster on average over the suite"
+                   + (f" ! {PLAN_WARNING}" if doc["plan_matches_source"] is False else ""))
         out.extend(f"  apply:    {sql};" for sql in winner["sql_commands"])
         out.extend(f"  setting:  {sql};  (for this query, or per role with ALTER ROLE … SET; never globally)"
                    for sql in settings_sql(tuple(winner["settings"].items()), "SET"))

@@ -4,7 +4,8 @@ For every case of `quality_cases.py` (a public advisor's test or doc example
 with its oracle: the DDL, rewrite or setting known to fix it), in one run:
 
   1. build the case database `afs_qc_<name>` in the sandbox (schema, data with
-     generate_series, VACUUM ANALYZE) and register it as a fork source, as
+     generate_series, VACUUM ANALYZE), with the planner settings of a user's server
+     (USER_SETTINGS, not the sandbox's defaults), and register it as a fork source, as
      `afs sandbox import` does for an imported database;
   2. run AFS on the query: `optimize()` with the offline strategists and the
      routed squad (what `afs optimize --provider heuristic` runs), and take its
@@ -94,6 +95,7 @@ from afs.forks.naming import random_fork_name
 from afs.forks.provider import LocalForkProvider, quote_ident
 from afs.models import AgentOutcome, OptimizationProposal, TaskResult
 from afs.optimize import TaskRequest, new_task_id, optimize
+from afs.pg.settings import alter_database_sql
 from afs.router import load_rules
 from afs.sandbox.forks import open_forks
 from afs.sandbox.server import SandboxServer
@@ -107,6 +109,10 @@ except ImportError:  # the layout of this branch
 
 # ------------------------------------------------------------------------------------------
 DB_PREFIX = "afs_qc_"
+# The user's server is not the sandbox: each case database gets these planner settings of a
+# tuned server on SSDs (not the defaults the sandbox runs with), and every fork of it plans with
+# them, AFS's and the measuring one (afs.conditions, afs.forks.provider)
+USER_SETTINGS = {"work_mem": "16MB", "random_page_cost": "1.1", "effective_cache_size": "8GB"}
 DEFAULT_RUNS = 7
 QUICK_SCALE = 0.05
 REACH_SHARE = 0.10  # within 10 % of the oracle
@@ -174,6 +180,8 @@ async def build_database(server: SandboxServer, provider: LocalForkProvider, cas
     await provider.drop_source(db)  # a leftover of an interrupted run
     async with open_connection(server.dsn(), BUILD_TIMEOUT_MS) as conn:
         await conn.execute(f"CREATE DATABASE {quote_ident(db)}")
+        for name, value in USER_SETTINGS.items():
+            await conn.execute(alter_database_sql(db, name, value))
     async with open_connection(server.dsn(db), BUILD_TIMEOUT_MS) as conn:
         # commits flushed at once: VACUUM marks pages all-visible only once the inserting
         # transaction's commit is on disk (index-only scans need that)

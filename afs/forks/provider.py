@@ -44,6 +44,7 @@ import psutil
 import trio
 from psycopg import conninfo
 
+from afs.conditions import carry_settings
 from afs.db import OWN_SERVER_MARK, Connection, open_connection
 from afs.errors import (
     DatabaseError,
@@ -100,6 +101,9 @@ CREATE TABLE IF NOT EXISTS afs.forks (
 ALTER TABLE afs.forks ADD COLUMN IF NOT EXISTS base_bytes bigint;
 -- an import's origin server: server_version and planner settings (afs.analysis.server_facts)
 ALTER TABLE afs.sources ADD COLUMN IF NOT EXISTS origin_server jsonb;
+-- an import's record of the user's conditions (afs.conditions.settle_copy): when it was
+-- imported, the plan settings given to the copy, each table's size and all-visible pages
+ALTER TABLE afs.sources ADD COLUMN IF NOT EXISTS copy_state jsonb;
 -- states: creating -> ready (a fork), creating -> spare -> ready (claimed, renamed)
 DO $$ BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'afs.forks'::regclass
@@ -239,21 +243,26 @@ class LocalForkProvider:
 
     # -- sources ------------------------------------------------------------
     async def register_source(self, source: str, origin: str,
-                              origin_server: Mapping[str, str] | None = None) -> None:
+                              origin_server: Mapping[str, str] | None = None,
+                              copy_state: Mapping[str, Any] | None = None) -> None:
         """Make `source` forkable: catalog row, no PUBLIC access, fresh template.
 
         `origin_server`: for an import, the version and planner settings of the server it
-        came from (None: `source` is the user's database itself)."""
+        came from (None: `source` is the user's database itself). `copy_state`: for an
+        import, what afs.conditions.settle_copy recorded (the report compares it with the
+        source at each optimize)."""
         async with self._admin() as conn:
             await self.ensure_catalog(conn)
             if not await self._database_exists(conn, source):
                 raise UnknownServiceError(source)
             await conn.execute(f"REVOKE CONNECT, TEMPORARY ON DATABASE {quote_ident(source)} FROM PUBLIC")
             await conn.execute(
-                "INSERT INTO afs.sources (name, origin, origin_server) VALUES (%s, %s, %s::jsonb)"
+                "INSERT INTO afs.sources (name, origin, origin_server, copy_state)"
+                " VALUES (%s, %s, %s::jsonb, %s::jsonb)"
                 " ON CONFLICT (name) DO UPDATE SET origin = EXCLUDED.origin,"
-                " origin_server = EXCLUDED.origin_server",
-                (source, origin, None if origin_server is None else json.dumps(dict(origin_server))),
+                " origin_server = EXCLUDED.origin_server, copy_state = EXCLUDED.copy_state",
+                (source, origin, None if origin_server is None else json.dumps(dict(origin_server)),
+                 None if copy_state is None else json.dumps(dict(copy_state))),
             )
         await self.refresh_template(source)
 
@@ -312,8 +321,8 @@ class LocalForkProvider:
 
     async def list_sources(self, conn: Connection) -> list[dict[str, Any]]:
         rows = await conn.fetchall(
-            "SELECT s.name, s.origin, s.refreshed_at, pg_database_size(d.oid), s.origin_server"
-            " FROM afs.sources s JOIN pg_database d ON d.datname = s.name ORDER BY s.name"
+            "SELECT s.name, s.origin, s.refreshed_at, pg_database_size(d.oid), s.origin_server,"
+            " s.copy_state FROM afs.sources s JOIN pg_database d ON d.datname = s.name ORDER BY s.name"
         )
         return [
             {
@@ -323,8 +332,9 @@ class LocalForkProvider:
                 "template_refreshed_at": refreshed.isoformat() if refreshed else None,
                 "size_mb": round(size / 1048576, 1),
                 "origin_server": origin_server,
+                "copy_state": copy_state,
             }
-            for name, origin, refreshed, size, origin_server in rows
+            for name, origin, refreshed, size, origin_server, copy_state in rows
         ]
 
     # -- the four tools -----------------------------------------------------
@@ -502,7 +512,7 @@ class LocalForkProvider:
         if not inserted or await self._database_exists(conn, name):
             raise InputError(f"a fork named {name!r} exists already")
         try:
-            await self._make_fork(conn, name, password, template, state)
+            await self._make_fork(conn, name, password, template, state, parent)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self._remove(conn, name)
@@ -592,7 +602,7 @@ class LocalForkProvider:
 
     # -- internals ------------------------------------------------------------
     async def _make_fork(self, conn: Connection, name: str, password: str, template: str,
-                         state: str) -> None:
+                         state: str, parent: str) -> None:
         ident = quote_ident(name)
         await conn.execute(_FEWER_SCRAM_ITERATIONS)
         await conn.execute(
@@ -604,6 +614,7 @@ class LocalForkProvider:
             await self._create_database(conn, name, template, owner=name)
         await conn.execute(f"REVOKE ALL ON DATABASE {ident} FROM PUBLIC")
         await conn.execute(f"GRANT CONNECT, TEMPORARY ON DATABASE {ident} TO {ident}")
+        await _copy_plan_settings(conn, parent, name)
         fork_admin_dsn = dsn_with(self.admin_dsn, dbname=name,
                                   user=str(conninfo.conninfo_to_dict(self.admin_dsn).get("user", "postgres")),
                                   password=_admin_password(self.admin_dsn))
@@ -709,6 +720,17 @@ async def _forks_clone(conn: Connection) -> bool:
     """Whether CREATE DATABASE on `conn` clones files (PostgreSQL 18, file_copy_method)."""
     return bool(await conn.fetchval(
         "SELECT current_setting('file_copy_method', true) IS NOT DISTINCT FROM 'clone'"))
+
+
+async def _copy_plan_settings(conn: Connection, parent: str, fork: str) -> None:
+    """The parent's database-level plan settings (an import's: the user's server's, given by
+    afs.conditions.settle_copy) as the fork's: CREATE DATABASE copies files, not the settings
+    of pg_db_role_setting. Names are checked against the server's pg_settings, values quoted."""
+    rows = await conn.fetchall(
+        "SELECT unnest(s.setconfig) FROM pg_db_role_setting s JOIN pg_database d"
+        " ON d.oid = s.setdatabase WHERE s.setrole = 0 AND d.datname = %s", (parent,))
+    values = {name: value for name, _, value in (str(r[0]).partition("=") for r in rows)}
+    await carry_settings(conn, fork, values)
 
 
 def _iso(value: datetime) -> str:

@@ -10,6 +10,8 @@
                `prefix_fraction`, `like_prefix`, `parse_timestamp`; column types,
                widths and index size estimates
     functions.py names of aggregates sqlglot leaves anonymous, set-returning functions
+    settings.py  the settings that shape plans: which a fork takes over from the user's server
+                 (`carry`, `alter_database_sql`) and which it cannot (`server_gaps`)
 
 Nothing here talks to a server, and nothing imports the rest of afs but its models.
 """

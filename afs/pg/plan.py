@@ -5,13 +5,17 @@
     plan_nodes       the plan flattened, parents first, rows and time totalled over loops
     plan_insights    concrete observations about a plan, with its numbers
     plan_text        the plan as compact text, one line per node, within a token budget (prompts)
+    plan_shape       the plan in short form (node types, join order, scans and their indexes,
+                     subplans hashed or not), for comparing two plans; shape_differences
 
 The `fmt_*` helpers write numbers in prose the same way everywhere an insight is written.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -383,3 +387,65 @@ def plan_text(plan: Mapping[str, Any], budget_tokens: int = PLAN_TOKEN_BUDGET) -
                                              " nodes and their parents")
     top = plan_line(root.raw, MAX_PLAN_STRING_CHARS)
     return [top[:budget - 1] + "…"], f"cut to {budget_tokens} tokens: only the top node, truncated"
+
+
+# -- plan shapes: is it the same plan? ------------------------------------------------------------
+# Works on the raw JSON of EXPLAIN with or without ANALYZE: costs, rows and times are left out.
+def _shape_label(raw: Mapping[str, Any], hashed: set[str]) -> str:
+    label = ("Parallel " if raw.get("Parallel Aware") else "") + str(raw.get("Node Type", "?"))
+    if raw.get("Strategy") and raw.get("Node Type") in ("Aggregate", "SetOp"):
+        label = f"{raw['Strategy']} {label}"
+    if raw.get("Partial Mode") and raw.get("Partial Mode") != "Simple":
+        label = f"{raw['Partial Mode']} {label}"
+    if raw.get("Join Type") and raw.get("Join Type") != "Inner":
+        label += f" ({raw['Join Type']})"
+    if raw.get("Index Name"):
+        label += f" using {raw['Index Name']}"
+    if raw.get("Relation Name"):
+        label += f" on {raw['Relation Name']}"
+    name = raw.get("Subplan Name")
+    if name:
+        name = str(name)
+        # PostgreSQL 18 names the node "SubPlan 1" and its use "(hashed SubPlan 1)"; older
+        # servers name the node "hashed SubPlan 1"
+        kind = "hashed " if name.startswith("hashed ") or name in hashed else ""
+        label = f"[{kind}{name.removeprefix('hashed ')}] {label}"
+    return label
+
+
+def plan_shape(plan: Mapping[str, Any]) -> tuple[str, ...]:
+    """The plan in short form, one line per node, indented under its parent: node types (with
+    parallelism, aggregate strategy, join type), the scans with their relations and indexes,
+    subplans and whether they are hashed. Two plans with the same shape chose the same way,
+    whatever their costs (accepts the node or its {"Plan": …} wrapper)."""
+    root = plan.get("Plan", plan) if isinstance(plan.get("Plan"), Mapping) else plan
+    if not root or "Node Type" not in root:
+        return ()
+    text = json.dumps(root)
+    hashed = {f"SubPlan {n}" for n in _HASHED_USE.findall(text)}
+    lines: list[str] = []
+
+    def visit(node: Mapping[str, Any], depth: int) -> None:
+        lines.append("  " * depth + _shape_label(node, hashed))
+        for child in node.get("Plans") or ():
+            if isinstance(child, Mapping):
+                visit(child, depth + 1)
+
+    visit(root, 0)
+    return tuple(lines)
+
+
+_HASHED_USE: Final = re.compile(r"hashed SubPlan (\d+)\b")
+
+
+def shape_differences(source: Sequence[str], fork: Sequence[str]) -> tuple[str, ...]:
+    """Where two plan shapes differ, line by line: "source: …" for a node only the source's plan
+    has (or has otherwise), "fork: …" for one only the fork's has. Empty when they are the same."""
+    out: list[str] = []
+    matcher = difflib.SequenceMatcher(a=list(source), b=list(fork), autojunk=False)
+    for tag, a0, a1, b0, b1 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        out.extend(f"source: {line.strip()}" for line in source[a0:a1])
+        out.extend(f"fork: {line.strip()}" for line in fork[b0:b1])
+    return tuple(out)

@@ -13,6 +13,7 @@ One function per step, with the embedded PostgreSQL 18 binaries (they dump older
              dump order, and the statements the server still refuses (a setting of another
              server version, an extension it lacks, one only a superuser may run) are skipped
              and listed; the data of every table must arrive (the import fails if any would be lost)
+    settle   the source's plan settings given to the copy, and VACUUM (afs.conditions.settle_copy)
     analyze  ANALYZE as that role
     seal     the role loses LOGIN and its password; activity counters from zero (the restore
              is not the workload)
@@ -66,6 +67,7 @@ import trio
 from psycopg import conninfo
 
 from afs.analysis import server_facts
+from afs.conditions import settle_copy
 from afs.db import Connection, connect_sync, open_connection, resolve_dsn
 from afs.errors import AfsError, InputError, SandboxError, scrub
 from afs.forks.provider import LocalForkProvider, restrict_definer_routines
@@ -363,6 +365,9 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
         with tempfile.TemporaryDirectory(prefix="import-", dir=server.settings.home) as work:
             path = Path(work) / "source.dump"
             skipped = await _dump_and_restore(source_dsn, path, schema_only, landing, progress)
+        # the user's plan settings on the copy, and VACUUM: its visibility map (afs.conditions)
+        copy_state = await settle_copy(source_dsn, server.dsn(scratch), scratch,
+                                       server.settings.application_role)
         await analyze(landing.as_role)
         await seal(landing)
         async with open_connection(admin) as conn:
@@ -372,7 +377,8 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
             async with open_connection(admin) as conn:
                 await _drop_scratch(conn, scratch, role)
         raise
-    await LocalForkProvider(admin).register_source(name, origin=origin, origin_server=origin_server)
+    await LocalForkProvider(admin).register_source(name, origin=origin, origin_server=origin_server,
+                                                   copy_state=copy_state)
     seconds = time.monotonic() - started
     for statement in skipped:
         log.warning("import_statement_skipped", database=name, statement=statement)
