@@ -68,7 +68,7 @@ from afs.safety import (
 #     relations, columns);
 #   a relation read (mode 'relation') -> the rules of a view or materialized view, at any depth,
 #     and the types of its columns (mode 'column');
-#   an operator -> its function and its estimators;
+#   an operator -> its function and its estimators; an aggregate -> its support functions;
 #   a type in mode 'full' (cast to, coerced to, written) -> its input/output/modifier/analyze/
 #     subscript functions, its domain constraints, its base type, array element, composite fields,
 #     range subtype and range functions; a column's type (mode 'column') -> only what reading it may
@@ -129,6 +129,12 @@ walk(i, cls, oid, sub, mode, via) AS (
            ('operator ' || o.oprnamespace::regnamespace::text || '.' || o.oprname) COLLATE "C"
     FROM pg_operator o CROSS JOIN LATERAL unnest(ARRAY[o.oprcode::oid, o.oprrest::oid, o.oprjoin::oid]) f(f)
     WHERE w.cls = 'pg_operator'::regclass AND o.oid = w.oid AND f.f <> 0
+    UNION ALL
+    SELECT 'pg_proc'::regclass, f.f, 0, 'full', ('aggregate ' || a.aggfnoid::regproc::text) COLLATE "C"
+    FROM pg_aggregate a CROSS JOIN LATERAL unnest(ARRAY[a.aggtransfn::oid, a.aggfinalfn::oid,
+      a.aggcombinefn::oid, a.aggserialfn::oid, a.aggdeserialfn::oid, a.aggmtransfn::oid,
+      a.aggminvtransfn::oid, a.aggmfinalfn::oid]) f(f)
+    WHERE w.cls = 'pg_proc'::regclass AND a.aggfnoid = w.oid AND f.f <> 0
     UNION ALL
     SELECT x.cls, x.oid, 0, x.mode, ('type ' || format_type(t.oid, NULL)) COLLATE "C"
     FROM pg_type t CROSS JOIN LATERAL (
