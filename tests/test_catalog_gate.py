@@ -14,18 +14,26 @@ never ran. Ordered-set aggregates and ordinary queries of the demo pass.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
+import psycopg
 import pytest
 
+from afs.brains import Squad
 from afs.catalog import catalog_problems, check_query_catalog
+from afs.config import Settings
 from afs.db import Connection, open_connection
 from afs.errors import DatabaseError, UnsafeSqlError
+from afs.events import Emitter
 from afs.forks.client import Fork, ForkClient
 from afs.models import EstimatedImpact, OptimizationProposal, UnsafeStatement
+from afs.optimize import TaskRequest, optimize
+from afs.router import load_rules
 from afs.safety import check_query, proposal_references, query_references, validate_candidate
 from afs.sandbox.server import SandboxServer
+from afs.testing import ScriptedBrain
 
 # planted by the fork's role: every function counts its calls in gate.calls
 PLANT = """
@@ -302,3 +310,47 @@ async def test_as_a_superuser_the_gate_reads_as_the_low_privilege_role(fork: For
         assert await gate(conn, ORDINARY[0]) == ()
         assert await calls(conn) == 0
         assert await conn.fetchval("SELECT pg_has_role(current_user, 'afs_explain', 'MEMBER')") is True
+
+
+# -- the user's query, end to end: refused on the source before anything plans it ---------------
+PLANT_ON_SOURCE = """
+CREATE FUNCTION public.doubled(x integer) RETURNS integer LANGUAGE plpgsql IMMUTABLE
+  AS $$BEGIN RAISE EXCEPTION 'planted function ran as %', current_user; END$$;
+"""
+
+
+@pytest.fixture
+def planted_source(sandbox: SandboxServer) -> Iterator[str]:
+    """A copy of the demo database where a NOSUPERUSER role planted `PLANT_ON_SOURCE` (its DSN as
+    the superuser AFS connects as); the copy and the role are dropped after."""
+    suffix = os.urandom(4).hex()
+    name, role = f"afs_gate_src_{suffix}", f"afs_gate_user_{suffix}"
+    with psycopg.connect(sandbox.dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE afs_demo")
+        admin.execute(f"CREATE ROLE {role} NOSUPERUSER NOLOGIN")
+    try:
+        with psycopg.connect(sandbox.dsn(name), autocommit=True) as conn:
+            conn.execute(f"GRANT CREATE ON SCHEMA public TO {role}")
+            conn.execute(f"SET ROLE {role}")
+            conn.execute(PLANT_ON_SOURCE)
+        yield sandbox.dsn(name)
+    finally:
+        with psycopg.connect(sandbox.dsn(), autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+async def test_the_users_query_in_attribute_notation_is_refused_before_it_is_planted(
+        settings: Settings, forks: ForkClient, planted_source: str) -> None:
+    # (42).doubled is doubled(42): IMMUTABLE with a constant argument, so planning (EXPLAIN on the
+    # source, as the first thing after the gate) would fold it, running the planted function
+    events = Emitter("gate" + os.urandom(3).hex())
+    squad = Squad(brain_for=lambda _: ScriptedBrain(lambda agent: None), provider="scripted",
+                  agents=("gemini25pro",))
+    with pytest.raises(UnsafeSqlError) as caught:
+        await optimize(settings, TaskRequest(query="SELECT id, status FROM orders WHERE id = (42).doubled"),
+                       source="afs_demo", source_dsn=planted_source, forks=forks, squad=squad,
+                       rules=load_rules(None), events=events)
+    assert "calls public.doubled(), which is not built in" in caught.value.reason
+    assert "planted function ran" not in str(caught.value)
+    assert not [e for e in events.history if e.kind == "fork_created"]
