@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -261,6 +262,32 @@ async def test_requests_to_the_gemini_api_ask_not_to_be_stored() -> None:
     async with open_brain(fake) as brain:
         await brain.analyze("gemini25pro", issue_context())
     assert fake.requests[0].body["store"] is False
+
+
+def _sent(fake: FakeGemini) -> str:
+    """Every data block of every request (the prompts' own text has an example with 'pending')."""
+    texts = [text for request in fake.requests for text in request.texts]
+    return "\n".join(block for text in texts for block in re.findall(r"<data label=.*?</data>", text, re.S))
+
+
+async def test_with_send_values_off_no_value_leaves_and_the_answer_gets_them_back() -> None:
+    partial = {**PROPOSAL, "proposal_type": "partial_index",
+               "sql_commands": ["CREATE INDEX orders_pending_idx ON orders (user_id, created_at DESC) "
+                                "WHERE status = $1"],
+               "rollback_commands": ["DROP INDEX IF EXISTS orders_pending_idx"]}
+    fake = FakeGemini(reply_json(ANALYSIS), reply_json({"candidates": [partial]}), api_key=KEY)
+    async with open_brain(fake, GeminiSettings(send_values=False)) as brain:
+        analysis = await brain.analyze("gemini25pro", issue_context())
+        (proposal,) = await brain.propose("gemini25pro", issue_context(), analysis)
+    sent = _sent(fake)
+    assert sent.count("<data") > 10
+    for value in ("pending", "completed", "2024-01-02", "2025-12-30", "= 42"):  # literals, MCVs, bounds
+        assert value not in sent, value
+    assert "o.status = $1 AND o.user_id = $2" in fake.requests[0].prompt
+    assert "$1 a string, $2 an integer" in fake.requests[0].prompt
+    assert "status = $1::text" in fake.requests[0].prompt  # the plan's condition, typed by PostgreSQL
+    assert "2 most common values (withheld) cover 65.0% of the rows" in fake.requests[0].prompt
+    assert proposal.sql_commands[0].endswith("WHERE status = 'pending'")  # filled back for the fork
 
 
 # -- 9. what came from the model is data --------------------------------------------------------

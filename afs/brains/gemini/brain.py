@@ -78,6 +78,7 @@ from afs.brains.gemini.parsing import (
     proposal_schema,
     review_schema,
 )
+from afs.brains.gemini.withheld import Withheld, withhold
 from afs.config import (
     DEFAULT_GEMINI_MODELS,
     GEMINI_DEFAULTS_CHOSEN,
@@ -156,6 +157,10 @@ def _stats_lines(table: TableInfo) -> list[str]:
             parts.append(f"avg_width {stats.avg_width} bytes")
         if stats.correlation is not None:
             parts.append(f"correlation {stats.correlation:.3f}")
+        if stats.most_common_freqs and not stats.most_common_vals:  # values withheld
+            share = sum(stats.most_common_freqs)
+            parts.append(f"{len(stats.most_common_freqs)} most common values (withheld) cover {share:.1%} "
+                         f"of the rows, the commonest {max(stats.most_common_freqs):.1%}")
         if stats.most_common_vals:
             pairs = list(zip(stats.most_common_vals, stats.most_common_freqs, strict=False))
             shown = [[_value(v), f"{f:.1%}"] for v, f in pairs[:MAX_VALUES_SHOWN]]
@@ -219,11 +224,13 @@ def pg_syntax(ctx: AnalysisContext) -> str:
             f"measured on {measured}): use no syntax, function or option newer than {source}")
 
 
-def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> dict[str, str]:
+def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BUDGET,
+                   withheld: Withheld | None = None) -> dict[str, str]:
     """The placeholders of the analysis and proposal templates, from the agent's context.
 
     Everything read from the user's database (the query, names, definitions, values, the plan
-    with its conditions) is a `data` block.
+    with its conditions) is a `data` block. With `withheld` (the context is `withhold`'s copy)
+    the query says which placeholders stand for withheld values.
     """
     tables = list(ctx.tables.values())
     plan, plan_note = plan_text(ctx.plan, plan_budget_tokens)
@@ -234,7 +241,10 @@ def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BU
              for v in ctx.suite]
     return {
         "task_type": ctx.task_type,
-        "query": data("query", ctx.query),
+        "query": data("query", ctx.query) + (
+            f"\n(The literal values are withheld: {withheld.legend()}. Write them as these "
+            f"placeholders in any SQL you propose; AFS puts the values back.)"
+            if withheld is not None and withheld.values else ""),
         "execution_ms": f"{ctx.execution_ms:.1f}" + (" (at least: it ran past the statement timeout)"
                                                     if ctx.slow else ""),
         "explain_plan": data_lines("plan", plan),
@@ -250,8 +260,8 @@ def context_fields(ctx: AnalysisContext, plan_budget_tokens: int = PLAN_TOKEN_BU
 
 
 def analysis_prompt(agent: AgentKey, ctx: AnalysisContext,
-                    plan_budget_tokens: int = PLAN_TOKEN_BUDGET) -> str:
-    return prompt_template(f"analysis_{agent}").substitute(context_fields(ctx, plan_budget_tokens))
+                    plan_budget_tokens: int = PLAN_TOKEN_BUDGET, withheld: Withheld | None = None) -> str:
+    return prompt_template(f"analysis_{agent}").substitute(context_fields(ctx, plan_budget_tokens, withheld))
 
 
 def _sql_literal(value: object) -> str:
@@ -274,11 +284,12 @@ def _keyset_note(ctx: AnalysisContext) -> str:
 
 
 def proposal_prompt(agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
-                    plan_budget_tokens: int = PLAN_TOKEN_BUDGET, max_candidates: int = MAX_CANDIDATES) -> str:
+                    plan_budget_tokens: int = PLAN_TOKEN_BUDGET, max_candidates: int = MAX_CANDIDATES,
+                    withheld: Withheld | None = None) -> str:
     """The specialisation's proposal template, with the blocks every agent shares: ranked
     candidates and how they are judged, the query rewrites, the safety rules."""
     return prompt_template(f"proposal_{agent}").substitute(
-        context_fields(ctx, plan_budget_tokens), pg_syntax=pg_syntax(ctx),
+        context_fields(ctx, plan_budget_tokens, withheld), pg_syntax=pg_syntax(ctx),
         insights=data_lines("insights", analysis.insights) if analysis.insights else "(none)",
         proposed_actions=(data_lines("proposed actions", analysis.proposed_actions)
                           if analysis.proposed_actions else "(none)"),
@@ -302,13 +313,14 @@ def candidate_json(proposal: OptimizationProposal) -> dict[str, Any]:
     return out
 
 
-def _measured(outcome: AgentOutcome) -> dict[str, Any]:
+def _measured(outcome: AgentOutcome, withheld: Withheld | None = None) -> dict[str, Any]:
     """One agent's best proposal and what was measured of it, for the reviewer."""
     proposal, bench = outcome.proposal, outcome.benchmark
     assert bench is not None
     out: dict[str, Any] = {"status": outcome.status}
     if proposal is not None:
-        out["proposal"] = candidate_json(proposal)
+        shown = proposal if withheld is None else withheld.withhold_proposal(proposal)
+        out["proposal"] = candidate_json(shown)
     out["measured"] = {
         "average_improvement_pct": round(bench.average_improvement_pct, 1),
         "same_rows": bench.equivalent,
@@ -317,19 +329,23 @@ def _measured(outcome: AgentOutcome) -> dict[str, Any]:
         "suite": {m.name: {"baseline_ms": round(m.baseline.median_ms, 3),
                            "optimized_ms": round(m.optimized.median_ms, 3), "rows": m.rows,
                            "significant": m.significant} for m in bench.measurements},
-        "other_parameter_values": [{"values": c.label, "same_rows": c.equivalent, "slower": c.slower}
+        "other_parameter_values": [{"values": "(withheld)" if withheld is not None else c.label,
+                                    "same_rows": c.equivalent, "slower": c.slower}
                                    for c in bench.parameter_checks],
     }
     if outcome.writes_per_read:
         out["rows_written_per_scan"] = dict(outcome.writes_per_read)
     if outcome.error:
-        out["note"] = outcome.error
+        out["note"] = outcome.error if withheld is None else withheld.mask(outcome.error)
     return out
 
 
-def review_prompt(query: str, outcomes: Sequence[AgentOutcome]) -> str:
-    proposals = "\n".join(f"- agent {o.agent}: {data('measured proposal', _measured(o))}" for o in outcomes)
-    return prompt_template("review").substitute(query=data("query", query), proposals=proposals)
+def review_prompt(query: str, outcomes: Sequence[AgentOutcome], send_values: bool = True) -> str:
+    withheld = None if send_values else Withheld(query)
+    shown = query if withheld is None else withheld.withhold(query)
+    proposals = "\n".join(f"- agent {o.agent}: {data('measured proposal', _measured(o, withheld))}"
+                          for o in outcomes)
+    return prompt_template("review").substitute(query=data("query", shown), proposals=proposals)
 
 
 def _analysis_json(analysis: AnalysisResult) -> str:
@@ -400,8 +416,15 @@ class GeminiBrain:
     def model_of(self, agent: AgentKey) -> str:
         return self.gemini.model_of(agent)
 
+    def shown(self, ctx: AnalysisContext) -> tuple[AnalysisContext, Withheld | None]:
+        """The context as the model sees it: whole, or without its values (`send_values` off)."""
+        if self.gemini.send_values:
+            return ctx, None
+        return withhold(ctx)
+
     async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
-        turns: list[Turn] = [("user", analysis_prompt(agent, ctx, self.plan_budget_tokens))]
+        ctx, withheld = self.shown(ctx)
+        turns: list[Turn] = [("user", analysis_prompt(agent, ctx, self.plan_budget_tokens, withheld))]
         return await self._ask(agent, "analyze", turns, ANALYSIS_SCHEMA, parse_analysis)
 
     async def propose(self, agent: AgentKey, ctx: AnalysisContext,
@@ -409,29 +432,37 @@ class GeminiBrain:
         """The candidates, best first. When the safety check refuses every one of them, the
         reasons go back to the model (within the re-prompt bound); after that the refused
         candidates are returned as they are, and the agent reports them as refused."""
+        ctx, withheld = self.shown(ctx)
         turns: list[Turn] = [
-            ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens)),
+            ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens, withheld)),
             ("model", _analysis_json(analysis)),
-            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens, self.max_candidates)),
+            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens, self.max_candidates,
+                                     withheld)),
         ]
+        parse = functools.partial(parse_proposals, agent, max_candidates=self.max_candidates)
         return await self._ask(agent, "propose", turns, proposal_schema(self.max_candidates),
-                               functools.partial(parse_proposals, agent, max_candidates=self.max_candidates),
-                               judge=refusals)
+                               _filled(parse, withheld), judge=refusals,
+                               hide=None if withheld is None else withheld.mask)
 
     async def revise_rewrite(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
                              proposal: OptimizationProposal, reason: str) -> OptimizationProposal | None:
         """The model's correction of a rewrite that returned other rows in the fork (the
         `RevisingBrain` hook of afs.agents): the same conversation, its rewrite, the result
         check's reason. None when it gives up or gives no rewrite."""
+        ctx, withheld = self.shown(ctx)
+        said, why = (proposal, reason) if withheld is None else (withheld.withhold_proposal(proposal),
+                                                                 withheld.mask(reason))
         turns: list[Turn] = [
-            ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens)),
+            ("user", analysis_prompt(agent, ctx, self.plan_budget_tokens, withheld)),
             ("model", _analysis_json(analysis)),
-            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens, self.max_candidates)),
-            ("model", json.dumps({"candidates": [candidate_json(proposal)]})),
-            ("user", prompt_template("revise").substitute(reason=data("result check", reason))),
+            ("user", proposal_prompt(agent, ctx, analysis, self.plan_budget_tokens, self.max_candidates,
+                                     withheld)),
+            ("model", json.dumps({"candidates": [candidate_json(said)]})),
+            ("user", prompt_template("revise").substitute(reason=data("result check", why))),
         ]
         revised = await self._ask(agent, "revise", turns, proposal_schema(self.max_candidates),
-                                  functools.partial(parse_proposals, agent), judge=refusals)
+                                  _filled(functools.partial(parse_proposals, agent), withheld),
+                                  judge=refusals, hide=None if withheld is None else withheld.mask)
         rewrite = next((p for p in revised if p.rewritten_query is not None), None)
         if rewrite is None:
             return None
@@ -443,13 +474,14 @@ class GeminiBrain:
         """The seed's review role: flags on the other agents' measured proposals (shown in the
         report next to the proposal; never a change to a measurement or a score)."""
         agents = [o.agent for o in outcomes]
-        turns: list[Turn] = [("user", review_prompt(query, outcomes))]
+        turns: list[Turn] = [("user", review_prompt(query, outcomes, self.gemini.send_values))]
         return await self._ask(reviewer, "review", turns, review_schema(agents),
                                functools.partial(parse_review, reviewer, agents))
 
     async def _ask(self, agent: AgentKey, purpose: str, turns: list[Turn], schema: Mapping[str, Any],
                    parse: Callable[[str], tuple[T, list[str]]],
-                   judge: Callable[[T], str | None] | None = None) -> T:
+                   judge: Callable[[T], str | None] | None = None,
+                   hide: Callable[[str], str] | None = None) -> T:
         """One question; unusable answers (and, with `judge`, refused ones) go back with the
         reason, MAX_REPROMPTS times at most in all.
 
@@ -509,7 +541,8 @@ class GeminiBrain:
                 if last:
                     raise ModelOutputError(f"{model} ({purpose}): {exc.reason} "
                                            f"(still after {MAX_REPROMPTS} re-prompts)", reply.text) from None
-                retry = prompt_template("reprompt").substitute(error=data("parser", exc.reason))
+                retry = prompt_template("reprompt").substitute(
+                    error=data("parser", hide(exc.reason) if hide else exc.reason))
                 turns = [*turns, ("model", reply.text), ("user", retry)]
                 continue
             for warning in warnings:
@@ -522,8 +555,8 @@ class GeminiBrain:
                 if not last:
                     kept[:] = [value]
                     self.usage[agent]["refusals_reprompted"] += 1
-                    retry = prompt_template("refused").substitute(
-                        reasons=data_lines("refusals", refused.splitlines()))
+                    retry = prompt_template("refused").substitute(reasons=data_lines(
+                        "refusals", [hide(line) if hide else line for line in refused.splitlines()]))
                     turns = [*turns, ("model", reply.text), ("user", retry)]
                     continue
             return value
@@ -583,6 +616,19 @@ class GeminiBrain:
     def spent_usd(self) -> float:
         """The estimated spend of every call so far (the cap's count)."""
         return round(self.meter.spent_usd, 6)
+
+
+def _filled(parse: Callable[[str], tuple[tuple[OptimizationProposal, ...], list[str]]],
+            withheld: Withheld | None) -> Callable[[str], tuple[tuple[OptimizationProposal, ...], list[str]]]:
+    """`parse`, then the withheld literals put back into the proposals' SQL."""
+    if withheld is None:
+        return parse
+
+    def filled(text: str) -> tuple[tuple[OptimizationProposal, ...], list[str]]:
+        proposals, warnings = parse(text)
+        return tuple(withheld.fill_proposal(p) for p in proposals), warnings
+
+    return filled
 
 
 def _same_model(configured: str, version: str) -> bool:
@@ -683,6 +729,11 @@ async def open_gemini_squad(settings: Settings, credentials: Credentials, env: M
                             max_candidates=settings.candidates)
         note = (f"Gemini models via {credentials.describe()}: "
                 + ", ".join(f"{agent} = {gemini.model_of(agent)}" for agent in AGENTS))
+        note += ("; values from your database are sent (send_values)" if gemini.send_values else
+                 "; values from your database are withheld: literals as placeholders, no most common "
+                 "values or histogram bounds (send_values false)")
+        note += ("; requests go to your Google Cloud project (its logging settings apply)"
+                 if credentials.vertexai else "; requests ask not to be stored (store=false)")
         if credentials.note:
             note += f"; {credentials.note}"
         if gemini.max_spend_usd is not None:
