@@ -25,7 +25,11 @@ the first passes (`catalog_problems`, `check_query_catalog`):
    pg_read_all_data) where the connection may have it, as the connection's role otherwise
    (TEMP revoked from PUBLIC, or a recipe whose CREATE TABLE must run as the fork's role).
    A temporary view cannot be created READ ONLY: the transaction is read-write and never
-   committed (a savepoint when the caller is already in a transaction).
+   committed (a savepoint when the caller is already in a transaction); on a standby nothing
+   can be resolved, and its statements are refused saying so. A statement PostgreSQL cannot
+   resolve is refused with PostgreSQL's own message ("does not run on the database: …").
+   Not followed: row-level security policies of the tables read, and the partition key of an
+   existing partitioned table a recipe adds a partition to (the simulation creates it).
 
 Public entry points: `catalog_problems(conn, refs)` (both layers, for a proposal or a query),
 `check_query_catalog(conn, query, refs)` (raises `UnsafeSqlError`; resolves `query` even when
