@@ -28,8 +28,9 @@ the first passes (`catalog_problems`, `check_query_catalog`):
    committed (a savepoint when the caller is already in a transaction); on a standby nothing
    can be resolved, and its statements are refused saying so. A statement PostgreSQL cannot
    resolve is refused with PostgreSQL's own message ("does not run on the database: …").
-   Not followed: row-level security policies of the tables read, and the partition key of an
-   existing partitioned table a recipe adds a partition to (the simulation creates it).
+   Not followed: row-level security policies of the tables read; a partition a recipe adds to
+   an existing partitioned table is not created ahead (that would scan the table's default
+   partition with its key), its names alone are judged.
 
 Public entry points: `catalog_problems(conn, refs)` (both layers, for a proposal or a query),
 `check_query_catalog(conn, query, refs)` (raises `UnsafeSqlError`; resolves `query` even when

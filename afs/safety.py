@@ -1516,7 +1516,11 @@ def _validate(sql_commands: Sequence[str], proposal_type: str) -> tuple[Validati
             rejected.append(UnsafeStatement(command, exc.reason))
             continue
         _collect(stmt, command, "read", recipe.refs)
-        targets.extend(_targets(stmt, command))
+        if not (isinstance(stmt, ast.CreateStmt) and stmt.partbound is not None and any(
+                kind == "existing" for kind, _ in recipe.ancestors(recipe.identity(_rv_key(stmt.relation))))):
+            # (a partition of an existing table is not created ahead: that would scan its default
+            # partition, running the existing partition key; its names are judged all the same)
+            targets.extend(_targets(stmt, command))
         creates_extension = creates_extension or isinstance(stmt, ast.CreateExtensionStmt)
         if _RISK_ORDER[verdict.risk] > _RISK_ORDER[risk]:
             risk = verdict.risk

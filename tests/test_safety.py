@@ -1125,3 +1125,6 @@ def test_what_each_statement_asks_postgresql_to_resolve() -> None:
     assert [kind for kind, _ in targets("partitioning", *recipe)] == [
         "create", "create", "read", "execute", "execute"]
     assert query_references("SELECT 1").targets[0].kind == "read"
+    # a partition of an existing table is not created ahead (its default partition would be scanned)
+    assert targets("partitioning", "CREATE TABLE p9 PARTITION OF existing FOR VALUES FROM (1) TO (2)") == []
+    assert query_references("DELETE FROM orders").targets == ()  # only what check_query accepts
