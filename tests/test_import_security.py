@@ -142,6 +142,9 @@ async def test_planted_code_runs_as_the_copys_own_role_at_import_and_at_forking(
             assert conn.execute("SELECT count(*) FROM t").fetchone() == (50,)
             assert conn.execute("SELECT count(*) FROM mv").fetchone() == (50,)
             assert conn.execute("SELECT to_regclass('t_planted') IS NOT NULL").fetchone() == (True,)
+            # analysed (by the role), the planted index's expression too
+            assert conn.execute("SELECT count(*) FROM pg_stats WHERE tablename IN ('t', 't_planted')"
+                                ).fetchone() == (2,)
             owners = conn.execute(
                 "SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class c JOIN pg_namespace n"
                 " ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND NOT EXISTS (SELECT 1"

@@ -405,21 +405,26 @@ async def prepare(scratch: Scratch, password: str) -> None:
 async def analyze(dsn: str) -> None:
     """Fresh statistics for the planner, as the copy's role (`dsn`): it owns every table, and
     what ANALYZE evaluates (index expressions) runs with its rights. (PostgreSQL runs those as
-    the table's owner, security-restricted, whoever asks; the catalogs, the superuser's, keep
-    the statistics they have.)"""
+    the table's owner, security-restricted, whoever asks.) The catalogs are the superuser's:
+    the role skips them (without a warning each), `seal` analyses them."""
     async with open_connection(dsn, 3_600_000) as conn:
+        await conn.execute("SET client_min_messages = error")
         await conn.execute("ANALYZE")
 
 
 async def seal(scratch: Scratch) -> None:
     """After the role's last step: it can no longer log in (its objects are handed to each
     fork's role in the fork); activity counters from zero (the restore is not the workload:
-    writes per read count from here); SECURITY DEFINER routines of a superuser, if any, lose
-    EXECUTE for PUBLIC."""
+    writes per read count from here); the catalogs analysed (no code of the copy runs there);
+    SECURITY DEFINER routines of a superuser, if any, lose EXECUTE for PUBLIC."""
     async with open_connection(scratch.admin) as conn:
         await conn.execute(f"ALTER ROLE {quote_ident(scratch.role)} NOLOGIN PASSWORD NULL")
     async with open_connection(scratch.superuser) as conn:
         await conn.execute(PIN_SEARCH_PATH)
+        catalogs = await conn.fetchval("SELECT string_agg(oid::regclass::text, ', ') FROM pg_class"
+                                       " WHERE relnamespace = 'pg_catalog'::regnamespace"
+                                       " AND relkind = 'r'")
+        await conn.execute(f"ANALYZE {catalogs}")
         await conn.execute("SELECT pg_catalog.pg_stat_reset()")
         await restrict_definer_routines(conn)
 
