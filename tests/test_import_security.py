@@ -322,3 +322,10 @@ async def test_an_untrusted_extension_the_sandbox_knows_is_made_for_the_copy(
     finally:
         with psycopg.connect(sandbox.dsn(), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {source} WITH (FORCE)")
+
+
+def test_the_copys_role_has_a_name_postgresql_keeps_whole() -> None:
+    assert import_owner("shop") == "afs_import_shop"
+    long_a, long_b = "a" * 60 + "x", "a" * 60 + "y"  # the same first 63 bytes with the prefix
+    assert len(import_owner(long_a)) <= 63 and len(import_owner(long_b)) <= 63
+    assert import_owner(long_a) != import_owner(long_b)

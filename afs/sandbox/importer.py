@@ -15,8 +15,8 @@ One function per step, with the embedded PostgreSQL 18 binaries (they dump older
              and listed; the data of every table must arrive (the import fails if any would be lost)
     settle   the source's plan settings given to the copy, and VACUUM (afs.conditions.settle_copy)
     analyze  ANALYZE as that role
-    seal     the role loses LOGIN and its password; activity counters from zero (the restore
-             is not the workload)
+    seal     the role loses LOGIN and its password; the catalogs analysed; activity counters
+             from zero (the restore is not the workload)
     publish  rename the scratch database to its name; register it as a forkable source, with
              the source server's version and planner settings (the advice is for that server)
 
@@ -32,8 +32,8 @@ so the role cannot `ALTER DATABASE … SET` defaults (a `search_path` that puts 
 functions before the catalog's) for AFS's later sessions. Extensions the server trusts are
 created by the role (their objects then belong to the bootstrap superuser, as PostgreSQL
 does it); of the others, those of SUPERUSER_EXTENSIONS are made before the restore (`extend`),
-the rest are refused and listed. The few steps that need the superuser (the
-role's own, the counters, the rename) pin `search_path` to the catalog. No password is on a
+the rest are refused and listed. The superuser's sessions in the copy (`extend`, `seal`) pin
+`search_path` to the catalog. No password is on a
 child's command line (every local user sees those in `ps`): pg_dump and pg_restore get the
 connection string without it, and the password as PGPASSWORD (`child_connection`).
 
