@@ -111,17 +111,18 @@ async def _sandbox_answers(settings: Settings) -> bool:
 
 
 @asynccontextmanager
-async def sandbox_stop_reported(settings: Settings, used: bool = True) -> AsyncIterator[None]:
+async def sandbox_stop_reported(settings: Settings, used: bool = True,
+                                message: str = SANDBOX_STOPPED) -> AsyncIterator[None]:
     """Work that needs the sandbox (`used`): when it fails because the sandbox stopped meanwhile
-    (`afs sandbox down`, a crash), SandboxError says so and what to do, instead of the message
-    of the first connection that was lost ("the connection is closed [in: SELECT …]")."""
+    (`afs sandbox down`, a crash), SandboxError says so and what to do (`message`), instead of
+    the message of the first connection that was lost ("the connection is closed [in: SELECT …]")."""
     try:
         yield
     except Exception as exc:
         leaf = single_leaf(exc)
         if not used or not isinstance(leaf, (DatabaseError, ForkError)) or await _sandbox_answers(settings):
             raise
-        raise SandboxError(SANDBOX_STOPPED) from exc
+        raise SandboxError(message) from exc
 
 
 async def _sandbox_status(settings: Settings) -> dict[str, Any]:
@@ -279,7 +280,10 @@ async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> in
     server = SandboxServer(settings)
     await trio.to_thread.run_sync(server.start)
     progress(f"importing {'the schema of ' if args.schema_only else ''}the database")
-    report = await import_database(server, source, args.name, args.schema_only, progress)
+    if args.refresh and args.name and args.name != args.refresh:
+        raise InputError("--refresh NAME is the copy's name: leave out --as")
+    report = await import_database(server, source, args.refresh or args.name, args.schema_only,
+                                   progress, refresh=bool(args.refresh))
     progress_done()
     data = {"database": report.database, "origin": report.origin,
             "seconds": round(report.seconds, 1), "schema_only": report.schema_only,
@@ -683,14 +687,16 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if args.lease <= 0 or args.poll <= 0:
         raise InputError("--lease and --poll must be positive numbers of seconds")
     name = args.name or worker_name()
-    if settings.store_url is None or not settings.source_server_url:
+    sandboxed = settings.store_url is None or not settings.source_server_url
+    if sandboxed:
         from afs.sandbox.server import SandboxServer
 
         await trio.to_thread.run_sync(SandboxServer(settings).start)
     print(f"afs worker {name}: taking tasks (Ctrl-C stops it)", file=sys.stderr, flush=True)
     ran = 0
-    async with relayed_cancellation() as work, open_runtime(settings, store_url(settings),
-                                                              lease_s=args.lease) as rt:
+    stopped = "the sandbox stopped under the worker; start it with `afs sandbox up` and the worker again"
+    async with sandbox_stop_reported(settings, sandboxed, stopped), relayed_cancellation() as work, \
+            open_runtime(settings, store_url(settings), lease_s=args.lease) as rt:
         with work:  # Ctrl-C: the task goes back to the queue, its forks destroyed
             ran = await run_worker(rt, name, poll_s=args.poll, max_tasks=args.max_tasks)
     emit(args, {"worker": name, "tasks": ran}, f"worker {name} ran {ran} task(s)")
@@ -1204,6 +1210,9 @@ def build_parser() -> argparse.ArgumentParser:
                           + DSN_PASSWORDS)
     imp.add_argument("--as", dest="name", metavar="NAME", help="name in the sandbox")
     imp.add_argument("--schema-only", action="store_true", help="copy the schema, not the data")
+    imp.add_argument("--refresh", metavar="NAME",
+                     help="import the database again as NAME, an import of it already (a stale copy):"
+                          " the new copy replaces the old one once it is complete")
 
     fork = commands.add_parser("fork", help="disposable forks of a database",
                                description="Forks are made and destroyed through the MCP fork server.")

@@ -337,3 +337,28 @@ async def test_the_sandbox_stopping_mid_task_is_said_so(sandbox: SandboxServer, 
     assert "Traceback" not in said and "[in: " not in said.splitlines()[-1]
     assert said.splitlines()[-1] == ("afs: error: the sandbox stopped during the task; start it with "
                                      "`afs sandbox up` and run again"), said[-2000:]
+
+
+async def test_a_worker_whose_sandbox_stops_says_so(sandbox: SandboxServer, store_db: str,
+                                                    tmp_path: Path) -> None:
+    stderr = tmp_path / "stderr"
+    with stderr.open("wb") as sink:
+        worker = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "afs", "worker", "--poll", "0.1"], stdout=subprocess.DEVNULL,
+            stderr=sink, env={**os.environ, "AFS_STORE_URL": store_db})
+    try:
+        with trio.fail_after(60):
+            while "taking tasks" not in await trio.Path(stderr).read_text():  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        await trio.to_thread.run_sync(sandbox.stop)
+        with trio.fail_after(60):
+            await worker.wait()
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+        await trio.to_thread.run_sync(sandbox.start)
+    said = stderr.read_text()
+    assert worker.returncode == 1 and "Traceback" not in said, said[-2000:]
+    assert said.splitlines()[-1] == ("afs: error: the sandbox stopped under the worker; start it with "
+                                     "`afs sandbox up` and the worker again"), said[-2000:]
