@@ -67,6 +67,7 @@ The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `ca
         gemini-3.1-pro-preview: {thinking_level: high, call_timeout_s: 100}
       max_spend_usd: 0.50     # per task (AFS_GEMINI_MAX_SPEND_USD): no model call past it
       send_values: false      # AFS_GEMINI_SEND_VALUES: no literals, MCVs or bounds in prompts
+      stream: true            # AFS_GEMINI_STREAM: a stalled stream, not one wall clock, ends a call
 """
 
 from __future__ import annotations
@@ -297,6 +298,7 @@ class GeminiSettings:
     model_settings: Mapping[str, ModelSettings] = field(default_factory=lambda: dict(MODEL_SETTINGS))
     max_spend_usd: float | None = None  # per task: no model call once the estimate reaches it
     send_values: bool = True  # False: no literals, most common values or bounds in prompts
+    stream: bool = False  # stream answers: a stall, not one wall clock, ends a thinking call
 
     def model_of(self, agent: str) -> str:
         return self.models.get(agent) or DEFAULT_GEMINI_MODELS.get(agent) or DEFAULT_GEMINI_MODELS[
@@ -659,7 +661,7 @@ def _gemini_settings(raw: Any, env: Mapping[str, str], source: str) -> GeminiSet
     raw = raw if raw is not None else {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: gemini must be a mapping (models, model_settings)")
-    keys = ("models", "model_settings", "max_spend_usd", "send_values")
+    keys = ("models", "model_settings", "max_spend_usd", "send_values", "stream")
     unknown = sorted(set(raw) - set(keys))
     if unknown:
         raise ConfigError(f"{source}: gemini: unknown key {', '.join(unknown)} (known: {', '.join(keys)})")
@@ -674,14 +676,15 @@ def _gemini_settings(raw: Any, env: Mapping[str, str], source: str) -> GeminiSet
             spend = -1.0
         if isinstance(value, bool) or not math.isfinite(spend) or spend < 0:
             raise ConfigError(f"{where} must be a number of US dollars (0 or more), got {value!r}")
-    value, where = (raw.get("send_values"), f"{source}: gemini.send_values")
-    if env.get("AFS_GEMINI_SEND_VALUES"):
-        value, where = env["AFS_GEMINI_SEND_VALUES"], "AFS_GEMINI_SEND_VALUES"
-    send_values = True
-    if value is not None:
-        if str(value).lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        send_values = str(value).lower() in ("1", "true", "yes", "on")
+    switches = {"send_values": True, "stream": False}
+    for key in switches:
+        value, where = (raw.get(key), f"{source}: gemini.{key}")
+        if env.get(f"AFS_GEMINI_{key.upper()}"):
+            value, where = env[f"AFS_GEMINI_{key.upper()}"], f"AFS_GEMINI_{key.upper()}"
+        if value is not None:
+            if str(value).lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ConfigError(f"{where} must be true or false, got {value!r}")
+            switches[key] = str(value).lower() in ("1", "true", "yes", "on")
     models = dict(DEFAULT_GEMINI_MODELS)
     file_models = raw.get("models") or {}
     if not isinstance(file_models, dict):
@@ -704,4 +707,5 @@ def _gemini_settings(raw: Any, env: Mapping[str, str], source: str) -> GeminiSet
     defaults = GeminiSettings(models={}, model_settings=table)
     for model, entry in file_table.items():
         table[str(model)] = _model_settings(str(model), entry, defaults.settings_of(str(model)), source)
-    return GeminiSettings(models=models, model_settings=table, max_spend_usd=spend, send_values=send_values)
+    return GeminiSettings(models=models, model_settings=table, max_spend_usd=spend,
+                          send_values=switches["send_values"], stream=switches["stream"])

@@ -14,7 +14,10 @@ Like the real API, every answer names the `modelVersion` that produced it
 another model, as Google re-routes) and, for a model in `stages`, its
 `modelStatus` (stage, retirement time, message). `reply_zero_quota(model)` is the
 429 of a model without quota on the key's tier (a QuotaFailure detail with
-quotaValue "0", and a RetryInfo that a client must not obey).
+quotaValue "0", and a RetryInfo that a client must not obey). A request to
+`:streamGenerateContent?alt=sse` gets its answer as server-sent events:
+`reply_stream` sends a text in chunks with waits between them (thinking, a stall);
+any other scripted answer is sent as one event.
 It has two sides, sharing one script:
 
 * `serve_fake_gemini(fake)` — a real HTTP server on 127.0.0.1 (an ephemeral
@@ -36,7 +39,7 @@ import json
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,7 +50,7 @@ import trio
 
 from afs.models import AnalysisContext, AnalysisResult, OptimizationProposal
 
-_GENERATE = re.compile(r"/models/(?P<model>[^/:]+):generateContent$")
+_GENERATE = re.compile(r"/models/(?P<model>[^/:]+):(?:stream)?[gG]enerateContent$")
 _MODEL = re.compile(r"/models/(?P<model>[^/:]+)$")  # models.get
 _STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
                  404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
@@ -63,9 +66,17 @@ class FakeReply:
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     drop: bool = False  # hang up without an answer (a transport error on the client's side)
+    # a streamed answer: (the wait before it, the chunk) for each server-sent event; a stall is
+    # a long wait; None: the body, sent as one event when the request asked for a stream
+    events: tuple[tuple[float, Any], ...] | None = None
 
     def encoded(self) -> bytes:
         return self.body.encode() if isinstance(self.body, str) else json.dumps(self.body).encode()
+
+    def sse(self) -> tuple[tuple[float, bytes], ...]:
+        """The server-sent events of a streamed answer (`streamGenerateContent?alt=sse`)."""
+        events = self.events if self.events is not None else ((0.0, self.body),)
+        return tuple((wait, b"data: " + json.dumps(chunk).encode() + b"\r\n\r\n") for wait, chunk in events)
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,28 @@ def reply_text(text: str, *, prompt_tokens: int = 1000, output_tokens: int = 200
         "modelVersion": "fake",
     }
     return FakeReply(body=body, delay_s=delay_s)
+
+
+def reply_stream(text: str, *, pieces: int = 3, gap_s: float = 0.0, first_s: float = 0.0,
+                 stall_s: float = 0.0, prompt_tokens: int = 1000, output_tokens: int = 200) -> FakeReply:
+    """A streamed answer: `text` in `pieces` chunks, the first after `first_s` (thinking), the
+    others `gap_s` apart; `stall_s` > 0 holds the last chunk back that long (a stalled stream).
+    The last chunk carries the finish reason and the usage, as the API's does."""
+    size = max(1, -(-len(text) // pieces))
+    parts = [text[i:i + size] for i in range(0, len(text), size)] or [""]
+    events = []
+    for number, part in enumerate(parts):
+        chunk: dict[str, Any] = {"candidates": [{"content": {"role": "model", "parts": [{"text": part}]},
+                                                 "index": 0}], "modelVersion": "fake"}
+        last = number == len(parts) - 1
+        if last:
+            chunk["candidates"][0]["finishReason"] = "STOP"
+            chunk["usageMetadata"] = {"promptTokenCount": prompt_tokens,
+                                      "candidatesTokenCount": output_tokens,
+                                      "totalTokenCount": prompt_tokens + output_tokens}
+        wait = first_s if number == 0 else gap_s + (stall_s if last else 0.0)
+        events.append((wait, chunk))
+    return FakeReply(body=events[-1][1], events=tuple(events))
 
 
 def reply_drop(delay_s: float = 0.0) -> FakeReply:
@@ -258,13 +291,20 @@ class FakeGemini:
         """An answer with the modelVersion (and modelStatus) of the model that gave it."""
         if reply.status != 200 or not isinstance(reply.body, dict) or "candidates" not in reply.body:
             return reply
-        body = dict(reply.body)
         answering = self.routed.get(model, model)
-        if body.get("modelVersion") in (None, "fake"):
-            body["modelVersion"] = self.versions.get(answering, answering)
-        if answering in self.stages and "modelStatus" not in body:
-            body["modelStatus"] = self.stages[answering].json()
-        return dataclasses.replace(reply, body=body)
+
+        def named(chunk: Any) -> Any:
+            if not isinstance(chunk, dict):
+                return chunk
+            chunk = dict(chunk)
+            if chunk.get("modelVersion") in (None, "fake"):
+                chunk["modelVersion"] = self.versions.get(answering, answering)
+            if answering in self.stages and "modelStatus" not in chunk:
+                chunk["modelStatus"] = self.stages[answering].json()
+            return chunk
+
+        events = None if reply.events is None else tuple((w, named(c)) for w, c in reply.events)
+        return dataclasses.replace(reply, body=named(reply.body), events=events)
 
     def _model(self, model: str, headers: Mapping[str, str]) -> FakeReply:
         """models.get: the model's resource, a 404 for a retired one."""
@@ -289,6 +329,15 @@ class FakeGemini:
             if reply.drop:
                 raise httpx.RemoteProtocolError("Server disconnected without sending a response.",
                                                 request=request)
+            if "streamGenerateContent" in request.url.path and reply.status == 200:
+
+                async def events() -> AsyncIterator[bytes]:
+                    for wait, event in reply.sse():
+                        if wait:
+                            await trio.sleep(wait)
+                        yield event
+
+                return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=events())
             return httpx.Response(reply.status, headers={"content-type": "application/json",
                                                          **reply.headers},
                                   content=reply.encoded())
@@ -318,6 +367,17 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.delay_s and self.server.closing.wait(reply.delay_s):
             return
         if reply.drop:
+            self.close_connection = True
+            return
+        if "streamGenerateContent" in self.path and reply.status == 200:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()  # no length: the events end when the connection closes
+            for wait, event in reply.sse():
+                if wait and self.server.closing.wait(wait):
+                    return
+                self.wfile.write(event)
+                self.wfile.flush()
             self.close_connection = True
             return
         payload = reply.encoded()

@@ -11,6 +11,7 @@ Time is virtual where waits matter (`autojump_clock`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import warnings
@@ -45,7 +46,15 @@ from afs.config import (
 )
 from afs.errors import ConfigError, ModelError
 from afs.models import AnalysisResult
-from afs.testing import FakeGemini, FakeStage, reply_json, reply_text, reply_zero_quota, serve_fake_gemini
+from afs.testing import (
+    FakeGemini,
+    FakeStage,
+    reply_json,
+    reply_stream,
+    reply_text,
+    reply_zero_quota,
+    serve_fake_gemini,
+)
 from tests.test_gemini import ANALYSIS, ANALYZED, PROPOSAL, REFUSED, issue_context
 
 KEY = "keyholder-key"
@@ -230,6 +239,40 @@ async def test_a_reprompt_cut_by_the_phase_limit_keeps_the_refused_candidates(
     assert [p.sql_commands[-1] for p in proposals] == [REFUSED["sql_commands"][-1]]
     assert trio.current_time() == pytest.approx(119)
     assert [c["outcome"] for c in brain.calls] == ["answered", "cancelled"]
+
+
+STREAMING = GeminiSettings(stream=True)
+
+
+async def test_a_streamed_answer_that_keeps_coming_is_not_cut(autojump_clock: trio.testing.MockClock) -> None:
+    """50 s of thinking, then four chunks 20 s apart: 110 s in all, past the 100 s a call of
+    gemini-3.8-flash may take, inside the phase; the stream is never still for 30 s."""
+    fake = FakeGemini(reply_stream(json.dumps(ANALYSIS), pieces=4, first_s=50, gap_s=20), api_key=KEY)
+    async with open_brain(fake, STREAMING) as brain:
+        result = await brain.analyze("gemini25pro", issue_context())
+    assert result.insights == tuple(ANALYSIS["insights"]) and trio.current_time() == pytest.approx(110)
+    [request] = fake.requests
+    assert request.path.endswith(":streamGenerateContent?alt=sse")
+    assert brain.calls[0]["model_version"] == "gemini-3.8-flash" and brain.calls[0]["prompt_tokens"] == 1000
+
+
+async def test_a_stalled_stream_is_a_timed_out_attempt(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeGemini(reply_stream(json.dumps(ANALYSIS), pieces=3, first_s=5, gap_s=1, stall_s=40),
+                      reply_json(ANALYSIS), api_key=KEY)
+    async with open_brain(fake, STREAMING) as brain:
+        await brain.analyze("gemini25pro", issue_context())
+    assert trio.current_time() == pytest.approx(6 + 30 + 1)  # two chunks, 30 s of silence, 1 s backoff
+    assert len(fake.requests) == 2 and brain.usage["gemini25pro"]["timeouts"] == 1
+
+
+async def test_streaming_over_the_loopback_server() -> None:
+    fake = FakeGemini(reply_stream(json.dumps(ANALYSIS), pieces=5), api_key=KEY)
+    with serve_fake_gemini(fake) as base_url:
+        credentials = Credentials(api_key=KEY, base_url=base_url, source="GOOGLE_API_KEY")
+        async with open_gemini_client(credentials) as client:
+            brain = GeminiBrain(client, STREAMING, policy=STEADY)
+            result = await brain.analyze("gemini25pro", issue_context())
+    assert result.confidence == 0.85
 
 
 # -- 6. thinking levels, per model, before any fork ---------------------------------------------

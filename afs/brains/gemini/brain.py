@@ -30,7 +30,9 @@ measurement. Tokens (thinking included), attempts and estimated cost are kept pe
 in `brain.usage`, with the model version and stage the API said answered; `brain.calls`
 holds one record per call (agent, purpose, configured model, the version that answered,
 its stage and retirement time, tokens, estimated cost, outcome). A spending cap
-(`gemini.max_spend_usd`, per squad) is checked before every attempt. `check_models`,
+(`gemini.max_spend_usd`, per squad) is checked before every attempt. With `gemini.stream`
+answers are streamed: the model's `call_timeout_s` bounds the wait for the first chunk and
+`STREAM_STALL_S` each wait for the next, inside the question's budget (the model phase). `check_models`,
 before any fork, refuses a thinking level the model does not accept and warns of a model
 in preview, deprecated, past or near its shutdown date, or without an entry in the
 settings table (timeout, output cap and price then fall back to defaults). The prompts
@@ -106,6 +108,7 @@ log = structlog.get_logger("afs.gemini")
 REVIEWER: Final = "gemini25pro"  # the seed gives gemini-2.5-pro's agent the review role
 MAX_REPROMPTS: Final = 2  # the seed's "Re-prompt … Limit: 2 retry attempts" (repairs and refusals)
 PHASE_MARGIN_S: Final = 1.0  # a question ends this much before the agent's model-phase limit
+STREAM_STALL_S: Final = 30.0  # with gemini.stream: the longest wait for the next chunk
 MAX_VALUES_SHOWN: Final = 10  # most common values per column
 MAX_VALUE_CHARS: Final = 40
 
@@ -505,7 +508,9 @@ class GeminiBrain:
                     reply = await self.client.generate_json(model=model, system=system, turns=turns,
                                                             schema=schema, settings=settings,
                                                             call_timeout_s=timeout, policy=self.policy,
-                                                            stats=stats, meter=self.meter)
+                                                            stats=stats, meter=self.meter,
+                                                            stall_s=STREAM_STALL_S if self.gemini.stream
+                                                            else None)
                 except ModelError as exc:
                     outcome = exc.code or ("error" if exc.status is None else str(exc.status))
                     if kept and (exc.retryable or exc.code == SPEND_CAP):

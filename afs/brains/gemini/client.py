@@ -421,12 +421,16 @@ class GeminiClient:
     async def generate_json(self, *, model: str, system: str, turns: Sequence[Turn],
                             schema: Mapping[str, Any], settings: ModelSettings, call_timeout_s: float,
                             policy: RetryPolicy = DEFAULT_RETRY,
-                            stats: CallStats | None = None, meter: SpendMeter | None = None) -> ModelReply:
+                            stats: CallStats | None = None, meter: SpendMeter | None = None,
+                            stall_s: float | None = None) -> ModelReply:
         """Ask `model` for JSON matching `schema`; retries per `policy`; raises ModelError.
 
         `stats` (when given) counts every attempt, answered or not, their tokens and cost, and
         the model version that answered. `meter` is checked before every attempt and charged
-        after every answered one.
+        after every answered one. With `stall_s`, the answer is streamed
+        (`streamGenerateContent`): `call_timeout_s` bounds the wait for its first chunk (the
+        thinking), `stall_s` each wait for the next, so an answer that keeps coming is not cut
+        by one wall clock; a stalled stream counts as a timed-out attempt.
         """
         stats = stats if stats is not None else CallStats()
         config = generation_config(system, schema, settings,
@@ -441,8 +445,11 @@ class GeminiClient:
             with trio.move_on_after(call_timeout_s) as scope:
                 try:
                     await self._refresh_google_auth()
-                    response = await self.sdk.aio.models.generate_content(
-                        model=model, contents=contents, config=config)
+                    if stall_s is None:
+                        response = await self.sdk.aio.models.generate_content(
+                            model=model, contents=contents, config=config)
+                    else:
+                        response = await self._streamed(model, contents, config, stall_s, scope)
                 except genai_errors.APIError as exc:
                     failure = self._failure(model, exc, policy)
                 except httpx.TransportError as exc:
@@ -474,7 +481,9 @@ class GeminiClient:
             stats.failed += 1
             if scope.cancelled_caught:
                 stats.timeouts += 1
-                failure = ModelError(f"{model}: no answer within {call_timeout_s:g} s", retryable=True)
+                waited = f"{call_timeout_s:g} s" if stall_s is None else \
+                    f"{call_timeout_s:g} s, or the stream stalled for {stall_s:g} s"
+                failure = ModelError(f"{model}: no answer within {waited}", retryable=True)
                 if stats.timeouts >= policy.max_timeouts:
                     raise ModelError(f"{failure} ({stats.timeouts} attempts timed out; a thinking model"
                                      f" may need a longer call_timeout_s in gemini.model_settings."
@@ -489,6 +498,32 @@ class GeminiClient:
                         error=str(failure), wait_s=round(wait, 3))
             await trio.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    async def _streamed(self, model: str, contents: list[types.ContentUnion],
+                        config: types.GenerateContentConfig, stall_s: float,
+                        scope: trio.CancelScope) -> types.GenerateContentResponse:
+        """One streamed answer, its chunks joined into one response. After the first chunk the
+        attempt's deadline moves to `stall_s` past each chunk (`scope` is the attempt's)."""
+        stream = await self.sdk.aio.models.generate_content_stream(model=model, contents=contents,
+                                                                   config=config)
+        chunks: list[types.GenerateContentResponse] = []
+        async for chunk in stream:
+            chunks.append(chunk)
+            scope.deadline = trio.current_time() + stall_s
+        if not chunks:
+            return types.GenerateContentResponse()
+        last = chunks[-1]
+        text = "".join(chunk.text or "" for chunk in chunks if chunk.candidates)
+        candidates = [c for chunk in chunks for c in chunk.candidates or ()]
+        finish = next((c.finish_reason for c in reversed(candidates) if c.finish_reason is not None), None)
+        joined = [types.Candidate(content=types.Content(role="model", parts=[types.Part(text=text)]),
+                                  finish_reason=finish)] if candidates else None
+        return types.GenerateContentResponse(
+            candidates=joined, prompt_feedback=chunks[0].prompt_feedback,
+            usage_metadata=next((c.usage_metadata for c in reversed(chunks) if c.usage_metadata), None),
+            model_version=next((c.model_version for c in reversed(chunks) if c.model_version), None),
+            model_status=next((c.model_status for c in reversed(chunks) if c.model_status), None),
+            sdk_http_response=last.sdk_http_response)
 
     async def check_model(self, model: str, policy: RetryPolicy = DEFAULT_RETRY,
                           timeout_s: float = 30.0) -> types.Model | None:
