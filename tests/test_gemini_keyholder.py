@@ -27,6 +27,7 @@ import trio
 import trio.testing
 from google import genai
 
+from afs.brains.choose import agent_label
 from afs.brains.gemini.brain import GeminiBrain, check_models, proposal_prompt
 from afs.brains.gemini.client import (
     SPEND_CAP,
@@ -139,6 +140,14 @@ async def test_preview_and_deprecated_models_are_warned_of_with_their_date() -> 
     assert "gemini-3.1-pro-preview is a Preview model" in text
     assert "gemini-2.5-flash is deprecated (shutdown 2026-06-17)" in text
     assert "gemini-3.1-flash-lite shuts down on 2027-05-07" in text
+
+
+def test_a_person_reads_the_role_and_the_brain_that_answered() -> None:
+    assert agent_label("gemini20flash") == "pre-computation — offline strategist"
+    usage = {"model": "gemini-3.8-flash", "model_version": "gemini-3.8-flash-002"}
+    label = agent_label("gemini25pro", usage)
+    assert label == "index design — gemini-3.8-flash, version gemini-3.8-flash-002"
+    assert "gemini-2" not in agent_label("gemini25flash")  # no retired model named when none ran
 
 
 # -- 3. a zero quota: no retry, billing, a model that would work --------------------------------

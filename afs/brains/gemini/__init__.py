@@ -1,11 +1,15 @@
 """Gemini models as the agents' brains.
 
-    client.py   credentials from the environment; the SDK's async client on httpx
-                (trio); one JSON call with retries (429, 5xx, timeouts), usage, cost
+    client.py   credentials from the environment as the SDK reads them; the SDK's async
+                client on httpx (trio); one JSON call, streamed or not, with retries (429,
+                5xx, timeouts; a zero quota fails at once), usage, dated cost
     parsing.py  pure: model text → AnalysisResult / ranked OptimizationProposals, repaired,
                 validated, clamped; ModelOutputError says why for the re-prompt
     brain.py    GeminiBrain (the Brain protocol of afs.brains): prompts filled with
-                the context, re-prompts, usage per agent; open_gemini_squad
+                the context, re-prompts, usage and a record per call (the model version
+                that answered, cost), the spending cap; check_models; open_gemini_squad
+    withheld.py pure: the context without the user's values (send_values false), and
+                the literals put back into the model's SQL
     prompts/    system prompt, analysis and proposal templates per specialisation; the
                 shared blocks (ranked candidates, rewrites, safety rules)
 
