@@ -34,6 +34,7 @@ from afs.brains.gemini.client import (
     ZERO_QUOTA,
     Credentials,
     RetryPolicy,
+    SpendMeter,
     Usage,
     estimate_cost,
     gemini_credentials,
@@ -393,6 +394,17 @@ async def test_the_spending_cap_stops_the_next_call() -> None:
     assert caught.value.code == SPEND_CAP and len(fake.requests) == 1
     assert brain.spent_usd == pytest.approx(0.0015)
     assert [c["outcome"] for c in brain.calls] == ["answered", SPEND_CAP]
+
+
+async def test_one_cap_shared_by_the_squads_of_a_batch() -> None:
+    fake = FakeGemini(fallback=lambda _request: reply_json(ANALYSIS), api_key=KEY)
+    meter = SpendMeter(0.002)  # what a batch would hand every task's squad
+    async with open_brain(fake, meter=meter) as first, open_brain(fake, meter=meter) as second:
+        await first.analyze("gemini25pro", issue_context())
+        await second.analyze("gemini25pro", issue_context())
+        with pytest.raises(ModelError, match="spending cap is reached"):
+            await first.analyze("gemini25pro", issue_context())
+    assert len(fake.requests) == 2 and meter.spent_usd == pytest.approx(0.003)
 
 
 def test_the_cap_is_a_setting(tmp_path: Path) -> None:

@@ -404,7 +404,7 @@ class GeminiBrain:
     def __init__(self, client: GeminiClient, gemini: GeminiSettings | None = None, *,
                  model_phase_s: float = Timeouts().model, call_timeout_s: float | None = None,
                  policy: RetryPolicy = DEFAULT_RETRY, plan_budget_tokens: int = PLAN_TOKEN_BUDGET,
-                 max_candidates: int = MAX_CANDIDATES) -> None:
+                 max_candidates: int = MAX_CANDIDATES, meter: SpendMeter | None = None) -> None:
         self.client = client
         self.max_candidates = max_candidates
         self.gemini = gemini or GeminiSettings()
@@ -414,7 +414,8 @@ class GeminiBrain:
         self.plan_budget_tokens = plan_budget_tokens
         self.usage: dict[AgentKey, dict[str, Any]] = {}
         self.calls: list[dict[str, Any]] = []  # one record per call, answered or not
-        self.meter = SpendMeter(self.gemini.max_spend_usd)
+        # the cap's count: this squad's own, or one shared by several (a batch, a schedule)
+        self.meter = meter if meter is not None else SpendMeter(self.gemini.max_spend_usd)
 
     def model_of(self, agent: AgentKey) -> str:
         return self.gemini.model_of(agent)
@@ -721,17 +722,19 @@ async def check_models(client: GeminiClient, gemini: GeminiSettings,
 @asynccontextmanager
 async def open_gemini_squad(settings: Settings, credentials: Credentials, env: Mapping[str, str], *,
                             transport: httpx.AsyncBaseTransport | None = None,
-                            google_auth: Any = None) -> AsyncIterator[Squad]:
+                            google_auth: Any = None, meter: SpendMeter | None = None) -> AsyncIterator[Squad]:
     """The squad of Gemini brains for one command; its HTTP client closes on exit.
 
     Every configured model is checked first (`check_models`): a retired model fails here, before
     any fork exists. `squad.usage` is `brain.usage`: per agent, tokens and estimated cost.
+    `meter` (a `SpendMeter` made by the caller) shares one spending cap among several
+    squads, e.g. the tasks of a batch; without it the cap is this squad's own.
     """
     async with open_gemini_client(credentials, transport=transport, google_auth=google_auth) as client:
         gemini = settings.gemini
         warnings = await check_models(client, gemini)
         brain = GeminiBrain(client, gemini, model_phase_s=settings.timeouts.model,
-                            max_candidates=settings.candidates)
+                            max_candidates=settings.candidates, meter=meter)
         note = (f"Gemini models via {credentials.describe()}: "
                 + ", ".join(f"{agent} = {gemini.model_of(agent)}" for agent in AGENTS))
         note += ("; values from your database are sent (send_values)" if gemini.send_values else
