@@ -256,8 +256,8 @@ def conditions_text(result: TaskResult) -> list[str]:
     if c.imported_at:
         out.append(f"copy: imported {c.imported_at}")
     if c.stale:
-        out.append("the copy is stale: its tables' sizes are no longer your server's (import it"
-                   " again: `afs sandbox import --from DSN --as NAME`):")
+        out.append("the copy is stale: its tables' sizes are no longer your server's (bring it up"
+                   f" to date: `afs sandbox import --from DSN --refresh {result.source}`):")
         out.extend(f"  {line}" for line in c.stale)
     if c.unsettled:
         out.append("visibility differs from your server's (index-only scans measure otherwise):")

@@ -21,6 +21,7 @@ from afs.brains import Squad
 from afs.conditions import carry_settings, read_source_settings, task_conditions
 from afs.config import Settings, load_settings
 from afs.db import open_connection
+from afs.errors import InputError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
@@ -30,7 +31,7 @@ from afs.pg.plan import plan_of, plan_shape, shape_differences
 from afs.pg.settings import alter_database_sql, carry, is_plan_setting, overlay, server_gaps
 from afs.report import render_text, to_json
 from afs.router import load_rules
-from afs.sandbox.importer import import_database
+from afs.sandbox.importer import import_database, import_owner
 from afs.sandbox.server import SandboxServer
 from afs.testing import ScriptedBrain
 
@@ -312,7 +313,7 @@ async def test_a_function_planted_in_the_user_database_is_not_called(
 async def test_a_stale_copy_and_another_visibility_are_named(
         forks: ForkClient, user_dsn: str, imported: str) -> None:
     # c grew on the user's server after the import; its pages were never vacuumed there
-    # (the last test of the module: the user's server is not put back)
+    # (c stays grown: the next test refreshes the copy)
     with psycopg.connect(user_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO c SELECT g, 1000 + g FROM generate_series(1, 100000) g")
     conditions = await task_conditions(forks, USER_DB, user_dsn, STALE, ("c", "a"), None)
@@ -360,3 +361,28 @@ def test_the_report_names_what_the_forks_could_not_take_with_both_values() -> No
     assert doc["plan_matches_source"] is True
     assert doc["conditions"]["not_carried"] == [
         {"name": "shared_buffers", "source": "8GB", "sandbox": "256MB", "reason": "a server setting"}]
+
+
+async def test_refresh_brings_a_stale_copy_up_to_date(
+        forks: ForkClient, user_dsn: str, imported: str, sandbox: SandboxServer,
+        provider: LocalForkProvider) -> None:
+    with pytest.raises(InputError, match="was imported from"):
+        await import_database(sandbox, sandbox.dsn("afs_demo"), imported, refresh=True)
+    with pytest.raises(InputError, match="not an import"):
+        await import_database(sandbox, user_dsn, "uc_nothing", refresh=True)
+    with pytest.raises(InputError, match="--refresh"):
+        await import_database(sandbox, user_dsn, imported)
+    assert (await task_conditions(forks, USER_DB, user_dsn, STALE, ("c",), None)).stale
+    await import_database(sandbox, user_dsn, imported, refresh=True)
+    conditions = await task_conditions(forks, USER_DB, user_dsn, STALE, ("c",), None)
+    assert not conditions.stale, conditions.stale
+    fork = await provider.fork(imported)
+    try:
+        with psycopg.connect(fork.dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM c").fetchone() == (301000,)
+            assert conn.execute("SHOW work_mem").fetchone() == ("16MB",)
+    finally:
+        await provider.delete(fork.name)
+    async with open_connection(sandbox.dsn()) as conn:
+        owners = await conn.fetchall("SELECT rolname FROM pg_roles WHERE rolname LIKE 'afs\\_import\\_uc%%'")
+    assert owners == [(import_owner(imported),)]

@@ -69,7 +69,7 @@ from psycopg import conninfo
 from afs.analysis import server_facts
 from afs.conditions import settle_copy
 from afs.db import Connection, connect_sync, open_connection, resolve_dsn
-from afs.errors import AfsError, InputError, SandboxError, scrub
+from afs.errors import AfsError, InputError, SandboxError, UnknownServiceError, scrub
 from afs.forks.provider import LocalForkProvider, restrict_definer_routines
 from afs.pg.names import quote_ident, quote_literal
 from afs.sandbox.server import SandboxServer, dsn_for, pg_binary
@@ -342,22 +342,30 @@ def _restore_by_statement(path: Path, entry: str, kind: str, target_dsn: str) ->
 
 async def import_database(server: SandboxServer, source_dsn: str, name: str | None = None,
                           schema_only: bool = False,
-                          progress: Callable[[str], None] | None = None) -> ImportReport:
-    """Import `source_dsn` into the sandbox as database `name` and make it forkable."""
+                          progress: Callable[[str], None] | None = None,
+                          refresh: bool = False) -> ImportReport:
+    """Import `source_dsn` into the sandbox as database `name` and make it forkable.
+
+    `refresh`: `name` is an import of the same database already (a stale copy, see
+    afs.conditions); the new copy is made beside it and replaces it once complete (its
+    template and owner role too; forks of the old copy stay as they are)."""
     name = name or default_import_name(source_dsn)
     if not _DB_NAME.match(name) or name in RESERVED or name.endswith(("_template", "_importing")):
         raise InputError(f"invalid database name {name!r} for the import")
     origin = origin_of(source_dsn)
     admin = server.dsn()
     scratch = name + "_importing"
-    role, password = import_owner(name), secrets.token_urlsafe(24)
+    role, password = import_owner(name + REFRESHING if refresh else name), secrets.token_urlsafe(24)
     landing = Scratch(name=scratch, role=role, admin=admin, superuser=server.dsn(scratch),
                       as_role=dsn_for(server.settings, scratch, user=role, password=password))
     started = time.monotonic()
     origin_server = await _source_server(source_dsn)
     async with open_connection(admin) as conn:
-        if await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = %s", (name,)):
-            raise InputError(f"the sandbox has a database named {name!r} already; pick --as NAME")
+        if refresh:
+            await _check_refresh(admin, name, origin)
+        elif await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = %s", (name,)):
+            raise InputError(f"the sandbox has a database named {name!r} already; pick --as NAME"
+                             " (or --refresh NAME to replace an import of the same database)")
         await _drop_scratch(conn, scratch, role)
     try:
         await prepare(landing, password)
@@ -370,8 +378,12 @@ async def import_database(server: SandboxServer, source_dsn: str, name: str | No
                                        server.settings.application_role)
         await analyze(landing.as_role)
         await seal(landing)
+        if refresh:  # the new copy is complete: the old one, its template and role make way
+            await LocalForkProvider(admin).drop_source(name)
         async with open_connection(admin) as conn:
             await conn.execute(f"ALTER DATABASE {quote_ident(scratch)} RENAME TO {quote_ident(name)}")
+            if refresh:
+                await _rename_owner(conn, role, import_owner(name))
     except BaseException:
         with trio.CancelScope(shield=True):
             async with open_connection(admin) as conn:
@@ -427,6 +439,30 @@ async def seal(scratch: Scratch) -> None:
         await conn.execute(f"ANALYZE {catalogs}")
         await conn.execute("SELECT pg_catalog.pg_stat_reset()")
         await restrict_definer_routines(conn)
+
+
+REFRESHING = "_refresh"  # the owner role of a copy being made to replace `name`: import_owner(name + this)
+
+
+async def _check_refresh(admin: str, name: str, origin: str) -> None:
+    """InputError unless `name` is a source imported from `origin` (what --refresh replaces)."""
+    try:
+        known = await LocalForkProvider(admin).get_service(name)
+    except UnknownServiceError:
+        known = {}
+    if known.get("kind") != "source":
+        raise InputError(f"{name!r} is not an import in the sandbox: import it without --refresh")
+    if known.get("origin") != origin:
+        raise InputError(f"{name!r} was imported from {known.get('origin')}, not from {origin}:"
+                         " --refresh replaces a copy of the same database only")
+
+
+async def _rename_owner(conn: Connection, role: str, wanted: str) -> None:
+    """The refreshed copy's role under the copy's usual name, unless the old copy's role is
+    still there (kept while a fork holds on to it: the copy keeps the name it has)."""
+    if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = %s", (wanted,)):
+        return
+    await conn.execute(f"ALTER ROLE {quote_ident(role)} RENAME TO {quote_ident(wanted)}")
 
 
 async def _drop_scratch(conn: Connection, scratch: str, role: str) -> None:
