@@ -374,6 +374,39 @@ def test_the_proposal_prompt_names_both_servers_versions() -> None:
                "measured on PostgreSQL 18.1)" in prompt, agent
 
 
+NEWER: dict[str, Any] = {
+    **PROPOSAL, "proposal_type": "covering_index",
+    "sql_commands": ["CREATE UNIQUE INDEX orders_user_idx ON orders (user_id, id) NULLS NOT DISTINCT"],
+    "rollback_commands": ["DROP INDEX IF EXISTS orders_user_idx"]}
+
+
+def _on(source: str) -> Any:
+    return dataclasses.replace(issue_context(), server={"server_version": "18.1"},
+                               source_server={"server_version": source}, source_imported=True)
+
+
+async def test_syntax_the_source_cannot_run_is_sent_back_with_the_reason() -> None:
+    fake = FakeGemini(reply_json({"candidates": [NEWER]}), reply_json({"candidates": [PROPOSAL]}),
+                      api_key=KEY)
+    async with open_brain(fake) as brain:
+        (proposal,) = await brain.propose("gemini25pro", _on("14.9"), ANALYZED)
+    assert proposal.sql_commands[0] == PROPOSAL["sql_commands"][0]
+    assert "the source server runs PostgreSQL 14.9, which has no NULLS NOT DISTINCT (PostgreSQL 15)" \
+        in fake.requests[1].prompt
+
+
+async def test_syntax_the_source_runs_is_not_refused_and_a_kept_one_is_flagged() -> None:
+    fake = FakeGemini(reply_json({"candidates": [NEWER]}), api_key=KEY)
+    async with open_brain(fake) as brain:
+        (proposal,) = await brain.propose("gemini25pro", _on("15.4"), ANALYZED)
+    assert len(fake.requests) == 1 and not proposal.rationale.startswith("Cannot be applied")
+    fake = FakeGemini(fallback=lambda _request: reply_json({"candidates": [NEWER]}), api_key=KEY)
+    async with open_brain(fake) as brain:
+        (proposal,) = await brain.propose("gemini25pro", _on("13.2"), ANALYZED)
+    assert len(fake.requests) == 3  # two re-prompts, then it is kept, flagged for the report
+    assert proposal.rationale.startswith("Cannot be applied as it is: the source server runs PostgreSQL 13.2")
+
+
 # -- 7. prices with dates; a cap checked before each call ---------------------------------------
 def test_prices_hold_from_their_date_and_cached_tokens_cost_less() -> None:
     flash = MODEL_SETTINGS["gemini-3.8-flash"]

@@ -10,6 +10,7 @@
                 that answered, cost), the spending cap; check_models; open_gemini_squad
     withheld.py pure: the context without the user's values (send_values false), and
                 the literals put back into the model's SQL
+    syntax.py   pure: the oldest PostgreSQL that runs a proposal's SQL (from the parse tree)
     prompts/    system prompt, analysis and proposal templates per specialisation; the
                 shared blocks (ranked candidates, rewrites, safety rules)
 

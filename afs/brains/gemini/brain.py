@@ -18,7 +18,9 @@ actions, its refused statements, the parser's complaint quoting its text, the re
 check's reason) goes into the prompt as a `data` block, never as prompt text: a second
 answer cannot be steered by text the first one planted. The proposal prompt names the
 PostgreSQL version of the source server (where a fix is applied) and of the server the
-plans were measured on.
+plans were measured on; a candidate whose SQL the source server cannot run (afs.brains.gemini.
+syntax, from the parse tree) is refused with the reason like an unsafe one, and one still
+kept after the re-prompts says so first in its rationale.
 
 Unusable output is sent back with the reason, and so are candidates the safety check
 refuses (all of them: one acceptable candidate is enough), at most `MAX_REPROMPTS` times
@@ -80,6 +82,7 @@ from afs.brains.gemini.parsing import (
     proposal_schema,
     review_schema,
 )
+from afs.brains.gemini.syntax import major_of, too_new
 from afs.brains.gemini.withheld import Withheld, withhold
 from afs.config import (
     DEFAULT_GEMINI_MODELS,
@@ -379,16 +382,51 @@ def _short(sql: str, limit: int = 160) -> str:
     return sql if len(sql) <= limit else sql[:limit] + "…"
 
 
-def refusals(proposals: Sequence[OptimizationProposal]) -> str | None:
+def refusals(proposals: Sequence[OptimizationProposal], source: str | None = None) -> str | None:
     """The reasons to send back when every candidate is refused; None when one can be measured
-    (the refused ones are reported as such) or there is none."""
+    (the refused ones are reported as such) or there is none. With `source` (the source
+    server's version), a candidate whose SQL that server cannot run is refused too."""
     reasons = []
     for number, proposal in enumerate(proposals, 1):
-        reason = refusal(proposal)
+        reason = refusal(proposal) or (None if source is None else newer_than(proposal, source))
         if reason is None:
             return None
         reasons.append(f"- candidate {number} ({proposal.proposal_type}): {reason}")
     return "\n".join(reasons) or None
+
+
+def _statements(proposal: OptimizationProposal) -> list[str]:
+    return [*proposal.sql_commands, *([proposal.rewritten_query] if proposal.rewritten_query else [])]
+
+
+def newer_than(proposal: OptimizationProposal, source: str) -> str | None:
+    """Why the source server (version `source`) cannot run `proposal`, or None."""
+    major = major_of(source)
+    needs = too_new(_statements(proposal), major) if major is not None else []
+    if not needs:
+        return None
+    return f"the source server runs PostgreSQL {source}, which has no {', '.join(needs)}"
+
+
+def source_version(ctx: AnalysisContext) -> str | None:
+    """The version of the server a fix is applied on: the source's, else the measuring one's."""
+    server = ctx.source_server or ctx.server
+    number = re.match(r"\d+(?:\.\d+)*", server.get("server_version", ""))
+    return number.group() if number else None
+
+
+def flag_new_syntax(proposals: Sequence[OptimizationProposal],
+                    source: str | None) -> tuple[OptimizationProposal, ...]:
+    """The candidates, a too-new one's rationale saying so first (it is measured in the fork,
+    whose server may be newer, but it cannot be applied as it is)."""
+    if source is None:
+        return tuple(proposals)
+    flagged = []
+    for proposal in proposals:
+        reason = newer_than(proposal, source)
+        flagged.append(proposal if reason is None else dataclasses.replace(
+            proposal, rationale=f"Cannot be applied as it is: {reason}. {proposal.rationale}"))
+    return tuple(flagged)
 
 
 class GeminiBrain:
@@ -444,9 +482,12 @@ class GeminiBrain:
                                      withheld)),
         ]
         parse = functools.partial(parse_proposals, agent, max_candidates=self.max_candidates)
-        return await self._ask(agent, "propose", turns, proposal_schema(self.max_candidates),
-                               _filled(parse, withheld), judge=refusals,
-                               hide=None if withheld is None else withheld.mask)
+        source = source_version(ctx)
+        proposals = await self._ask(agent, "propose", turns, proposal_schema(self.max_candidates),
+                                    _filled(parse, withheld),
+                                    judge=functools.partial(refusals, source=source),
+                                    hide=None if withheld is None else withheld.mask)
+        return flag_new_syntax(proposals, source)
 
     async def revise_rewrite(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
                              proposal: OptimizationProposal, reason: str) -> OptimizationProposal | None:
@@ -464,9 +505,12 @@ class GeminiBrain:
             ("model", json.dumps({"candidates": [candidate_json(said)]})),
             ("user", prompt_template("revise").substitute(reason=data("result check", why))),
         ]
-        revised = await self._ask(agent, "revise", turns, proposal_schema(self.max_candidates),
-                                  _filled(functools.partial(parse_proposals, agent), withheld),
-                                  judge=refusals, hide=None if withheld is None else withheld.mask)
+        source = source_version(ctx)
+        revised = flag_new_syntax(await self._ask(
+            agent, "revise", turns, proposal_schema(self.max_candidates),
+            _filled(functools.partial(parse_proposals, agent), withheld),
+            judge=functools.partial(refusals, source=source),
+            hide=None if withheld is None else withheld.mask), source)
         rewrite = next((p for p in revised if p.rewritten_query is not None), None)
         if rewrite is None:
             return None
