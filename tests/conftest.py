@@ -30,6 +30,7 @@ def afs_home() -> Iterator[Path]:
     home = Path(tempfile.mkdtemp(prefix="afs-t-"))
     # a developer's real Gemini key must never reach the tests
     cleared = ("AFS_DATABASE_URL", "GOOGLE_API_KEY", "GEMINI_API_KEY", "GOOGLE_GENAI_USE_VERTEXAI",
+               "GOOGLE_GENAI_USE_ENTERPRISE", "GOOGLE_CLOUD_PROJECT", "GOOGLE_CLOUD_LOCATION",
                "AFS_GEMINI_BASE_URL")
     saved = {k: os.environ.get(k) for k in ("AFS_HOME", "AFS_SCALE", *cleared)}
     os.environ["AFS_HOME"] = str(home)
