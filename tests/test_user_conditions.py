@@ -102,15 +102,19 @@ def _vacuum(conn: psycopg.Connection[tuple[object, ...]], *tables: str) -> None:
 
 @pytest.fixture(scope="module")
 def user_dsn() -> Iterator[str]:
-    """A second embedded cluster, the user's server: work_mem 16MB for the server, random_page_cost
-    1.1 for its database, enable_hashjoin off for the role `app` in it; stopped with pg_ctl after."""
+    """A second embedded cluster, the user's server: work_mem 16MB and shared_buffers 128MB (the
+    sandbox's: 256MB) for the server, random_page_cost 1.1 for its database, enable_hashjoin off
+    for the role `app` in it; stopped with pg_ctl after."""
     home = Path(tempfile.mkdtemp(prefix="afs-u-"))
     server = SandboxServer(load_settings({"AFS_HOME": str(home)}))
     try:
         server.start()
         with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET work_mem = '16MB'")
-            conn.execute("SELECT pg_reload_conf()")
+            conn.execute("ALTER SYSTEM SET shared_buffers = '128MB'")  # no fork can take it
+        server.stop()
+        server.start()
+        with psycopg.connect(server.dsn("postgres"), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {USER_DB}")
             conn.execute(f"ALTER DATABASE {USER_DB} SET random_page_cost = 1.1")
             conn.execute("CREATE ROLE app LOGIN")
@@ -271,6 +275,11 @@ async def test_optimize_measures_the_not_in_query_as_the_user_server_plans_it(
         assert m["baseline_ms"] < 4 * on_source + 100, (m["baseline_ms"], on_source)
         assert m["baseline_ms"] / max(m["optimized_ms"], 0.001) < 10
     assert "WARNING" not in str(report["text"])
+    # what no fork can take is listed with both values
+    assert "  shared_buffers: 128MB / 256MB (a server setting" in str(report["text"])
+    gap = {"name": "shared_buffers", "source": "128MB", "sandbox": "256MB",
+           "reason": "a server setting: the sandbox's server has its own"}
+    assert gap in doc["conditions"]["not_carried"]
 
 
 @pytest.mark.usefixtures("no_leaked_forks")
