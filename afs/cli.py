@@ -512,6 +512,8 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     runs = settings.runs if args.runs is None else args.runs
     if runs < 1:
         raise InputError(f"--runs must be at least 1, got {runs}")
+    if args.dsn is None:  # the target as every command resolves it: AFS_DATABASE_URL, PG*, the file
+        args.dsn = settings.target_dsn
     await trio.to_thread.run_sync(read_input, args.query)  # bad input: refused before anything starts
     weights = parse_weights(args.weights)
     if args.server:
@@ -786,6 +788,8 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
 
     options = _batch_options(args, settings)
     options.check()
+    if args.dsn is None:  # the target as every command resolves it: AFS_DATABASE_URL, PG*, the file
+        args.dsn = settings.target_dsn
     if args.server:
         doc = await _batch_remote(args, settings, options)
     else:
@@ -819,7 +823,7 @@ async def _batch_remote(args: argparse.Namespace, settings: Settings, options: A
     from afs.sandbox.server import dsn_for
     from afs.service.client import ServiceClient
 
-    target = args.dsn or dsn_for(settings, settings.demo_database)
+    target = args.dsn if args.dsn is not None else dsn_for(settings, settings.demo_database)
     async with _open_task_store(settings) as store, \
             ServiceClient(args.server, settings.service_token) as client:
         doc: dict[str, Any] = await run_batch_on_server(store, settings, client, target_dsn=target,
@@ -1248,7 +1252,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--dsn", metavar="DSN",
                      help="the database (its copy in the sandbox, see `afs sandbox import`; "
                           "with another fork server (AFS_FORK_SERVER_COMMAND), the database "
-                          "registered there, and no sandbox); default: the sandbox's demo database. "
+                          "registered there, and no sandbox); default: AFS_DATABASE_URL or the PG* "
+                          "variables, else the sandbox's demo database. "
                           + DSN_PASSWORDS)
     opt.add_argument("--priority", choices=("high", "normal", "low"), default="normal",
                      help="high assigns all three agents")

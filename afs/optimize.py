@@ -164,8 +164,10 @@ async def prepare(request: TaskRequest,
             features = await trio.to_thread.run_sync(see_through, features, views)
         stats = await source_table_stats(conn, features.tables)
         unknown = [t for t in features.tables if t not in stats]
-        if unknown:
-            raise InputError(f"unknown table {', '.join(unknown)} in the query")
+        if unknown:  # named with the database it looked in: the wrong target is a common cause
+            database = await conn.fetchval("SELECT current_database()")
+            raise InputError(f"unknown table {', '.join(unknown)} in the query (looked in database"
+                             f" {database!r})")
         try:  # the catalog judges it, then EXPLAIN catches unknown columns, types (afs.target)
             await on_target(conn, query, plan_only)
         except DatabaseError as exc:

@@ -37,6 +37,8 @@ def afs_home() -> Iterator[Path]:
     os.environ["AFS_SCALE"] = "small"
     for key in cleared:
         os.environ.pop(key, None)
+    for key in [k for k in os.environ if k.startswith("PG")]:  # a developer's own server: not a target
+        saved[key] = os.environ.pop(key)
     try:
         yield home
     finally:

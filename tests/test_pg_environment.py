@@ -93,3 +93,26 @@ def test_a_users_target_named_only_by_variables_is_reached(sandbox: SandboxServe
         row = conn.execute("SELECT current_database(), current_setting('TimeZone'),"
                            " current_setting('DateStyle')").fetchone()
     assert row == ("postgres", "Asia/Tokyo", "ISO, DMY")
+
+
+@pytest.mark.parametrize("how", ["AFS_DATABASE_URL", "PG*"])
+def test_optimize_takes_the_target_every_command_takes(sandbox: SandboxServer, how: str) -> None:
+    # the target named by the environment, as import, apply and rollback read it (before: the
+    # demo database, silently): its database `postgres` has no copy in the sandbox yet
+    host = str(sandbox.settings.socket_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "AFS_DATABASE_URL"}
+    if how == "AFS_DATABASE_URL":
+        env["AFS_DATABASE_URL"] = f"postgresql://postgres@/postgres?host={host}"
+    else:
+        env.update(PGHOST=host, PGUSER="postgres", PGDATABASE="postgres")
+    done = _afs("optimize", "--provider", "heuristic", "--query", "SELECT id FROM orders WHERE user_id = 1",
+                env=env)
+    assert done.returncode == 2, done.stderr
+    assert f"{host}:5432/postgres is not in the sandbox yet" in done.stderr
+
+
+def test_an_unknown_table_names_the_database_looked_in(sandbox: SandboxServer) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "AFS_DATABASE_URL"}
+    done = _afs("optimize", "--provider", "heuristic", "--query", "SELECT * FROM t", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "unknown table t in the query (looked in database 'afs_demo')" in done.stderr

@@ -220,7 +220,7 @@ async def run_batch_here(settings: Settings, store_url: str, *, dsn: str | None,
     from afs.service.worker import open_runtime, worker_name
 
     options.check()
-    target = dsn or dsn_for(settings, settings.demo_database)
+    target = dsn if dsn is not None else dsn_for(settings, settings.demo_database)
     doc: dict[str, Any] | None = None
     async with relayed_cancellation() as work, open_runtime(settings, store_url) as rt:
         with work:
