@@ -28,7 +28,7 @@ import trio.testing
 from google import genai
 
 from afs.brains.choose import agent_label
-from afs.brains.gemini.brain import GeminiBrain, check_models, proposal_prompt
+from afs.brains.gemini.brain import GeminiBrain, check_models, proposal_prompt, spend_bound
 from afs.brains.gemini.client import (
     SPEND_CAP,
     ZERO_QUOTA,
@@ -438,6 +438,19 @@ async def test_one_cap_shared_by_the_squads_of_a_batch() -> None:
         with pytest.raises(ModelError, match="spending cap is reached"):
             await first.analyze("gemini25pro", issue_context())
     assert len(fake.requests) == 2 and meter.spent_usd == pytest.approx(0.003)
+
+
+def test_a_bound_on_a_tasks_spend_before_it_starts() -> None:
+    gemini = GeminiSettings()
+    one = spend_bound(gemini, ["gemini20flash"], TODAY, prompt_tokens=10_000)
+    lite = MODEL_SETTINGS["gemini-3.5-flash-lite"]
+    answer = lite.max_output_tokens
+    sent = 2 * sum(10_000 + r * (answer + 200) for r in range(3))
+    assert one == pytest.approx((sent * 0.30 + 6 * answer * 2.50) / 1e6, abs=1e-4)
+    squad = spend_bound(gemini, ["gemini25pro", "gemini25flash", "gemini20flash"], TODAY)
+    later = spend_bound(gemini, ["gemini25pro", "gemini25flash", "gemini20flash"], "2027-01-01")
+    assert squad is not None and later is not None and later > squad  # 3.8 Flash's January prices
+    assert spend_bound(GeminiSettings(models={"gemini25pro": "my-model"}), ["gemini25pro"], TODAY) is None
 
 
 def test_the_cap_is_a_setting(tmp_path: Path) -> None:

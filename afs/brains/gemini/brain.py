@@ -687,6 +687,32 @@ def _same_model(configured: str, version: str) -> bool:
     return version == configured or version.startswith(configured + "-") or configured.startswith(version)
 
 
+TYPICAL_PROMPT_TOKENS: Final = 12_000  # an analysis prompt of a few tables with their statistics
+
+
+def spend_bound(gemini: GeminiSettings, agents: Sequence[AgentKey], day: str,
+                prompt_tokens: int = TYPICAL_PROMPT_TOKENS) -> float | None:
+    """The most one task's model calls can cost, in USD at the list prices of `day`: every
+    agent's analysis and proposal (and the reviewer's review) with every re-prompt, each
+    prompt `prompt_tokens` long plus the turns before it, each answer at its model's
+    `max_output_tokens`. A bound for `afs batch --dry-run`, not an estimate; None when a
+    model has no price."""
+    total = 0.0
+    for agent in agents:
+        settings = gemini.settings_of(gemini.model_of(agent))
+        price = settings.price_on(day)
+        if price is None:
+            return None
+        questions = 3 if agent == REVIEWER else 2
+        rounds = MAX_REPROMPTS + 1
+        answer = settings.max_output_tokens
+        # round r of a question sends the prompt and the r answers and re-prompts before it
+        sent = sum(prompt_tokens + r * (answer + 200) for r in range(rounds)) * questions
+        answered = rounds * questions * answer
+        total += (sent * price.input_usd_per_mtok + answered * price.output_usd_per_mtok) / 1e6
+    return round(total, 4)
+
+
 def model_warnings(gemini: GeminiSettings, models: Sequence[str], day: str) -> list[str]:
     """What a person should know about the configured models before any fork: no entry in the
     settings table, a preview or deprecated stage, a shutdown date passed or announced."""
