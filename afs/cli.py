@@ -38,6 +38,7 @@ from afs.errors import (
     ForkError,
     InputError,
     SandboxError,
+    scrub,
     single_leaf,
 )
 
@@ -505,6 +506,59 @@ def uses_the_sandbox(settings: Settings, dsn: str | None) -> bool:
     return dsn is None or settings.fork_server_command == default_fork_server_command()
 
 
+def add_libpq_flags(parser: argparse.ArgumentParser) -> None:
+    """psql's -d/-p/-U (and --host: -h is --help here) for the target, over --dsn or the
+    configured target."""
+    parser.add_argument("-d", "--dbname", metavar="NAME", help="the target's database, as psql -d")
+    parser.add_argument("--host", metavar="HOST", help="the target's host or socket directory, as psql -h")
+    parser.add_argument("-p", "--port", metavar="PORT", help="the target's port, as psql -p")
+    parser.add_argument("-U", "--username", metavar="USER", help="the target's user, as psql -U")
+
+
+def target_from_flags(args: argparse.Namespace, settings: Settings) -> str | None:
+    """--dsn (else the configured target), with psql's flags written over it; None: nothing given."""
+    from psycopg import conninfo  # here: the CLI starts without psycopg for --help
+
+    dsn = args.dsn if args.dsn is not None else settings.target_dsn
+    given = {key: value for key, value in (("dbname", args.dbname), ("host", args.host),
+                                           ("port", args.port), ("user", args.username)) if value}
+    if not given:
+        return dsn
+    try:
+        return conninfo.make_conninfo(dsn or "", **given)
+    except Exception as exc:  # psycopg.ProgrammingError: a DSN that does not parse
+        raise InputError(f"the target does not parse: {scrub(str(exc))}") from None
+
+
+def query_text(query: str | None, file: str | None) -> str:
+    """The query as given: `--query SQL`, `--query -` (standard input) or `--file FILE`, read as
+    UTF-8 and at most one byte past the size limit (afs.features.check_input refuses it)."""
+    from afs.features import MAX_QUERY_BYTES
+
+    if query is not None and query != "-":
+        return query
+    try:
+        if query == "-":
+            raw = sys.stdin.buffer.read(MAX_QUERY_BYTES + 1)
+            where = "standard input"
+        else:
+            assert file is not None
+            with open(file, "rb") as handle:
+                raw = handle.read(MAX_QUERY_BYTES + 1)
+            where = file
+    except OSError as exc:
+        raise InputError(f"cannot read the query: {exc.strerror or exc}: {file}") from None
+    if len(raw) > MAX_QUERY_BYTES:
+        raise InputError(f"the query in {where} is larger than {MAX_QUERY_BYTES:,} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"the query in {where} is not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        raise InputError(f"the query in {where} is empty")
+    return text
+
+
 async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     """A task like any other: stored, run here (or by `--server`), its report printed."""
     from afs.optimize import read_input
@@ -512,8 +566,9 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     runs = settings.runs if args.runs is None else args.runs
     if runs < 1:
         raise InputError(f"--runs must be at least 1, got {runs}")
-    if args.dsn is None:  # the target as every command resolves it: AFS_DATABASE_URL, PG*, the file
-        args.dsn = settings.target_dsn
+    # the target as every command resolves it: --dsn and psql's flags, AFS_DATABASE_URL, PG*, the file
+    args.dsn = target_from_flags(args, settings)
+    args.query = query_text(args.query, args.file)
     await trio.to_thread.run_sync(read_input, args.query)  # bad input: refused before anything starts
     weights = parse_weights(args.weights)
     if args.server:
@@ -992,7 +1047,6 @@ async def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
     from afs.apply import apply_winner, load_plan, render_plan
     from afs.apply import audit as apply_audit
     from afs.apply.run import prepare_apply
-    from afs.errors import scrub
 
     async with _open_task_store(settings) as store:
         plan = await load_plan(store, args.task)
@@ -1248,13 +1302,17 @@ def build_parser() -> argparse.ArgumentParser:
     opt.epilog = ("example: afs optimize --query \"SELECT o.id FROM orders o WHERE o.user_id = 4242 "
                   "ORDER BY o.created_at DESC\"   (exit codes: 0 completed or no improvement, "
                   "1 failed, 2 bad input)")
-    opt.add_argument("--query", required=True, metavar="SQL", help="one read-only SELECT")
+    given = opt.add_mutually_exclusive_group(required=True)
+    given.add_argument("--query", metavar="SQL", help="one read-only SELECT; - reads it from standard input")
+    given.add_argument("--file", "-f", metavar="FILE",
+                       help="read the query from FILE (UTF-8), as psql -f does")
     opt.add_argument("--dsn", metavar="DSN",
                      help="the database (its copy in the sandbox, see `afs sandbox import`; "
                           "with another fork server (AFS_FORK_SERVER_COMMAND), the database "
                           "registered there, and no sandbox); default: AFS_DATABASE_URL or the PG* "
                           "variables, else the sandbox's demo database. "
                           + DSN_PASSWORDS)
+    add_libpq_flags(opt)
     opt.add_argument("--priority", choices=("high", "normal", "low"), default="normal",
                      help="high assigns all three agents")
     opt.add_argument("--type", choices=("query_optimization", "schema_improvement",

@@ -116,3 +116,32 @@ def test_an_unknown_table_names_the_database_looked_in(sandbox: SandboxServer) -
     done = _afs("optimize", "--provider", "heuristic", "--query", "SELECT * FROM t", env=env)
     assert done.returncode == 2, done.stderr
     assert "unknown table t in the query (looked in database 'afs_demo')" in done.stderr
+
+
+def test_the_query_from_standard_input_or_a_file(sandbox: SandboxServer, tmp_path: Path) -> None:
+    # a query of many lines is not typed on a command line: --query - and --file, checked alike
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "AFS_DATABASE_URL"}
+    unknown = "SELECT *\n  FROM t\n WHERE id = 1\n"
+    piped = subprocess.run([sys.executable, "-m", "afs", "optimize", "--provider", "heuristic", "--query", "-"],
+                           input=unknown, capture_output=True, text=True, env=env, timeout=300)
+    assert piped.returncode == 2 and "unknown table t in the query" in piped.stderr, piped.stderr
+    path = tmp_path / "q.sql"
+    path.write_text(unknown)
+    filed = _afs("optimize", "--provider", "heuristic", "--file", str(path), env=env)
+    assert filed.returncode == 2 and "unknown table t in the query" in filed.stderr, filed.stderr
+    path.write_bytes(b"SELECT 1 FROM t WHERE x = '\xff'")
+    bad = _afs("optimize", "--provider", "heuristic", "--file", str(path), env=env)
+    assert bad.returncode == 2 and "is not UTF-8 text" in bad.stderr and "Traceback" not in bad.stderr
+    missing = _afs("optimize", "--provider", "heuristic", "--file", str(tmp_path / "none.sql"), env=env)
+    assert missing.returncode == 2 and "cannot read the query" in missing.stderr
+    both = _afs("optimize", "--query", "SELECT 1", "--file", str(path), env=env)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_psqls_flags_name_the_target(sandbox: SandboxServer) -> None:
+    # -d/-p/-U and --host as psql has them (-h is --help), written over --dsn or the configured target
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "AFS_DATABASE_URL"}
+    host = str(sandbox.settings.socket_dir)
+    done = _afs("optimize", "--provider", "heuristic", "--host", host, "-p", "5432", "-U", "postgres",
+                "-d", "postgres", "--query", "SELECT id FROM orders", env=env)
+    assert done.returncode == 2 and f"{host}:5432/postgres is not in the sandbox yet" in done.stderr, done.stderr
