@@ -18,6 +18,7 @@ Results go to stdout (`--json` for scripts); progress and logs go to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -653,12 +654,16 @@ async def _open_task_store(settings: Settings) -> AsyncIterator[Any]:
         yield store
 
 
-def _history_text(tasks: list[Any]) -> str:
-    lines = [f"{'task':<9} {'status':<15} {'created':<20} {'source':<12} query"]
+def _history_text(tasks: list[Any], winners: Mapping[str, Mapping[str, Any]]) -> str:
+    lines = [f"{'task':<9} {'status':<15} {'created':<20} {'source':<12} {'winner':<20} {'gain':>7}  query"]
     for t in tasks:
         query = " ".join(t.query.split())
+        won = winners.get(t.id) or {}
+        gain = won.get("improvement_pct")
         lines.append(f"{t.id:<9} {t.status:<15} {t.created_at:%Y-%m-%d %H:%M:%S} "
-                     f"{(t.source or '-'):<12} {query[:70] + ('…' if len(query) > 70 else '')}")
+                     f"{(t.source or '-'):<12} {won.get('proposal_type') or '-'!s:<20} "
+                     f"{'-' if gain is None else f'{float(gain):.1f} %':>7}  "
+                     f"{query[:60] + ('…' if len(query) > 60 else '')}")
     return "\n".join(lines) if tasks else "no tasks yet"
 
 
@@ -672,7 +677,8 @@ async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
         raise InputError(f"--status: unknown {', '.join(unknown)} (one of {', '.join(STATUSES)})")
     async with _open_task_store(settings) as store:
         tasks = await store.tasks(limit=args.limit, statuses=args.status)
-    emit(args, [t.public() for t in tasks], _history_text(tasks))
+        winners = await store.winners([t.id for t in tasks])
+    emit(args, [{**t.public(), "winner": winners.get(t.id)} for t in tasks], _history_text(tasks, winners))
     return EXIT_OK
 
 
@@ -1428,22 +1434,28 @@ def main(argv: list[str] | None = None) -> int:
     except BaseExceptionGroup as group:
         leaf = single_leaf(group)
         if isinstance(leaf, AfsError):
-            progress_done()
-            print(f"afs: error: {leaf}", file=sys.stderr)
-            return leaf.exit_code
+            return _failed(args, str(leaf), leaf.exit_code, type(leaf).__name__)
         if isinstance(leaf, BrokenPipeError):
             return _reader_left()
         raise
     except BrokenPipeError:
         return _reader_left()
     except AfsError as exc:
-        progress_done()
-        print(f"afs: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _failed(args, str(exc), exc.exit_code, type(exc).__name__)
     except KeyboardInterrupt:
-        progress_done()
-        print("afs: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _failed(args, "interrupted", EXIT_INTERRUPTED, "Interrupted", prefix="afs: ")
+
+
+def _failed(args: argparse.Namespace, message: str, code: int, kind: str,
+            prefix: str = "afs: error: ") -> int:
+    """Say why on stderr; with --json, also as JSON on stdout, where a script reads: {"error",
+    "code" (the exit code), "kind" (the error's class)}."""
+    progress_done()
+    print(prefix + message, file=sys.stderr)
+    if getattr(args, "json", False):
+        with contextlib.suppress(BrokenPipeError):
+            print(json.dumps({"error": message, "code": code, "kind": kind}), flush=True)
+    return code
 
 
 if __name__ == "__main__":

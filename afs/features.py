@@ -260,8 +260,8 @@ def check_input(sql: str, *, allow_parameters: bool = False) -> None:
         shown = ", ".join(f"${n}" for n in parameters[:5]) + (", …" if len(parameters) > 5 else "")
         raise InputError(
             f"the query has parameters ({shown}), as pg_stat_statements stores queries: AFS "
-            "measures a query with values. Put values in their place; filling them in from "
-            "the statistics is the job of the batch run over pg_stat_statements (not there yet)")
+            "measures a query with values. Put values in their place, or let `afs batch` fill "
+            "them in from the statistics (it reads such statements from pg_stat_statements)")
 
 
 def _children(node: pg_ast.Node) -> Iterator[pg_ast.Node]:

@@ -69,7 +69,7 @@ def test_a_query_too_large_is_refused_by_its_size() -> None:
 def test_a_parameterised_query_is_refused_and_the_message_says_why() -> None:
     with pytest.raises(InputError, match=r"parameters \(\$1, \$2\).*pg_stat_statements") as info:
         read_input(PARAMETERISED)
-    assert "batch run" in str(info.value) and "not there yet" in str(info.value)
+    assert "`afs batch`" in str(info.value) and "not there yet" not in str(info.value)
 
 
 def _readers(sql: str) -> None:

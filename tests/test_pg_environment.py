@@ -145,3 +145,13 @@ def test_psqls_flags_name_the_target(sandbox: SandboxServer) -> None:
     done = _afs("optimize", "--provider", "heuristic", "--host", host, "-p", "5432", "-U", "postgres",
                 "-d", "postgres", "--query", "SELECT id FROM orders", env=env)
     assert done.returncode == 2 and f"{host}:5432/postgres is not in the sandbox yet" in done.stderr, done.stderr
+
+
+def test_a_json_error_is_json(sandbox: SandboxServer) -> None:
+    # a script that asked for --json reads why on stdout, with the exit code
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "AFS_DATABASE_URL"}
+    done = _afs("optimize", "--provider", "heuristic", "--json", "--query", "SELECT * FROM t", env=env)
+    assert done.returncode == 2
+    doc = json.loads(done.stdout)
+    assert doc["code"] == 2 and doc["kind"] == "InputError" and "unknown table t" in doc["error"]
+    assert "afs: error: unknown table t" in done.stderr

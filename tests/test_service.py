@@ -231,6 +231,13 @@ async def test_optimize_with_server_and_show_give_the_same_report(
     assert shown.returncode == 0 and json.loads(shown.stdout) == doc
     history = await afs("history", "--json", "--status", "completed", store_db=store_db)
     assert [t["id"] for t in json.loads(history.stdout)] == [doc["task_id"]]
+    [row] = json.loads(history.stdout)  # the winner and its gain, in the list and as text
+    assert doc["winner"] is not None and row["winner"]["improvement_pct"] == doc["winner"]["improvement_pct"]
+    listed = await afs("history", "--status", "completed", store_db=store_db)
+    header, line = listed.stdout.decode().splitlines()
+    assert "winner" in header and "gain" in header
+    assert line.startswith(doc["task_id"]) and doc["winner"]["proposal_type"] in line
+    assert f"{doc['winner']['improvement_pct']:.1f} %" in line
     events = await afs("events", doc["task_id"], "--json", store_db=store_db)
     kinds = [json.loads(line)["kind"] for line in events.stdout.decode().splitlines()]
     assert kinds[0] == "task_queued" and kinds[-1] == "task_finished"

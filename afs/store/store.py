@@ -549,6 +549,14 @@ class Store:
             (*params, limit))
         return [_task(r) for r in rows]
 
+    async def winners(self, task_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Each finished task's winner as its report has it (proposal type, average gain in %,
+        agent), for the tasks in `task_ids` that have one."""
+        rows = await self.conn.fetchall(
+            f"SELECT id, report->'winner' FROM {SCHEMA}.tasks"
+            " WHERE id = ANY(%s) AND jsonb_typeof(report->'winner') = 'object'", (list(task_ids),))
+        return {str(task_id): dict(winner) for task_id, winner in rows}
+
     async def events(self, task_id: str, after: int = 0, limit: int = 1000) -> list[StoredEvent]:
         rows = await self.conn.fetchall(
             f"SELECT id, task_id, at, kind, agent, fork, duration_s, data FROM {SCHEMA}.events"
