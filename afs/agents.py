@@ -56,7 +56,6 @@ from afs.consensus import ddl_signature, score
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, DatabaseError, InputError, StatementTimeout, single_leaf
 from afs.events import Emitter
-from afs.features import check_input
 from afs.forks.client import ForkClient
 from afs.forks.naming import fork_name
 from afs.locks import server_lock
@@ -81,6 +80,8 @@ from afs.models import (
     ValidationResult,
 )
 from afs.params import ParameterSet, apply_parameters, baked_literals, parameter_sets, stored_rows
+from afs.query.query import Query
+from afs.query.text import check_input
 from afs.safety import check_query, proposal_references, validate_candidate
 from afs.suite import build_suite
 
@@ -527,7 +528,8 @@ async def _analyse(conn: Connection, job: AgentJob) -> tuple[AnalysisContext, tu
                               source_server=job.source_server, source_imported=job.source_imported)
     main = ctx.tables.get(job.features.main_table or "")
     # reading the query is CPU work (up to seconds for a large one): off the event loop
-    suite, skipped = await trio.to_thread.run_sync(build_suite, job.query, main, _alias_of(job.features))
+    suite, skipped = await trio.to_thread.run_sync(
+        lambda: build_suite(Query.read(job.query), main, _alias_of(job.features)))
     return dataclasses.replace(ctx, suite=suite), tuple(skipped)
 
 
@@ -561,7 +563,7 @@ async def _admit(conn: Connection, proposal: OptimizationProposal
         rewritten = check_query(proposal.rewritten_query)
     except InputError as exc:
         return validation, None, f"unsafe rewrite refused: {exc}"
-    candidate_suite, _ = await trio.to_thread.run_sync(build_suite, rewritten, None, None)
+    candidate_suite, _ = await trio.to_thread.run_sync(lambda: build_suite(Query.read(rewritten), None, None))
     if proposal.needs_application_change:
         # a keyset page starts from the key of the unfiltered query: no filter variant
         candidate_suite = tuple(v for v in candidate_suite if v.name != "filter")
@@ -803,7 +805,7 @@ def _family(job: AgentJob, ctx: AnalysisContext) -> tuple[ParameterSet, ...]:
         return job.given_sets
     if job.parameter_sets <= 0:
         return ()
-    return parameter_sets(job.query, ctx.tables, job.parameter_sets)
+    return parameter_sets(Query.read(job.query), ctx.tables, job.parameter_sets)
 
 
 def _family_for(query: str, sets: Sequence[ParameterSet],

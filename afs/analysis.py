@@ -25,7 +25,6 @@ from typing import Any
 
 from afs.db import Connection
 from afs.errors import InputError, StatementTimeout
-from afs.features import extract_features
 from afs.models import (
     AnalysisContext,
     ColumnInfo,
@@ -38,6 +37,7 @@ from afs.models import (
 )
 from afs.pg.names import ident
 from afs.pg.plan import explained, plan_of
+from afs.query.features import extract_features
 
 MB = 1048576.0
 

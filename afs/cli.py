@@ -534,7 +534,7 @@ def target_from_flags(args: argparse.Namespace, settings: Settings) -> str | Non
 def query_text(query: str | None, file: str | None) -> str:
     """The query as given: `--query SQL`, `--query -` (standard input) or `--file FILE`, read as
     UTF-8 and at most one byte past the size limit (afs.features.check_input refuses it)."""
-    from afs.features import MAX_QUERY_BYTES
+    from afs.query.text import MAX_QUERY_BYTES
 
     if query is not None and query != "-":
         return query

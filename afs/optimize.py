@@ -31,7 +31,6 @@ from afs.consensus import decide
 from afs.db import open_connection
 from afs.errors import AfsError, DatabaseError, InputError
 from afs.events import Emitter
-from afs.features import see_through
 from afs.forks.client import ForkClient
 from afs.models import (
     AgentKey,
@@ -44,6 +43,7 @@ from afs.models import (
     TaskStatus,
     TaskType,
 )
+from afs.query.features import see_through
 from afs.router import RuleSet, consensus_weights, route
 from afs.target import on_target, plan_only
 from afs.task import read_query

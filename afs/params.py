@@ -37,10 +37,13 @@ Values keep the literal's format: a date stays a date, a timestamp keeps its
 separator, precision and zone style, and is rounded to the original's granularity
 (midnight stays midnight).
 
-Table names resolve through aliases in the comparison's query block; an unqualified
-column of a block reading several tables, or a column of a CTE or derived table,
-belongs to the one table of `tables` that has statistics for that name, if there is
-exactly one.
+Table names resolve by the one resolver (`Query.table_of`: aliases in the comparison's
+query block and its enclosing ones, the catalog for an unqualified column of a block
+reading several tables); a column it leaves open (a CTE's, a derived table's) belongs to
+the one table of `tables` that has statistics for that name, if there is exactly one.
+The query is read once (`Query`): `parameter_sets` takes it, and `apply_parameters`
+remembers what it wrote, so the agents and candidates of a task that ask for the same
+query with the same set get it without another reading.
 
 Substitution is by text: a literal is found again by how it is written and by the
 (unqualified) name of the column it is compared with, so a rewrite that renames the
@@ -50,6 +53,7 @@ shows up as a place not found.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,11 +64,11 @@ from typing import Literal
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
-from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from afs.errors import InputError
-from afs.features import DIALECT, first_line, parse_query, select_text
 from afs.models import ColumnStats, ParameterSet, Substitution, TableInfo
+from afs.query.query import Query, local
+from afs.query.text import DIALECT, first_line, parse_query, select_text
 
 __all__ = [
     "ParameterSet",
@@ -84,19 +88,19 @@ STEPS = (1, -1, 2, -2, 3, -3)  # integer equalities not tied to a column; range 
 # -- public API -----------------------------------------------------------------------
 
 
-def parameter_sets(query: str, tables: Mapping[str, TableInfo],
+def parameter_sets(query: Query, tables: Mapping[str, TableInfo],
                    count: int = DEFAULT_COUNT) -> tuple[ParameterSet, ...]:
     """Up to `count` other parameter sets for `query`, each different from the original.
 
     `tables` maps table names as the query uses them to their TableInfo (with the
     pg_stats of the compared columns). Fewer sets only when the query has no filter
     literal (then ()) or the statistics give too few values. Deterministic. Raises
-    InputError unless `query` is one SELECT sqlglot can read.
+    InputError unless sqlglot can read `query` as a query.
     """
     if count < 1:
         return ()
-    text, tree = _read_query(query)
-    slots = _slots(_operands(tree, text), _scopes(tree), tables)
+    text, tree = _readable(query)
+    slots = _slots(_operands(tree, text), query, tables)
     choices = [_alternatives(slot, count) for slot in slots]
     sets: list[ParameterSet] = []
     for index in range(count):
@@ -117,12 +121,18 @@ def apply_parameters(sql: str, pset: ParameterSet) -> str | None:
     some substitution found no such literal — as for a cache of today's answer
     (`SELECT * FROM mv`). The rest of the text is kept as written; the result is
     re-parsed by pglast as exactly one SELECT. Raises InputError when `sql` is not
-    one SELECT sqlglot can read, or a `new` is not a literal.
+    one SELECT sqlglot can read, or a `new` is not a literal. Remembered by (sql,
+    substitutions): computed once per task, however many agents and candidates ask.
     """
-    text, tree = _read_query(sql)
+    return _applied(sql, pset.substitutions)
+
+
+@functools.lru_cache(maxsize=256)
+def _applied(sql: str, substitutions: tuple[Substitution, ...]) -> str | None:
+    text, tree = _readable(Query.read(sql))
     operands = _operands(tree, text)
     chosen: dict[int, tuple[_Operand, str]] = {}
-    for sub in pset.substitutions:
+    for sub in substitutions:
         _check_literal(sub.new)
         name = _unqualified(sub.column)
         places = [op for op in operands if op.text == sub.old and _compared_with(op, name)]
@@ -142,7 +152,7 @@ def baked_literals(definition: str, query: str) -> tuple[str, ...]:
     no column: with no column in the view either). Non-empty means the view bakes
     today's literals in. Raises InputError when either text is not a query.
     """
-    query_text, query_tree = _read_query(query)
+    query_text, query_tree = _readable(Query.read(query))
     view_text, view_tree = _read_view(definition)
     view_operands = _operands(view_tree, view_text)
     found: list[str] = []
@@ -168,8 +178,8 @@ def stored_rows(rewritten: str, views: Sequence[str]) -> bool:
     if not names:
         return False
     try:
-        tree = sqlglot.parse_one(rewritten, read="postgres")
-    except SqlglotError:
+        tree = Query.read(rewritten).tree
+    except InputError:
         return False
     if not isinstance(tree, exp.Select):
         return False
@@ -180,7 +190,6 @@ def stored_rows(rewritten: str, views: Sequence[str]) -> bool:
 
 # -- reading the query ------------------------------------------------------------------
 
-_BLOCKS = (exp.Select, exp.SetOperation)
 _BINARY: dict[type[exp.Expr], tuple[str, str]] = {  # operator, and as seen from the other side
     exp.EQ: ("=", "="), exp.NEQ: ("<>", "<>"),
     exp.NullSafeEQ: ("IS NOT DISTINCT FROM", "IS NOT DISTINCT FROM"),
@@ -192,25 +201,19 @@ _LOWER = (">", ">=")
 _UPPER = ("<", "<=")
 
 
-def _read_query(sql: str) -> tuple[str, exp.Expr]:
-    text = select_text(sql)
-    return text, _parse(text)
-
-
-def _parse(text: str) -> exp.Expr:
-    try:
-        tree = parse_query(text)
-    except SqlglotError as exc:
-        raise InputError(f"cannot read the query: {first_line(exc)}") from exc
-    if not isinstance(tree, exp.Query):
-        raise InputError(f"sqlglot reads it as {type(tree).__name__}, not a query")
-    return tree
+def _readable(query: Query) -> tuple[str, exp.Expr]:
+    """The query's text and its tree (shared: never edited in place), or InputError."""
+    if query.tree is None:
+        raise InputError(f"cannot read the query: {query.problem}")
+    if not isinstance(query.tree, exp.Query):
+        raise InputError(f"sqlglot reads it as {type(query.tree).__name__}, not a query")
+    return query.text, query.tree
 
 
 def _read_view(definition: str) -> tuple[str, exp.Expr]:
     """The SELECT of a view: `definition` itself, or the query of CREATE … VIEW … AS."""
     try:
-        return _read_query(definition)
+        return _readable(Query.read(definition))
     except InputError as not_a_query:
         try:
             created = parse_query(definition.strip().rstrip(";"))
@@ -219,8 +222,7 @@ def _read_view(definition: str) -> tuple[str, exp.Expr]:
         body = created.expression if isinstance(created, exp.Create) else None
         if not isinstance(body, exp.Query):
             raise not_a_query from None
-        text = body.sql(dialect=DIALECT)
-        return text, _parse(text)
+        return _readable(Query.read(body.sql(dialect=DIALECT)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -260,7 +262,7 @@ def _operands(tree: exp.Expr, text: str) -> list[_Operand]:
     found: list[_Operand] = []
     seen: set[int] = set()
     for root in _filter_roots(tree):
-        for node in _local(root):
+        for node in local(root):
             if id(node) in seen:
                 continue
             seen.add(id(node))
@@ -269,11 +271,6 @@ def _operands(tree: exp.Expr, text: str) -> list[_Operand]:
                 found.append(_Operand(value, subject, operator, node, root, written, span))
     found.sort(key=lambda op: op.position)
     return found
-
-
-def _local(root: exp.Expr) -> Iterator[exp.Expr]:
-    """`root` and what it contains, without descending into nested query blocks."""
-    yield from root.walk(bfs=False, prune=lambda n: n is not root and isinstance(n, _BLOCKS))
 
 
 def _compared(node: exp.Expr) -> Iterator[tuple[exp.Expr, exp.Expr, str]]:
@@ -357,50 +354,11 @@ def _compared_with(op: _Operand, name: str | None) -> bool:
 # -- tables ---------------------------------------------------------------------------------
 
 
-def _scopes(tree: exp.Expr) -> dict[int, Scope]:
-    try:
-        return {id(scope.expression): scope for scope in traverse_scope(tree)}
-    except SqlglotError:  # e.g. an alias used twice: columns resolve by name only
-        return {}
-
-
-def _base_table(source: object) -> str | None:
-    if isinstance(source, exp.Table) and isinstance(source.this, exp.Identifier):
-        return ".".join(part for part in (source.catalog, source.db, source.name) if part)
-    return None
-
-
-def _block_of(node: exp.Expr, scopes: Mapping[int, Scope]) -> Scope | None:
-    parent = node.parent
-    while parent is not None and not isinstance(parent, _BLOCKS):
-        parent = parent.parent
-    return scopes.get(id(parent)) if parent is not None else None
-
-
-def _has_column(info: TableInfo, name: str) -> bool:
-    return name in info.column_stats or any(c.name == name for c in info.columns)
-
-
-def _table_of(column: exp.Column, scope: Scope | None, tables: Mapping[str, TableInfo]) -> str | None:
+def _table_of(query: Query, column: exp.Column, tables: Mapping[str, TableInfo]) -> str | None:
     """The table of `tables` the column belongs to (module docstring), if known."""
-    if scope is not None:
-        if column.table:
-            here: Scope | None = scope
-            while here is not None:
-                if column.table in here.selected_sources:
-                    name = _base_table(here.selected_sources[column.table][1])
-                    if name is not None:
-                        return name if name in tables else None
-                    break  # a CTE or a derived table
-                here = here.parent
-        else:
-            sources = [_base_table(source) for _, source in scope.selected_sources.values()]
-            known = [s for s in sources if s is not None and s in tables]
-            if len(sources) == 1 and known:
-                return known[0]
-            owners = [s for s in known if _has_column(tables[s], column.name)]
-            if len(owners) == 1:
-                return owners[0]
+    found = query.table_of(column, tables)
+    if found is not None:
+        return found if found in tables else None
     owners = [name for name, info in tables.items() if column.name in info.column_stats]
     return owners[0] if len(owners) == 1 else None
 
@@ -418,7 +376,7 @@ class _Slot:
     operands: tuple[_Operand, ...]
 
 
-def _slots(operands: Sequence[_Operand], scopes: Mapping[int, Scope],
+def _slots(operands: Sequence[_Operand], query: Query,
            tables: Mapping[str, TableInfo]) -> list[_Slot]:
     by_comparison: dict[int, list[_Operand]] = {}
     for op in operands:
@@ -432,7 +390,7 @@ def _slots(operands: Sequence[_Operand], scopes: Mapping[int, Scope],
         if column is None:
             slots += [_Slot("loose", None, None, (op,)) for op in ops]
             continue
-        table = _table_of(column, _block_of(first.comparison, scopes), tables)
+        table = _table_of(query, column, tables)
         label = f"{table}.{column.name}" if table else column.name
         stats = tables[table].column_stats.get(column.name) if table else None
         if first.operator == "BETWEEN" and len(ops) == 2:
@@ -913,8 +871,10 @@ def _substituted(text: str, tree: exp.Expr, places: Sequence[tuple[_Operand, str
             assert op.span is not None
             start, end = op.span
             result = result[:start] + new + result[end:]
-    else:  # sqlglot kept no position: render the edited tree
+    else:  # sqlglot kept no position: render an edited copy (the query's tree is shared)
+        edited = tree.copy()
+        twins = {id(node): twin for node, twin in zip(tree.walk(), edited.walk(), strict=True)}
         for op, new in places:
-            op.value.replace(sqlglot.parse_one(new, dialect=DIALECT))
-        result = tree.sql(dialect=DIALECT)
+            twins[id(op.value)].replace(sqlglot.parse_one(new, dialect=DIALECT))
+        result = edited.sql(dialect=DIALECT)
     return select_text(result)

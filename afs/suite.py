@@ -57,10 +57,12 @@ from sqlglot import exp
 from sqlglot.errors import ErrorLevel, SqlglotError
 
 from afs.errors import InputError
-from afs.features import DIALECT, first_line, function_name, parse_query, select_text
 from afs.models import ColumnStats, QueryVariant, TableInfo
 from afs.pg.functions import ANONYMOUS_AGGREGATES, SET_RETURNING
 from afs.pg.names import KEYWORDS, is_plain, name_parts
+from afs.query.query import Query
+from afs.query.shape import function_name
+from afs.query.text import DIALECT, first_line, select_text
 
 __all__ = [
     "RECENT_SHARE",
@@ -84,18 +86,18 @@ _AST_NOISE = re.compile(r"location|stmt_len|.*list_start|.*list_end")
 
 
 def build_suite(
-    query: str, main_table: TableInfo | None, main_alias: str | None,
+    query: Query, main_table: TableInfo | None, main_alias: str | None,
 ) -> tuple[tuple[QueryVariant, ...], tuple[str, ...]]:
-    """The suite's variants of `query`, and a reason for each variant left out.
+    """The suite's variants of `query` (read once: its tree is copied, never read again),
+    and a reason for each variant left out.
 
     `main_table` is the table the query is mainly about (its `column_stats` should
     hold the statistics of the table's timestamp columns); `main_alias` is how the
-    query names it, when it uses an alias. Raises ValueError unless `query` is
-    exactly one SELECT statement.
+    query names it, when it uses an alias.
     """
-    baseline_sql = _single_select(query)
+    baseline_sql = query.text
     try:
-        tree = _parse(baseline_sql)
+        tree = _editable(query)
     except SqlglotError as exc:
         reason = f"sqlglot cannot edit this query ({first_line(exc)})"
         baseline = QueryVariant("baseline", baseline_sql, ordered=False,
@@ -219,11 +221,13 @@ def _stripped(node: Any) -> Any:
     return node
 
 
-def _parse(sql: str) -> exp.Query:
-    tree = parse_query(sql)
-    if not isinstance(tree, exp.Select | exp.SetOperation):
-        raise SqlglotError(f"sqlglot reads it as {type(tree).__name__}, not a SELECT")
-    return tree
+def _editable(query: Query) -> exp.Query:
+    """The query's tree (shared: the builders edit copies), or SqlglotError why not."""
+    if query.tree is None:
+        raise SqlglotError(query.problem or "sqlglot cannot read it")
+    if not isinstance(query.tree, exp.Select | exp.SetOperation):
+        raise SqlglotError(f"sqlglot reads it as {type(query.tree).__name__}, not a SELECT")
+    return query.tree
 
 
 def _sql(tree: exp.Expr) -> str:

@@ -48,7 +48,7 @@ from psycopg.pq import TransactionStatus
 from afs.catalog import check_query_catalog
 from afs.db import Connection, translate
 from afs.errors import DatabaseError, InputError
-from afs.features import check_input
+from afs.query.text import check_input
 from afs.safety import References, check_query, query_references
 
 log = structlog.get_logger(__name__)

@@ -20,8 +20,9 @@ that parsing never holds up its other routes. The service also bounds the body i
 from __future__ import annotations
 
 from afs.errors import InputError
-from afs.features import check_input, extract_features
 from afs.models import QueryFeatures
+from afs.query.features import extract_features
+from afs.query.text import check_input
 from afs.safety import check_query
 
 

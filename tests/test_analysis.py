@@ -5,7 +5,7 @@ from __future__ import annotations
 from afs.analysis import gather_context, source_table_stats, table_info
 from afs.brains.strategists import analyze, propose
 from afs.db import open_connection
-from afs.features import extract_features
+from afs.query.features import extract_features
 from afs.safety import validate_proposal
 from afs.sandbox.server import SandboxServer
 

@@ -86,7 +86,8 @@ def test_fork_dsn_keeps_host_and_swaps_the_rest() -> None:
     assert tcp_dsn == "postgresql://f:y@db:5433/f"
 
 
-PURE = ["config.py", "errors.py", "models.py", "forks/naming.py", "sandbox/demo.py", "features.py",
+PURE = ["config.py", "errors.py", "models.py", "forks/naming.py", "sandbox/demo.py",
+        "query/__init__.py", "query/text.py", "query/query.py", "query/features.py", "query/shape.py",
         "router.py", "safety.py", "suite.py", "consensus.py", "report.py", "brains/gemini/parsing.py",
         "pg/__init__.py", "pg/names.py", "pg/plan.py", "pg/stats.py", "pg/functions.py",
         "brains/strategists/__init__.py", "brains/strategists/evidence.py",
@@ -127,7 +128,8 @@ def _afs_imports(path: Path) -> set[str]:
 # Nothing imports upward: what a folder may use of afs beside itself.
 ALLOWED_BELOW = {
     "pg": ("afs.models", "afs.errors", "afs.pg"),
-    "brains": ("afs.models", "afs.errors", "afs.config", "afs.features", "afs.safety", "afs.pg",
+    "query": ("afs.models", "afs.errors", "afs.pg", "afs.query"),
+    "brains": ("afs.models", "afs.errors", "afs.config", "afs.query", "afs.safety", "afs.pg",
                "afs.brains"),
 }
 

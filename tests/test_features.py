@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from afs.errors import InputError
-from afs.features import extract_features, parse_query, select_text
 from afs.models import ColumnUse, QueryFeatures
+from afs.query.features import extract_features
+from afs.query.text import parse_query, select_text
 
 
 def counts(features: QueryFeatures) -> dict[str, object]:

@@ -78,7 +78,6 @@ from afs.consensus import decide
 from afs.db import open_connection
 from afs.errors import ConfigError, ModelError, ModelOutputError
 from afs.events import Emitter
-from afs.features import extract_features
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.models import (
@@ -93,6 +92,8 @@ from afs.models import (
 )
 from afs.optimize import TaskRequest, optimize
 from afs.pg.plan import plan_text
+from afs.query.features import extract_features
+from afs.query.query import Query
 from afs.report import render_text, to_json
 from afs.router import consensus_weights, load_rules
 from afs.safety import validate_candidate
@@ -198,7 +199,7 @@ ORDERS = TableInfo(
 
 
 def issue_context(plan: dict[str, Any] | None = None) -> AnalysisContext:
-    suite, _ = build_suite(QUERY, ORDERS, "o")
+    suite, _ = build_suite(Query.read(QUERY), ORDERS, "o")
     return AnalysisContext(task_id="t1", task_type="query_optimization", query=QUERY,
                            features=extract_features(QUERY), plan=plan or ISSUE_PLAN,
                            execution_ms=182.4, tables={"orders": ORDERS}, suite=suite)

@@ -11,8 +11,8 @@ import pytest
 
 from afs.brains.strategists.evidence import Decision
 from afs.brains.strategists.index_design import MAX_CANDIDATES, decide_index_design
-from afs.features import extract_features
 from afs.models import AnalysisContext, ColumnInfo, ColumnStats, IndexInfo, OptimizationProposal, TableInfo
+from afs.query.features import extract_features
 from afs.safety import validate_candidate
 
 

@@ -19,21 +19,16 @@ from afs.config import Settings
 from afs.db import connect_sync, open_connection
 from afs.errors import DatabaseError, InputError
 from afs.events import Emitter
-from afs.features import (
-    MAX_QUERY_BYTES,
-    Resolver,
-    check_input,
-    extract_features,
-    parse_query,
-    query_shape,
-    read_query,
-)
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
 from afs.models import AgentKey, EstimatedImpact, OptimizationProposal
 from afs.optimize import TaskRequest, optimize, prepare, read_input
 from afs.params import apply_parameters, parameter_sets
+from afs.query.features import extract_features
+from afs.query.query import Query
+from afs.query.shape import Resolver, query_shape, read_query
+from afs.query.text import MAX_QUERY_BYTES, check_input, parse_query
 from afs.router import load_rules
 from afs.safety import check_query
 from afs.sandbox.server import SandboxServer
@@ -78,8 +73,8 @@ def _readers(sql: str) -> None:
     tree = read_query(text)
     assert tree is not None
     tree.copy().sql(dialect="postgres")
-    build_suite(text, None, None)
-    for pset in parameter_sets(text, {}, 3):
+    build_suite(Query.read(text), None, None)
+    for pset in parameter_sets(Query.read(text), {}, 3):
         apply_parameters(text, pset)
 
 
@@ -161,7 +156,8 @@ def test_query_shape_reads_a_where_of_thousands_of_terms() -> None:
     sql = "SELECT id FROM orders WHERE " + " AND ".join(f"user_id <> {i}" for i in range(1500))
     ctx = AnalysisContext(task_id="t", task_type="query_optimization", query=sql,
                           features=extract_features(sql), plan={}, execution_ms=1.0, tables={})
-    assert query_shape(sql, Resolver(ctx)).filters == {}  # read, not a RecursionError
+    query = Query.read(sql)
+    assert query_shape(query, Resolver(ctx, query)).filters == {}  # read, not a RecursionError
 
 
 # -- the command line -------------------------------------------------------------------

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from afs.analysis import gather_context
 from afs.db import open_connection
-from afs.features import extract_features
 from afs.params import apply_parameters, baked_literals, parameter_sets
+from afs.query.features import extract_features
+from afs.query.query import Query
 from afs.sandbox.server import SandboxServer
 
 QUERY = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'shipped' "
@@ -24,7 +25,7 @@ async def test_sets_from_the_demo_statistics_run_and_change_the_rows(sandbox: Sa
     async with open_connection(sandbox.dsn("afs_demo")) as conn:
         ctx = await gather_context(conn, task_id="t-params", task_type="query_optimization", query=QUERY,
                                    features=extract_features(QUERY), source_stats={})
-        sets = parameter_sets(QUERY, ctx.tables, 2)
+        sets = parameter_sets(Query.read(QUERY), ctx.tables, 2)
         assert len(sets) == 2
         original = len(await conn.fetchall(QUERY))
         assert original > 0
@@ -41,7 +42,7 @@ async def test_sets_from_the_demo_statistics_run_and_change_the_rows(sandbox: Sa
             await conn.execute(AGGREGATE)
             await conn.execute(CACHE)
             assert await conn.fetchval(REWRITE) == await conn.fetchval(COUNT)
-            for pset in parameter_sets(COUNT, ctx.tables, 2):
+            for pset in parameter_sets(Query.read(COUNT), ctx.tables, 2):
                 baseline, rewrite = apply_parameters(COUNT, pset), apply_parameters(REWRITE, pset)
                 assert baseline is not None and rewrite is not None
                 assert await conn.fetchval(rewrite) == await conn.fetchval(baseline), pset.label

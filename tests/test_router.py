@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from afs.errors import InputError, RulesError
-from afs.features import extract_features
 from afs.models import RoutingDecision
+from afs.query.features import extract_features
 from afs.router import DEFAULT_AGENT, RULES_FILE, RuleSet, consensus_weights, load_rules, route
 
 REPO_RULES = Path(__file__).resolve().parent.parent / RULES_FILE

@@ -290,7 +290,7 @@ def events(indexes: Sequence[IndexInfo] = ()) -> TableInfo:
 
 def scan_ctx(query: str, table: TableInfo, kept: float, filter: str, ms: float = 40.0) -> AnalysisContext:
     """`query` over one table, whose plan is a Seq Scan keeping `kept` of its rows."""
-    from afs.features import extract_features
+    from afs.query.features import extract_features
 
     rows = table.rows * kept
     plan = seq_scan(table.name, table.name, rows=rows, removed=table.rows - rows, ms=ms, filter=filter)
@@ -633,7 +633,7 @@ def test_a_narrow_text_column_rides_in_include_a_wide_one_does_not() -> None:
     plan = seq_scan("orders", "o", rows=41, removed=ORDERS_ROWS - 41, ms=150.0, filter="(user_id = 4242)")
 
     def sql(status: ColumnStats) -> str:
-        from afs.features import extract_features
+        from afs.query.features import extract_features
 
         table = orders(stats={**ORDERS_STATS, "status": status})
         ctx = context(query, extract_features(query), plan, [table], 150.2)
@@ -864,7 +864,7 @@ LITERAL = re.compile(r"'[^']*'|\b\d+(?:\.\d+)?\b")
 
 def literals_of(query: str) -> set[str]:
     """The literals of a query's WHERE and HAVING clauses."""
-    from afs.features import read_query
+    from afs.query.shape import read_query
 
     tree = read_query(query)
     assert tree is not None
@@ -1131,7 +1131,7 @@ def test_every_output_is_well_formed(scenario: str, agent: str) -> None:
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_features_extracted_from_the_query_give_the_same_proposals(scenario: str) -> None:
     """The hand-built features above say what afs.features says about these queries."""
-    from afs.features import extract_features
+    from afs.query.features import extract_features
 
     ctx = SCENARIOS[scenario]()
     real = context(ctx.query, extract_features(ctx.query), ctx.plan, ctx.tables.values(), ctx.execution_ms)
@@ -1255,7 +1255,7 @@ CORRELATED_FILTER = "((status = 'pending'::text) AND (shipping_country = 'DE'::t
 
 def correlated_ctx(planned: float, actual: float, filter: str = CORRELATED_FILTER,
                    query: str = CORRELATED_QUERY) -> AnalysisContext:
-    from afs.features import extract_features
+    from afs.query.features import extract_features
 
     plan = seq_scan("orders", "o", rows=actual, removed=ORDERS_ROWS - actual, ms=150.0, filter=filter)
     plan["Plan Rows"] = planned
@@ -1290,7 +1290,7 @@ def test_no_extended_statistics_for_one_column_or_for_join_clauses() -> None:
     # the inner side of a nested loop: user_id = u.id is a join clause, not a constant
     joined = ("SELECT o.id FROM users u JOIN orders o ON o.user_id = u.id "
               "WHERE u.country = 'DE' AND o.status = 'pending'")
-    from afs.features import extract_features
+    from afs.query.features import extract_features
 
     inner = node("Index Scan", rows=40, ms=0.2, loops=300, Relation_Name="orders", Alias="o",
                  Index_Name="orders_user_id_idx", Index_Cond="(user_id = u.id)",
@@ -1309,7 +1309,7 @@ GROUPED_QUERY = ("SELECT o.status, o.shipping_country, count(*) FROM orders o "
 def grouped_ctx(planned_groups: float, groups: float, input_planned: float = ORDERS_ROWS,
                 query: str = GROUPED_QUERY, keys: Sequence[str] = ("o.status", "o.shipping_country"),
                 ) -> AnalysisContext:
-    from afs.features import extract_features
+    from afs.query.features import extract_features
 
     scan = seq_scan("orders", "o", rows=ORDERS_ROWS, removed=0, ms=140.0)
     scan["Plan Rows"] = input_planned
@@ -1350,7 +1350,7 @@ def test_no_group_statistics_for_a_good_estimate_one_column_or_an_inherited_erro
 
 
 def test_a_group_count_off_because_its_filter_was_gets_the_filters_statistics_only() -> None:
-    from afs.features import extract_features
+    from afs.query.features import extract_features
 
     query = ("SELECT o.status, o.shipping_country, count(*) FROM orders o WHERE o.status = 'pending' "
              "AND o.shipping_country = 'DE' GROUP BY o.status, o.shipping_country")
@@ -1372,7 +1372,7 @@ def sort_node(method: str, space_kb: float, space_type: str, **extra: Any) -> di
 
 
 def spill_ctx(plan: Mapping[str, Any]) -> AnalysisContext:
-    from afs.features import extract_features
+    from afs.query.features import extract_features
 
     query = "SELECT o.id, o.total_amount FROM orders o ORDER BY o.total_amount DESC"
     return context(query, extract_features(query), plan, [orders()], 1000.0)
@@ -1444,7 +1444,7 @@ def test_plan_fix_rules_are_a_tuple_of_small_functions() -> None:
 
 
 def test_a_not_in_subquery_too_big_to_hash_gets_the_work_mem_that_hashes_it() -> None:
-    from afs.features import extract_features
+    from afs.query.features import extract_features
 
     query = "SELECT u.id FROM users u WHERE u.id NOT IN (SELECT o.user_id FROM orders o)"
     rescanned = node("Materialize", seq_scan("orders", "o", rows=400_000, removed=0, ms=60.0),

@@ -17,7 +17,9 @@ import pglast
 import pytest
 from pglast import parser as pg_parser
 
+from afs.errors import InputError
 from afs.models import ColumnInfo, ColumnStats, QueryVariant, TableInfo
+from afs.query.query import Query
 from afs.suite import build_suite, result_checksum_sql
 
 # -- the demo schema ---------------------------------------------------------------------
@@ -78,7 +80,7 @@ def assert_same(actual: str, expected: str) -> None:
 
 def suite(query: str, main: TableInfo | None = ORDERS, alias: str | None = None,
           ) -> tuple[dict[str, QueryVariant], tuple[str, ...]]:
-    variants, skipped = build_suite(query, main, alias)
+    variants, skipped = build_suite(Query.read(query), main, alias)
     for variant in variants:  # every emitted statement is one SELECT for PostgreSQL
         stmts = pglast.parse_sql(variant.sql)
         assert len(stmts) == 1 and type(stmts[0].stmt).__name__ == "SelectStmt", variant.sql
@@ -127,8 +129,9 @@ def test_baseline_keeps_the_text_but_drops_the_terminator() -> None:
 
 @pytest.mark.parametrize("query", ["DELETE FROM orders", "SELECT 1; SELECT 2", "SELEC * FRM orders", ""])
 def test_only_one_select_is_accepted(query: str) -> None:
-    with pytest.raises(ValueError):
-        build_suite(query, ORDERS, None)
+    """The suite takes the one Query, and there is none unless the text is one SELECT."""
+    with pytest.raises(InputError):
+        build_suite(Query.read(query), ORDERS, None)
 
 
 # -- aggregation, joins, CTEs, set operations ---------------------------------------------------

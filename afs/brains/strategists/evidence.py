@@ -1,6 +1,6 @@
 """What every strategist looks at, and what it decides (pure).
 
-    Evidence      the plan (`afs.pg.plan`), the statistics and the query (`afs.features`),
+    Evidence      the plan (`afs.pg.plan`), the statistics and the query (`afs.query`, read once),
                   organised by table: scans, rows visited and returned, column uses, ranges
     Decision      one decision gives both the seed's AnalysisResult and the proposal
     nothing       the Decision to propose nothing, and why
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from afs.features import IndexablePredicate, Resolver, query_shape
+from afs.errors import InputError
 from afs.models import (
     AnalysisContext,
     AnalysisResult,
@@ -29,6 +29,8 @@ from afs.models import (
 )
 from afs.pg.plan import PlanNode, plan_insights, plan_nodes
 from afs.pg.stats import DEFAULT_RANGE_SEL, range_fraction
+from afs.query.query import Query
+from afs.query.shape import IndexablePredicate, QueryShape, Resolver, query_shape
 
 # -- tunables shared by the rule modules ---------------------------------------------------
 FAST_MS: Final = 1.0  # a query this fast leaves nothing to measure
@@ -133,8 +135,13 @@ class Evidence:
 
     def __init__(self, ctx: AnalysisContext) -> None:
         self.ctx = ctx
-        self.resolver = Resolver(ctx)
-        self.shape = query_shape(ctx.query, self.resolver)
+        try:  # the one reading of the query, shared by every strategist of every agent
+            self.query: Query | None = Query.read(ctx.query)
+        except InputError:
+            self.query = None
+        self.resolver = Resolver(ctx, self.query)
+        self.shape = (query_shape(self.query, self.resolver) if self.query is not None
+                      else QueryShape(tree=None))
         self.nodes = plan_nodes(ctx.plan)
         self._uses: dict[str, list[ColumnUse]] = {}
         for use in ctx.features.columns:

@@ -47,7 +47,6 @@ from afs.brains.strategists.evidence import (
     write_risk,
 )
 from afs.brains.strategists.plan_fixes import MISESTIMATE_FACTOR
-from afs.features import Disjunction, IndexablePredicate
 from afs.models import (
     AgentKey,
     AnalysisContext,
@@ -79,6 +78,7 @@ from afs.pg.stats import (
     prefix_fraction,
     value_matches,
 )
+from afs.query.shape import Disjunction, IndexablePredicate
 
 MIN_BENEFIT_ROWS: Final = 1_000  # an index must spare at least this many row visits
 INDEX_MAX_FRACTION: Final = 0.2  # an index lookup beats a scan below ~20 % of the rows

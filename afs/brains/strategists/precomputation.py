@@ -16,11 +16,11 @@ from sqlglot import exp
 
 from afs.brains.strategists.evidence import FAST_MS, Decision, Evidence, insights_of, nothing
 from afs.brains.strategists.index_design import fallback_index
-from afs.features import aggregates, conjuncts, function_name, read_query
 from afs.models import AgentKey, AnalysisContext, EstimatedImpact, OptimizationProposal, RiskLevel
 from afs.pg.names import ident, object_name, short_hash
 from afs.pg.plan import fmt_count, fmt_ms
 from afs.pg.stats import column_type, column_width, distinct_values
+from afs.query.shape import aggregates, conjuncts, function_name, read_query
 
 MV_MIN_ROWS: Final = 10_000  # rows aggregated for a materialized view to pay off
 MV_MAX_ROWS_SHARE: Final = 0.25  # a view keeping more of its table's rows saves too little

@@ -39,10 +39,11 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from afs.errors import InputError
-from afs.features import DIALECT, conjuncts, parse_query, select_text
 from afs.models import AnalysisContext, EstimatedImpact, OptimizationProposal, TableInfo
 from afs.pg.functions import ANONYMOUS_AGGREGATES, SET_RETURNING
 from afs.pg.names import ident, index_name, qualified
+from afs.query.shape import conjuncts
+from afs.query.text import DIALECT, parse_query, select_text
 
 __all__ = [
     "RULES",
