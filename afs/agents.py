@@ -22,11 +22,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import pglast
 import structlog
 import trio
-from pglast import ast as pg_ast
-from pglast.stream import RawStream
 
 from afs.analysis import gather_context
 from afs.bench import (
@@ -82,7 +79,7 @@ from afs.models import (
 from afs.params import ParameterSet, apply_parameters, baked_literals, parameter_sets, stored_rows
 from afs.query.query import Query
 from afs.query.text import check_input
-from afs.safety import check_query, proposal_references, validate_candidate
+from afs.safety import check_query, creates, proposal_references, validate_candidate
 from afs.suite import build_suite
 
 AS_FAST_RATIO = 1.1  # a candidate leaving at most 1.1x the fastest one's share of the time is as fast
@@ -841,18 +838,7 @@ def _family_for(query: str, sets: Sequence[ParameterSet],
 
 def _views(proposal: OptimizationProposal) -> list[tuple[str, str]]:
     """The name and SELECT of every materialized view the proposal creates."""
-    definitions = []
-    for command in proposal.sql_commands:
-        try:
-            statements = pglast.parse_sql(command)
-        except pglast.parser.ParseError:
-            continue
-        for raw in statements:
-            stmt = raw.stmt
-            if isinstance(stmt, pg_ast.CreateTableAsStmt) and stmt.query is not None:
-                rel = stmt.into.rel if stmt.into is not None else None
-                definitions.append((str(rel.relname) if rel is not None else "", RawStream()(stmt.query)))
-    return definitions
+    return [(view.name.rpartition(".")[2], view.query) for view in creates(proposal).views]
 
 
 def _alias_of(features: QueryFeatures) -> str | None:

@@ -78,9 +78,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import pglast
 import trio
-from pglast import ast
 
 from afs.config import DEFAULT_MEASURE_BUDGET_S, DEFAULT_MIN_RUNS, DEFAULT_RUNS
 from afs.db import Connection
@@ -97,6 +95,7 @@ from afs.models import (
 )
 from afs.pg.names import quote_qualified
 from afs.pg.plan import explained, plan_of, shared_buffers
+from afs.safety import Change, NewIndex, creates
 from afs.suite import result_checksum_sql, result_checksums_sql
 
 MB = 1048576.0
@@ -311,19 +310,14 @@ async def _results_before(conn: Connection, variant: QueryVariant, reuse: Reuse)
 
 def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:
     """Names of the indexes the proposal creates, if it creates nothing else."""
+    created = creates(proposal)
     names: list[str] = []
-    for command in proposal.sql_commands:
-        try:
-            (raw,) = pglast.parse_sql(command)
-        except Exception:
+    for fact in created.commands if created.complete else (None,):
+        if isinstance(fact, Change) and fact.kind == "analyze":
+            continue
+        if not isinstance(fact, NewIndex) or fact.name is None:
             return None
-        stmt = raw.stmt
-        if isinstance(stmt, ast.VacuumStmt) and not stmt.is_vacuumcmd:
-            continue  # ANALYZE
-        if not isinstance(stmt, ast.IndexStmt) or not stmt.idxname or stmt.relation is None:
-            return None
-        schema = stmt.relation.schemaname
-        names.append(f"{schema}.{stmt.idxname}" if schema else stmt.idxname)
+        names.append(fact.name)
     return tuple(names) or None
 
 

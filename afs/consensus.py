@@ -77,6 +77,7 @@ from afs.models import (
     ScoreBreakdown,
     ValidationResult,
 )
+from afs.safety import creates
 
 # -- the rules, as named constants ------------------------------------------------------
 # (threshold, score): the first tier whose threshold the value reaches wins.
@@ -148,17 +149,10 @@ class Candidate:
         return max(rates, default=0.0)
 
 
-_INDEX_TABLE = re.compile(r'^create (?:unique )?index\b.*?\bon (?:only )?("(?:[^"]|"")*"|[^\s(]+)')
-
-
 def _indexed_tables(proposal: OptimizationProposal) -> set[str]:
-    """The tables the proposal's CREATE INDEX statements are on (lower case, without schema)."""
-    tables: set[str] = set()
-    for statement in proposal.sql_commands:
-        match = _INDEX_TABLE.match(normalize_ddl(statement))
-        if match:
-            tables.add(match[1].rsplit(".", 1)[-1].strip('"').lower())
-    return tables
+    """The tables the proposal's new indexes are on (lower case, without schema), as the
+    validator read them (`afs.safety.creates`)."""
+    return {table.rpartition(".")[2].lower() for table in creates(proposal).indexed_tables}
 
 
 @dataclass(frozen=True)

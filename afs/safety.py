@@ -132,6 +132,7 @@ Pure module: pglast only.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -152,11 +153,19 @@ __all__ = [
     "TRUSTED_EXTENSIONS",
     "VOLATILE_ALLOWED",
     "CatalogFact",
+    "Change",
+    "Creates",
+    "NewIndex",
+    "NewStatistics",
+    "NewTable",
+    "NewView",
     "Ref",
     "References",
     "Target",
+    "Validated",
     "bind_parameters",
     "check_query",
+    "creates",
     "denied_function",
     "judge_references",
     "judge_resolved",
@@ -165,6 +174,8 @@ __all__ = [
     "query_references",
     "reads_unnamed",
     "split_statements",
+    "validate",
+    "validate_commands",
     "validate_proposal",
 ]
 
@@ -1474,6 +1485,216 @@ def _check_statement(stmt: ast.Node, partitioning: bool, recipe: _Recipe) -> _Ve
     raise _Refused(reason or f"{_describe(stmt)} is not in the allow-list")
 
 
+# -- what a proposal creates ----------------------------------------------------------------
+def _plain(rv: ast.RangeVar | None) -> str | None:
+    """A relation as written, unquoted: schema.name or name (None when it names none)."""
+    if rv is None or not rv.relname:
+        return None
+    return f"{rv.schemaname}.{rv.relname}" if rv.schemaname else rv.relname
+
+
+@dataclass(frozen=True)
+class NewIndex:
+    """CREATE INDEX: the index `name` (schema of its table . index name, unquoted; None when the
+    statement names none) on `table` (as written, unquoted)."""
+
+    statement: str
+    table: str
+    name: str | None
+    columns: tuple[str, ...]  # the plain columns among its keys
+    keys: tuple[str, ...]  # every key: a column or (expression), then " DESC" when descending
+    method: str  # the access method (btree when not said)
+    where: str  # the predicate of a partial index, as SQL ("" when none)
+    include: tuple[str, ...]  # INCLUDE columns
+    unique: bool
+    concurrently: str  # the statement as applied to a live database: CONCURRENTLY, no IF NOT EXISTS
+
+    def on(self, table: str, name: str, *, concurrent: bool) -> str:
+        """The same index on another table (schema.name unquoted), under `name`: ON ONLY and
+        not CONCURRENTLY unless `concurrent` (a partition's index, `afs.apply.plan`)."""
+        _, stmt = _parse_one(self.statement, what="command")
+        assert isinstance(stmt, ast.IndexStmt)
+        schema, _, rel = table.rpartition(".")
+        stmt.relation = ast.RangeVar(schemaname=schema or None, relname=rel, inh=concurrent)
+        stmt.idxname = name
+        stmt.concurrent = concurrent
+        stmt.if_not_exists = False
+        return _sql(stmt)
+
+
+@dataclass(frozen=True)
+class NewView:
+    """CREATE MATERIALIZED VIEW `name` (as written, unquoted) AS `query` (SQL text), which reads
+    the relations `reads` (as written, CTE names and the view itself left out)."""
+
+    statement: str
+    name: str
+    query: str
+    reads: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NewStatistics:
+    """CREATE STATISTICS `name` (as written, unquoted) on `table` over `columns` (plain ones)."""
+
+    statement: str
+    name: str
+    table: str | None
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NewTable:
+    """CREATE TABLE of a partitioning recipe (`name` as written, unquoted)."""
+
+    statement: str
+    name: str
+
+
+ChangeKind = Literal["statistics_target", "analyze", "extension", "refresh", "insert", "rename",
+                     "attach", "drop"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """An accepted command that creates nothing: ANALYZE, SET STATISTICS (`table`, `columns`),
+    CREATE EXTENSION, REFRESH, and a partitioning recipe's INSERT, RENAME, ATTACH and DROP."""
+
+    kind: ChangeKind
+    statement: str
+    table: str | None = None
+    columns: tuple[str, ...] = ()
+
+
+Fact = NewIndex | NewView | NewStatistics | NewTable | Change
+
+
+@dataclass(frozen=True)
+class Creates:
+    """What a proposal's accepted commands create and change, in their order, read once from
+    their parse trees by the validator (`validate`). `complete`: every command was accepted (so
+    nothing else happens than what is listed)."""
+
+    commands: tuple[Fact, ...] = ()
+    complete: bool = True
+
+    @property
+    def indexes(self) -> tuple[NewIndex, ...]:
+        return tuple(f for f in self.commands if isinstance(f, NewIndex))
+
+    @property
+    def views(self) -> tuple[NewView, ...]:
+        return tuple(f for f in self.commands if isinstance(f, NewView))
+
+    @property
+    def statistics(self) -> tuple[NewStatistics, ...]:
+        return tuple(f for f in self.commands if isinstance(f, NewStatistics))
+
+    @property
+    def tables(self) -> tuple[NewTable, ...]:
+        return tuple(f for f in self.commands if isinstance(f, NewTable))
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The relations the materialized views read, each once."""
+        return tuple(dict.fromkeys(t for view in self.views for t in view.reads))
+
+    @property
+    def indexed_tables(self) -> tuple[str, ...]:
+        """The tables that get a new index, as written, each once."""
+        return tuple(dict.fromkeys(index.table for index in self.indexes))
+
+
+def _relations_read(query: ast.Node | None, own: str | None) -> tuple[str, ...]:
+    """The relations a query reads, as written (its CTEs' names and `own` left out)."""
+    ctes = {n.ctename for n in _walk(query) if isinstance(n, ast.CommonTableExpr) and n.ctename}
+    found = dict.fromkeys(_plain(n) for n in _walk_in_order(query) if isinstance(n, ast.RangeVar))
+    return tuple(n for n in found if n is not None and n != own and n not in ctes)
+
+
+def _walk_in_order(node: Any) -> Iterator[ast.Node]:
+    """Every node below `node`, in the order of the text (depth first, iterative)."""
+    stack: list[Any] = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.Node):
+            yield item
+            stack.extend(reversed([getattr(item, attr) for attr in item]))
+        elif isinstance(item, tuple | list):
+            stack.extend(reversed(item))
+
+
+def _fact(stmt: ast.Node, command: str) -> Fact:
+    """What one accepted statement creates or changes (read before `_targets` alters the tree)."""
+    if isinstance(stmt, ast.IndexStmt):
+        assert stmt.relation is not None  # _check_index
+        table = _plain(stmt.relation) or ""
+        name = None
+        if stmt.idxname:
+            name = f"{stmt.relation.schemaname}.{stmt.idxname}" if stmt.relation.schemaname else stmt.idxname
+        elements = [e for e in stmt.indexParams or () if isinstance(e, ast.IndexElem)]
+        keys = tuple((e.name or (f"({_sql(e.expr)})" if e.expr is not None else ""))
+                     + (" DESC" if e.ordering == enums.SortByDir.SORTBY_DESC else "") for e in elements)
+        as_written = stmt.concurrent, stmt.if_not_exists
+        stmt.concurrent, stmt.if_not_exists = True, False
+        concurrently = _sql(stmt)
+        stmt.concurrent, stmt.if_not_exists = as_written
+        return NewIndex(command, table, name, tuple(e.name for e in elements if e.name), keys,
+                        (stmt.accessMethod or "btree").lower(),
+                        _sql(stmt.whereClause) if stmt.whereClause is not None else "",
+                        tuple(e.name for e in stmt.indexIncludingParams or ()
+                              if isinstance(e, ast.IndexElem) and e.name),
+                        bool(stmt.unique), concurrently)
+    if isinstance(stmt, ast.CreateTableAsStmt):
+        assert stmt.into is not None and stmt.query is not None  # _check_matview
+        view = _plain(stmt.into.rel) or ""
+        return NewView(command, view, _sql(stmt.query), _relations_read(stmt.query, view))
+    if isinstance(stmt, ast.CreateStatsStmt):
+        parts = [p.sval for p in stmt.defnames or () if isinstance(p, ast.String) and p.sval]
+        rels = [r for r in stmt.relations or () if isinstance(r, ast.RangeVar)]
+        columns = tuple(e.name for e in stmt.exprs or () if isinstance(e, ast.StatsElem) and e.name)
+        return NewStatistics(command, ".".join(parts), _plain(rels[0]) if rels else None, columns)
+    if isinstance(stmt, ast.CreateStmt):
+        return NewTable(command, _plain(stmt.relation) or "")
+    if isinstance(stmt, ast.AlterTableStmt) and _only_set_statistics(stmt):
+        return Change("statistics_target", command, _plain(stmt.relation),
+                      tuple(c.name for c in stmt.cmds or () if isinstance(c, ast.AlterTableCmd) and c.name))
+    kinds: tuple[tuple[type[ast.Node], ChangeKind], ...] = (
+        (ast.VacuumStmt, "analyze"), (ast.CreateExtensionStmt, "extension"),
+        (ast.RefreshMatViewStmt, "refresh"), (ast.InsertStmt, "insert"), (ast.RenameStmt, "rename"),
+        (ast.AlterTableStmt, "attach"), (ast.DropStmt, "drop"))
+    kind = next(k for cls, k in kinds if isinstance(stmt, cls))
+    return Change(kind, command, _plain(getattr(stmt, "relation", None)))
+
+
+@dataclass(frozen=True)
+class Validated:
+    """The one structural validation of a proposal's commands (`validate`): the verdict, what
+    the catalog must judge, and what the commands create."""
+
+    result: ValidationResult
+    references: References
+    creates: Creates
+
+
+def validate(proposal: OptimizationProposal) -> Validated:
+    """The structural validation of `proposal`'s commands, computed once per distinct commands
+    and type (later calls return the same object): `validate_candidate`, `proposal_references`
+    and every reader of what a proposal creates share it."""
+    return validate_commands(proposal.sql_commands, proposal.proposal_type)
+
+
+def validate_commands(sql_commands: Sequence[str], proposal_type: str) -> Validated:
+    """`validate` of commands of a stored proposal (a batch report's winner)."""
+    commands = (sql_commands,) if isinstance(sql_commands, str) else tuple(sql_commands)
+    return _validated(commands, proposal_type)
+
+
+def creates(proposal: OptimizationProposal) -> Creates:
+    """What `proposal`'s commands create (`validate(proposal).creates`)."""
+    return validate(proposal).creates
+
+
 def validate_proposal(sql_commands: Sequence[str], proposal_type: str) -> ValidationResult:
     """Judge an agent's commands against the allow-list; never raises for bad SQL.
 
@@ -1486,14 +1707,15 @@ def validate_proposal(sql_commands: Sequence[str], proposal_type: str) -> Valida
     What only the catalog knows (which function a name calls, whether an index exists) is
     judged afterwards: `proposal_references` and `judge_references`.
     """
-    return _validate(sql_commands, proposal_type)[0]
+    return validate_commands(sql_commands, proposal_type).result
 
 
-def _validate(sql_commands: Sequence[str], proposal_type: str) -> tuple[ValidationResult, References]:
+@functools.lru_cache(maxsize=1024)
+def _validated(sql_commands: tuple[str, ...], proposal_type: str) -> Validated:
+    """The validation of commands (pure, so kept: a candidate is validated once, however many
+    of its readers ask)."""
     if proposal_type not in PROPOSAL_TYPES:
         raise InputError(f"unknown proposal type {proposal_type!r} (known: {', '.join(PROPOSAL_TYPES)})")
-    if isinstance(sql_commands, str):
-        sql_commands = [sql_commands]
     partitioning = proposal_type == "partitioning"
     recipe = _Recipe()
     rejected: list[UnsafeStatement] = []
@@ -1503,6 +1725,7 @@ def _validate(sql_commands: Sequence[str], proposal_type: str) -> tuple[Validati
     reversibility = 1.0
     creates_extension = False
     targets: list[Target] = []
+    facts: list[Fact] = []
     if not sql_commands:
         rejected.append(UnsafeStatement("", "empty proposal: no commands"))
     for command in sql_commands:
@@ -1515,6 +1738,7 @@ def _validate(sql_commands: Sequence[str], proposal_type: str) -> tuple[Validati
         except _Refused as exc:
             rejected.append(UnsafeStatement(command, exc.reason))
             continue
+        facts.append(_fact(stmt, command))  # before `_targets`, which marks a view WITH NO DATA
         _collect(stmt, command, "read", recipe.refs)
         if not (isinstance(stmt, ast.CreateStmt) and stmt.partbound is not None and any(
                 kind == "existing" for kind, _ in recipe.ancestors(recipe.identity(_rv_key(stmt.relation))))):
@@ -1533,9 +1757,11 @@ def _validate(sql_commands: Sequence[str], proposal_type: str) -> tuple[Validati
     undo = tuple(reversed(rollback))
     preserved = tuple(_key_sql(key) for key in sorted(recipe.touched))
     refs = References(tuple(recipe.refs), creates_extension, preserved, tuple(targets))
+    created = Creates(tuple(facts), complete=not rejected)
     if rejected:
-        return ValidationResult(False, "high", 0.0, tuple(warnings), undo, tuple(rejected)), refs
-    return ValidationResult(True, risk, reversibility, tuple(warnings), undo), refs
+        return Validated(ValidationResult(False, "high", 0.0, tuple(warnings), undo, tuple(rejected)), refs,
+                         created)
+    return Validated(ValidationResult(True, risk, reversibility, tuple(warnings), undo), refs, created)
 
 
 def query_references(sql: str) -> References:
@@ -1553,8 +1779,7 @@ def query_references(sql: str) -> References:
 
 def proposal_references(proposal: OptimizationProposal) -> References:
     """The names in a proposal's commands and rewrite that the catalog must judge."""
-    commands = (_validate(proposal.sql_commands, proposal.proposal_type)[1] if proposal.sql_commands
-                else References())
+    commands = validate(proposal).references if proposal.sql_commands else References()
     rewrite = query_references(proposal.rewritten_query) if proposal.rewritten_query else References()
     return References((*commands.refs, *rewrite.refs), commands.creates_extension, commands.preserved,
                       (*commands.targets, *rewrite.targets))
@@ -1602,7 +1827,7 @@ def validate_candidate(proposal: OptimizationProposal) -> ValidationResult:
     """
     refused = check_settings(proposal.settings)
     if proposal.sql_commands or not (proposal.settings or proposal.rewritten_query):
-        result = validate_proposal(proposal.sql_commands, proposal.proposal_type)
+        result = validate(proposal).result
     else:
         result = ValidationResult(True, "low", 1.0)
     if refused:

@@ -202,6 +202,16 @@ def test_write_cost_comes_from_the_measured_rate_of_the_indexed_table_only() -> 
     assert adjustment is not None and adjustment.delta == -15
 
 
+def test_write_cost_reads_the_indexed_table_as_the_validator_does() -> None:
+    # a comment naming another table, an index named like a keyword, ON ONLY: the table is the
+    # one the parser reads, not the first word after "on" in the text
+    for sql in ("CREATE INDEX /* on users */ ix ON orders (user_id)",
+                'CREATE INDEX "on users" ON ONLY public.orders (user_id)',
+                "CREATE INDEX ix ON orders ((CASE WHEN x THEN 1 END)) WHERE note <> ' on users'"):
+        adjustment = index_write_cost(candidate(sql=(sql,), writes_per_read=0.5))
+        assert adjustment is not None and adjustment.delta == -5, sql
+
+
 def test_write_cost_lowers_the_risk_score_and_is_explained() -> None:
     decision = decide([outcome(writes_per_read=0.8, risk="low", rollback=False)])
     assert decision.scores["gemini25pro"].risk == 87

@@ -17,12 +17,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pglast import ast, parse_sql
+from pglast import ast
 from pglast.stream import RawStream, maybe_double_quote_name
 
 from afs.errors import InputError
 from afs.models import AgentOutcome, TaskResult
-from afs.safety import settings_sql, validate_candidate
+from afs.safety import (
+    Change,
+    Fact,
+    NewIndex,
+    NewStatistics,
+    NewView,
+    creates,
+    settings_sql,
+    validate_candidate,
+)
 
 Tier = Literal["T0", "T2", "T3"]
 StepKind = Literal["index", "index_parent", "attach", "statistics", "statistics_target", "analyze",
@@ -61,21 +70,17 @@ def partitioned_steps(step: Step, tree: Mapping[str, Sequence[str]]) -> tuple[St
     in turn). The rollback runs backwards: dropping the root's index drops every index
     attached under it; whatever was not attached yet is dropped by its own step.
     """
-    assert step.kind == "index" and step.name and step.table
+    assert step.kind == "index" and step.name and step.table and step.index is not None
+    index = step.index
     root_name = _last_part(step.name)
     leaves: list[Step] = []
     parents: list[Step] = []
     attaches: list[Step] = []
     used: set[str] = set()
 
-    def index_on(table: str, name: str, *, concurrent: bool) -> tuple[str, ast.IndexStmt]:
-        stmt = parse_sql(step.sql)[0].stmt
-        assert isinstance(stmt, ast.IndexStmt)
-        schema, _, rel = table.rpartition(".")
-        stmt.relation = ast.RangeVar(schemaname=schema or None, relname=rel, inh=concurrent)  # ON ONLY
-        stmt.idxname = name
-        stmt.concurrent = concurrent
-        return (f"{schema}.{name}" if schema else name), stmt
+    def index_on(table: str, name: str, *, concurrent: bool) -> tuple[str, str]:
+        schema = table.rpartition(".")[0]
+        return (f"{schema}.{name}" if schema else name), index.on(table, name, concurrent=concurrent)
 
     def visit(table: str, index: str) -> None:
         for partition in tree.get(table, ()):
@@ -84,24 +89,21 @@ def partitioned_steps(step: Step, tree: Mapping[str, Sequence[str]]) -> tuple[St
                 child_name = f"{child_name[:NAME_MAX - 6]}_{len(used)}"
             used.add(child_name)
             if partition in tree:  # partitioned itself: its own ON ONLY index, its partitions first
-                child, stmt = index_on(partition, child_name, concurrent=False)
+                child, sql = index_on(partition, child_name, concurrent=False)
                 visit(partition, child)
-                parents.append(Step("index_parent", RawStream()(stmt), _LOCKS["index_parent"],
+                parents.append(Step("index_parent", sql, _LOCKS["index_parent"],
                                     f"DROP INDEX IF EXISTS {child}", partition, step.columns, child))
             else:
-                child, stmt = index_on(partition, child_name, concurrent=True)
-                leaves.append(Step("index", RawStream()(stmt), _LOCKS["index"],
+                child, sql = index_on(partition, child_name, concurrent=True)
+                leaves.append(Step("index", sql, _LOCKS["index"],
                                    f"DROP INDEX CONCURRENTLY IF EXISTS {child}", partition, step.columns,
                                    child))
             attaches.append(Step("attach", f"ALTER INDEX {index} ATTACH PARTITION {child}",
                                  _LOCKS["attach"]))
 
     visit(step.table, step.name)
-    stmt = parse_sql(step.sql)[0].stmt
-    assert isinstance(stmt, ast.IndexStmt) and stmt.relation is not None
-    stmt.concurrent = False
-    stmt.relation.inh = False  # ON ONLY
-    root = Step("index_parent", RawStream()(stmt), _LOCKS["index_parent"],
+    root = Step("index_parent", index.on(index.table, _last_part(index.name or step.name), concurrent=False),
+                _LOCKS["index_parent"],
                 f"DROP INDEX IF EXISTS {step.name}", step.table, step.columns, step.name)
     return (*leaves, *parents, root, *attaches)
 
@@ -121,6 +123,7 @@ class Step:
     name: str | None = None  # the object it creates (index, statistics, view), as written
     reads: tuple[str, ...] = ()  # a materialized view's: the tables its query reads
     unique: bool = False  # a UNIQUE index (a view with one refreshes CONCURRENTLY)
+    index: NewIndex | None = None  # an index step's: the index as the validator read it
 
 
 @dataclass(frozen=True)
@@ -285,72 +288,28 @@ def winner_of(result: TaskResult) -> AgentOutcome:
     return outcome
 
 
-def _qualified(rv: ast.RangeVar | None) -> str | None:
-    if rv is None or not rv.relname:
-        return None
-    return f"{rv.schemaname}.{rv.relname}" if rv.schemaname else rv.relname
-
-
-def _step(command: str) -> Step:
-    stmt = parse_sql(command)[0].stmt
-    if isinstance(stmt, ast.IndexStmt):
-        stmt.concurrent = True  # never a write lock on a live database
-        stmt.if_not_exists = False  # an index of that name already there is an error, not a no-op
-        table = _qualified(stmt.relation)
-        name = (f"{stmt.relation.schemaname}.{stmt.idxname}"
-                if stmt.relation is not None and stmt.relation.schemaname else stmt.idxname)
-        columns = tuple(e.name for e in stmt.indexParams or () if isinstance(e, ast.IndexElem) and e.name)
-        return Step("index", RawStream()(stmt), _LOCKS["index"],
-                    f"DROP INDEX CONCURRENTLY IF EXISTS {RawStream()(_name_node(name))}" if name else None,
-                    table, columns, name, unique=bool(stmt.unique))
-    if isinstance(stmt, ast.CreateStatsStmt):
-        parts = [p.sval or "" for p in stmt.defnames or () if isinstance(p, ast.String)]
-        rels = [r for r in stmt.relations or () if isinstance(r, ast.RangeVar)]
-        columns = tuple(e.name for e in stmt.exprs or () if isinstance(e, ast.StatsElem) and e.name)
-        name = ".".join(parts)
-        return Step("statistics", command, _LOCKS["statistics"], f"DROP STATISTICS IF EXISTS {name}",
-                    _qualified(rels[0]) if rels else None, columns, name)
-    if isinstance(stmt, ast.VacuumStmt):
-        return Step("analyze", command, _LOCKS["analyze"])
-    if isinstance(stmt, ast.AlterTableStmt):  # ALTER COLUMN … SET STATISTICS (the allow-list's only one)
-        table = _qualified(stmt.relation)
-        columns = tuple(c.name for c in stmt.cmds or () if isinstance(c, ast.AlterTableCmd) and c.name)
-        reset = ", ".join(f"ALTER COLUMN {maybe_double_quote_name(c)} SET STATISTICS -1" for c in columns)
-        return Step("statistics_target", command, _LOCKS["statistics_target"],
-                    f"ALTER TABLE IF EXISTS {RawStream()(_name_node(table or ''))} {reset}", table, columns)
-    if isinstance(stmt, ast.CreateExtensionStmt):
-        return Step("extension", command, _LOCKS["extension"])
-    if isinstance(stmt, ast.CreateTableAsStmt):
-        assert stmt.into is not None
-        name = _qualified(stmt.into.rel)
-        return Step("matview", command, _LOCKS["matview"], f"DROP MATERIALIZED VIEW IF EXISTS {name}",
-                    name=name, reads=_tables_read(stmt.query, name))
-    if isinstance(stmt, ast.RefreshMatViewStmt):
-        return Step("refresh", command, _LOCKS["refresh"])
-    raise InputError(f"no way to apply {command!r}")  # pragma: no cover - validate_proposal refuses it
-
-
-def _tables_read(query: ast.Node | None, own: str | None) -> tuple[str, ...]:
-    """The tables a view's query reads (the names of its CTEs left out)."""
-    found: dict[str, None] = {}
-    ctes: set[str] = set()
-
-    def walk(node: object) -> None:
-        if isinstance(node, ast.CommonTableExpr) and node.ctename:
-            ctes.add(node.ctename)
-        if isinstance(node, ast.RangeVar):
-            name = _qualified(node)
-            if name and name != own:
-                found[name] = None
-        elif isinstance(node, ast.Node):
-            for attr in node:
-                walk(getattr(node, attr))
-        elif isinstance(node, tuple | list):
-            for item in node:
-                walk(item)
-
-    walk(query)
-    return tuple(name for name in found if name not in ctes)
+def _step(fact: Fact) -> Step:
+    """The step of one accepted command, from what the validator read of it."""
+    if isinstance(fact, NewIndex):  # CONCURRENTLY: never a write lock on a live database
+        drop = (f"DROP INDEX CONCURRENTLY IF EXISTS {RawStream()(_name_node(fact.name))}"
+                if fact.name else None)
+        return Step("index", fact.concurrently, _LOCKS["index"], drop, fact.table, fact.columns, fact.name,
+                    unique=fact.unique, index=fact)
+    if isinstance(fact, NewStatistics):
+        return Step("statistics", fact.statement, _LOCKS["statistics"],
+                    f"DROP STATISTICS IF EXISTS {fact.name}", fact.table, fact.columns, fact.name)
+    if isinstance(fact, NewView):
+        return Step("matview", fact.statement, _LOCKS["matview"],
+                    f"DROP MATERIALIZED VIEW IF EXISTS {fact.name}", name=fact.name, reads=fact.reads)
+    if isinstance(fact, Change) and fact.kind == "statistics_target":
+        reset = ", ".join(f"ALTER COLUMN {maybe_double_quote_name(c)} SET STATISTICS -1"
+                          for c in fact.columns)
+        return Step("statistics_target", fact.statement, _LOCKS["statistics_target"],
+                    f"ALTER TABLE IF EXISTS {RawStream()(_name_node(fact.table or ''))} {reset}", fact.table,
+                    fact.columns)
+    if isinstance(fact, Change) and fact.kind in ("analyze", "extension", "refresh"):
+        return Step(fact.kind, fact.statement, _LOCKS[fact.kind])
+    raise InputError(f"no way to apply {fact.statement!r}")  # pragma: no cover - validate_proposal refuses it
 
 
 def _name_node(name: str) -> ast.RangeVar:
@@ -404,7 +363,7 @@ def plan_winner(result: TaskResult) -> ApplyPlan:
             "or for the role that runs it (a person decides: it applies to all its queries):",
             *(f"  ALTER ROLE <role> SET {name} = '{value.strip()}';" for name, value in proposal.settings),
         ])
-    steps = tuple(_step(c) for c in proposal.sql_commands)
+    steps = tuple(_step(fact) for fact in creates(proposal).commands)
     if not steps:
         plan_kind: PlanKind = "settings" if proposal.settings and not proposal.rewritten_query else "rewrite"
         return ApplyPlan(kind=plan_kind, tier="T0", advice=tuple(advice), **common)  # type: ignore[arg-type]

@@ -19,12 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pglast import ast, enums, parse_sql
-from pglast.parser import ParseError
-from pglast.stream import RawStream
-
-from afs.batch.statements import relation_name
 from afs.models import TaskResult
+from afs.safety import NewIndex, validate_commands
 
 DAY_S = 86_400.0
 SHORT_PERIOD_S = 3_600.0
@@ -99,23 +95,12 @@ class IndexKey:
 
 
 def index_key(sql: str) -> IndexKey | None:
-    """What an index is, read from its CREATE INDEX (None for any other command)."""
-    try:
-        stmts = parse_sql(sql)
-    except ParseError:
+    """What an index is, as the validator read its CREATE INDEX (None for any other command)."""
+    created = validate_commands((sql,), "index").creates
+    if len(created.commands) != 1 or not isinstance(created.commands[0], NewIndex):
         return None
-    if len(stmts) != 1 or not isinstance(stmts[0].stmt, ast.IndexStmt):
-        return None
-    s = stmts[0].stmt
-    if s.relation is None:
-        return None
-    table = relation_name(s.relation).removeprefix("public.")
-    columns = tuple((str(e.name) if e.name else f"({RawStream()(e.expr)})")
-                    + (" DESC" if e.ordering == enums.SortByDir.SORTBY_DESC else "")
-                    for e in (s.indexParams or ()))
-    include = tuple(str(e.name) for e in (s.indexIncludingParams or ()))
-    where = RawStream()(s.whereClause) if s.whereClause is not None else ""
-    return IndexKey(table, str(s.accessMethod or "btree"), columns, where, include)
+    index = created.commands[0]
+    return IndexKey(index.table.removeprefix("public."), index.method, index.keys, index.where, index.include)
 
 
 def serves(big: IndexKey, small: IndexKey) -> bool:
