@@ -720,7 +720,7 @@ def _best(state: _Progress) -> AgentOutcome:
 async def _last_key(conn: Connection, query: str,
                     tables: Mapping[str, TableInfo]) -> tuple[Any, ...] | None:
     """For an OFFSET page: the ORDER BY key of the row before it (keyset pagination needs it)."""
-    probe = await trio.to_thread.run_sync(keyset_probe, query, tables)
+    probe = await trio.to_thread.run_sync(lambda: keyset_probe(Query.read(query), tables))
     if probe is None:
         return None
     try:
@@ -735,9 +735,10 @@ async def _keyset_family(conn: Connection, members: Sequence[FamilyQuery],
     """A keyset page for other values starts from their own last key, as the application's would."""
     adjusted: list[FamilyQuery] = []
     for member in members:
-        probe = keyset_probe(member.baseline_sql, tables)
+        member_query = Query.read(member.baseline_sql)
+        probe = keyset_probe(member_query, tables)
         last = await _last_key(conn, member.baseline_sql, tables)
-        page = keyset_rewrite(member.baseline_sql, probe, last) if probe and last else None
+        page = keyset_rewrite(member_query, probe, last) if probe and last else None
         adjusted.append(dataclasses.replace(member, candidate_sql=page.sql if page else None))
     return tuple(adjusted)
 

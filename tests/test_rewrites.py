@@ -18,6 +18,7 @@ import afs.brains.strategists.rewrites as rewrites_module
 from afs.brains.strategists.rewrites import Rewrite, keyset_probe, keyset_rewrite, rewrites
 from afs.errors import InputError
 from afs.models import ColumnInfo, IndexInfo, TableInfo
+from afs.query.query import Query
 
 
 def _table(name: str, columns: list[tuple[str, str, bool]], primary_key: tuple[str, ...] = ("id",),
@@ -70,7 +71,7 @@ def _nodes(sql: str) -> Counter[str]:
 
 
 def _one(query: str, kind: str, tables: dict[str, TableInfo] | None = None) -> Rewrite:
-    found = [r for r in rewrites(query, TABLES if tables is None else tables) if r.kind == kind]
+    found = [r for r in rewrites(Query.read(query), TABLES if tables is None else tables) if r.kind == kind]
     assert len(found) == 1, [r.sql for r in found]
     rewrite = found[0]
     (statement,) = pglast.parse_sql(rewrite.sql)
@@ -79,7 +80,8 @@ def _one(query: str, kind: str, tables: dict[str, TableInfo] | None = None) -> R
 
 
 def _none(query: str, kind: str, tables: dict[str, TableInfo] | None = None) -> None:
-    found = [r.sql for r in rewrites(query, TABLES if tables is None else tables) if r.kind == kind]
+    read = Query.read(query)
+    found = [r.sql for r in rewrites(read, TABLES if tables is None else tables) if r.kind == kind]
     assert found == []
 
 
@@ -424,12 +426,12 @@ def test_or_is_left_alone(query: str) -> None:
 
 def test_keyset_probe_and_page() -> None:
     query = "SELECT id, status FROM orders WHERE status = 'paid' ORDER BY created_at, id LIMIT 10 OFFSET 40"
-    probe = keyset_probe(query, TABLES)
+    probe = keyset_probe(Query.read(query), TABLES)
     assert probe is not None
     assert probe.keys == ("created_at", "id") and not probe.descending and probe.offset == 40
     assert probe.sql == ("SELECT created_at, id FROM orders WHERE status = 'paid' "
                          "ORDER BY created_at, id LIMIT 1 OFFSET 39")
-    r = keyset_rewrite(query, probe, (dt.datetime(2024, 3, 5, 10, 30), 1234))
+    r = keyset_rewrite(Query.read(query), probe, (dt.datetime(2024, 3, 5, 10, 30), 1234))
     assert r is not None and r.kind == "keyset_pagination"
     assert r.sql == ("SELECT id, status FROM orders WHERE status = 'paid' AND "
                      "(created_at, id) > ('2024-03-05T10:30:00', 1234) ORDER BY created_at, id LIMIT 10")
@@ -441,10 +443,10 @@ def test_keyset_probe_and_page() -> None:
 
 def test_keyset_descending_single_key_and_the_first_row() -> None:
     query = "SELECT * FROM users ORDER BY id DESC OFFSET 1"
-    probe = keyset_probe(query, TABLES)
+    probe = keyset_probe(Query.read(query), TABLES)
     assert probe is not None and probe.descending
     assert probe.sql == "SELECT id FROM users ORDER BY id DESC LIMIT 1"
-    r = keyset_rewrite(query, probe, [99])
+    r = keyset_rewrite(Query.read(query), probe, [99])
     assert r is not None and r.sql == "SELECT * FROM users WHERE id < 99 ORDER BY id DESC"
 
 
@@ -462,19 +464,20 @@ def test_keyset_descending_single_key_and_the_first_row() -> None:
     pytest.param("SELECT * FROM orders ORDER BY lower(status), id OFFSET 5", id="expression-key"),
 ])
 def test_no_keyset_probe(query: str) -> None:
-    assert keyset_probe(query, TABLES) is None
+    assert keyset_probe(Query.read(query), TABLES) is None
 
 
 def test_keyset_rewrite_refuses_a_key_it_cannot_write() -> None:
     query = "SELECT * FROM orders ORDER BY created_at, id LIMIT 10 OFFSET 20"
-    probe = keyset_probe(query, TABLES)
+    probe = keyset_probe(Query.read(query), TABLES)
     assert probe is not None
-    assert keyset_rewrite(query, probe, [1]) is None
-    assert keyset_rewrite(query, probe, [b"\x00", 1]) is None
-    assert keyset_rewrite(query, probe, [None, 1]) is None
-    assert keyset_rewrite("SELECT * FROM orders ORDER BY id LIMIT 10 OFFSET 20", probe, [1, 2]) is None
-    assert keyset_rewrite(query.replace("OFFSET 20", "OFFSET 30"), probe, [1, 2]) is None
-    assert keyset_rewrite(query.replace(", id", ", id DESC"), probe, [1, 2]) is None
+    assert keyset_rewrite(Query.read(query), probe, [1]) is None
+    assert keyset_rewrite(Query.read(query), probe, [b"\x00", 1]) is None
+    assert keyset_rewrite(Query.read(query), probe, [None, 1]) is None
+    other = Query.read("SELECT * FROM orders ORDER BY id LIMIT 10 OFFSET 20")
+    assert keyset_rewrite(other, probe, [1, 2]) is None
+    assert keyset_rewrite(Query.read(query.replace("OFFSET 20", "OFFSET 30")), probe, [1, 2]) is None
+    assert keyset_rewrite(Query.read(query.replace(", id", ", id DESC")), probe, [1, 2]) is None
 
 
 # -- the whole -----------------------------------------------------------------------------------
@@ -493,7 +496,7 @@ QUERIES = [
 
 @pytest.mark.parametrize("query", QUERIES)
 def test_every_rewrite_parses_as_one_select_and_is_one_edit(query: str) -> None:
-    found = rewrites(query, TABLES)
+    found = rewrites(Query.read(query), TABLES)
     assert found
     for r in found:
         (statement,) = pglast.parse_sql(r.sql)
@@ -509,11 +512,12 @@ def test_a_cte_named_like_a_table_is_not_that_table() -> None:
 
 
 def test_input_that_is_not_one_query_is_refused() -> None:
+    """The rules take the one Query, and there is none unless the text is one query."""
     with pytest.raises(InputError):
-        rewrites("DELETE FROM orders", TABLES)
+        rewrites(Query.read("DELETE FROM orders"), TABLES)
     with pytest.raises(InputError):
-        keyset_probe("SELECT 1; SELECT 2", TABLES)
-    assert rewrites("SELECT 1", TABLES) == ()
+        keyset_probe(Query.read("SELECT 1; SELECT 2"), TABLES)
+    assert rewrites(Query.read("SELECT 1"), TABLES) == ()
 
 
 def _imports(path: Path) -> Iterator[str]:

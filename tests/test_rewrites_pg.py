@@ -19,6 +19,7 @@ from afs.analysis import table_info
 from afs.brains.strategists.rewrites import Rewrite, keyset_probe, keyset_rewrite, rewrites
 from afs.db import Connection, connect_sync, open_connection
 from afs.models import TableInfo
+from afs.query.query import Query
 from afs.sandbox.server import SandboxServer
 
 pytestmark = pytest.mark.slow
@@ -90,8 +91,8 @@ def _rows(rows: list[tuple[Any, ...]]) -> Counter[tuple[Any, ...]]:
 
 
 async def _rewrite(conn: Connection, query: str, kind: str) -> Rewrite:
-    found = [r for r in rewrites(query, await _tables(conn)) if r.kind == kind]
-    assert len(found) == 1, (query, [r.kind for r in rewrites(query, await _tables(conn))])
+    found = [r for r in rewrites(Query.read(query), await _tables(conn)) if r.kind == kind]
+    assert len(found) == 1, (query, [r.kind for r in rewrites(Query.read(query), await _tables(conn))])
     return found[0]
 
 
@@ -122,7 +123,7 @@ async def test_not_in_over_a_nullable_column_is_not_rewritten_and_would_differ(r
     async with open_connection(rewrites_db) as conn:
         tables = await _tables(conn)
         assert not any(c.nullable is False for c in tables["orders"].columns if c.name == "coupon_id")
-        assert [r for r in rewrites(query, tables) if r.kind == "not_in_to_not_exists"] == []
+        assert [r for r in rewrites(Query.read(query), tables) if r.kind == "not_in_to_not_exists"] == []
         assert await conn.fetchall(query) == []  # a NULL coupon_id: NOT IN is never TRUE
         assert len(await conn.fetchall(naive)) > 1000  # the rewrite would have returned these
 
@@ -210,11 +211,11 @@ async def test_keyset_page_is_the_offset_page(rewrites_db: str) -> None:
                       "ORDER BY created_at, id LIMIT 10 OFFSET 40",
                       "SELECT id, email FROM users WHERE country = 'FR' ORDER BY signed_up DESC, id DESC "
                       "LIMIT 25 OFFSET 100"):
-            probe = keyset_probe(query, tables)
+            probe = keyset_probe(Query.read(query), tables)
             assert probe is not None, query
             last = await conn.fetchone(probe.sql)
             assert last is not None
-            rewrite = keyset_rewrite(query, probe, last)
+            rewrite = keyset_rewrite(Query.read(query), probe, last)
             assert rewrite is not None and rewrite.needs_application_change
             page = await conn.fetchall(query)
             assert len(page) > 1 and await conn.fetchall(rewrite.sql) == page

@@ -40,6 +40,7 @@ from afs.models import (
 from afs.pg.names import index_name
 from afs.pg.plan import plan_nodes
 from afs.pg.stats import equality_selectivity, like_prefix, prefix_fraction, range_fraction
+from afs.query.query import Query
 from afs.safety import check_settings, validate_candidate, validate_proposal
 
 # -- the factory ------------------------------------------------------------------------------
@@ -886,7 +887,7 @@ def test_a_literal_filter_becomes_a_group_key_and_the_rewrite_re_aggregates() ->
     query = ("SELECT o.status, count(*) AS n, sum(o.total_amount) AS revenue, min(o.created_at) AS first, "
              "avg(o.total_amount) AS mean FROM orders o WHERE o.shipping_country IN ('DE', 'FR') "
              "GROUP BY o.status HAVING count(*) > 10 ORDER BY revenue DESC LIMIT 3")
-    view = materialize(query)
+    view = materialize(Query.read(query))
     assert isinstance(view, MaterializedView) and view.regrouped
     assert_no_baked_literal(query, view)
     assert view.definition == (
@@ -904,7 +905,7 @@ def test_a_literal_filter_becomes_a_group_key_and_the_rewrite_re_aggregates() ->
 
 def test_a_scalar_aggregate_with_a_filter_reads_the_view_by_the_filtered_column() -> None:
     query = "SELECT count(*) AS n, sum(total_amount) AS total FROM orders WHERE status = 'pending'"
-    view = materialize(query)
+    view = materialize(Query.read(query))
     assert isinstance(view, MaterializedView)
     assert_no_baked_literal(query, view)
     assert view.definition == ("SELECT status, COUNT(*) AS n, SUM(total_amount) AS total FROM orders "
@@ -916,7 +917,7 @@ def test_a_scalar_aggregate_with_a_filter_reads_the_view_by_the_filtered_column(
 
 def test_a_filter_on_the_group_key_moves_to_the_rewrite_and_gets_the_index() -> None:
     query = "SELECT o.user_id, count(*) FROM orders o WHERE o.user_id = 4242 GROUP BY o.user_id"
-    view = materialize(query)
+    view = materialize(Query.read(query))
     assert isinstance(view, MaterializedView) and not view.regrouped
     assert_no_baked_literal(query, view)
     assert view.definition == "SELECT o.user_id, COUNT(*) AS count FROM orders AS o GROUP BY o.user_id"
@@ -927,7 +928,7 @@ def test_a_filter_on_the_group_key_moves_to_the_rewrite_and_gets_the_index() -> 
 def test_a_filter_beside_the_group_key_is_grouped_too() -> None:
     query = ("SELECT o.user_id, count(*) FROM orders o WHERE o.user_id = 4242 AND o.status <> 'cancelled' "
              "GROUP BY o.user_id")
-    view = materialize(query)
+    view = materialize(Query.read(query))
     assert isinstance(view, MaterializedView) and view.regrouped
     assert_no_baked_literal(query, view)
     assert view.definition == ("SELECT o.user_id, o.status, COUNT(*) AS count FROM orders AS o "
@@ -939,7 +940,7 @@ def test_a_filter_beside_the_group_key_is_grouped_too() -> None:
 
 def test_having_moves_to_the_rewrite() -> None:
     query = "SELECT status, count(*) AS n FROM orders GROUP BY status HAVING count(*) > 100 AND max(id) < 7"
-    view = materialize(query)
+    view = materialize(Query.read(query))
     assert isinstance(view, MaterializedView)
     assert_no_baked_literal(query, view)
     assert view.definition == "SELECT status, COUNT(*) AS n, MAX(id) AS afs_h3 FROM orders GROUP BY status"
@@ -957,21 +958,21 @@ def test_having_moves_to_the_rewrite() -> None:
      "GROUP BY status", "subquery"),
 ])
 def test_a_literal_that_cannot_leave_the_view_means_no_view(query: str, reason: str) -> None:
-    result = materialize(query)
+    result = materialize(Query.read(query))
     assert isinstance(result, str) and reason in result, result
 
 
 def test_a_float_sum_is_not_re_aggregated_when_the_type_is_known() -> None:
     query = "SELECT status, sum(score) FROM orders WHERE user_id = 3 GROUP BY status"
-    assert isinstance(materialize(query), MaterializedView)
-    result = materialize(query, lambda c: "double precision" if c.name == "score" else "bigint")
+    assert isinstance(materialize(Query.read(query)), MaterializedView)
+    result = materialize(Query.read(query), lambda c: "double precision" if c.name == "score" else "bigint")
     assert isinstance(result, str) and "floating-point" in result
 
 
 def test_a_timestamp_range_would_make_the_view_as_large_as_the_table() -> None:
     """Grouped by created_at itself (exact, but one row per order): an index instead."""
     ctx = agg_ctx(by_time=True)
-    view = materialize(ctx.query)
+    view = materialize(Query.read(ctx.query))
     assert isinstance(view, MaterializedView) and "created_at" in view.group_columns
     assert_no_baked_literal(ctx.query, view)
     analysis = analyze("gemini20flash", ctx)
@@ -1003,7 +1004,7 @@ def test_a_view_filtered_on_its_group_key_gets_a_unique_index_and_concurrent_ref
 def test_materialize_keeps_names_order_and_limit() -> None:
     query = ("SELECT date_trunc('month', created_at), count(*), count(DISTINCT user_id) FROM orders "
              "GROUP BY 1 ORDER BY count(DISTINCT user_id) DESC, 1 LIMIT 5")
-    view = materialize(query)
+    view = materialize(Query.read(query))
     assert isinstance(view, MaterializedView)
     # two columns PostgreSQL would both call "count": the second gets a view name and is renamed back
     assert view.columns == ("date_trunc", "count", "afs_c3")
@@ -1012,7 +1013,8 @@ def test_materialize_keeps_names_order_and_limit() -> None:
 
 
 def test_materialize_orders_by_a_hidden_column_when_the_sort_is_not_selected() -> None:
-    view = materialize("SELECT status FROM orders GROUP BY status ORDER BY sum(total_amount) DESC")
+    view = materialize(Query.read(
+        "SELECT status FROM orders GROUP BY status ORDER BY sum(total_amount) DESC"))
     assert isinstance(view, MaterializedView)
     assert view.definition == ("SELECT status, SUM(total_amount) AS afs_o2 FROM orders GROUP BY status")
     assert view.rewrite == f"SELECT status FROM {view.name} ORDER BY afs_o2 DESC"
@@ -1020,12 +1022,13 @@ def test_materialize_orders_by_a_hidden_column_when_the_sort_is_not_selected() -
 
 def test_materialize_folds_unquoted_names_as_postgresql_does() -> None:
     """`N` names the view's column `n`: the rewrite must not quote it back into "N"."""
-    view = materialize("SELECT Status, count(*) AS N FROM Orders WHERE Status = 'x' GROUP BY Status "
-                       "ORDER BY N DESC")
+    view = materialize(Query.read(
+        "SELECT Status, count(*) AS N FROM Orders WHERE Status = 'x' GROUP BY Status "
+                       "ORDER BY N DESC"))
     assert isinstance(view, MaterializedView)
     assert view.definition == "SELECT status, COUNT(*) AS n FROM orders GROUP BY status"
     assert view.rewrite == f"SELECT * FROM {view.name} WHERE status = 'x' ORDER BY n DESC"
-    quoted = materialize('SELECT "Status", count(*) FROM t GROUP BY "Status" ORDER BY "Status"')
+    quoted = materialize(Query.read('SELECT "Status", count(*) FROM t GROUP BY "Status" ORDER BY "Status"'))
     assert isinstance(quoted, MaterializedView)
     assert quoted.rewrite == f'SELECT * FROM {quoted.name} ORDER BY "Status"'
 
@@ -1033,15 +1036,16 @@ def test_materialize_folds_unquoted_names_as_postgresql_does() -> None:
 def test_materialize_in_a_join_keeps_apart_columns_of_the_same_name() -> None:
     """`b.id = 5` filters other rows than `a.id = 5`: b.id is a group key of its own, and
     `ORDER BY b.id` is not the output column a.id."""
-    kept = materialize("SELECT a.id, count(*) FROM a JOIN b ON b.a_id = a.id WHERE b.id = 5 GROUP BY a.id")
+    kept = materialize(Query.read(
+        "SELECT a.id, count(*) FROM a JOIN b ON b.a_id = a.id WHERE b.id = 5 GROUP BY a.id"))
     assert isinstance(kept, MaterializedView)
     assert kept.definition == ("SELECT a.id, b.id AS afs_g1, COUNT(*) AS count "
                                "FROM a JOIN b ON b.a_id = a.id "
                                "GROUP BY a.id, b.id")
     assert kept.rewrite == (f"SELECT id, CAST(COALESCE(SUM(count), 0) AS BIGINT) AS count FROM {kept.name} "
                             "WHERE afs_g1 = 5 GROUP BY id")
-    ordered = materialize("SELECT a.id, count(*) FROM a JOIN b ON b.a_id = a.id "
-                          "GROUP BY a.id, b.id ORDER BY b.id")
+    ordered = materialize(Query.read("SELECT a.id, count(*) FROM a JOIN b ON b.a_id = a.id "
+                          "GROUP BY a.id, b.id ORDER BY b.id"))
     assert isinstance(ordered, MaterializedView)
     assert ordered.definition == ("SELECT a.id, COUNT(*) AS count, b.id AS afs_o3 FROM a "
                                   "JOIN b ON b.a_id = a.id GROUP BY a.id, b.id")
@@ -1057,7 +1061,7 @@ def test_materialize_in_a_join_keeps_apart_columns_of_the_same_name() -> None:
     ("SELECT DISTINCT ON (user_id) user_id, id FROM orders ORDER BY user_id, created_at DESC", "DISTINCT ON"),
 ])
 def test_materialize_refuses_what_it_cannot_keep_equal(query: str, reason: str) -> None:
-    result = materialize(query)
+    result = materialize(Query.read(query))
     assert isinstance(result, str) and reason in result
 
 

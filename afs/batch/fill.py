@@ -32,10 +32,11 @@ from pglast import ast, enums, parse_sql
 from pglast.parser import ParseError, scan
 
 from afs.analysis import table_info
-from afs.batch.statements import nodes, relation_name, relations
+from afs.batch.statements import relation_name, relations
 from afs.db import Connection
 from afs.errors import DatabaseError, InputError, UnsafeSqlError
 from afs.models import ColumnStats, ParameterSet, StatementParameters, Substitution, TableInfo
+from afs.query.text import walk
 from afs.target import check_on_target, generic_plan, on_target, plan_only
 
 DEFAULT_SETS = 3
@@ -98,7 +99,7 @@ def _column(node: object) -> tuple[str | None, str] | None:
 
 def _aliases(tree: object) -> dict[str, str]:
     found: dict[str, str] = {}
-    for node in nodes(tree):
+    for node in walk(tree):
         if isinstance(node, ast.RangeVar):
             name = relation_name(node)
             found[str(node.alias.aliasname) if node.alias else str(node.relname)] = name
@@ -135,7 +136,7 @@ def slots(query: str, tables: Mapping[str, TableInfo]) -> list[Slot]:
             return
         found.append(Slot(number, role, table, column))
 
-    for node in nodes(tree):
+    for node in walk(tree):
         if isinstance(node, ast.SelectStmt):
             for attr, role in (("limitCount", "limit"), ("limitOffset", "offset")):
                 number = _param(getattr(node, attr, None))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -35,6 +35,7 @@ from pglast.parser import ParseError
 
 from afs.db import Connection
 from afs.errors import DatabaseError, InputError
+from afs.query.text import walk
 from afs.safety import check_query
 
 INSUFFICIENT = "<insufficient privilege>"
@@ -195,17 +196,6 @@ def subtract(rows: Iterable[Row], snapshot: Snapshot) -> list[Row]:
     return out
 
 
-def nodes(tree: object) -> Iterator[ast.Node]:
-    """Every node of a pglast tree, depth first."""
-    if isinstance(tree, (list, tuple)):
-        for item in tree:
-            yield from nodes(item)
-    elif isinstance(tree, ast.Node):
-        yield tree
-        for slot in getattr(tree, "__slots__", ()):
-            yield from nodes(getattr(tree, slot, None))
-
-
 def relation_name(node: ast.RangeVar) -> str:
     return f"{node.schemaname}.{node.relname}" if node.schemaname else str(node.relname)
 
@@ -213,8 +203,8 @@ def relation_name(node: ast.RangeVar) -> str:
 def relations(query: str) -> list[str]:
     """The relations a statement names (schema-qualified as written), CTE names excepted."""
     tree = parse_sql(query)
-    ctes = {str(n.ctename) for n in nodes(tree) if isinstance(n, ast.CommonTableExpr)}
-    names = [relation_name(n) for n in nodes(tree) if isinstance(n, ast.RangeVar)]
+    ctes = {str(n.ctename) for n in walk(tree) if isinstance(n, ast.CommonTableExpr)}
+    names = [relation_name(n) for n in walk(tree) if isinstance(n, ast.RangeVar)]
     return [n for n in dict.fromkeys(names) if n not in ctes]
 
 

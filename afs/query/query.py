@@ -11,17 +11,21 @@ its scopes, and the one column resolver every reader of the query uses.
                                     Shared: read it, never edit it in place; `query.copy()`
                                     gives a tree to edit
     query.scope_of(node)            the sqlglot Scope of the query block `node` is in
-    query.table_of(column, tables)  the one column resolver (below)
+    query.source_of(column, tables) the one column resolver (below): the block and FROM item
+    query.table_of(column, tables)  the same, as the base table's name
 
 How a column finds its table, as PostgreSQL resolves it, block by block:
     qualified `t.c`    `t` is looked up among the sources of the column's own block, then of
                        the enclosing blocks (a correlated reference); the first block that has
                        it decides. A base table gives its name (afs.pg.names.relation_key:
                        `orders`, `"Orders"`); a CTE or a derived table gives None.
-    unqualified `c`    the block's only source, when that is a base table; otherwise, given the
-                       catalog (`tables`, TableInfo by the same names), the one base table of
-                       the block that has a column `c`, or when none has it, of the enclosing
-                       blocks in turn. Several owners, or an unknown source: None.
+    unqualified `c`    given the catalog (`tables`, TableInfo by the same names) and a block
+                       whose every source it describes: the one source that has a column `c`;
+                       none: the enclosing block, in the same way (a correlated reference);
+                       several: None (PostgreSQL calls it ambiguous). Without the catalog, or
+                       with a source it does not describe (a CTE, a derived table): the
+                       block's only source (with the catalog: only in the outermost block,
+                       where no enclosing block could own `c`), else None.
 
 Helpers for the readers: `local(node)` (a node and what it holds, nested blocks left out),
 `block_of(node)`, `base_table(source)` and `BLOCKS`.
@@ -108,31 +112,47 @@ class Query:
         block = node if isinstance(node, BLOCKS) else block_of(node)
         return self._by_block.get(id(block)) if block is not None else None
 
-    def table_of(self, column: exp.Column,
-                 tables: Mapping[str, TableInfo] | None = None) -> str | None:
-        """The base table `column` (a node of this query's tree) belongs to (module docstring)."""
+    def source_of(self, column: exp.Column,
+                  tables: Mapping[str, TableInfo] | None = None) -> tuple[Scope, str] | None:
+        """The block (its Scope) and the name of the FROM item `column` (a node of this
+        query's tree) belongs to: the one column resolver (module docstring)."""
         scope = self.scope_of(column)
         if column.table:
             while scope is not None:
                 if column.table in scope.selected_sources:
-                    return base_table(scope.selected_sources[column.table][1])
+                    return scope, column.table
                 scope = scope.parent
             return None
-        if scope is None:
+        own = scope
+        while scope is not None:
+            names = list(scope.selected_sources)
+            bases = [base_table(scope.selected_sources[name][1]) for name in names]
+            if tables is not None and all(_described(base, tables) for base in bases):
+                owners = [name for name, base in zip(names, bases, strict=True)
+                          if base is not None and has_column(tables[base], column.name)]
+                if len(owners) == 1:
+                    return scope, owners[0]
+                if owners:
+                    return None  # ambiguous: PostgreSQL refuses it
+                scope = scope.parent  # a correlated reference, or no such column
+                continue
+            if len(names) == 1 and (tables is None or (scope is own and scope.parent is None)):
+                return scope, names[0]  # the block's only source
             return None
-        sources = [base_table(source) for _, source in scope.selected_sources.values()]
-        if len(sources) == 1 and sources[0] is not None:
-            return sources[0]
-        while tables is not None and scope is not None:
-            sources = [base_table(source) for _, source in scope.selected_sources.values()]
-            owners = [s for s in sources if s is not None and s in tables
-                      and has_column(tables[s], column.name)]
-            if owners:
-                return owners[0] if len(owners) == 1 else None
-            if any(s is None or s not in tables for s in sources):
-                return None  # a source the catalog does not describe may hold it
-            scope = scope.parent
         return None
+
+    def table_of(self, column: exp.Column,
+                 tables: Mapping[str, TableInfo] | None = None) -> str | None:
+        """The base table `column` belongs to; None for a CTE's or a derived table's column,
+        or when it cannot be told (module docstring)."""
+        found = self.source_of(column, tables)
+        return base_table(found[0].selected_sources[found[1]][1]) if found is not None else None
+
+
+def _described(base: str | None, tables: Mapping[str, TableInfo]) -> bool:
+    """The catalog lists the columns of this source (a base table it describes)."""
+    info = tables.get(base) if base is not None else None
+    return info is not None and bool(info.columns or info.column_stats)
 
 
 @functools.lru_cache(maxsize=64)

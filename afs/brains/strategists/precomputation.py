@@ -20,7 +20,8 @@ from afs.models import AgentKey, AnalysisContext, EstimatedImpact, OptimizationP
 from afs.pg.names import ident, object_name, short_hash
 from afs.pg.plan import fmt_count, fmt_ms
 from afs.pg.stats import column_type, column_width, distinct_values
-from afs.query.shape import aggregates, conjuncts, function_name, read_query
+from afs.query.query import Query
+from afs.query.shape import aggregates, conjuncts, function_name
 
 MV_MIN_ROWS: Final = 10_000  # rows aggregated for a materialized view to pay off
 MV_MAX_ROWS_SHARE: Final = 0.25  # a view keeping more of its table's rows saves too little
@@ -116,7 +117,7 @@ def _col(name: str) -> exp.Column:
     return exp.column(exp.to_identifier(name, quoted=ident(name) != name))
 
 
-def materialize(query: str, column_types: ColumnTypes | None = None) -> MaterializedView | str:
+def materialize(query: Query, column_types: ColumnTypes | None = None) -> MaterializedView | str:
     """A materialized view of an aggregate query and the rewrite reading it, or why not.
 
     The view never holds a literal of the query's WHERE or HAVING: it would be a cache of
@@ -140,7 +141,7 @@ def materialize(query: str, column_types: ColumnTypes | None = None) -> Material
     Terms without literals (join conditions, `shipped_at > created_at`) stay in the view.
     The rewrite keeps the original column names, order, ORDER BY and LIMIT, so it
     returns the same rows. `column_types` tells the type of a column when known."""
-    return _materialize(read_query(query), column_types)
+    return _materialize(query.tree, column_types)
 
 
 def _materialize(tree: exp.Expr | None, column_types: ColumnTypes | None = None) -> MaterializedView | str:

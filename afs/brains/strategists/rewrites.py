@@ -42,8 +42,9 @@ from afs.errors import InputError
 from afs.models import AnalysisContext, EstimatedImpact, OptimizationProposal, TableInfo
 from afs.pg.functions import ANONYMOUS_AGGREGATES, SET_RETURNING
 from afs.pg.names import ident, index_name, qualified
+from afs.query.query import Query, local, table_name
 from afs.query.shape import conjuncts
-from afs.query.text import DIALECT, parse_query, select_text
+from afs.query.text import DIALECT, select_text
 
 __all__ = [
     "RULES",
@@ -67,7 +68,6 @@ _SCALAR_AGGREGATES = (exp.Count, exp.Sum, exp.Min, exp.Max, exp.Avg)
 _CONSTANT_NODES = (exp.Literal, exp.Cast, exp.DataType, exp.DataTypeParam, exp.Neg, exp.Paren,
                    exp.Null, exp.Boolean, exp.Interval, exp.Var, exp.CurrentDate, exp.Add, exp.Sub,
                    exp.Mul, exp.Div, exp.Identifier)
-_BLOCKS = (exp.Select, exp.SetOperation)
 _DATE_LITERAL = re.compile(r"\s*(\d{4})-(\d{2})-(\d{2})(?:[ T]00:00(?::00(?:\.0+)?)?)?\s*")
 _TIMESTAMP_TYPE = re.compile(r"timestamp(?:\(\d+\))? (with|without) time zone")
 _PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_]*")  # an output name that needs no quotes
@@ -103,21 +103,20 @@ Rule = Callable[["_Query"], Iterator[Rewrite]]
 # -- public API ---------------------------------------------------------------------------------
 
 
-def rewrites(query: str, tables: Mapping[str, TableInfo]) -> tuple[Rewrite, ...]:
-    """Every rewrite the query admits, each one rule applied once to the original query.
+def rewrites(query: Query, tables: Mapping[str, TableInfo]) -> tuple[Rewrite, ...]:
+    """Every rewrite the query admits, each one rule applied once to the original query (its
+    one reading: the rules edit copies).
 
-    `tables` describes the tables the query reads, by the name the query uses. Raises
-    InputError unless `query` is one SELECT; a query sqlglot cannot analyse has none.
+    `tables` describes the tables the query reads, by the name the query uses. A query
+    sqlglot cannot analyse has none.
     """
-    text = select_text(query)
-    try:
-        tree = parse_query(text)
-    except SqlglotError:
+    if query.tree is None:
         return ()
     found: dict[str, Rewrite] = {}
+    reading = _Query(query, tables)
     for rule in RULES:
         try:
-            for rewrite in rule(_Query(tree, tables)):
+            for rewrite in rule(reading):
                 if _is_one_select(rewrite.sql) and rewrite.sql not in found:
                     found[rewrite.sql] = rewrite
         except SqlglotError:  # a construct the generator cannot render: the rule yields nothing more
@@ -125,7 +124,7 @@ def rewrites(query: str, tables: Mapping[str, TableInfo]) -> tuple[Rewrite, ...]
     return tuple(found.values())
 
 
-def keyset_probe(query: str, tables: Mapping[str, TableInfo]) -> KeysetProbe | None:
+def keyset_probe(query: Query, tables: Mapping[str, TableInfo]) -> KeysetProbe | None:
     """For `… ORDER BY k1[, k2] [LIMIT n] OFFSET m` (m > 0) over one table, keys unique together.
 
     The probe's SQL keeps FROM, WHERE and ORDER BY, selects the keys with LIMIT 1 OFFSET m-1;
@@ -133,12 +132,10 @@ def keyset_probe(query: str, tables: Mapping[str, TableInfo]) -> KeysetProbe | N
     is not such a page: a join, keys that may be NULL or are not unique together, mixed
     directions, aggregates, DISTINCT, window functions, an OFFSET that is not a literal.
     """
-    text = select_text(query)
-    try:
-        tree = parse_query(text)
-    except SqlglotError:
+    tree = query.tree
+    if tree is None:
         return None
-    page = _keyset_page(_Query(tree, tables))
+    page = _keyset_page(_Query(query, tables))
     if page is None:
         return None
     keys, descending, offset, source = page
@@ -158,7 +155,7 @@ def keyset_probe(query: str, tables: Mapping[str, TableInfo]) -> KeysetProbe | N
     return KeysetProbe(sql, source.table, keys, descending, offset)
 
 
-def keyset_rewrite(query: str, probe: KeysetProbe, last_key: Sequence[object]) -> Rewrite | None:
+def keyset_rewrite(query: Query, probe: KeysetProbe, last_key: Sequence[object]) -> Rewrite | None:
     """The page read from the key of its previous row: WHERE (k1, k2) > (v1, v2), no OFFSET.
 
     `last_key` is the row the probe returned. None when it does not fit the probe or a
@@ -169,11 +166,7 @@ def keyset_rewrite(query: str, probe: KeysetProbe, last_key: Sequence[object]) -
     values = [_literal(value) for value in last_key]
     if any(value is None for value in values):
         return None
-    text = select_text(query)
-    try:
-        tree = parse_query(text)
-    except SqlglotError:
-        return None
+    tree = query.tree
     if not isinstance(tree, exp.Select) or tree.args.get("order") is None:
         return None
     ordered = tree.args["order"].expressions
@@ -231,12 +224,14 @@ class _Source:
 
 
 class _Query:
-    """The original tree (never edited) and what rules ask of it."""
+    """The original tree (never edited: the query's one reading) and what rules ask of it."""
 
-    def __init__(self, tree: exp.Expr, tables: Mapping[str, TableInfo]) -> None:
-        self.tree = tree
+    def __init__(self, query: Query, tables: Mapping[str, TableInfo]) -> None:
+        assert query.tree is not None
+        self.query = query
+        self.tree = query.tree
         self.tables = tables
-        self.ctes = frozenset(cte.alias_or_name for cte in tree.find_all(exp.CTE))
+        self.ctes = frozenset(cte.alias_or_name for cte in self.tree.find_all(exp.CTE))
         self._sources: dict[int, dict[str, _Source]] = {}
 
     def sources(self, select: exp.Select) -> dict[str, _Source]:
@@ -262,7 +257,7 @@ class _Query:
                 if identifier is None:
                     identifier = node.this
                 if node.db or node.name not in self.ctes:
-                    table = ".".join(part for part in (node.catalog, node.db, node.name) if part)
+                    table = table_name(node)
             if isinstance(identifier, exp.Identifier):
                 found[identifier.name] = _Source(identifier.name, identifier, table, null_extended, node)
         return found
@@ -277,32 +272,16 @@ class _Query:
         return frozenset(c.name for c in info.columns)
 
     def resolve(self, column: exp.Column) -> tuple[exp.Select, _Source] | None:
-        """The block and FROM item a column belongs to, as PostgreSQL resolves it; None if unknown."""
+        """The block and FROM item a column belongs to, as PostgreSQL resolves it (the one
+        resolver: `Query.source_of`); None if unknown."""
         if column.args.get("db") or column.args.get("catalog"):
             return None
-        select = _enclosing_select(column)
-        while select is not None:
-            sources = self.sources(select)
-            if column.table:
-                if column.table in sources:
-                    return select, sources[column.table]
-            else:
-                outer = _enclosing_select(select)
-                if outer is None and len(sources) == 1:  # the outermost block reads one item
-                    return select, next(iter(sources.values()))
-                owners = []
-                for source in sources.values():
-                    names = self.column_names(source)
-                    if names is None:
-                        return None
-                    if column.name in names:
-                        owners.append(source)
-                if len(owners) == 1:
-                    return select, owners[0]
-                if owners:
-                    return None
-            select = _enclosing_select(select)
-        return None
+        found = self.query.source_of(column, self.tables)
+        select = found[0].expression if found is not None else None
+        if found is None or not isinstance(select, exp.Select):
+            return None
+        source = self.sources(select).get(found[1])
+        return (select, source) if source is not None else None
 
     def not_null(self, source: _Source, name: str) -> str | None:
         """Why the column is never NULL in this block (a fact named for the reason), else None."""
@@ -344,11 +323,6 @@ def _enclosing_select(node: exp.Expr) -> exp.Select | None:
     while parent is not None and not isinstance(parent, exp.Select):
         parent = parent.parent
     return parent
-
-
-def _local(node: exp.Expr) -> Iterator[exp.Expr]:
-    """`node` and what it contains, without descending into nested query blocks."""
-    yield from node.walk(prune=lambda n: n is not node and isinstance(n, _BLOCKS))
 
 
 def _path(node: exp.Expr, below: type[exp.Expr] | None = None) -> tuple[tuple[str, int | None], ...]:
@@ -408,7 +382,7 @@ def _has_set_returning(node: exp.Expr) -> bool:
 def _aggregates(node: exp.Expr) -> list[exp.Expr]:
     """Aggregate calls of this block (not nested blocks, not window functions)."""
     found = []
-    for n in _local(node):
+    for n in local(node):
         is_agg = isinstance(n, exp.AggFunc) or (
             isinstance(n, exp.Anonymous) and str(n.this).lower() in ANONYMOUS_AGGREGATES)
         if is_agg and not isinstance(n.parent, exp.Window) and not (
@@ -418,7 +392,7 @@ def _aggregates(node: exp.Expr) -> list[exp.Expr]:
 
 
 def _has_window(node: exp.Expr) -> bool:
-    return any(isinstance(n, exp.Window) for n in _local(node))
+    return any(isinstance(n, exp.Window) for n in local(node))
 
 
 def _is_constant(node: exp.Expr) -> bool:
@@ -1336,12 +1310,13 @@ def rewrite_proposals(agent: str, ctx: AnalysisContext) -> tuple[OptimizationPro
     """The rewrites the query admits, as candidates: each alone, and, where an index would make
     it pay and none exists yet, with that index in the same proposal (the combined one first)."""
     try:
-        found = list(rewrites(ctx.query, ctx.tables))
+        query = Query.read(ctx.query)
     except InputError:
         return ()
-    probe = keyset_probe(ctx.query, ctx.tables)
+    found = list(rewrites(query, ctx.tables))
+    probe = keyset_probe(query, ctx.tables)
     if probe is not None and ctx.keyset_last_key is not None:
-        page = keyset_rewrite(ctx.query, probe, ctx.keyset_last_key)
+        page = keyset_rewrite(query, probe, ctx.keyset_last_key)
         if page is not None:
             found.insert(0, page)
     proposals: list[OptimizationProposal] = []
