@@ -4,12 +4,24 @@ reads its query with sqlglot a handful of times, not once per agent, candidate a
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pglast
+from sqlglot import exp
 
 from afs.batch.statements import relations
-from afs.query.text import walk
+from afs.brains import Squad, StrategistBrain
+from afs.config import Settings
+from afs.events import Emitter
+from afs.forks.client import ForkClient
+from afs.models import ColumnInfo, ColumnStats, TableInfo
+from afs.optimize import TaskRequest, optimize
+from afs.params import parameter_sets
+from afs.query.query import Query
+from afs.query.text import PARSES, walk
+from afs.router import load_rules
+from afs.sandbox.server import SandboxServer
 
 
 def test_the_pglast_walker_is_iterative() -> None:
@@ -34,3 +46,37 @@ def test_the_pglast_walker_is_iterative() -> None:
     finally:
         sys.setrecursionlimit(limit)
     assert relations(statement) == ["orders", "payments"]
+
+
+def test_a_quoted_mixed_case_table_has_one_key() -> None:
+    """`"Orders"` is the catalog's key (afs.pg.names.relation_key) for every reader: the
+    parameter sets find its statistics (params keyed it `Orders` and found none)."""
+    stats = ColumnStats(null_frac=0.0, n_distinct=50, most_common_vals=("7", "8", "9"),
+                        most_common_freqs=(0.2, 0.1, 0.05), histogram_bounds=("1", "20", "40", "60"))
+    info = TableInfo(name='"Orders"', rows=1000, size_mb=1.0, columns=(ColumnInfo("Total", "integer"),),
+                     indexes=(), column_stats={"Total": stats})
+    query = Query.read('SELECT id FROM "Orders" o WHERE o."Total" = 3')
+    assert query.tree is not None
+    column = next(c for c in query.tree.find_all(exp.Column) if c.name == "Total")
+    assert column.name == "Total" and query.table_of(column, {'"Orders"': info}) == '"Orders"'
+    sets = parameter_sets(query, {'"Orders"': info}, 2)
+    assert sets and all(sub.column == '"Orders".Total' for s in sets for sub in s.substitutions)
+
+
+async def test_a_three_agent_task_reads_its_query_a_handful_of_times(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    """Three strategist agents, each with its suite, parameter sets, every strategist and
+    every candidate: sqlglot reads the query's text once (Query.read remembers it), not once
+    per reader (about 40 times before afs/query)."""
+    marker = os.urandom(4).hex()  # a text no other test has read
+    query = (f"SELECT o.id, o.total_amount /* {marker} */ FROM orders o WHERE o.status = 'pending'"
+             " AND o.user_id = 42 ORDER BY o.created_at DESC")
+    squad = Squad(brain_for=lambda agent: StrategistBrain(), provider="heuristic",
+                  agents=("gemini25pro", "gemini25flash", "gemini20flash"))
+    before = sum(PARSES.values())
+    result = await optimize(settings, TaskRequest(query=query, runs=3), source="afs_demo",
+                            source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
+                            rules=load_rules(None), events=Emitter("t" + marker))
+    assert len(result.outcomes) == 3 and result.status == "completed", result.error
+    assert 1 <= PARSES[query] <= 3, PARSES[query]
+    print(f"parses: the query {PARSES[query]}, all texts {sum(PARSES.values()) - before}")
