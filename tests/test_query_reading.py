@@ -4,6 +4,7 @@ reads its query with sqlglot a handful of times, not once per agent, candidate a
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
@@ -35,11 +36,7 @@ def test_the_pglast_walker_is_iterative() -> None:
         tree = pglast.parse_sql(deep)
     finally:
         sys.setrecursionlimit(limit)
-    depth = 0
-    frame = sys._getframe()
-    while frame is not None:
-        depth, frame = depth + 1, frame.f_back
-    sys.setrecursionlimit(depth + 60)
+    sys.setrecursionlimit(len(inspect.stack(0)) + 60)  # 60 frames to spare, not 400 levels
     try:
         assert sum(1 for _ in walk(tree)) > 400
         assert relations(deep) == ["orders"]
