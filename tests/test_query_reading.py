@@ -11,6 +11,7 @@ import sys
 import pglast
 from sqlglot import exp
 
+from afs.batch.fill import fill, slots
 from afs.batch.statements import relations
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
@@ -77,3 +78,27 @@ async def test_a_three_agent_task_reads_its_query_a_handful_of_times(
     assert len(result.outcomes) == 3 and result.status == "completed", result.error
     assert 1 <= PARSES[query] <= 3, PARSES[query]
     print(f"parses: the query {PARSES[query]}, all texts {sum(PARSES.values()) - before}")
+
+
+def test_a_statement_with_parameters_resolves_its_columns_per_block() -> None:
+    """The `$n` filling asks the same resolver: `o` is "Orders" in the outer block and orders
+    in the subquery (one global alias map let the last alias win), and the quoted mixed-case
+    table is found under its catalog key."""
+    info = _info('"Orders"', "Total", ("7", "8", "9"))
+    lower = _info("orders", "total", ("70", "80", "90"))
+    statement = ('SELECT id FROM "Orders" o WHERE o."Total" = $1 AND id IN '
+                 '(SELECT o.id FROM orders o WHERE o.total > $2)')
+    found = {slot.number: slot for slot in slots(statement, {'"Orders"': info, "orders": lower})}
+    assert (found[1].table, found[1].column, found[1].problem) == ('"Orders"', "Total", None)
+    assert (found[2].table, found[2].column, found[2].problem) == ("orders", "total", None)
+    filled = fill(statement, {'"Orders"': info, "orders": lower}, 2)
+    assert filled.reason is None and len(filled.sets) == 2, filled
+    assert relations(statement) == ['"Orders"', "orders"]
+
+
+def _info(name: str, column: str, common: tuple[str, ...]) -> TableInfo:
+    stats = ColumnStats(n_distinct=50, most_common_vals=common, most_common_freqs=(0.2, 0.1, 0.05),
+                        histogram_bounds=tuple(str(v) for v in range(1, 100, 10)))
+    return TableInfo(name=name, rows=1000, size_mb=1.0,
+                     columns=(ColumnInfo("id", "integer"), ColumnInfo(column, "integer")),
+                     indexes=(), column_stats={column: stats})

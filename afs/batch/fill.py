@@ -30,12 +30,14 @@ from dataclasses import dataclass
 
 from pglast import ast, enums, parse_sql
 from pglast.parser import ParseError, scan
+from sqlglot import exp
 
 from afs.analysis import table_info
-from afs.batch.statements import relation_name, relations
+from afs.batch.statements import relations
 from afs.db import Connection
 from afs.errors import DatabaseError, InputError, UnsafeSqlError
 from afs.models import ColumnStats, ParameterSet, StatementParameters, Substitution, TableInfo
+from afs.query.query import Query
 from afs.query.text import walk
 from afs.target import check_on_target, generic_plan, on_target, plan_only
 
@@ -85,51 +87,52 @@ def _param(node: object) -> int | None:
     return node.number if isinstance(node, ast.ParamRef) else None
 
 
-def _column(node: object) -> tuple[str | None, str] | None:
+def _column(node: object) -> ast.ColumnRef | None:
     while isinstance(node, ast.TypeCast):
         node = node.arg
     if not isinstance(node, ast.ColumnRef):
         return None
     fields = tuple(node.fields or ())
     names = [str(f.sval) for f in fields if isinstance(f, ast.String)]
-    if len(names) != len(fields) or not names:
-        return None
-    return (".".join(names[:-1]) or None, names[-1])
+    return node if names and len(names) == len(fields) else None
 
 
-def _aliases(tree: object) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for node in walk(tree):
-        if isinstance(node, ast.RangeVar):
-            name = relation_name(node)
-            found[str(node.alias.aliasname) if node.alias else str(node.relname)] = name
-            found.setdefault(name, name)
-    return found
-
-
-def _resolve(ref: tuple[str | None, str], aliases: Mapping[str, str],
-             tables: Mapping[str, TableInfo]) -> tuple[str | None, str]:
-    qualifier, column = ref
-    if qualifier is not None:
-        return aliases.get(qualifier), column
-    owners = [n for n, info in tables.items() if any(c.name == column for c in info.columns)]
-    return (owners[0] if len(owners) == 1 else None), column
+def _columns(query: str) -> tuple[Query | None, dict[int, exp.Column]]:
+    """The statement as the one Query reads it, with each $n written as a number of the same
+    length (sqlglot cannot read $n; positions stay where pglast sees them), and its column
+    nodes by the byte where each starts. (None, {}) when sqlglot cannot read it."""
+    masked = query
+    for token in scan(query):
+        if token.name == "PARAM":
+            masked = masked[:token.start] + "0" * (token.end + 1 - token.start) + masked[token.end + 1:]
+    try:
+        reading = Query.read(masked)
+    except InputError:
+        return None, {}
+    found: dict[int, exp.Column] = {}
+    for column in reading.tree.find_all(exp.Column) if reading.tree is not None else ():
+        starts = [ident.meta["start"] for ident in column.find_all(exp.Identifier) if "start" in ident.meta]
+        if starts:
+            found.setdefault(len(masked[:min(starts)].encode()), column)
+    return reading, found
 
 
 def slots(query: str, tables: Mapping[str, TableInfo]) -> list[Slot]:
     """Every use of every parameter of `query`, with the column it is compared with."""
     tree = parse_sql(query)
-    aliases = _aliases(tree)
+    reading, columns = _columns(query)
     found: list[Slot] = []
     seen: set[int] = set()
 
-    def add(number: int, role: str, ref: tuple[str | None, str] | None, what: str = "") -> None:
+    def add(number: int, role: str, ref: ast.ColumnRef | None, what: str = "") -> None:
         seen.add(number)
         if ref is None:
             found.append(Slot(number, role, problem=f"${number} is compared with {what or 'an expression'},"
                                                     " not a column"))
             return
-        table, column = _resolve(ref, aliases, tables)
+        column = str(tuple(ref.fields or ())[-1].sval)
+        node = columns.get(ref.location) if ref.location is not None else None
+        table = reading.table_of(node, tables) if reading is not None and node is not None else None
         if table is None or table not in tables:
             found.append(Slot(number, role, column=column,
                               problem=f"${number}: cannot tell which table's column {column} it is"))

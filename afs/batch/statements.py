@@ -35,6 +35,7 @@ from pglast.parser import ParseError
 
 from afs.db import Connection
 from afs.errors import DatabaseError, InputError
+from afs.pg.names import relation_key
 from afs.query.text import walk
 from afs.safety import check_query
 
@@ -201,10 +202,12 @@ def relation_name(node: ast.RangeVar) -> str:
 
 
 def relations(query: str) -> list[str]:
-    """The relations a statement names (schema-qualified as written), CTE names excepted."""
+    """The relations a statement names (schema-qualified as written), CTE names excepted, as
+    the catalog keys them (afs.pg.names.relation_key: `orders`, `"Orders"`)."""
     tree = parse_sql(query)
-    ctes = {str(n.ctename) for n in walk(tree) if isinstance(n, ast.CommonTableExpr)}
-    names = [relation_name(n) for n in walk(tree) if isinstance(n, ast.RangeVar)]
+    ctes = {relation_key(str(n.ctename)) for n in walk(tree) if isinstance(n, ast.CommonTableExpr)}
+    names = [relation_key(*(part for part in (n.schemaname, n.relname) if part))
+             for n in walk(tree) if isinstance(n, ast.RangeVar)]
     return [n for n in dict.fromkeys(names) if n not in ctes]
 
 
