@@ -23,12 +23,10 @@ from afs.config import DEFAULT_FORK_MAX_GROWTH_MB, DEFAULT_FORK_TEMP_FILE_LIMIT_
 from afs.db import Connection
 from afs.errors import DatabaseError, ForkLimitError
 from afs.pg.names import quote_ident, quote_literal
+from afs.safety import writes_from_query
 
 GROWTH_SETTING = "afs.max_growth_mb"
 IDLE_IN_TRANSACTION_MS = 10 * 60 * 1000
-# Statements that write a relation from a query, which EXPLAIN can estimate.
-_WRITES_FROM_QUERY = ("CREATE MATERIALIZED VIEW", "CREATE TABLE", "CREATE UNLOGGED TABLE",
-                      "CREATE TEMP", "CREATE TEMPORARY", "INSERT", "WITH")
 
 
 @dataclass(frozen=True)
@@ -58,15 +56,6 @@ async def apply_role_limits(conn: Connection, role: str, limits: ForkLimits) -> 
                                 for name, value in limits.role_settings().items()))  # one round trip
 
 
-def _estimable(sql: str) -> bool:
-    words = " ".join(sql.split()).upper()
-    if "WITH NO DATA" in words:
-        return False
-    if words.startswith("SELECT"):
-        return " INTO " in words
-    return words.startswith(_WRITES_FROM_QUERY) and " SELECT " in f" {words} "
-
-
 async def check_growth(conn: Connection, sql: str) -> None:
     """Raise ForkLimitError when the planner expects `sql` to write more than the fork's cap.
 
@@ -74,7 +63,7 @@ async def check_growth(conn: Connection, sql: str) -> None:
     VIEW / TABLE … AS, INSERT … SELECT, SELECT … INTO); a connection without the cap setting
     (not a fork) is not checked.
     """
-    if not _estimable(sql):
+    if not writes_from_query(sql):
         return
     cap = await conn.fetchval("SELECT current_setting(%s, true)", (GROWTH_SETTING,))
     if not cap:

@@ -87,6 +87,7 @@ from afs.safety.creates import (
     NewStatistics,
     NewTable,
     NewView,
+    writes_from_query,
 )
 from afs.safety.functions import (
     DENIED_FUNCTIONS,
@@ -178,4 +179,5 @@ __all__ = [
     "validate_candidate",
     "validate_commands",
     "validate_proposal",
+    "writes_from_query",
 ]

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pglast import ast, enums
 
-from afs.safety.tree import _only_set_statistics, _parse_one, _plain, _sql, _walk, _walk_in_order
+from afs.safety.tree import _only_set_statistics, _parse_one, _plain, _Refused, _sql, _walk, _walk_in_order
 
 
 @dataclass(frozen=True)
@@ -175,3 +175,20 @@ def _fact(stmt: ast.Node, command: str) -> Fact:
         (ast.AlterTableStmt, "attach"), (ast.DropStmt, "drop"))
     kind = next(k for cls, k in kinds if isinstance(stmt, cls))
     return Change(kind, command, _plain(getattr(stmt, "relation", None)))
+
+
+def writes_from_query(sql: str) -> bool:
+    """Whether a statement writes a relation from a query, which EXPLAIN can estimate before it
+    runs (the fork's growth cap, `afs.forks.limits.check_growth`): CREATE MATERIALIZED VIEW or
+    TABLE … AS with data, INSERT … SELECT (not VALUES), SELECT … INTO. Read from the parse tree,
+    so comments, parentheses and case do not hide it; False for what does not parse."""
+    try:
+        _, stmt = _parse_one(sql, what="command")
+    except _Refused:
+        return False
+    if isinstance(stmt, ast.CreateTableAsStmt):
+        return stmt.into is None or not stmt.into.skipData
+    if isinstance(stmt, ast.InsertStmt):
+        select = stmt.selectStmt
+        return isinstance(select, ast.SelectStmt) and not select.valuesLists
+    return isinstance(stmt, ast.SelectStmt) and stmt.intoClause is not None
