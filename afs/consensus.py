@@ -77,7 +77,7 @@ from afs.models import (
     ScoreBreakdown,
     ValidationResult,
 )
-from afs.safety import creates
+from afs.safety import Change, creates
 
 # -- the rules, as named constants ------------------------------------------------------
 # (threshold, score): the first tier whose threshold the value reaches wins.
@@ -356,9 +356,15 @@ def normalize_ddl(statement: str) -> str:
 
 
 def ddl_signature(proposal: OptimizationProposal) -> frozenset[str]:
-    """The normalized statements of a proposal; ANALYZE and VACUUM change no schema and are left out."""
-    normalized = (normalize_ddl(s) for s in proposal.sql_commands)
-    return frozenset(s for s in normalized if s and not _NOT_DDL.match(s))
+    """The statements of a proposal as the validator read them (`Fact.canonical`: no index name,
+    CONCURRENTLY or IF NOT EXISTS, comments, case or spacing); ANALYZE changes no schema and is
+    left out. A command the validator refused counts as written (`normalize_ddl`; VACUUM left out)."""
+    created = creates(proposal)
+    read = {fact.statement for fact in created.commands}
+    signature = {fact.canonical for fact in created.commands
+                 if not (isinstance(fact, Change) and fact.kind == "analyze")}
+    refused = (normalize_ddl(s) for s in proposal.sql_commands if s not in read)
+    return frozenset(s for s in (*signature, *refused) if s and not _NOT_DDL.match(s))
 
 
 # -- the decision ------------------------------------------------------------------------

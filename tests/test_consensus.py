@@ -429,6 +429,17 @@ def test_ddl_signature_is_a_set_without_analyze() -> None:
     assert ddl_signature(one.proposal) == ddl_signature(two.proposal)
 
 
+def test_ddl_signature_is_what_the_validator_read() -> None:
+    # a comment, case, CONCURRENTLY, IF NOT EXISTS, USING btree said or not: the same index
+    one = outcome("gemini25pro", sql=("/* by the squad */ CREATE INDEX a ON orders USING btree (user_id)",
+                                      "-- statistics\nANALYZE orders"))
+    two = outcome("gemini25flash", sql=("create index concurrently if not exists b on orders(user_id)",))
+    three = outcome("gemini20flash", sql=('CREATE INDEX a ON "Orders" (user_id)',))
+    assert one.proposal and two.proposal and three.proposal
+    assert ddl_signature(one.proposal) == ddl_signature(two.proposal)
+    assert ddl_signature(one.proposal) != ddl_signature(three.proposal)  # another table
+
+
 def test_agreement_on_equivalent_ddl_raises_confidence() -> None:
     winner = outcome("gemini25pro", sql=("CREATE INDEX a ON orders (user_id)",))
     same = outcome("gemini25flash", pct=60, sql=("create index concurrently b on orders(user_id)",))

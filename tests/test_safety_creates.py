@@ -50,7 +50,7 @@ def test_creates_lists_each_accepted_command_in_order() -> None:
     assert view.query.startswith("WITH recent AS")
     assert isinstance(stats, NewStatistics) and (stats.name, stats.table, stats.columns) == (
         "s1", "orders", ("a", "b"))
-    assert analyze == Change("analyze", "ANALYZE orders")
+    assert isinstance(analyze, Change) and (analyze.kind, analyze.statement) == ("analyze", "ANALYZE orders")
     assert isinstance(target, Change) and (target.kind, target.table, target.columns) == (
         "statistics_target", "orders", ("a",))
     assert created.indexes == (index,) and created.views == (view,) and created.statistics == (stats,)

@@ -7,6 +7,7 @@ parses the SQL again.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +31,7 @@ class NewIndex:
     include: tuple[str, ...]  # INCLUDE columns
     unique: bool
     concurrently: str  # the statement as applied to a live database: CONCURRENTLY, no IF NOT EXISTS
+    canonical: str = ""  # `_canonical`: what two proposals that make the same change share
 
     def on(self, table: str, name: str, *, concurrent: bool) -> str:
         """The same index on another table (schema.name unquoted), under `name`: ON ONLY and
@@ -53,6 +55,7 @@ class NewView:
     name: str
     query: str
     reads: tuple[str, ...]
+    canonical: str = ""  # `_canonical`: what two proposals that make the same change share
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class NewStatistics:
     name: str
     table: str | None
     columns: tuple[str, ...]
+    canonical: str = ""  # `_canonical`: what two proposals that make the same change share
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class NewTable:
 
     statement: str
     name: str
+    canonical: str = ""  # `_canonical`: what two proposals that make the same change share
 
 
 ChangeKind = Literal["statistics_target", "analyze", "extension", "refresh", "insert", "rename",
@@ -86,6 +91,7 @@ class Change:
     statement: str
     table: str | None = None
     columns: tuple[str, ...] = ()
+    canonical: str = ""  # `_canonical`: what two proposals that make the same change share
 
 
 Fact = NewIndex | NewView | NewStatistics | NewTable | Change
@@ -134,8 +140,25 @@ def _relations_read(query: ast.Node | None, own: str | None) -> tuple[str, ...]:
     return tuple(n for n in found if n is not None and n != own and n not in ctes)
 
 
+def _canonical(stmt: ast.Node) -> str:
+    """The statement as pglast prints it back (case, spaces, comments and `USING btree` gone),
+    without what does not change what it makes: an index's name, CONCURRENTLY, IF NOT EXISTS."""
+    if not isinstance(stmt, ast.IndexStmt):
+        return _sql(stmt)
+    as_written = stmt.idxname, stmt.concurrent, stmt.if_not_exists
+    stmt.idxname, stmt.concurrent, stmt.if_not_exists = None, False, False
+    try:
+        return _sql(stmt)
+    finally:
+        stmt.idxname, stmt.concurrent, stmt.if_not_exists = as_written
+
+
 def _fact(stmt: ast.Node, command: str) -> Fact:
     """What one accepted statement creates or changes (read before `_targets` alters the tree)."""
+    return dataclasses.replace(_read(stmt, command), canonical=_canonical(stmt))
+
+
+def _read(stmt: ast.Node, command: str) -> Fact:
     if isinstance(stmt, ast.IndexStmt):
         assert stmt.relation is not None  # _check_index
         table = _plain(stmt.relation) or ""
