@@ -76,7 +76,7 @@ from afs.models import (
     UserConditions,
     ValidationResult,
 )
-from afs.params import ParameterSet, apply_parameters, baked_literals, parameter_sets, stored_rows
+from afs.params.family import ParameterSet, apply_parameters, baked_literals, parameter_sets, stored_rows
 from afs.query.query import Query
 from afs.query.text import check_input
 from afs.safety import check_query, creates, proposal_references, validate_candidate

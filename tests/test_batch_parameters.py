@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from afs.batch.fill import fill, fill_statement
+from afs.batch.fill import fill_statement
 from afs.batch.report import Entry, outcome, render_markdown
 from afs.brains import Squad
 from afs.config import Settings
@@ -16,7 +16,8 @@ from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import AgentKey, ColumnInfo, ColumnStats, EstimatedImpact, OptimizationProposal, TableInfo
 from afs.optimize import TaskRequest, new_task_id, optimize
-from afs.params import apply_parameters
+from afs.params.family import apply_parameters
+from afs.params.fill import fill
 from afs.report import render_text, to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer

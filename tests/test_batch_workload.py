@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from afs.batch.fill import fill, fill_statement, slots, substitute
+from afs.batch.fill import fill_statement
 from afs.batch.job import BatchOptions, run_batch
 from afs.batch.statements import read_workload, select_workload, why_not
 from afs.config import Settings
@@ -17,6 +17,7 @@ from afs.db import open_connection
 from afs.errors import InputError
 from afs.forks.provider import LocalForkProvider
 from afs.models import ColumnInfo, ColumnStats, TableInfo
+from afs.params.fill import fill, slots, substitute
 from afs.sandbox.importer import import_database, origin_of, sandbox_source
 from afs.sandbox.server import SandboxServer, dsn_for
 from afs.service.worker import open_runtime, worker_name
@@ -212,7 +213,7 @@ def test_substitute_leaves_strings_and_comments_alone() -> None:
 
 
 def test_a_normalised_typed_literal_is_written_as_a_cast() -> None:
-    from afs.batch.fill import typed_parameters
+    from afs.params.fill import typed_parameters
 
     assert typed_parameters("SELECT 1 FROM t WHERE at > now() - interval $2 AND d = date $10") == \
         "SELECT 1 FROM t WHERE at > now() - $2::interval AND d = $10::date"

@@ -92,7 +92,8 @@ PURE = ["config.py", "errors.py", "models.py", "forks/naming.py", "sandbox/demo.
         "pg/__init__.py", "pg/names.py", "pg/plan.py", "pg/stats.py", "pg/functions.py",
         "brains/strategists/__init__.py", "brains/strategists/evidence.py",
         "brains/strategists/index_design.py", "brains/strategists/structure.py",
-        "brains/strategists/precomputation.py", "brains/strategists/rewrites.py", "params.py"]
+        "brains/strategists/precomputation.py", "brains/strategists/rewrites.py",
+        "params/__init__.py", "params/family.py", "params/fill.py"]
 IO_LIBRARIES = {"trio", "psycopg", "mcp", "google", "httpx", "anyio", "subprocess"}
 # The one exception: errors.scrub reads a connection string with libpq's own parser
 # (psycopg.conninfo: no connection, no I/O), imported where it is used.

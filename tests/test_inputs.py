@@ -24,7 +24,7 @@ from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
 from afs.models import AgentKey, EstimatedImpact, OptimizationProposal
 from afs.optimize import TaskRequest, optimize, prepare, read_input
-from afs.params import apply_parameters, parameter_sets
+from afs.params.family import apply_parameters, parameter_sets
 from afs.query.features import extract_features
 from afs.query.query import Query
 from afs.query.shape import Resolver, query_shape, read_query

@@ -11,7 +11,7 @@ import pytest
 
 from afs.errors import InputError
 from afs.models import ColumnInfo, ColumnStats, TableInfo
-from afs.params import (
+from afs.params.family import (
     ParameterSet,
     Substitution,
     apply_parameters,
@@ -61,8 +61,9 @@ def _one_select(sql: str | None) -> str:
     return sql
 
 
-def test_the_module_is_pure() -> None:
-    source = (Path(__file__).parent.parent / "afs" / "params.py").read_text()
+@pytest.mark.parametrize("module", ["family.py", "fill.py"])
+def test_the_module_is_pure(module: str) -> None:
+    source = (Path(__file__).parent.parent / "afs" / "params" / module).read_text()
     imported: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -71,10 +72,9 @@ def test_the_module_is_pure() -> None:
             imported.add(node.module)
     roots = {name.split(".")[0] for name in imported}
     assert roots <= {"__future__", "functools", "re", "collections", "dataclasses", "datetime", "decimal",
-                     "typing",
-                     "sqlglot", "afs"}
+                     "typing", "sqlglot", "pglast", "afs"}
     assert {name for name in imported if name.startswith("afs")} <= {
-        "afs.errors", "afs.query.query", "afs.query.text", "afs.models"}
+        "afs.errors", "afs.query.query", "afs.query.text", "afs.models", "afs.pg.names", "afs.pg.stats"}
 
 
 def test_a_date_range_moves_with_its_width_and_stays_a_pair_of_dates() -> None:
@@ -264,7 +264,7 @@ def test_bad_input() -> None:
 
 
 def test_a_bound_derived_from_the_literal_moves_with_it() -> None:
-    from afs.params import ParameterSet, Substitution
+    from afs.params.family import ParameterSet, Substitution
     pset = ParameterSet("x", (Substitution("created_at", "'2024-06-01'", "'2024-12-28'"),))
     sargable = ("SELECT id FROM orders WHERE created_at >= CAST('2024-06-01' AS DATE)"
                 " AND created_at < CAST('2024-06-01' AS DATE) + INTERVAL '1 day'")

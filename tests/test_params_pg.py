@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from afs.analysis import gather_context
 from afs.db import open_connection
-from afs.params import apply_parameters, baked_literals, parameter_sets
+from afs.params.family import apply_parameters, baked_literals, parameter_sets
 from afs.query.features import extract_features
 from afs.query.query import Query
 from afs.sandbox.server import SandboxServer

@@ -11,7 +11,6 @@ import sys
 import pglast
 from sqlglot import exp
 
-from afs.batch.fill import fill, slots
 from afs.batch.statements import relations
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
@@ -19,7 +18,8 @@ from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import ColumnInfo, ColumnStats, TableInfo
 from afs.optimize import TaskRequest, optimize
-from afs.params import parameter_sets
+from afs.params.family import parameter_sets
+from afs.params.fill import fill, slots
 from afs.query.query import Query
 from afs.query.text import PARSES, walk
 from afs.router import load_rules

@@ -31,7 +31,7 @@ import psycopg
 import trio
 from psycopg.types.json import Jsonb
 
-from afs.batch.fill import DEFAULT_SETS, fill_statement
+from afs.batch.fill import fill_statement
 from afs.batch.report import Entry, build_report, index_key, outcome, render_markdown
 from afs.batch.statements import (
     Counters,
@@ -48,6 +48,7 @@ from afs.errors import AfsError, InputError, ServiceError
 from afs.events import Sink
 from afs.models import StatementParameters, TaskResult
 from afs.optimize import new_task_id
+from afs.params.fill import DEFAULT_SETS
 from afs.sandbox.importer import origin_of
 from afs.service.client import ServiceClient
 from afs.service.runner import Runtime, run_task

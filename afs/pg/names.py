@@ -7,6 +7,9 @@ each part bare when PostgreSQL reads it back unchanged, double-quoted otherwise 
 to_regclass() unchanged; `name_parts` gives its raw parts back. Quoted mixed-case names are
 distinct tables: `"Orders"` is not `orders`.
 
+Values: quote_literal (a string literal), sql_literal (a value as PostgreSQL prints it, as
+a literal of its column's type).
+
 Two ways to quote, for two uses:
     ident / qualified            SQL shown to people: bare when PostgreSQL would read the
                                  name back unchanged, double-quoted otherwise; a name that
@@ -106,6 +109,22 @@ def name_parts(name: str) -> tuple[str, ...]:
 def quote_literal(text: str) -> str:
     """`text` as a SQL string literal, its quotes doubled."""
     return "'" + text.replace("'", "''") + "'"
+
+
+_NUMERIC_TYPES: Final = frozenset({"smallint", "integer", "bigint", "numeric", "real",
+                                   "double precision", "decimal"})
+
+
+def sql_literal(value: str, data_type: str | None = None) -> str:
+    """A value as PostgreSQL prints it (pg_stats, a row read as text) written as an SQL literal
+    of a column of `data_type`: a number bare (a negative one in parentheses, so that it can
+    follow an operator), a boolean as true / false, anything else a quoted string."""
+    base = (data_type or "").split("(")[0].strip().lower()
+    if base in _NUMERIC_TYPES:
+        return value if not value.startswith("-") else f"({value})"
+    if base in ("boolean", "bool"):
+        return "true" if value in ("t", "true") else "false"
+    return quote_literal(value)
 
 
 def schema_and_relation(name: str) -> tuple[str | None, str]:

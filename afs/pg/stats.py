@@ -4,6 +4,9 @@
                   table's rows a predicate keeps, from pg_stats (MCVs, histogram,
                   n_distinct, null_frac), the way the planner estimates it; like_prefix,
                   parse_timestamp read a LIKE pattern and a histogram bound
+    values        common_values (most common values, most frequent first, with their share),
+                  quantile (a value of an ordered distribution): how the query family and
+                  the `$n` filling (afs.params) read pg_stats, one way
     defaults      DEFAULT_*_SEL: the planner's own guesses when there are no statistics
     types, sizes  column_type, base_type, column_width (pg_stats avg_width, else by type),
                   pattern_opclass, btree_mb and gin_mb (the size of a new index)
@@ -13,11 +16,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from afs.models import ColumnStats, TableInfo
+
+_T = TypeVar("_T")
 
 DEFAULT_EQ_SEL: Final = 0.005  # PostgreSQL's DEFAULT_EQ_SEL, when there are no statistics
 DEFAULT_RANGE_SEL: Final = 1 / 3  # PostgreSQL's DEFAULT_INEQ_SEL
@@ -266,3 +271,16 @@ def gin_mb(rows: float, width: int, opclass: str | None) -> float:
     return round(max(0.01, rows * max(width, 8) * per_byte / 1024 / 1024), 2)
 
 
+# -- values, as the query family and the `$n` filling draw them ------------------------------
+def common_values(stats: ColumnStats) -> list[tuple[str, float | None]]:
+    """The most common values, most frequent first, each with its share of the rows (None
+    when pg_stats gives no frequency for it)."""
+    freqs = stats.most_common_freqs
+    pairs = [(value, freqs[i] if i < len(freqs) else None)
+             for i, value in enumerate(stats.most_common_vals)]
+    return sorted(pairs, key=lambda pair: -(pair[1] or 0.0))
+
+
+def quantile(points: Sequence[_T], q: float) -> _T:
+    """The value at quantile `q` (0 … 1) of ordered `points` (nearest rank), not empty."""
+    return points[min(len(points) - 1, round(q * (len(points) - 1)))]

@@ -149,7 +149,7 @@ def parse_parameters(data: Any, query: str) -> StatementParameters:
     """The `parameters` of a submission (afs.models.StatementParameters as JSON: the batch
     job's filled sets): the first set's query is the task's query, and every set's
     substitutions must be literals that find their place in it (afs.params)."""
-    from afs.params import apply_parameters
+    from afs.params.family import apply_parameters
     from afs.store.codec import decode
 
     try:

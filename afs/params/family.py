@@ -67,6 +67,8 @@ from sqlglot.errors import SqlglotError
 
 from afs.errors import InputError
 from afs.models import ColumnStats, ParameterSet, Substitution, TableInfo
+from afs.pg.names import quote_literal
+from afs.pg.stats import common_values, quantile
 from afs.query.query import Query, local
 from afs.query.text import DIALECT, first_line, parse_query, select_text
 
@@ -546,10 +548,10 @@ def _render(shape: _Shape, value: _Value) -> str:
         offset = value.utcoffset()
         if shape.zone is not None and offset is not None:
             text += _zone(shape.zone, offset)
-        return _quote(text)
+        return quote_literal(text)
     if isinstance(value, date):
-        return _quote(value.isoformat())
-    return _quote(value)
+        return quote_literal(value.isoformat())
+    return quote_literal(value)
 
 
 def _zone(style: str, offset: timedelta) -> str:
@@ -561,10 +563,6 @@ def _zone(style: str, offset: timedelta) -> str:
     if style == "short" and minutes == 0:
         return f"{sign}{hours:02d}"
     return f"{sign}{hours:02d}:{minutes:02d}"
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def _check_literal(text: str) -> None:
@@ -618,10 +616,9 @@ def _sub(slot: _Slot, op: _Operand, new: str) -> Substitution:
 def _common(stats: ColumnStats, shape: _Shape, exclude: set[str]) -> list[tuple[str, str]]:
     """Other values for an equality: a frequent one, then a rarer one, alternately."""
     frequent: list[tuple[str, str]] = []
-    for index, raw in enumerate(stats.most_common_vals):
+    for raw, share in common_values(stats):
         value = _read(shape, raw)
         if value is not None:
-            share = stats.most_common_freqs[index] if index < len(stats.most_common_freqs) else None
             how = f"a common value, {share:.0%} of rows" if share is not None else "a common value"
             frequent.append((_render(shape, value), how))
     frequent = _distinct(frequent, exclude)
@@ -670,7 +667,7 @@ def _points(stats: ColumnStats, shape: _Shape) -> list[_Value]:
 def _percentiles(points: Sequence[_Value], shape: _Shape, exclude: set[str]) -> list[tuple[str, str]]:
     if not points:
         return []
-    found = [(_render(shape, points[round(q * (len(points) - 1))]), f"the {round(q * 100)}th percentile")
+    found = [(_render(shape, quantile(points, q)), f"the {round(q * 100)}th percentile")
              for q in QUANTILES]
     return _distinct(found, exclude)
 
@@ -854,8 +851,8 @@ def _like(slot: _Slot, count: int) -> list[_Alt]:
         if fold(start) == fold(piece):
             continue
         new_pattern = pattern[:lead] + start + rest
-        how = "another value" if whole else f"the start of another value ({_quote(value)})"
-        found.append((_quote(new_pattern), how))
+        how = "another value" if whole else f"the start of another value ({quote_literal(value)})"
+        found.append((quote_literal(new_pattern), how))
     return [_Alt(f"{slot.column} {op.operator} {new}: {how}", (_sub(slot, op, new),))
             for new, how in _distinct(found, {op.text})[:count]]
 
