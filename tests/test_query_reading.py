@@ -16,11 +16,13 @@ from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
-from afs.models import ColumnInfo, ColumnStats, TableInfo
+from afs.models import AnalysisContext, ColumnInfo, ColumnStats, TableInfo
 from afs.optimize import TaskRequest, optimize
 from afs.params.family import parameter_sets
 from afs.params.fill import fill, slots
+from afs.query.features import extract_features
 from afs.query.query import Query
+from afs.query.shape import Resolver, query_shape
 from afs.query.text import PARSES, walk
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -102,3 +104,16 @@ def _info(name: str, column: str, common: tuple[str, ...]) -> TableInfo:
     return TableInfo(name=name, rows=1000, size_mb=1.0,
                      columns=(ColumnInfo("id", "integer"), ColumnInfo(column, "integer")),
                      indexes=(), column_stats={column: stats})
+
+
+def test_the_strategists_resolve_an_alias_in_its_own_block() -> None:
+    """`o` is orders outside and users inside: the semi-join pairs orders.user_id with
+    users.id (the strategists' resolver had one alias map for the whole query, where the
+    first `o` won, and saw no join at all)."""
+    sql = "SELECT o.id FROM orders o WHERE o.user_id IN (SELECT o.id FROM users o WHERE o.id < 5)"
+    tables = {"orders": _info("orders", "user_id", ("1", "2")), "users": _info("users", "name", ("a",))}
+    ctx = AnalysisContext(task_id="t", task_type="query_optimization", query=sql,
+                          features=extract_features(sql), plan={}, execution_ms=1.0, tables=tables)
+    query = Query.read(sql)
+    shape = query_shape(query, Resolver(ctx, query))
+    assert shape.join_pairs == ((("orders", "user_id"), ("users", "id")),)

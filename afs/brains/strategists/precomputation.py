@@ -602,8 +602,8 @@ def _base_rows(ev: Evidence, table: str | None) -> float:
 
 def _column_types(ev: Evidence) -> ColumnTypes:
     def type_of(column: exp.Column) -> str | None:
-        owner = ev.resolver.table_of(str(column.table) or None, str(column.name))
-        info = ev.table(owner) if owner else None
+        resolved = ev.resolver.column(column)  # the one resolver, for a node of the query
+        info = ev.table(resolved[0]) if resolved else None
         return column_type(info, str(column.name)) if info else None
     return type_of
 
