@@ -10,7 +10,7 @@ the fork (it is a per-database catalog); activity counters do not, so
 `writes_per_read` comes from the source and is passed in.
 
 Views are seen through before the analysis: `view_definitions` reads them on the source and
-`afs.features.see_through` puts their tables in the query's features, so the analysis, the
+`afs.query.features.see_through` puts their tables in the query's features, so the analysis, the
 proposals and the storage measurement are about the tables PostgreSQL scans.
 
 What runs on the source (a user's database) is catalog reads only: the query itself is
@@ -126,7 +126,7 @@ MAX_VIEWS = 100  # views followed for one query (views of views included)
 
 async def view_definitions(conn: Connection, tables: tuple[str, ...]) -> dict[str, str]:
     """The SELECT of each view among `tables`, and of the views those read, to any depth
-    (afs.features.see_through reads them)."""
+    (afs.query.features.see_through reads them)."""
     found: dict[str, str] = {}
     pending, looked = list(tables), set[str]()
     while pending and len(looked) < MAX_VIEWS:

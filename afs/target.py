@@ -4,7 +4,7 @@ Every statement AFS plans, explains or runs on a database it is pointed at (the 
 `afs optimize`, the database `afs batch` reads, the database `afs apply` verifies) goes
 through `on_target`, in this order:
 
-    1. input limits          afs.features.check_input: size, depth; `$n` only when the caller
+    1. input limits          afs.query.text.check_input: size, depth; `$n` only when the caller
                              says so (pg_stat_statements' texts, planned generically)
     2. the structure         afs.safety.check_query: exactly one read-only SELECT
     3. the catalog           afs.catalog.check_query_catalog: every function, operator, cast and

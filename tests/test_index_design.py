@@ -1,5 +1,5 @@
 """gemini-2.5-pro's ranked candidate designs: each kind fires where the query admits it, and
-not where it does not. Synthetic contexts (the query read by afs.features, a hand-built
+not where it does not. Synthetic contexts (the query read by afs.query, a hand-built
 EXPLAIN ANALYZE plan, pg_stats-like statistics); no database."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from afs.params.fill import fill, slots
 from afs.query.features import extract_features
 from afs.query.query import Query
 from afs.query.shape import Resolver, query_shape
-from afs.query.text import PARSES, walk
+from afs.query.text import PARSES, parse_query, walk
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
 
@@ -79,6 +79,8 @@ async def test_a_three_agent_task_reads_its_query_a_handful_of_times(
                             rules=load_rules(None), events=Emitter("t" + marker))
     assert len(result.outcomes) == 3 and result.status == "completed", result.error
     assert 1 <= PARSES[query] <= 3, PARSES[query]
+    shared = Query.read(query).tree  # the one reading: every reader left it as it was
+    assert shared is not None and shared.sql(dialect="postgres") == parse_query(query).sql(dialect="postgres")
     print(f"parses: the query {PARSES[query]}, all texts {sum(PARSES.values()) - before}")
 
 

@@ -1134,7 +1134,7 @@ def test_every_output_is_well_formed(scenario: str, agent: str) -> None:
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_features_extracted_from_the_query_give_the_same_proposals(scenario: str) -> None:
-    """The hand-built features above say what afs.features says about these queries."""
+    """The hand-built features above say what afs.query.features says about these queries."""
     from afs.query.features import extract_features
 
     ctx = SCENARIOS[scenario]()

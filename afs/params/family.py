@@ -7,7 +7,7 @@ query of the family (the original, a suite variant, a proposal's rewrite);
 `baked_literals` tells whether a materialized view's SELECT bakes the query's
 literals in (an answer cache, never a fix). `ParameterSet` (in `afs.models`, exported
 here) is also what a batch task carries: its statement's $1 … $n filled from pg_stats
-(`afs.batch.fill`), each set beyond the first written as substitutions of the first's
+(`afs.params.fill`), each set beyond the first written as substitutions of the first's
 values, so `apply_parameters` moves any query of the family to them the same way.
 
 A *filter literal* is a literal operand of a comparison in a WHERE, HAVING or

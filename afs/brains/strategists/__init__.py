@@ -22,9 +22,10 @@ When the specialty of gemini25flash (or of gemini25pro on a complex query) finds
 nothing for an aggregation, it proposes the summary view too (`with_rollup`), as
 the seed's router and specialisations ask of them.
 
-Every strategist is a pure function of the `AnalysisContext`: the query (read by
-afs.features), its EXPLAIN (ANALYZE, BUFFERS) plan (afs.pg.plan) and the table
-statistics (afs.pg.stats). It decides once (`Decision`) and that decision yields both
+Every strategist is a pure function of the `AnalysisContext`: the query (read once by
+afs.query: `Evidence` takes the one `Query`, shared by every strategist), its EXPLAIN
+(ANALYZE, BUFFERS) plan (afs.pg.plan) and the table statistics (afs.pg.stats). It
+decides once (`Decision`) and that decision yields both
 the seed's `AnalysisResult` and the `OptimizationProposal` (or None: nothing worth
 proposing). A new strategist is one decide-function and one `STRATEGISTS` entry.
 """
