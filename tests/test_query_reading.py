@@ -18,7 +18,8 @@ from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import AnalysisContext, ColumnInfo, ColumnStats, TableInfo
 from afs.optimize import TaskRequest, optimize
-from afs.params.family import parameter_sets
+from afs.params import family
+from afs.params.family import apply_parameters, parameter_sets
 from afs.params.fill import fill, slots
 from afs.query.features import extract_features
 from afs.query.query import Query
@@ -119,3 +120,15 @@ def test_the_strategists_resolve_an_alias_in_its_own_block() -> None:
     query = Query.read(sql)
     shape = query_shape(query, Resolver(ctx, query))
     assert shape.join_pairs == ((("orders", "user_id"), ("users", "id")),)
+
+
+def test_a_parameter_set_is_written_into_a_query_once() -> None:
+    """Every agent and candidate of a task asks for the original with each set: the answer is
+    remembered (the same string, no new reading of either text)."""
+    tables = {"orders": _info("orders", "user_id", ("7", "8", "9"))}
+    sql = f"SELECT id FROM orders WHERE user_id = 3 /* {os.urandom(4).hex()} */"
+    (first, *_) = parameter_sets(Query.read(sql), tables, 2)
+    written = apply_parameters(sql, first)
+    hits = family._applied.cache_info().hits
+    assert written is not None and apply_parameters(sql, first) is written
+    assert family._applied.cache_info().hits == hits + 1
