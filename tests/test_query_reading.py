@@ -120,6 +120,9 @@ def test_the_strategists_resolve_an_alias_in_its_own_block() -> None:
     query = Query.read(sql)
     shape = query_shape(query, Resolver(ctx, query))
     assert shape.join_pairs == ((("orders", "user_id"), ("users", "id")),)
+    # a name EXPLAIN prints (`o.id` in a filter) is one table only when every block agrees
+    assert Resolver(ctx, query).table_key("o") is None
+    assert Resolver(ctx, query).table_of("o", "id") is None
 
 
 def test_a_parameter_set_is_written_into_a_query_once() -> None:

@@ -141,6 +141,13 @@ class Query:
             return None
         return None
 
+    def tables_named(self, name: str) -> frozenset[str | None]:
+        """What a FROM item called `name` (an alias, or a table's own name) is in the blocks
+        that have one: base tables by name, None for a CTE or a derived table. One element
+        when every block agrees; a name without a block (as EXPLAIN prints it) means that."""
+        return frozenset(base_table(scope.selected_sources[name][1])
+                         for scope in self.scopes if name in scope.selected_sources)
+
     def table_of(self, column: exp.Column,
                  tables: Mapping[str, TableInfo] | None = None) -> str | None:
         """The base table `column` belongs to; None for a CTE's or a derived table's column,

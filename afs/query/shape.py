@@ -277,12 +277,18 @@ class Resolver:
         self.aliases = {k.lower(): v for k, v in ctx.features.aliases.items()}
 
     def table_key(self, name: str | None) -> str | None:
-        """The key of ctx.tables that `name` means: a key itself, an alias, or a qualifier as
-        sqlglot reads it (raw: `Orders` for `"Orders"`); case counts before it is ignored."""
+        """The key of ctx.tables that `name` means: a key itself, an alias (the same table in
+        every block that has it: `Query.tables_named`), or a qualifier as sqlglot reads it
+        (raw: `Orders` for `"Orders"`); case counts before it is ignored."""
         if not name:
             return None
         if name in self.tables:
             return name
+        named = self.query.tables_named(name) if self.query is not None else frozenset()
+        if len(named) > 1:
+            return None  # an alias of several tables, in different blocks
+        if named and next(iter(named)) in self.tables:
+            return next(iter(named))
         if self.exact_aliases.get(name) in self.tables:
             return self.exact_aliases[name]
         if relation_key(name) in self.tables:
