@@ -356,8 +356,9 @@ def _compared_with(op: _Operand, name: str | None) -> bool:
 # -- tables ---------------------------------------------------------------------------------
 
 
-def _table_of(query: Query, column: exp.Column, tables: Mapping[str, TableInfo]) -> str | None:
-    """The table of `tables` the column belongs to (module docstring), if known."""
+def _stats_table(query: Query, column: exp.Column, tables: Mapping[str, TableInfo]) -> str | None:
+    """The table of `tables` whose statistics the column's values come from: the one
+    resolver's answer, else the one table with statistics for that name (module docstring)."""
     found = query.table_of(column, tables)
     if found is not None:
         return found if found in tables else None
@@ -392,7 +393,7 @@ def _slots(operands: Sequence[_Operand], query: Query,
         if column is None:
             slots += [_Slot("loose", None, None, (op,)) for op in ops]
             continue
-        table = _table_of(query, column, tables)
+        table = _stats_table(query, column, tables)
         label = f"{table}.{column.name}" if table else column.name
         stats = tables[table].column_stats.get(column.name) if table else None
         if first.operator == "BETWEEN" and len(ops) == 2:

@@ -308,16 +308,13 @@ class _Collector:
     def add(self, column: exp.Column, role: ColumnRole, operator: str | None = None,
             value: Any = None, position: int | None = None) -> None:
         self.claimed.add(id(column))
-        use = ColumnUse(self.table_of(column), column.name, role, operator, value)
+        use = ColumnUse(self.query.table_of(column), column.name, role, operator, value)
         self.uses.append((_position(column) if position is None else position, use))
 
     def sole_table(self) -> str | None:
         """The base table of a block that reads one source, and only one."""
         sources = list(self.scope.selected_sources.values())
         return base_table(sources[0][1]) if len(sources) == 1 else None
-
-    def table_of(self, column: exp.Column) -> str | None:
-        return self.query.table_of(column)
 
     def source_table(self, node: exp.Expr) -> str | None:
         """The base table behind a FROM or JOIN item of this block."""
