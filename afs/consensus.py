@@ -31,8 +31,8 @@ Ours on top of the original rules:
 * the write cost of a new index on a write-heavy table: for index types (index, partial_index,
   composite_index) the risk score loses min(15, 10 × writes_per_read), where writes_per_read is
   the largest `outcome.writes_per_read` (measured on the source) of the tables the proposal
-  indexes (0 when unknown). It is applied after the original risk clamp and clamped to 0–100
-  again, so it counts in the risk gate too;
+  indexes, as the validator read them (`afs.safety.creates`; 0 when unknown). It is applied
+  after the original risk clamp and clamped to 0–100 again, so it counts in the risk gate too;
 * a materialized view is stale until refreshed and each refresh costs its build time, measured
   in the fork (`BenchmarkOutcome.apply_s`): complexity −min(20, 2 per second);
 * performance is scored on the average improvement over the suite AND the other parameter
@@ -42,9 +42,10 @@ Ours on top of the original rules:
   baked into what it reads), returns other rows for another parameter set, or is slower than
   the original for one (`BenchmarkOutcome.family_problem`) cannot win;
 * agreement between agents on equivalent DDL raises the confidence. DDL is compared as the set
-  of `normalize_ddl` statements (ANALYZE/VACUUM left out), so `CREATE INDEX a ON orders (user_id)`
-  ≡ `create index concurrently b on orders(user_id)`. Any other outcome with a proposal counts,
-  whatever became of it later (an independent proposal of the same change is evidence).
+  of statements the validator read (`ddl_signature`, ANALYZE left out), so `CREATE INDEX a ON
+  orders (user_id)` ≡ `create index concurrently b on orders(user_id)`. Any other outcome with
+  a proposal counts, whatever became of it later (an independent proposal of the same change is
+  evidence).
 
 Confidence is 0 without a winner; otherwise, clamped to 0–1,
 

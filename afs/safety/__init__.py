@@ -24,22 +24,11 @@ parse is refused. Two checks:
     CREATE EXTENSION IF NOT EXISTS pg_trgm | btree_gin   (trusted extensions shipped with
         PostgreSQL, for their index operator classes; no SCHEMA, VERSION or CASCADE; the
         rollback leaves the extension in place)
-    only in a "partitioning" proposal, the migration recipe:
-        CREATE TABLE … PARTITION BY RANGE|LIST|HASH (…)  /  CREATE TABLE … (LIKE …)
-        CREATE TABLE … PARTITION OF … FOR VALUES …   (CREATE TABLE without IF NOT EXISTS)
-        INSERT INTO <table created in this proposal> [(cols)] SELECT … FROM <table>,
-            unless that writes into an existing table (a partition of the target, or
-            the target's partitioned table)
-        ALTER TABLE … RENAME TO …
-        ALTER TABLE <table created in this proposal> ATTACH PARTITION …
-        DROP TABLE <one table> (no CASCADE), only for a table this proposal created (and
-            no existing table attached to it) and that does not hold the only copy of a dropped
-            table's rows, or for the table being replaced: one this proposal copied whole into
-            a table it still has. A whole copy is INSERT … SELECT * FROM <it> with no column
-            list, or names its columns on both sides in the same order (the catalog confirms
-            they are all of them); nothing filtered, grouped or limited, not ONLY.
-        At the end, a table that takes the name of an existing one renamed away or dropped
-        must hold all of its rows (a whole copy, or the table itself attached as a partition).
+    only in a "partitioning" proposal, the migration recipe (`afs.safety.partitioning` says
+        each step's conditions): CREATE TABLE … PARTITION BY / PARTITION OF / (LIKE …),
+        INSERT INTO <a table it created> SELECT … FROM <table>, ALTER TABLE … RENAME TO,
+        ATTACH PARTITION to a table it created, DROP TABLE of what it created or copied whole;
+        at the end every replaced table's rows are under its name
 
   A "settings" proposal carries no commands at all: its per-query settings are checked by
   `check_settings` (`validate_candidate` checks both).
@@ -72,8 +61,9 @@ The rooms of the gate, each pure (pglast only; the catalog's I/O half is `afs.ca
                   of a proposal, which every reader of what it creates shares
 
 What a proposal creates is read once, from the parse trees the validator checked
-(`validate(proposal).creates`, or `creates(proposal)`): the benchmark, the query family,
-consensus, the apply plan and the batch report read it, never the SQL text.
+(`validate(proposal).creates`, or `creates(proposal)`, kept per distinct commands): the
+benchmark, the query family, consensus (the write cost, agreement), the apply plan and the batch
+report read it, never the SQL text; so does the fork's growth cap (`writes_from_query`).
 """
 
 from __future__ import annotations
