@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pglast import ast, enums, parse_sql
+from pglast.parser import ParseError
+from pglast.stream import RawStream
+
 from afs.models import (
     AGENTS,
     AgentOutcome,
@@ -22,7 +26,7 @@ from afs.models import (
     TaskResult,
     UserConditions,
 )
-from afs.safety import settings_sql
+from afs.safety import creates, settings_sql
 
 NOT_APPLIED = ("Nothing was applied to your database: every change ran in a disposable fork, "
                "now destroyed.")
@@ -289,6 +293,66 @@ def _row(cells: list[str], widths: list[int]) -> str:
     return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in pairs)
 
 
+def live_sql(sql: str) -> str:
+    """`sql` as a person runs it on a busy database: an index built and dropped CONCURRENTLY
+    (reads and writes go on; no IF NOT EXISTS, which would keep an invalid leftover). Other
+    statements, and text that does not parse, stay as they are."""
+    try:
+        [raw] = parse_sql(sql)
+    except (ParseError, ValueError):
+        return sql
+    stmt = raw.stmt
+    if isinstance(stmt, ast.IndexStmt):
+        stmt.concurrent, stmt.if_not_exists = True, False
+    elif isinstance(stmt, ast.DropStmt) and stmt.removeType == enums.ObjectType.OBJECT_INDEX:
+        stmt.concurrent = True
+    else:
+        return sql
+    return str(RawStream()(stmt))
+
+
+def _winner(result: TaskResult) -> AgentOutcome | None:
+    return next((o for o in result.outcomes
+                 if result.decision is not None and o.agent == result.decision.winner), None)
+
+
+def _refresh_lines(outcome: AgentOutcome) -> list[str]:
+    """A materialized view's refresh command (CONCURRENTLY where the proposal gives the view a
+    unique index) and what its schedule depends on."""
+    if outcome.proposal is None:
+        return []
+    facts = creates(outcome.proposal)
+    unique = {ix.table for ix in facts.indexes if ix.unique}
+    lines = []
+    for view in facts.views:
+        concurrently = "CONCURRENTLY " if view.name in unique else ""
+        lines.append(f"  refresh:  REFRESH MATERIALIZED VIEW {concurrently}{view.name};"
+                     "  (the view is a snapshot, stale until refreshed)")
+    if lines and outcome.benchmark is not None:
+        every = max(300.0, outcome.benchmark.apply_s * 100)  # at most 1 % of the time refreshing
+        lines.append(f"  schedule: at most every {every / 60:.0f} minutes (a refresh takes about"
+                     f" {outcome.benchmark.apply_s:.2f} s, as the build did in the fork); `afs apply`"
+                     " sets it from how fast the tables it reads change")
+    return lines
+
+
+def _times_line(result: TaskResult) -> list[str]:
+    """The winner's query as given, before and after, in ms and as a ratio: a person reads
+    "256 ms → 0.07 ms (3,657×)", which "100.0 % faster" hides."""
+    outcome = _winner(result)
+    bench = outcome.benchmark if outcome else None
+    base = next((m for m in bench.measurements if m.name == "baseline"), None) if bench else None
+    if base is None or base.optimized.median_ms <= 0:
+        return []
+    before, after = base.baseline.median_ms, base.optimized.median_ms
+    bound = "over " if bench is not None and bench.baseline_lower_bound else ""
+    return [f"  the query as given: {bound}{_ms(before)} → {_ms(after)} ({before / after:,.1f}× faster)"]
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.0f} ms" if value >= 100 else f"{value:.2f} ms"
+
+
 def render_text(result: TaskResult) -> str:
     doc = to_json(result)
     out = [f"AFS task {result.task_id}: {result.status.replace('_', ' ')}"
@@ -360,7 +424,10 @@ def render_text(result: TaskResult) -> str:
             for reason in p["skipped_benchmarks"]:
                 out.append(f"  skipped: {reason}")
             for c in p["parameter_checks"]:
-                verdict = ("other rows" if not c["equivalent"] else "slower" if c["slower"] else "ok")
+                verdict = ("other rows" if not c["equivalent"] else "slower" if c["slower"]
+                           else "no faster (within the noise)"
+                           if c["baseline_ms"] is not None and c["optimized_ms"] is not None
+                           and c["optimized_ms"] >= c["baseline_ms"] else "ok")
                 times = (f"{c['baseline_ms']:.2f} → {c['optimized_ms']:.2f} ms"
                          f" ({c['baseline_runs']}{_reused(c)}/{c['runs']} runs)"
                          if c["baseline_ms"] is not None and c["optimized_ms"] is not None else "not timed")
@@ -400,12 +467,20 @@ def render_text(result: TaskResult) -> str:
         out.append(f"winner: {winner['agent']} ({winner['proposal_type']}), "
                    f"{winner['improvement_pct']:.1f} % faster on average over the suite"
                    + (f" ! {PLAN_WARNING}" if doc["plan_matches_source"] is False else ""))
-        out.extend(f"  apply:    {sql};" for sql in winner["sql_commands"])
+        out.extend(_times_line(result))
+        if winner["sql_commands"]:
+            # what a person runs on a busy database, not the fork's SQL (that stays in --json)
+            out.append("  on your database, one statement at a time and outside a transaction"
+                       f" (or `afs apply {result.task_id}`: the same, verified, audited):")
+        out.extend(f"  apply:    {live_sql(sql)};" for sql in winner["sql_commands"])
+        out.extend(f"  rollback: {live_sql(sql)};" for sql in winner["rollback_commands"])
+        outcome = _winner(result)
+        if outcome is not None:
+            out.extend(_refresh_lines(outcome))
         out.extend(f"  setting:  {sql};  (for this query, or per role with ALTER ROLE … SET; never globally)"
                    for sql in settings_sql(tuple(winner["settings"].items()), "SET"))
         if winner["rewritten_query"]:
             out.append(f"  and run:  {winner['rewritten_query']}")
-        out.extend(f"  rollback: {sql};" for sql in winner["rollback_commands"])
     elif result.status == "no_improvement":
         out.append("no proposal beat the noise: the query is fine as it is, or needs more than "
                    "these agents tried.")

@@ -377,7 +377,7 @@ async def test_post_apply_needs_an_approver_applies_and_refuses_a_second_time(
         nursery: trio.Nursery, settings: Settings, store: Store, store_db: str, target: str) -> None:
     import httpx
 
-    from afs.service.api import run_service
+    from afs.serve import run_service
 
     task_id = new_task_id()  # a task on the target (its DSN stored without the password)
     await store.submit(task_id=task_id, query=QUERY, source="afs_demo", dsn=target,
@@ -726,3 +726,33 @@ def test_a_recorded_target_finds_its_password_as_psql_would(sandbox: SandboxServ
         with connect_sync(sandbox.dsn()) as conn:
             conn.execute(f"REVOKE CONNECT ON DATABASE postgres FROM {role}")
             conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_the_text_report_prints_what_a_person_runs_on_a_busy_database() -> None:
+    from afs.report import live_sql, render_text, to_json
+
+    index = "CREATE INDEX ix_u ON orders (user_id)"
+    result = result_with("t9", (index,))
+    text = render_text(result)
+    assert "apply:    CREATE INDEX CONCURRENTLY ix_u ON orders (user_id);" in text
+    assert "outside a transaction" in text and "`afs apply t9`" in text
+    assert "\n  apply:    CREATE INDEX ix_u" not in text  # the fork's SQL would lock a busy table
+    assert live_sql("DROP INDEX IF EXISTS ix_u") == "DROP INDEX CONCURRENTLY IF EXISTS ix_u"
+    assert live_sql("CREATE INDEX IF NOT EXISTS ix_v ON t (a)") == "CREATE INDEX CONCURRENTLY ix_v ON t (a)"
+    assert "the query as given: 40.00 ms → 0.50 ms (80.0× faster)" in text
+    assert to_json(result)["winner"]["sql_commands"] == [index]  # scripts keep the fork's exact SQL
+    view = result_with("t10", ("CREATE MATERIALIZED VIEW mv AS SELECT user_id, count(*) AS n FROM orders"
+                               " GROUP BY user_id", "CREATE UNIQUE INDEX mv_u ON mv (user_id)"),
+                       "materialized_view", rewritten="SELECT n FROM mv WHERE user_id = 42")
+    shown = render_text(view)
+    assert "REFRESH MATERIALIZED VIEW CONCURRENTLY mv;" in shown and "schedule: at most every" in shown
+
+
+def test_an_other_values_line_that_is_no_faster_does_not_read_ok() -> None:
+    from afs.report import render_text
+
+    checks = (ParameterCheck("user_id = 7", True, False, Timing(10.0, 1.0, 3, 10), Timing(10.4, 1.0, 3, 10)),
+              ParameterCheck("user_id = 8", True, False, Timing(10.0, 1.0, 3, 10), Timing(1.0, 0.1, 3, 10)))
+    text = render_text(result_with("t11", ("CREATE INDEX ix_w ON orders (user_id)",), checks=checks))
+    assert "user_id = 7: 10.00 → 10.40 ms (3/3 runs), no faster (within the noise)" in text
+    assert "user_id = 8: 10.00 → 1.00 ms (3/3 runs), ok" in text
