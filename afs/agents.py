@@ -20,17 +20,15 @@ import functools
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import structlog
 import trio
 
-from afs.analysis import gather_context
+from afs.analysis import SourceStats, gather_context
 from afs.bench import (
-    ApplyError,
-    Result,
     Reuse,
-    Sample,
+    TaskMeasurements,
     benchmark,
     measure_before,
     planner_cost,
@@ -41,17 +39,17 @@ from afs.brains import Brain, RevisingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
 from afs.conditions import carry_into_fork, check_plan
-from afs.config import (
-    DEFAULT_CANDIDATES,
-    DEFAULT_MEASURE_BUDGET_S,
-    DEFAULT_MEASURED,
-    DEFAULT_MIN_RUNS,
-    DEFAULT_PARAMETER_SETS,
-    Timeouts,
-)
-from afs.consensus import ddl_signature, score
+from afs.config import Measuring, Timeouts
+from afs.consensus import score
 from afs.db import Connection, open_connection
-from afs.errors import AfsError, DatabaseError, InputError, StatementTimeout, single_leaf
+from afs.errors import (
+    AfsError,
+    DatabaseError,
+    InputError,
+    ProposalFailedError,
+    StatementTimeout,
+    single_leaf,
+)
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.forks.naming import fork_name
@@ -86,115 +84,6 @@ AS_FAST_RATIO = 1.1  # a candidate leaving at most 1.1x the fastest one's share 
 AS_FAST_MS = 0.3  # … or one within 0.3 ms of its time (below that, timings are mostly noise)
 
 
-T = TypeVar("T")
-ProposalKey = tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]
-
-
-@dataclass
-class _Once(Generic[T]):
-    """Work one agent does for the whole task (see `_once`)."""
-
-    owner: AgentKey | None
-    done: trio.Event = field(default_factory=trio.Event)
-    value: T | None = None
-    error: ApplyError | None = None  # a failure every agent would meet the same way
-
-
-async def _once(entries: dict[Any, _Once[T]], key: Any, run: Callable[[], Awaitable[T]], *,
-                owner: AgentKey | None = None, errors_shared: bool = False,
-                waiting: Callable[[AgentKey], None] | None = None) -> tuple[T, AgentKey | None]:
-    """`run` once per `key` for every agent of a task: the first agent runs it, the others wait
-    (`waiting` is told who runs it) and take its value; if the one running it fails before it
-    is done, the next one runs it itself. With `errors_shared`, an ApplyError is raised to every
-    agent instead (applying the same design fails the same way in every fork). Returns the
-    value and the agent it was taken from (None: this one ran it)."""
-    while True:
-        entry = entries.get(key)
-        if entry is None or (entry.done.is_set() and entry.value is None and entry.error is None):
-            entry = entries[key] = _Once(owner=owner)
-            try:
-                entry.value = await run()
-                return entry.value, None
-            except ApplyError as exc:
-                if errors_shared:
-                    entry.error = exc
-                raise
-            finally:
-                entry.done.set()
-        if waiting is not None and entry.owner is not None:
-            waiting(entry.owner)
-        await entry.done.wait()
-        if entry.error is not None:
-            raise ApplyError(str(entry.error))
-        if entry.value is not None:
-            return entry.value, entry.owner
-
-
-class SharedMeasurements:
-    """Identical proposals (same normalized DDL and rewrite) are measured once per task.
-
-    The first agent to propose it measures it in its own fork; the others wait and
-    take that measurement (their forks hold the same data). If the measuring agent
-    fails, the next one measures it itself. The analysis of the query before any change
-    (`analysis`) and screening (`screen`) are shared the same way.
-    """
-
-    def __init__(self) -> None:
-        self._measurements: dict[ProposalKey, _Once[BenchmarkOutcome]] = {}
-        self._screenings: dict[ProposalKey, _Once[float]] = {}
-        self._analysis: dict[None, _Once[tuple[AnalysisContext, tuple[str, ...]]]] = {}
-        # one run of a query past the statement timeout, for every proposal of the task
-        self.slow_baselines: dict[str, tuple[Result | None, Sample]] = {}
-        # results and baseline runs of the queries before any change, for every fork of the task
-        self.reuse = Reuse()
-        # the query with other values (a family member's original) known to exceed the
-        # statement timeout (sql -> whether its rows could still be read): each later proposal
-        # would wait for that timeout again for nothing
-        self.slow_family: dict[str, bool] = {}
-        self._before_claimed = False
-
-    def claim_before(self) -> bool:
-        """True for the first agent to ask: it measures the queries before any change
-        (`afs.bench.measure_before`) while its model thinks; the others go on."""
-        claimed, self._before_claimed = self._before_claimed, True
-        return not claimed
-
-    async def screen(self, proposal: OptimizationProposal, run: Callable[[], Awaitable[float]]) -> float:
-        """The planner's cost of the task's query with `proposal` in place (`run`: a rolled-back
-        build in the caller's fork), once per task: screening runs before anything is applied
-        in a fork, and every fork of a task starts with the same data and statistics. A proposal
-        that fails to apply (ApplyError) fails the same way for every agent. If the agent that
-        screens it fails otherwise, the next one screens it itself."""
-        cost, _ = await _once(self._screenings, self.key(proposal), run, errors_shared=True)
-        return cost
-
-    async def analysis(self, run: Callable[[], Awaitable[tuple[AnalysisContext, tuple[str, ...]]]]
-                       ) -> tuple[AnalysisContext, tuple[str, ...]]:
-        """The analysis of the query before any change (`run`, in the caller's fork: EXPLAIN
-        ANALYZE, statistics, the suite), once per task: every fork of a task starts with the same
-        data and statistics. The first agent runs it, the others take it; if that agent fails
-        before it is done, the next one runs it itself."""
-        value, _ = await _once(self._analysis, None, run)
-        return value
-
-    def screened(self, proposal: OptimizationProposal) -> float | None:
-        """The planner cost found for `proposal` in this task, if any."""
-        entry = self._screenings.get(self.key(proposal))
-        return entry.value if entry is not None else None
-
-    @staticmethod
-    def key(proposal: OptimizationProposal) -> ProposalKey:
-        rewrite = " ".join(proposal.rewritten_query.split()) if proposal.rewritten_query else None
-        # settings count: two settings-only proposals have the same (empty) DDL and no rewrite
-        return ddl_signature(proposal), rewrite, tuple(sorted(proposal.settings))
-
-    async def measure(self, agent: AgentKey, proposal: OptimizationProposal,
-                      run: Callable[[], Awaitable[BenchmarkOutcome]],
-                      waiting: Callable[[AgentKey], None]) -> tuple[BenchmarkOutcome, AgentKey | None]:
-        """The measurement and, when it was taken over from another agent, that agent."""
-        return await _once(self._measurements, self.key(proposal), run, owner=agent, waiting=waiting)
-
-
 @dataclass(frozen=True)
 class AgentJob:
     """What one agent needs to do its part of a task."""
@@ -204,17 +93,10 @@ class AgentJob:
     query: str
     features: QueryFeatures
     source: str  # the service to fork
-    source_stats: Mapping[str, tuple[int, float]]  # table -> (rows, writes per read)
-    runs: int  # at most, per suite query and side
-    statement_timeout_ms: int
+    source_stats: Mapping[str, SourceStats]  # by table: what its forks cannot tell
     timeouts: Timeouts
-    candidates: int = DEFAULT_CANDIDATES  # designs screened per agent
-    measured: int = DEFAULT_MEASURED  # of those, measured in the fork
-    parameter_sets: int = DEFAULT_PARAMETER_SETS  # other literal values checked per proposal
+    measuring: Measuring  # runs, stop rule, budget, candidates, parameter sets, timeouts of SQL
     given_sets: tuple[ParameterSet, ...] = ()  # the task's own other values (then none drawn)
-    slow_cap_s: float = 0.0  # cap of the one baseline run of a query past the statement timeout
-    min_runs: int = DEFAULT_MIN_RUNS  # runs before measuring may stop (the verdict is certain)
-    measure_budget_s: float = DEFAULT_MEASURE_BUDGET_S  # query time per candidate's measurement
     source_server: Mapping[str, str] = field(default_factory=dict)  # AnalysisContext.source_server
     source_imported: bool = False
     conditions: UserConditions | None = None  # the user's server: settings forks take, its plan
@@ -252,7 +134,7 @@ class _Progress:
 
 async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain: Brain,
                     bench_limiter: trio.CapacityLimiter, events: Emitter,
-                    shared: SharedMeasurements | None = None) -> AgentOutcome:
+                    shared: TaskMeasurements | None = None) -> AgentOutcome:
     """The whole workflow of one agent; expected failures are returned, not raised."""
     state = _Progress(agent=agent, started=trio.current_time())
     limits = job.timeouts
@@ -274,9 +156,9 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
                 # every log line inside the fork names it (task id and agent are bound by the task)
                 with structlog.contextvars.bound_contextvars(fork=fork.name):
                     # the user's plan settings as the fork's own, before its sessions start
-                    carried, gaps = await carry_into_fork(fork.dsn, fork.name, job.conditions,
-                                                          job.statement_timeout_ms)
-                    async with open_connection(fork.dsn, job.statement_timeout_ms) as conn:
+                    timeout_ms = job.measuring.statement_timeout_ms
+                    carried, gaps = await carry_into_fork(fork.dsn, fork.name, job.conditions, timeout_ms)
+                    async with open_connection(fork.dsn, timeout_ms) as conn:
                         # the same plan as on the source, or a warning: before any measurement
                         state.plan_check = await check_plan(conn, job.query, job.conditions,
                                                             carried, gaps)
@@ -285,7 +167,7 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
                                         matches=state.plan_check.matches,
                                         differences=list(state.plan_check.differences))
                         outcome = await _work_in_fork(conn, job, state, brain, bench_limiter,
-                                                      events, enter, shared or SharedMeasurements())
+                                                      events, enter, shared or TaskMeasurements())
                 closing = trio.current_time()
             # how long closing the fork took (its delete through the fork server)
             enter("done", fork_closed_s=round(trio.current_time() - closing, 3))
@@ -304,7 +186,7 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
 
 async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain: Brain,
                         bench_limiter: trio.CapacityLimiter, events: Emitter,
-                        enter: Callable[[str], None], shared: SharedMeasurements) -> AgentOutcome:
+                        enter: Callable[[str], None], shared: TaskMeasurements) -> AgentOutcome:
     agent, limits = state.agent, job.timeouts
     enter("analysis")
     t0 = trio.current_time()
@@ -316,7 +198,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     try:
         async with trio.open_nursery() as thinking:
             # the first agent of the task measures the queries before any change meanwhile
-            if job.min_runs < job.runs and not ctx.slow and shared.claim_before():
+            if job.measuring.adaptive and not ctx.slow and shared.claim_before():
                 thinking.start_soon(functools.partial(
                     _measure_before, conn, job, ctx, family, reuse, bench_limiter, events, state))
             with trio.fail_after(limits.model):
@@ -327,7 +209,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             enter("propose")
             t0 = trio.current_time()
             with trio.fail_after(limits.model):
-                proposals = tuple(await brain.propose(agent, ctx, state.analysis))[:job.candidates]
+                proposals = tuple(await brain.propose(agent, ctx, state.analysis))[:job.measuring.candidates]
             if not proposals:
                 thinking.cancel_scope.cancel()  # nothing to measure against it
                 events.emit("proposal_submitted", agent=agent, fork=state.fork,
@@ -367,7 +249,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     baseline_cost: float | None = None
     # the planner chooses only when some candidate cannot be measured; else every candidate's
     # cost is read in the fork where it is measured (it is built there anyway)
-    choosing = len(checked) > job.measured
+    choosing = len(checked) > job.measuring.measured
     if len(checked) > 1:
         baseline_cost = await planner_cost(conn, job.query)
     if choosing:
@@ -378,7 +260,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             try:
                 costs[rank] = await shared.screen(proposal, functools.partial(
                     planner_cost, conn, proposal.rewritten_query or job.query, proposal))
-            except ApplyError as exc:
+            except ProposalFailedError as exc:
                 tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                               baseline_cost=baseline_cost, note=str(exc))
     if choosing:
@@ -387,7 +269,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     chosen = choose_for_measurement(
         [(rank, costs.get(rank), proposal.proposal_type == "partitioning")
          for rank, proposal, _, _ in checked if rank not in tried],
-        baseline_cost, job.measured)
+        baseline_cost, job.measuring.measured)
     for rank, proposal, validation, _ in checked:
         if rank not in tried and rank not in chosen:
             tried[rank] = CandidateResult(
@@ -418,21 +300,17 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 enter("benchmark")
                 measured_here = True
                 timed, known = split_slow_family(members, shared.slow_family)
-                with trio.fail_after(limits.benchmark + job.slow_cap_s):
+                with trio.fail_after(limits.benchmark + job.measuring.slow_cap_s):
                     rows_kept = await _rows_kept(conn, proposal)
                     outcome = await benchmark(
-                        conn, suite, proposal, candidate_suite=candidate_suite,
-                        tables=job.features.tables, runs=job.runs, min_runs=job.min_runs,
-                        budget_s=job.measure_budget_s, skipped=state.skipped,
-                        family=timed,
-                        statement_timeout_ms=job.statement_timeout_ms,
-                        slow_cap_ms=int(job.slow_cap_s * 1000), slow_cache=shared.slow_baselines,
+                        conn, suite, proposal, policy=job.measuring, candidate_suite=candidate_suite,
+                        tables=job.features.tables, skipped=state.skipped, family=timed,
                         known_slow=ctx.slow, reuse=reuse)
                     await rows_kept()
                     if baseline_cost is not None and proposal.proposal_type != "partitioning":
                         # the planner's cost with the proposal in place, for the record (and
                         # for an agent that screens the same design later)
-                        with contextlib.suppress(ApplyError):
+                        with contextlib.suppress(ProposalFailedError):
                             await shared.screen(proposal, functools.partial(
                                 planner_cost, conn, proposal.rewritten_query or job.query, proposal,
                                 applied=True))
@@ -449,7 +327,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
         t0 = trio.current_time()
         try:
             outcome, measured_by = await shared.measure(agent, proposal, measure, waiting)
-        except (ApplyError, DatabaseError) as exc:
+        except (ProposalFailedError, DatabaseError) as exc:
             tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                           planner_cost=costs.get(rank), baseline_cost=baseline_cost,
                                           note=str(exc))
@@ -485,7 +363,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
         if measured_here and not last:
             try:
                 await undo(conn, proposal.rollback_commands)
-            except ApplyError as exc:
+            except ProposalFailedError as exc:
                 events.emit("agent_phase", agent=agent, fork=state.fork, phase="undo failed",
                             error=str(exc))
                 break
@@ -506,7 +384,7 @@ async def _measure_before(conn: Connection, job: AgentJob, ctx: AnalysisContext,
         events.emit("baseline_measuring", agent=state.agent, fork=state.fork)
         try:
             with trio.fail_after(job.timeouts.benchmark):
-                measured = await measure_before(conn, ctx.suite, others, reuse, job.min_runs)
+                measured = await measure_before(conn, ctx.suite, others, reuse, job.measuring.min_runs)
         except (DatabaseError, trio.TooSlowError) as exc:
             events.emit("baseline_measured", agent=state.agent, fork=state.fork,
                         duration_s=trio.current_time() - t0, queries=0, error=str(exc) or "timed out")
@@ -538,7 +416,7 @@ async def _undone(conn: Connection, proposal: OptimizationProposal) -> bool:
         return False
     try:
         await undo(conn, proposal.rollback_commands)
-    except ApplyError:
+    except ProposalFailedError:
         return False
     return True
 
@@ -801,9 +679,9 @@ def _family(job: AgentJob, ctx: AnalysisContext) -> tuple[ParameterSet, ...]:
     else drawn from pg_stats (none without literals)."""
     if job.given_sets:
         return job.given_sets
-    if job.parameter_sets <= 0:
+    if job.measuring.parameter_sets <= 0:
         return ()
-    return parameter_sets(Query.read(job.query), ctx.tables, job.parameter_sets)
+    return parameter_sets(Query.read(job.query), ctx.tables, job.measuring.parameter_sets)
 
 
 def _family_for(query: str, sets: Sequence[ParameterSet],
@@ -864,7 +742,7 @@ async def _refused_by_catalog(conn: Connection, proposal: OptimizationProposal,
 
 async def _rows_kept(conn: Connection, proposal: OptimizationProposal) -> Callable[[], Awaitable[None]]:
     """Fingerprint the existing tables a partitioning recipe moves; the returned check, run
-    after the recipe, raises `ApplyError` unless each holds the same rows and columns under its
+    after the recipe, raises `ProposalFailedError` unless each holds the same rows and columns under its
     name (row count and checksum of every column it had)."""
     tables = proposal_references(proposal).preserved if proposal.proposal_type == "partitioning" else ()
     before = await table_fingerprints(conn, tables)
@@ -875,6 +753,6 @@ async def _rows_kept(conn: Connection, proposal: OptimizationProposal) -> Callab
         columns = {table: found.columns for table, found in before.items() if found is not None}
         lost = lost_rows(before, await table_fingerprints(conn, tables, columns))
         if lost:
-            raise ApplyError("the migration does not keep every row and column of the original: "
+            raise ProposalFailedError("the migration does not keep every row and column of the original: "
                              + "; ".join(lost))
     return check

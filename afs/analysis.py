@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from afs.db import Connection
@@ -149,13 +150,25 @@ async def explain_analyze(conn: Connection, sql: str) -> tuple[dict[str, Any], f
     return explained(raw)
 
 
-async def source_table_stats(conn: Connection, tables: tuple[str, ...]) -> dict[str, tuple[int, float]]:
+@dataclass(frozen=True)
+class SourceStats:
+    """What the source says of one table that its forks cannot: activity counters do not
+    travel with a fork (routing reads `rows`, the analysis `writes_per_read`)."""
+
+    rows: int  # the planner's row estimate on the source
+    writes_per_read: float  # rows written per row read, from the source's activity counters
+
+
+NO_SOURCE_STATS = SourceStats(rows=0, writes_per_read=0.0)  # a table the source says nothing of
+
+
+async def source_table_stats(conn: Connection, tables: tuple[str, ...]) -> dict[str, SourceStats]:
     """Row estimates and writes per read of `tables` on the source (read-only)."""
-    stats: dict[str, tuple[int, float]] = {}
+    stats: dict[str, SourceStats] = {}
     for name in tables:
         row = await conn.fetchone(_SOURCE_STATS_SQL, (name,))
         if row is not None and row[0] is not None:
-            stats[name] = (int(row[0]), float(row[1] or 0.0))
+            stats[name] = SourceStats(rows=int(row[0]), writes_per_read=float(row[1] or 0.0))
     return stats
 
 
@@ -214,7 +227,7 @@ async def gather_context(
     task_type: TaskType,
     query: str,
     features: QueryFeatures,
-    source_stats: Mapping[str, tuple[int, float]],
+    source_stats: Mapping[str, SourceStats],
     suite: tuple[QueryVariant, ...] = (),
 ) -> AnalysisContext:
     """Run the analysis queries in the fork and build the agent's context.
@@ -232,7 +245,8 @@ async def gather_context(
     tables: dict[str, TableInfo] = {}
     for name in features.tables:
         cols = {u.column for u in features.columns if u.table == name}
-        info = await table_info(conn, name, cols, source_stats.get(name, (0, 0.0))[1])
+        info = await table_info(conn, name, cols,
+                                source_stats.get(name, NO_SOURCE_STATS).writes_per_read)
         if info is not None:
             tables[name] = info
     server = await server_facts(conn)

@@ -17,7 +17,7 @@ p = 1/C(2N, N), 0.004 for N = 5) and the medians differ by at least 5 %.
 Everything else is reported as inconclusive.
 
 How many runs (`stop_reason`, pure): runs go on only while the verdict is
-uncertain. After `min_runs` (default 3) pairs a loop stops as soon as
+uncertain. After `min_runs` (`Measuring.min_runs`) pairs a loop stops as soon as
 
 - the samples overlap ("overlap"): within the noise, and for good, since
   complete separation never comes back once lost;
@@ -66,6 +66,12 @@ What measuring reuses (`Reuse`, adaptive measurement only: with `min_runs` equal
 
 `measure_before` fills the same records before any candidate exists (the agents call it
 while the model writes the proposals), so the first candidate is measured like a later one.
+
+The policy (runs, when a loop may stop, the budget, the long baseline run, the statement
+timeout) is `afs.config.Measuring`, passed whole; the rules over it are pure (`StopRule`,
+`stop_reason`, `significant`, `Budget`). What a task's measurements share across its
+candidates and agents is one `TaskMeasurements` per task: identical proposals measured once,
+screening and the analysis before any change run once, and the `Reuse` records above.
 """
 
 from __future__ import annotations
@@ -76,15 +82,18 @@ import math
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import trio
 
-from afs.config import DEFAULT_MEASURE_BUDGET_S, DEFAULT_MIN_RUNS, DEFAULT_RUNS
+from afs.config import Measuring
+from afs.consensus import ddl_signature
 from afs.db import Connection
-from afs.errors import AfsError, DatabaseError, StatementTimeout
+from afs.errors import DatabaseError, ProposalFailedError, StatementTimeout
 from afs.forks.limits import check_growth
 from afs.models import (
+    AgentKey,
+    AnalysisContext,
     BenchmarkOutcome,
     FamilyQuery,
     Measurement,
@@ -100,9 +109,6 @@ from afs.suite import result_checksum_sql, result_checksums_sql
 
 MB = 1048576.0
 MIN_EFFECT = 0.05  # medians must differ by at least 5 % to count
-MIN_RUNS = DEFAULT_MIN_RUNS  # pairs before a loop may stop early
-MAX_RUNS = DEFAULT_RUNS  # pairs at most (the configured run count)
-BUDGET_S = DEFAULT_MEASURE_BUDGET_S  # query time one candidate's measurement may take
 
 REUSE_FACTOR = 3.0  # a candidate this many times apart from reused baseline runs needs no fresh one
 
@@ -117,10 +123,6 @@ WHERE c.relkind IN ('r', 'p', 'm') AND n.nspname NOT IN ('pg_catalog', 'informat
 _TABLES_SIZE = """
 SELECT coalesce(sum(pg_total_relation_size(to_regclass(t))), 0) FROM unnest(%s::text[]) AS t
 """
-
-
-class ApplyError(AfsError):
-    """The proposal's SQL failed in the fork."""
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,14 @@ def _significant(b: Sequence[float], o: Sequence[float]) -> bool:
 class StopRule:
     """How many pairs a measuring loop runs: at least `min_runs`, at most `max_runs`."""
 
-    min_runs: int = MIN_RUNS
-    max_runs: int = MAX_RUNS
+    min_runs: int
+    max_runs: int
+
+    @classmethod
+    def of(cls, policy: Measuring, max_runs: int | None = None) -> StopRule:
+        """The policy's rule, or its rule for loops of at most `max_runs` pairs."""
+        most = policy.runs if max_runs is None else max_runs
+        return cls(min_runs=min(policy.min_runs, most), max_runs=most)
 
 
 def stop_reason(baseline: Sequence[float], candidate: Sequence[float], rule: StopRule,
@@ -247,9 +255,12 @@ class Reuse:
     results: dict[str, Result] = field(default_factory=dict)  # by _result_key
     baselines: dict[str, tuple[Sample, ...]] = field(default_factory=dict)  # by SQL text
     warm: set[str] = field(default_factory=set)
+    # the one run of a query past the statement timeout under the long cap (by _result_key), for
+    # every proposal of the task, measuring adaptive or not: it is paid once per task
+    slow_runs: dict[str, tuple[Result | None, Sample]] = field(default_factory=dict)
 
     def for_fork(self) -> Reuse:
-        return Reuse(self.results, self.baselines, set())
+        return Reuse(self.results, self.baselines, set(), self.slow_runs)
 
 
 def _result_key(sql: str, ordered: bool) -> str:
@@ -271,7 +282,7 @@ def _agrees(prior: Sequence[Sample], ms: float) -> bool:
 
 
 async def measure_before(conn: Connection, suite: Sequence[QueryVariant], family: Sequence[str],
-                         reuse: Reuse, runs: int = MIN_RUNS) -> int:
+                         reuse: Reuse, runs: int) -> int:
     """The task's queries as they run before any change, measured while the brains still
     think (adaptive measurement): each suite query's and each other-values query's (`family`)
     result, with both checksums where the order counts, and `runs` runs of it, into `reuse`.
@@ -438,6 +449,119 @@ async def _measure_alone(run: Callable[[], Awaitable[Sample]], rule: StopRule, b
         budget.charge(trio.current_time() - started)
 
 
+# -- what a task's measurements share ------------------------------------------------------
+T = TypeVar("T")
+ProposalKey = tuple[frozenset[str], str | None, tuple[tuple[str, str], ...]]
+
+
+@dataclass
+class _Once(Generic[T]):
+    """Work one agent does for the whole task (see `_once`)."""
+
+    owner: AgentKey | None
+    done: trio.Event = field(default_factory=trio.Event)
+    value: T | None = None
+    error: ProposalFailedError | None = None  # a failure every agent would meet the same way
+
+
+async def _once(entries: dict[Any, _Once[T]], key: Any, run: Callable[[], Awaitable[T]], *,
+                owner: AgentKey | None = None, errors_shared: bool = False,
+                waiting: Callable[[AgentKey], None] | None = None) -> tuple[T, AgentKey | None]:
+    """`run` once per `key` for every agent of a task: the first agent runs it, the others wait
+    (`waiting` is told who runs it) and take its value; if the one running it fails before it
+    is done, the next one runs it itself. With `errors_shared`, an ProposalFailedError is raised to every
+    agent instead (applying the same design fails the same way in every fork). Returns the
+    value and the agent it was taken from (None: this one ran it)."""
+    while True:
+        entry = entries.get(key)
+        if entry is None or (entry.done.is_set() and entry.value is None and entry.error is None):
+            entry = entries[key] = _Once(owner=owner)
+            try:
+                entry.value = await run()
+                return entry.value, None
+            except ProposalFailedError as exc:
+                if errors_shared:
+                    entry.error = exc
+                raise
+            finally:
+                entry.done.set()
+        if waiting is not None and entry.owner is not None:
+            waiting(entry.owner)
+        await entry.done.wait()
+        if entry.error is not None:
+            raise ProposalFailedError(str(entry.error))
+        if entry.value is not None:
+            return entry.value, entry.owner
+
+
+class TaskMeasurements:
+    """What the measurements of one task share, across its candidates and its agents (one per
+    task, made by afs.optimize; every fork of a task starts with the same data and statistics).
+
+    Identical proposals (same normalized DDL and rewrite) are measured once per task: the first
+    agent to propose it measures it in its own fork; the others wait and take that measurement.
+    If the measuring agent fails, the next one measures it itself. The analysis of the query
+    before any change (`analysis`) and screening (`screen`) are shared the same way. `reuse`
+    holds the results, baseline runs and long baseline runs of the queries before any change
+    (`Reuse`; each fork takes `reuse.for_fork()`), `slow_family` the queries with other values
+    known to exceed the statement timeout.
+    """
+
+    def __init__(self) -> None:
+        self._measurements: dict[ProposalKey, _Once[BenchmarkOutcome]] = {}
+        self._screenings: dict[ProposalKey, _Once[float]] = {}
+        self._analysis: dict[None, _Once[tuple[AnalysisContext, tuple[str, ...]]]] = {}
+        # results, baseline runs and long runs of the queries before any change, for every fork
+        self.reuse = Reuse()
+        # the query with other values (a family member's original) known to exceed the
+        # statement timeout (sql -> whether its rows could still be read): each later proposal
+        # would wait for that timeout again for nothing
+        self.slow_family: dict[str, bool] = {}
+        self._before_claimed = False
+
+    def claim_before(self) -> bool:
+        """True for the first agent to ask: it measures the queries before any change
+        (`afs.bench.measure_before`) while its model thinks; the others go on."""
+        claimed, self._before_claimed = self._before_claimed, True
+        return not claimed
+
+    async def screen(self, proposal: OptimizationProposal, run: Callable[[], Awaitable[float]]) -> float:
+        """The planner's cost of the task's query with `proposal` in place (`run`: a rolled-back
+        build in the caller's fork), once per task: screening runs before anything is applied
+        in a fork, and every fork of a task starts with the same data and statistics. A proposal
+        that fails to apply (ProposalFailedError) fails the same way for every agent. If the agent that
+        screens it fails otherwise, the next one screens it itself."""
+        cost, _ = await _once(self._screenings, self.key(proposal), run, errors_shared=True)
+        return cost
+
+    async def analysis(self, run: Callable[[], Awaitable[tuple[AnalysisContext, tuple[str, ...]]]]
+                       ) -> tuple[AnalysisContext, tuple[str, ...]]:
+        """The analysis of the query before any change (`run`, in the caller's fork: EXPLAIN
+        ANALYZE, statistics, the suite), once per task: every fork of a task starts with the same
+        data and statistics. The first agent runs it, the others take it; if that agent fails
+        before it is done, the next one runs it itself."""
+        value, _ = await _once(self._analysis, None, run)
+        return value
+
+    def screened(self, proposal: OptimizationProposal) -> float | None:
+        """The planner cost found for `proposal` in this task, if any."""
+        entry = self._screenings.get(self.key(proposal))
+        return entry.value if entry is not None else None
+
+    @staticmethod
+    def key(proposal: OptimizationProposal) -> ProposalKey:
+        rewrite = " ".join(proposal.rewritten_query.split()) if proposal.rewritten_query else None
+        # settings count: two settings-only proposals have the same (empty) DDL and no rewrite
+        return ddl_signature(proposal), rewrite, tuple(sorted(proposal.settings))
+
+    async def measure(self, agent: AgentKey, proposal: OptimizationProposal,
+                      run: Callable[[], Awaitable[BenchmarkOutcome]],
+                      waiting: Callable[[AgentKey], None]) -> tuple[BenchmarkOutcome, AgentKey | None]:
+        """The measurement and, when it was taken over from another agent, that agent."""
+        return await _once(self._measurements, self.key(proposal), run, owner=agent, waiting=waiting)
+
+
+
 async def apply(conn: Connection, proposal: OptimizationProposal) -> float:
     """Run the proposal's commands in the fork; the seconds it took (an index or view build)."""
     started = trio.current_time()
@@ -446,7 +570,7 @@ async def apply(conn: Connection, proposal: OptimizationProposal) -> float:
             await check_growth(conn, command)  # a runaway build is refused before it runs
             await conn.execute(command)
         except DatabaseError as exc:
-            raise ApplyError(f"applying the proposal failed: {exc}") from exc
+            raise ProposalFailedError(f"applying the proposal failed: {exc}") from exc
     return trio.current_time() - started
 
 
@@ -456,7 +580,7 @@ async def undo(conn: Connection, rollback: Sequence[str]) -> None:
         try:
             await conn.execute(command)
         except DatabaseError as exc:
-            raise ApplyError(f"undoing the proposal failed: {exc}") from exc
+            raise ProposalFailedError(f"undoing the proposal failed: {exc}") from exc
 
 
 async def planner_cost(conn: Connection, sql: str, proposal: OptimizationProposal | None = None,
@@ -472,7 +596,7 @@ async def planner_cost(conn: Connection, sql: str, proposal: OptimizationProposa
                 await conn.execute(f"SET LOCAL {name} = {_setting_literal(value)}")
         raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}")
     except DatabaseError as exc:
-        raise ApplyError(f"screening the proposal failed: {exc}") from exc
+        raise ProposalFailedError(f"screening the proposal failed: {exc}") from exc
     finally:
         with trio.CancelScope(shield=True):
             await conn.execute("ROLLBACK")
@@ -555,38 +679,35 @@ async def benchmark(
     suite: Sequence[QueryVariant],
     proposal: OptimizationProposal,
     *,
+    policy: Measuring,
     candidate_suite: Sequence[QueryVariant] | None = None,
     tables: Sequence[str],
-    runs: int = MAX_RUNS,
-    min_runs: int = MIN_RUNS,
-    budget_s: float = BUDGET_S,
     skipped: Sequence[str] = (),
     family: Sequence[FamilyQuery] = (),
-    family_runs: int = 3,
-    statement_timeout_ms: int = 0,
-    slow_cap_ms: int = 0,
-    slow_cache: dict[str, tuple[Result | None, Sample]] | None = None,
     known_slow: bool = False,
     reuse: Reuse | None = None,
 ) -> BenchmarkOutcome:
     """Measure `suite` before and `candidate_suite` (default: the same) after the proposal.
 
-    Each suite query runs at least `min_runs` and at most `runs` times a side (see
-    `stop_reason`), all of them within `budget_s` seconds of query time.
+    Each suite query runs at least `policy.min_runs` and at most `policy.runs` times a side
+    (see `stop_reason`), all of them within `policy.budget_s` seconds of query time.
     `family` holds the query with other parameter values: each is result-checked and
-    timed too (at most `family_runs` runs a side). When the query as given exceeds the statement
-    timeout (`statement_timeout_ms`) before the change, it is run once under `slow_cap_ms`
-    and that single run is its baseline (a lower bound when it hit the cap); other variants
-    that exceed the timeout are left out. `slow_cache` keeps that run for the next proposal
-    measured on the same data (by the query's text), so it is paid once per task. Once the
-    query as given is known to be that slow (`known_slow`: its analysis timed out too), it goes
-    to the long run at once and the other variants are left out. `reuse`: what earlier
-    measurements of the task found (see the module's notes; only when measuring is adaptive,
-    `min_runs` < `runs`), updated with what this one finds.
+    timed too (at most `policy.family_runs` runs a side). When the query as given exceeds the
+    statement timeout (`policy.statement_timeout_ms`) before the change, it is run once under
+    `policy.slow_cap_s` (0: never) and that single run is its baseline (a lower bound when it
+    hit the cap); other variants that exceed the timeout are left out. `reuse.slow_runs` keeps
+    that run for the next proposal measured on the same data (by the query's text), so it is
+    paid once per task. Once the query as given is known to be that slow (`known_slow`: its
+    analysis timed out too), it goes to the long run at once and the other variants are left
+    out. `reuse`: what earlier measurements of the task found (see the module's notes; its
+    results and baseline runs only when measuring is adaptive, `policy.adaptive`), updated with
+    what this one finds.
     """
-    rule = StopRule(min_runs=min(min_runs, runs), max_runs=runs)
-    family_rule = StopRule(min_runs=min(min_runs, family_runs), max_runs=family_runs)
+    rule = StopRule.of(policy)
+    family_rule = StopRule.of(policy, policy.family_runs)
     memo = reuse if rule.min_runs < rule.max_runs else None
+    slow_cache = reuse.slow_runs if reuse is not None else None
+    statement_timeout_ms, slow_cap_ms = policy.statement_timeout_ms, int(policy.slow_cap_s * 1000)
     candidates = {v.name: v for v in (candidate_suite or suite)}
     pairs = [(v, candidates[v.name]) for v in suite if v.name in candidates]
     missing = [f"{v.name}: no equivalent query on the proposal's objects" for v in suite
@@ -665,7 +786,7 @@ async def benchmark(
 
     sequential = hidden is None and not rewrite and not settings
     timed_family = [m for m in family if m.candidate_sql is not None]
-    budget = Budget(budget_s, (len(pairs) + len(timed_family)) * (2 if sequential else 1))
+    budget = Budget(policy.budget_s, (len(pairs) + len(timed_family)) * (2 if sequential else 1))
     sequential_baseline: dict[str, list[Sample]] = {}
     family_before: dict[str, list[Sample]] = {}
     if sequential:

@@ -88,7 +88,10 @@ import yaml
 from afs.errors import ConfigError
 
 DEFAULT_HOME = "~/.afs"
-DEFAULT_STATEMENT_TIMEOUT_MS = 60_000
+DEFAULT_STATEMENT_TIMEOUT_MS = 60_000  # every connection to a fork, and the forks' roles
+# the fork provider's own connections (copying a template, registering a source, a fork's catalog
+# work as the admin): longer than a query's, as they copy whole databases
+ADMIN_STATEMENT_TIMEOUT_MS: Final = 120_000
 DEFAULT_FORK_TTL_SECONDS = 3600
 DEFAULT_FORK_GC_INTERVAL_S = 60
 DEFAULT_FORK_SPARES = 3  # a squad's forks at once
@@ -102,7 +105,10 @@ DEFAULT_MIN_RUNS = 3  # runs before measuring may stop because the verdict is ce
 DEFAULT_MEASURE_BUDGET_S = 60.0  # query time one candidate's measurement may take
 DEFAULT_CANDIDATES = 4  # designs an agent screens with the planner
 DEFAULT_MEASURED = 3  # of those, how many it measures for real in its fork
-DEFAULT_PARAMETER_SETS = 2  # other literal values every proposal is also checked with
+# other literal values every proposal is also checked with (afs.params.family); a batch fills a
+# statement's $n with its own values and as many others (afs.params.fill)
+DEFAULT_PARAMETER_SETS = 2
+FAMILY_RUNS = 3  # measured runs a side, at most, of the query with other values
 MIN_COW_SIZE_BYTES = 512 * 1024 ** 2  # mkfs.xfs refuses file systems under 300 MB
 DEFAULT_COW_SIZE = "100G"  # the sandbox's sparse XFS image (it takes space only as data is written)
 DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the statement timeout
@@ -124,6 +130,45 @@ class Timeouts:
     benchmark: float = 300.0
     agent: float = 600.0
     task: float = 900.0
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """Histogram positions other values of a column are drawn from (afs.params), in order of
+    preference. The query family moves a range or a bound to `moves`; the `$n` filling gives
+    its n-th parameter set the lower bound `lower[n]` and the upper bound `upper[n]`, pairs
+    that keep a lower bound below its upper one."""
+
+    moves: tuple[float, ...] = (0.25, 0.75, 0.5, 0.1, 0.9, 0.4, 0.6)
+    lower: tuple[float, ...] = (0.25, 0.1, 0.5, 0.4)
+    upper: tuple[float, ...] = (0.75, 0.5, 0.9, 0.6)
+
+
+PARAMETER_QUANTILES: Final = Quantiles()
+
+
+@dataclass(frozen=True)
+class Measuring:
+    """How a task's candidates are searched and measured, passed whole (as `Timeouts` is):
+    `Settings.measuring`, with a task's own `runs` over it (afs.optimize), read by the agents
+    and the measuring loop (afs.bench: stop rule, budget, the long baseline run)."""
+
+    runs: int = DEFAULT_RUNS  # measured runs per suite query and side, at most
+    min_runs: int = DEFAULT_MIN_RUNS  # runs before measuring may stop (the verdict is certain)
+    budget_s: float = DEFAULT_MEASURE_BUDGET_S  # query time one candidate's measurement may take
+    family_runs: int = FAMILY_RUNS  # runs a side, at most, of the query with other values
+    candidates: int = DEFAULT_CANDIDATES  # designs an agent screens with the planner
+    measured: int = DEFAULT_MEASURED  # of those, how many it measures in its fork
+    parameter_sets: int = DEFAULT_PARAMETER_SETS  # other literal values checked per proposal
+    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS  # of every connection to a fork
+    slow_cap_s: float = 0.0  # one baseline run of a query past the statement timeout (0: none)
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether a loop may stop before `runs` (and reuse baseline runs across candidates)."""
+        return self.min_runs < self.runs
+
+
 TEMPLATE_SUFFIX = "_template"
 # The longest unix socket path is 107 bytes; keep a margin for ".s.PGSQL.5432".
 _MAX_SOCKET_DIR = 90
@@ -146,6 +191,13 @@ def take_libpq_environment(env: MutableMapping[str, str] | None = None) -> dict[
     for name in [n for n in env if n.startswith("PG")]:
         _TAKEN_LIBPQ_ENV[name] = env.pop(name)
     return dict(_TAKEN_LIBPQ_ENV)
+
+
+def process_environment() -> dict[str, str]:
+    """This process's environment as it is now (the user's PG* variables taken out once
+    settings are loaded): what child processes and the model SDK's credentials read
+    (`Settings.environment`; afs.sandbox.importer gives it to pg_dump and pg_restore)."""
+    return dict(os.environ)
 
 
 def user_libpq_environment() -> dict[str, str]:
@@ -365,6 +417,10 @@ class Settings:
     application_role: str | None = None  # whose planner settings forks take; None: the DSN's role
     service_hosts: tuple[str, ...] = ()  # Host names the service answers to besides loopback
     service_max_body_bytes: int = DEFAULT_SERVICE_MAX_BODY_BYTES  # larger request bodies: 413
+    # the process environment when the settings were made (Gemini credentials, AFS_GEMINI_BASE_URL:
+    # afs.brains.gemini reads them from here); never printed or compared
+    environment: Mapping[str, str] = field(default_factory=process_environment, repr=False,
+                                           compare=False)
 
     @property
     def sandbox_dir(self) -> Path:
@@ -391,6 +447,17 @@ class Settings:
             return preferred
         digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
         return Path("/tmp") / f"afs-{digest}"
+
+    @property
+    def measuring(self) -> Measuring:
+        """The measuring policy these settings give (`slow_cap_s` bounded by the agent's time
+        limit, leaving it a third for everything else)."""
+        cap = max(self.statement_timeout_ms / 1000,
+                  min(self.slow_baseline_cap_s, self.timeouts.agent * 2 / 3))
+        return Measuring(runs=self.runs, min_runs=self.min_runs, budget_s=self.measure_budget_s,
+                         candidates=self.candidates, measured=self.measured,
+                         parameter_sets=self.parameter_sets,
+                         statement_timeout_ms=self.statement_timeout_ms, slow_cap_s=cap)
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)

@@ -8,6 +8,7 @@
     │   ├── UnknownTaskError      no task in the store has that id (`.task_id`)       (exit 2)
     │   └── UnsafeSqlError        SQL refused by the safety check (`.statement`, `.reason`)
     ├── SandboxError              the embedded server cannot be set up, started or stopped
+    ├── ProposalFailedError       a validated proposal's SQL failed in a fork: built, screened or undone
     ├── DatabaseError             a statement failed on the server (`.sqlstate`)
     │   ├── StatementTimeout      the server's statement_timeout fired (or trio cancelled it)
     │   └── ForkLimitError        a statement would grow a fork past its cap (`.limit_mb`)
@@ -190,6 +191,13 @@ class RulesError(ConfigError):
 
 class SandboxError(AfsError):
     """Raised when the embedded PostgreSQL cannot be initialised, started or stopped."""
+
+
+class ProposalFailedError(AfsError):
+    """Raised by `afs.bench` when a validated proposal's SQL fails in a fork: applying it,
+    screening it in a rolled-back transaction, or undoing it (the DatabaseError as its cause).
+    Not a DatabaseError: the proposal failed, not AFS's own statement; every fork of a task
+    fails the same way, so the failure is shared with the other agents."""
 
 
 class DatabaseError(AfsError):

@@ -18,12 +18,14 @@ import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 import trio
 
-from afs.agents import AgentJob, SharedMeasurements, run_agent
-from afs.analysis import server_facts, source_table_stats, view_definitions
+from afs.agents import AgentJob, run_agent
+from afs.analysis import SourceStats, server_facts, source_table_stats, view_definitions
+from afs.bench import TaskMeasurements
 from afs.brains import ReviewingBrain, Squad
 from afs.conditions import task_conditions
 from afs.config import Settings
@@ -54,7 +56,7 @@ class TaskRequest:
     query: str
     task_type: TaskType = "query_optimization"
     priority: str = "normal"
-    runs: int = 5
+    runs: int | None = None  # measured runs per suite query and side, at most; None: Settings.runs
     weights: Mapping[str, float] | None = None  # overrides the rules file's consensus weights
     sequential: bool = False  # the agents one after another (what parallelism saves: benchmarks/parallel.py)
     parameters: StatementParameters | None = None  # explicit sets, the first being `query`'s values
@@ -133,13 +135,10 @@ async def _review(squad: Squad, query: str, outcomes: Sequence[AgentOutcome], li
     return flags
 
 
-def slow_baseline_cap(settings: Settings) -> float:
-    """The cap of the one baseline run of a query past the statement timeout.
-
-    Bounded by the agent's time limit, leaving it a third for everything else.
-    """
-    return max(settings.statement_timeout_ms / 1000, min(settings.slow_baseline_cap_s,
-                                                         settings.timeouts.agent * 2 / 3))
+def _usage(squad: Squad, agent: AgentKey) -> dict[str, Any]:
+    """The agent's model usage as its outcome records it ({} for a brain without a model)."""
+    usage = squad.usage_of(agent)
+    return usage.record() if usage is not None else {}
 
 
 def new_task_id() -> str:
@@ -154,7 +153,7 @@ def read_input(sql: str) -> tuple[str, QueryFeatures]:
 
 
 async def prepare(request: TaskRequest,
-                  source_dsn: str) -> tuple[str, QueryFeatures, dict[str, tuple[int, float]]]:
+                  source_dsn: str) -> tuple[str, QueryFeatures, dict[str, SourceStats]]:
     """Refuse bad input before any fork exists: size, SQL safety, parse, tables, what the
     source's catalog says the query calls, columns (UnsafeSqlError, InputError)."""
     query, features = await trio.to_thread.run_sync(read_input, request.query)
@@ -209,7 +208,7 @@ async def optimize(
     conditions = await task_conditions(forks, source, source_dsn, query, features.tables,
                                        settings.application_role)
     pool = pool or AgentPool()
-    max_rows = max((rows for rows, _ in stats.values()), default=0)
+    max_rows = max((table.rows for table in stats.values()), default=0)
 
     def choose(load: Mapping[AgentKey, int]) -> RoutingDecision:
         if squad.agents is not None:
@@ -226,24 +225,23 @@ async def optimize(
     events.emit("agents_assigned", agents=list(routing.agents), rationale=list(routing.rationale),
                 provider=squad.provider)
 
+    measuring = settings.measuring
+    if request.runs is not None:
+        measuring = dataclasses.replace(measuring, runs=request.runs)
     job = AgentJob(task_id=task_id, task_type=request.task_type, query=query,
-                   features=features, source=source, source_stats=stats, runs=request.runs,
+                   features=features, source=source, source_stats=stats,
                    source_server=facts, source_imported=imported, conditions=conditions,
-                   statement_timeout_ms=settings.statement_timeout_ms, timeouts=settings.timeouts,
-                   candidates=settings.candidates, measured=settings.measured,
-                   parameter_sets=settings.parameter_sets,
-                   given_sets=request.parameters.others if request.parameters else (),
-                   slow_cap_s=slow_baseline_cap(settings), min_runs=settings.min_runs,
-                   measure_budget_s=settings.measure_budget_s)
+                   timeouts=settings.timeouts, measuring=measuring,
+                   given_sets=request.parameters.others if request.parameters else ())
     outcomes: dict[AgentKey, AgentOutcome] = {}
     bench_limiter = trio.CapacityLimiter(1)  # benchmark phases never overlap on one server
-    shared = SharedMeasurements()  # identical proposals are measured once
+    shared = TaskMeasurements()  # identical proposals are measured once
 
     async def one(agent: AgentKey) -> None:
         with structlog.contextvars.bound_contextvars(task_id=task_id, agent=agent):  # every log line
             outcome = await run_agent(agent, job, forks=forks, brain=squad.brain_for(agent),
                                       bench_limiter=bench_limiter, events=events, shared=shared)
-        outcomes[agent] = dataclasses.replace(outcome, usage=dict(squad.usage.get(agent, {})))
+        outcomes[agent] = dataclasses.replace(outcome, usage=_usage(squad, agent))
 
     try:
         with trio.move_on_after(settings.timeouts.task) as task_scope:
@@ -261,11 +259,11 @@ async def optimize(
             outcomes[agent] = AgentOutcome(
                 agent=agent, status="failed",
                 error=f"cut off by the task time limit ({settings.timeouts.task:g} s)",
-                usage=dict(squad.usage.get(agent, {})))
+                usage=_usage(squad, agent))
     ordered = tuple(outcomes[a] for a in routing.agents)
     review = await _review(squad, query, ordered, settings.timeouts.model, events)
     if squad.reviewer in routing.agents:  # the review's tokens count too
-        ordered = tuple(dataclasses.replace(o, usage=dict(squad.usage.get(o.agent, o.usage)))
+        ordered = tuple(dataclasses.replace(o, usage=_usage(squad, o.agent) or o.usage)
                         for o in ordered)
 
     failed = [o for o in ordered if o.status == "failed"]

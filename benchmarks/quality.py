@@ -85,6 +85,7 @@ from sqlglot import exp
 
 # -- AFS internals used here: kept in this one block (they are being reorganised) ---------
 from afs.bench import Sample, run_once, significant, timing
+from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
 from afs.consensus import score
 from afs.db import Connection, open_connection
@@ -100,12 +101,6 @@ from afs.router import load_rules
 from afs.sandbox.forks import open_forks
 from afs.sandbox.server import SandboxServer
 from afs.suite import result_checksum_sql
-
-try:  # the reorganised layout (Squad and the brains in afs.brains)
-    from afs.brains import Squad, StrategistBrain  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # the layout of this branch
-    from afs.agents import StrategistBrain  # type: ignore[no-redef,unused-ignore]
-    from afs.optimize import Squad  # type: ignore[no-redef,unused-ignore]
 
 # ------------------------------------------------------------------------------------------
 DB_PREFIX = "afs_qc_"

@@ -59,7 +59,7 @@ async def test_gather_context_then_a_strategist_proposes_gin_for_jsonb(sandbox: 
     assert ctx.plan["Node Type"] and ctx.execution_ms > 0
     assert set(ctx.tables) == {"events"}
     events = ctx.tables["events"]
-    assert events.rows == source["events"][0] and events.referenced_by == ()
+    assert events.rows == source["events"].rows and events.referenced_by == ()
     assert events.column_stats["payload"].avg_width
     proposal = next(iter(propose("gemini25pro", ctx, analyze("gemini25pro", ctx))), None)  # the first choice
     assert proposal is not None

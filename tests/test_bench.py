@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -26,11 +25,13 @@ from afs.bench import (
     results_of,
     stop_reason,
 )
+from afs.config import Measuring
 from afs.db import Connection, open_connection
 from afs.forks.provider import LocalForkProvider
 from afs.models import EstimatedImpact, Measurement, OptimizationProposal, QueryVariant
 
 RULE = StopRule(min_runs=3, max_runs=5)
+ADAPTIVE = Measuring(runs=5, min_runs=3)  # the default policy, spelled out: measuring may stop early
 
 
 # -- the decision (pure) -----------------------------------------------------------------------
@@ -315,11 +316,12 @@ def suite(sql: str) -> tuple[QueryVariant, ...]:
     return (QueryVariant("baseline", sql, ordered=False, exact=True),)
 
 
-async def measure_index(conn: Connection, sql: str, index_sql: str, name: str, **kw: Any) -> Measurement:
+async def measure_index(conn: Connection, sql: str, index_sql: str, name: str,
+                        policy: Measuring) -> Measurement:
     """One benchmark of one index proposal, the index dropped afterwards (the next attempt starts clean)."""
     try:
         outcome = await benchmark(conn, suite(sql), index_proposal(index_sql.format(name=name)),
-                                  tables=("orders",), **kw)
+                                  tables=("orders",), policy=policy)
     finally:
         await conn.execute(f"DROP INDEX IF EXISTS {name}")
     (m,) = outcome.measurements
@@ -336,7 +338,7 @@ async def test_an_obvious_index_is_measured_the_minimum_number_of_times(fork_con
     attempts = []
     for n in range(3):
         m = await measure_index(fork_conn, QUERY, "CREATE INDEX {name} ON orders (user_id)",
-                                f"bench_orders_user_{n}", runs=5, min_runs=3)
+                                f"bench_orders_user_{n}", policy=ADAPTIVE)
         assert m.equivalent and m.significant and m.optimized.median_ms < m.baseline.median_ms
         assert m.baseline.runs == m.optimized.runs
         attempts.append((m.stopped, m.baseline.runs))
@@ -350,7 +352,7 @@ async def test_a_useless_index_stops_within_the_noise_or_at_the_maximum(fork_con
     attempts = []
     for n in range(3):
         m = await measure_index(fork_conn, SLOW_SCAN, "CREATE INDEX {name} ON orders (shipping_country)",
-                                f"bench_country_{n}", runs=6, min_runs=3)
+                                f"bench_country_{n}", policy=Measuring(runs=6, min_runs=3))
         assert 3 <= m.optimized.runs <= 6 and m.baseline.runs == m.optimized.runs
         attempts.append(m.stopped)
         if m.stopped in ("overlap", "max_runs"):
@@ -362,12 +364,12 @@ async def test_a_useless_index_stops_within_the_noise_or_at_the_maximum(fork_con
 async def test_the_budget_and_the_fixed_count(fork_conn: Connection) -> None:
     tiny = await benchmark(fork_conn, suite(SLOW_SCAN),
                            index_proposal("CREATE INDEX bench_o1 ON orders (status)"),
-                           tables=("orders",), runs=5, min_runs=3, budget_s=0.001)
+                           tables=("orders",), policy=Measuring(runs=5, min_runs=3, budget_s=0.001))
     (m,) = tiny.measurements
     assert m.stopped == "budget" and m.baseline.runs == m.optimized.runs == 1
     fixed = await benchmark(fork_conn, suite(QUERY),
                             index_proposal("CREATE INDEX bench_o2 ON orders (user_id)"),
-                            tables=("orders",), runs=4, min_runs=4)
+                            tables=("orders",), policy=Measuring(runs=4, min_runs=4))
     (m,) = fixed.measurements
     assert m.baseline.runs == m.optimized.runs == 4 and m.significant
 
@@ -377,7 +379,7 @@ async def test_a_later_candidate_reuses_the_baseline_runs_of_the_task(fork_conn:
     reuse = Reuse()
     first = await benchmark(fork_conn, suite(SLOW_SCAN),
                             index_proposal("CREATE INDEX bench_r1 ON orders (status)"),
-                            tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
+                            tables=("orders",), policy=ADAPTIVE, reuse=reuse.for_fork())
     (m,) = first.measurements
     assert m.baseline.reused == 0 and SLOW_SCAN in reuse.baselines
     assert len(reuse.baselines[SLOW_SCAN]) == m.baseline.runs
@@ -385,7 +387,7 @@ async def test_a_later_candidate_reuses_the_baseline_runs_of_the_task(fork_conn:
     # an index that makes the scan 3x faster or more: reused runs, no fresh baseline run
     faster = "CREATE INDEX bench_r2 ON orders (total_amount)"
     second = await benchmark(fork_conn, suite(SLOW_SCAN), index_proposal(faster),
-                             tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
+                             tables=("orders",), policy=ADAPTIVE, reuse=reuse.for_fork())
     (m,) = second.measurements
     if m.baseline.reused:
         assert m.baseline.runs >= m.baseline.reused and "reused from an earlier measurement" in m.note
@@ -403,11 +405,11 @@ async def test_a_close_candidate_gets_a_fresh_baseline_run(fork_conn: Connection
     reuse = Reuse()
     useless = "CREATE INDEX bench_c1 ON orders (shipping_country)"
     await benchmark(fork_conn, suite(SLOW_SCAN), index_proposal(useless), tables=("orders",),
-                    runs=5, min_runs=3, reuse=reuse)
+                    policy=ADAPTIVE, reuse=reuse)
     kept = reuse.baselines[SLOW_SCAN]
     second = await benchmark(fork_conn, suite(SLOW_SCAN),
                              index_proposal("CREATE INDEX bench_c2 ON orders (shipping_country)"),
-                             tables=("orders",), runs=5, min_runs=3, reuse=reuse)
+                             tables=("orders",), policy=ADAPTIVE, reuse=reuse)
     (m,) = second.measurements
     if m.baseline.reused:  # a fresh run (the first, or a second) agreed and they joined the reused ones
         fresh = m.baseline.runs - m.baseline.reused
@@ -422,7 +424,7 @@ async def test_a_close_candidate_gets_a_fresh_baseline_run(fork_conn: Connection
 async def test_results_before_the_change_are_taken_from_the_task(fork_conn: Connection) -> None:
     reuse = Reuse()
     proposal = index_proposal("CREATE INDEX bench_k1 ON orders (user_id)")
-    await benchmark(fork_conn, suite(QUERY), proposal, tables=("orders",), runs=5, min_runs=3,
+    await benchmark(fork_conn, suite(QUERY), proposal, tables=("orders",), policy=ADAPTIVE,
                     reuse=reuse)
     (key,) = [k for k in reuse.results if k.endswith(QUERY)]
     assert QUERY in reuse.warm
@@ -430,12 +432,12 @@ async def test_results_before_the_change_are_taken_from_the_task(fork_conn: Conn
     reuse.results[key] = Result(rows=reuse.results[key].rows + 1, checksum="x")
     second = await benchmark(fork_conn, suite(QUERY),
                              index_proposal("CREATE INDEX bench_k2 ON orders (user_id)"),
-                             tables=("orders",), runs=5, min_runs=3, reuse=reuse)
+                             tables=("orders",), policy=ADAPTIVE, reuse=reuse)
     assert not second.measurements[0].equivalent
     # a fixed run count measures everything afresh, as before adaptive measurement
     fixed = await benchmark(fork_conn, suite(QUERY),
                             index_proposal("CREATE INDEX bench_k3 ON orders (user_id)"),
-                            tables=("orders",), runs=3, min_runs=3, reuse=reuse)
+                            tables=("orders",), policy=Measuring(runs=3, min_runs=3), reuse=reuse)
     (m,) = fixed.measurements
     assert m.equivalent and m.baseline.reused == 0 and m.baseline.runs == 3
 
@@ -458,7 +460,7 @@ async def test_a_rewrite_after_an_index_takes_the_multiset_result_of_the_task(fo
     ordered_query = "SELECT id, total_amount FROM orders WHERE user_id = 42 ORDER BY id"
     variant = QueryVariant("baseline", ordered_query, ordered=True, exact=True)
     await benchmark(fork_conn, (variant,), index_proposal("CREATE INDEX bench_m1 ON orders (user_id)"),
-                    tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
+                    tables=("orders",), policy=ADAPTIVE, reuse=reuse.for_fork())
     keys = [k for k in reuse.results if k.endswith(ordered_query)]
     assert len(keys) == 2  # in order and as a multiset, from the one run before the change
     # what the task holds is what a rewrite's rows are compared with (as a multiset)
@@ -470,7 +472,7 @@ async def test_a_rewrite_after_an_index_takes_the_multiset_result_of_the_task(fo
         rewritten_query="SELECT id, total_amount FROM orders WHERE user_id = 42 ORDER BY id + 0")
     candidate = QueryVariant("baseline", rewrite.rewritten_query or "", ordered=True, exact=True)
     outcome = await benchmark(fork_conn, (variant,), rewrite, candidate_suite=(candidate,),
-                              tables=("orders",), runs=5, min_runs=3, reuse=reuse.for_fork())
+                              tables=("orders",), policy=ADAPTIVE, reuse=reuse.for_fork())
     assert not outcome.measurements[0].equivalent
 
 
@@ -483,11 +485,11 @@ async def test_the_queries_before_any_change_are_measured_ahead_for_the_task(for
     assert len(reuse.baselines[query.sql]) == len(reuse.baselines[other]) == 3
     assert set(reuse.results) == {f"{o}:{sql}" for o in (True, False) for sql in (query.sql, other)}
     assert {query.sql, other} <= reuse.warm
-    assert await measure_before(fork_conn, (query,), (other,), reuse) == 0  # measured already
+    assert await measure_before(fork_conn, (query,), (other,), reuse, runs=3) == 0  # measured already
     kept = reuse.baselines[query.sql]
     # the first candidate stands on those runs (an index 100x faster needs no fresh one) ...
     index = index_proposal("CREATE INDEX bench_b1 ON orders (user_id)")
-    outcome = await benchmark(fork_conn, (query,), index, tables=("orders",), runs=5, min_runs=3,
+    outcome = await benchmark(fork_conn, (query,), index, tables=("orders",), policy=ADAPTIVE,
                               reuse=reuse)
     (m,) = outcome.measurements
     assert m.baseline.reused == 3 and m.baseline.runs == 3 and m.optimized.runs == 3 and m.significant
@@ -496,7 +498,7 @@ async def test_the_queries_before_any_change_are_measured_ahead_for_the_task(for
     key = f"True:{query.sql}"
     reuse.results[key] = Result(rows=reuse.results[key].rows + 1, checksum="x")
     index = index_proposal("CREATE INDEX bench_b2 ON orders (user_id)")
-    again = await benchmark(fork_conn, (query,), index, tables=("orders",), runs=5, min_runs=3,
+    again = await benchmark(fork_conn, (query,), index, tables=("orders",), policy=ADAPTIVE,
                             reuse=reuse)
     assert not again.measurements[0].equivalent
 
@@ -509,7 +511,7 @@ async def test_measuring_ahead_stops_at_a_query_past_the_statement_timeout(fork_
     later = QueryVariant("filter", "SELECT id FROM orders WHERE user_id = 44", False, True)
     await fork_conn.execute("SET statement_timeout = 100")
     try:
-        assert await measure_before(fork_conn, (fast, slow, later), (), reuse) == 1
+        assert await measure_before(fork_conn, (fast, slow, later), (), reuse, runs=3) == 1
     finally:
         await fork_conn.execute("RESET statement_timeout")
     assert set(reuse.baselines) == {fast.sql}  # nothing of the slow one, nothing after it

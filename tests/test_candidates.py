@@ -11,7 +11,6 @@ import pytest
 import trio
 
 from afs.agents import (
-    SharedMeasurements,
     as_fast,
     best_candidate,
     choose_for_measurement,
@@ -20,9 +19,9 @@ from afs.agents import (
     split_slow_family,
     with_known_slow,
 )
-from afs.bench import ApplyError
+from afs.bench import TaskMeasurements
 from afs.config import Settings
-from afs.errors import DatabaseError
+from afs.errors import DatabaseError, ProposalFailedError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import (
@@ -129,7 +128,7 @@ def test_a_family_original_past_the_statement_timeout_is_paid_for_once_per_task(
 
 # -- screening is shared by the agents of a task ----------------------------------------------
 async def test_the_same_design_is_screened_once_per_task() -> None:
-    shared = SharedMeasurements()
+    shared = TaskMeasurements()
     builds: list[str] = []
 
     async def build(name: str, cost: float) -> float:
@@ -157,17 +156,17 @@ async def test_the_same_design_is_screened_once_per_task() -> None:
 
 
 async def test_a_design_that_fails_to_build_fails_for_every_agent_and_a_lost_screening_is_redone() -> None:
-    shared = SharedMeasurements()
+    shared = TaskMeasurements()
     broken = proposal("gemini25pro", "index", "CREATE INDEX a ON orders USING gin (user_id)")
     runs = 0
 
     async def fail() -> float:
         nonlocal runs
         runs += 1
-        raise ApplyError("screening the proposal failed: no default operator class")
+        raise ProposalFailedError("screening the proposal failed: no default operator class")
 
     for _ in range(2):
-        with pytest.raises(ApplyError, match="no default operator class"):
+        with pytest.raises(ProposalFailedError, match="no default operator class"):
             await shared.screen(broken, fail)
     assert runs == 1
     # the agent screening a design is cut off (its time limit): the next agent screens it itself
@@ -187,7 +186,7 @@ async def test_a_design_that_fails_to_build_fails_for_every_agent_and_a_lost_scr
 
 
 async def test_the_query_is_analysed_once_per_task() -> None:
-    shared = SharedMeasurements()
+    shared = TaskMeasurements()
     runs: list[str] = []
 
     async def analyse(agent: str, fail: bool = False) -> Any:
@@ -208,7 +207,7 @@ async def test_the_query_is_analysed_once_per_task() -> None:
     (first,) = runs
     assert got == {name: (first, ()) for name in ("pro", "flash", "flash20")}
     # an agent whose analysis fails takes nobody else down: the next one analyses itself
-    other = SharedMeasurements()
+    other = TaskMeasurements()
     with pytest.raises(DatabaseError):
         await other.analysis(lambda: analyse("a", fail=True))
     assert await other.analysis(lambda: analyse("b")) == ("b", ())

@@ -7,10 +7,10 @@ import os
 import pytest
 import trio
 
-from afs.bench import ApplyError, apply
+from afs.bench import apply
 from afs.config import Settings
 from afs.db import open_connection
-from afs.errors import DatabaseError, ForkLimitError
+from afs.errors import DatabaseError, ForkLimitError, ProposalFailedError
 from afs.forks.client import open_fork_client
 from afs.forks.limits import ForkLimits, check_growth
 from afs.forks.provider import LocalForkProvider
@@ -63,7 +63,7 @@ async def test_a_runaway_materialized_view_fails_fast_and_says_why(tight: LocalF
             started = trio.current_time()
             with pytest.raises(ForkLimitError, match=r"more than the fork may grow \(20 MB"):
                 await check_growth(conn, RUNAWAY)
-            with pytest.raises(ApplyError, match="planner expects this statement to write about"):
+            with pytest.raises(ProposalFailedError, match="planner expects this statement to write about"):
                 await apply(conn, runaway_proposal())
             assert trio.current_time() - started < 5
             assert await conn.fetchval("SELECT to_regclass('runaway')") is None

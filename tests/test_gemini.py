@@ -1005,7 +1005,8 @@ async def test_a_model_proposal_is_validated_and_measured(
     assert outcome.benchmark is not None and outcome.benchmark.measurements
     assert result.provider == "gemini" and "gemini25pro = gemini-3.8-flash" in result.provider_note
     assert result.status == "completed" and result.decision and result.decision.winner == "gemini25pro"
-    assert squad.usage["gemini25pro"]["calls"] == 2
+    usage = squad.usage_of("gemini25pro")
+    assert usage is not None and usage.calls == 2
     assert any("SELECT o.id" in r.prompt and "Seq Scan" in r.prompt for r in fake.requests)
     # a live source: its own server, the same one the plans ran on
     assert any(re.search(r"source server: PostgreSQL 18[.\d]*; plans measured on PostgreSQL 18", r.prompt)
@@ -1499,7 +1500,8 @@ async def test_a_rewrite_that_fails_the_result_check_is_revised_and_measured(
     [asked] = [r for r in fake.requests if "failed the result check" in r.prompt]
     assert "other rows than the original query for baseline" in asked.prompt
     assert json.loads(asked.texts[-2])["candidates"][0]["rewritten_query"] == WRONG_REWRITE["rewritten_query"]
-    assert squad.usage["gemini25pro"]["calls"] == 3  # analysis, proposal, revision (once only)
+    usage = squad.usage_of("gemini25pro")
+    assert usage is not None and usage.calls == 3  # analysis, proposal, revision (once only)
 
 
 # -- the review role ---------------------------------------------------------------------------------

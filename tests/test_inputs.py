@@ -288,7 +288,7 @@ async def test_a_quoted_mixed_case_table_is_not_its_lower_case_namesake(
     assert features.tables == ('"Orders"',)
     assert {(u.table, u.column, u.role) for u in features.columns} >= {('"Orders"', "Total", "equality")}
     _, _, stats = await prepare(TaskRequest(query=query), sandbox.dsn(cases_db))
-    assert stats['"Orders"'][0] == 40  # its own statistics, not those of orders (20,000 rows)
+    assert stats['"Orders"'].rows == 40  # its own statistics, not those of orders (20,000 rows)
 
     both = ('SELECT o.id FROM orders o JOIN "Orders" x ON x.id = o.id '
             'WHERE x."Total" = 3 AND o.user_id = 7')
@@ -318,7 +318,7 @@ async def test_agents_see_through_views_to_their_tables(
     query = "SELECT id, customer FROM big_live_orders b WHERE b.customer = 42"
     _, features, stats = await prepare(TaskRequest(query=query), sandbox.dsn(cases_db))
     assert features.tables == ("orders",) and features.main_table == "orders"
-    assert set(stats) == {"orders"} and stats["orders"][0] == 20_000
+    assert set(stats) == {"orders"} and stats["orders"].rows == 20_000
     uses = {(u.table, u.column, u.role, u.operator) for u in features.columns}
     assert ("orders", "user_id", "equality", "=") in uses  # customer is user_id
     assert ("orders", "status", "other", None) in uses  # the view's own filter

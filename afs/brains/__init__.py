@@ -7,6 +7,7 @@
     StrategistBrain the offline strategists (`afs.brains.strategists`, pure rules over the
                     plan, the statistics and the query)
     SlowBrain       another brain behind a fixed latency per call (benchmarks, demos)
+    MeteredBrain    a brain that counts its model calls per agent (`ModelUsage`: tokens, cost)
     Squad           the brains of one command, and what the report says about them
     strategists/    one module per specialisation, over shared evidence
     gemini/         Gemini models: client, parsing, prompts, GeminiBrain, open_gemini_squad
@@ -17,9 +18,9 @@ Neither is imported here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import trio
 
@@ -115,6 +116,45 @@ class SlowBrain:
 
 
 @dataclass(frozen=True)
+class ModelUsage:
+    """What one agent's model calls took, summed over the task (an estimate, not a bill):
+    the model configured and the version and stage the API said answered, tokens, the
+    estimated cost at list prices (None: a model without a known price), and how the calls
+    went (attempts, retries, failed attempts, timeouts, re-prompts)."""
+
+    model: str
+    model_version: str | None = None
+    model_stage: str | None = None
+    retirement: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0  # thinking included
+    thinking_tokens: int = 0
+    cached_tokens: int = 0
+    total_tokens: int = 0
+    estimated_cost_usd: float | None = 0.0
+    calls: int = 0
+    attempts: int = 0
+    retries: int = 0
+    failed_attempts: int = 0
+    timeouts: int = 0
+    reprompts: int = 0
+    refusals_reprompted: int = 0
+
+    def record(self) -> dict[str, Any]:
+        """As an outcome carries it (`AgentOutcome.usage`: the store and the report read it)."""
+        return asdict(self)
+
+
+@runtime_checkable
+class MeteredBrain(Protocol):
+    """A brain that counts what its model calls take, per agent."""
+
+    def usage_of(self, agent: AgentKey) -> ModelUsage | None:
+        """What the agent's calls took so far; None before its first call."""
+        ...
+
+
+@dataclass(frozen=True)
 class Squad:
     """Who thinks for which agent, and what the report should say about it."""
 
@@ -122,6 +162,11 @@ class Squad:
     provider: str  # "heuristic" | "gemini" | "simulated"
     note: str = ""
     agents: tuple[AgentKey, ...] | None = None  # fixed squad (benchmarks, tests); None = route
-    usage: Mapping[AgentKey, Mapping[str, object]] = field(default_factory=dict)  # tokens, cost
     # the agent whose brain reviews the others' measured proposals (a ReviewingBrain), if any
     reviewer: AgentKey | None = None
+
+    def usage_of(self, agent: AgentKey) -> ModelUsage | None:
+        """What the agent's model calls took so far (its brain's count); None for a brain
+        without a model, or before its first call."""
+        brain = self.brain_for(agent)
+        return brain.usage_of(agent) if isinstance(brain, MeteredBrain) else None

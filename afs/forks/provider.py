@@ -45,6 +45,7 @@ import trio
 from psycopg import conninfo
 
 from afs.conditions import carry_settings
+from afs.config import ADMIN_STATEMENT_TIMEOUT_MS
 from afs.db import OWN_SERVER_MARK, Connection, open_connection
 from afs.errors import (
     DatabaseError,
@@ -201,16 +202,17 @@ def owner_alive(host: str | None, pid: int | None, started: float | None) -> boo
 class LocalForkProvider:
     """Fork databases on one PostgreSQL server, reached with a superuser DSN."""
 
-    def __init__(self, admin_dsn: str, statement_timeout_ms: int = 120_000,
-                 limits: ForkLimits | None = None, public_address: str | None = None,
-                 spares: int = 0) -> None:
+    def __init__(self, admin_dsn: str, limits: ForkLimits | None = None,
+                 public_address: str | None = None, spares: int = 0) -> None:
         """`public_address` ("host[:port]"): where clients reach the server, when that is not
         the admin DSN's host (a server in a container, published on the host machine).
         `spares`: ready forks to keep per source this provider has forked, where forks
-        clone (0: none; see the module's docstring)."""
+        clone (see the module's docstring): none unless asked, as for a provider made for one
+        command; the fork server asks for `Settings.fork_spares`. The provider's own
+        connections time out after config.ADMIN_STATEMENT_TIMEOUT_MS."""
         self.admin_dsn = admin_dsn
         self.public_address = public_address
-        self.statement_timeout_ms = statement_timeout_ms
+        self.statement_timeout_ms = ADMIN_STATEMENT_TIMEOUT_MS
         self.limits = limits or ForkLimits()
         self.spares = spares
         self._catalog_ready = False

@@ -65,6 +65,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
+from afs.config import DEFAULT_PARAMETER_SETS, PARAMETER_QUANTILES
 from afs.errors import InputError
 from afs.models import ColumnStats, ParameterSet, Substitution, TableInfo
 from afs.pg.names import quote_literal
@@ -80,9 +81,9 @@ __all__ = [
     "parameter_sets",
 ]
 
-DEFAULT_COUNT = 2  # parameter sets drawn per query
+DEFAULT_COUNT = DEFAULT_PARAMETER_SETS  # parameter sets drawn per query (afs.config)
 # Histogram positions a range or a bound moves to, in order of preference.
-QUANTILES = (0.25, 0.75, 0.5, 0.1, 0.9, 0.4, 0.6)
+QUANTILES = PARAMETER_QUANTILES.moves  # afs.config
 SCALE_FACTORS = ("0.5", "2", "0.25", "4", "0.1", "10")  # thresholds not tied to a column
 STEPS = (1, -1, 2, -2, 3, -3)  # integer equalities not tied to a column; range widths w/o stats
 

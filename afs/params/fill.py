@@ -32,6 +32,7 @@ from pglast import ast, enums, parse_sql
 from pglast.parser import ParseError, scan
 from sqlglot import exp
 
+from afs.config import DEFAULT_PARAMETER_SETS, PARAMETER_QUANTILES
 from afs.errors import InputError
 from afs.models import ColumnStats, ParameterSet, StatementParameters, Substitution, TableInfo
 from afs.pg.names import sql_literal
@@ -39,9 +40,8 @@ from afs.pg.stats import common_values, quantile
 from afs.query.query import Query
 from afs.query.text import walk
 
-DEFAULT_SETS = 3
-LOWER = (0.25, 0.1, 0.5, 0.4)
-UPPER = (0.75, 0.5, 0.9, 0.6)
+DEFAULT_SETS = 1 + DEFAULT_PARAMETER_SETS  # the statement's own values, then the others (afs.config)
+LOWER, UPPER = PARAMETER_QUANTILES.lower, PARAMETER_QUANTILES.upper  # afs.config
 LIMIT_VALUE, OFFSET_VALUE = "100", "0"
 _ROLES = {"=": "eq", "<>": "eq", "!=": "eq", ">": "lower", ">=": "lower", "<": "upper", "<=": "upper"}
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "=", "<>": "<>", "!=": "!="}

@@ -49,7 +49,6 @@ The copy lands in the sandbox's own data directory, so on copy-on-write storage
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import secrets
 import subprocess
@@ -68,6 +67,7 @@ from psycopg import conninfo
 
 from afs.analysis import server_facts
 from afs.conditions import settle_copy
+from afs.config import process_environment
 from afs.db import Connection, connect_sync, open_connection, resolve_dsn
 from afs.errors import AfsError, InputError, SandboxError, UnknownServiceError, scrub
 from afs.forks.provider import LocalForkProvider, restrict_definer_routines
@@ -154,7 +154,7 @@ def child_connection(dsn: str) -> tuple[str, dict[str, str]]:
         params = {k: str(v) for k, v in conninfo.conninfo_to_dict(dsn).items()}
     except psycopg.ProgrammingError as exc:
         raise InputError(f"not a valid connection string: {scrub(str(exc))}") from None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env = {k: v for k, v in process_environment().items() if not k.startswith("PG")}
     password = params.pop("password", None)
     if password is not None:
         env["PGPASSWORD"] = password

@@ -10,8 +10,7 @@ request or a lost lease cancels the work (agents destroy their forks, shielded).
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -47,7 +46,6 @@ class Runtime:
     forks: ForkClient
     rules: RuleSet
     pool: AgentPool = field(default_factory=AgentPool)
-    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     lease_s: float = DEFAULT_LEASE_S
 
     @property
@@ -77,7 +75,7 @@ async def _optimize(rt: Runtime, task: TaskRecord, events: Emitter,
     request = TaskRequest(query=task.query, task_type=task.task_type,  # type: ignore[arg-type]
                           priority=task.priority, runs=task.runs, weights=task.weights,
                           parameters=task.parameters)
-    async with open_squad(task.provider, rt.settings, rt.env) as squad:
+    async with open_squad(task.provider, rt.settings, rt.settings.environment) as squad:
         return await optimize(rt.settings, request, source=source,
                               source_dsn=direct_dsn or source_dsn(rt.settings, source),
                               forks=rt.forks, squad=squad,

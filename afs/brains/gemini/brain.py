@@ -60,7 +60,7 @@ import httpx
 import structlog
 import trio
 
-from afs.brains import Squad
+from afs.brains import ModelUsage, Squad
 from afs.brains.gemini.client import (
     DEFAULT_RETRY,
     SPEND_CAP,
@@ -458,6 +458,11 @@ class GeminiBrain:
     def model_of(self, agent: AgentKey) -> str:
         return self.gemini.model_of(agent)
 
+    def usage_of(self, agent: AgentKey) -> ModelUsage | None:
+        """`usage[agent]` as a typed record (a `MeteredBrain`); None before its first call."""
+        entry = self.usage.get(agent)
+        return ModelUsage(**entry) if entry is not None else None
+
     def shown(self, ctx: AnalysisContext) -> tuple[AnalysisContext, Withheld | None]:
         """The context as the model sees it: whole, or without its values (`send_values` off)."""
         if self.gemini.send_values:
@@ -796,7 +801,7 @@ async def open_gemini_squad(settings: Settings, credentials: Credentials, env: M
     """The squad of Gemini brains for one command; its HTTP client closes on exit.
 
     Every configured model is checked first (`check_models`): a retired model fails here, before
-    any fork exists. `squad.usage` is `brain.usage`: per agent, tokens and estimated cost.
+    any fork exists. `squad.usage_of(agent)` is `brain.usage_of(agent)`: tokens and estimated cost.
     `meter` (a `SpendMeter` made by the caller) shares one spending cap among several
     squads, e.g. the tasks of a batch; without it the cap is this squad's own.
     """
@@ -819,4 +824,4 @@ async def open_gemini_squad(settings: Settings, credentials: Credentials, env: M
         if warnings:
             note += "; warning: " + "; ".join(warnings)
         yield Squad(brain_for=lambda _agent: brain, provider="gemini", note=note,
-                    usage=brain.usage, reviewer=REVIEWER)
+                    reviewer=REVIEWER)
