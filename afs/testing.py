@@ -30,19 +30,28 @@ It has two sides, sharing one script:
     with serve_fake_gemini(fake) as base_url:
         ...
     assert "SELECT" in fake.requests[0].prompt
+
+The command line in a subprocess, one helper for every test that runs it:
+`run_afs("sandbox", "status", "--json", home=…)` (to its end, output captured),
+`await run_afs_async(…, AFS_STORE_URL=…)` from trio code, `afs_command(…)` for a
+process a test starts and stops itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -444,3 +453,51 @@ class HangingBrain:
     async def propose(self, agent: str, ctx: AnalysisContext,
                       analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
         await trio.sleep_forever()
+
+
+# -- the command line in a subprocess ----------------------------------------------------------
+def afs_command(*args: str | bytes) -> list[str | bytes]:
+    """`afs ARGS` as this interpreter runs it (`python -m afs`): the argv of a subprocess."""
+    return [sys.executable, "-m", "afs", *args]
+
+
+def afs_environment(env: Mapping[str, str] | None = None, home: Path | str | None = None,
+                    **more: str) -> dict[str, str]:
+    """The subprocess's environment: `env` (default: this process's), then AFS_HOME=home when
+    given, then `more` (AFS_STORE_URL=…)."""
+    merged = dict(os.environ if env is None else env)
+    if home is not None:
+        merged["AFS_HOME"] = str(home)
+    return merged | more
+
+
+def _checked(args: Sequence[str | bytes], done: subprocess.CompletedProcess[Any],
+             check: bool) -> subprocess.CompletedProcess[Any]:
+    if check and done.returncode != 0:
+        stderr = done.stderr.decode(errors="replace") if isinstance(done.stderr, bytes) else done.stderr
+        raise AssertionError(f"afs {' '.join(map(str, args))} -> {done.returncode}\n{stderr}")
+    return done
+
+
+def run_afs(*args: str | bytes, env: Mapping[str, str] | None = None, home: Path | str | None = None,
+            stdin: bytes | str | None = None, text: bool = False, check: bool = False,
+            timeout: float = 300.0, as_user: int | None = None) -> subprocess.CompletedProcess[Any]:
+    """Run `afs ARGS` to its end, its output captured (str with `text`, else bytes). `env`,
+    `home`: as afs_environment; `check`: AssertionError with its stderr unless it exits 0;
+    `as_user`: as that (non-root) uid and gid, through setpriv."""
+    command = afs_command(*args)
+    if as_user is not None:
+        command = ["setpriv", f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups", *command]
+    done = subprocess.run(command, capture_output=True, text=text, input=stdin, timeout=timeout,
+                          env=afs_environment(env, home), check=False)
+    return _checked(args, done, check)
+
+
+async def run_afs_async(*args: str | bytes, env: Mapping[str, str] | None = None,
+                        home: Path | str | None = None, check: bool = False,
+                        **more: str) -> subprocess.CompletedProcess[bytes]:
+    """run_afs for trio code: cancelling the caller kills the process. `more`: variables set
+    over `env` (AFS_STORE_URL=…)."""
+    done = await trio.run_process(afs_command(*args), capture_stdout=True, capture_stderr=True,
+                                  check=False, env=afs_environment(env, home, **more))
+    return _checked(args, done, check)

@@ -5,13 +5,10 @@ queryid, the report in the store and $AFS_HOME/reports/; and the report's index 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import psycopg
 import pytest
-import trio
 
 from afs.batch.job import BatchOptions, run_batch, stored_batch
 from afs.batch.report import Entry, build_report, merge_indexes, render_markdown
@@ -19,6 +16,7 @@ from afs.config import Settings
 from afs.sandbox.server import SandboxServer
 from afs.service.worker import open_runtime, worker_name
 from afs.store import open_store
+from afs.testing import run_afs_async
 
 SLOW = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending' AND o.user_id = {u}"
         " ORDER BY o.created_at DESC")
@@ -37,9 +35,7 @@ def _workload(sandbox: SandboxServer, settings: Settings) -> None:
 
 
 async def afs(*args: str, store_db: str) -> subprocess.CompletedProcess[bytes]:
-    return await trio.run_process([sys.executable, "-m", "afs", *args], capture_stdout=True,
-                                  capture_stderr=True, check=False,
-                                  env={**os.environ, "AFS_STORE_URL": store_db})
+    return await run_afs_async(*args, AFS_STORE_URL=store_db)
 
 
 @pytest.mark.usefixtures("no_leaked_forks")

@@ -25,6 +25,7 @@ from afs.db import open_connection
 from afs.forks.provider import LocalForkProvider
 from afs.locks import connection_lock_path, is_locked
 from afs.sandbox.server import SandboxServer
+from afs.testing import run_afs_async
 
 QUERY = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending'"
          " AND o.user_id = 42 ORDER BY o.created_at DESC")
@@ -63,8 +64,7 @@ def clean_after(provider: LocalForkProvider, sandbox: SandboxServer) -> Iterator
 
 
 async def afs(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    return await trio.run_process([sys.executable, "-m", "afs", *args], capture_stdout=True,
-                                  capture_stderr=True, check=False, env={**os.environ, **(env or {})})
+    return await run_afs_async(*args, env={**os.environ, **(env or {})})
 
 
 async def start_optimize(env: Mapping[str, str] | None = None) -> trio.Process:

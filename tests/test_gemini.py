@@ -17,7 +17,6 @@ import os
 import random
 import re
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -110,6 +109,7 @@ from afs.testing import (
     reply_json,
     reply_stopped,
     reply_text,
+    run_afs_async,
     serve_fake_gemini,
 )
 
@@ -1037,8 +1037,7 @@ def _cli_env(**extra: str) -> dict[str, str]:
 
 
 async def _afs(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[bytes]:
-    return await trio.run_process([sys.executable, "-m", "afs", *args], capture_stdout=True,
-                                  capture_stderr=True, check=False, env=env)
+    return await run_afs_async(*args, env=env)
 
 
 @pytest.mark.usefixtures("no_leaked_forks")

@@ -3,9 +3,7 @@ clearly, once, before any fork (too large, too deep, parameters); names in mixed
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,7 +32,7 @@ from afs.safety import check_query
 from afs.sandbox.server import SandboxServer
 from afs.suite import build_suite
 from afs.target import TARGET_ROLE, _read_only, plan_only
-from afs.testing import ScriptedBrain
+from afs.testing import ScriptedBrain, run_afs
 
 NESTED_50 = "SELECT id FROM orders WHERE " + "(" * 50 + "id = 1" + ")" * 50
 PARAMETERISED = "SELECT id FROM orders WHERE user_id = $1 AND status = $2"
@@ -162,8 +160,7 @@ def test_query_shape_reads_a_where_of_thousands_of_terms() -> None:
 
 # -- the command line -------------------------------------------------------------------
 def afs_cli(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "afs", *args], capture_output=True, check=False,
-                          env={**os.environ, "AFS_HOME": str(home)}, timeout=120)
+    return run_afs(*args, home=home, timeout=120)
 
 
 @pytest.mark.parametrize(("query", "message"), [

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import structlog
@@ -32,7 +31,7 @@ from afs.optimize import AgentPool, TaskRequest, optimize
 from afs.report import to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
-from afs.testing import HangingBrain, ScriptedBrain
+from afs.testing import HangingBrain, ScriptedBrain, run_afs_async
 
 pytestmark = pytest.mark.usefixtures("no_leaked_forks")
 
@@ -183,8 +182,7 @@ async def test_bad_input_is_refused_before_any_fork(settings: Settings, sandbox:
 
 
 async def afs_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
-    return await trio.run_process([sys.executable, "-m", "afs", *args], capture_stdout=True,
-                                  capture_stderr=True, check=False, env=dict(os.environ))
+    return await run_afs_async(*args)
 
 
 async def test_cli_json_report(sandbox: SandboxServer) -> None:

@@ -19,6 +19,7 @@ import pytest
 from afs.db import OWN_SERVER_MARK, connect_sync, is_own_server, resolve_dsn
 from afs.errors import InputError
 from afs.sandbox.server import SandboxServer
+from afs.testing import run_afs
 
 # Each one wrong for the sandbox: a port nothing listens on, a host that does not exist, a
 # service no file defines, options the server refuses, TLS or GSS demanded on a unix socket…
@@ -34,8 +35,7 @@ WRONG = {
 
 
 def _afs(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "afs", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return run_afs(*args, env=env, text=True)
 
 
 def test_the_sandbox_commands_work_with_every_libpq_variable_set_wrong(sandbox: SandboxServer) -> None:

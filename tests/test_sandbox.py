@@ -17,18 +17,12 @@ import trio
 from afs.config import load_settings
 from afs.forks.provider import LocalForkProvider
 from afs.sandbox.server import SandboxServer
+from afs.testing import run_afs
 
 
 def afs(*args: str, home: Path | None = None, check: bool = True,
         timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    if home is not None:
-        env["AFS_HOME"] = str(home)
-    result = subprocess.run([sys.executable, "-m", "afs", *args], capture_output=True, text=True,
-                            env=env, timeout=timeout)
-    if check and result.returncode != 0:
-        raise AssertionError(f"afs {' '.join(args)} -> {result.returncode}\n{result.stderr}")
-    return result
+    return run_afs(*args, home=home, check=check, timeout=timeout, text=True)
 
 
 def test_status_json_points_at_the_demo_database(sandbox: SandboxServer) -> None:

@@ -19,18 +19,14 @@ from afs.db import open_connection
 from afs.errors import ConfigError
 from afs.sandbox.server import SandboxServer
 from afs.sandbox.storage import CowImage, CowUnavailable, fork_method
+from afs.testing import run_afs
 
 
 def afs(*args: str, home: Path, user: int | None = None,
         check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, AFS_HOME=str(home), AFS_SCALE="small")
-    command = [sys.executable, "-m", "afs", *args]
-    if user is not None:  # the same command as another (non-root) user
-        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(f"afs {' '.join(args)} -> {result.returncode}\n{result.stderr}")
-    return result
+    # user: the same command as another (non-root) user
+    return run_afs(*args, env={**os.environ, "AFS_SCALE": "small"}, home=home, as_user=user,
+                   check=check, text=True)
 
 
 def can_loop_mount(home: Path) -> None:

@@ -7,7 +7,6 @@ import json
 import random
 import signal
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 
@@ -21,6 +20,7 @@ from afs.db import open_connection
 from afs.errors import InputError
 from afs.sandbox.server import SandboxServer
 from afs.sandbox.workload import SHAPES, pick, run_workload, skewed_id
+from afs.testing import afs_command
 
 SLOW = [s for s in SHAPES if s.kind == "slow"]
 
@@ -97,8 +97,8 @@ def test_ids_are_skewed_like_the_demo_data_and_the_mix_is_mostly_fast() -> None:
     assert len(SLOW) == 4 and all(s.lacks for s in SLOW)
 
 
-def _afs(*args: str) -> list[str]:
-    return [sys.executable, "-m", "afs", *args]
+def _afs(*args: str) -> list[str | bytes]:
+    return afs_command(*args)
 
 
 async def test_cli_runs_the_workload_and_ctrl_c_stops_it_with_its_summary(
