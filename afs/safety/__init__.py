@@ -50,7 +50,7 @@ JOIN` is chosen by name, a domain may sit on a domain, in an array or in a compo
 
 The rooms of the gate, each pure (pglast only; the catalog's I/O half is `afs.catalog`):
 
-    tree          the parse tree: split, parse one statement, walk it, names as SQL text
+    tree          the parse tree: split, parse one statement, names as SQL text
     functions     functions judged by name: side effects, reads of what is not named
     query         the query to optimize: one read-only SELECT (`check_query`)
     references    what only the catalog can judge (`References`, `Target`) and its verdicts

@@ -13,7 +13,8 @@ from typing import Literal
 
 from pglast import ast, enums
 
-from afs.safety.tree import _only_set_statistics, _parse_one, _plain, _Refused, _sql, _walk, _walk_in_order
+from afs.query.text import walk
+from afs.safety.tree import _only_set_statistics, _parse_one, _plain, _Refused, _sql
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,8 @@ class Creates:
 
 def _relations_read(query: ast.Node | None, own: str | None) -> tuple[str, ...]:
     """The relations a query reads, as written (its CTEs' names and `own` left out)."""
-    ctes = {n.ctename for n in _walk(query) if isinstance(n, ast.CommonTableExpr) and n.ctename}
-    found = dict.fromkeys(_plain(n) for n in _walk_in_order(query) if isinstance(n, ast.RangeVar))
+    ctes = {n.ctename for n in walk(query) if isinstance(n, ast.CommonTableExpr) and n.ctename}
+    found = dict.fromkeys(_plain(n) for n in walk(query) if isinstance(n, ast.RangeVar))
     return tuple(n for n in found if n is not None and n != own and n not in ctes)
 
 

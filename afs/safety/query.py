@@ -10,15 +10,16 @@ from typing import Any
 from pglast import ast
 
 from afs.errors import UnsafeSqlError
+from afs.query.text import walk
 from afs.safety.functions import _denial, _denied_by_name
-from afs.safety.tree import _describe, _func_name, _parse_one, _Refused, _system_schema, _walk
+from afs.safety.tree import _describe, _func_name, _parse_one, _Refused, _system_schema
 
 
 def _side_effect_problem(node: Any) -> str | None:
     """A call of a function known by name to have side effects, or a name no proposal may use
     (a system relation, another database, a function in pg_temp). The rest is judged by the
     catalog (`judge_references`)."""
-    for sub in _walk(node):
+    for sub in walk(node):
         if isinstance(sub, ast.FuncCall):
             parts = _func_name(sub)
             if len(parts) > 2:
@@ -40,7 +41,7 @@ def _read_only_problem(stmt: Any) -> str | None:
     """Why `stmt` is not one read-only SELECT, or None when it is."""
     if not isinstance(stmt, ast.SelectStmt):
         return f"{_describe(stmt)} is not a read-only SELECT"
-    for sub in _walk(stmt):
+    for sub in walk(stmt):
         if isinstance(sub, ast.IntoClause):
             return "SELECT INTO creates a table"
         if isinstance(sub, ast.LockingClause):

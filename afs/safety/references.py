@@ -79,9 +79,10 @@ from typing import Any, Literal
 from pglast import ast, enums
 
 from afs.models import UnsafeStatement
+from afs.query.text import walk
 from afs.safety.functions import _denial, denied_function
 from afs.safety.query import _read_only_problem
-from afs.safety.tree import _func_name, _parse_one, _qualified, _Refused, _rv_sql, _sql, _system_schema, _walk
+from afs.safety.tree import _func_name, _parse_one, _qualified, _Refused, _rv_sql, _sql, _system_schema
 
 RefKind = Literal["function", "operator", "type", "relation", "exists", "statistics", "columns"]
 
@@ -403,22 +404,26 @@ def _operator_names(expr: ast.A_Expr) -> list[tuple[str | None, str]]:
     return [(parts[0] if len(parts) == 2 else None, parts[-1])]
 
 
-def _collect(node: Any, statement: str, context: Context, out: list[Ref]) -> None:
-    """Every function, operator, cast and relation under `node`, as `Ref`s in `out`."""
-    ctes = {cte.ctename for cte in _walk(node) if isinstance(cte, ast.CommonTableExpr) and cte.ctename}
-    stack: list[tuple[Any, Context]] = [(node, context)]
-    while stack:
-        item, ctx = stack.pop()
-        if isinstance(item, tuple | list):
-            stack.extend((sub, ctx) for sub in item)
-            continue
-        if not isinstance(item, ast.Node):
-            continue
+def _immutable_parts(node: Any) -> set[int]:
+    """The nodes under `node` (by identity) whose functions must be IMMUTABLE: index and
+    statistics elements, partition keys, generated columns and index predicates."""
+    roots: list[ast.Node] = []
+    for item in walk(node):
         if isinstance(item, ast.IndexElem | ast.StatsElem | ast.PartitionElem) or (
                 isinstance(item, ast.Constraint) and item.contype == enums.ConstrType.CONSTR_GENERATED):
-            ctx = "index"
-        if isinstance(item, ast.IndexStmt) and item.whereClause is not None:
-            stack.append((item.whereClause, "index"))
+            roots.append(item)
+        elif isinstance(item, ast.IndexStmt) and item.whereClause is not None:
+            roots.append(item.whereClause)
+    return {id(sub) for sub in walk(roots)}
+
+
+def _collect(node: Any, statement: str, context: Context, out: list[Ref]) -> None:
+    """Every function, operator, cast and relation under `node`, as `Ref`s in `out` (in the
+    order of the text), in `context` or, inside `_immutable_parts`, "index"."""
+    ctes = {cte.ctename for cte in walk(node) if isinstance(cte, ast.CommonTableExpr) and cte.ctename}
+    immutable = _immutable_parts(node)
+    for item in walk(node):
+        ctx: Context = "index" if id(item) in immutable else context
         if isinstance(item, ast.FuncCall):
             parts = _func_name(item)
             if parts:
@@ -451,8 +456,6 @@ def _collect(node: Any, statement: str, context: Context, out: list[Ref]) -> Non
         elif (isinstance(item, ast.RangeVar) and item.relname
               and not (item.schemaname is None and item.relname in ctes)):
                 out.append(Ref("relation", statement, _qualified(item.schemaname, item.relname)))
-        stack.extend((getattr(item, attr), ctx) for attr in item
-                     if not (isinstance(item, ast.IndexStmt) and attr == "whereClause"))
 
 
 def query_references(sql: str) -> References:

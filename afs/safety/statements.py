@@ -18,6 +18,7 @@ from pglast.stream import maybe_double_quote_name
 
 from afs.errors import InputError
 from afs.models import PROPOSAL_TYPES, OptimizationProposal, RiskLevel, UnsafeStatement, ValidationResult
+from afs.query.text import walk
 from afs.safety.creates import Creates, Fact, _fact
 from afs.safety.partitioning import (
     _check_alter_table,
@@ -43,7 +44,6 @@ from afs.safety.tree import (
     _rv_sql,
     _system_schema,
     _Verdict,
-    _walk,
 )
 
 INDEX_ACCESS_METHODS: frozenset[str] = frozenset({"btree", "hash", "gist", "spgist", "gin", "brin"})
@@ -228,7 +228,7 @@ def _check_statistics(stmt: ast.CreateStatsStmt, recipe: _Recipe) -> _Verdict:
             raise _Refused("CREATE STATISTICS lists columns or expressions")
         if element.expr is None:
             continue
-        for sub in _walk(element.expr):
+        for sub in walk(element.expr):
             if not isinstance(sub, _STATISTICS_EXPRESSION_NODES):
                 raise _Refused(f"CREATE STATISTICS expression: {type(sub).__name__} is not a simple "
                                "expression (columns, constants, operators, casts, function calls)")

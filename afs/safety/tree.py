@@ -1,16 +1,15 @@
 """The parse tree of a statement, as the validator reads it (pure: pglast only).
 
 Splitting a script into statements (`split_statements`), parsing exactly one (`_parse_one`:
-NUL characters, several statements and what does not parse are refused), walking a tree
-without recursion (deep queries do not reach Python's limit), relation names as SQL text and
-as keys (`public.x` is `x`), what the check of one statement says (`_Verdict`) or raises
+NUL characters, several statements and what does not parse are refused), relation names as
+SQL text and as keys (`public.x` is `x`), what the check of one statement says (`_Verdict`) or raises
 (`_Refused`), and the `$n` parameters of a pg_stat_statements query.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,18 +37,6 @@ class _Refused(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def _walk(node: Any) -> Iterator[ast.Node]:
-    """Every node below (and including) `node`."""
-    stack: list[Any] = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, ast.Node):
-            yield item
-            stack.extend(getattr(item, attr) for attr in item)
-        elif isinstance(item, tuple | list):
-            stack.extend(item)
 
 
 def _func_name(call: ast.FuncCall) -> tuple[str, ...]:
@@ -238,14 +225,3 @@ def _plain(rv: ast.RangeVar | None) -> str | None:
         return None
     return f"{rv.schemaname}.{rv.relname}" if rv.schemaname else rv.relname
 
-
-def _walk_in_order(node: Any) -> Iterator[ast.Node]:
-    """Every node below `node`, in the order of the text (depth first, iterative)."""
-    stack: list[Any] = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, ast.Node):
-            yield item
-            stack.extend(reversed([getattr(item, attr) for attr in item]))
-        elif isinstance(item, tuple | list):
-            stack.extend(reversed(item))

@@ -3,75 +3,61 @@
 A fix is applied on the source server, which is often older than the one the plans were
 measured on (an import into the sandbox's PostgreSQL 18). `too_new(sql, major)` says which
 parts of `sql` that server cannot run, read from the parse tree PostgreSQL's own parser
-gives (pglast), never from the text: each rule is one node (and field) and the release
-that brought it. The brain refuses such a candidate with the reason, and the model is asked
-again within the re-prompt bound. Pure: no trio, no network, no database.
+gives (pglast), never from the text: every node of it (`afs.query.text.walk`, typed fields
+such as a UNION's arms included, without recursing), each rule one node (and field) and the
+release that brought it. The brain refuses such a candidate with the reason, and the model
+is asked again within the re-prompt bound. Pure: no trio, no network, no database.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Final
 
-from pglast.parser import ParseError, parse_sql_json
+import pglast
+from pglast import ast, enums
+from pglast.parser import ParseError
 
-Fields = Mapping[str, Any]
-
-
-def _names(fields: Fields, key: str) -> list[str]:
-    return [item.get("String", {}).get("sval", "")
-            for item in fields.get(key) or () if isinstance(item, dict)]
+from afs.query.text import walk
 
 
-def _function(name: str) -> Callable[[str, Fields], bool]:
-    return lambda node, f: node == "FuncCall" and _names(f, "funcname")[-1:] == [name]
+def _names(values: Sequence[ast.Node] | None) -> list[str]:
+    return [item.sval or "" for item in values or () if isinstance(item, ast.String)]
+
+
+def _function(name: str) -> Callable[[ast.Node], bool]:
+    return lambda n: isinstance(n, ast.FuncCall) and _names(n.funcname)[-1:] == [name]
 
 
 # (the first major version that has it, what it is, does this node use it)
-RULES: Final[tuple[tuple[int, str, Callable[[str, Fields], bool]], ...]] = (
-    (10, "declarative partitioning", lambda node, f: node == "PartitionSpec"),
-    (10, "CREATE STATISTICS", lambda node, f: node == "CreateStatsStmt"),
-    (11, "hash partitioning", lambda node, f: node == "PartitionSpec"
-     and f.get("strategy") == "PARTITION_STRATEGY_HASH"),
-    (11, "INCLUDE columns in an index", lambda node, f: node == "IndexStmt"
-     and bool(f.get("indexIncludingParams"))),
-    (12, "most-common-value (mcv) extended statistics", lambda node, f: node == "CreateStatsStmt"
-     and "mcv" in _names(f, "stat_types")),
-    (12, "generated columns", lambda node, f: node == "Constraint"
-     and f.get("contype") == "CONSTR_GENERATED"),
-    (12, "REINDEX CONCURRENTLY", lambda node, f: node == "DefElem" and f.get("defname") == "concurrently"),
-    (13, "FETCH FIRST … WITH TIES", lambda node, f: node == "SelectStmt"
-     and f.get("limitOption") == "LIMIT_OPTION_WITH_TIES"),
-    (13, "the deduplicate_items index option", lambda node, f: node == "DefElem"
-     and f.get("defname") == "deduplicate_items"),
-    (14, "GROUP BY DISTINCT", lambda node, f: node == "SelectStmt" and bool(f.get("groupDistinct"))),
-    (14, "SEARCH or CYCLE in a recursive query", lambda node, f: node == "CommonTableExpr"
-     and bool(f.get("search_clause") or f.get("cycle_clause"))),
-    (14, "BRIN minmax-multi and bloom operator classes", lambda node, f: node == "IndexElem" and any(
-        re.search(r"_(minmax_multi|bloom)_ops$", name) for name in _names(f, "opclass"))),
-    (15, "NULLS NOT DISTINCT", lambda node, f: node == "IndexStmt" and bool(f.get("nulls_not_distinct"))),
-    (15, "MERGE", lambda node, f: node == "MergeStmt"),
+RULES: Final[tuple[tuple[int, str, Callable[[ast.Node], bool]], ...]] = (
+    (10, "declarative partitioning", lambda n: isinstance(n, ast.PartitionSpec)),
+    (10, "CREATE STATISTICS", lambda n: isinstance(n, ast.CreateStatsStmt)),
+    (11, "hash partitioning", lambda n: isinstance(n, ast.PartitionSpec)
+     and n.strategy == enums.PartitionStrategy.PARTITION_STRATEGY_HASH),
+    (11, "INCLUDE columns in an index", lambda n: isinstance(n, ast.IndexStmt)
+     and bool(n.indexIncludingParams)),
+    (12, "most-common-value (mcv) extended statistics", lambda n: isinstance(n, ast.CreateStatsStmt)
+     and "mcv" in _names(n.stat_types)),
+    (12, "generated columns", lambda n: isinstance(n, ast.Constraint)
+     and n.contype == enums.ConstrType.CONSTR_GENERATED),
+    (12, "REINDEX CONCURRENTLY", lambda n: isinstance(n, ast.DefElem) and n.defname == "concurrently"),
+    (13, "FETCH FIRST … WITH TIES", lambda n: isinstance(n, ast.SelectStmt)
+     and n.limitOption == enums.LimitOption.LIMIT_OPTION_WITH_TIES),
+    (13, "the deduplicate_items index option", lambda n: isinstance(n, ast.DefElem)
+     and n.defname == "deduplicate_items"),
+    (14, "GROUP BY DISTINCT", lambda n: isinstance(n, ast.SelectStmt) and bool(n.groupDistinct)),
+    (14, "SEARCH or CYCLE in a recursive query", lambda n: isinstance(n, ast.CommonTableExpr)
+     and bool(n.search_clause or n.cycle_clause)),
+    (14, "BRIN minmax-multi and bloom operator classes", lambda n: isinstance(n, ast.IndexElem) and any(
+        re.search(r"_(minmax_multi|bloom)_ops$", name) for name in _names(n.opclass))),
+    (15, "NULLS NOT DISTINCT", lambda n: isinstance(n, ast.IndexStmt) and bool(n.nulls_not_distinct)),
+    (15, "MERGE", lambda n: isinstance(n, ast.MergeStmt)),
     (16, "any_value()", _function("any_value")),
-    (17, "JSON_TABLE", lambda node, f: node == "JsonTable"),
+    (17, "JSON_TABLE", lambda n: isinstance(n, ast.JsonTable)),
     (18, "uuidv7()", _function("uuidv7")),
 )
-_UNWRAPPED: Final = {"partspec": "PartitionSpec"}  # typed fields the JSON tree does not name
-
-
-def _nodes(value: Any, name: str | None = None) -> Iterator[tuple[str, Fields]]:
-    if isinstance(value, dict):
-        if name is not None:
-            yield name, value
-        for key, child in value.items():
-            if isinstance(child, dict) and key[:1].isupper() and len(value) == 1:
-                yield from _nodes(child, key)
-            else:
-                yield from _nodes(child, _UNWRAPPED.get(key))
-    elif isinstance(value, list):
-        for item in value:
-            yield from _nodes(item)
 
 
 def too_new(statements: Sequence[str], major: int) -> list[str]:
@@ -79,12 +65,12 @@ def too_new(statements: Sequence[str], major: int) -> list[str]:
     found: dict[str, int] = {}
     for sql in statements:
         try:
-            tree = json.loads(parse_sql_json(sql))
+            tree = pglast.parse_sql(sql)
         except ParseError:
             continue  # the safety check says what is wrong with it
-        for node, fields in _nodes(tree):
+        for node in walk(tree):
             for since, what, uses in RULES:
-                if since > major and uses(node, fields):
+                if since > major and uses(node):
                     found[what] = since
     return [f"{what} (PostgreSQL {since})" for what, since in sorted(found.items(), key=lambda i: i[1])]
 
