@@ -38,6 +38,7 @@ AGENT_PREFERENCE: tuple[AgentKey, ...] = ("gemini25pro", "gemini25flash", "gemin
 
 TaskType = Literal["query_optimization", "schema_improvement", "index_recommendation"]
 Priority = Literal["high", "normal", "low"]
+Provider = Literal["auto", "heuristic", "gemini"]  # who thinks: auto = Gemini when credentials are set
 ColumnRole = Literal["equality", "range", "join", "group", "sort", "select", "other"]
 # "statistics": CREATE STATISTICS (extended statistics) and the ANALYZE that builds them;
 # "settings": per-query planner settings only (OptimizationProposal.settings), no DDL

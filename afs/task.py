@@ -1,6 +1,12 @@
 """A task request's one check, shared by the command line (`afs optimize`) and the API
-(`POST /v1/tasks`): whoever asks, the same query is refused for the same reason, before
+(`POST /v1/tasks`): whoever asks, the same task is refused for the same reason, before
 anything is stored, forked or started. (The request itself is afs.optimize.TaskRequest.)
+
+    PRIORITIES, TASK_TYPES, PROVIDERS   the choices, read from the Literals of afs.models
+    check_choice(value, allowed, what)  one of them, or InputError naming `what`
+    check_runs(value, what)             measured runs: an integer from 1 to MAX_RUNS
+    read_weights(value, what)           consensus weights, as `a=0.6,b=0.4` text or a mapping of
+                                        numbers, checked by afs.consensus.check_weights
 
     read_query(sql) -> (query, features)   the query as AFS reads it, or InputError:
         text      check_text: Unicode that UTF-8 can carry (no lone surrogate: a command
@@ -19,11 +25,62 @@ that parsing never holds up its other routes. The service also bounds the body i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import get_args
+
+from afs.consensus import check_weights
 from afs.errors import InputError
-from afs.models import QueryFeatures
+from afs.models import Priority, Provider, QueryFeatures, TaskType
 from afs.query.features import extract_features
 from afs.query.text import check_input
 from afs.safety import check_query
+
+PRIORITIES: tuple[str, ...] = get_args(Priority)
+TASK_TYPES: tuple[str, ...] = get_args(TaskType)
+PROVIDERS: tuple[str, ...] = get_args(Provider)
+MAX_RUNS = 50  # measured runs per suite query and side that a task may ask for
+
+
+def check_choice(value: object, allowed: tuple[str, ...], what: str) -> str:
+    """`value` when it is one of `allowed`, else InputError naming `what` and the choices."""
+    if not isinstance(value, str) or value not in allowed:
+        raise InputError(f"{what}: one of {', '.join(allowed)}")
+    return value
+
+
+def check_runs(value: object, what: str = "runs") -> int:
+    """Measured runs per suite query and side: an integer from 1 to MAX_RUNS, else InputError."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RUNS:
+        raise InputError(f"{what}: an integer from 1 to {MAX_RUNS}, got {value!r}")
+    return value
+
+
+def read_weights(value: str | Mapping[str, object] | None, what: str = "weights") -> dict[str, float] | None:
+    """Consensus weights for a task: None (the rules file's), `performance=0.6,storage=0.2,…`
+    (the command line) or a mapping of numbers (the API), checked by afs.consensus.check_weights:
+    known names, each from 0 to 1, summing to 1. InputError naming `what` otherwise."""
+    if value is None:
+        return None
+    weights: dict[str, float] = {}
+    if isinstance(value, str):
+        for part in value.split(","):
+            key, sep, number = part.partition("=")
+            try:
+                weights[key.strip()] = float(number)
+            except ValueError:
+                raise InputError(f"{what}: expected name=number, got {part!r}") from None
+            if not sep:
+                raise InputError(f"{what}: expected name=number, got {part!r}")
+    elif isinstance(value, Mapping) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                            for v in value.values()):
+        weights = {str(k): float(v) for k, v in value.items()}  # type: ignore[arg-type]
+    else:
+        raise InputError(f"{what}: an object of numbers, e.g. {{\"performance\": 0.6, ...}}")
+    try:
+        check_weights(weights)
+    except ValueError as exc:
+        raise InputError(f"{what}: {exc}") from None
+    return weights
 
 
 def check_text(text: str, what: str = "the query") -> None:

@@ -43,7 +43,7 @@ from harness import with_sandbox
 from afs.config import Settings
 from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer
-from afs.service.api import run_service
+from afs.serve import run_service
 from afs.service.client import ServiceClient
 
 QUERIES = (

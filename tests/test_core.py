@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
+import afs
 from afs.config import load_settings
 from afs.errors import AfsError, ConfigError, InputError, UnknownServiceError, scrub
 from afs.forks.naming import InvalidForkName, fork_name, validate_fork_name
 from afs.forks.provider import dsn_with
+from afs.task import read_weights
 
 PACKAGE = Path(__file__).resolve().parent.parent / "afs"
 
@@ -86,14 +89,78 @@ def test_fork_dsn_keeps_host_and_swaps_the_rest() -> None:
     assert tcp_dsn == "postgresql://f:y@db:5433/f"
 
 
-PURE = ["config.py", "errors.py", "models.py", "forks/naming.py", "sandbox/demo.py",
-        "query/__init__.py", "query/text.py", "query/query.py", "query/features.py", "query/shape.py",
-        "router.py", "safety.py", "suite.py", "consensus.py", "report.py", "brains/gemini/parsing.py",
-        "pg/__init__.py", "pg/names.py", "pg/plan.py", "pg/stats.py", "pg/functions.py",
-        "brains/strategists/__init__.py", "brains/strategists/evidence.py",
-        "brains/strategists/index_design.py", "brains/strategists/structure.py",
-        "brains/strategists/precomputation.py", "brains/strategists/rewrites.py",
-        "params/__init__.py", "params/family.py", "params/fill.py"]
+# -- the map in afs/__init__.py, held to the code -------------------------------------------
+ROOM_LINE = re.compile(r"^    (?P<name>[a-z_]+)(?P<folder>/?)  +\S")
+SECTION = re.compile(r"^(?P<title>\S[^:]*?)(:.*)?$")  # a heading: "pure core: no server, …"
+
+
+def the_map() -> dict[str, tuple[str, bool]]:
+    """The rooms the package docstring lists, in order: name -> (section, whether a folder)."""
+    rooms: dict[str, tuple[str, bool]] = {}
+    section = ""
+    for line in (afs.__doc__ or "").splitlines():
+        room, heading = ROOM_LINE.match(line), SECTION.match(line)
+        if room:
+            assert room["name"] not in rooms, f"{room['name']} is listed twice"
+            rooms[room["name"]] = (section, bool(room["folder"]))
+        elif heading and line.strip():
+            section = heading["title"]
+    return rooms
+
+
+def the_code() -> dict[str, bool]:
+    """Every module and folder of afs: name -> whether a folder."""
+    found = {p.stem: False for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    found |= {p.parent.name: True for p in PACKAGE.glob("*/__init__.py")}
+    return found
+
+
+def test_the_map_lists_every_room_and_only_rooms_that_exist() -> None:
+    listed = {name: folder for name, (_, folder) in the_map().items()}
+    code = the_code()
+    assert sorted(set(code) - set(listed)) == [], "rooms missing from the map in afs/__init__.py"
+    assert sorted(set(listed) - set(code)) == [], "the map in afs/__init__.py lists rooms that do not exist"
+    assert listed == code, "a folder is written `name/` in the map, a module `name`"
+
+
+def test_the_map_has_its_sections() -> None:
+    sections = {section for section, _ in the_map().values()}
+    assert sections == {"pure core", "I/O edges", "workflow", "wings", "entry points"}
+
+
+def _room_files(room: str) -> list[Path]:
+    return sorted((PACKAGE / room).rglob("*.py")) if (PACKAGE / room).is_dir() else [PACKAGE / f"{room}.py"]
+
+
+def _afs_imports(path: Path) -> set[str]:
+    """The afs modules a file imports, anywhere in it (`from afs import x` counts as afs.x)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("afs.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "afs":
+            found |= ({f"afs.{alias.name}" for alias in node.names} if node.module == "afs"
+                      else {node.module})
+    return found
+
+
+@pytest.mark.parametrize("room", sorted(the_code()))
+def test_no_room_imports_a_room_below_it_in_the_map(room: str) -> None:
+    """Every module and folder, no exception: a room imports itself and the rooms listed above it."""
+    order = list(the_map())
+    assert room in order, f"{room} is not in the map in afs/__init__.py"
+    above = set(order[:order.index(room) + 1])
+    for path in _room_files(room):
+        upward = sorted(m for m in _afs_imports(path) if m.split(".")[1] not in above)
+        assert not upward, f"{path.relative_to(PACKAGE)} imports {upward}, listed below {room}"
+
+
+# The pure core's rooms, and these files of rooms that are not pure as a whole.
+STRATEGISTS = PACKAGE / "brains" / "strategists"
+PURE_ELSEWHERE = ["forks/naming.py", "sandbox/demo.py", "brains/gemini/parsing.py",
+                  *(str(p.relative_to(PACKAGE)) for p in STRATEGISTS.rglob("*.py"))]
+PURE = sorted({str(p.relative_to(PACKAGE)) for room, (section, _) in the_map().items()
+               if section == "pure core" for p in _room_files(room)} | set(PURE_ELSEWHERE))
 IO_LIBRARIES = {"trio", "psycopg", "mcp", "google", "httpx", "anyio", "subprocess"}
 # The one exception: errors.scrub reads a connection string with libpq's own parser
 # (psycopg.conninfo: no connection, no I/O), imported where it is used.
@@ -114,43 +181,11 @@ def test_pure_modules_import_no_io(module: str) -> None:
     assert not imported & IO_LIBRARIES, f"{module} imports {imported & IO_LIBRARIES}"
 
 
-def _afs_imports(path: Path) -> set[str]:
-    """The afs modules a file imports (`from afs import x` counts as afs.x)."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("afs.")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "afs":
-            found |= ({f"afs.{alias.name}" for alias in node.names} if node.module == "afs"
-                      else {node.module})
-    return found
-
-
-# Nothing imports upward: what a folder may use of afs beside itself.
-ALLOWED_BELOW = {
-    "pg": ("afs.models", "afs.errors", "afs.pg"),
-    "query": ("afs.models", "afs.errors", "afs.pg", "afs.query"),
-    "brains": ("afs.models", "afs.errors", "afs.config", "afs.query", "afs.safety", "afs.pg",
-               "afs.brains"),
-}
-
-
-@pytest.mark.parametrize("folder", sorted(ALLOWED_BELOW))
-def test_no_upward_imports(folder: str) -> None:
-    allowed = ALLOWED_BELOW[folder]
-    for path in (PACKAGE / folder).rglob("*.py"):
-        upward = {m for m in _afs_imports(path)
-                  if not any(m == a or m.startswith(a + ".") for a in allowed)}
-        assert not upward, f"{path.relative_to(PACKAGE)} imports {sorted(upward)}"
-
-
 def test_weights_option_is_checked() -> None:
-    from afs.cli import parse_weights
-
-    assert parse_weights(None) is None
-    assert parse_weights("performance=0.6,storage=0.2,complexity=0.1,risk=0.1") == {
+    assert read_weights(None, "--weights") is None
+    assert read_weights("performance=0.6,storage=0.2,complexity=0.1,risk=0.1", "--weights") == {
         "performance": 0.6, "storage": 0.2, "complexity": 0.1, "risk": 0.1}
     for bad in ("performance=0.9,storage=0.2", "performance=x", "performance",
                 "performance=0.5,storage=0.2,complexity=0.2,risk=0.2"):
         with pytest.raises(InputError, match="--weights"):
-            parse_weights(bad)
+            read_weights(bad, "--weights")

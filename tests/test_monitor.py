@@ -31,7 +31,7 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 from afs.apply import audit
 from afs.batch.report import Entry, build_report, render_markdown
 from afs.config import Settings
-from afs.service.api import run_service
+from afs.serve import run_service
 from afs.store import open_store
 from afs.web import OPENAPI_PATHS
 

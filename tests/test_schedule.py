@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -44,9 +43,10 @@ from afs.config import Settings
 from afs.db import open_connection
 from afs.errors import InputError
 from afs.sandbox.server import SandboxServer
-from afs.service.api import run_service
+from afs.serve import run_service
 from afs.store import Store, open_store
 from afs.store.migrations import SCHEMA
+from afs.testing import run_afs_async
 
 PARIS = "Europe/Paris"
 SLOW = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending' AND o.user_id = {u}"
@@ -68,9 +68,7 @@ def utc(*args: int) -> datetime:
 
 
 async def afs(*args: str, store_db: str, **env: str) -> subprocess.CompletedProcess[bytes]:
-    return await trio.run_process([sys.executable, "-m", "afs", *args], capture_stdout=True,
-                                  capture_stderr=True, check=False,
-                                  env={**os.environ, "AFS_STORE_URL": store_db, **env})
+    return await run_afs_async(*args, AFS_STORE_URL=store_db, **env)
 
 
 # -- pure: cron, zones, windows ------------------------------------------------------------------

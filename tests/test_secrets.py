@@ -26,13 +26,14 @@ import pytest
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from afs.cli import psql_invocation
+from afs.cli.forks import psql_invocation
 from afs.config import load_settings
 from afs.errors import MASK, AfsError, ConfigError, DatabaseError, scrub
 from afs.forks.client import open_fork_client
 from afs.forks.provider import LocalForkProvider
 from afs.forks.token import ensure_token, read_token
 from afs.sandbox.server import SandboxServer
+from afs.testing import run_afs
 
 SPECIAL = ["", " ", "'", "\\", "\\'", "@", "/", ":", "%", "%40", "&", "=", "?", "#", " x=y ", "é",
            "'; host=evil", "\"", "\t"]
@@ -128,9 +129,7 @@ def test_scrub_keeps_what_holds_no_password() -> None:
 
 # -- passwords never on a command line --------------------------------------------------------
 def afs_cli(home: Path | None, *args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, **({"AFS_HOME": str(home)} if home else {})}
-    return subprocess.run([sys.executable, "-m", "afs", *args], capture_output=True, check=False,
-                          input=stdin, env=env, timeout=120)
+    return run_afs(*args, home=home, stdin=stdin, timeout=120)
 
 
 @pytest.mark.parametrize(("password", "head", "tail"), passwords())

@@ -26,11 +26,13 @@ from afs.models import TaskResult
 from afs.optimize import new_task_id
 from afs.report import to_json
 from afs.sandbox.server import SandboxServer
-from afs.service.api import EventStreamResponse, run_service
+from afs.serve import run_service
+from afs.service.api import EventStreamResponse
 from afs.service.client import parse_sse
 from afs.service.worker import open_runtime, run_worker
 from afs.store import open_store
 from afs.store.codec import decode
+from afs.testing import run_afs_async
 from afs.web import OPENAPI_PATHS as WEB_PATHS
 
 QUERY = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending'"
@@ -214,9 +216,7 @@ async def test_the_openapi_document_names_every_route(nursery: trio.Nursery, set
 
 
 async def afs(*args: str, store_db: str) -> subprocess.CompletedProcess[bytes]:
-    return await trio.run_process([sys.executable, "-m", "afs", *args], capture_stdout=True,
-                                  capture_stderr=True, check=False,
-                                  env={**os.environ, "AFS_STORE_URL": store_db})
+    return await run_afs_async(*args, AFS_STORE_URL=store_db)
 
 
 async def test_optimize_with_server_and_show_give_the_same_report(

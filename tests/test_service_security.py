@@ -42,7 +42,7 @@ from afs.models import (
 )
 from afs.optimize import new_task_id
 from afs.sandbox.server import SandboxServer
-from afs.service.api import run_service
+from afs.serve import run_service
 from afs.store import Store, open_store
 
 QUERY = "SELECT id, total FROM orders WHERE user_id = 42 ORDER BY created_at DESC"

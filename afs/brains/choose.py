@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, get_args
 
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
 from afs.errors import ConfigError
-from afs.models import AGENTS
+from afs.models import AGENTS, Provider
 
-PROVIDERS = ("auto", "heuristic", "gemini")
+PROVIDERS: tuple[str, ...] = get_args(Provider)
 
 
 @asynccontextmanager

@@ -29,8 +29,16 @@ from afs.sandbox.server import SandboxServer
 
 
 def in_process(settings: Settings) -> bool:
-    """Whether the sandbox's fork server runs in this process (no other one is configured)."""
+    """Whether the sandbox's fork server runs in this process (no other one is configured):
+    the one answer to "does the sandbox serve the forks?"."""
     return not settings.fork_server_url and settings.fork_server_command == default_fork_server_command()
+
+
+def uses_the_sandbox(settings: Settings, dsn: str | None) -> bool:
+    """Whether a task on `dsn` (None: the demo database) runs in the sandbox: always for the demo
+    database; for a DSN, when the sandbox serves the forks (`in_process`), else the other fork
+    server (AFS_FORK_SERVER_URL or AFS_FORK_SERVER_COMMAND) forks that database itself."""
+    return dsn is None or in_process(settings)
 
 
 @asynccontextmanager

@@ -1,11 +1,11 @@
-"""The HTTP API of `afs serve`: Starlette on hypercorn, under trio.
+"""The HTTP API of `afs serve` (assembled by afs.serve): the task routes, on Starlette.
 
     POST   /v1/tasks              submit {query, source | dsn, priority, type, provider, weights, runs}
     GET    /v1/tasks              the newest tasks (?status=…&limit=…)
     GET    /v1/tasks/{id}         one task, its report and its result
     GET    /v1/tasks/{id}/events  Server-Sent Events, live; resumable with Last-Event-ID
     DELETE /v1/tasks/{id}         cancel (a running task's agents destroy their forks)
-    POST   /v1/tasks/{id}/apply   apply the winner (needs a token and an approver; afs.apply.api)
+    POST   /v1/tasks/{id}/apply   apply the winner (afs.apply.api, added by afs.serve)
     GET    /v1/forks              forks the store knows to be alive, with their task and agent
     GET    /healthz               liveness, tasks by status, running tasks per agent (no token)
     GET    /v1/openapi.json       this API, described
@@ -27,45 +27,41 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
-from functools import partial
 from typing import Any
 
-import hypercorn.trio
 import structlog
 import trio
-from hypercorn.config import Config
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
-from afs.apply.api import OPENAPI_PATH as _APPLY_PATH
-from afs.apply.api import apply_routes
-from afs.asgi import BodyError, check_bind, guard_requests, parse_json, require_token
+from afs.asgi import BodyError, guard_requests, parse_json, require_token
 from afs.config import Settings
 from afs.errors import AfsError, InputError, UnknownTaskError
 from afs.models import StatementParameters
 from afs.optimize import new_task_id
-from afs.service.runner import relayed_cancellation
-from afs.service.worker import open_runtime, run_recovery, run_worker, worker_name
-from afs.store import Store, open_store, store_url
+from afs.store import Store
 from afs.store.store import STATUSES
-from afs.web import OPENAPI_PATHS as _WEB_PATHS
-from afs.web import web_routes
+from afs.task import (
+    MAX_RUNS,
+    PRIORITIES,
+    PROVIDERS,
+    TASK_TYPES,
+    check_choice,
+    check_runs,
+    read_query,
+    read_weights,
+)
 
 log = structlog.get_logger(__name__)
 
-PRIORITIES = ("high", "normal", "low")
-TASK_TYPES = ("query_optimization", "schema_improvement", "index_recommendation")
-PROVIDERS = ("auto", "heuristic", "gemini")
 _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 EVENT_FALLBACK_S = 1.0  # the SSE stream reads the store this often even without a notification
 KEEPALIVE_S = 15.0
-MAX_RUNS = 50
 PARSING_THREADS = 1  # task requests read at once: each holds the GIL for up to a second or two
 
 
@@ -95,9 +91,6 @@ def read_submission(raw: bytes, default_runs: int) -> dict[str, Any]:
 
 def parse_submission(body: Any, default_runs: int) -> dict[str, Any]:
     """Check a POST /v1/tasks body; raises FieldError naming the first bad field."""
-    from afs.consensus import check_weights
-    from afs.task import read_query
-
     if not isinstance(body, dict):
         raise FieldError("body", "expected a JSON object")
     known = {"query", "source", "dsn", "priority", "type", "provider", "weights", "runs", "parameters"}
@@ -121,23 +114,16 @@ def parse_submission(body: Any, default_runs: int) -> dict[str, Any]:
     choices = {"priority": (PRIORITIES, "normal"), "type": (TASK_TYPES, "query_optimization"),
                "provider": (PROVIDERS, "auto")}
     picked: dict[str, str] = {}
-    for name, (allowed, default) in choices.items():
-        value = body.get(name, default)
-        if value not in allowed:
-            raise FieldError(name, f"one of {', '.join(allowed)}")
-        picked[name] = value
-    weights = body.get("weights")
-    if weights is not None:
-        if not isinstance(weights, dict) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()):
-            raise FieldError("weights", "an object of numbers, e.g. {\"performance\": 0.6, ...}")
-        try:
-            check_weights({str(k): float(v) for k, v in weights.items()})
-        except ValueError as exc:
-            raise FieldError("weights", str(exc)) from None
-    runs = body.get("runs", default_runs)
-    if not isinstance(runs, int) or isinstance(runs, bool) or not 1 <= runs <= MAX_RUNS:
-        raise FieldError("runs", f"an integer from 1 to {MAX_RUNS}")
+    field = "runs"
+    try:  # afs.task: the checks `afs optimize` makes of its options
+        for field, (allowed, default) in choices.items():
+            picked[field] = check_choice(body.get(field, default), allowed, field)
+        field = "weights"
+        weights = read_weights(body.get("weights"), field)
+        field = "runs"
+        runs = check_runs(body.get("runs", default_runs), field)
+    except InputError as exc:
+        raise FieldError(field, str(exc)) from None
     return {"query": query, "source": source if source or dsn else None, "dsn": dsn,
             "task_type": picked["type"], "priority": picked["priority"],
             "provider": picked["provider"], "weights": weights, "runs": runs,
@@ -171,10 +157,13 @@ def parse_parameters(data: Any, query: str) -> StatementParameters:
     return parsed
 
 
-def build_app(store: Store, settings: Settings, token: str | None, hosts: tuple[str, ...] = ()) -> Any:
+def build_app(store: Store, settings: Settings, token: str | None, hosts: tuple[str, ...] = (),
+              routes: Sequence[BaseRoute] = (), paths: Mapping[str, Any] | None = None) -> Any:
     """The ASGI application: Starlette, behind the token check when there is a token, behind
     the request guard (afs.asgi.guard_requests: Host, Origin, JSON, body size) always.
-    `hosts`: names it answers to besides loopback and settings.service_hosts."""
+    `hosts`: names it answers to besides loopback and settings.service_hosts. `routes` and
+    their OpenAPI `paths`: what the assembly adds (afs.serve: the apply route, the monitor)."""
+    described = {**OPENAPI, "paths": {**OPENAPI["paths"], **(paths or {})}}
     parsing = trio.CapacityLimiter(PARSING_THREADS)  # its own: the store's threads stay free
 
     async def submit(request: Request) -> Response:
@@ -232,7 +221,7 @@ def build_app(store: Store, settings: Settings, token: str | None, hosts: tuple[
                              "store": await store.identity()})  # which store (afs batch --server)
 
     async def openapi(request: Request) -> Response:
-        return JSONResponse(OPENAPI)
+        return JSONResponse(described)
 
     async def unknown_task(request: Request, exc: Exception) -> Response:
         return _error(404, str(exc), "id")
@@ -249,8 +238,7 @@ def build_app(store: Store, settings: Settings, token: str | None, hosts: tuple[
         Route("/v1/forks", list_forks, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/v1/openapi.json", openapi, methods=["GET"]),
-        *apply_routes(store, settings),  # POST /v1/tasks/{id}/apply (afs.apply.api)
-        *web_routes(store, settings),  # the monitor's pages and their JSON (afs.web)
+        *routes,
     ], exception_handlers={UnknownTaskError: unknown_task, InputError: bad_input})
     guarded = app if token is None else require_token(app, token, browser_login=True)
     return guard_requests(guarded, hosts=(*settings.service_hosts, *hosts),
@@ -301,63 +289,6 @@ async def _event_stream(store: Store, task_id: str, after: int) -> AsyncGenerato
                 yield ": keep-alive\n\n"
 
 
-async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: float,
-                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """The API, `workers` in-process workers and the scheduler of `afs schedule`, until
-    cancelled; reports the bound URLs."""
-    host, _ = check_bind(bind, settings.service_token)
-    if workers < 0:
-        raise InputError(f"--workers must be 0 or more, got {workers}")
-    own = () if host in ("0.0.0.0", "::") else (host,)  # the address it listens on names it too
-    url = store_url(settings)
-    config = Config()
-    config.bind = [bind]
-    config.accesslog = None
-    config.errorlog = None
-    async with open_store(url) as store, trio.open_nursery() as nursery:
-        never = trio.Event()
-        urls: list[str] = await nursery.start(partial(
-            hypercorn.trio.serve, build_app(store, settings, settings.service_token, own), config,
-            shutdown_trigger=never.wait))
-        for _ in range(workers):
-            nursery.start_soon(_one_worker, settings, url, lease_s)
-        if not workers:  # the workers are elsewhere: this server still recovers their dead tasks
-            nursery.start_soon(run_recovery, settings, url, lease_s)
-        from afs.batch.schedule import run_schedules  # `afs schedule`: the stored schedules' batches
-
-        await nursery.start(run_schedules, settings, url)
-        log.info("service_started", urls=urls, workers=workers)
-        task_status.started(urls)
-
-
-async def _one_worker(settings: Settings, url: str, lease_s: float) -> None:
-    async with relayed_cancellation() as work, open_runtime(settings, url, lease_s=lease_s) as rt:
-        with work:  # stopping the server gives the worker's task back, its forks destroyed
-            await run_worker(rt, worker_name("serve"))
-
-
-async def serve(settings: Settings, *, bind: str, workers: int, lease_s: float) -> None:
-    """`afs serve`: the sandbox (when the store or the workers need it), then the service.
-
-    A deployment with its own store (AFS_STORE_URL) and source server
-    (AFS_SOURCE_SERVER_URL) starts no sandbox.
-    """
-    check_bind(bind, settings.service_token)
-    from afs.sandbox.seeding import ensure_demo
-    from afs.sandbox.server import SandboxServer
-
-    if settings.store_url is None or (workers and not settings.source_server_url):
-        server = SandboxServer(settings)
-        await trio.to_thread.run_sync(server.start)
-        if workers:
-            await ensure_demo(settings, server, settings.scale, lambda m: None)
-    async with trio.open_nursery() as nursery:
-        urls = await nursery.start(partial(run_service, settings, bind=bind, workers=workers,
-                                           lease_s=lease_s))
-        print(f"afs serve: listening on {', '.join(urls)} with {workers} worker(s); Ctrl-C stops it",
-              file=sys.stderr, flush=True)
-
-
 _TASK_BODY = {
     "type": "object", "required": ["query"], "additionalProperties": False,
     "properties": {
@@ -404,11 +335,9 @@ OPENAPI: dict[str, Any] = {
             "get": {"summary": "the task's events as Server-Sent Events (Last-Event-ID resumes)",
                     "responses": {"200": {"description": "text/event-stream"}, "404": _ERROR}},
         },
-        "/v1/tasks/{id}/apply": _APPLY_PATH,
         "/v1/forks": {"get": {"summary": "live forks, with their task and agent",
                               "responses": {"200": {"description": "forks"}}}},
         "/healthz": {"get": {"summary": "liveness", "security": [],
                              "responses": {"200": {"description": "ok"}}}},
-        **_WEB_PATHS,
     },
 }

@@ -1,8 +1,9 @@
 """The monitor's routes: the page shell, its static files and the JSON the API lacked.
 
-Mounted by afs.service.api.build_app next to the API, behind the same guards: the token check
-and afs.asgi.guard_requests (Host, Origin, JSON bodies). The pages' script (static/app.js) sends
-its one POST as `application/json` from the page's own origin, so the guards let it through.
+Mounted by afs.serve (into afs.service.api.build_app) next to the API, behind the same guards:
+the token check and afs.asgi.guard_requests (Host, Origin, JSON bodies). The pages' script
+(static/app.js) sends its one POST as `application/json` from the page's own origin, so the
+guards let it through.
 """
 
 from __future__ import annotations

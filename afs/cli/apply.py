@@ -1,0 +1,132 @@
+"""`afs apply`, `afs rollback`, `afs audit`: a task's winner applied to the database after
+approval (at the terminal, or --yes and --approver from a script), undone with its recorded
+rollback, and the audit log of both (afs.apply).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from typing import Any
+
+import trio
+
+from afs.apply import apply_winner, load_plan, render_plan, rollback_task
+from afs.apply import audit as apply_audit
+from afs.apply.resolve import apply_target, rollback_target
+from afs.apply.run import prepare_apply
+from afs.cli.commands import DSN_PASSWORDS, add_top
+from afs.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, emit, progress, progress_done
+from afs.cli.shared import open_task_store
+from afs.config import Settings
+from afs.errors import InputError, scrub
+
+
+async def _apply_target(args: argparse.Namespace, settings: Settings, store: Any, task_id: str) -> str:
+    """--dsn, else the task's own database (its DSN resolved), else its database in the sandbox."""
+    task = await store.get(task_id)
+    return apply_target(settings, dsn=args.dsn, task_dsn=task.dsn, source=task.source)
+
+
+async def _approve(args: argparse.Namespace, question: str) -> str | None:
+    """The approver's name once approved; None when the person says no. No terminal, no --yes: exit 2."""
+    approver = args.approver or getpass.getuser()
+    if args.yes:
+        return str(approver)
+    if not sys.stdin.isatty():
+        raise InputError("approval needed and there is no terminal to ask: pass --yes "
+                         "(and --approver NAME) to approve from a script")
+    print(f"{question} [y/N] ", end="", flush=True)
+    answer = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+    return str(approver) if answer.strip().lower() in ("y", "yes") else None
+
+
+async def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
+    """Show the winner's plan, ask for approval, apply it on the target and verify it."""
+    async with open_task_store(settings) as store:
+        plan = await load_plan(store, args.task)
+        target = await _apply_target(args, settings, store, args.task)
+        if plan.applicable:  # the exact statements on this target (partitions), checked against it
+            plan = await prepare_apply(store, plan, target, args.approver or "-")
+        if not args.json:
+            print(render_plan(plan))
+            print(f"target: {scrub(target)}")
+        if plan.tier == "T3":
+            emit(args, {"plan": plan.public(), "applied": False},
+                 f"not applied: {plan.kind} is never applied by afs apply")
+            return EXIT_OK if plan.kind == "partitioning" else EXIT_USAGE
+        if not plan.applicable:
+            emit(args, {"plan": plan.public(), "applied": False},
+                 "nothing applied: nothing to change on the database")
+            return EXIT_OK
+        approver = await _approve(args, f"apply {len(plan.steps)} statement(s) to {scrub(target)}?")
+        if approver is None:
+            await apply_audit.record(store, task_id=plan.task_id, action="apply",
+                                     approver=args.approver or "-", target=target, tier=plan.tier,
+                                     sql=[s.sql for s in plan.steps],
+                                     result="refused", detail="not approved at the terminal",
+                                     rollback_sql=plan.rollback)
+            emit(args, {"plan": plan.public(), "applied": False}, "not applied: not approved")
+            return EXIT_FAILED
+        row = await apply_winner(store, plan, target, approver, progress)
+    progress_done()
+    emit(args, {"plan": plan.public(), "applied": row["result"] == "applied", "audit": row},
+         f"{row['result']}: {row['detail']} ({row['duration_s']:.2f} s; audit #{row['id']})")
+    return EXIT_OK if row["result"] == "applied" else EXIT_FAILED
+
+
+async def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
+    if args.limit < 1:
+        raise InputError(f"--limit must be at least 1, got {args.limit}")
+    async with open_task_store(settings) as store:
+        rows = await apply_audit.entries(store, args.task, args.limit)
+    emit(args, rows, apply_audit.render(rows))
+    return EXIT_OK
+
+
+async def cmd_rollback(args: argparse.Namespace, settings: Settings) -> int:
+    async with open_task_store(settings) as store:
+        previous = await apply_audit.applied(store, args.task)
+        if previous is None:
+            await store.get(args.task)  # an unknown task says so
+            raise InputError(f"task {args.task} has nothing applied to roll back (see `afs audit`)")
+        task = await store.get(args.task)
+        target = rollback_target(settings, recorded=previous["target"], dsn=args.dsn, source=task.source)
+        if not args.json:
+            print("\n".join(f"rollback: {sql};" for sql in previous["rollback_sql"]))
+        approver = await _approve(args, f"roll back task {args.task} on {scrub(target)}?")
+        if approver is None:
+            emit(args, {"rolled_back": False}, "not rolled back: not approved")
+            return EXIT_FAILED
+        row = await rollback_task(store, args.task, target, approver, progress)
+    progress_done()
+    emit(args, row, f"{row['result']}: {row['detail']} ({row['duration_s']:.2f} s; audit #{row['id']})")
+    return EXIT_OK if row["result"] == "rolled_back" else EXIT_FAILED
+
+
+def add_commands(commands: Any) -> None:
+    """apply, audit, rollback."""
+    apply = add_top(commands, "apply", cmd_apply)
+    apply.description = (
+        "Show the winner's exact SQL, its tier, the lock it takes, the build time and storage measured in "
+        "the fork; after approval build it (indexes CONCURRENTLY, one at a time, one apply per database), "
+        "verify it (valid, used by the query's plan, measured read-only) and roll it back by itself if "
+        "that fails. Rewrites, settings and partitioning are printed as advice, never applied.")
+    apply.epilog = "example: afs apply 3f2a9c1d --yes --approver alice   (exit codes: 0 applied, 1 failed "\
+                   "and rolled back or not approved, 2 refused or no terminal without --yes)"
+    rollback = add_top(commands, "rollback", cmd_rollback)
+    for command, target in ((apply, "the target database (default: the task's database, its password from "
+                                     "AFS_DATABASE_URL, else its sandbox database)"),
+                            (rollback, "the database the winner was applied on, with its password (default: "
+                                       "the audit row's database, resolved against AFS_DATABASE_URL and the "
+                                       "sandbox; exit 2 when it cannot be)")):
+        command.add_argument("task", help="the task id (see `afs history`)")
+        command.add_argument("--dsn", metavar="DSN", help=f"{target}. {DSN_PASSWORDS}")
+        command.add_argument("--yes", action="store_true", help="approve without asking (scripts)")
+        command.add_argument("--approver", metavar="NAME", help="who approves (default: the OS user)")
+    aud = add_top(commands, "audit", cmd_audit)
+    aud.add_argument("--task", help="only this task")
+    aud.add_argument("--limit", type=int, default=50, help="how many (default 50)")
+
+
