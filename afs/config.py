@@ -4,6 +4,13 @@
 optional YAML file `$AFS_HOME/settings.yaml`, then passed explicitly. The
 environment wins over the file; the file wins over the defaults below.
 
+Every default is declared here once, as a named constant or a frozen policy that the rooms
+below take whole: `Timeouts` (per-phase limits), `Measuring` (`Settings.measuring`: runs, stop
+rule, budget, candidates, parameter sets, the long baseline run), `Quantiles` (histogram
+positions of other values), `GeminiSettings`. The process environment is read here
+(`load_settings`, `process_environment`); `Settings.environment` keeps it for the model SDK's
+credentials and child processes.
+
 Environment:
     AFS_HOME                  state directory (default ~/.afs)
     AFS_DATABASE_URL          the user's own database (libpq DSN or URL);
