@@ -203,16 +203,17 @@ class LocalForkProvider:
     """Fork databases on one PostgreSQL server, reached with a superuser DSN."""
 
     def __init__(self, admin_dsn: str, limits: ForkLimits | None = None,
-                 public_address: str | None = None, spares: int = 0) -> None:
+                 public_address: str | None = None, spares: int = 0,
+                 statement_timeout_ms: int = ADMIN_STATEMENT_TIMEOUT_MS) -> None:
         """`public_address` ("host[:port]"): where clients reach the server, when that is not
         the admin DSN's host (a server in a container, published on the host machine).
         `spares`: ready forks to keep per source this provider has forked, where forks
         clone (see the module's docstring): none unless asked, as for a provider made for one
-        command; the fork server asks for `Settings.fork_spares`. The provider's own
-        connections time out after config.ADMIN_STATEMENT_TIMEOUT_MS."""
+        command; the fork server asks for `Settings.fork_spares`. `statement_timeout_ms`: of
+        the provider's own connections (config's, unless a caller builds larger indexes)."""
         self.admin_dsn = admin_dsn
         self.public_address = public_address
-        self.statement_timeout_ms = ADMIN_STATEMENT_TIMEOUT_MS
+        self.statement_timeout_ms = statement_timeout_ms
         self.limits = limits or ForkLimits()
         self.spares = spares
         self._catalog_ready = False
