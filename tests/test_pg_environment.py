@@ -122,8 +122,9 @@ def test_the_query_from_standard_input_or_a_file(sandbox: SandboxServer, tmp_pat
     # a query of many lines is not typed on a command line: --query - and --file, checked alike
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "AFS_DATABASE_URL"}
     unknown = "SELECT *\n  FROM t\n WHERE id = 1\n"
-    piped = subprocess.run([sys.executable, "-m", "afs", "optimize", "--provider", "heuristic", "--query", "-"],
-                           input=unknown, capture_output=True, text=True, env=env, timeout=300)
+    piped = subprocess.run([sys.executable, "-m", "afs", "optimize", "--provider", "heuristic",
+                            "--query", "-"], input=unknown, capture_output=True, text=True, env=env,
+                           timeout=300)
     assert piped.returncode == 2 and "unknown table t in the query" in piped.stderr, piped.stderr
     path = tmp_path / "q.sql"
     path.write_text(unknown)
@@ -144,7 +145,8 @@ def test_psqls_flags_name_the_target(sandbox: SandboxServer) -> None:
     host = str(sandbox.settings.socket_dir)
     done = _afs("optimize", "--provider", "heuristic", "--host", host, "-p", "5432", "-U", "postgres",
                 "-d", "postgres", "--query", "SELECT id FROM orders", env=env)
-    assert done.returncode == 2 and f"{host}:5432/postgres is not in the sandbox yet" in done.stderr, done.stderr
+    assert done.returncode == 2, done.stderr
+    assert f"{host}:5432/postgres is not in the sandbox yet" in done.stderr
 
 
 def test_a_json_error_is_json(sandbox: SandboxServer) -> None:
