@@ -19,7 +19,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from afs.config import DEFAULT_FORK_MAX_GROWTH_MB, DEFAULT_FORK_TEMP_FILE_LIMIT_MB, Settings
+from afs.config import (
+    DEFAULT_FORK_MAX_GROWTH_MB,
+    DEFAULT_FORK_TEMP_FILE_LIMIT_MB,
+    DEFAULT_STATEMENT_TIMEOUT_MS,
+    Settings,
+)
 from afs.db import Connection
 from afs.errors import DatabaseError, ForkLimitError
 from afs.pg.names import quote_ident, quote_literal
@@ -33,7 +38,7 @@ IDLE_IN_TRANSACTION_MS = 10 * 60 * 1000
 class ForkLimits:
     temp_file_limit_mb: int = DEFAULT_FORK_TEMP_FILE_LIMIT_MB
     max_growth_mb: int = DEFAULT_FORK_MAX_GROWTH_MB
-    statement_timeout_ms: int = 60_000
+    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ForkLimits:
