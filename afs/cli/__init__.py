@@ -16,16 +16,18 @@ Results go to stdout (`--json` for scripts); progress and logs go to stderr.
 
     commands.py  the table of commands: the module that holds each, its line in `afs --help`
     output.py    emit, progress, errors as messages and exit codes
-    shared.py    what the command modules share: running a command under trio, the sandbox under
-                 a command, the task store, the target from --dsn and psql's flags, a task's report
+    run.py       running the chosen command: settings, logs, trio, Ctrl-C
+    shared.py    what the command modules share: the sandbox under a command, the task store,
+                 the target from --dsn and psql's flags, a task's report
     sandbox.py   afs sandbox …                 forks.py    afs fork …
     optimize.py  afs optimize                  service.py  afs history|show|events|resume|worker|serve
     batch.py     afs batch, afs schedule …     apply.py    afs apply|rollback|audit
     mcp.py       afs mcp serve
 
-Each command module imports what its commands use at its top. `main` imports only the module of
-the command asked for (afs.cli.commands says which) and gives the others their name and help
-line alone: `afs --help` imports no command module, `afs history` not the sandbox's workload.
+Each command module imports what its commands use at its top, but for what pulls in the MCP SDK
+or the whole workflow (a second or more), which the commands that need it import themselves.
+`main` imports only the module of the command asked for (afs.cli.commands says which) and gives
+the others their name and help line alone: `afs --help` imports no command module.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(words)
     try:
         check_arguments(parser, args)
-        from afs.cli.shared import run_command  # trio, the settings, the logs: not for --help
+        from afs.cli.run import run_command  # trio, the settings, the logs: not for --help
 
         return run_command(args)
     except BaseExceptionGroup as group:

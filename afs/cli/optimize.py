@@ -26,15 +26,9 @@ from afs.config import Settings
 from afs.display import LiveDisplay
 from afs.errors import ConfigError, InputError, SandboxError
 from afs.models import Priority, Provider, TaskResult, TaskType
-from afs.optimize import new_task_id
 from afs.query.text import MAX_QUERY_BYTES
-from afs.sandbox.forks import uses_the_sandbox
-from afs.sandbox.importer import origin_of, sandbox_source
-from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer
 from afs.service.client import ServiceClient
-from afs.service.runner import relayed_cancellation, run_task
-from afs.service.worker import open_runtime, worker_name
 from afs.store import store_url
 from afs.store.codec import decode
 from afs.task import check_runs, read_query, read_weights
@@ -43,6 +37,8 @@ from afs.task import check_runs, read_query, read_weights
 async def _served_source(client: Any, dsn: str) -> str:
     """The source another fork server makes from `dsn`: its import, else the database of that
     name registered there (`afs mcp serve --admin-dsn … --register DB`)."""
+    from afs.sandbox.importer import origin_of
+
     origin = origin_of(dsn)
     sources = (await client.list_services())["sources"]
     for source in sources:
@@ -96,6 +92,13 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
         return await _optimize_remote(args, settings, runs, weights)
 
     await check_provider(args.provider, settings, os.environ)  # models that exist, before a sandbox
+    from afs.optimize import new_task_id  # the workflow and the MCP SDK: not for --server
+    from afs.sandbox.forks import uses_the_sandbox
+    from afs.sandbox.importer import sandbox_source
+    from afs.sandbox.seeding import ensure_demo
+    from afs.service.runner import relayed_cancellation, run_task
+    from afs.service.worker import open_runtime, worker_name
+
 
     sandboxed = uses_the_sandbox(settings, args.dsn)
     if not sandboxed and not settings.store_url:

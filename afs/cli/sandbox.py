@@ -1,5 +1,7 @@
 """`afs sandbox …`: the embedded PostgreSQL, its demo data, imports of other databases, and the
-demo shop's workload.
+demo shop's workload. Seeding, imports and templates go through the fork provider, which
+imports the MCP SDK (about a second): those commands import it themselves, so that
+`afs sandbox status` and `afs sandbox down` start fast.
 
     afs sandbox up|status|down|reset|refresh|import|workload
 """
@@ -17,9 +19,6 @@ from afs.cli.output import EXIT_INTERRUPTED, EXIT_OK, emit, progress, progress_d
 from afs.config import Settings, parse_cow_size
 from afs.db import open_connection
 from afs.errors import InputError
-from afs.forks.provider import LocalForkProvider, template_name
-from afs.sandbox.importer import import_database
-from afs.sandbox.seeding import ensure_demo, seed_demo
 from afs.sandbox.server import SandboxServer
 from afs.sandbox.storage import CowImage, CowUnavailable, fork_method
 from afs.sandbox.workload import run_workload, summary_text
@@ -76,6 +75,8 @@ def _status_text(info: dict[str, Any]) -> str:
 
 
 async def cmd_sandbox_up(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.sandbox.seeding import ensure_demo  # the MCP SDK (about a second): not for status or down
+
     server = SandboxServer(settings)
     cow_note = None
     if args.cow or settings.cow:
@@ -131,6 +132,8 @@ async def cmd_sandbox_down(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_sandbox_reset(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.sandbox.seeding import seed_demo  # the MCP SDK (about a second): not for status or down
+
     server = SandboxServer(settings)
     await trio.to_thread.run_sync(server.start)
     report = await seed_demo(settings, server, args.scale or settings.scale, progress)
@@ -142,6 +145,11 @@ async def cmd_sandbox_reset(args: argparse.Namespace, settings: Settings) -> int
 
 
 async def cmd_sandbox_refresh(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.forks.provider import (  # the MCP SDK (about a second): not for status or down
+        LocalForkProvider,
+        template_name,
+    )
+
     server = SandboxServer(settings)
     await trio.to_thread.run_sync(server.start)
     source = args.database or settings.demo_database
@@ -154,6 +162,8 @@ async def cmd_sandbox_refresh(args: argparse.Namespace, settings: Settings) -> i
 
 
 async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.sandbox.importer import import_database  # the MCP SDK (about a second): not for status or down
+
     source = args.source if args.source is not None else settings.target_dsn
     if source is None:
         raise InputError("name the database to import: --from DSN, AFS_DATABASE_URL or PG* variables")
@@ -176,6 +186,8 @@ async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> in
 
 async def cmd_sandbox_workload(args: argparse.Namespace, settings: Settings) -> int:
     """The demo shop's workload against the demo database; Ctrl-C stops it with its summary."""
+    from afs.sandbox.seeding import ensure_demo  # the MCP SDK (about a second): not for status or down
+
     if args.duration <= 0 or args.clients < 1:
         raise InputError("--duration must be positive and --clients at least 1")
     server = SandboxServer(settings)

@@ -17,11 +17,7 @@ from afs.cli.output import EXIT_FAILED, EXIT_OK, emit
 from afs.cli.shared import open_task_store, print_finished, sandbox_stop_reported
 from afs.config import Settings
 from afs.errors import InputError
-from afs.sandbox.forks import in_process
 from afs.sandbox.server import SandboxServer
-from afs.serve import serve
-from afs.service.runner import relayed_cancellation, run_task
-from afs.service.worker import open_runtime, run_worker, worker_name
 from afs.store import store_url
 from afs.store.store import STATUSES
 
@@ -90,6 +86,10 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     """Queue a failed, cancelled or interrupted task again, and run it here unless --queue-only."""
+    from afs.sandbox.forks import in_process  # the workflow and the MCP SDK: not for history, show, events
+    from afs.service.runner import run_task
+    from afs.service.worker import open_runtime, worker_name
+
     async with open_task_store(settings) as store:
         task = await store.resume(args.task)
     if args.queue_only:
@@ -108,6 +108,11 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     """Take tasks from the store until interrupted (a running task goes back to the queue)."""
+    from afs.service.runner import (
+        relayed_cancellation,  # the workflow and the MCP SDK: not for history, show, events
+    )
+    from afs.service.worker import open_runtime, run_worker, worker_name
+
     if args.lease <= 0 or args.poll <= 0:
         raise InputError("--lease and --poll must be positive numbers of seconds")
     name = args.name or worker_name()
@@ -126,6 +131,8 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from afs.serve import serve  # the workflow and the MCP SDK: not for history, show, events
+
     await serve(settings, bind=args.bind, workers=args.workers, lease_s=args.lease)
     return EXIT_OK
 

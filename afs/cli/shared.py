@@ -1,72 +1,31 @@
-"""What the command modules share: running a command (settings, logs, trio, Ctrl-C), the
-sandbox a command may need (and what to say when it stops under it), the task store, the
-target database from the flags, a finished task's report.
-
-Imported once the command line is parsed, never by `afs --help`.
+"""What the command modules share: the sandbox a command may need (and what to say when it
+stops under it), the task store, the target database from the flags, a finished task's report.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 from psycopg import conninfo
 
-from afs import log as afs_log
-from afs import report
 from afs.cli.output import EXIT_FAILED, EXIT_OK, emit
-from afs.config import Settings, load_settings
+from afs.config import Settings
 from afs.db import connect_sync
 from afs.errors import AfsError, DatabaseError, ForkError, InputError, SandboxError, scrub, single_leaf
 from afs.sandbox.server import SandboxServer
 from afs.store import open_store, store_url
 
-Handler = Callable[[argparse.Namespace, Settings], Awaitable[int]]
-
-
-# -- running a command -----------------------------------------------------------------
-def run_command(args: argparse.Namespace) -> int:
-    """The command `args` chose, with the settings and the logs, under trio (`afs mcp serve`
-    runs its own event loop)."""
-    settings = load_settings()
-    afs_log.configure(settings.log_dir, verbose=args.verbose)
-    if args.command == "mcp":
-        exit_code: int = args.handler(args, settings)
-    else:
-        exit_code = trio.run(run_interruptible, args.handler, args, settings)
-    return exit_code
-
-
-async def run_interruptible(handler: Handler, args: argparse.Namespace, settings: Settings) -> int:
-    """Run a command; Ctrl-C cancels it (so shielded cleanup runs) instead of killing it."""
-    result: list[int] = []
-    interrupted = False
-
-    async def watch(cancel_scope: trio.CancelScope) -> None:
-        nonlocal interrupted
-        with trio.open_signal_receiver(signal.SIGINT) as signals:
-            async for _ in signals:
-                interrupted = True
-                cancel_scope.cancel()
-                return
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch, nursery.cancel_scope)
-        result.append(await handler(args, settings))
-        nursery.cancel_scope.cancel()
-    if interrupted or not result:
-        raise KeyboardInterrupt
-    return result[0]
-
 
 def print_finished(args: argparse.Namespace, task_id: str, result: Any, error: str | None,
                    bad_input: bool = False) -> int:
     """A finished task's report (afs.report), or why it failed; its exit code."""
+    from afs import report  # the SQL parsers: only once a task has finished (not for history)
+
     if result is None:
         if bad_input:
             raise InputError(error or "bad input")
