@@ -264,3 +264,19 @@ def test_status_works_without_the_demo_database(own_home: Path) -> None:
     assert info["running"] is True and info["size_mb"] is None and info["database"] == "afs_demo"
     text = afs("sandbox", "status", home=own_home).stdout
     assert "afs_demo (not seeded)" in text
+
+
+def test_status_shows_the_disk_afs_home_takes(sandbox: SandboxServer) -> None:
+    info = json.loads(afs("sandbox", "status", "--json").stdout)
+    assert info["disk_mb"] > info["size_mb"] > 10  # the demo database and all else in AFS_HOME
+    assert f"disk: {info['disk_mb']} MB in {info['home']}" in afs("sandbox", "status").stdout
+
+
+def test_a_command_that_starts_the_sandbox_says_it_keeps_running(own_home: Path) -> None:
+    # `afs history` needs the task store, which lives in the sandbox: it starts it, and says so
+    first = afs("history", home=own_home)
+    assert "keeps running" in first.stderr and "afs sandbox down" in first.stderr
+    again = afs("history", home=own_home)  # running already: nothing to say
+    assert "keeps running" not in again.stderr
+    status = afs("sandbox", "status", home=own_home)
+    assert status.stdout.startswith("sandbox: running") and "disk: " in status.stdout

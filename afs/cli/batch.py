@@ -7,14 +7,12 @@ from __future__ import annotations
 import argparse
 from typing import Any, get_args
 
-import trio
-
 from afs.batch.job import BatchOptions, batches, run_batch_here, run_batch_on_server, stored_batch
 from afs.batch.report import render_markdown
 from afs.batch.schedule import add_schedule, check_cron, check_zone, describe, remove_schedule, schedules
 from afs.cli.commands import DSN_PASSWORDS, add_command, add_top
 from afs.cli.output import EXIT_FAILED, EXIT_OK, emit, progress, progress_done
-from afs.cli.shared import open_task_store, sandbox_stop_reported
+from afs.cli.shared import open_task_store, sandbox_stop_reported, start_sandbox
 from afs.config import Settings
 from afs.errors import InputError
 from afs.models import Provider
@@ -41,8 +39,7 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
         doc = await _batch_remote(args, settings, options)
     else:
         server = SandboxServer(settings)
-        progress("starting the sandbox")
-        await trio.to_thread.run_sync(server.start)
+        await start_sandbox(server)
         if args.dsn is None:
             await ensure_demo(settings, server, settings.scale, progress)
         async with sandbox_stop_reported(settings):

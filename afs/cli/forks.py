@@ -17,6 +17,7 @@ from psycopg import conninfo
 
 from afs.cli.commands import add_command, add_top
 from afs.cli.output import EXIT_FAILED, EXIT_OK, emit, progress, progress_done
+from afs.cli.shared import start_sandbox
 from afs.config import Settings
 from afs.db import open_connection
 from afs.errors import InputError
@@ -106,8 +107,7 @@ async def cmd_fork_psql(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_fork_roundtrip(args: argparse.Namespace, settings: Settings) -> int:
     """Sandbox up, then one fork through MCP: write in it, check the source, destroy it."""
     server = SandboxServer(settings)
-    progress("starting the sandbox server")
-    await trio.to_thread.run_sync(server.start)
+    await start_sandbox(server)
     await ensure_demo(settings, server, settings.scale, progress)
     progress("forking the demo database through the MCP server")
     started = time.monotonic()

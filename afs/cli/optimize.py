@@ -20,6 +20,7 @@ from afs.cli.shared import (
     print_finished,
     sandbox_answers,
     sandbox_stop_reported,
+    start_sandbox,
     target_from_flags,
 )
 from afs.config import Settings
@@ -107,8 +108,7 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
                           "AFS_STORE_URL to the task store's database (the sandbox holds it otherwise)")
     if sandboxed:
         server = SandboxServer(settings)
-        progress("starting the sandbox")
-        await trio.to_thread.run_sync(server.start)
+        await start_sandbox(server)
         if args.dsn is None:
             await ensure_demo(settings, server, settings.scale, progress)
     progress_done()

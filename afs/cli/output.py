@@ -33,6 +33,18 @@ def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+# said once by a command that had to start the sandbox (afs.cli.shared.start_sandbox)
+SANDBOX_KEEPS_RUNNING = ("the sandbox started and keeps running after this command (it holds the task"
+                         " store and the forks): `afs sandbox down` stops it, `afs sandbox status`"
+                         " shows its disk use")
+
+
+def say(message: str) -> None:
+    """A line for the person at the terminal (stderr), after any progress line."""
+    progress_done()
+    print(message, file=sys.stderr, flush=True)
+
+
 def progress_done() -> None:
     if sys.stderr.isatty():
         print("\r\033[K", end="", file=sys.stderr, flush=True)

@@ -9,13 +9,16 @@ imports the MCP SDK (about a second): those commands import it themselves, so th
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from afs.cli.commands import DSN_PASSWORDS, add_command, add_top
 from afs.cli.output import EXIT_INTERRUPTED, EXIT_OK, emit, progress, progress_done
+from afs.cli.shared import start_sandbox
 from afs.config import Settings, parse_cow_size
 from afs.db import open_connection
 from afs.errors import InputError
@@ -44,6 +47,9 @@ async def _sandbox_status(settings: Settings) -> dict[str, Any]:
                         if probe.is_dir() else "copy"),
         "cow_image": str(image.image) if image.exists() else None,
     }
+    # what AFS_HOME takes on disk (blocks allocated: a sparse image counts what it holds)
+    info["disk_mb"] = round(await trio.to_thread.run_sync(disk_use, settings.home) / 1048576, 1)
+    info["home"] = str(settings.home)
     if state.running:
         async with open_connection(server.dsn()) as conn:
             info["fork_method"] = await conn.fetchval("SHOW file_copy_method")
@@ -59,9 +65,29 @@ async def _sandbox_status(settings: Settings) -> dict[str, Any]:
     return info
 
 
+def disk_use(root: Path) -> int:
+    """Bytes allocated on disk under `root` (its files' blocks; nothing followed out of it)."""
+    total, pending = 0, [root]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                else:
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
 def _status_text(info: dict[str, Any]) -> str:
+    disk = f"disk: {info['disk_mb']} MB in {info['home']} (the sandbox, imports, forks, logs)"
     if not info["running"]:
-        return f"sandbox: stopped (data in {info['data_dir']})"
+        return f"sandbox: stopped (data in {info['data_dir']})\n{disk}"
     size = "not seeded" if info["size_mb"] is None else f"{info['size_mb']} MB"
     method = ("clone (copy-on-write, milliseconds)" if info["fork_method"] == "clone"
               else "copy (every byte; `afs sandbox up --cow` as root makes forks clones)")
@@ -69,7 +95,8 @@ def _status_text(info: dict[str, Any]) -> str:
     return (f"sandbox: running (pid {info['pid']})\n"
             f"database: {info['database']} ({size})\n"
             f"dsn: {info['dsn']}\n"
-            f"forks: {info['forks'] or 0}, made by {method}{image}"
+            f"forks: {info['forks'] or 0}, made by {method}{image}\n"
+            f"{disk}"
             + (f"\nspares: {info['spares']} ready forks kept for the next task (AFS_FORK_SPARES)"
                if info.get("spares") else ""))
 
@@ -81,8 +108,7 @@ async def cmd_sandbox_up(args: argparse.Namespace, settings: Settings) -> int:
     cow_note = None
     if args.cow or settings.cow:
         cow_note = await _use_cow_storage(settings, server, args.cow_size or settings.cow_size_bytes)
-    progress("starting the sandbox server")
-    started = await trio.to_thread.run_sync(server.start)
+    started = await start_sandbox(server, "starting the sandbox server")
     report = await ensure_demo(settings, server, args.scale or settings.scale, progress)
     progress_done()
     info = await _sandbox_status(settings)
@@ -191,8 +217,7 @@ async def cmd_sandbox_workload(args: argparse.Namespace, settings: Settings) -> 
     if args.duration <= 0 or args.clients < 1:
         raise InputError("--duration must be positive and --clients at least 1")
     server = SandboxServer(settings)
-    progress("starting the sandbox")
-    await trio.to_thread.run_sync(server.start)
+    await start_sandbox(server)
     await ensure_demo(settings, server, settings.scale, progress)
     stop = trio.Event()
 

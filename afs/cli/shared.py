@@ -13,7 +13,7 @@ from typing import Any
 import trio
 from psycopg import conninfo
 
-from afs.cli.output import EXIT_FAILED, EXIT_OK, emit
+from afs.cli.output import EXIT_FAILED, EXIT_OK, SANDBOX_KEEPS_RUNNING, emit, progress, say
 from afs.config import Settings
 from afs.db import connect_sync
 from afs.errors import AfsError, DatabaseError, ForkError, InputError, SandboxError, scrub, single_leaf
@@ -73,12 +73,22 @@ async def sandbox_stop_reported(settings: Settings, used: bool = True,
         raise SandboxError(message) from exc
 
 
+async def start_sandbox(server: SandboxServer, what: str = "starting the sandbox") -> bool:
+    """Start the sandbox unless it runs; when this started it, say that it keeps running and how
+    to stop it (a command that starts a server says so). Returns whether it started it."""
+    progress(what)
+    started: bool = await trio.to_thread.run_sync(server.start)
+    if started:
+        say(SANDBOX_KEEPS_RUNNING)
+    return started
+
+
 # -- the task store and the target -----------------------------------------------------
 @asynccontextmanager
 async def open_task_store(settings: Settings) -> AsyncIterator[Any]:
     """The task store: AFS_STORE_URL, else the sandbox (started if it is not running)."""
-    if settings.store_url is None:
-        await trio.to_thread.run_sync(SandboxServer(settings).start)
+    if settings.store_url is None:  # started only if stopped, and then said so
+        await start_sandbox(SandboxServer(settings), "starting the sandbox (it holds the task store)")
     async with open_store(store_url(settings)) as store:
         yield store
 
