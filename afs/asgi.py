@@ -61,10 +61,17 @@ def require_token(app: Any, token: str, *, browser_login: bool = False) -> Calla
     principal = token_principal(token)
 
     async def guarded(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] == "/healthz":
+        if scope["type"] == "lifespan" or (scope["type"] == "http" and scope["path"] == "/healthz"):
             await app(scope, receive, send)
             return
         headers = dict(scope["headers"])
+        if scope["type"] != "http":  # a websocket: the same token, or closed (policy violation)
+            if hmac.compare_digest(headers.get(b"authorization", b""), expected) or (
+                    browser_login and hmac.compare_digest(_cookie(headers).encode(), token.encode())):
+                await app({**scope, PRINCIPAL: principal}, receive, send)
+            else:
+                await send({"type": "websocket.close", "code": 1008})
+            return
         if browser_login and scope["path"] == "/login":
             await _login(scope, receive, send, token)
             return

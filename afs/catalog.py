@@ -54,7 +54,7 @@ import psycopg.errors
 from psycopg.pq import TransactionStatus
 
 from afs.db import Connection, translate
-from afs.errors import UnsafeSqlError
+from afs.errors import InputError, UnsafeSqlError
 from afs.models import UnsafeStatement
 from afs.pg.names import quote_ident
 from afs.safety import (
@@ -322,28 +322,52 @@ async def catalog_facts(conn: Connection, refs: References) -> list[CatalogFact]
 
 
 # -- what PostgreSQL resolves ------------------------------------------------------------------------
-# The role the targets are resolved as where the connection may have it: the role afs.analysis
-# EXPLAINs as (EXPLAIN_ROLE there; named again here so that neither module imports the other),
-# NOLOGIN, a member of pg_read_all_data: it may create temporary views (the TEMP right PUBLIC
-# has by default) and read, nothing more.
+# The one low-privilege role, for resolving here and for planning and running on a target
+# (afs.target): NOLOGIN, a member of pg_read_all_data only. It may create temporary views (the
+# TEMP right PUBLIC has by default) and read, nothing more.
 GATE_ROLE = "afs_explain"
-# may SET ROLE to it, and it has no attribute beyond LOGIN (a GATE_ROLE made superuser is not used)
-_ROLE_SQL = """
-SELECT pg_has_role(current_user, oid, 'MEMBER')
-       AND NOT (rolsuper OR rolcreaterole OR rolcreatedb OR rolbypassrls OR rolreplication)
+# what GATE_ROLE may be a member of (any depth): reading, nothing more
+_GRANTED = ("pg_read_all_data",)
+# may SET ROLE to it: from PostgreSQL 16 a membership can be without SET (ADMIN alone, as a
+# CREATEROLE role gets for the roles it creates)
+_MEMBER_SQL = """
+SELECT CASE WHEN current_setting('server_version_num')::int >= 160000
+            THEN pg_has_role(current_user, oid, 'SET') ELSE pg_has_role(current_user, oid, 'MEMBER') END
 FROM pg_roles WHERE rolname = %s
+"""
+# the roles GATE_ROLE has the privileges of besides itself and _GRANTED, and its own flags
+_EXTRA_SQL = """
+SELECT r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolbypassrls OR r.rolreplication,
+       ARRAY(SELECT g.rolname::text FROM pg_roles g
+             WHERE g.oid <> r.oid AND g.rolname <> ALL(%s) AND pg_has_role(r.oid, g.oid, 'USAGE')
+             ORDER BY 1)
+FROM pg_roles r WHERE r.rolname = %s
 """
 
 
-def _gate_role(raw: psycopg.Connection[Any]) -> str | None:
+def gate_role(raw: psycopg.Connection[Any]) -> str | None:
     """GATE_ROLE if the connected role may SET ROLE to it (created where it may create roles and
-    the connection is outside a transaction), else None."""
-    member = raw.execute(_ROLE_SQL, (GATE_ROLE,)).fetchone()
+    the connection is outside a transaction), else None. InputError when it exists with more
+    rights than reading: it is then neither used nor replaced by the connection's own role.
+    Blocking: call it through `Connection.run`."""
+    member = raw.execute(_MEMBER_SQL, (GATE_ROLE,)).fetchone()
     if member is None and raw.info.transaction_status == TransactionStatus.IDLE:
+        # no right to create roles, or created meanwhile: look again either way
         with contextlib.suppress(psycopg.Error):
-            raw.execute(f"CREATE ROLE {GATE_ROLE} NOLOGIN IN ROLE pg_read_all_data")
-        member = raw.execute(_ROLE_SQL, (GATE_ROLE,)).fetchone()
-    return GATE_ROLE if member is not None and member[0] else None
+            raw.execute(f"CREATE ROLE {GATE_ROLE} NOLOGIN IN ROLE {', '.join(_GRANTED)}")
+        member = raw.execute(_MEMBER_SQL, (GATE_ROLE,)).fetchone()
+    if member is None or not member[0]:
+        return None
+    row = raw.execute(_EXTRA_SQL, (list(_GRANTED), GATE_ROLE)).fetchone()
+    assert row is not None
+    flags, extra = row
+    if flags or extra:
+        what = f"the rights of {', '.join(extra)}" if extra else "role attributes beyond LOGIN"
+        raise InputError(
+            f"the role {GATE_ROLE} on the target has {what}: AFS plans users' queries as this role "
+            f"because it may only read (a member of {', '.join(_GRANTED)}, nothing else). Revoke "
+            f"them, or DROP ROLE {GATE_ROLE} and AFS creates it again")
+    return GATE_ROLE
 
 
 class _Denied(Exception):
@@ -419,7 +443,7 @@ def resolve_sync(raw: psycopg.Connection[Any], refs: References) -> tuple[list[C
         return [], {}
     role = None
     if not any(t.kind in ("create", "execute") for t in refs.targets):
-        role = _gate_role(raw)
+        role = gate_role(raw)
     nested = raw.info.transaction_status == TransactionStatus.INTRANS
     try:
         raw.execute("SAVEPOINT afs_gate" if nested else "BEGIN READ WRITE")

@@ -309,11 +309,13 @@ def visibility_gap(table: TableState) -> str | None:
 
 
 async def task_conditions(forks: Any, source: str, source_dsn: str, query: str,
-                          tables: Sequence[str], application_role: str | None) -> UserConditions:
+                          tables: Sequence[str], application_role: str | None,
+                          service: Mapping[str, Any] | None = None) -> UserConditions:
     """`read_conditions` for a task on `source` (a fork client's service): the copy's record
-    from the fork server's catalog. What cannot be read is a note, not a failed task."""
+    from the fork server's catalog (`service`, when the caller has it already). What cannot be
+    read is a note, not a failed task."""
     try:
-        recorded = (await forks.get(source)).get("copy_state")
+        recorded = (service if service is not None else await forks.get(source)).get("copy_state")
         return await read_conditions(source_dsn, query, tables, recorded, application_role)
     except AfsError as exc:
         return UserConditions(notes=(f"the user's conditions could not be read: {exc}",))

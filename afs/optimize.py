@@ -174,10 +174,12 @@ async def prepare(request: TaskRequest,
     return query, features, stats
 
 
-async def source_server(forks: ForkClient, source: str, source_dsn: str) -> tuple[dict[str, str], bool]:
+async def source_server(forks: ForkClient, source: str, source_dsn: str,
+                        service: Mapping[str, Any] | None = None) -> tuple[dict[str, str], bool]:
     """The server the advice is for, and whether `source` is an import: the version and planner
-    settings its import recorded (`afs sandbox import`), else those of `source_dsn`'s server."""
-    recorded = (await forks.get(source)).get("origin_server")
+    settings its import recorded (`afs sandbox import`), else those of `source_dsn`'s server.
+    `service`: the fork server's record of `source`, when the caller has it already."""
+    recorded = (service if service is not None else await forks.get(source)).get("origin_server")
     if recorded:
         return {str(k): str(v) for k, v in recorded.items()}, True
     async with open_connection(source_dsn) as conn:
@@ -203,10 +205,11 @@ async def optimize(
     started = trio.current_time()
     task_id = events.task_id
     query, features, stats = await prepare(request, source_dsn)
-    facts, imported = await source_server(forks, source, source_dsn)
+    service = await forks.get(source)  # asked once: the server's facts and the copy's state
+    facts, imported = await source_server(forks, source, source_dsn, service)
     # the source's plan settings, plan and tables now: forks take them, the report compares
     conditions = await task_conditions(forks, source, source_dsn, query, features.tables,
-                                       settings.application_role)
+                                       settings.application_role, service)
     pool = pool or AgentPool()
     max_rows = max((table.rows for table in stats.values()), default=0)
 

@@ -322,10 +322,12 @@ def _refresh_lines(outcome: AgentOutcome) -> list[str]:
     if outcome.proposal is None:
         return []
     facts = creates(outcome.proposal)
-    unique = {ix.table for ix in facts.indexes if ix.unique}
+    # by the last part of the name, as `afs apply`'s plan does: a schema-qualified view and its
+    # index on the unqualified name are the same relation
+    unique = {ix.table.rpartition(".")[2] for ix in facts.indexes if ix.unique}
     lines = []
     for view in facts.views:
-        concurrently = "CONCURRENTLY " if view.name in unique else ""
+        concurrently = "CONCURRENTLY " if view.name.rpartition(".")[2] in unique else ""
         lines.append(f"  refresh:  REFRESH MATERIALIZED VIEW {concurrently}{view.name};"
                      "  (the view is a snapshot, stale until refreshed)")
     if lines and outcome.benchmark is not None:

@@ -35,7 +35,6 @@ never used: InputError saying how to fix it.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -45,9 +44,8 @@ import structlog
 import trio
 from psycopg.pq import TransactionStatus
 
-from afs.catalog import check_query_catalog
+from afs.catalog import GATE_ROLE, check_query_catalog, gate_role
 from afs.db import Connection, translate
-from afs.errors import DatabaseError, InputError
 from afs.query.text import check_input
 from afs.safety import References, check_query, query_references
 
@@ -57,24 +55,7 @@ T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
 Work = Callable[[Cursor, str], T]
 
-TARGET_ROLE = "afs_explain"
-# what TARGET_ROLE may be a member of (any depth): reading, nothing more
-_GRANTED = ("pg_read_all_data",)
-# may SET ROLE to it: from PostgreSQL 16 a membership can be without SET (ADMIN alone, as a
-# CREATEROLE role gets for the roles it creates)
-_MEMBER_SQL = """
-SELECT CASE WHEN current_setting('server_version_num')::int >= 160000
-            THEN pg_has_role(current_user, oid, 'SET') ELSE pg_has_role(current_user, oid, 'MEMBER') END
-FROM pg_roles WHERE rolname = %s
-"""
-# the roles TARGET_ROLE has the privileges of besides itself and _GRANTED, and its own flags
-_EXTRA_SQL = """
-SELECT r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolbypassrls OR r.rolreplication,
-       ARRAY(SELECT g.rolname::text FROM pg_roles g
-             WHERE g.oid <> r.oid AND g.rolname <> ALL(%s) AND pg_has_role(r.oid, g.oid, 'USAGE')
-             ORDER BY 1)
-FROM pg_roles r WHERE r.rolname = %s
-"""
+TARGET_ROLE = GATE_ROLE  # the one low-privilege role, checked in one place (afs.catalog.gate_role)
 
 
 # -- the work done in the transaction ----------------------------------------------------
@@ -150,24 +131,7 @@ async def on_target(conn: Connection, sql: str, work: Work[T], *, parameters: bo
 async def target_role(conn: Connection) -> str | None:
     """TARGET_ROLE if the connected role may SET ROLE to it (created if missing), else None.
     InputError when it exists with more rights than reading."""
-    member = await conn.fetchval(_MEMBER_SQL, (TARGET_ROLE,))
-    if member is None:
-        # no right to create roles, or created meanwhile: look again either way
-        with contextlib.suppress(DatabaseError):
-            await conn.execute(f"CREATE ROLE {TARGET_ROLE} NOLOGIN IN ROLE {', '.join(_GRANTED)}")
-        member = await conn.fetchval(_MEMBER_SQL, (TARGET_ROLE,))
-    if not member:
-        return None
-    row = await conn.fetchone(_EXTRA_SQL, (list(_GRANTED), TARGET_ROLE))
-    assert row is not None
-    flags, extra = row
-    if flags or extra:
-        what = f"the rights of {', '.join(extra)}" if extra else "role attributes beyond LOGIN"
-        raise InputError(
-            f"the role {TARGET_ROLE} on the target has {what}: AFS plans users' queries as this role "
-            f"because it may only read (a member of {', '.join(_GRANTED)}, nothing else). Revoke "
-            f"them, or DROP ROLE {TARGET_ROLE} and AFS creates it again")
-    return TARGET_ROLE
+    return await conn.run(gate_role)
 
 
 async def _read_only(conn: Connection, query: str, work: Work[T]) -> T:

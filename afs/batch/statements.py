@@ -197,10 +197,6 @@ def subtract(rows: Iterable[Row], snapshot: Snapshot) -> list[Row]:
     return out
 
 
-def relation_name(node: ast.RangeVar) -> str:
-    return f"{node.schemaname}.{node.relname}" if node.schemaname else str(node.relname)
-
-
 def relations(query: str) -> list[str]:
     """The relations a statement names (schema-qualified as written), CTE names excepted, as
     the catalog keys them (afs.pg.names.relation_key: `orders`, `"Orders"`)."""

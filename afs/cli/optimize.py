@@ -5,7 +5,6 @@ printed. The task is checked as the API checks it (afs.task) before anything sta
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any, get_args
 
@@ -92,7 +91,7 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     if args.server:
         return await _optimize_remote(args, settings, runs, weights)
 
-    await check_provider(args.provider, settings, os.environ)  # models that exist, before a sandbox
+    await check_provider(args.provider, settings, settings.environment)  # models that exist, before a sandbox
     from afs.optimize import new_task_id  # the workflow and the MCP SDK: not for --server
     from afs.sandbox.forks import uses_the_sandbox
     from afs.sandbox.importer import sandbox_source

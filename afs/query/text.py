@@ -43,8 +43,10 @@ MAX_QUERY_DEPTH: Final = 56
 # sqlglot's time to read nested ARRAY[…] doubles with each level (1 s at 12, 17 s at 17)
 MAX_BRACKET_DEPTH: Final = 8
 # How many times sqlglot has read each text (parse_query): how a test sees that a task reads
-# its query once, not once per agent, candidate and rule.
+# its query once, not once per agent, candidate and rule. Bounded: a long-running worker reads
+# many texts, and the count is only for seeing one task's readings.
 PARSES: Counter[str] = Counter()
+_PARSES_KEPT: Final = 1_000
 
 
 # -- the one walker over pglast trees -------------------------------------------------------
@@ -158,6 +160,8 @@ def parse_query(text: str) -> exp.Expr:
     Raises SqlglotError, or InputError when the query nests too deeply to read (check_input
     refuses such queries first; this is the net behind it).
     """
+    if len(PARSES) >= _PARSES_KEPT and text not in PARSES:
+        PARSES.clear()
     PARSES[text] += 1
     try:
         return normalize_identifiers(sqlglot.parse_one(text, dialect=DIALECT), dialect=DIALECT)
