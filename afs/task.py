@@ -11,10 +11,10 @@ anything is stored, forked or started. (The request itself is afs.optimize.TaskR
     read_query(sql) -> (query, features)   the query as AFS reads it, or InputError:
         text      check_text: Unicode that UTF-8 can carry (no lone surrogate: a command
                   line's undecodable bytes, a JSON "\\ud800" without its pair), no NUL
-        limits    afs.features.check_input: at most MAX_QUERY_BYTES, MAX_QUERY_DEPTH deep,
+        limits    afs.query.text.check_input: at most MAX_QUERY_BYTES, MAX_QUERY_DEPTH deep,
                   no parameters ($1)
         safety    afs.safety.check_query: one read-only SELECT
-        features  afs.features.extract_features, reading at least one table
+        features  afs.query.features.extract_features, reading at least one table
 
 CPU-bound: a query at the size limit takes a second or two to read. Trio code calls
 `read_query` in a worker thread (`trio.to_thread.run_sync`), never on the event loop: the
