@@ -35,6 +35,8 @@ Environment:
     AFS_MIN_RUNS              runs before measuring may stop because the verdict is certain (default 3;
                               = AFS_RUNS measures a fixed count)
     AFS_MEASURE_BUDGET_S      query time one candidate's measurement may take (default 60)
+    AFS_BATCH_MIN_MEAN_MS     `afs batch` leaves out statements faster than this on average, before
+                              any fork (default 1; 0: none; --min-ms overrides it)
     AFS_COW                   1: `afs sandbox up` puts the sandbox on a copy-on-write XFS image file
                               when its filesystem has no reflinks (needs root; see afs.sandbox.storage)
     AFS_COW_SIZE              the image's size, sparse (default 100G)
@@ -64,7 +66,8 @@ AFS_GEMINI_BASE_URL (another endpoint: proxies, the fake server); `afs.brains.ge
 reads them from the environment the CLI passes in.
 
 The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `candidates`,
-`measured`, `parameter_sets`, `slow_baseline_cap_s`, `min_runs`, `measure_budget_s`, `cow`,
+`measured`, `parameter_sets`, `slow_baseline_cap_s`, `min_runs`, `measure_budget_s`,
+`batch_min_mean_ms`, `cow`,
 `cow_size`, `service_hosts` (a list), `service_max_body`, and `gemini:` with `models`
 (agent → model) and `model_settings` (model → generation settings, merged over MODEL_SETTINGS):
 
@@ -118,6 +121,9 @@ DEFAULT_PARAMETER_SETS = 2
 FAMILY_RUNS = 3  # measured runs a side, at most, of the query with other values
 MIN_COW_SIZE_BYTES = 512 * 1024 ** 2  # mkfs.xfs refuses file systems under 300 MB
 DEFAULT_COW_SIZE = "100G"  # the sandbox's sparse XFS image (it takes space only as data is written)
+# a batch spends no fork on a statement faster than this on average (a primary-key lookup:
+# there is nothing to win that pays a fork, and its measurements are noise)
+DEFAULT_BATCH_MIN_MEAN_MS = 1.0
 DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the statement timeout
 # The copy against the user's server (afs.conditions): a table whose size differs from the
 # source's by more than this fraction makes the copy stale; an all-visible fraction
@@ -411,6 +417,7 @@ class Settings:
     measured: int = DEFAULT_MEASURED
     parameter_sets: int = DEFAULT_PARAMETER_SETS
     slow_baseline_cap_s: float = DEFAULT_SLOW_BASELINE_CAP_S
+    batch_min_mean_ms: float = DEFAULT_BATCH_MIN_MEAN_MS  # `afs batch --min-ms`'s default
     cow: bool = False  # put the sandbox on a copy-on-write image when its filesystem has no reflinks
     cow_size_bytes: int = 100 * 1024 ** 3  # DEFAULT_COW_SIZE
     routing_rules: Path | None = None  # default: routing_rules.yaml (see afs.router.load_rules)
@@ -581,6 +588,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                               f" got {value!r}") from None
         if changes["measure_budget_s"] <= 0:
             raise ConfigError(f"{source}: measure_budget_s must be positive, got {value!r}")
+    value, source = pick("batch_min_mean_ms", "AFS_BATCH_MIN_MEAN_MS")
+    if value is not None:
+        try:
+            changes["batch_min_mean_ms"] = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: batch_min_mean_ms must be a number of milliseconds,"
+                              f" got {value!r}") from None
+        if not math.isfinite(changes["batch_min_mean_ms"]) or changes["batch_min_mean_ms"] < 0:
+            raise ConfigError(f"{source}: batch_min_mean_ms must not be negative, got {value!r}")
     value, source = pick("slow_baseline_cap_s", "AFS_SLOW_BASELINE_CAP_S")
     if value is not None:
         changes["slow_baseline_cap_s"] = float(_int(value, "slow_baseline_cap_s", source))

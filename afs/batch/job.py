@@ -370,7 +370,10 @@ async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: s
               "database": workload.database, "origin": origin, "source": source,
               "provider": options.provider, "period_s": round(workload.period_s, 1),
               "window": workload.window.public() if workload.window else None,
-              "options": asdict(options), "below_thresholds": workload.below_thresholds}
+              "options": asdict(options), "below_thresholds": workload.below_thresholds,
+              "below": {"min_mean_ms": options.min_mean_ms, "min_calls": options.min_calls,
+                        "mean_ms": workload.below_mean_ms, "calls": workload.below_calls,
+                        "total_ms": workload.below_total_ms}}
     skipped = [{"queryid": s.queryid, "query": s.query, "reason": s.reason} for s in workload.skipped]
     tables = {t for e in entries for t in _index_tables(e)}
     async with open_connection(target_dsn) as target:

@@ -19,7 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from afs.models import TaskResult
+from afs.errors import InputError
+from afs.models import ParameterSet, StatementParameters, Substitution, TaskResult
+from afs.params.family import apply_parameters
+from afs.params.fill import substitute
 from afs.safety import NewIndex, validate_commands
 
 DAY_S = 86_400.0
@@ -64,7 +67,13 @@ def outcome(entry: Entry, result: TaskResult | None, period_s: float) -> Entry:
     p, b = chosen.proposal, chosen.benchmark
     entry.winner = {"agent": chosen.agent, "proposal_type": p.proposal_type,
                     "sql_commands": list(p.sql_commands), "rewritten_query": p.rewritten_query,
-                    "settings": [list(s) for s in p.settings]}
+                    "settings": [list(s) for s in p.settings],
+                    # the saving needs the application's query rewritten: an index alone does not give it
+                    "needs_rewrite": bool(p.rewritten_query),
+                    # the rewrite with the statement's $n where the filled values were (None: no $n,
+                    # or they cannot be put back with certainty)
+                    "rewritten_statement": (with_placeholders(p.rewritten_query, result.parameters)
+                                            if p.rewritten_query and result.parameters else None)}
     entry.gain_pct = round(b.family_improvement_pct, 1)
     first = next((m for m in b.measurements if m.name == "baseline"), None)
     given = result.parameters.measured_on if result.parameters else "the values of the query as given"
@@ -83,6 +92,44 @@ def outcome(entry: Entry, result: TaskResult | None, period_s: float) -> Entry:
     per_day = entry.total_ms * DAY_S / max(period_s, 1.0)
     entry.saved_ms_per_day = round(per_day * max(0.0, b.family_improvement_pct) / 100.0, 1)
     return entry
+
+
+def with_placeholders(rewritten: str, parameters: StatementParameters) -> str | None:
+    """A rewrite of a filled statement with the statement's `$n` put back where the first set's
+    values are, as the application would send it; None when the statement has no `$n`, two
+    parameters share one value (which is which cannot be told), or the result, filled again,
+    is not the rewrite measured. A value the rewrite has outside a filter (a LIMIT) stays."""
+    if not parameters.sets or not parameters.sets[0].values:
+        return None
+    values = {n: _bare(v) for n, v in parameters.sets[0].values.items()}
+    if len(set(values.values())) != len(values):
+        return None
+    columns = {n: sub.column for pset in parameters.sets[1:] for sub in pset.substitutions
+               for n, v in values.items() if sub.old == v and sub.column}
+    text, marks = rewritten, {}
+    for n, value in sorted(values.items()):
+        mark = f"'afs_parameter_{n}'"
+        if mark in rewritten:
+            return None
+        try:
+            swap = Substitution(columns.get(n), value, mark)
+            placed = apply_parameters(text, ParameterSet(f"${n}", (swap,)))
+        except InputError:
+            return None
+        if placed is not None:
+            text, marks[n] = placed, mark
+    if not marks:
+        return None
+    for n, mark in marks.items():
+        text = text.replace(mark, f"${n}")
+    if " ".join(substitute(text, {n: values[n] for n in marks}).split()) != " ".join(rewritten.split()):
+        return None
+    return text
+
+
+def _bare(literal: str) -> str:
+    """A filled value as the query reads it (a negative number is filled in parentheses)."""
+    return literal[1:-1] if literal.startswith("(") and literal.endswith(")") else literal
 
 
 @dataclass(frozen=True)
@@ -129,9 +176,12 @@ def merge_indexes(entries: Sequence[Entry]) -> list[dict[str, Any]]:
             keys.append(key)
             merged.append({"sql": sql, "table": key.table, "columns": list(key.columns),
                            "size_mb": round(size, 2), "statements": [e.queryid],
-                           "saved_ms_per_day": e.saved_ms_per_day or 0.0, "replaces": []})
+                           "saved_ms_per_day": e.saved_ms_per_day or 0.0, "replaces": [],
+                           "needs_rewrite": [e.queryid] if (e.winner or {}).get("needs_rewrite") else []})
             continue
         target = merged[into]
+        if (e.winner or {}).get("needs_rewrite") and e.queryid not in target["needs_rewrite"]:
+            target["needs_rewrite"].append(e.queryid)
         target["size_mb"] = round(max(target["size_mb"], size), 2)
         if sql != target["sql"] and sql not in target["replaces"]:
             target["replaces"].append(sql)
@@ -179,12 +229,42 @@ def _duration(ms: float | None) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 120 else f"{seconds:.1f} s"
 
 
+def _rewrite_lines(e: Mapping[str, Any]) -> list[str]:
+    """A winner's rewrite: what the application must send instead (an application change),
+    with the statement's $n as pg_stat_statements shows them, next to the values measured."""
+    w = e["winner"]
+    lines = ["   - needs an application change: the saving comes from rewriting the query"
+             + (" (with the index above)" if w["sql_commands"] else "")]
+    if w.get("rewritten_statement"):
+        lines.append("   - rewrite, with the statement's parameters: "
+                     f"`{_short(w['rewritten_statement'], 400)}`")
+        lines.append(f"   - measured filled in as: `{_short(w['rewritten_query'], 400)}`")
+    elif "$" in e["query"]:
+        lines.append(f"   - rewrite, measured with the values above (put the statement's $n back in their "
+                     f"places): `{_short(w['rewritten_query'], 400)}`")
+    else:
+        lines.append(f"   - rewrite: `{_short(w['rewritten_query'], 400)}`")
+    return lines
+
+
 def render_markdown(doc: Mapping[str, Any]) -> str:
     out = [f"# AFS batch {doc['id']}: {doc['database']}", "",
            f"{doc['created_at']} · {len(doc['statements'])} statement(s) · window "
            f"{doc['period_s'] / 3600:.1f} h · brains: {doc['provider']}", ""]
     if doc.get("window"):
         out += [f"Window: {doc['window']['note']}.", ""]
+    below = doc.get("below")
+    if below and (below["mean_ms"] or below["calls"]):
+        parts = []
+        if below["mean_ms"]:
+            parts.append(f"{below['mean_ms']} statement(s) faster than {below['min_mean_ms']:g} ms on "
+                         "average (--min-ms, the setting batch_min_mean_ms): a fork each would cost more "
+                         "than they can save")
+        if below["calls"]:
+            parts.append(f"{below['calls']} statement(s) called fewer than {below['min_calls']} times "
+                         "(--min-calls)")
+        out += [f"Not optimized: {'; '.join(parts)}. Together they took {_duration(below['total_ms'])} "
+                "in the window.", ""]
     if doc["period_s"] < SHORT_PERIOD_S:
         out += ["Time saved per day is extrapolated from less than an hour of statistics: "
                 "let the workload run longer for a steadier estimate.", ""]
@@ -193,6 +273,8 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     for n, e in enumerate(doc["statements"], 1):
         w = e["winner"]
         winner = f"{w['agent']}: {w['proposal_type']}" if w else "-"
+        if w and w.get("needs_rewrite"):
+            winner += " (needs an application change)"
         gain = f"{e['gain_pct']:.0f} %" if e["gain_pct"] is not None else "-"
         task = e["task_id"] or "-"
         if e["reused_from"]:
@@ -220,7 +302,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
             for sql in e["winner"]["sql_commands"]:
                 out.append(f"   - `{sql}`")
             if e["winner"]["rewritten_query"]:
-                out.append(f"   - rewrite: `{_short(e['winner']['rewritten_query'], 200)}`")
+                out += _rewrite_lines(e)
         if e["reason"]:
             out.append(f"   - {e['reason']}")
     out += ["", f"## Indexes to create ({doc['total_index_mb']:.1f} MB in all)", ""]
@@ -233,6 +315,10 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
                                " would maintain it" if i.get("table_writes") else ""))
         for other in i["replaces"]:
             out.append(f"  - instead of `{other}`")
+        if i.get("needs_rewrite"):
+            out.append(f"  - needs an application change: for {', '.join(str(q) for q in i['needs_rewrite'])}"
+                       " the saving comes with the query's rewrite (see the statement), not from this "
+                       "index alone")
     out += ["", f"Estimated time saved: {_duration(doc['saved_ms_per_day'])} a day.", "",
             "## Unsolved", ""]
     if not doc["unsolved"]:

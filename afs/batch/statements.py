@@ -71,6 +71,9 @@ class Workload:
     below_thresholds: int  # statements under --min-calls / --min-mean-ms
     period_s: float = 0.0  # the time the totals cover (the window)
     window: Window | None = None
+    below_mean_ms: int = 0  # of below_thresholds: faster on average than --min-mean-ms (--min-ms)
+    below_calls: int = 0  # of below_thresholds: called fewer times than --min-calls
+    below_total_ms: float = 0.0  # the time those statements took together
 
 
 Row = tuple[int | None, str, int, float, float, int]  # queryid, query, calls, total ms, mean ms, rows
@@ -238,10 +241,13 @@ def select_workload(database: str, rows: Iterable[tuple[int | None, str, int, fl
     ranked = sorted(rows, key=lambda r: (-r[3], r[0] or 0))
     kept: list[Statement] = []
     skipped: list[Skipped] = []
-    below = 0
+    below = below_mean = 0
+    below_ms = 0.0
     for queryid, query, calls, total, mean, nrows in ranked:
         if calls < min_calls or mean < min_mean_ms:
             below += 1
+            below_mean += mean < min_mean_ms
+            below_ms += total
             continue
         if len(kept) >= top:
             continue
@@ -255,7 +261,8 @@ def select_workload(database: str, rows: Iterable[tuple[int | None, str, int, fl
             kept.append(Statement(int(queryid), query, int(calls), float(total), float(mean), int(nrows)))
     # listed: the others that cost more than the last statement kept
     skipped = [s for s in skipped if s.total_ms >= kept[-1].total_ms] if kept else skipped[:top]
-    return Workload(database, tuple(kept), tuple(skipped), below)
+    return Workload(database, tuple(kept), tuple(skipped), below, below_mean_ms=below_mean,
+                    below_calls=below - below_mean, below_total_ms=round(below_ms, 3))
 
 
 async def check_extension(conn: Connection) -> None:

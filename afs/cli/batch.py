@@ -52,7 +52,8 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _batch_options(args: argparse.Namespace, settings: Settings) -> Any:
-    return BatchOptions(top=args.top, min_calls=args.min_calls, min_mean_ms=args.min_mean_ms,
+    min_mean_ms = settings.batch_min_mean_ms if args.min_mean_ms is None else args.min_mean_ms
+    return BatchOptions(top=args.top, min_calls=args.min_calls, min_mean_ms=min_mean_ms,
                         force=getattr(args, "force", False), provider=args.provider,
                         runs=settings.runs if args.runs is None else args.runs,
                         recent_days=args.recent_days, since=args.since)
@@ -102,8 +103,10 @@ def add_batch_command(commands: Any) -> None:
     batch.add_argument("--top", type=int, default=10, metavar="N", help="statements to optimize (default 10)")
     batch.add_argument("--min-calls", type=int, default=1, metavar="C",
                        help="only statements called at least C times")
-    batch.add_argument("--min-mean-ms", type=float, default=0.0, metavar="M",
-                       help="only statements taking at least M ms on average")
+    batch.add_argument("--min-ms", "--min-mean-ms", dest="min_mean_ms", type=float, metavar="M",
+                       help="only statements taking at least M ms on average: faster ones (primary-key "
+                            "lookups) get no fork, and the report counts them (default: the setting "
+                            "batch_min_mean_ms, AFS_BATCH_MIN_MEAN_MS, 1 ms; 0: every statement)")
     batch.add_argument("--force", action="store_true",
                        help="optimize again statements optimized recently with no schema change since")
     batch.add_argument("--recent-days", type=float, default=7.0, metavar="D",
@@ -175,7 +178,8 @@ def add_schedule_commands(commands: Any) -> None:
                           "jump, a repeated one runs once")
     add.add_argument("--top", type=int, default=10, metavar="N", help="statements to optimize (default 10)")
     add.add_argument("--min-calls", type=int, default=1, metavar="C", help="as for `afs batch`")
-    add.add_argument("--min-mean-ms", type=float, default=0.0, metavar="M", help="as for `afs batch`")
+    add.add_argument("--min-ms", "--min-mean-ms", dest="min_mean_ms", type=float, metavar="M",
+                     help="as for `afs batch` (default: the setting batch_min_mean_ms when added)")
     add.add_argument("--recent-days", type=float, default=7.0, metavar="D",
                      help="a statement optimized within D days, with no schema change since, is not "
                           "run again (default 7)")
