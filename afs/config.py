@@ -78,6 +78,8 @@ The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `ca
       max_spend_usd: 0.50     # per task (AFS_GEMINI_MAX_SPEND_USD): no model call past it
       send_values: false      # AFS_GEMINI_SEND_VALUES: no literals, MCVs or bounds in prompts
       stream: true            # AFS_GEMINI_STREAM: a stalled stream, not one wall clock, ends a call
+      budget: {turns: 12, tokens: 400000, seconds: 300}   # per agent and task (ModelBudget;
+                              # AFS_GEMINI_BUDGET_TURNS, _TOKENS, _SECONDS)
 """
 
 from __future__ import annotations
@@ -356,6 +358,30 @@ _VERSION_SUFFIX: Final = re.compile(r"-(?:\d+|latest|preview|exp\w*)$")  # one s
 
 
 @dataclass(frozen=True)
+class ModelBudget:
+    """What one agent's model calls may take in one task (the Gemini brain checks it before
+    every call: once one part is spent the agent's conversation stops, and the report says
+    which). `turns`: model calls (re-prompts and the loop's turns included); `tokens`: prompt
+    and output tokens (thinking included; a conversation resends its earlier turns, so later
+    turns cost more); `seconds`: time spent waiting for the model."""
+
+    turns: int = 12
+    tokens: int = 400_000
+    seconds: float = 300.0
+
+    def spent(self, turns: int, tokens: int, seconds: float) -> str | None:
+        """Which part is spent after `turns` calls of `tokens` and `seconds`, said for the
+        report; None while the next call fits."""
+        if turns >= self.turns:
+            return f"{turns} model turns of {self.turns} (gemini.budget.turns)"
+        if tokens >= self.tokens:
+            return f"{tokens:,} tokens of {self.tokens:,} (gemini.budget.tokens)"
+        if seconds >= self.seconds:
+            return f"{seconds:.0f} s in model calls of {self.seconds:g} (gemini.budget.seconds)"
+        return None
+
+
+@dataclass(frozen=True)
 class GeminiSettings:
     """The model behind each agent, and the generation settings of each model."""
 
@@ -364,6 +390,7 @@ class GeminiSettings:
     max_spend_usd: float | None = None  # per task: no model call once the estimate reaches it
     send_values: bool = True  # False: no literals, most common values or bounds in prompts
     stream: bool = False  # stream answers: a stall, not one wall clock, ends a thinking call
+    budget: ModelBudget = field(default_factory=ModelBudget)  # per agent and task
 
     def model_of(self, agent: str) -> str:
         return self.models.get(agent) or DEFAULT_GEMINI_MODELS.get(agent) or DEFAULT_GEMINI_MODELS[
@@ -751,7 +778,7 @@ def _gemini_settings(raw: Any, env: Mapping[str, str], source: str) -> GeminiSet
     raw = raw if raw is not None else {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: gemini must be a mapping (models, model_settings)")
-    keys = ("models", "model_settings", "max_spend_usd", "send_values", "stream")
+    keys = ("models", "model_settings", "max_spend_usd", "send_values", "stream", "budget")
     unknown = sorted(set(raw) - set(keys))
     if unknown:
         raise ConfigError(f"{source}: gemini: unknown key {', '.join(unknown)} (known: {', '.join(keys)})")
@@ -798,4 +825,36 @@ def _gemini_settings(raw: Any, env: Mapping[str, str], source: str) -> GeminiSet
     for model, entry in file_table.items():
         table[str(model)] = _model_settings(str(model), entry, defaults.settings_of(str(model)), source)
     return GeminiSettings(models=models, model_settings=table, max_spend_usd=spend,
-                          send_values=switches["send_values"], stream=switches["stream"])
+                          send_values=switches["send_values"], stream=switches["stream"],
+                          budget=_model_budget(raw.get("budget"), env, source))
+
+
+def _model_budget(raw: Any, env: Mapping[str, str], source: str) -> ModelBudget:
+    """`gemini.budget` of the settings file (turns, tokens, seconds), then
+    AFS_GEMINI_BUDGET_TURNS / _TOKENS / _SECONDS over it."""
+    raw = raw if raw is not None else {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: gemini.budget must be a mapping (turns, tokens, seconds)")
+    names = tuple(f.name for f in fields(ModelBudget))
+    unknown = sorted(str(k) for k in set(raw) - set(names))
+    if unknown:
+        raise ConfigError(f"{source}: gemini.budget: unknown key {', '.join(unknown)} "
+                          f"(known: {', '.join(names)})")
+    values: dict[str, Any] = {}
+    for name in names:
+        value, where = raw.get(name), f"{source}: gemini.budget.{name}"
+        variable = f"AFS_GEMINI_BUDGET_{name.upper()}"
+        if env.get(variable):
+            value, where = env[variable], variable
+        if value is None:
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = -1.0
+        if isinstance(value, bool) or not math.isfinite(number) or number <= 0 or (
+                name != "seconds" and number != int(number)):
+            what = "a number of seconds" if name == "seconds" else f"a whole number of {name}"
+            raise ConfigError(f"{where} must be {what}, more than 0, got {value!r}")
+        values[name] = number if name == "seconds" else int(number)
+    return ModelBudget(**values)

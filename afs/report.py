@@ -9,6 +9,7 @@ carries the warning wherever it is shown.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pglast import ast, enums, parse_sql
@@ -91,12 +92,47 @@ def _candidate(c: CandidateResult) -> dict[str, Any]:
     }
 
 
+def agent_label(agent: str, usage: Mapping[str, Any] | None = None) -> str:
+    """"index design — gemini-3.8-flash, version gemini-3.8-flash-002" for an agent a model
+    answered for (`usage`: its outcome's usage, with the version the API named),
+    "index design — offline strategist" for one without: the agent's role and the brain that
+    answered, never the seed's model name (the agent keys stay the stable identifiers in
+    routing files and JSON)."""
+    spec = AGENTS.get(agent)
+    role = spec.specialization.split(":", 1)[0] if spec is not None else agent
+    if not usage or not usage.get("model"):
+        return f"{role} — offline strategist"
+    model, version = str(usage["model"]), usage.get("model_version")
+    answered = f"{model}, version {version}" if version and version != model else model
+    return f"{role} — {answered}"
+
+
+def model_spend(result: TaskResult) -> dict[str, Any] | None:
+    """What the task's model calls took, summed over its agents (an estimate at list prices,
+    not a bill): USD (None when a model had no known price), tokens, calls, and the agents a
+    budget or the spending cap stopped; None when no model was called."""
+    used = [o for o in result.outcomes if o.usage.get("calls")]
+    if not used:
+        return None
+    costs = [o.usage.get("estimated_cost_usd") for o in used]
+    priced = [float(c) for c in costs if c is not None]
+    return {
+        "estimated_cost_usd": None if len(priced) < len(costs) else round(sum(priced), 6),
+        "prompt_tokens": sum(int(o.usage.get("prompt_tokens") or 0) for o in used),
+        "output_tokens": sum(int(o.usage.get("output_tokens") or 0) for o in used),
+        "total_tokens": sum(int(o.usage.get("total_tokens") or 0) for o in used),
+        "calls": sum(int(o.usage.get("calls") or 0) for o in used),
+        "stopped": {o.agent: o.usage["stopped"] for o in used if o.usage.get("stopped")},
+    }
+
+
 def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
     p, b = o.proposal, o.benchmark
     scores = result.decision.scores.get(o.agent) if result.decision else None
     return {
         "agent": o.agent,
-        "model": o.usage.get("model") or (AGENTS[o.agent].model if o.agent in AGENTS else o.agent),
+        "model": o.usage.get("model"),  # the model configured; None when no model answered
+        "label": agent_label(o.agent, o.usage),  # its role and the brain that answered
         "status": o.status,
         "error": o.error,
         "fork": o.fork,
@@ -229,6 +265,7 @@ def to_json(result: TaskResult) -> dict[str, Any]:
         "plan_matches_source": plan_matches_source(result),
         "plan_differences": list(mismatch.differences) if (mismatch := _mismatch(result)) else [],
         "conditions": _conditions(result.conditions, result),
+        "model_spend": model_spend(result),  # the task's model calls in all (None: no model)
     }
 
 
@@ -351,6 +388,19 @@ def _times_line(result: TaskResult) -> list[str]:
     return [f"  the query as given: {bound}{_ms(before)} → {_ms(after)} ({before / after:,.1f}× faster)"]
 
 
+def _answered(usage: Mapping[str, Any]) -> str:
+    """The model that answered as the API named it: version, stage and retirement, and the
+    configured name when another model answered."""
+    version = usage.get("model_version") or usage.get("model")
+    facts = [f"stage {usage['model_stage']}"] if usage.get("model_stage") else []
+    if usage.get("retirement"):
+        facts.append(f"retires {str(usage['retirement'])[:10]}")
+    configured = usage.get("model")
+    if configured and version and not str(version).startswith(str(configured)):
+        facts.append(f"configured {configured}")
+    return f"{version}" + (f" ({', '.join(facts)})" if facts else "")
+
+
 def _ms(value: float) -> str:
     return f"{value:,.0f} ms" if value >= 100 else f"{value:.2f} ms"
 
@@ -369,7 +419,7 @@ def render_text(result: TaskResult) -> str:
                    f" measured on the task's {len(result.parameters.others)} other set(s) ('other values')")
     for p in doc["proposals"]:
         out.append("")
-        title = f"[{p['agent']} / {p['model']}] {p['status']}"
+        title = f"[{p['agent']}: {p['label']}] {p['status']}"
         if p["proposal_type"]:
             title += f": {p['proposal_type']}"
         out.append(title + f"  ({p['duration_s']} s, fork {p['fork'] or '-'})")
@@ -384,6 +434,9 @@ def render_text(result: TaskResult) -> str:
             out.append(f"  model: {usage.get('calls')} calls{retries},"
                        f" {usage.get('prompt_tokens', 0)} prompt + {usage.get('output_tokens', 0)}"
                        f" output tokens{thinking}, {price}")
+            out.append(f"  answered by: {_answered(usage)}")
+        if usage.get("stopped"):
+            out.append(f"  model calls stopped: {usage['stopped']}")
         if not p["proposal_type"] and p["insights"] and not p["error"]:
             out.append(f"  no proposal: {p['insights'][-1]}")
         for sql in p["sql_commands"]:
@@ -458,6 +511,12 @@ def render_text(result: TaskResult) -> str:
             for reason in s["disqualified"]:
                 out.append(f"  cannot win: {reason}")
     out.append("")
+    spend = doc["model_spend"]
+    if spend:
+        cost = spend["estimated_cost_usd"]
+        out.append(f"model calls in all: {spend['calls']} calls, {spend['total_tokens']} tokens, "
+                   + ("cost unknown (a model without a known price)" if cost is None
+                      else f"about ${float(cost):.4f} (list-price estimate, not a bill)"))
     for flag in doc["review"]:
         out.append(f"review: {flag['reviewer']} flags {flag['agent']}'s proposal: {flag['concern']}"
                    " (a flag, not a measurement: the scores stand)")

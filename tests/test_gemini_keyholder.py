@@ -27,8 +27,7 @@ import trio
 import trio.testing
 from google import genai
 
-from afs.brains.choose import agent_label
-from afs.brains.gemini.brain import GeminiBrain, check_models, proposal_prompt, spend_bound
+from afs.brains.gemini.brain import MODEL_BUDGET, GeminiBrain, check_models, proposal_prompt, spend_bound
 from afs.brains.gemini.client import (
     SPEND_CAP,
     ZERO_QUOTA,
@@ -44,10 +43,12 @@ from afs.config import (
     DEFAULT_GEMINI_MODELS,
     MODEL_SETTINGS,
     GeminiSettings,
+    ModelBudget,
     load_settings,
 )
 from afs.errors import ConfigError, ModelError
-from afs.models import AnalysisResult
+from afs.models import AgentOutcome, AnalysisResult, RoutingDecision, TaskResult
+from afs.report import agent_label, render_text, to_json
 from afs.testing import (
     FakeGemini,
     FakeStage,
@@ -427,6 +428,7 @@ async def test_the_spending_cap_stops_the_next_call() -> None:
     assert caught.value.code == SPEND_CAP and len(fake.requests) == 1
     assert brain.spent_usd == pytest.approx(0.0015)
     assert [c["outcome"] for c in brain.calls] == ["answered", SPEND_CAP]
+    assert brain.usage["gemini25pro"]["stopped"].startswith("the spending cap: ")  # the report says so
 
 
 async def test_one_cap_shared_by_the_squads_of_a_batch() -> None:
@@ -464,3 +466,94 @@ def test_the_cap_is_a_setting(tmp_path: Path) -> None:
 
 
 _ = httpx  # the transport type of open_gemini_client
+
+
+# -- 2 and 11. the report: who answered, tokens, cost; the task's total ----------------------------
+async def test_the_report_names_the_model_that_answered_its_tokens_and_the_total_cost() -> None:
+    fake = FakeGemini(reply_json(ANALYSIS), reply_json({"candidates": [PROPOSAL]}), api_key=KEY,
+                      versions={"gemini-3.8-flash": "gemini-3.8-flash-002"},
+                      stages={"gemini-3.8-flash": FakeStage("DEPRECATED", "2027-03-01T00:00:00Z")})
+    async with open_brain(fake) as brain:
+        analysis = await brain.analyze("gemini25pro", issue_context())
+        await brain.propose("gemini25pro", issue_context(), analysis)
+    usage = brain.usage_of("gemini25pro")
+    assert usage is not None
+    result = TaskResult(task_id="t1", status="no_improvement", query="SELECT 1", source="afs_demo",
+                        routing=RoutingDecision(("gemini25pro", "gemini20flash"), ("test",)),
+                        outcomes=(AgentOutcome("gemini25pro", "no_proposal", usage=usage.record()),
+                                  AgentOutcome("gemini20flash", "no_proposal")),
+                        decision=None, provider="gemini", provider_note="", duration_s=1.0)
+    doc = to_json(result)
+    model, offline = doc["proposals"]
+    assert model["label"] == "index design — gemini-3.8-flash, version gemini-3.8-flash-002"
+    assert model["usage"]["model_version"] == "gemini-3.8-flash-002"
+    assert model["usage"]["model_stage"] == "deprecated" and model["usage"]["total_tokens"] == 2400
+    assert offline["label"] == "pre-computation — offline strategist" and offline["model"] is None
+    spend = doc["model_spend"]
+    assert spend["calls"] == 2 and spend["total_tokens"] == 2400
+    assert spend["estimated_cost_usd"] == pytest.approx(usage.estimated_cost_usd)
+    assert spend["estimated_cost_usd"] > 0
+    text = render_text(result)
+    assert "[gemini25pro: index design — gemini-3.8-flash, version gemini-3.8-flash-002]" in text
+    assert "answered by: gemini-3.8-flash-002 (stage deprecated, retires 2027-03-01)" in text
+    assert "[gemini20flash: pre-computation — offline strategist]" in text
+    assert f"model calls in all: 2 calls, 2400 tokens, about ${spend['estimated_cost_usd']:.4f}" in text
+    assert "gemini-2." not in text  # no seed model named for an agent no model answered for
+
+
+# -- issue 26 point 3: one model budget per agent (turns, tokens, seconds) ------------------------
+async def test_the_turn_budget_stops_the_agent_and_the_report_says_so() -> None:
+    fake = FakeGemini(reply_json(ANALYSIS), reply_json({"candidates": [PROPOSAL]}), api_key=KEY)
+    gemini = GeminiSettings(budget=ModelBudget(turns=1))
+    async with open_brain(fake, gemini) as brain:
+        analysis = await brain.analyze("gemini25pro", issue_context())
+        with pytest.raises(ModelError, match="model budget is spent: 1 model turns of 1") as caught:
+            await brain.propose("gemini25pro", issue_context(), analysis)
+    assert caught.value.code == MODEL_BUDGET and len(fake.requests) == 1  # no call past the budget
+    usage = brain.usage_of("gemini25pro")
+    assert usage is not None and usage.stopped is not None and "gemini.budget.turns" in usage.stopped
+    result = TaskResult(task_id="t1", status="failed", query="SELECT 1", source="afs_demo",
+                        routing=RoutingDecision(("gemini25pro",), ("test",)),
+                        outcomes=(AgentOutcome("gemini25pro", "failed", error=str(caught.value),
+                                               usage=usage.record()),),
+                        decision=None, provider="gemini", provider_note="", duration_s=1.0)
+    assert "model calls stopped: its model budget is spent: 1 model turns of 1 (gemini.budget.turns)" \
+        in render_text(result)
+    assert to_json(result)["model_spend"]["stopped"] == {"gemini25pro": usage.stopped}
+
+
+async def test_the_token_budget_counts_every_call_of_the_agent() -> None:
+    fake = FakeGemini(fallback=lambda _request: reply_json(ANALYSIS), api_key=KEY)
+    gemini = GeminiSettings(budget=ModelBudget(tokens=2_000))  # each answer: 1000 + 200 tokens
+    async with open_brain(fake, gemini) as brain:
+        await brain.analyze("gemini25pro", issue_context())
+        await brain.analyze("gemini25pro", issue_context())  # 1200 < 2000: allowed
+        with pytest.raises(ModelError, match="2,400 tokens of 2,000"):
+            await brain.analyze("gemini25pro", issue_context())
+        await brain.analyze("gemini25flash", issue_context())  # another agent: its own budget
+    assert len(fake.requests) == 3
+
+
+async def test_the_seconds_budget_counts_the_time_waiting_for_the_model(
+        autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeGemini(fallback=lambda _request: reply_json(ANALYSIS, delay_s=40.0), api_key=KEY)
+    gemini = GeminiSettings(budget=ModelBudget(seconds=60.0))
+    async with open_brain(fake, gemini) as brain:
+        await brain.analyze("gemini25pro", issue_context())
+        await brain.analyze("gemini25pro", issue_context())
+        with pytest.raises(ModelError, match=r"80 s in model calls of 60"):
+            await brain.analyze("gemini25pro", issue_context())
+    assert len(fake.requests) == 2 and brain.usage["gemini25pro"]["seconds"] == pytest.approx(80, abs=1)
+
+
+def test_the_model_budget_is_a_setting(tmp_path: Path) -> None:
+    (tmp_path / "settings.yaml").write_text("gemini:\n  budget: {turns: 6, tokens: 90000}\n")
+    budget = load_settings({"AFS_HOME": str(tmp_path)}).gemini.budget
+    assert budget == ModelBudget(turns=6, tokens=90_000, seconds=ModelBudget().seconds)
+    env = {"AFS_HOME": str(tmp_path), "AFS_GEMINI_BUDGET_SECONDS": "45.5"}
+    assert load_settings(env).gemini.budget.seconds == 45.5
+    with pytest.raises(ConfigError, match="AFS_GEMINI_BUDGET_TURNS must be a whole number of turns"):
+        load_settings({"AFS_HOME": str(tmp_path), "AFS_GEMINI_BUDGET_TURNS": "2.5"})
+    (tmp_path / "settings.yaml").write_text("gemini:\n  budget: {steps: 3}\n")
+    with pytest.raises(ConfigError, match=r"gemini\.budget: unknown key steps"):
+        load_settings({"AFS_HOME": str(tmp_path)})

@@ -139,6 +139,10 @@ class ModelUsage:
     timeouts: int = 0
     reprompts: int = 0
     refusals_reprompted: int = 0
+    seconds: float = 0.0  # time spent waiting for the model (the budget's count)
+    # why the agent's model calls stopped before it was done: its model budget (which part was
+    # spent) or the spending cap (with what was spent); None when nothing stopped them
+    stopped: str | None = None
 
     def record(self) -> dict[str, Any]:
         """As an outcome carries it (`AgentOutcome.usage`: the store and the report read it)."""

@@ -1,17 +1,16 @@
-"""Choosing who thinks: the provider named on the command line or in a task; and the name a
-person reads for an agent (`agent_label`): its role and the brain that answered, never the
-seed's model name (the agent keys stay the stable identifiers in routing files and JSON)."""
+"""Choosing who thinks: the provider named on the command line or in a task. The name a person
+reads for an agent (its role and the brain that answered) is `afs.report.agent_label`."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, get_args
+from typing import get_args
 
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
 from afs.errors import ConfigError
-from afs.models import AGENTS, Provider
+from afs.models import Provider
 
 PROVIDERS: tuple[str, ...] = get_args(Provider)
 
@@ -43,15 +42,3 @@ async def check_provider(provider: str, settings: Settings, env: Mapping[str, st
     async with open_squad(provider, settings, env):
         pass
 
-
-def agent_label(agent: str, usage: Mapping[str, Any] | None = None) -> str:
-    """"index design — gemini-3.8-flash, version gemini-3.8-flash-002" for an agent a model
-    answered for (`usage`: its entry of the squad's usage, with the version the API named),
-    "index design — offline strategist" for one without."""
-    spec = AGENTS.get(agent)
-    role = spec.specialization.split(":", 1)[0] if spec is not None else agent
-    if not usage or not usage.get("model"):
-        return f"{role} — offline strategist"
-    model, version = str(usage["model"]), usage.get("model_version")
-    answered = f"{model}, version {version}" if version and version != model else model
-    return f"{role} — {answered}"

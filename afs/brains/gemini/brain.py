@@ -111,6 +111,7 @@ log = structlog.get_logger("afs.gemini")
 REVIEWER: Final = "gemini25pro"  # the seed gives gemini-2.5-pro's agent the review role
 MAX_REPROMPTS: Final = 2  # the seed's "Re-prompt … Limit: 2 retry attempts" (repairs and refusals)
 PHASE_MARGIN_S: Final = 1.0  # a question ends this much before the agent's model-phase limit
+MODEL_BUDGET: Final = "MODEL_BUDGET"  # ModelError.code of a call the agent's model budget stopped
 STREAM_STALL_S: Final = 30.0  # with gemini.stream: the longest wait for the next chunk
 MAX_VALUES_SHOWN: Final = 10  # most common values per column
 MAX_VALUE_CHARS: Final = 40
@@ -548,6 +549,15 @@ class GeminiBrain:
         system = prompt_template(f"system_{agent}").template + "\n" + prompt_template("data_rule").template
         kept: list[T] = []  # the refused answer of the round before, to return if time runs out
         for reprompts in range(MAX_REPROMPTS + 1):
+            spent = self.budget_spent(agent)
+            if spent is not None:
+                self._stopped(agent, model, settings, f"its model budget is spent: {spent}")
+                if kept:
+                    log.warning("model_reprompt_cut", agent=agent, model=model, purpose=purpose,
+                                error=f"model budget spent: {spent}", kept="the refused candidates")
+                    return kept[0]
+                raise ModelError(f"{model} ({purpose}): the agent's model budget is spent: {spent}",
+                                 code=MODEL_BUDGET)
             started = trio.current_time()
             left = deadline - started
             timeout = self.call_timeout_s or min(settings.call_timeout_s, max(left, 0.0))
@@ -563,6 +573,8 @@ class GeminiBrain:
                                                             else None)
                 except ModelError as exc:
                     outcome = exc.code or ("error" if exc.status is None else str(exc.status))
+                    if exc.code == SPEND_CAP:
+                        self._stopped(agent, model, settings, f"the spending cap: {exc}")
                     if kept and (exc.retryable or exc.code == SPEND_CAP):
                         log.warning("model_reprompt_cut", agent=agent, model=model, purpose=purpose,
                                     error=str(exc), kept="the refused candidates")
@@ -572,7 +584,8 @@ class GeminiBrain:
                     outcome = "cancelled"
                     raise
                 finally:
-                    cost = self._record(agent, model, settings, stats, reprompts > 0)
+                    cost = self._record(agent, model, settings, stats, reprompts > 0,
+                                        trio.current_time() - started)
                     self._call_record(agent, model, purpose, settings, stats, cost, outcome)
             if budget.cancelled_caught:
                 if kept:
@@ -617,14 +630,36 @@ class GeminiBrain:
             return value
         raise AssertionError("unreachable: the last round returns or raises")  # pragma: no cover
 
-    def _record(self, agent: AgentKey, model: str, settings: ModelSettings, stats: CallStats,
-                reprompt: bool) -> float | None:
-        """Add one call (answered or not) to `usage[agent]`; returns its estimated cost."""
-        entry = self.usage.setdefault(agent, {
+    def budget_spent(self, agent: AgentKey) -> str | None:
+        """Which part of the agent's model budget (`gemini.budget`: turns, tokens, seconds) is
+        spent, said for the report; None while it may make another call."""
+        entry = self.usage.get(agent)
+        if entry is None:
+            return None
+        return self.gemini.budget.spent(entry["calls"], entry["total_tokens"], entry["seconds"])
+
+    def _entry(self, agent: AgentKey, model: str, settings: ModelSettings) -> dict[str, Any]:
+        """`usage[agent]`, made at the agent's first call (the fields of `ModelUsage`)."""
+        return self.usage.setdefault(agent, {
             "model": model, "model_version": None, "model_stage": settings.stage, "retirement": None,
             "prompt_tokens": 0, "output_tokens": 0, "thinking_tokens": 0, "cached_tokens": 0,
             "total_tokens": 0, "estimated_cost_usd": 0.0, "calls": 0, "attempts": 0, "retries": 0,
-            "failed_attempts": 0, "timeouts": 0, "reprompts": 0, "refusals_reprompted": 0})
+            "failed_attempts": 0, "timeouts": 0, "reprompts": 0, "refusals_reprompted": 0,
+            "seconds": 0.0, "stopped": None})
+
+    def _stopped(self, agent: AgentKey, model: str, settings: ModelSettings, why: str) -> None:
+        """Record why the agent's model calls stop (the budget or the spending cap): the report
+        states it."""
+        entry = self._entry(agent, model, settings)
+        if entry["stopped"] is None:
+            entry["stopped"] = why
+            log.warning("model_calls_stopped", agent=agent, model=model, reason=why)
+
+    def _record(self, agent: AgentKey, model: str, settings: ModelSettings, stats: CallStats,
+                reprompt: bool, seconds: float = 0.0) -> float | None:
+        """Add one call (answered or not) to `usage[agent]`; returns its estimated cost."""
+        entry = self._entry(agent, model, settings)
+        entry["seconds"] = round(entry["seconds"] + max(seconds, 0.0), 3)
         if stats.model_version:
             entry["model_version"] = stats.model_version  # what answered, as the API says
         if stats.model_stage:

@@ -541,13 +541,18 @@ function renderResult(doc) {
       <ol>${report.consensus.rationale.map(r => `<li>${esc(r)}</li>`).join("")}</ol></div>`);
   }
   parts.push(`<h2>Proposals</h2>`);
+  const spend = report.model_spend;
+  if (spend) {
+    parts.push(`<div class="small muted" id="model-spend">model calls in all: ${spend.calls} calls, ${spend.total_tokens} tokens, ${spend.estimated_cost_usd == null ? "cost unknown" : `about $${Number(spend.estimated_cost_usd).toFixed(4)} (list-price estimate)`}</div>`);
+  }
   for (const p of report.proposals) {
     const o = outcomes.get(p.agent);
     const bench = o && o.benchmark;
     parts.push(`<div class="card proposal" data-agent="${esc(p.agent)}">
-      <h3 style="margin-top:0">${esc(p.agent)} <span class="muted small">${esc(p.model)}</span> ${badge(p.status)}
+      <h3 style="margin-top:0">${esc(p.agent)} <span class="muted small">${esc(p.label || p.model || "")}</span> ${badge(p.status)}
         ${p.proposal_type ? `<span>${esc(p.proposal_type)}</span>` : ""} ${w && w.agent === p.agent ? '<span class="badge completed">winner</span>' : ""}</h3>
       ${p.error ? `<div class="notice fail">${esc(p.error)}</div>` : ""}
+      ${modelUsage(p.usage)}
       ${p.rationale ? `<div class="small">${esc(p.rationale)}</div>` : ""}
       <div class="facts"><span>storage added <b>${p.storage_mb == null ? "-" : `${p.storage_mb.toFixed(2)} MB`}</b>${p.storage_before_mb != null ? ` (${p.storage_before_mb.toFixed(1)} → ${p.storage_after_mb.toFixed(1)} MB)` : ""}</span>
         <span>apply <b>${p.apply_s == null ? "-" : `${p.apply_s.toFixed(2)} s`}</b></span>
@@ -562,6 +567,16 @@ function renderResult(doc) {
       ${candidatesTable(p, o)}</div>`);
   }
   box.innerHTML = parts.join("");
+}
+
+// The model calls of one agent (issue 26): the version and stage that answered, tokens, the
+// estimated cost, and why its calls stopped (its model budget or the spending cap).
+function modelUsage(u) {
+  if (!u || !u.calls) return "";
+  const cost = u.estimated_cost_usd == null ? "cost unknown" : `about $${Number(u.estimated_cost_usd).toFixed(4)} (list-price estimate)`;
+  const stage = u.model_stage ? `, stage ${u.model_stage}` : "";
+  return `<div class="small muted model-usage">answered by <span class="mono">${esc(u.model_version || u.model)}</span>${esc(stage)}: ${u.calls} calls, ${u.prompt_tokens} prompt + ${u.output_tokens} output tokens, ${esc(cost)}</div>`
+    + (u.stopped ? `<div class="small" style="color:var(--warn)">model calls stopped: ${esc(u.stopped)}</div>` : "");
 }
 
 // -- batches and the audit log ---------------------------------------------------------------
