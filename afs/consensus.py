@@ -7,8 +7,10 @@
              ─► total             weighted sum (WEIGHTS, overridable), rounded to 0.01
              ─► GATES             reasons one proposal cannot win, judged on its own
              ─► SURVIVOR_GATES    reasons that depend on who else survived (the lone survivor)
-             ─► ranking           qualified first; total, then the tie-breaks: the simpler change
-                                  (higher complexity score), less measured storage, AGENT_PREFERENCE
+             ─► ranking           qualified first; then measured clearly faster (`clearly_faster`:
+                                  ranks above whoever it is clearly faster than); then total, then
+                                  the tie-breaks: the simpler change (higher complexity score), less
+                                  measured storage, AGENT_PREFERENCE
              ─► confidence, rationale
 
 A new criterion is one function and one line: a gate `(candidate, breakdown) -> reason | None`
@@ -41,6 +43,24 @@ Ours on top of the original rules:
 * a fix must serve the query family: a proposal that is an answer cache (the query's literals
   baked into what it reads), returns other rows for another parameter set, or is slower than
   the original for one (`BenchmarkOutcome.family_problem`) cannot win;
+* measured clearly faster ranks first (a dominance rule over the seed's score): the seed's
+  performance bands saturate (87.6 % and 88.8 % faster score alike, and so do 90 % and
+  99.9 %), so a few points of complexity or storage could outweigh a measured difference of
+  several times. Among the qualified proposals, A ranks above B when A is *clearly faster*
+  on the query as given (the suite's "baseline" figure, both with the same rows): its
+  speed-up over its own baseline runs, read from the runs themselves (`speedup_range`:
+  slowest baseline run over fastest optimized run and the reverse, so the noise of both
+  samples counts), lies entirely above B's, and its median speed-up is at least
+  DOMINANCE_MIN_RATIO (1.1) times B's. Ratios to each one's own baseline, because two
+  proposals are measured in different forks, possibly minutes apart (drift divides out);
+  complete separation, because it is the significance rule of the measurements themselves
+  (afs.bench.significant). Clearly faster is an interval order (transitive), so ranking by
+  the number of qualified proposals clearly faster than a candidate keeps every such pair
+  in order; among proposals none is clearly faster than, the seed's total decides as
+  before. Gates are unchanged: a proposal disqualified by one never ranks above a
+  qualified one, however fast. Runs without their extremes recorded (results stored before
+  Timing.min_ms) never count as clearly faster. The rationale says why in numbers: the
+  query's time before and after, the ratio, and the rival's time;
 * agreement between agents on equivalent DDL raises the confidence. DDL is compared as the set
   of statements the validator read (`ddl_signature`, ANALYZE left out), so `CREATE INDEX a ON
   orders (user_id)` ≡ `create index concurrently b on orders(user_id)`. Any other outcome with
@@ -54,7 +74,8 @@ Confidence is 0 without a winner; otherwise, clamped to 0–1,
          + 0.15 if another agent proposed equivalent DDL
 
 where the runner-up is the best other *qualified* proposal; a lone winner is measured against
-the bar it had to clear (60). The rationale ends with the numbers that went into it.
+the bar it had to clear (60); a winner clearly faster than the runner-up has the full margin
+term (its lead is measured, whatever the totals say). The rationale ends with the numbers that went into it.
 """
 
 from __future__ import annotations
@@ -115,6 +136,10 @@ REFRESH_COST_PER_S = 2.0
 REFRESH_COST_MAX = 20.0
 
 MIN_IMPROVEMENT_PCT = 10.0
+# clearly faster: speed-up intervals apart and medians at least this ratio apart (two
+# measurements' noise adds up: twice afs.bench.MIN_EFFECT's 5 %)
+DOMINANCE_MIN_RATIO = 1.1
+_MIN_MS = 0.001  # EXPLAIN reports times in µs: a time of 0 counts as 1 µs
 MIN_RISK_SCORE = 40.0
 LONE_SURVIVOR_MIN_TOTAL = 60.0  # a lone survivor needs a total strictly above this
 
@@ -333,6 +358,36 @@ def is_conclusive(measurements: Sequence[Measurement]) -> bool:
     return 2 * sum(beats_noise(m) for m in measurements) > len(measurements)
 
 
+def query_as_given(benchmark: BenchmarkOutcome) -> Measurement | None:
+    """The figure of the query as the user wrote it: the suite's "baseline" query."""
+    return next((m for m in benchmark.measurements if m.name == "baseline"), None)
+
+
+def speedup_range(measurement: Measurement) -> tuple[float, float, float] | None:
+    """The figure's speed-up (baseline time over optimized time) read from its runs: (lowest,
+    median, highest), the lowest being the fastest baseline run over the slowest optimized
+    run. None when the runs' extremes were not recorded."""
+    b, o = measurement.baseline, measurement.optimized
+    if b.min_ms is None or b.max_ms is None or o.min_ms is None or o.max_ms is None:
+        return None
+    return (max(b.min_ms, _MIN_MS) / max(o.max_ms, _MIN_MS),
+            max(b.median_ms, _MIN_MS) / max(o.median_ms, _MIN_MS),
+            max(b.max_ms, _MIN_MS) / max(o.min_ms, _MIN_MS))
+
+
+def clearly_faster(a: Candidate, b: Candidate) -> bool:
+    """Whether `a` was measured clearly faster than `b` on the query as given: both return
+    its rows, `a`'s speed-up interval lies above `b`'s and its median speed-up is at least
+    DOMINANCE_MIN_RATIO times `b`'s (see the module's notes)."""
+    ma, mb = query_as_given(a.benchmark), query_as_given(b.benchmark)
+    if ma is None or mb is None or not (ma.equivalent and mb.equivalent):
+        return False
+    ra, rb = speedup_range(ma), speedup_range(mb)
+    if ra is None or rb is None:
+        return False
+    return ra[0] > rb[2] and ra[1] >= DOMINANCE_MIN_RATIO * rb[1]
+
+
 _QUOTED = re.compile(r"""('(?:[^']|'')*'|"(?:[^"]|"")*")""")  # literals and quoted names keep their case
 _SPACE = re.compile(r"\s+")
 _AROUND_PUNCT = re.compile(r"\s*([(),=<>])\s*")
@@ -394,7 +449,10 @@ def decide(outcomes: Sequence[AgentOutcome], weights: Mapping[str, float] | None
         reasons = tuple(r for r in (gate(c, b, survivors) for gate in SURVIVOR_GATES) if r is not None)
         scores[c.agent] = _disqualify(b, reasons)
 
-    ranked = sorted(candidates, key=lambda c: _rank_key(c, scores[c.agent]))
+    qualified = [c for c in candidates if not scores[c.agent].disqualified]
+    beaten = {c.agent: sum(clearly_faster(other, c) for other in qualified if other is not c)
+              for c in candidates}
+    ranked = sorted(candidates, key=lambda c: _rank_key(c, scores[c.agent], beaten[c.agent]))
     winner = ranked[0] if ranked and not scores[ranked[0].agent].disqualified else None
     agreeing = _agreeing(winner, outcomes)
     confidence, why_confident = _confidence(winner, ranked, scores, agreeing)
@@ -464,9 +522,11 @@ def _preference(agent: AgentKey) -> int:
     return AGENT_PREFERENCE.index(agent) if agent in AGENT_PREFERENCE else len(AGENT_PREFERENCE)
 
 
-def _rank_key(candidate: Candidate, b: ScoreBreakdown) -> tuple[bool, float, float, float, int, str]:
-    """Qualified first; higher total; simpler change; less storage; AGENT_PREFERENCE; name."""
-    return (bool(b.disqualified), -b.total, -b.complexity,
+def _rank_key(candidate: Candidate, b: ScoreBreakdown, beaten: int
+              ) -> tuple[bool, int, float, float, float, int, str]:
+    """Qualified first; fewer qualified proposals clearly faster than it (`beaten`); higher
+    total; simpler change; less storage; AGENT_PREFERENCE; name."""
+    return (bool(b.disqualified), beaten, -b.total, -b.complexity,
             round(candidate.benchmark.storage_delta_mb, 2), _preference(candidate.agent), candidate.agent)
 
 
@@ -494,7 +554,8 @@ def _confidence(winner: Candidate | None, ranked: Sequence[Candidate],
         0.30 + 0.30 · margin_term + 0.25 · significance_term (+ 0.15 with agreement), clamped to 0–1
 
     margin_term = clamp((winner total − runner-up total) / 20, 0, 1), the runner-up being the
-    best other qualified proposal; without one, the bar a lone survivor had to clear (60).
+    best other qualified proposal; without one, the bar a lone survivor had to clear (60); 1
+    when the winner is clearly faster than the runner-up (its lead is measured).
     significance_term = the share of the winner's measurements that beat the noise.
     """
     if winner is None:
@@ -502,7 +563,8 @@ def _confidence(winner: Candidate | None, ranked: Sequence[Candidate],
     total = scores[winner.agent].total
     rival = _runner_up(winner, ranked, scores)
     bar = scores[rival.agent].total if rival else LONE_SURVIVOR_MIN_TOTAL
-    margin_term = _clamp((total - bar) / MARGIN_FOR_FULL_CONFIDENCE, 0.0, 1.0)
+    faster = rival is not None and clearly_faster(winner, rival)
+    margin_term = 1.0 if faster else _clamp((total - bar) / MARGIN_FOR_FULL_CONFIDENCE, 0.0, 1.0)
     measurements = winner.benchmark.measurements
     wins = sum(beats_noise(m) for m in measurements)
     significance_term = wins / len(measurements) if measurements else 0.0
@@ -511,7 +573,8 @@ def _confidence(winner: Candidate | None, ranked: Sequence[Candidate],
         value += CONFIDENCE_AGREEMENT
     value = round(_clamp(value, 0.0, 1.0), 4)
     over = rival.agent if rival else f"the lone-survivor bar of {_num(LONE_SURVIVOR_MIN_TOTAL)}"
-    why = (f"Confidence {_num(value)}: margin {_num(total - bar)} over {over},"
+    lead = "measured clearly faster than" if faster else f"margin {_num(total - bar)} over"
+    why = (f"Confidence {_num(value)}: {lead} {over},"
            f" {wins} of {len(measurements)} suite queries beat the noise"
            + (f", {' and '.join(agreeing)} proposed equivalent DDL" if agreeing else "") + ".")
     return value, why
@@ -541,7 +604,7 @@ def _rationale(outcomes: Sequence[AgentOutcome], winner: Candidate | None, ranke
         lines.append("No winner: every measured proposal was disqualified.")
     for c in ranked:
         if c is not winner:
-            lines.append(_loser_sentence(c, winner, scores, weights))
+            lines.append(_loser_sentence(c, winner, ranked, scores, weights))
     for c in ranked:
         lines.extend(f"{c.agent}: {a.reason}." for a in adjustments[c.agent])
     scored = {c.agent for c in ranked}
@@ -563,11 +626,18 @@ def _summary(c: Candidate, b: ScoreBreakdown) -> str:
 def _winner_sentence(winner: Candidate, ranked: Sequence[Candidate],
                      scores: Mapping[AgentKey, ScoreBreakdown], weights: Mapping[str, float]) -> str:
     b = scores[winner.agent]
-    head = f"{winner.agent} wins with {_num(b.total)}: {_summary(winner, b)}"
+    times = _times(winner)
+    head = (f"{winner.agent} wins with {_num(b.total)}: {times + ', ' if times else ''}"
+            f"{_summary(winner, b)}")
     rival = _runner_up(winner, ranked, scores)
     if rival is None:
         return f"{head}; it is the only proposal that passed every gate."
     r = scores[rival.agent]
+    if clearly_faster(winner, rival):
+        outweighs = (f", which outweighs {rival.agent}'s higher total ({_num(r.total)} vs {_num(b.total)})"
+                     if r.total > b.total else "")
+        return (f"{head}; it is measured clearly faster than {rival.agent}"
+                f" ({_versus(winner, rival)}){outweighs}.")
     if b.total == r.total:
         return (f"{head}; it ties with {rival.agent} and wins the tie-break on"
                 f" {_tie_break(winner, rival, scores)}.")
@@ -576,13 +646,22 @@ def _winner_sentence(winner: Candidate, ranked: Sequence[Candidate],
             f" ({_num(getattr(b, criterion))} vs {_num(getattr(r, criterion))}).")
 
 
-def _loser_sentence(c: Candidate, winner: Candidate | None,
+def _loser_sentence(c: Candidate, winner: Candidate | None, ranked: Sequence[Candidate],
                     scores: Mapping[AgentKey, ScoreBreakdown], weights: Mapping[str, float]) -> str:
     b = scores[c.agent]
     if b.disqualified:
         return f"{c.agent} cannot win ({_num(b.total)}; {_summary(c, b)}): {'; '.join(b.disqualified)}."
     assert winner is not None  # a qualified proposal ranks below the winner only
     w = scores[winner.agent]
+    faster = next((o for o in ranked if o is not c and not scores[o.agent].disqualified
+                   and clearly_faster(o, c)), None)
+    if faster is not None and (faster is winner or b.total >= w.total):
+        though = ""
+        if b.total >= w.total:
+            though = (f", though its total is {'higher' if b.total > w.total else 'no lower'}"
+                      f" ({_num(b.total)} vs {_num(w.total)} for {winner.agent})")
+        return (f"{c.agent} loses with {_num(b.total)} ({_summary(c, b)}): {faster.agent} is measured"
+                f" clearly faster ({_versus(faster, c)}){though}.")
     if b.total == w.total:
         return (f"{c.agent} ties with {winner.agent} at {_num(b.total)} and loses the tie-break on"
                 f" {_tie_break(winner, c, scores)}.")
@@ -590,6 +669,50 @@ def _loser_sentence(c: Candidate, winner: Candidate | None,
     return (f"{c.agent} loses with {_num(b.total)}, {_num(w.total - b.total)} below {winner.agent}"
             f" ({_summary(c, b)}); the largest gap is {criterion}"
             f" ({_num(getattr(b, criterion))} vs {_num(getattr(w, criterion))}).")
+
+
+def _times(c: Candidate) -> str:
+    """The query as given before and after, and the ratio: "256 ms → 0.07 ms (3,657×)"; a
+    baseline that hit its time cap is a lower bound: "≥ 60 s (lower bound) → 8.2 ms (≥ 7,317×)"."""
+    m = query_as_given(c.benchmark)
+    if m is None:
+        return ""
+    before, after = m.baseline.median_ms, m.optimized.median_ms
+    at_least = "≥ " if m.baseline.lower_bound else ""
+    note = " (lower bound)" if m.baseline.lower_bound else ""
+    ratio = max(before, _MIN_MS) / max(after, _MIN_MS)
+    return (f"the query as given {at_least}{_duration(before)}{note} → {_duration(after)}"
+            f" ({at_least}{_ratio(ratio)})")
+
+
+def _versus(faster: Candidate, slower: Candidate) -> str:
+    """Two proposals' times of the query as given, with their runs' range and speed-ups:
+    "0.03 ms vs 0.07 ms (runs 0.028–0.032 ms vs 0.061–0.08 ms; 8,533× vs 3,657×)"."""
+    mf, ms = query_as_given(faster.benchmark), query_as_given(slower.benchmark)
+    assert mf is not None and ms is not None  # clearly_faster needs both
+    rf, rs = speedup_range(mf), speedup_range(ms)
+    assert rf is not None and rs is not None
+    return (f"{_duration(mf.optimized.median_ms)} vs {_duration(ms.optimized.median_ms)} on the query as"
+            f" given, runs {_span(mf)} vs {_span(ms)}; {_ratio(rf[1])} vs {_ratio(rs[1])} faster than before")
+
+
+def _span(m: Measurement) -> str:
+    o = m.optimized
+    assert o.min_ms is not None and o.max_ms is not None
+    return f"{_duration(o.min_ms)}–{_duration(o.max_ms)}"
+
+
+def _duration(ms: float) -> str:
+    """Three significant digits: 0.0312 ms, 0.07 ms, 256 ms, 1.23 s, 60 s, 1,234 s."""
+    if ms >= 1_000_000:
+        return f"{ms / 1000:,.0f} s"
+    if ms >= 1000:
+        return f"{ms / 1000:.3g} s"
+    return f"{ms:.3g} ms"
+
+
+def _ratio(ratio: float) -> str:
+    return f"{ratio:,.0f}×" if ratio >= 100 else f"{ratio:.3g}×"
 
 
 def _deciding(better: ScoreBreakdown, worse: ScoreBreakdown, weights: Mapping[str, float]) -> str:

@@ -11,12 +11,14 @@ import pytest
 
 from afs.consensus import (
     CRITERIA,
+    DOMINANCE_MIN_RATIO,
     GATES,
     SCORERS,
     SURVIVOR_GATES,
     WEIGHTS,
     Candidate,
     check_weights,
+    clearly_faster,
     ddl_signature,
     decide,
     index_write_cost,
@@ -28,6 +30,7 @@ from afs.consensus import (
     score_performance,
     score_risk,
     score_storage,
+    speedup_range,
 )
 from afs.models import (
     AgentOutcome,
@@ -490,7 +493,8 @@ def test_rationale_explains_the_winner_and_each_loser() -> None:
         outcome("gemini20flash", pct=5, sql=("CREATE INDEX c ON orders (created_at)",)),
     ])
     first, *rest = decision.rationale
-    assert first == ("gemini25pro wins with 98: 97 % faster on average, 3.1 MB of storage, index"
+    assert first == ("gemini25pro wins with 98: the query as given 1 s → 30 ms (33.3×), 97 % faster"
+                     " on average, 3.1 MB of storage, index"
                      " (1 command, complexity 90); it leads gemini25flash by 15, most on performance"
                      " (100 vs 70).")
     assert rest[0] == ("gemini25flash loses with 83, 15 below gemini25pro (60 % faster on average, 3.1 MB"
@@ -607,3 +611,112 @@ def test_the_design_that_serves_the_whole_family_scores_higher() -> None:
     decision = decide([narrow, broad])
     assert decision.winner == "gemini25flash"
     assert decision.scores["gemini25pro"].performance < decision.scores["gemini25flash"].performance
+
+
+# -- measured clearly faster ranks first (issue 25 item 4) -----------------------------------
+def timed(runs: tuple[float, ...]) -> Timing:
+    """A Timing as afs.bench.timing makes it from these runs (ms)."""
+    ordered = sorted(runs)
+    median = ordered[len(ordered) // 2]
+    return Timing(median_ms=median, spread_ms=(ordered[-1] - ordered[0]) / 2, runs=len(runs),
+                  buffers=40, min_ms=ordered[0], max_ms=ordered[-1])
+
+
+BEFORE_256 = (251.2, 256.0, 262.9, 254.4, 258.1)  # ms, the query as given before any change
+
+
+def sampled(optimized: tuple[float, ...], before: tuple[float, ...] = BEFORE_256,
+            lower_bound: bool = False) -> tuple[Measurement, ...]:
+    base = dataclasses.replace(timed(before), lower_bound=lower_bound, buffers=5000)
+    return tuple(Measurement(name=name, baseline=base, optimized=timed(optimized), rows=1,
+                             equivalent=True, significant=True) for name in SUITE)
+
+
+PLAIN = ("CREATE INDEX p ON order_items (product_id)",)
+COVERING = ("CREATE INDEX c ON order_items (product_id) INCLUDE (quantity)",)
+
+
+def test_a_candidate_measured_clearly_faster_wins_over_saturated_bands() -> None:
+    # both > 99 % faster: one performance band. The plain index is the simpler change (90 vs
+    # 85) and smaller, so the seed's total prefers it; the covering index is measured ~2.3×
+    # faster, every run of it faster than every run of the plain one
+    plain = outcome("gemini25pro", ptype="index", sql=PLAIN, mb=2.0,
+                    measurements=sampled((0.071, 0.069, 0.074, 0.066, 0.078)))
+    covering = outcome("gemini25flash", ptype="composite_index", sql=COVERING, mb=4.0,
+                       measurements=sampled((0.031, 0.029, 0.034, 0.030, 0.028)))
+    decision = decide([plain, covering])
+    assert decision.scores["gemini25pro"].total > decision.scores["gemini25flash"].total
+    assert decision.winner == "gemini25flash"
+    assert decision.ranking == ("gemini25flash", "gemini25pro")
+    first, loser, *_ = decision.rationale
+    assert "the query as given 256 ms → 0.03 ms (8,533×)" in first, first
+    assert "measured clearly faster than gemini25pro" in first and "0.03 ms vs 0.071 ms" in first
+    assert "outweighs gemini25pro's higher total (98 vs 97)" in first, first
+    assert loser.startswith("gemini25pro loses with 98")
+    assert "gemini25flash is measured clearly faster" in loser
+    assert decision.rationale[-1].startswith("Confidence 0.85: measured clearly faster than gemini25pro")
+
+
+def test_a_candidate_faster_only_by_noise_does_not_win_by_speed() -> None:
+    # the covering index's median is lower, but its runs overlap the plain one's: the seed's
+    # total decides, and the simpler change wins
+    plain = outcome("gemini25pro", ptype="index", sql=PLAIN, mb=2.0,
+                    measurements=sampled((0.071, 0.069, 0.074, 0.066, 0.078)))
+    noisy = outcome("gemini25flash", ptype="composite_index", sql=COVERING, mb=4.0,
+                    measurements=sampled((0.060, 0.064, 0.070, 0.058, 0.067)))
+    decision = decide([plain, noisy])
+    assert decision.winner == "gemini25pro"
+    assert noisy.proposal and noisy.validation and noisy.benchmark
+    assert plain.proposal and plain.validation and plain.benchmark
+    assert not clearly_faster(Candidate(noisy, noisy.proposal, noisy.validation, noisy.benchmark),
+                              Candidate(plain, plain.proposal, plain.validation, plain.benchmark))
+    assert "clearly" not in " ".join(decision.rationale)
+
+
+def test_separated_runs_need_a_tenth_more_speed_to_count() -> None:
+    # tight runs, completely apart, but only 5 % faster: within what two forks' drift may do
+    plain = outcome("gemini25pro", ptype="index", sql=PLAIN, mb=2.0,
+                    measurements=sampled((10.0, 10.02, 10.04)))
+    close = outcome("gemini25flash", ptype="composite_index", sql=COVERING, mb=4.0,
+                    measurements=sampled((9.5, 9.52, 9.54)))
+    assert decide([plain, close]).winner == "gemini25pro"
+    assert DOMINANCE_MIN_RATIO > 1.05
+
+
+def test_the_speedup_range_reads_both_samples() -> None:
+    (m, *_) = sampled((2.0, 2.5, 4.0), before=(100.0, 120.0, 110.0))
+    low, median, high = speedup_range(m) or (0, 0, 0)
+    assert (low, median, high) == (25.0, 110.0 / 2.5, 60.0)
+    assert speedup_range(measurement()) is None  # runs' extremes not recorded: never clearly faster
+
+
+def test_a_disqualified_candidate_never_ranks_first_however_fast() -> None:
+    plain = outcome("gemini25pro", ptype="index", sql=PLAIN, mb=2.0,
+                    measurements=sampled((0.071, 0.069, 0.074, 0.066, 0.078)))
+    wrong = dataclasses.replace(sampled((0.001, 0.001, 0.002))[0], equivalent=False)
+    other_rows = outcome("gemini25flash", ptype="composite_index", sql=COVERING,
+                         measurements=(wrong, *sampled((0.001, 0.001, 0.002))[1:]))
+    decision = decide([plain, other_rows])
+    assert decision.winner == "gemini25pro"
+    assert decision.ranking == ("gemini25pro", "gemini25flash")
+
+
+def test_clearly_faster_orders_three_candidates_and_totals_decide_the_rest() -> None:
+    slow = outcome("gemini25pro", ptype="index", sql=PLAIN, mb=1.0,
+                   measurements=sampled((8.0, 8.4, 8.9)))
+    fast = outcome("gemini25flash", ptype="composite_index", sql=COVERING, mb=60.0,
+                   measurements=sampled((0.5, 0.52, 0.55)))
+    # as fast as `fast` within the noise, and the simpler change: the total decides between them
+    twin = outcome("gemini20flash", ptype="index", mb=3.0,
+                   sql=("CREATE INDEX t ON order_items (product_id, quantity)",),
+                   measurements=sampled((0.49, 0.53, 0.56)))
+    decision = decide([slow, fast, twin])
+    assert decision.ranking == ("gemini20flash", "gemini25flash", "gemini25pro")
+    last = decision.rationale[2]
+    assert last.startswith("gemini25pro loses") and "is measured clearly faster" in last
+
+
+def test_a_capped_baseline_is_said_to_be_a_lower_bound_in_numbers() -> None:
+    capped = outcome(measurements=sampled((8.1, 8.2, 8.4), before=(60_000.0,), lower_bound=True))
+    first = decide([capped]).rationale[0]
+    assert "the query as given ≥ 60 s (lower bound) → 8.2 ms (≥ 7,317×)" in first, first
