@@ -90,6 +90,14 @@ class RuleSet:
     weights: Mapping[str, Any] | None = None  # consensus_weights as written; None: the defaults
 
 
+def role_of(agent: AgentKey) -> str:
+    """"the index design agent (gemini25pro)": an agent as a rationale names it, by its role
+    (the brain behind it, a configured model or the offline strategists, is chosen elsewhere)."""
+    spec = AGENTS.get(agent)
+    role = spec.specialization.split(":", 1)[0].split(" for ", 1)[0] if spec is not None else "unknown"
+    return f"the {role} agent ({agent})"
+
+
 def route(rules: RuleSet, *, task_type: str, priority: str, features: QueryFeatures,
           max_table_rows: int, agent_load: Mapping[str, int]) -> RoutingDecision:
     """Choose the agents for one task; `agent_load` counts their current tasks (missing: 0)."""
@@ -115,17 +123,17 @@ def route(rules: RuleSet, *, task_type: str, priority: str, features: QueryFeatu
         candidates.update(rule.agents)
     if not candidates:
         candidates = {rules.default_agent}
-        rationale.append(f"No rule selected an agent - default to {AGENTS[rules.default_agent].model}")
+        rationale.append(f"No rule selected an agent - default to {role_of(rules.default_agent)}")
 
     wanted = tuple(agent for agent in AGENT_PREFERENCE if agent in candidates)
     assigned = []
     for agent in wanted:
-        load, model = agent_load.get(agent, 0), AGENTS[agent].model
+        load, who = agent_load.get(agent, 0), role_of(agent)
         if load >= rules.hard_limit:
-            rationale.append(f"{model} at capacity ({load} tasks, limit {rules.hard_limit}) - skipped")
+            rationale.append(f"{who} at capacity ({load} tasks, limit {rules.hard_limit}) - skipped")
             continue
         if load >= rules.soft_limit:
-            rationale.append(f"{model} busy ({load} tasks, soft limit {rules.soft_limit}) - assigned anyway")
+            rationale.append(f"{who} busy ({load} tasks, soft limit {rules.soft_limit}) - assigned anyway")
         assigned.append(agent)
     if not assigned:
         rationale.append("all agents at capacity - waiting for agents")
