@@ -66,4 +66,25 @@ def render(rows: list[dict[str, Any]]) -> str:
         out.extend(f"    rollback: {s};" for s in r["rollback_sql"])
         if r["detail"]:
             out.append(f"    {r['detail']}")
+        check = (r.get("verification") or {}).get("check")
+        if check:  # the last `afs audit --check` (afs.apply.verdict)
+            out.append(f"    promise:  {check['verdict']} — {check['reason']}")
     return "\n".join(out)
+
+
+async def in_place(store: Store, task_id: str | None = None) -> list[dict[str, Any]]:
+    """The applies in place (each task's last 'applied' row not followed by a rollback), oldest first."""
+    where = "AND task_id = %s" if task_id else ""
+    rows = await store.conn.fetchall(
+        f"SELECT DISTINCT ON (task_id) {_COLUMNS} FROM afs_store.audit WHERE result IN ('applied',"
+        f" 'rolled_back') {where} ORDER BY task_id, id DESC", (task_id,) if task_id else ())
+    return sorted((_entry(r) for r in rows if r[2] == "apply"), key=lambda e: e["id"])
+
+
+async def record_check(store: Store, row_id: int, checkpoint: dict[str, Any], check: dict[str, Any]) -> None:
+    """Keep a check of an apply on its row (afs.apply.verdict): the verdict the monitor shows,
+    and the counters the next check starts from."""
+    await store.conn.execute(
+        "UPDATE afs_store.audit SET verification = jsonb_set(verification, '{promise,checkpoint}', %s)"
+        " || jsonb_build_object('check', %s::jsonb) WHERE id = %s",
+        (Jsonb(checkpoint), Jsonb(check), row_id))

@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from afs.apply import audit
+from afs.apply import audit, verdict
 from afs.apply.plan import ApplyPlan, plan_winner
 from afs.apply.resolve import same_database
 from afs.apply.target import Progress, apply_plan, prepare, run_rollback
@@ -75,6 +75,7 @@ async def apply_winner(store: Store, plan: ApplyPlan, target_dsn: str, approver:
             raise InputError(f"the winner of task {plan.task_id} is {plan.kind} ({plan.tier}): "
                              "nothing to apply")
         await not_applied(store, plan.task_id)
+        pre = await verdict.snapshot(target_dsn, plan)  # pg_stat_statements before the build
         outcome = await apply_plan(plan, target_dsn, plan.verify_query, progress)
     except InputError as exc:
         await audit.record(store, action="apply", result="refused", detail=str(exc), **common)  # type: ignore[arg-type]
@@ -88,6 +89,8 @@ async def apply_winner(store: Store, plan: ApplyPlan, target_dsn: str, approver:
                                **common)  # type: ignore[arg-type]
         raise
     common |= {"sql": outcome.planned, "rollback_sql": outcome.rollback}  # as run on this target
+    if outcome.result == "applied":  # what a later `afs audit --check` compares (afs.apply.verdict)
+        outcome.verification["promise"] = await verdict.promise_at_apply(target_dsn, plan, pre)
     row_id = await audit.record(store, action="apply", result=outcome.result, detail=outcome.detail,
                                 duration_s=outcome.duration_s, verification=outcome.verification,
                                 **common)  # type: ignore[arg-type]

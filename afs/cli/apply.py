@@ -79,10 +79,30 @@ async def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     if args.limit < 1:
         raise InputError(f"--limit must be at least 1, got {args.limit}")
+    if getattr(args, "check", False):
+        return await _audit_check(args, settings)
     async with open_task_store(settings) as store:
         rows = await apply_audit.entries(store, args.task, args.limit)
     emit(args, rows, apply_audit.render(rows))
     return EXIT_OK
+
+
+async def _audit_check(args: argparse.Namespace, settings: Settings) -> int:
+    """`afs audit --check`: each change in place against its target's pg_stat_statements now
+    (afs.apply.verdict); exit 1 when one is a regression."""
+    from afs.apply.resolve import same_database
+    from afs.apply.verdict import check_applied, render
+
+    async with open_task_store(settings) as store:
+        async def target_of(row: Any) -> str | None:
+            if args.dsn and not same_database(args.dsn, row["target"]):
+                return None  # --dsn: only the changes applied on that database
+            task = await store.get(row["task_id"])
+            return rollback_target(settings, recorded=row["target"], dsn=args.dsn, source=task.source)
+
+        verdicts = await check_applied(store, target_of, args.task)
+    emit(args, {"verdicts": verdicts}, render(verdicts))
+    return EXIT_FAILED if any(v["verdict"] == "regression" for v in verdicts) else EXIT_OK
 
 
 async def cmd_rollback(args: argparse.Namespace, settings: Settings) -> int:
@@ -93,15 +113,19 @@ async def cmd_rollback(args: argparse.Namespace, settings: Settings) -> int:
             raise InputError(f"task {args.task} has nothing applied to roll back (see `afs audit`)")
         task = await store.get(args.task)
         target = rollback_target(settings, recorded=previous["target"], dsn=args.dsn, source=task.source)
-        if not args.json:
-            print("\n".join(f"rollback: {sql};" for sql in previous["rollback_sql"]))
+        statements = list(previous["rollback_sql"])
+        if not args.json:  # said once, here: the progress and the result do not repeat them
+            print("\n".join(f"rollback: {sql};" for sql in statements))
         approver = await _approve(args, f"roll back task {args.task} on {scrub(target)}?")
         if approver is None:
             emit(args, {"rolled_back": False}, "not rolled back: not approved")
             return EXIT_FAILED
-        row = await rollback_task(store, args.task, target, approver, progress)
+        row = await rollback_task(store, args.task, target, approver,
+                                  lambda message: progress(f"rolling back ({len(statements)} statement(s))"))
     progress_done()
-    emit(args, row, f"{row['result']}: {row['detail']} ({row['duration_s']:.2f} s; audit #{row['id']})")
+    done = (f"{len(statements)} statement(s) above run" if row["result"] == "rolled_back"
+            else row["detail"])  # a failure names the statement that failed, and why
+    emit(args, row, f"{row['result']}: {done} ({row['duration_s']:.2f} s; audit #{row['id']})")
     return EXIT_OK if row["result"] == "rolled_back" else EXIT_FAILED
 
 
@@ -128,5 +152,12 @@ def add_commands(commands: Any) -> None:
     aud = add_top(commands, "audit", cmd_audit)
     aud.add_argument("--task", help="only this task")
     aud.add_argument("--limit", type=int, default=50, help="how many (default 50)")
+    aud.add_argument("--check", action="store_true",
+                     help="did each change in place keep its promise? Its statements in the target's "
+                          "pg_stat_statements since the apply (or the last check) against before it: a "
+                          "regression (slower beyond the noise, Welch test) is flagged with its rollback "
+                          "(exit 1)")
+    aud.add_argument("--dsn", metavar="DSN", help="with --check: only the changes applied on this database, "
+                                                  f"read with this DSN. {DSN_PASSWORDS}")
 
 

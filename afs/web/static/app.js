@@ -619,6 +619,18 @@ async function batchPage(id) {
     <details class="card"><summary>The report as Markdown</summary><pre>${esc(r.body.markdown || "")}</pre></details>`;
 }
 
+// the last `afs audit --check` of an apply (afs.apply.verdict): did it keep its promise?
+function promiseCheck(a) {
+  const c = (a.verification || {}).check;
+  if (!c) return "";
+  const rows = (c.statements || []).map(s => `<li class="small">${s.own ? "<b>its statement</b> " : ""}${badge(s.verdict)}
+    <span class="mono">${esc(short(s.query, 90))}</span>: ${s.before ? `${s.before.mean_ms.toFixed(3)} ms ×${s.before.calls} before` : ""}
+    ${s.recent ? ` → ${s.recent.mean_ms.toFixed(3)} ms ×${s.recent.calls} recently` : ""}</li>`).join("");
+  const undo = c.rollback ? `<div class="small">offer: <code>${esc(c.rollback.command)}</code></div>` : "";
+  return `<div class="promise" data-verdict="${esc(c.verdict)}">promise: ${badge(c.verdict)} <span class="small">${esc(c.reason)}</span>
+    <div class="small muted">${esc(c.window || "")}</div>${rows ? `<ul>${rows}</ul>` : ""}${undo}</div>`;
+}
+
 async function auditPage() {
   const r = await api("/v1/audit?limit=200");
   if (!r.ok) { fail(r.body.error); return; }
@@ -627,7 +639,7 @@ async function auditPage() {
     <td>${badge(a.result)}</td><td>${esc(a.tier)}</td><td>${esc(a.approver)}</td><td class="small">${esc(a.target)}</td>
     <td class="num">${Number(a.duration_s).toFixed(2)} s</td>
     <td>${codeBlock("SQL", (a.sql_commands || []).map(s => s + ";"))}${codeBlock("undo", (a.rollback_sql || []).map(s => s + ";"))}
-      ${a.detail ? `<div class="small">${esc(a.detail)}</div>` : ""}</td></tr>`).join("");
+      ${a.detail ? `<div class="small">${esc(a.detail)}</div>` : ""}${promiseCheck(a)}</td></tr>`).join("");
   app().innerHTML = `<h1>Audit log</h1><div class="card">${rows ? `<table class="audit"><thead><tr><th class="num">#</th><th>at</th><th>action</th><th>task</th><th>result</th><th>tier</th>
     <th>approver</th><th>target</th><th class="num">took</th><th>SQL</th></tr></thead><tbody>${rows}</tbody></table>`
     : `<p class="muted">No applies or rollbacks recorded yet (<code>afs apply TASK</code>).</p>`}</div>`;
