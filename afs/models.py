@@ -435,6 +435,18 @@ CandidateStatus = Literal["measured", "screened_out", "rejected", "failed"]
 
 
 @dataclass(frozen=True)
+class LoopStep:
+    """One step of an agent's loop: a design, the plan node that led to it, its measured time."""
+
+    step: int  # 1 = the first design
+    proposal: OptimizationProposal
+    motivated_by: str | None  # the Bottleneck.detail that led to it; None for step 1
+    median_ms: float | None  # the query's measured time with it
+    kept: bool
+    note: str = ""  # "" or why it was not kept / a refusal / an apply error
+
+
+@dataclass(frozen=True)
 class CandidateResult:
     """One design an agent tried: screened with the planner, and measured when promising."""
 
@@ -446,6 +458,7 @@ class CandidateResult:
     baseline_cost: float | None = None  # the same without it
     benchmark: BenchmarkOutcome | None = None
     note: str = ""
+    chain: tuple[LoopStep, ...] = ()  # the loop's steps that led to this design (afs.agents)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@
                     ranked candidate designs, best first
     RevisingBrain   a brain that can also correct a rewrite the result check failed (models)
     ReviewingBrain  a brain that can review the other agents' measured proposals (models)
+    RefiningBrain   a brain that extends a measured design to remove the bottleneck the plan
+                    with it in place shows (the agent's loop, afs.agents)
     StrategistBrain the offline strategists (`afs.brains.strategists`, pure rules over the
                     plan, the statistics and the query)
     SlowBrain       another brain behind a fixed latency per call (benchmarks, demos)
@@ -18,22 +20,25 @@ Neither is imported here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import trio
 
 from afs.brains import strategists
+from afs.brains.strategists.refine import refine_design
 from afs.brains.strategists.rewrites import rewrite_proposals
 from afs.models import (
     AgentKey,
     AgentOutcome,
     AnalysisContext,
     AnalysisResult,
+    LoopStep,
     OptimizationProposal,
     ReviewFlag,
 )
+from afs.pg.bottleneck import Bottleneck
 
 
 class Brain(Protocol):
@@ -70,6 +75,20 @@ class ReviewingBrain(Protocol):
         ...
 
 
+@runtime_checkable
+class RefiningBrain(Protocol):
+    """A brain that reads the plan of the query with its measured design in place, and extends
+    the design to remove what it shows (the agent's loop, afs.agents)."""
+
+    async def refine(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
+                     current: OptimizationProposal, after_plan: Mapping[str, Any],
+                     bottleneck: Bottleneck | None, steps: Sequence[LoopStep]
+                     ) -> OptimizationProposal | None:
+        """The next design: `current` extended (its statements plus more) to remove what
+        `after_plan` (the query's plan with `current` in place) shows; None to stop."""
+        ...
+
+
 class StrategistBrain:
     """The offline strategists: rules over the plan and the statistics."""
 
@@ -84,6 +103,14 @@ class StrategistBrain:
                       analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
         return await trio.to_thread.run_sync(
             lambda: interleave(strategists.propose(agent, ctx, analysis), rewrite_proposals(agent, ctx)))
+
+    async def refine(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
+                     current: OptimizationProposal, after_plan: Mapping[str, Any],
+                     bottleneck: Bottleneck | None, steps: Sequence[LoopStep]
+                     ) -> OptimizationProposal | None:
+        del analysis  # the strategists read the plan, the statistics and the query again
+        return await trio.to_thread.run_sync(
+            lambda: refine_design(agent, ctx, current, after_plan, bottleneck, steps))
 
 
 def interleave(specialised: Sequence[OptimizationProposal],

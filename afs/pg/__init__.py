@@ -6,6 +6,8 @@
     plan.py    EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON): the document's plan and time,
                shared buffers, `plan_nodes` (flattened, totals over loops),
                `plan_insights`, and `plan_text` (the plan as one line per node, within a token budget)
+    bottleneck.py  where a plan's time goes, as something a design can remove: `Bottleneck`
+               (kind, table, columns, node, share, detail, loops) and `bottlenecks(plan, analysed)`
     stats.py   pg_stats arithmetic: `equality_selectivity`, `range_fraction`,
                `prefix_fraction`, `like_prefix`, `parse_timestamp`; column types,
                widths and index size estimates

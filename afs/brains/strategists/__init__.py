@@ -12,6 +12,8 @@ One strategist per specialisation of the seed (`AGENTS` in models.py), one modul
     (every agent)  plan_fixes.py       for a wrong plan rather than a missing structure:
                                        extended statistics behind a row misestimate,
                                        work_mem for a sort or hash that spilled to disk
+    (every agent)  refine.py           the loop's next step: the measured design plus the
+                                       index that removes the bottleneck of its after-plan
     (shared)       evidence.py         Evidence (the plan, the statistics and the query,
                                        by table), Decision, covering_index, estimates
 
