@@ -30,6 +30,8 @@ COMMANDS: dict[str, Command] = {  # in the order `afs --help` lists them
                               "task each; `afs batch show ID` prints a stored report, `afs batch list` "
                               "the stored batches"),
     "schedule": Command("batch", "batches run on a cron schedule by `afs serve`"),
+    "indexes": Command("indexes", "indexes worth dropping (unused, duplicate, redundant), each "
+                                  "verified in a fork with the workload replayed"),
     "apply": Command("apply", "apply a task's winner to the database, after approval"),
     "rollback": Command("apply", "undo a task's applied winner with its recorded rollback"),
     "audit": Command("apply", "the audit log of applies and rollbacks, newest first"),

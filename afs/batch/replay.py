@@ -1,0 +1,444 @@
+"""Replaying a table's workload in a fork, with and without an index.
+
+    work = await table_workload(target, counters, ["public.orders"])   # filled, on the target
+    replayed = await replay(fork_conn, work.statements, drop=("public.orders_status_idx",),
+                            rule=StopRule.of(settings.measuring))
+
+The statements are the database's own (pg_stat_statements, `afs.batch.statements.Counters`)
+that name the table, each filled with values:
+
+    reads    SELECTs filled as the batch fills them (`afs.batch.fill.fill_statement`: the
+             target's checks, pg_stats, every plan through `afs.target.on_target`)
+    writes   one INSERT, UPDATE or DELETE (no WITH): each `$n` takes a value from the pg_stats
+             of the column it is assigned to or compared with (`fill_write`, pure); in the
+             fork, an integer column of a unique index an INSERT or UPDATE writes takes a
+             value past the column's largest, so that the write does not collide
+
+In the fork, a run of a statement is one transaction that is always rolled back: the index
+dropped in it (the side "without"), then the statement under EXPLAIN (ANALYZE, TIMING OFF)
+`repeats` times (a write inside a savepoint rolled back each time, so an INSERT never meets
+its own earlier row), and the run's figure is the mean execution time per call. A fast
+statement is repeated until a run takes about `RUN_TARGET_MS`, so a write of 30 µs is not
+timed in the noise of one call. The two sides alternate run by run (drift hits both alike),
+as long as `afs.bench.stop_reason` leaves the verdict open; `afs.bench.significant` decides.
+
+A read whose plan is the same with and without the index (its node types, relations and
+indexes) is not timed: the planner's choice does not depend on an index it does not use.
+
+Where this runs: a fork's own login role runs the statements (it owns the fork's tables and
+nothing outside the fork), never the role AFS connected to the user's database with; the
+user's database is only read (catalog, pg_stats, EXPLAIN through `on_target`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from pglast import ast, enums, parse_sql
+from pglast.parser import ParseError
+
+from afs.batch.fill import fill_statement, read_tables
+from afs.batch.statements import Counters, relations, why_not
+from afs.bench import Sample, StopRule, significant, stop_reason, timing
+from afs.db import Connection, translate
+from afs.errors import DatabaseError
+from afs.models import TableInfo, Timing
+from afs.params.fill import CannotFill, Slot, substitute, typed_parameters, values_for
+from afs.pg.names import quote_ident, quote_qualified, relation_key
+from afs.pg.plan import explained, plan_of
+from afs.query.text import walk
+
+Kind = Literal["read", "write"]
+RUN_TARGET_MS = 20.0  # a run of a fast statement repeats it until it takes about this long
+MAX_REPEATS = 200  # calls of a statement in one run, at most
+MAX_STATEMENTS = 20  # statements of a table replayed, at most (by total time)
+DAY_S = 86_400.0
+_INTEGERS = {"smallint", "integer", "bigint", "int2", "int4", "int8"}
+_ROLES = {"=": "eq", "<>": "eq", "!=": "eq", ">": "lower", ">=": "lower", "<": "upper", "<=": "upper"}
+
+
+@dataclass(frozen=True)
+class WorkStatement:
+    """One statement of the workload, filled: what the replay runs."""
+
+    queryid: int | None
+    statement: str  # as pg_stat_statements keeps it ($1 … $n)
+    query: str  # filled with values
+    kind: Kind
+    table: str  # the table written (a write), or the first of the tables it names that was asked for
+    calls: int
+    total_ms: float
+    values: tuple[tuple[int, str], ...] = ()  # a write's $n → SQL literal (the fill)
+
+
+@dataclass(frozen=True)
+class NotReplayed:
+    statement: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TableWorkload:
+    statements: tuple[WorkStatement, ...]
+    not_replayed: tuple[NotReplayed, ...]
+    window_s: float | None  # what the calls cover (pg_stat_statements' reset to now); None: unknown
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A statement with and without the index."""
+
+    statement: WorkStatement
+    with_index: Timing | None  # None: not timed (the same plan either way)
+    without_index: Timing | None
+    plan_changed: bool
+    significant: bool  # the two sides' runs apart (afs.bench.significant)
+    repeats: int  # calls per run
+    note: str = ""
+
+    @property
+    def delta_ms(self) -> float:
+        """Per call, without the index minus with it (a read slower without: > 0)."""
+        if self.with_index is None or self.without_index is None:
+            return 0.0
+        return self.without_index.median_ms - self.with_index.median_ms
+
+    @property
+    def slower_without(self) -> bool:
+        return self.statement.kind == "read" and self.significant and self.delta_ms > 0
+
+    def public(self) -> dict[str, Any]:
+        return {"statement": self.statement.statement, "measured_as": self.statement.query,
+                "kind": self.statement.kind, "calls": self.statement.calls,
+                "with_ms": None if self.with_index is None else self.with_index.median_ms,
+                "without_ms": None if self.without_index is None else self.without_index.median_ms,
+                "runs": 0 if self.with_index is None else self.with_index.runs,
+                "repeats": self.repeats, "plan_changed": self.plan_changed,
+                "significant": self.significant, "note": self.note}
+
+
+# -- the workload of some tables (pure parts) ------------------------------------------------
+def write_target(query: str) -> str | None:
+    """The table one INSERT, UPDATE or DELETE writes (as the catalog keys it); None for anything
+    else (a read, several statements, a data-modifying WITH, something that does not parse)."""
+    try:
+        tree = parse_sql(query)
+    except ParseError:
+        return None
+    if len(tree) != 1:
+        return None
+    stmt = tree[0].stmt
+    if not isinstance(stmt, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)) or stmt.withClause:
+        return None
+    rel = stmt.relation
+    if rel is None:
+        return None
+    return relation_key(*(p for p in (rel.schemaname, rel.relname) if p))
+
+
+def _param(node: object) -> int | None:
+    while isinstance(node, ast.TypeCast):
+        node = node.arg
+    return node.number if isinstance(node, ast.ParamRef) else None
+
+
+def _column_name(node: object) -> str | None:
+    while isinstance(node, ast.TypeCast):
+        node = node.arg
+    if isinstance(node, ast.ColumnRef) and node.fields and isinstance(node.fields[-1], ast.String):
+        return str(node.fields[-1].sval)
+    return None
+
+
+def write_slots(query: str, table: str) -> list[Slot]:
+    """Where each `$n` of a write is used: the column it is written to (INSERT's column list,
+    UPDATE's SET) or compared with (its WHERE, over the one table written). Pure."""
+    stmt = parse_sql(query)[0].stmt
+    found: dict[int, Slot] = {}
+
+    def add(number: int | None, role: str, column: str | None, what: str = "") -> None:
+        if number is None or number in found:
+            return
+        found[number] = (Slot(number, role, table, column) if column else
+                         Slot(number, role, problem=f"${number} is {what or 'not used with a column'}"))
+
+    if isinstance(stmt, ast.InsertStmt):
+        columns = [str(c.name) for c in stmt.cols or ()]
+        select = stmt.selectStmt
+        rows = getattr(select, "valuesLists", None) or ()
+        for row in rows:
+            for n, item in enumerate(row):
+                add(_param(item), "eq", columns[n] if n < len(columns) else None,
+                    "in an INSERT without a column list")
+    if isinstance(stmt, ast.UpdateStmt):
+        for target in stmt.targetList or ():
+            add(_param(target.val), "eq", str(target.name))
+    where = getattr(stmt, "whereClause", None)
+    if where is not None and not getattr(stmt, "fromClause", None) and not getattr(stmt, "usingClause", None):
+        for node in walk(where):
+            if not isinstance(node, ast.A_Expr):
+                continue
+            if node.kind == enums.A_Expr_Kind.AEXPR_IN and isinstance(node.rexpr, (list, tuple)):
+                for item in node.rexpr:
+                    add(_param(item), "eq", _column_name(node.lexpr), "compared with an expression")
+            elif node.kind == enums.A_Expr_Kind.AEXPR_OP and node.name:
+                op = str(node.name[-1].sval)
+                role = _ROLES.get(op)
+                flipped = {"lower": "upper", "upper": "lower"}.get(role or "", role)
+                if role is not None:
+                    add(_param(node.rexpr), role, _column_name(node.lexpr), "compared with an expression")
+                    add(_param(node.lexpr), flipped or role, _column_name(node.rexpr),
+                        "compared with an expression")
+    numbers = sorted({n for n in (_param(x) for x in _params(stmt)) if n is not None})
+    for number in numbers:
+        add(number, "eq", None, "used in an expression AFS cannot fill")
+    return [found[n] for n in sorted(found)]
+
+
+def _params(stmt: Any) -> list[Any]:
+    return [n for n in walk(stmt) if isinstance(n, ast.ParamRef)]
+
+
+def fill_write(query: str, table: str,
+               tables: Mapping[str, TableInfo]) -> tuple[dict[int, str] | None, str | None]:
+    """The values of a write's `$n` from pg_stats (pure): (values, None), or (None, why not)."""
+    query = typed_parameters(query)
+    try:
+        slots = write_slots(query, table)
+    except ParseError as exc:
+        return None, f"does not parse: {exc}"
+    values: dict[int, str] = {}
+    try:
+        for slot in slots:
+            values[slot.number] = values_for(slot, tables, 1)[0]
+    except CannotFill as exc:
+        return None, str(exc)
+    except KeyError:
+        return None, f"no statistics of {table}"
+    return values, None
+
+
+# -- the workload of some tables (on the target: read-only) ---------------------------------------
+async def table_oids(conn: Connection, names: Sequence[str]) -> dict[str, int | None]:
+    """Each relation name's oid as the connection's search path resolves it (None: unknown)."""
+    out: dict[str, int | None] = {}
+    for name in dict.fromkeys(names):
+        value = await conn.fetchval("SELECT to_regclass(%s)::oid", (name,))
+        out[name] = None if value is None else int(value)
+    return out
+
+
+def window_seconds(counters: Counters) -> float | None:
+    if counters.stats_reset is None:
+        return None
+    return max(1.0, (counters.at - counters.stats_reset).total_seconds())
+
+
+async def table_workload(target: Connection, counters: Counters, tables: Sequence[str], *,
+                         limit: int = MAX_STATEMENTS) -> dict[int, TableWorkload]:
+    """The filled statements of pg_stat_statements that name each of `tables` (by oid).
+
+    Reads are filled and planned through `on_target`; writes filled from pg_stats (pure)."""
+    wanted = {oid: name for name, oid in (await table_oids(target, tables)).items() if oid is not None}
+    found: dict[int, list[WorkStatement]] = {oid: [] for oid in wanted}
+    missed: dict[int, list[NotReplayed]] = {oid: [] for oid in wanted}
+    known: dict[str, int | None] = {}
+    for queryid, text, calls, total, _mean, _rows in counters.rows:  # by total time
+        written = write_target(text)
+        try:
+            if written is None and not _is_select(text):
+                continue  # DDL, utility statements: not the workload's reads or writes
+            names = [written] if written is not None else relations(text)
+        except ParseError:
+            continue
+        unknown = [n for n in names if n not in known]
+        known.update(await table_oids(target, unknown))
+        oids = [known[n] for n in names if known.get(n) in wanted]
+        for oid in dict.fromkeys(o for o in oids if o is not None):
+            if len(found[oid]) >= limit:
+                continue
+            values: dict[int, str] = {}
+            if written is not None:
+                info = await read_tables(target, _as_select(written))
+                given, reason = fill_write(text, written, info)
+                values = given or {}
+                query = None if given is None else substitute(typed_parameters(text), values)
+                kind: Kind = "write"
+            else:
+                reason = why_not(text)
+                query = None
+                kind = "read"
+                if reason is None:
+                    filled = await fill_statement(target, text, 1)
+                    query = filled.sets[0].query if filled.sets else None
+                    reason = filled.reason if query is None else None
+            if query is None:
+                missed[oid].append(NotReplayed(text, reason or "cannot be filled"))
+                continue
+            found[oid].append(WorkStatement(queryid, text, query, kind, wanted[oid], int(calls), float(total),
+                                            tuple(sorted(values.items()))))
+    window = window_seconds(counters)
+    return {oid: TableWorkload(tuple(found[oid]), tuple(missed[oid]), window) for oid in wanted}
+
+
+def _is_select(text: str) -> bool:
+    tree = parse_sql(text)
+    return len(tree) == 1 and isinstance(tree[0].stmt, ast.SelectStmt)
+
+
+def _as_select(table: str) -> str:
+    return f"SELECT FROM {table}"
+
+
+# -- in the fork ---------------------------------------------------------------------------------
+def _shape(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (node.get("Node Type"), node.get("Relation Name"), node.get("Index Name"),
+            tuple(_shape(child) for child in node.get("Plans", ())))
+
+
+def _drops(cur: psycopg.Cursor[Any], drop: Sequence[str]) -> None:
+    for name in drop:
+        cur.execute(f"DROP INDEX {quote_qualified(name)}")
+
+
+def _plan_sync(raw: psycopg.Connection[Any], sql: str, drop: Sequence[str]) -> tuple[Any, ...]:
+    with raw.cursor() as cur:
+        cur.execute("BEGIN")
+        try:
+            _drops(cur, drop)
+            cur.execute(f"EXPLAIN (FORMAT JSON) {sql}")
+            row = cur.fetchone()
+            assert row is not None
+            return _shape(plan_of(row[0]))
+        finally:
+            raw.execute("ROLLBACK")
+
+
+def _unique_integer_columns(raw: psycopg.Connection[Any], table: str) -> list[str]:
+    rows = raw.execute(
+        "SELECT DISTINCT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
+        " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisunique"
+        " AND format_type(a.atttypid, NULL) = ANY(%s)", (table, sorted(_INTEGERS))).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _fresh_keys(raw: psycopg.Connection[Any], work: WorkStatement) -> str:
+    """A write with every integer column of a unique index it writes past the column's largest."""
+    if work.kind != "write":
+        return work.query
+    columns = set(_unique_integer_columns(raw, work.table))
+    stmt = parse_sql(typed_parameters(work.statement))[0].stmt
+    written: dict[int, str] = {}
+    if isinstance(stmt, ast.InsertStmt):
+        names = [str(c.name) for c in stmt.cols or ()]
+        for row in getattr(stmt.selectStmt, "valuesLists", None) or ():
+            for n, item in enumerate(row):
+                number = _param(item)
+                if number is not None and n < len(names):
+                    written.setdefault(number, names[n])
+    elif isinstance(stmt, ast.UpdateStmt):
+        for target in stmt.targetList or ():
+            number = _param(target.val)
+            if number is not None:
+                written.setdefault(number, str(target.name))
+    fresh = {n: c for n, c in written.items() if c in columns}
+    if not fresh:
+        return work.query
+    values = dict(work.values)
+    for number, column in fresh.items():
+        top = raw.execute(f"SELECT max({quote_ident(column)}) FROM {quote_qualified(work.table)}").fetchone()
+        values[number] = str(int(top[0] or 0) + 1 + number) if top is not None else "1"
+    return substitute(typed_parameters(work.statement), values)
+
+
+def _run_sync(raw: psycopg.Connection[Any], sql: str, drop: Sequence[str], repeats: int,
+              write: bool) -> float:
+    """One run: BEGIN; the drops; `repeats` calls (a write in a savepoint each); ROLLBACK.
+    The mean execution time per call (ms)."""
+    with raw.cursor() as cur:
+        cur.execute("BEGIN")
+        try:
+            _drops(cur, drop)
+            total = 0.0
+            for _ in range(repeats):
+                if write:
+                    cur.execute("SAVEPOINT afs_replay")
+                cur.execute(f"EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) {sql}")
+                row = cur.fetchone()
+                assert row is not None
+                total += explained(row[0])[1]
+                if write:
+                    cur.execute("ROLLBACK TO SAVEPOINT afs_replay")
+            return total / repeats
+        finally:
+            raw.execute("ROLLBACK")
+
+
+async def _call(conn: Connection, fn: Any, *args: Any) -> Any:
+    def work(raw: psycopg.Connection[Any]) -> Any:
+        try:
+            return fn(raw, *args)
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+    return await conn.run(work)
+
+
+async def replay_one(conn: Connection, work: WorkStatement, drop: Sequence[str], rule: StopRule,
+                     *, base: Sequence[str] = (), with_plan_check: bool = True) -> Replayed:
+    """`work` in the fork with the indexes in `drop` there and dropped, alternating; `base`:
+    indexes dropped on both sides (drops already decided: the candidates judged together)."""
+    drop = (*base, *drop)
+    try:
+        query = await _call(conn, _fresh_keys, work)
+        changed = True
+        if work.kind == "read" and with_plan_check:
+            changed = await _call(conn, _plan_sync, query, base) != await _call(conn, _plan_sync, query, drop)
+            if not changed:
+                return Replayed(work, None, None, False, False, 0,
+                                "the same plan without the index: not timed")
+        write = work.kind == "write"
+        first = await _call(conn, _run_sync, query, base, 1, write)
+        repeats = max(1, min(MAX_REPEATS, math.ceil(RUN_TARGET_MS / max(first, 0.001))))
+        with_index: list[Sample] = []
+        without: list[Sample] = []
+        while True:
+            with_index.append(Sample(await _call(conn, _run_sync, query, base, repeats, write), 0))
+            without.append(Sample(await _call(conn, _run_sync, query, drop, repeats, write), 0))
+            if stop_reason([s.ms for s in with_index], [s.ms for s in without], rule) is not None:
+                break
+    except DatabaseError as exc:
+        return Replayed(work, None, None, False, False, 0,
+                        f"not replayed in the fork: {str(exc).splitlines()[0]}")
+    return Replayed(work, timing(with_index), timing(without), changed,
+                    significant(with_index, without), repeats)
+
+
+async def replay(conn: Connection, statements: Sequence[WorkStatement], drop: Sequence[str],
+                 rule: StopRule, base: Sequence[str] = ()) -> list[Replayed]:
+    """Every statement with and without the indexes in `drop` (`base` dropped on both sides),
+    one after another (one fork connection: the runs of one statement must not overlap)."""
+    return [await replay_one(conn, work, drop, rule, base=base) for work in statements]
+
+
+def per_day(calls: int, window_s: float | None) -> float | None:
+    """Calls a day at the observed rate; None when the window is unknown."""
+    return None if window_s is None or window_s <= 0 else calls * DAY_S / window_s
+
+
+def write_cost(replayed: Sequence[Replayed], window_s: float | None) -> dict[str, Any]:
+    """What an index costs the writes (the writes' extra time with it, per call and per day)."""
+    writes = [r for r in replayed if r.statement.kind == "write" and r.with_index is not None]
+    calls = sum(r.statement.calls for r in writes)
+    extra = [(-r.delta_ms, r.statement.calls) for r in writes]  # with minus without: the index's cost
+    ms_per_write = sum(e * c for e, c in extra) / calls if calls else 0.0
+    days = per_day(calls, window_s)
+    return {"ms_per_write": round(ms_per_write, 4),
+            "writes_per_day": None if days is None else round(days, 1),
+            "ms_per_day": None if days is None else round(ms_per_write * days, 1),
+            "measured": [r.public() for r in writes],
+            "significant": any(r.significant for r in writes),
+            "writes": len(writes)}

@@ -1,0 +1,171 @@
+"""The index review (afs.batch.indexes) and the write cost of a new index, on the embedded
+PostgreSQL: a database of its own with planted indexes, a workload run through
+pg_stat_statements, forks made by the real provider over MCP."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.numeric import Int8
+
+from afs.batch.indexes import (
+    IndexFacts,
+    StatsWindow,
+    candidates,
+    new_index_write_costs,
+    read_indexes,
+    review_indexes,
+)
+from afs.batch.statements import read_counters
+from afs.config import Settings
+from afs.db import open_connection
+from afs.forks.client import ForkClient
+from afs.forks.provider import LocalForkProvider
+from afs.sandbox.server import SandboxServer
+
+SETUP = """
+CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+CREATE TABLE t (id bigint PRIMARY KEY, a int NOT NULL, b int NOT NULL, c text NOT NULL, u int NOT NULL);
+INSERT INTO t SELECT g, g % 2000, g % 7, md5(g::text), g FROM generate_series(1, 60000) g;
+CREATE UNIQUE INDEX t_u_key ON t (u);
+CREATE UNIQUE INDEX t_u_twin ON t (u);
+CREATE INDEX t_a ON t (a);
+CREATE INDEX t_b ON t (b);
+CREATE INDEX t_b_twin ON t (b);
+CREATE INDEX t_c ON t (c);
+CREATE INDEX t_c_b ON t (c, b);
+CREATE INDEX t_b_desc ON t (b DESC);
+ANALYZE t;
+"""
+
+
+@pytest.fixture(scope="module")
+def planted(sandbox: SandboxServer) -> Iterator[str]:
+    """A database with planted indexes and a workload in pg_stat_statements, registered as a
+    fork source; the index statistics reset after the workload (the reads that needed t_a ran
+    before the reset: pg_stat_statements still has them)."""
+    name = "afs_ix_t_" + os.urandom(4).hex()
+    with psycopg.connect(sandbox.dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    provider = LocalForkProvider(sandbox.dsn())
+    try:
+        with psycopg.connect(sandbox.dsn(name), autocommit=True) as conn:
+            conn.execute(SETUP)
+            conn.execute("SELECT pg_stat_statements_reset()")
+            for n in range(200):
+                conn.execute("SELECT id, c FROM t WHERE a = %s", (Int8(n),)).fetchall()
+            for n in range(300):
+                with conn.transaction(force_rollback=True):
+                    conn.execute("INSERT INTO t (id, a, b, c, u) VALUES (%s, %s, %s, %s, %s)",
+                                 (Int8(100_000 + n), Int8(n), Int8(n % 7), f"x{n}", Int8(100_000 + n)))
+        with psycopg.connect(sandbox.dsn(name), autocommit=True) as conn:  # the workload's counters flushed
+            conn.execute("SELECT pg_stat_reset()")
+        import trio
+        trio.run(provider.register_source, name, "test:indexes")
+        yield name
+    finally:
+        import trio
+        try:
+            trio.run(provider.drop_source, name)
+        finally:
+            with psycopg.connect(sandbox.dsn(), autocommit=True) as admin:
+                admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _by_index(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {a["index"].split(".")[-1].strip('"'): a for a in doc["advice"]}
+
+
+async def test_review_finds_verifies_and_never_proposes_protected(
+        planted: str, sandbox: SandboxServer, forks: ForkClient, settings: Settings,
+        no_leaked_forks: None) -> None:
+    async with open_connection(sandbox.dsn(planted)) as target:
+        doc = await review_indexes(target, forks, planted, settings, min_window_s=0)
+    advice = _by_index(doc)
+    # planted: a duplicate (t_b_twin of t_b), a redundant prefix (t_c of t_c_b), unused ones
+    assert advice["t_b_twin"]["kind"] == "duplicate" and advice["t_b_twin"]["verdict"] == "drop"
+    assert advice["t_c"]["kind"] == "redundant" and advice["t_c"]["verdict"] == "drop"
+    assert advice["t_c_b"]["kind"] == "unused"
+    # b DESC is not the same definition as b (indoption), and not a prefix of anything
+    assert advice["t_b_desc"]["kind"] == "unused"
+    # never proposed: the primary key, unique indexes (even a unique duplicate)
+    assert not {"t_pkey", "t_u_key", "t_u_twin"} & set(advice)
+    protected = {p["index"].split(".")[-1].strip('"') for p in doc["protected"]}
+    assert protected >= {"t_pkey", "t_u_key", "t_u_twin"}
+    # the index a read needs: no scan since the reset, but the read slows without it → keep
+    assert advice["t_a"]["verdict"] == "keep"
+    assert advice["t_a"]["reads_slower"] == ["SELECT id, c FROM t WHERE a = $1"]
+    # the insert was replayed: dropping indexes saves write time, storage is counted
+    dup = advice["t_b_twin"]
+    writes = [r for r in dup["replayed"] if r["kind"] == "write"]
+    assert writes and writes[0]["runs"] >= settings.measuring.min_runs
+    assert dup["storage_mb"] > 0 and dup["write_ms_saved_per_day"] is not None
+    assert dup["sql"] == 'DROP INDEX CONCURRENTLY "public"."t_b_twin";'
+    assert dup["rollback"].startswith("CREATE INDEX CONCURRENTLY t_b_twin ON public.t")
+    assert any("replica" in u for u in dup["unseen"])
+
+
+async def test_short_window_keeps_unused(planted: str, sandbox: SandboxServer, forks: ForkClient,
+                                         settings: Settings, no_leaked_forks: None) -> None:
+    async with open_connection(sandbox.dsn(planted)) as target:
+        doc = await review_indexes(target, forks, planted, settings, min_window_s=30 * 86_400)
+    advice = _by_index(doc)
+    assert advice["t_c_b"]["verdict"] == "keep" and "too short" in advice["t_c_b"]["reason"]
+    assert advice["t_b_twin"]["verdict"] == "drop"  # a duplicate needs no window
+
+
+async def test_new_index_write_cost_is_measured(planted: str, sandbox: SandboxServer, forks: ForkClient,
+                                                settings: Settings, no_leaked_forks: None) -> None:
+    sql = "CREATE INDEX ON t (c, a, b)"
+    async with open_connection(sandbox.dsn(planted)) as target:
+        counters = await read_counters(target)
+        costs = await new_index_write_costs(target, forks, planted, settings, [sql], counters)
+    cost = costs[sql]
+    assert cost["ms_per_write"] > 0
+    assert cost["writes_per_day"] and cost["writes_per_day"] > 0
+    assert cost["ms_per_day"] == pytest.approx(cost["ms_per_write"] * cost["writes_per_day"], rel=0.01)
+    assert cost["measured"] and cost["measured"][0]["statement"].startswith("INSERT INTO t")
+    # the index was built in the fork only
+    async with open_connection(sandbox.dsn(planted)) as target:
+        assert {ix.name for ix in await read_indexes(target)} == {
+            "t_pkey", "t_u_key", "t_u_twin", "t_a", "t_b", "t_b_twin", "t_c", "t_c_b", "t_b_desc"}
+
+
+def _facts(oid: int, name: str, keys: tuple[int, ...], **kw: Any) -> IndexFacts:
+    base: dict[str, Any] = dict(
+        oid=oid, schema="public", name=name, table="t", table_oid=1, method="btree", keys=keys,
+        key_count=len(keys), opclasses=(3124,) * len(keys), collations=(0,) * len(keys),
+        options=(0,) * len(keys), expressions=None, predicate=None, unique=False, primary=False,
+        exclusion=False, replica_identity=False, constraint=None, valid=True, readable=True, scans=5,
+        size_bytes=8192, definition=f"CREATE INDEX {name} ON public.t")
+    base.update(kw)
+    return IndexFacts(**base)
+
+
+def test_candidates_pure_rules() -> None:
+    now = datetime(2026, 11, 27, tzinfo=UTC)
+    window = StatsWindow(now - timedelta(days=30), now)
+    indexes = [
+        _facts(10, "pk", (1,), primary=True, unique=True, constraint="t_pkey", scans=0),
+        _facts(11, "pk_twin", (1,), scans=0),  # a plain twin of the primary key: the key is kept
+        _facts(12, "a_partial", (2,), predicate="{OPEXPR …}"),  # partial: not a prefix of a_b
+        _facts(13, "a_b", (2, 3)),
+        _facts(14, "a_other_collation", (2,), collations=(950,)),
+        _facts(15, "replident", (4,), replica_identity=True, scans=0),
+        _facts(16, "a_incl_d", (2, 5), key_count=1),  # INCLUDE (d): a_b has no d
+    ]
+    found = {c.index.name: c for c in candidates(indexes, window, 7 * 86_400)}
+    assert found["pk_twin"].kind == "duplicate" and "pk" in found["pk_twin"].reason
+    assert "pk" not in found and "replident" not in found
+    assert "a_partial" not in found and "a_other_collation" not in found and "a_incl_d" not in found
+    plain = _facts(17, "a_plain", (2,))
+    assert {c.index.name: c.kind for c in candidates([*indexes, plain], window, 7 * 86_400)}["a_plain"] \
+        == "redundant"
+    short = StatsWindow(now - timedelta(hours=1), now)
+    unused = [c for c in candidates([_facts(20, "x", (9,), scans=0)], short, 7 * 86_400)]
+    assert unused[0].kind == "unused" and unused[0].blocked and "too short" in unused[0].blocked
