@@ -21,7 +21,12 @@ A case is plain data:
              one row fills `{p0}`, `{p1}`, … in `oracle_query` (the keyset of a page)
 
 Sizes are the full run's (scale 1.0): 0.3-2 M rows in the main table, a baseline of
-roughly 20-500 ms on two cores, a few seconds to build.
+roughly 20-500 ms on two cores, a few seconds to build. The cases of issue 25 (from
+`join3_lookup_by_email` on) are shapes an agent reaches only by reading the plan its first
+change leaves: an index per table of a join path, the correlation key of a subquery run per
+outer row (0.5-1.5 s baselines), a covering column against a plain index, a sort direction,
+an index kind other than the B-tree (GIN over an expression, GiST, BRIN); and one slow
+baseline (`statement_timeout_ms`: about 5 s against a 1.5 s timeout and cap).
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ class Case:
     sizes: Mapping[str, int] = field(default_factory=dict)
     note: str = ""
     quick: bool = False  # part of the --quick subset (fast to build and to run)
+    # the user's statement timeout for AFS's task on this case, in ms (None: the settings'); a
+    # slow-baseline case scales it down with its data, so the query is beyond it (and beyond the
+    # slow-baseline cap, set to the same) in benchmark time, as a slow query is on a user's server
+    statement_timeout_ms: int | None = None
 
     @property
     def oracle_text(self) -> str:
@@ -506,6 +515,304 @@ CASES: tuple[Case, ...] = (
         query="SELECT * FROM hypo WHERE id = 1",
         oracle_ddl=("CREATE INDEX qc_hypo_id ON hypo (id)",),
         quick=True,
+    ),
+    # -- issue 25: shapes an agent reaches only by reading its own result ----------------------
+    Case(
+        name="join3_lookup_by_email",
+        source="Use The Index, Luke: ch. 'Nested Loops' (an index on the driving table's filter and"
+               " on every join predicate the nested loop walks); built: a support desk's three"
+               " tables, no single public advisor test",
+        schema=("CREATE TABLE members (id integer PRIMARY KEY, email text NOT NULL,"
+                " joined_at timestamp NOT NULL)",
+                "CREATE TABLE tickets (id integer PRIMARY KEY, member_id integer NOT NULL,"
+                " opened_at timestamp NOT NULL, subject text NOT NULL)",
+                "CREATE TABLE ticket_messages (id bigint PRIMARY KEY, ticket_id integer NOT NULL,"
+                " sent_at timestamp NOT NULL, body text NOT NULL)"),
+        data=("INSERT INTO members SELECT i, 'member' || i || '@example.org',"
+              " timestamp '2020-01-01' + i * interval '5 minutes' FROM generate_series(1, {members}) i",
+              f"INSERT INTO tickets SELECT i, {skewed('members', 161, 1.2)},"
+              " timestamp '2022-01-01' + i * interval '1 minute', 'subject ' || (i % 977)"
+              " FROM generate_series(1, {tickets}) i",
+              f"INSERT INTO ticket_messages SELECT i, 1 + floor({{tickets}} * {u(162)})::int,"
+              " timestamp '2022-01-01' + i * interval '20 seconds', 'message ' || md5(i::text)"
+              " FROM generate_series(1, {messages}) i", VACUUM),
+        sizes={"members": 100_000, "tickets": 400_000, "messages": 1_200_000},
+        query="SELECT t.id, t.subject, tm.sent_at FROM members m JOIN tickets t ON t.member_id = m.id"
+              " JOIN ticket_messages tm ON tm.ticket_id = t.id"
+              " WHERE m.email = 'member4242@example.org' ORDER BY tm.sent_at",
+        oracle_ddl=("CREATE INDEX qc_members_email ON members (email)",
+                    "CREATE INDEX qc_tickets_member ON tickets (member_id)",
+                    "CREATE INDEX qc_messages_ticket ON ticket_messages (ticket_id)"),
+        note="a filter on a text column of the driving table, then two foreign keys: one index per"
+             " table",
+        quick=True,
+    ),
+    Case(
+        name="join5_store_chain",
+        source="Use The Index, Luke: ch. 'Nested Loops' (an index on each join predicate of the"
+               " nested-loop path); PostgreSQL docs 14.3 'Controlling the Planner with Explicit JOIN"
+               " Clauses' (joins of many tables); built: a retail chain of five tables",
+        schema=("CREATE TABLE stores (id integer PRIMARY KEY, code text NOT NULL, city text NOT NULL)",
+                "CREATE TABLE cashiers (id integer PRIMARY KEY, store_id integer NOT NULL,"
+                " name text NOT NULL)",
+                "CREATE TABLE receipts (id integer PRIMARY KEY, cashier_id integer NOT NULL,"
+                " issued_at timestamp NOT NULL, total numeric(12,2) NOT NULL)",
+                "CREATE TABLE receipt_lines (id bigint PRIMARY KEY, receipt_id integer NOT NULL,"
+                " sku_id integer NOT NULL, qty integer NOT NULL, price numeric(10,2) NOT NULL)",
+                "CREATE TABLE skus (id integer PRIMARY KEY, code text NOT NULL, name text NOT NULL)"),
+        data=("INSERT INTO stores SELECT i, 'ST-' || lpad(i::text, 5, '0'),"
+              f" {pick(['Berlin', 'Lyon', 'Austin', 'Osaka', 'Leeds'], 171)}"
+              " FROM generate_series(1, {stores}) i",
+              "INSERT INTO cashiers SELECT i, 1 + (hashint4(i) & 2147483647) % {stores}, 'cashier ' || i"
+              " FROM generate_series(1, {cashiers}) i",
+              f"INSERT INTO receipts SELECT i, 1 + floor({{cashiers}} * {u(172)})::int,"
+              " timestamp '2024-01-01' + i * interval '30 seconds',"
+              f" round((5 + 195 * {u(173)})::numeric, 2) FROM generate_series(1, {{receipts}}) i",
+              f"INSERT INTO receipt_lines SELECT i, 1 + (i - 1) / 3, {skewed('skus', 174, 1.5)},"
+              f" 1 + floor(4 * {u(175)})::int, round((1 + 99 * {u(176)})::numeric, 2)"
+              " FROM generate_series(1, {lines}) i",
+              "INSERT INTO skus SELECT i, 'SKU-' || i, 'article ' || i FROM generate_series(1, {skus}) i",
+              VACUUM),
+        sizes={"stores": 20_000, "cashiers": 60_000, "receipts": 600_000, "lines": 1_800_000,
+               "skus": 50_000},
+        query="SELECT r.id, r.issued_at, l.qty, k.name FROM stores s"
+              " JOIN cashiers c ON c.store_id = s.id JOIN receipts r ON r.cashier_id = c.id"
+              " JOIN receipt_lines l ON l.receipt_id = r.id JOIN skus k ON k.id = l.sku_id"
+              " WHERE s.code = 'ST-00042' ORDER BY r.issued_at, l.id",
+        oracle_ddl=("CREATE INDEX qc_stores_code ON stores (code)",
+                    "CREATE INDEX qc_cashiers_store ON cashiers (store_id)",
+                    "CREATE INDEX qc_receipts_cashier ON receipts (cashier_id)",
+                    "CREATE INDEX qc_lines_receipt ON receipt_lines (receipt_id)"),
+        note="four hops from a store's code to its lines: an index on each table the path walks"
+             " (the fifth is reached by its primary key)",
+    ),
+    Case(
+        name="correlated_avg_per_key",
+        source="Wikipedia 'Correlated subquery' (employees earning more than their department's"
+               " average: WHERE salary > (SELECT AVG(salary) FROM employees WHERE department ="
+               " emp.department))",
+        schema=("CREATE TABLE staff (id integer PRIMARY KEY, department_id integer NOT NULL,"
+                " name text NOT NULL, salary numeric(10,2) NOT NULL, hired_on date NOT NULL)",),
+        data=("INSERT INTO staff SELECT i, 1 + (hashint4(i * 3) & 2147483647) % {departments},"
+              f" {pick(FIRST_NAMES, 181)} || ' ' || {pick(LAST_NAMES, 182)},"
+              f" round((30000 + 90000 * {u(183)})::numeric, 2),"
+              " date '2005-01-01' + (i::float8 / {staff} * 7300)::int"
+              " FROM generate_series(1, {staff}) i", VACUUM),
+        sizes={"staff": 70_000, "departments": 2_000},
+        query="SELECT s.id, s.name, s.salary FROM staff s WHERE s.hired_on >= DATE '2024-12-20'"
+              " AND s.salary > (SELECT avg(s2.salary) FROM staff s2"
+              " WHERE s2.department_id = s.department_id)",
+        oracle_ddl=("CREATE INDEX qc_staff_department_salary ON staff (department_id, salary)",
+                    "CREATE INDEX qc_staff_hired ON staff (hired_on)"),
+        note="a SubPlan per recent hire, each a scan of the whole table without an index on the"
+             " correlation key",
+    ),
+    Case(
+        name="correlated_max_per_key",
+        source="PostgreSQL docs 9.21 'Aggregate Functions' (max() of an indexed column is one index"
+               " probe) — shape: the last reading per sensor of a site as a scalar subquery per row"
+               " (greatest-per-group, common advice)",
+        schema=("CREATE TABLE sensors (id integer PRIMARY KEY, site text NOT NULL, label text NOT NULL)",
+                "CREATE TABLE readings (id bigint PRIMARY KEY, sensor_id integer NOT NULL,"
+                " taken_at timestamp NOT NULL, value float8 NOT NULL)"),
+        data=("INSERT INTO sensors SELECT i, 'site ' || (i % 500), 'sensor ' || i"
+              " FROM generate_series(1, {sensors}) i",
+              f"INSERT INTO readings SELECT i, 1 + floor({{sensors}} * {u(191)})::int,"
+              " timestamp '2024-01-01' + i * interval '10 seconds', 100 * " + u(192) +
+              " FROM generate_series(1, {readings}) i", VACUUM),
+        sizes={"sensors": 5_000, "readings": 600_000},
+        query="SELECT s.id, s.label, (SELECT max(r.taken_at) FROM readings r WHERE r.sensor_id = s.id)"
+              " AS last_seen FROM sensors s WHERE s.site = 'site 42'",
+        oracle_ddl=("CREATE INDEX qc_readings_sensor_taken ON readings (sensor_id, taken_at)",),
+        note="ten sensors, ten scans of all readings; with the index each max is one probe",
+    ),
+    Case(
+        name="exists_correlated",
+        source="PostgreSQL docs 9.23.1 'EXISTS' (WHERE EXISTS (SELECT 1 FROM tab2 WHERE col2 ="
+               " tab1.col2)) — shape: subscribers with a failed payment",
+        schema=("CREATE TABLE subscribers (id integer PRIMARY KEY, plan text NOT NULL,"
+                " country text NOT NULL)",
+                "CREATE TABLE payments (id bigint PRIMARY KEY, subscriber_id integer NOT NULL,"
+                " paid_at timestamp NOT NULL, status text NOT NULL, amount numeric(10,2) NOT NULL)"),
+        data=("INSERT INTO subscribers SELECT i, CASE WHEN i % 200 = 0 THEN 'enterprise'"
+              f" ELSE {pick(['free', 'basic', 'pro'], 201)} END, {pick(COUNTRIES, 202)}"
+              " FROM generate_series(1, {subscribers}) i",
+              f"INSERT INTO payments SELECT i, 1 + floor({{subscribers}} * {u(203)})::int,"
+              " timestamp '2023-01-01' + i * interval '1 minute',"
+              f" CASE WHEN {u(204)} < 0.02 THEN 'failed' ELSE 'paid' END,"
+              f" round((5 + 95 * {u(205)})::numeric, 2) FROM generate_series(1, {{payments}}) i", VACUUM),
+        sizes={"subscribers": 200_000, "payments": 1_000_000},
+        query="SELECT s.id, s.country FROM subscribers s WHERE s.plan = 'enterprise'"
+              " AND EXISTS (SELECT 1 FROM payments p WHERE p.subscriber_id = s.id"
+              " AND p.status = 'failed')",
+        oracle_ddl=("CREATE INDEX qc_payments_subscriber_status ON payments (subscriber_id, status)",
+                    "CREATE INDEX qc_subscribers_plan ON subscribers (plan)"),
+        note="a semi join: with the correlation key indexed, a probe per enterprise subscriber"
+             " instead of a hash of every failed payment",
+    ),
+    Case(
+        name="lateral_top_n",
+        source="PostgreSQL docs 7.2.1.5 'LATERAL Subqueries'; Use The Index, Luke: ch. 'Querying"
+               " Top-N Rows' (a pipelined top-N per outer row) — shape: the three newest posts of"
+               " each author of a country",
+        schema=("CREATE TABLE authors (id integer PRIMARY KEY, name text NOT NULL, country text NOT NULL)",
+                "CREATE TABLE posts (id bigint PRIMARY KEY, author_id integer NOT NULL,"
+                " published_at timestamp NOT NULL, title text NOT NULL)"),
+        data=("INSERT INTO authors SELECT i, 'author ' || i,"
+              f" CASE WHEN i % 2000 = 0 THEN 'IS' ELSE {pick(COUNTRIES, 211)} END"
+              " FROM generate_series(1, {authors}) i",
+              f"INSERT INTO posts SELECT i, 1 + floor({{authors}} * {u(212)})::int,"
+              f" timestamp '2021-01-01' + {u(213)} * interval '1000 days', 'post ' || i"
+              " FROM generate_series(1, {posts}) i", VACUUM),
+        sizes={"authors": 20_000, "posts": 500_000},
+        query="SELECT a.id, a.name, p.id AS post_id, p.published_at FROM authors a"
+              " CROSS JOIN LATERAL (SELECT p.id, p.published_at FROM posts p WHERE p.author_id = a.id"
+              " ORDER BY p.published_at DESC LIMIT 3) p WHERE a.country = 'IS'"
+              " ORDER BY a.id, p.published_at DESC",
+        oracle_ddl=("CREATE INDEX qc_posts_author_published ON posts (author_id, published_at)",),
+        note="ten authors, each a scan and top-N sort of all posts; with the index three rows each",
+    ),
+    Case(
+        name="range_aggregate_index_only",
+        source="PostgreSQL docs 11.9 'Index-Only Scans and Covering Indexes' (INCLUDE the column the"
+               " query reads so the heap is not visited) — shape: an aggregate over a value range"
+               " scattered through a wide table",
+        schema=("CREATE TABLE http_requests (id bigint PRIMARY KEY, at timestamp NOT NULL, path text"
+                " NOT NULL, status integer NOT NULL, response_ms integer NOT NULL, bytes_sent integer"
+                " NOT NULL, user_agent text NOT NULL)",),
+        data=("INSERT INTO http_requests SELECT i, timestamp '2024-01-01' + i * interval '2 seconds',"
+              " '/page/' || (i % 5000), CASE WHEN i % 50 = 0 THEN 500 ELSE 200 END,"
+              f" floor(3000 * power({u(221)}, 2))::int, floor(200000 * {u(222)})::int,"
+              " 'Mozilla/5.0 (X11; Linux x86_64) client ' || md5(i::text) || md5((i + 1)::text)"
+              " FROM generate_series(1, {requests}) i", VACUUM),
+        sizes={"requests": 1_000_000},
+        query="SELECT count(*), sum(bytes_sent), avg(response_ms) FROM http_requests"
+              " WHERE response_ms BETWEEN 800 AND 1200",
+        oracle_ddl=("CREATE INDEX qc_requests_response ON http_requests (response_ms)"
+                    " INCLUDE (bytes_sent)",),
+        note="about a tenth of the rows, spread over every page: a plain index still reads the"
+             " heap; the covering one does not",
+    ),
+    Case(
+        name="slow_baseline_ip_ranges",
+        source="built: IP-range lookup (geolocation blocks joined on ip BETWEEN ip_from AND ip_to),"
+               " PostgreSQL docs 11.2 'Index Types' (a B-tree serves <, <=, >=, > and BETWEEN);"
+               " the baseline runs past the statement timeout (a nested loop comparing every pair)",
+        schema=("CREATE TABLE geo_blocks (id integer PRIMARY KEY, ip_from bigint NOT NULL,"
+                " ip_to bigint NOT NULL, country text NOT NULL)",
+                "CREATE TABLE visits (id bigint PRIMARY KEY, ip bigint NOT NULL, at timestamp NOT NULL)"),
+        data=("INSERT INTO geo_blocks SELECT i, (i - 1) * 1000000::bigint, i * 1000000::bigint - 1,"
+              f" {pick(COUNTRIES, 231)} FROM generate_series(1, {{blocks}}) i",
+              f"INSERT INTO visits SELECT i, floor({{blocks}} * 1000000::float8 * {u(232)})::bigint,"
+              " timestamp '2024-01-01' + i * interval '1 minute' FROM generate_series(1, {visits}) i",
+              VACUUM),
+        sizes={"blocks": 2_000, "visits": 15_000},
+        query="SELECT g.country, count(*) AS visits FROM visits v"
+              " JOIN geo_blocks g ON v.ip BETWEEN g.ip_from AND g.ip_to GROUP BY g.country ORDER BY 1",
+        oracle_ddl=("CREATE INDEX qc_visits_ip ON visits (ip)",),
+        statement_timeout_ms=1_500,
+        note="no equality to hash or merge on: a nested loop over every pair, seconds; with an index"
+             " on the point each block is one range scan",
+    ),
+    Case(
+        name="covering_vs_plain",
+        source="PostgreSQL docs 11.9 'Index-Only Scans and Covering Indexes' (SELECT y FROM tab"
+               " WHERE x = 'key' with CREATE INDEX tab_x_y ON tab(x) INCLUDE (y))",
+        schema=("CREATE TABLE page_views (id bigint PRIMARY KEY, url_id integer NOT NULL,"
+                " viewed_at timestamp NOT NULL, visitor_id integer NOT NULL, referrer text NOT NULL,"
+                " agent text NOT NULL)",),
+        data=(f"INSERT INTO page_views SELECT i, {skewed('urls', 241, 3.0)},"
+              " timestamp '2024-01-01' + i * interval '3 seconds', (hashint4(i) & 2147483647) % 100000,"
+              " 'https://ref.example/' || md5(i::text), 'agent ' || md5((i * 7)::text)"
+              " FROM generate_series(1, {views}) i", VACUUM),
+        sizes={"views": 1_000_000, "urls": 5_000},
+        query="SELECT viewed_at FROM page_views WHERE url_id = 3",
+        oracle_ddl=("CREATE INDEX qc_views_url ON page_views (url_id) INCLUDE (viewed_at)",),
+        note="about 1 % of the rows, on every page: the plain index on url_id still visits the heap",
+    ),
+    Case(
+        name="expression_jsonb_field",
+        source="PostgreSQL docs 11.7 'Indexes on Expressions' and 8.14.4 'jsonb Indexing' (an"
+               " expression index on a field extracted with ->>, which a GIN index does not serve)",
+        schema=("CREATE TABLE documents (id integer PRIMARY KEY, meta jsonb NOT NULL,"
+                " created_at timestamp NOT NULL, body text NOT NULL)",),
+        data=("INSERT INTO documents SELECT i, jsonb_build_object('customer_ref', 'C-'"
+              " || lpad(((hashint4(i) & 2147483647) % 100000)::text, 6, '0'),"
+              f" 'kind', {pick(['invoice', 'offer', 'letter', 'memo'], 251)}, 'pages', 1 + i % 9),"
+              " timestamp '2023-01-01' + i * interval '1 minute', 'text ' || md5(i::text)"
+              " FROM generate_series(1, {documents}) i", VACUUM),
+        sizes={"documents": 500_000},
+        query="SELECT id, created_at FROM documents WHERE meta->>'customer_ref' = 'C-004242'",
+        oracle_ddl=("CREATE INDEX qc_documents_customer_ref ON documents ((meta->>'customer_ref'))",),
+    ),
+    Case(
+        name="mixed_direction_top_n",
+        source="PostgreSQL docs 11.4 'Indexes and ORDER BY' (ORDER BY x ASC, y DESC is served by an"
+               " index on (x ASC, y DESC)); Use The Index, Luke: ch. 'ASC, DESC and NULLS"
+               " FIRST/LAST'",
+        schema=("CREATE TABLE leaderboard (id bigint PRIMARY KEY, game_id integer NOT NULL,"
+                " level integer NOT NULL, finished_at timestamp NOT NULL, player text NOT NULL)",),
+        data=("INSERT INTO leaderboard SELECT i, 1 + (hashint4(i) & 2147483647) % {games},"
+              f" 1 + floor(20 * {u(261)})::int,"
+              f" timestamp '2024-01-01' + {u(262)} * interval '300 days', 'player ' || (i % 77777)"
+              " FROM generate_series(1, {entries}) i", VACUUM),
+        sizes={"entries": 1_000_000, "games": 50},
+        query="SELECT player, level, finished_at FROM leaderboard WHERE game_id = 7"
+              " ORDER BY level DESC, finished_at ASC LIMIT 10",
+        oracle_ddl=("CREATE INDEX qc_leaderboard_game_level ON leaderboard"
+                    " (game_id, level DESC, finished_at)",),
+        note="twenty levels, a thousand rows each in a game: an index in one direction still"
+             " sorts the top level",
+        quick=True,
+    ),
+    Case(
+        name="fulltext_gin",
+        source="PostgreSQL docs 12.2.2 'Creating Indexes' (CREATE INDEX pgweb_idx ON pgweb USING"
+               " GIN (to_tsvector('english', body)); the query repeats the expression)",
+        schema=("CREATE TABLE articles (id integer PRIMARY KEY, title text NOT NULL, body text NOT NULL)",),
+        data=("INSERT INTO articles SELECT i, 'article ' || i,"
+              f" {pick(ADJECTIVES, 271)} || ' ' || {pick(MATERIALS, 272)} || ' ' || {pick(THINGS, 273)}"
+              f" || ' and ' || {pick(THINGS, 274)} || ' made of ' || {pick(MATERIALS, 275)} || ' in '"
+              f" || {pick(['Berlin', 'Lyon', 'Austin', 'Osaka', 'Leeds'], 276)}"
+              " || CASE WHEN i % 997 = 0 THEN ' with autovacuum' ELSE '' END"
+              " || CASE WHEN i % 31 = 0 THEN ' and freezing notes' ELSE '' END"
+              " FROM generate_series(1, {articles}) i", VACUUM),
+        sizes={"articles": 50_000},
+        query="SELECT id, title FROM articles"
+              " WHERE to_tsvector('english', body) @@ to_tsquery('english', 'autovacuum & freezing')",
+        oracle_ddl=("CREATE INDEX qc_articles_body_fts ON articles"
+                    " USING gin (to_tsvector('english', body))",),
+    ),
+    Case(
+        name="range_overlap_gist",
+        source="PostgreSQL docs 8.17.11 'Indexing' of range types (CREATE INDEX reservation_idx ON"
+               " reservation USING GIST (during); && served by GiST)",
+        schema=("CREATE TABLE room_bookings (id integer PRIMARY KEY, room_id integer NOT NULL,"
+                " during tsrange NOT NULL, booked_by text NOT NULL)",),
+        data=("INSERT INTO room_bookings SELECT i, 1 + i % 400,"
+              " tsrange(s, s + (30 + floor(150 * " + u(281) + ")::int) * interval '1 minute'),"
+              " 'guest ' || (i % 9999) FROM (SELECT i, timestamp '2020-01-01' + i * interval '2 minutes'"
+              f" + floor(60 * {u(282)})::int * interval '1 minute' AS s"
+              " FROM generate_series(1, {bookings}) i) b", VACUUM),
+        sizes={"bookings": 1_000_000},
+        query="SELECT id, room_id, during FROM room_bookings"
+              " WHERE during && tsrange('2021-06-15 10:00', '2021-06-15 11:00')",
+        oracle_ddl=("CREATE INDEX qc_bookings_during ON room_bookings USING gist (during)",),
+    ),
+    Case(
+        name="brin_append_only",
+        source="PostgreSQL docs 'BRIN Indexes' introduction (values correlated with the physical"
+               " order, e.g. a table of store orders with a date column appended in order)",
+        schema=("CREATE TABLE sensor_log (id bigint PRIMARY KEY, logged_at timestamp NOT NULL,"
+                " device_id integer NOT NULL, reading float8 NOT NULL)",),
+        data=("INSERT INTO sensor_log SELECT i, timestamp '2024-01-01' + i * interval '15 seconds',"
+              f" 1 + i % 200, 50 * {u(291)} FROM generate_series(1, {{rows}}) i", VACUUM),
+        sizes={"rows": 2_000_000},
+        query="SELECT device_id, avg(reading) FROM sensor_log WHERE logged_at >= TIMESTAMP '2024-06-01'"
+              " AND logged_at < TIMESTAMP '2024-06-08' GROUP BY device_id ORDER BY device_id",
+        oracle_ddl=("CREATE INDEX qc_sensor_log_logged ON sensor_log USING brin (logged_at)",),
+        note="a week of an append-only log: a BRIN index of a few pages skips the rest (a B-tree"
+             " reaches the same time at a thousand times its size)",
     ),
 )
 
