@@ -266,6 +266,7 @@ async def run_on_server(client: ServiceClient, tasks: Sequence[NewTask], body: d
     """Submit every task, then wait for all of them (one follower per task, in one nursery).
     Interrupted, the tasks not finished are cancelled on the server (their forks destroyed)."""
     ids: list[str | None] = []
+    labels: dict[str, str] = {}
     done: dict[str, Ran] = {}
     refused: dict[int, Ran] = {}
     try:
@@ -280,6 +281,7 @@ async def run_on_server(client: ServiceClient, tasks: Sequence[NewTask], body: d
                 ids.append(None)
                 continue
             ids.append(str(task["id"]))
+            labels[str(task["id"])] = new.label
             progress(f"{new.label}: task {task['id']} queued on {client.url}")
         live = [t for t in ids if t is not None]
 
@@ -289,8 +291,8 @@ async def run_on_server(client: ServiceClient, tasks: Sequence[NewTask], body: d
                 try:
                     async for event in client.events(task_id, after=last):
                         last = int(event.get("id") or last)
-                        who = f" {event['agent']}" if event.get("agent") else ""
-                        progress(f"[{len(done)}/{len(live)} finished] task {task_id}: {event['kind']}{who}")
+                        progress(f"[{len(done)}/{len(live)} finished] task {task_id}, {labels[task_id]}: "
+                                 + phase_of(event))
                     break
                 except ServiceError:
                     if attempt == 3:
@@ -299,7 +301,8 @@ async def run_on_server(client: ServiceClient, tasks: Sequence[NewTask], body: d
             doc = await client.get(task_id)
             result = None if doc.get("result") is None else decode(TaskResult, doc["result"])
             done[task_id] = Ran(task_id, str(doc["task"]["status"]), doc["task"].get("error"), result)
-            progress(f"[{len(done)}/{len(live)} finished] task {task_id}: {doc['task']['status']}")
+            progress(f"[{len(done)}/{len(live)} finished] task {task_id}, {labels[task_id]}: "
+                     f"{doc['task']['status']}")
 
         async with trio.open_nursery() as nursery:
             for task_id in live:
@@ -312,6 +315,16 @@ async def run_on_server(client: ServiceClient, tasks: Sequence[NewTask], body: d
                     with contextlib.suppress(ServiceError):
                         await client.cancel(task_id)
     return [refused[n] if t is None else done[t] for n, t in enumerate(ids)]
+
+
+def phase_of(event: dict[str, Any]) -> str:
+    """A task's event as a progress phase: the agent and what it is doing (its phase: fork,
+    analyse, propose, benchmark…), else the event's kind in words."""
+    data = event.get("data") or {}
+    who = f"{event['agent']}: " if event.get("agent") else ""
+    if event.get("kind") == "agent_phase" and data.get("phase"):
+        return f"{who}{data['phase']}"
+    return f"{who}{str(event.get('kind', '')).replace('_', ' ')}"
 
 
 async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: str, options: BatchOptions,

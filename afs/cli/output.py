@@ -56,6 +56,12 @@ def failed(args: argparse.Namespace, message: str, code: int, kind: str,
     "code" (the exit code), "kind" (the error's class)}."""
     progress_done()
     print(prefix + message, file=sys.stderr)
+    if sys.stderr.isatty():  # the warnings before it are in the log file, not on the terminal
+        from afs.log import held_back
+
+        count, where = held_back()
+        if count and where is not None:
+            print(f"afs: {count} warning(s) before it are in {where} (-v prints them here)", file=sys.stderr)
     if getattr(args, "json", False):
         with contextlib.suppress(BrokenPipeError):
             print(json.dumps({"error": message, "code": code, "kind": kind}), flush=True)

@@ -21,7 +21,9 @@ def run_command(args: argparse.Namespace) -> int:
     """The command `args` chose, with the settings and the logs, under trio (`afs mcp serve`
     runs its own event loop)."""
     settings = load_settings()
-    afs_log.configure(settings.log_dir, verbose=args.verbose)
+    # a long-running command shows its warnings on a terminal too (afs.log)
+    afs_log.configure(settings.log_dir, verbose=args.verbose,
+                      keep_warnings=args.command in ("serve", "worker", "mcp"))
     if args.command == "mcp":
         exit_code: int = args.handler(args, settings)
     else:
