@@ -227,6 +227,20 @@ def _log(ms: float) -> float:
     return math.log(max(ms, _MIN_MS))
 
 
+def long_run_cap_ms(policy: Measuring, left_s: float, probes: int) -> int:
+    """The cap of the one baseline run of a query past the statement timeout (pure): the
+    policy's `slow_cap_s`, but at most `slow_cap_share` of the time left before the deadline
+    (`left_s`, inf without one) once the `probes` queries with other values still to run have
+    had a statement timeout each, and never below the statement timeout. A query slower than
+    the agent's time then gets a baseline that is a lower bound and the candidate is still
+    measured against it, where a cap near the agent's limit timed the whole agent out."""
+    cap_s = policy.slow_cap_s
+    if math.isfinite(left_s):
+        spare = left_s - probes * policy.statement_timeout_ms / 1000
+        cap_s = min(cap_s, policy.slow_cap_share * spare)
+    return int(max(cap_s * 1000, policy.statement_timeout_ms))
+
+
 class Budget:
     """The query time one candidate's measurement may take, shared by its loops."""
 
@@ -560,6 +574,18 @@ class TaskMeasurements:
         """The measurement and, when it was taken over from another agent, that agent."""
         return await _once(self._measurements, self.key(proposal), run, owner=agent, waiting=waiting)
 
+    def taken(self, agent: AgentKey, proposal: OptimizationProposal) -> AgentKey | None:
+        """The other agent that measures (or measured) this design in this task, if any: an
+        agent then spends its own measuring slot on a design nobody measures (afs.agents) and
+        takes that measurement afterwards. None when nobody else has it, or when its
+        measurement failed (the next agent to ask measures it)."""
+        entry = self._measurements.get(self.key(proposal))
+        if entry is None or entry.owner in (None, agent):
+            return None
+        if entry.done.is_set() and entry.value is None:
+            return None
+        return entry.owner
+
 
 
 async def apply(conn: Connection, proposal: OptimizationProposal) -> float:
@@ -653,6 +679,15 @@ def _pristine_baseline(proposal: OptimizationProposal, hidden: tuple[str, ...] |
     if hidden is not None:
         return len(hidden) == len(proposal.sql_commands)
     return not proposal.sql_commands
+
+
+def _slow_note(sample: Sample, finished: bool, statement_timeout_ms: int) -> str:
+    """How the baseline of a query past the statement timeout was measured."""
+    seconds = f"{sample.ms / 1000:.3g}"
+    timeout = f"the query exceeds the statement timeout ({statement_timeout_ms / 1000:g} s) before the change"
+    if finished:
+        return f"{timeout}: baseline is one run of {seconds} s under a longer cap"
+    return f"baseline ≥ {seconds} s (lower bound): {timeout} and did not finish within a {seconds} s cap"
 
 
 def _reuse_note(figure: Figure) -> str:
@@ -760,7 +795,10 @@ async def benchmark(
         key = _result_key(variant.sql, ordered[variant.name])
         cached = slow_cache.get(key) if slow_cache is not None else None
         if cached is None:
-            cached = await _long_run(conn, variant, ordered[variant.name], slow_cap_ms,
+            # bounded by the time left (the agent's deadline): the candidate must still run
+            left = trio.current_effective_deadline() - trio.current_time()
+            cap_ms = long_run_cap_ms(policy, left, len(family))
+            cached = await _long_run(conn, variant, ordered[variant.name], cap_ms,
                                      statement_timeout_ms)
             if slow_cache is not None:
                 slow_cache[key] = cached
@@ -872,8 +910,8 @@ async def benchmark(
                                                  rule, budget, against=[slow_baseline[variant.name]],
                                                  warm=warm(candidate.sql) and not settings)
             measured = Figure([slow_baseline[variant.name]], cand, stopped)
-            note = (f"the query exceeds the statement timeout ({statement_timeout_ms / 1000:g} s) before "
-                    f"the change: baseline is one run under a {slow_cap_ms / 1000:g} s cap, a lower bound")
+            note = _slow_note(slow_baseline[variant.name], variant.name in before_results,
+                              statement_timeout_ms)
         elif sides.interleaved:
             measured = await figure(variant.sql, candidate.sql, rule)
             note += _reuse_note(measured)
@@ -883,8 +921,9 @@ async def benchmark(
                                                  warm=warm(candidate.sql))
             measured = Figure(sequential_baseline[variant.name], cand, stopped)
         if unproven:
-            note = (f"not proven: the query as given did not finish within the {slow_cap_ms / 1000:g} s"
-                    " cap, so the rewrite's rows cannot be compared with its rows")
+            note = (f"not proven: the query as given did not finish within the"
+                    f" {slow_baseline[variant.name].ms / 1000:g} s cap, so the rewrite's rows cannot be"
+                    " compared with its rows")
         elif not equivalent:
             note = (f"results differ: {before.rows} rows before, {after.rows} after"
                     + ("" if before.rows != after.rows else " (checksum differs)"))

@@ -127,6 +127,9 @@ DEFAULT_COW_SIZE = "100G"  # the sandbox's sparse XFS image (it takes space only
 # there is nothing to win that pays a fork, and its measurements are noise)
 DEFAULT_BATCH_MIN_MEAN_MS = 1.0
 DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the statement timeout
+# of the time left before the agent's deadline (less a statement timeout for each query with
+# other values still to probe), what that one run may take: the rest is the candidate's
+SLOW_CAP_SHARE = 0.5
 # The copy against the user's server (afs.conditions): a table whose size differs from the
 # source's by more than this fraction makes the copy stale; an all-visible fraction
 # (relallvisible / the pages it has now, as the planner reads it) that differs by more than
@@ -177,6 +180,7 @@ class Measuring:
     parameter_sets: int = DEFAULT_PARAMETER_SETS  # other literal values checked per proposal
     statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS  # of every connection to a fork
     slow_cap_s: float = 0.0  # one baseline run of a query past the statement timeout (0: none)
+    slow_cap_share: float = SLOW_CAP_SHARE  # at most this share of the agent's time left (afs.bench)
 
     @property
     def adaptive(self) -> bool:

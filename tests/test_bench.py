@@ -20,6 +20,7 @@ from afs.bench import (
     _reuse_note,
     _significant,
     benchmark,
+    long_run_cap_ms,
     measure_before,
     result_of,
     results_of,
@@ -168,6 +169,15 @@ def test_early_stops_keep_their_false_alarm_rate_with_heavy_noise_on_a_small_bas
             quick += reason == "separated" and len(cand) == RULE.min_runs
     assert false_alarms / trials < 0.02
     assert quick / obvious > 0.99
+
+
+def test_the_long_run_leaves_the_candidate_its_share_of_the_agents_time() -> None:
+    policy = Measuring(statement_timeout_ms=60_000, slow_cap_s=400.0)  # the defaults' values
+    assert long_run_cap_ms(policy, float("inf"), 2) == 400_000  # no deadline: the configured cap
+    # 540 s left after the analysis; two queries with other values may take a timeout each
+    assert long_run_cap_ms(policy, 540.0, 2) == 0.5 * (540 - 120) * 1000
+    assert long_run_cap_ms(policy, 2000.0, 2) == 400_000  # plenty left: the cap
+    assert long_run_cap_ms(policy, 30.0, 2) == 60_000  # never below the statement timeout
 
 
 def test_the_budget_is_shared_by_the_loops_still_to_come() -> None:
