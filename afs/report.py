@@ -16,6 +16,7 @@ from pglast import ast, enums, parse_sql
 from pglast.parser import ParseError
 from pglast.stream import RawStream
 
+from afs.consensus import query_as_given
 from afs.models import (
     AGENTS,
     AgentOutcome,
@@ -388,6 +389,26 @@ def _times_line(result: TaskResult) -> list[str]:
     return [f"  the query as given: {bound}{_ms(before)} → {_ms(after)} ({before / after:,.1f}× faster)"]
 
 
+def _why_it_won(result: TaskResult) -> list[str]:
+    """Why the winner beat the others, in the numbers that decided it: consensus's sentence on
+    the winner (afs.consensus writes it, with the times), then the sentence on each proposal
+    that ran the query as given faster than the winner and still lost (a partial index that
+    does not serve other values of the filter: its line says so). Empty without a winner."""
+    decision, chosen = result.decision, _winner(result)
+    if decision is None or chosen is None:
+        return []
+    lines = decision.rationale
+    why = [line for line in lines[:1] if line.startswith(f"{chosen.agent} ")]
+    mine = query_as_given(chosen.benchmark) if chosen.benchmark else None
+    for other in result.outcomes:
+        theirs = query_as_given(other.benchmark) if other.benchmark else None
+        if other.agent == chosen.agent or theirs is None or mine is None:
+            continue
+        if theirs.optimized.median_ms < mine.optimized.median_ms:
+            why.extend(line for line in lines[1:] if line.startswith(f"{other.agent} ") and line not in why)
+    return why
+
+
 def _answered(usage: Mapping[str, Any]) -> str:
     """The model that answered as the API named it: version, stage and retirement, and the
     configured name when another model answered."""
@@ -520,15 +541,18 @@ def render_text(result: TaskResult) -> str:
     for flag in doc["review"]:
         out.append(f"review: {flag['reviewer']} flags {flag['agent']}'s proposal: {flag['concern']}"
                    " (a flag, not a measurement: the scores stand)")
+    why = _why_it_won(result)  # said once, under the winner: not again among the consensus lines
     if doc["consensus"]:
-        out.extend(f"consensus: {line}" for line in doc["consensus"]["rationale"])
+        out.extend(f"consensus: {line}" for line in doc["consensus"]["rationale"] if line not in why)
     winner = doc["winner"]
     if winner:
         out.append("")
         out.append(f"winner: {winner['agent']} ({winner['proposal_type']}), "
                    f"{winner['improvement_pct']:.1f} % faster on average over the suite"
                    + (f" ! {PLAN_WARNING}" if doc["plan_matches_source"] is False else ""))
-        out.extend(_times_line(result))
+        if not any("the query as given" in line for line in why[:1]):  # the times, once
+            out.extend(_times_line(result))
+        out.extend(f"  why: {line}" for line in why)
         if winner["sql_commands"]:
             # what a person runs on a busy database, not the fork's SQL (that stays in --json)
             out.append("  on your database, one statement at a time and outside a transaction"
