@@ -24,7 +24,7 @@ from afs.db import open_connection
 from afs.errors import InputError
 from afs.sandbox.server import SandboxServer
 from afs.sandbox.storage import CowImage, CowUnavailable, fork_method
-from afs.sandbox.workload import run_workload, summary_text
+from afs.sandbox.workload import plant_indexes, run_workload, summary_text
 
 
 # -- sandbox -----------------------------------------------------------------------
@@ -227,6 +227,9 @@ async def cmd_sandbox_workload(args: argparse.Namespace, settings: Settings) -> 
                 stop.set()  # the workload stops its clients and returns what ran
                 return
 
+    planted = await plant_indexes(server.dsn(settings.demo_database), server.dsn(), settings.demo_database)
+    if planted:
+        progress(f"planted the demo's indexes to review (`afs indexes`): {', '.join(planted)}")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(on_ctrl_c)
         report = await run_workload(server.dsn(settings.demo_database), duration_s=args.duration,

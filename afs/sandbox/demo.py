@@ -121,6 +121,35 @@ _MASK53 = (1 << 53) - 1  # a double holds 53 bits exactly
 _LINE_SLOTS = 8  # order_items key = order_id * _LINE_SLOTS + line_no
 
 
+@dataclass(frozen=True)
+class PlantedIndex:
+    """An index the demo workload adds (`afs.sandbox.workload.plant_indexes`), for the index
+    review to find: `kind` is what it is planted as (duplicate, redundant, unused)."""
+
+    name: str
+    kind: str
+    sql: str
+    why: str
+
+
+# Not part of the seeded data (the seed has primary and foreign keys only: finding the missing
+# indexes is the point of the demo); none of them serves the slow shapes of the workload.
+PLANTED_INDEXES: tuple[PlantedIndex, ...] = (
+    PlantedIndex("order_items_order_line_idx", "duplicate",
+                 "CREATE INDEX IF NOT EXISTS order_items_order_line_idx ON order_items (order_id, line_no)",
+                 "the same definition as the primary key order_items_pkey"),
+    PlantedIndex("events_user_idx", "redundant",
+                 "CREATE INDEX IF NOT EXISTS events_user_idx ON events (user_id)",
+                 "a prefix of events_user_created_idx"),
+    PlantedIndex("events_user_created_idx", "unused",
+                 "CREATE INDEX IF NOT EXISTS events_user_created_idx ON events (user_id, created_at)",
+                 "no statement of the workload reads events by user"),
+    PlantedIndex("orders_shipping_country_idx", "unused",
+                 "CREATE INDEX IF NOT EXISTS orders_shipping_country_idx ON orders (shipping_country)",
+                 "no statement of the workload filters on shipping_country; every new order maintains it"),
+)
+
+
 def seed_statements(scale: str, seed: int = 42) -> list[str]:
     """The SQL statements that create and fill the demo tables at `scale`.
 

@@ -17,10 +17,15 @@ deliberately slow shapes, each missing what would make it fast:
     customer_total       count and sum over (user_id, status): wants a covering index
     orders_of_day        WHERE created_at::date = $1: a cast on the column defeats any index
 
-and a few writes (an order's status changes, a line item is added), each in a
-transaction that is rolled back: pg_stat_statements and the table statistics
-count them, the demo data stays as seeded. `ensure_pg_stat_statements` checks
-that the server preloads the extension and creates it in the database (the
+and writes (an order's status changes, a line item is added, an order is placed,
+an event is logged), each in a transaction that is rolled back: pg_stat_statements
+and the table statistics count them, the demo data stays as seeded.
+
+`plant_indexes` adds the demo's planted indexes (`demo.PLANTED_INDEXES`: a duplicate
+of a primary key, a redundant prefix, indexes no statement reads) and refreshes the
+forks' template, so that `afs indexes` and `afs batch` have drop advice to verify and
+the writes something to maintain; `afs sandbox workload` plants them before it runs.
+`ensure_pg_stat_statements` checks that the server preloads the extension and creates it in the database (the
 sandbox's server preloads it: `afs.sandbox.server`).
 """
 
@@ -39,7 +44,14 @@ from psycopg.types.numeric import Int8
 
 from afs.db import Connection, open_connection
 from afs.errors import DatabaseError, InputError
-from afs.sandbox.demo import ORDER_STATUSES, PRODUCT_SKEW, USER_SKEW
+from afs.sandbox.demo import (
+    COUNTRIES,
+    EVENT_KINDS,
+    ORDER_STATUSES,
+    PLANTED_INDEXES,
+    PRODUCT_SKEW,
+    USER_SKEW,
+)
 
 DEFAULT_DURATION_S = 60.0
 DEFAULT_CLIENTS = 4
@@ -60,6 +72,7 @@ class Shop:
     orders: int
     first_day: date  # of the orders
     last_day: date
+    events: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,15 @@ def _order(rng: random.Random, shop: Shop) -> Int8:
 
 def _status(rng: random.Random) -> str:
     return rng.choices(list(ORDER_STATUSES), weights=list(ORDER_STATUSES.values()))[0]
+
+
+def _new_id(rng: random.Random, count: int) -> Int8:
+    """An id past the last one (the write is rolled back: it never stays)."""
+    return Int8(count + 1 + rng.randrange(1_000_000))
+
+
+def _country(rng: random.Random) -> str:
+    return rng.choices(list(COUNTRIES), weights=list(COUNTRIES.values()))[0]
 
 
 def _day(rng: random.Random, shop: Shop) -> date:
@@ -139,6 +161,14 @@ SHAPES: tuple[Shape, ...] = (
           " VALUES (%s, %s, %s, %s, %s)",
           lambda r, s: (_order(r, s), Int8(100 + r.randrange(1000)), _product(r, s), Int8(1 + r.randrange(3)),
                         round(1 + 99 * r.random(), 2))),
+    Shape("log_event", "write", 2,
+          "INSERT INTO events (id, user_id, kind, payload, created_at) VALUES (%s, %s, %s, '{}', now())",
+          lambda r, s: (_new_id(r, s.events), _user(r, s),
+                        r.choices(list(EVENT_KINDS), weights=list(EVENT_KINDS.values()))[0])),
+    Shape("place_order", "write", 1,
+          "INSERT INTO orders (id, user_id, status, total_amount, shipping_country, created_at, updated_at)"
+          " VALUES (%s, %s, 'pending', %s, %s, now(), now())",
+          lambda r, s: (_new_id(r, s.orders), _user(r, s), round(1 + 499 * r.random(), 2), _country(r))),
 )
 
 
@@ -165,10 +195,27 @@ async def read_shop(conn: Connection) -> Shop:
     row = await conn.fetchone(
         "SELECT (SELECT max(id) FROM users), (SELECT max(id) FROM products), (SELECT max(id) FROM orders),"
         " (SELECT created_at::date FROM orders ORDER BY id LIMIT 1),"
-        " (SELECT created_at::date FROM orders ORDER BY id DESC LIMIT 1)")
+        " (SELECT created_at::date FROM orders ORDER BY id DESC LIMIT 1), (SELECT max(id) FROM events)")
     if row is None or any(v is None for v in row):
         raise InputError("the demo database has no data: run `afs sandbox reset`")
-    return Shop(int(row[0]), int(row[1]), int(row[2]), row[3], row[4])
+    return Shop(int(row[0]), int(row[1]), int(row[2]), row[3], row[4], int(row[5]))
+
+
+async def plant_indexes(dsn: str, admin_dsn: str, database: str) -> tuple[str, ...]:
+    """The demo's planted indexes (`demo.PLANTED_INDEXES`) in `database` (at `dsn`), then the
+    forks' template refreshed through the provider at `admin_dsn` (only when one was missing);
+    the names created now."""
+    from afs.forks.provider import LocalForkProvider  # the MCP SDK: only when planting
+
+    created = []
+    async with open_connection(dsn) as conn:
+        for index in PLANTED_INDEXES:
+            if not await conn.fetchval("SELECT to_regclass(%s) IS NOT NULL", (index.name,)):
+                await conn.execute(index.sql)
+                created.append(index.name)
+    if created:
+        await LocalForkProvider(admin_dsn).refresh_template(database)
+    return tuple(created)
 
 
 @dataclass
@@ -272,6 +319,9 @@ async def run_workload(dsn: str, *, duration_s: float = DEFAULT_DURATION_S,
         if reset or created:  # created now: what it holds of this database is the seeding's
             await conn.execute("SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database"
                                " WHERE datname = current_database()), 0)")
+            # the table and index counters too (their window, pg_stat_database.stats_reset, is then
+            # the workload's, as pg_stat_statements' is)
+            await conn.execute("SELECT pg_stat_reset()")
         shop = await read_shop(conn)
         database = str(await conn.fetchval("SELECT current_database()"))
     counts = _Counts()
