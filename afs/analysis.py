@@ -20,25 +20,31 @@ planned there through `afs.target.on_target` alone.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import trio
+
 from afs.db import Connection
-from afs.errors import InputError, StatementTimeout
+from afs.errors import DatabaseError, InputError, StatementTimeout
 from afs.models import (
     AnalysisContext,
     ColumnInfo,
     ColumnStats,
     IndexInfo,
+    OperatorSupport,
     QueryFeatures,
     QueryVariant,
     TableInfo,
     TaskType,
 )
 from afs.pg.names import ident
+from afs.pg.opclasses import catalog_type, support_key
 from afs.pg.plan import explained, plan_of
 from afs.query.features import extract_features
+from afs.safety.statements import ALLOWED_EXTENSIONS
 
 MB = 1048576.0
 
@@ -117,6 +123,104 @@ SELECT greatest(c.reltuples, 0)::bigint,
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = to_regclass(%s)
 """
+
+
+# -- the operators of the query and the operator classes that serve them ---------------------
+# The query as PostgreSQL resolved it: a temporary view of it (in a transaction rolled back)
+# is stored as the parsed and analysed query tree, whose OpExpr / ScalarArrayOpExpr nodes name
+# each operator by its OID (`:opno`) and whose sort clauses name the sort operators (`:sortop`).
+# Built-in operators are pinned, so pg_depend does not list them: the tree is what tells.
+PROBE_VIEW = "afs_operator_probe"
+_PROBE_TREE_SQL = f"""
+SELECT r.ev_action::text FROM pg_rewrite r WHERE r.ev_class = 'pg_temp.{PROBE_VIEW}'::regclass
+"""
+_OPERATOR_OID = re.compile(r":(?:opno|sortop) (\d+)")
+# The extensions that could be created with an index (afs.safety allows them) and are not yet.
+_CREATABLE_SQL = """
+SELECT a.name FROM pg_available_extensions a
+WHERE a.name = ANY(%s) AND a.installed_version IS NULL ORDER BY a.name
+"""
+# Every operator class that serves one of the operators (pg_amop: the class's family holds the
+# operator for the class's input type), with its method, default-ness, extension and family
+# size. `LIKE 'prefix%'` is served through the operators the planner derives from the prefix
+# (like_support in PostgreSQL: `~>=~` / `~<~` in a pattern family, `>=` / `<` under the C
+# collation): they are added for each `~~` the query uses. Each row also names the types
+# the same class serves besides the operator's left type: those binary-coercible to it (varchar
+# for text), and for a polymorphic left type the query's column types it stands for (int4range
+# for anyrange, text[] for anyarray).
+_SUPPORT_SQL = """
+WITH asked AS (SELECT unnest(%s::oid[]) AS oid),
+derived AS (
+    SELECT o2.oid FROM asked JOIN pg_operator o1 ON o1.oid = asked.oid
+    JOIN pg_operator o2 ON o2.oprleft = o1.oprleft AND o2.oprright = o1.oprleft
+     AND o2.oprname IN ('~>=~', '~<~', '>=', '<')
+    WHERE o1.oprname = '~~'),
+ops AS (SELECT oid FROM asked UNION SELECT oid FROM derived)
+SELECT o.oprname, format_type(o.oprleft, NULL), format_type(o.oprright, NULL), am.amname,
+       oc.opcname, oc.opcdefault, ao.amoppurpose = 'o',
+       (SELECT count(*) FROM pg_amop f WHERE f.amopfamily = ao.amopfamily)::int,
+       e.extname,
+       ARRAY(SELECT format_type(c.castsource, NULL) FROM pg_cast c
+             WHERE c.casttarget = o.oprleft AND c.castmethod = 'b'
+             UNION
+             SELECT format_type(t.oid, NULL) FROM pg_type t
+             WHERE t.oid IN (SELECT to_regtype(n) FROM unnest(%s::text[]) AS n)
+               AND ((o.oprleft = 'anyrange'::regtype AND t.typtype = 'r')
+                 OR (o.oprleft = 'anymultirange'::regtype AND t.typtype = 'm')
+                 OR (o.oprleft = 'anyenum'::regtype AND t.typtype = 'e')
+                 OR (o.oprleft IN ('anyarray'::regtype, 'anycompatiblearray'::regtype)
+                     AND t.typcategory = 'A'))
+             ORDER BY 1)
+FROM ops JOIN pg_operator o ON o.oid = ops.oid
+JOIN pg_amop ao ON ao.amopopr = o.oid
+JOIN pg_am am ON am.oid = ao.amopmethod AND am.amtype = 'i'
+JOIN pg_opclass oc ON oc.opcfamily = ao.amopfamily AND oc.opcmethod = ao.amopmethod
+ AND oc.opcintype = ao.amoplefttype
+LEFT JOIN pg_depend d ON d.classid = 'pg_opclass'::regclass AND d.objid = oc.oid AND d.deptype = 'e'
+LEFT JOIN pg_extension e ON e.oid = d.refobjid
+ORDER BY 1, 2, 3, 4, 5
+"""
+
+
+async def operator_support(conn: Connection, query: str,
+                           column_types: Iterable[str] = ()) -> dict[str, tuple[OperatorSupport, ...]]:
+    """The operator classes that serve each operator the query uses (AnalysisContext.
+    operator_classes), read in one transaction that is rolled back: the trusted extensions
+    afs.safety lets a proposal create are created first, so their classes are known (marked not
+    installed); the query becomes a temporary view, whose tree names the operators. Empty when
+    PostgreSQL cannot make a view of the query (parameters, a data-modifying statement). Keys
+    for the types an operator's classes also serve (binary-coercible to its left type, or standing
+    for a polymorphic one) are added for `column_types` (the types of the query's columns) only."""
+    coercible = {catalog_type(t) for t in column_types}
+    await conn.execute("BEGIN")
+    try:
+        created: list[str] = []
+        for (name,) in await conn.fetchall(_CREATABLE_SQL, (sorted(ALLOWED_EXTENSIONS),)):
+            await conn.execute("SAVEPOINT afs_extension")
+            try:
+                await conn.execute(f"CREATE EXTENSION IF NOT EXISTS {ident(str(name))}")
+            except DatabaseError:
+                await conn.execute("ROLLBACK TO SAVEPOINT afs_extension")
+                continue
+            created.append(str(name))
+        # a subquery: duplicate output names (`a.id, b.id`) are fine there, not in a view's list
+        await conn.execute(f"CREATE TEMP VIEW {PROBE_VIEW} AS SELECT 1 AS probe FROM ({query}) AS q")
+        tree = str(await conn.fetchval(_PROBE_TREE_SQL) or "")
+        oids = sorted({int(m) for m in _OPERATOR_OID.findall(tree)})
+        rows = await conn.fetchall(_SUPPORT_SQL, (oids, sorted(coercible))) if oids else []
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+    found: dict[str, list[OperatorSupport]] = {}
+    for op, left, right, method, opclass, default, ordering, family, extension, aliases in rows:
+        support = OperatorSupport(
+            operator=str(op), left_type=str(left), right_type=str(right), method=str(method),
+            opclass=str(opclass), default=bool(default), purpose="order" if ordering else "search",
+            family_operators=int(family), extension=None if extension is None else str(extension),
+            installed=extension is None or str(extension) not in created)
+        for type_name in dict.fromkeys([str(left), *(str(a) for a in aliases or () if str(a) in coercible)]):
+            found.setdefault(support_key(str(op), type_name), []).append(support)
+    return {key: tuple(dict.fromkeys(values)) for key, values in found.items()}
 
 
 _VIEW_SQL = """
@@ -250,9 +354,14 @@ async def gather_context(
         if info is not None:
             tables[name] = info
     server = await server_facts(conn)
+    try:
+        operator_classes = await operator_support(
+            conn, query, {c.data_type for info in tables.values() for c in info.columns})
+    except DatabaseError:
+        operator_classes = {}  # the strategists then keep to PostgreSQL's built-in classes
     return AnalysisContext(task_id=task_id, task_type=task_type, query=query, features=features,
                            plan=plan, execution_ms=execution_ms, tables=tables, suite=suite,
-                           slow=slow, server=server)
+                           slow=slow, server=server, operator_classes=operator_classes)
 
 
 def _is_temporal(data_type: str) -> bool:

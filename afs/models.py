@@ -151,6 +151,24 @@ class TableInfo:
 
 
 @dataclass(frozen=True)
+class OperatorSupport:
+    """One operator class that can serve one operator the query uses, from the fork's catalog
+    (pg_amop, pg_opclass, pg_am; afs.analysis.operator_support reads it, afs.pg.opclasses
+    chooses among them)."""
+
+    operator: str  # pg_operator.oprname: "=", "@>", "~~", "&&", …
+    left_type: str  # format_type of the operator's left argument: "jsonb", "text", "anyrange"
+    right_type: str
+    method: str  # pg_am.amname: "btree", "hash", "gin", "gist", "spgist", "brin", …
+    opclass: str  # pg_opclass.opcname
+    default: bool  # the default operator class of its type for the method
+    purpose: Literal["search", "order"]  # pg_amop.amoppurpose: a WHERE test, or ORDER BY (KNN)
+    family_operators: int  # operators of the class's family for the method: fewer, more specialised
+    extension: str | None = None  # the extension the class belongs to
+    installed: bool = True  # False: the extension is available, and created only with the index
+
+
+@dataclass(frozen=True)
 class AnalysisContext:
     """Everything an agent (model or strategist) knows when it proposes."""
 
@@ -172,6 +190,11 @@ class AnalysisContext:
     # imported database the server it was imported from (`source_imported`), often older
     source_server: Mapping[str, str] = field(default_factory=dict)
     source_imported: bool = False
+    # operator + " " + the type of its left argument (and of each column type binary-coercible to
+    # it: "~~ character varying" beside "~~ text") → the operator classes that serve it, for the
+    # operators the query filters, joins and sorts with, resolved as PostgreSQL resolved them
+    # (afs.analysis.operator_support). Empty: the catalog was not read.
+    operator_classes: Mapping[str, tuple[OperatorSupport, ...]] = field(default_factory=dict)
 
 
 # -- one agent's work ---------------------------------------------------------------

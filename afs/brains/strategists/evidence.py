@@ -11,10 +11,16 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+
+import pglast
+from pglast import ast as pg_ast
+from pglast.enums import A_Expr_Kind, BoolExprType
+from pglast.stream import RawStream
 
 from afs.errors import InputError
 from afs.models import (
@@ -27,10 +33,12 @@ from afs.models import (
     RiskLevel,
     TableInfo,
 )
+from afs.pg.opclasses import IndexKind, catalog_type, choose, supports
 from afs.pg.plan import PlanNode, plan_insights, plan_nodes
 from afs.pg.stats import DEFAULT_RANGE_SEL, range_fraction
 from afs.query.query import Query
 from afs.query.shape import IndexablePredicate, QueryShape, Resolver, query_shape
+from afs.query.text import walk
 
 # -- tunables shared by the rule modules ---------------------------------------------------
 FAST_MS: Final = 1.0  # a query this fast leaves nothing to measure
@@ -127,6 +135,44 @@ def covering_index(table: TableInfo, equality: Iterable[str], rest: Sequence[str
             continue
         return index
     return None
+
+
+# -- the operators of the WHERE clause -------------------------------------------------------
+@dataclass(frozen=True)
+class OperatorTerm:
+    """A top-level WHERE term `<column or expression of one column> <operator> <constant>`, with
+    the operator as PostgreSQL's parser reads it (`&&`, `@@`, `@>`, `<<`, …): what an index of
+    the kind the catalog says serves that operator can answer."""
+
+    table: str
+    column: str  # the column it reads
+    operator: str
+    expression: str | None  # the key when the left side is an expression of the column
+    data_type: str | None  # the left side's type as the catalog names it (None: an expression)
+    shown: str  # the term as written
+
+
+def _where_terms(sql: str) -> list[Any]:
+    """The top-level AND terms of the WHERE of one SELECT, as pglast reads them."""
+    try:
+        statements = pglast.parse_sql(sql)
+    except pglast.parser.ParseError:
+        return []
+    if len(statements) != 1 or not isinstance(statements[0].stmt, pg_ast.SelectStmt):
+        return []
+    where = statements[0].stmt.whereClause
+    if isinstance(where, pg_ast.BoolExpr) and where.boolop == BoolExprType.AND_EXPR:
+        return list(where.args or ())
+    return [where] if where is not None else []
+
+
+def _column_refs(node: Any) -> list[pg_ast.ColumnRef]:
+    return [n for n in walk(node) if isinstance(n, pg_ast.ColumnRef)]
+
+
+def _constant(node: Any) -> bool:
+    """No column, no subquery, no parameter: the same value for every row."""
+    return not any(isinstance(n, pg_ast.ColumnRef | pg_ast.SubLink | pg_ast.ParamRef) for n in walk(node))
 
 
 # -- evidence: the plan, the statistics and the query, indexed by table ---------------------
@@ -229,6 +275,52 @@ class Evidence:
 
     def indexable(self, table: str) -> list[IndexablePredicate]:
         return [p for p in self.shape.indexable if p.table == table]
+
+    @functools.cached_property
+    def operator_terms(self) -> tuple[OperatorTerm, ...]:
+        """The WHERE terms `column op constant` (or `f(column, constants) op constant`) of the
+        query, with a symbolic operator (OperatorTerm)."""
+        found: list[OperatorTerm] = []
+        for term in _where_terms(self.ctx.query):
+            if (not isinstance(term, pg_ast.A_Expr) or term.kind != A_Expr_Kind.AEXPR_OP
+                    or not term.name or len(term.name) != 1 or term.lexpr is None
+                    or term.rexpr is None or not _constant(term.rexpr)):
+                continue
+            refs = _column_refs(term.lexpr)
+            if len(refs) != 1 or any(isinstance(n, pg_ast.SubLink | pg_ast.ParamRef)
+                                     for n in walk(term.lexpr)):
+                continue
+            names = [getattr(f, "sval", None) for f in refs[0].fields or ()]
+            if not names or not all(isinstance(n, str) for n in names) or len(names) > 2:
+                continue
+            qualifier, column = (str(names[0]), str(names[1])) if len(names) == 2 else (None, str(names[0]))
+            table = self.resolver.table_of(qualifier, column)
+            info = self.table(table) if table else None
+            if table is None or info is None or not any(c.name == column for c in info.columns):
+                continue
+            plain = isinstance(term.lexpr, pg_ast.ColumnRef)
+            data_type = next(c.data_type for c in info.columns if c.name == column)
+            found.append(OperatorTerm(
+                table=table, column=column, operator=str(term.name[0].sval),
+                expression=None if plain else RawStream()(term.lexpr),
+                data_type=catalog_type(data_type) if plain else None, shown=RawStream()(term)))
+        return tuple(found)
+
+    def catalog_kind(self, needs: Iterable[tuple[str, str | None]], *,
+                     methods: Iterable[str] | None = None, ordered: bool = False) -> IndexKind | None:
+        """The index kind the fork's catalog says serves `needs` (afs.pg.opclasses.choose)."""
+        return choose(self.ctx.operator_classes, needs, methods=methods, ordered=ordered)
+
+    def catalog_serves(self, operator: str, left_type: str | None, method: str,
+                       opclass: str | None) -> bool:
+        """The class `opclass` of `method` (None: the type's default) serves the operator."""
+        return any(s.method == method and (s.opclass == opclass if opclass else s.default)
+                   for s in supports(self.ctx.operator_classes, operator, left_type))
+
+    @property
+    def catalog_read(self) -> bool:
+        """The analysis read the operator classes from the fork's catalog."""
+        return bool(self.ctx.operator_classes)
 
 
 # -- what a strategist decides --------------------------------------------------------------

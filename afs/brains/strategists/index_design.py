@@ -35,7 +35,9 @@ from afs.brains.strategists.evidence import (
     WRITE_HEAVY,
     Decision,
     Evidence,
+    OperatorTerm,
     covering_index,
+    index_keys,
     index_method,
     insights_of,
     norm_column,
@@ -59,6 +61,7 @@ from afs.models import (
     TableInfo,
 )
 from afs.pg.names import ident, index_name, qualified, quote_literal, relation_name, schema_and_relation
+from afs.pg.opclasses import IndexKind, catalog_type
 from afs.pg.plan import fmt_count, fmt_ms, fmt_pct
 from afs.pg.stats import (
     DEFAULT_CONTAIN_SEL,
@@ -141,7 +144,7 @@ class IndexDesign:
     where_fraction: float = 1.0  # the share of rows a partial index keeps
     reasons: tuple[str, ...] = ()
     sort_served: bool = False
-    method: Literal["btree", "gin"] = "btree"
+    method: str = "btree"  # pg_am.amname: btree, gin, gist, spgist, brin, hash
     analyze: bool = False  # an expression key: ANALYZE gives the planner statistics on it
     extension: str | None = None  # the (trusted) extension its operator class comes from
     statistics_target: int = 0  # > 0: the key column's statistics target, raised with the index
@@ -254,7 +257,7 @@ def _like_patterns(ev: Evidence, table: str, exclude: Iterable[str] = ()) -> dic
         if ((u.operator or "").upper() == "LIKE" and isinstance(u.value, str) and like_prefix(u.value)
                 and (table, u.column, u.value) in ev.shape.like_terms
                 and u.column not in exclude and info is not None
-                and pattern_opclass(column_type(info, u.column))):
+                and _prefix_kind(ev, info, u.column) is not None):
             patterns.setdefault(u.column, []).append(u.value)
     return patterns
 
@@ -263,13 +266,34 @@ def column_collation(info: TableInfo, column: str) -> str | None:
     return next((c.collation for c in info.columns if c.name == column), None)
 
 
-def _prefix_opclass(info: TableInfo, column: str) -> str | None:
-    """The operator class a B-tree needs to serve `LIKE 'prefix%'` on a text column: none under
-    the C collation (the default order is byte order), else the type's pattern class
-    (text_pattern_ops, varchar_pattern_ops), which works whatever the collation."""
-    if orders_like_c(column_collation(info, column)):
+def prefix_needs(data_type: str, collation: str | None) -> list[tuple[str, str | None]]:
+    """The operators through which the planner serves `LIKE 'prefix%'` (PostgreSQL's
+    like_support turns the prefix into a range): `>=` / `<` when the column sorts by the C
+    collation (byte order), else the pattern operators `~>=~` / `~<~`, which compare byte by
+    byte whatever the collation."""
+    left = catalog_type(data_type)
+    return [(">=", left), ("<", left)] if orders_like_c(collation) else [("~>=~", left), ("~<~", left)]
+
+
+def _prefix_kind(ev: Evidence, info: TableInfo, column: str) -> IndexKind | None:
+    """The B-tree that serves `LIKE 'prefix%'` on a text column (its `opclass` None: the default
+    class): the one the catalog has for the operators of `prefix_needs`; None when none has them.
+    A context without the catalog keeps PostgreSQL's built-in pattern classes."""
+    data_type = column_type(info, column)
+    if data_type is None:
         return None
-    return pattern_opclass(column_type(info, column))
+    collation = column_collation(info, column)
+    if ev.catalog_read:
+        return ev.catalog_kind(prefix_needs(data_type, collation), methods=("btree",))
+    opclass = pattern_opclass(data_type)
+    if opclass is None:
+        return None
+    return IndexKind("btree", None if orders_like_c(collation) else opclass)
+
+
+def _prefix_opclass(ev: Evidence, info: TableInfo, column: str) -> str | None:
+    kind = _prefix_kind(ev, info, column)
+    return kind.opclass if kind else None
 
 
 def _pattern_choices(ev: Evidence, table: str, patterns: Mapping[str, list[str]],
@@ -290,7 +314,7 @@ def _pattern_choices(ev: Evidence, table: str, patterns: Mapping[str, list[str]]
             frac, source = observed, "observed in the plan"
         else:
             frac, source = DEFAULT_MATCH_SEL, f"no statistics, assuming {fmt_pct(DEFAULT_MATCH_SEL)}"
-        opclass = _prefix_opclass(info, column)
+        opclass = _prefix_opclass(ev, info, column)
         how = (f"a B-tree serves the prefix with {opclass}, whatever the collation" if opclass
                else f"a plain B-tree serves the prefix: {column} sorts by the C collation")
         note = (f"{column} LIKE {quote_literal(pattern)} keeps ~{fmt_pct(frac)} of rows "
@@ -550,10 +574,14 @@ def _indexable_designs(ev: Evidence, table: str, notes: list[str]) -> list[Index
     out: list[IndexDesign] = []
     seen: set[tuple[str, str | None, str | None]] = set()
     for pred in ev.indexable(table):
-        key = KeyColumn(pred.column, expression=pred.expression, opclass=pred.opclass, label=pred.label)
-        if (key.target, key.opclass, pred.method) in seen:
+        kind, why_not = _predicate_kind(ev, info, pred)
+        if kind is None:
+            notes.append(f"{pred.shown}: {why_not}")
             continue
-        seen.add((key.target, key.opclass, pred.method))
+        key = KeyColumn(pred.column, expression=pred.expression, opclass=kind.opclass, label=pred.label)
+        if (key.target, key.opclass, kind.method) in seen:
+            continue
+        seen.add((key.target, key.opclass, kind.method))
         fraction, source = _indexable_fraction(ev, table, pred)
         note = f"{pred.shown} keeps ~{fmt_pct(fraction)} of rows (~{fmt_count(fraction * rows)}, {source})"
         notes.append(note)
@@ -561,13 +589,13 @@ def _indexable_designs(ev: Evidence, table: str, notes: list[str]) -> list[Index
             notes.append(f"{pred.shown} keeps too many rows of {table} for an index to beat a "
                          "sequential scan")
             continue
-        if pred.method == "gin":
-            existing = covering_index(info, [], [pred.column], method="gin")
-            if existing is not None and pred.kind == "key_exists" and "jsonb_path_ops" in existing.definition:
-                existing = None  # jsonb_path_ops has no operator for `?`
+        if kind.method != "btree":
+            existing = covering_index(info, [], [pred.column], method=kind.method)
+            if existing is not None and not _index_serves(ev, existing, kind.method, info, pred):
+                existing = None  # e.g. jsonb_path_ops, which has no operator for `?`
         else:
             existing = covering_index(info, [], [key.target],
-                                      opclasses={key.target: pred.opclass} if pred.opclass else None)
+                                      opclasses={key.target: kind.opclass} if kind.opclass else None)
         if existing is not None:
             notes.append(f"{existing.name} already serves {pred.shown} on {table}, "
                          f"{_planner_verdict(ev, table)}")
@@ -578,20 +606,76 @@ def _indexable_designs(ev: Evidence, table: str, notes: list[str]) -> list[Index
             notes.append(f"{indexed[0].label} already narrows {table}; an index for {pred.shown} "
                          "would save little")
             continue
-        if pred.method == "gin":
-            how = (f"a GIN index on {pred.column}"
-                   + (f" with {pred.opclass} (smaller and faster than the default jsonb_ops for @>)"
-                      if pred.opclass else "")
+        if kind.method != "btree":
+            how = (f"a {kind.method.upper()} index on {pred.column}"
+                   + (f" with {kind.opclass} (the most specialised class that serves "
+                      f"{', '.join(kind.serves)}: smaller and faster than the default)"
+                      if kind.opclass else "")
                    + " answers it with a Bitmap Index Scan")
         else:
-            what = f"the expression {pred.expression}" + (f" with {pred.opclass}" if pred.opclass else "")
+            what = f"the expression {pred.expression}" + (f" with {kind.opclass}" if kind.opclass else "")
             how = (f"an index on {what} serves it (a plain index on {pred.column} cannot); ANALYZE then "
                    "gives the planner statistics on the expression")
         out.append(IndexDesign(
             table=table, key=(key,), kind="filter", fraction=fraction, benefit=benefit,
-            reasons=(_scan_reason(ev, table, rows), note, f"{pred.shown}: {how}"), method=pred.method,
-            analyze=pred.expression is not None))
+            reasons=(_scan_reason(ev, table, rows), note, f"{pred.shown}: {how}"), method=kind.method,
+            analyze=pred.expression is not None, extension=kind.extension))
     return out
+
+
+def _gin_needs(ev: Evidence, info: TableInfo, pred: IndexablePredicate) -> list[tuple[str, str | None]]:
+    """The operators the query applies to a jsonb or array column `pred` tests, each as the
+    WHERE term writes it (`@>`, `?`, `?|`, …): one index on the column must serve them all. A
+    containment written the other way round (`'{…}' <@ col`) is `@>` to the planner."""
+    left = catalog_type(column_type(info, pred.column) or "")
+    ops = [t.operator for t in ev.operator_terms
+           if t.table == pred.table and t.column == pred.column and t.expression is None]
+    if any(p.kind == "containment" for p in ev.indexable(pred.table) if p.column == pred.column):
+        ops.append("@>")
+    return [(op, left) for op in dict.fromkeys(ops)]
+
+
+def _predicate_kind(ev: Evidence, info: TableInfo,
+                    pred: IndexablePredicate) -> tuple[IndexKind | None, str]:
+    """The index kind for one IndexablePredicate, from the catalog: for jsonb / array tests the
+    class serving every operator the query applies to the column; for a LIKE prefix of an
+    expression the B-tree of `prefix_needs`; an equality on an expression, the default B-tree.
+    A context without the catalog keeps what the query's shape assumed (the built-in classes)."""
+    if not ev.catalog_read:
+        return IndexKind(pred.method, pred.opclass), ""
+    if pred.method == "gin":
+        needs = _gin_needs(ev, info, pred)
+        kind = ev.catalog_kind(needs)
+        if kind is None:
+            return None, ("no operator class in the catalog serves "
+                          f"{', '.join(op for op, _ in needs)} on {pred.column}")
+        return kind, ""
+    if pred.kind == "prefix":
+        kind = ev.catalog_kind(prefix_needs("text", column_collation(info, pred.column)),
+                               methods=("btree",))
+        if kind is None:
+            return None, "no B-tree class in the catalog serves a LIKE prefix of it"
+        return kind, ""
+    return IndexKind("btree", None), ""
+
+
+def _index_serves(ev: Evidence, index: IndexInfo, method: str, info: TableInfo,
+                  pred: IndexablePredicate) -> bool:
+    """An existing index (its first key and its class, as pg_get_indexdef prints it) serves every
+    operator the query applies to the column (`_gin_needs`), by the catalog. Without the
+    catalog: PostgreSQL's built-in jsonb_path_ops has no key tests."""
+    if not ev.catalog_read:
+        return not (pred.kind == "key_exists" and "jsonb_path_ops" in index.definition)
+    return _class_serves(ev, index, method, _gin_needs(ev, info, pred))
+
+
+def _class_serves(ev: Evidence, index: IndexInfo, method: str,
+                  needs: Sequence[tuple[str, str | None]]) -> bool:
+    """The class of an existing index's first key serves every operator of `needs`."""
+    found = index_keys(index)
+    first = found[0][0].split() if found and found[0] else []
+    opclass = first[1] if len(first) > 1 and first[1].upper() not in ("ASC", "DESC", "NULLS") else None
+    return all(ev.catalog_serves(op, left, method, opclass) for op, left in needs)
 
 
 def _key_width(info: TableInfo | None, key: KeyColumn) -> int:
@@ -630,7 +714,8 @@ def _design_type(design: IndexDesign) -> ProposalType:
 def _build(ev: Evidence, design: IndexDesign, taken: Sequence[str]) -> _Built:
     info = ev.table(design.table)
     gin = design.method == "gin"
-    name = index_name(design.table, design.labels, suffix="gin" if gin else "idx",
+    name = index_name(design.table, design.labels,
+                      suffix="idx" if design.method == "btree" else design.method,
                       taken=[*(ix.name for ix in (info.indexes if info else ())), *taken])
     sql = (f"CREATE INDEX {ident(name)} ON {qualified(design.table)}"
            f"{design.clauses([ident(c) for c in design.include])}")
@@ -640,6 +725,8 @@ def _build(ev: Evidence, design: IndexDesign, taken: Sequence[str]) -> _Built:
     widths = [_key_width(info, k) for k in design.key] + [column_width(info, c) for c in design.include]
     if gin:
         storage = gin_mb(entries, column_width(info, design.key[0].name), design.key[0].opclass)
+    elif design.method == "brin":
+        storage = round(max(0.02, (info.size_mb if info else 0.0) / 8 / 128 * 32 / 1024), 2)
     else:
         storage = btree_mb(entries, widths)
     risk, warnings = write_risk(ev, design.table)
@@ -647,8 +734,12 @@ def _build(ev: Evidence, design: IndexDesign, taken: Sequence[str]) -> _Built:
         risk = "medium"
         warnings.append("A GIN index costs more on writes than a B-tree: each row adds several entries, "
                         "batched in a pending list that reads must also scan until it is merged.")
-    scan = ("Bitmap Index Scan" if gin else "Index Only Scan" if design.include
-            else "Index Scan (or Bitmap Index Scan)")
+    elif design.method in ("gist", "spgist"):
+        risk = "medium"
+        warnings.append(f"A {design.method.upper()} index costs more on writes than a B-tree, and its "
+                        "lookups recheck the rows they find.")
+    scan = ("Bitmap Index Scan" if design.method not in ("btree", "hash")
+            else "Index Only Scan" if design.include else "Index Scan (or Bitmap Index Scan)")
     steps = [f"EXPLAIN shows {scan} using {name} on {relation_name(design.table)}"]
     commands = [sql]
     if design.analyze:
@@ -740,10 +831,30 @@ def _trigram_index(info: TableInfo, column: str) -> IndexInfo | None:
                  and [norm_column(c) for c in ix.columns][:1] == [column.lower()]), None)
 
 
+def _pattern_kind(ev: Evidence, info: TableInfo, column: str,
+                  ilike: bool) -> tuple[IndexKind | None, IndexInfo | None]:
+    """The index kind that serves `LIKE` / `ILIKE` (`~~` / `~~*`) on the column itself, by the
+    catalog (pg_trgm's gin_trgm_ops where it is installed, or available and trusted: then it is
+    created with the index), and an existing index of that method whose class serves it.
+    Without the catalog: PostgreSQL's contrib pg_trgm, created with the index."""
+    if not ev.catalog_read:
+        builtin = IndexKind("gin", TRIGRAM_OPCLASS, TRIGRAM_EXTENSION, TRIGRAM_EXTENSION)
+        return builtin, _trigram_index(info, column)
+    needs = [("~~*" if ilike else "~~", catalog_type(column_type(info, column) or ""))]
+    kind = ev.catalog_kind(needs, methods=("gin", "gist", "spgist"))
+    if kind is None:
+        return None, None
+    existing = next((ix for ix in info.indexes if index_method(ix) == kind.method
+                     and [norm_column(c) for c in ix.columns][:1] == [column.lower()]
+                     and _class_serves(ev, ix, kind.method, needs)), None)
+    return kind, existing
+
+
 def _trigram_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
     """`col LIKE '%abc%'` or `col ILIKE '…'` on a text column: no B-tree serves a pattern
-    without a fixed prefix (or any case-insensitive one); a GIN index with pg_trgm's
-    gin_trgm_ops does, when the pattern holds a run of at least three characters."""
+    without a fixed prefix (or any case-insensitive one); the class the catalog has for `~~` /
+    `~~*` does (pg_trgm's gin_trgm_ops), when the pattern holds a run of at least three
+    characters."""
     info = ev.table(table)
     if info is None:
         return []
@@ -755,7 +866,7 @@ def _trigram_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDe
     for column, pattern, ilike in terms:
         op = "ILIKE" if ilike else "LIKE"
         shown = f"{column} {op} {quote_literal(pattern)}"
-        if column in seen or pattern_opclass(column_type(info, column)) is None:
+        if column in seen or (not ev.catalog_read and pattern_opclass(column_type(info, column)) is None):
             continue
         if not ilike and like_prefix(pattern):
             continue  # a B-tree serves the prefix (the filter rule)
@@ -764,7 +875,11 @@ def _trigram_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDe
                          "cannot narrow it")
             continue
         seen.add(column)
-        existing = _trigram_index(info, column)
+        kind, existing = _pattern_kind(ev, info, column, ilike)
+        if kind is None:
+            notes.append(f"{shown}: no operator class in the catalog serves {op} on {column} "
+                         "(pg_trgm is neither installed nor available)")
+            continue
         if existing is not None:
             notes.append(f"{existing.name} already serves {shown}, {_planner_verdict(ev, table)}")
             continue
@@ -775,15 +890,17 @@ def _trigram_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDe
             notes.append(f"{shown} keeps ~{fmt_pct(fraction)} of {table}: an index would not beat a "
                          "sequential scan")
             continue
-        kind = "matched without case" if ilike else "without a fixed prefix"
+        how = "matched without case" if ilike else "without a fixed prefix"
+        owner = f" ({kind.owner})" if kind.owner else ""
         note = (f"{shown} keeps ~{fmt_pct(fraction)} of rows (~{fmt_count(fraction * rows)}, {source}); "
-                f"no B-tree serves a pattern {kind}, "
-                f"a GIN index with {TRIGRAM_OPCLASS} (pg_trgm) answers it with a Bitmap Index Scan")
+                f"no B-tree serves a pattern {how}, "
+                f"a {kind.method.upper()} index with {kind.opclass or 'its default class'}{owner} answers it "
+                "with a Bitmap Index Scan")
         notes.append(note)
         design = IndexDesign(
-            table=table, key=(KeyColumn(column, opclass=TRIGRAM_OPCLASS, label=f"{column}_trgm"),),
+            table=table, key=(KeyColumn(column, opclass=kind.opclass, label=f"{column}_trgm"),),
             kind="filter", fraction=fraction, benefit=ev.visited_rows(table) - fraction * rows,
-            reasons=(_scan_reason(ev, table, rows), note), method="gin", extension=TRIGRAM_EXTENSION)
+            reasons=(_scan_reason(ev, table, rows), note), method=kind.method, extension=kind.extension)
         out.append(design)
         tuned = _pattern_statistics(ev, table, column, shown)
         if tuned is not None:
@@ -866,12 +983,73 @@ def _order_limit_designs(ev: Evidence, table: str, notes: list[str]) -> list[Ind
                         reasons=(_scan_reason(ev, table, rows), note), sort_served=True)]
 
 
+def _operator_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
+    """Every other WHERE term `col op constant` (or `f(col, constants) op constant`) whose
+    operator the catalog says an index serves, and no B-tree does: full text (`@@`), overlap
+    and containment of ranges and geometric types (`&&`, `@>`, `<@`), network inclusion (`<<`),
+    and whatever an installed extension's classes serve. One index per column or expression,
+    of the kind `afs.pg.opclasses.choose` picks for all the operators the query applies to it.
+    The terms the other rules read (jsonb and array tests, LIKE) are theirs."""
+    info = ev.table(table)
+    if info is None or not ev.catalog_read:
+        return []
+    rows = float(max(info.rows, 1))
+    theirs = {p.column for p in ev.indexable(table) if p.expression is None}
+    grouped: dict[tuple[str, str | None], list[OperatorTerm]] = {}
+    for term in ev.operator_terms:
+        if term.table == table and not (term.expression is None and term.column in theirs):
+            grouped.setdefault((term.column, term.expression), []).append(term)
+    out: list[IndexDesign] = []
+    for (column, expression), terms in grouped.items():
+        needs = [(t.operator, t.data_type) for t in terms]
+        kind = ev.catalog_kind(needs)
+        if kind is None or kind.method in ("btree", "hash"):
+            continue  # nothing serves it, or the filter rule's B-tree does
+        target = expression or column
+        shown = " AND ".join(t.shown for t in terms)
+        existing = next((ix for ix in info.indexes if index_method(ix) == kind.method
+                         and [_norm_target(c) for c in ix.columns][:1] == [_norm_target(target)]
+                         and _class_serves(ev, ix, kind.method, needs)), None)
+        if existing is not None:
+            notes.append(f"{existing.name} already serves {shown} on {table}, {_planner_verdict(ev, table)}")
+            continue
+        observed = ev.observed_fraction(table) if ev.only_filter(table) else None
+        fraction, source = ((observed, "observed in the plan") if observed is not None else
+                            (DEFAULT_CONTAIN_SEL, f"no statistics, assuming {fmt_pct(DEFAULT_CONTAIN_SEL)}"))
+        if fraction > INDEX_MAX_FRACTION:
+            notes.append(f"{shown} keeps ~{fmt_pct(fraction)} of {table}: an index would not beat a "
+                         "sequential scan")
+            continue
+        owner = f" ({kind.owner})" if kind.owner else ""
+        note = (f"{shown} keeps ~{fmt_pct(fraction)} of rows (~{fmt_count(fraction * rows)}, {source}); "
+                f"no B-tree serves {', '.join(dict.fromkeys(kind.serves))} on {target}, the catalog's "
+                f"{kind.method.upper()} class {kind.opclass or '(the default)'}{owner} does: a Bitmap Index "
+                "Scan answers it")
+        notes.append(note)
+        function = re.sub(r"[^a-z0-9]+", "_", (expression or "").split("(")[0].lower()).strip("_")
+        label = f"{column}_{function}" if function else column
+        out.append(IndexDesign(
+            table=table, key=(KeyColumn(column, expression=expression, opclass=kind.opclass, label=label),),
+            kind="filter", fraction=fraction, benefit=ev.visited_rows(table) - fraction * rows,
+            reasons=(_scan_reason(ev, table, rows), note), method=kind.method,
+            analyze=expression is not None, extension=kind.extension))
+    return out
+
+
+def _norm_target(text: str) -> str:
+    """An index key or a term's expression, comparable whatever the casts and spacing
+    pg_get_indexdef adds (`to_tsvector('english'::regconfig, body)`)."""
+    return re.sub(r"::[a-z_ ]+|[\s()\"]+", "", norm_column(text).lower())
+
+
 # The designs for one large table, each rule one kind of access: the WHERE / ORDER BY
 # key (equality → range → sort), the join keys, the expressions and jsonb / array tests,
-# LIKE / ILIKE patterns without a prefix (trigrams), the ORDER BY … LIMIT trap.
+# LIKE / ILIKE patterns without a prefix (trigrams), the other operators an index of the
+# catalog's kind serves, the ORDER BY … LIMIT trap.
 # The design sparing the most row visits wins (the first of equals, in this order).
 DESIGN_RULES: Final[tuple[DesignRule, ...]] = (
-    _filter_designs, _join_designs, _indexable_designs, _trigram_designs, _order_limit_designs)
+    _filter_designs, _join_designs, _indexable_designs, _trigram_designs, _operator_designs,
+    _order_limit_designs)
 
 
 # -- sets of indexes: one proposal, several CREATE INDEX ---------------------------------------

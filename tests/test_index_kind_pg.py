@@ -1,0 +1,188 @@
+"""Issue 25 item 7: the index kind from the catalog. A source of our own, a real fork per case:
+the analysis reads the operator classes of the query's operators from the fork's catalog, the
+index design strategist proposes the kind they call for, and PostgreSQL's planner, with the
+proposal applied in the fork, scans the index it created."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+from afs.analysis import gather_context
+from afs.brains.strategists.index_design import decide_index_design
+from afs.db import Connection, open_connection
+from afs.forks.client import ForkClient
+from afs.forks.provider import LocalForkProvider
+from afs.models import AnalysisContext, OptimizationProposal
+from afs.query.features import extract_features
+from afs.sandbox.server import SandboxServer
+
+pytestmark = pytest.mark.usefixtures("no_leaked_forks")
+
+SOURCE = "afs_index_kind"
+ROWS = 60_000
+SCHEMA = f"""
+CREATE TABLE k (
+    id bigint PRIMARY KEY, a int NOT NULL, b int NOT NULL,
+    title text NOT NULL, name text COLLATE "C.utf8" NOT NULL, code text COLLATE "C" NOT NULL,
+    email text NOT NULL, payload jsonb NOT NULL, during int4range NOT NULL,
+    period tstzrange NOT NULL, doc tsvector NOT NULL, body text NOT NULL);
+INSERT INTO k SELECT g, g % 1000, g % 77,
+    md5(g::text) || ' ' || md5((g * 31)::text), md5(g::text), md5((g * 7)::text),
+    'User' || g || '@Example.org',
+    jsonb_build_object('kind', 'k' || (g % 500), 'n', g) || CASE WHEN g % 50 = 0
+        THEN jsonb_build_object('flag', true) ELSE '{{}}'::jsonb END,
+    int4range(g * 10, g * 10 + 10),
+    tstzrange(timestamptz '2020-01-01' + g * interval '1 minute',
+              timestamptz '2020-01-01' + (g + 5) * interval '1 minute'),
+    to_tsvector('english', 'word' || (g % 3000) || ' common text'),
+    'word' || (g % 3000) || ' common text'
+FROM generate_series(1, {ROWS}) g;
+ANALYZE k
+"""
+
+
+@pytest.fixture(scope="module")
+def source(sandbox: SandboxServer) -> Iterator[str]:
+    """The cases' table in a database registered as a fork source (dropped after the module)."""
+    with psycopg.connect(sandbox.dsn(), autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {SOURCE} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {SOURCE}")
+    with psycopg.connect(sandbox.dsn(SOURCE), autocommit=True) as conn:
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    provider = LocalForkProvider(sandbox.dsn())
+    try:
+        trio.run(provider.register_source, SOURCE, "test")
+        yield SOURCE
+    finally:
+        trio.run(provider.drop_source, SOURCE)
+
+
+async def analyse(conn: Connection, query: str) -> AnalysisContext:
+    return await gather_context(conn, task_id="t-kind", task_type="query_optimization", query=query,
+                                features=extract_features(query), source_stats={})
+
+
+def index_names(plan: Any) -> set[str]:
+    found: set[str] = set()
+    pending = [plan]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if "Index Name" in node:
+                found.add(str(node["Index Name"]))
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return found
+
+
+async def planner_scans(conn: Connection, proposal: OptimizationProposal, query: str) -> str:
+    """Apply the proposal in the fork; the name of the index it creates, which the plan of the
+    query must scan (an assertion of the caller)."""
+    for command in proposal.sql_commands:
+        await conn.execute(command)
+    created = next(c for c in proposal.sql_commands if c.startswith("CREATE INDEX"))
+    name = created.split()[2]
+    plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {query}")
+    assert name in index_names(plan), (proposal.sql_commands, plan)
+    return name
+
+
+def index_of(proposal: OptimizationProposal) -> str:
+    """What follows the table name in the proposal's CREATE INDEX."""
+    created = next(c for c in proposal.sql_commands if c.startswith("CREATE INDEX"))
+    return created.split(" ON k", 1)[1].strip()
+
+
+CASES = [
+    # (query, what the first proposal's CREATE INDEX says after the table name)
+    pytest.param("SELECT id FROM k WHERE a = 5 AND b > 70", "(a, b) INCLUDE (id)", id="btree-range"),
+    pytest.param("SELECT id, a, b FROM k ORDER BY a DESC, b ASC LIMIT 10", "(a DESC, b) INCLUDE (id)",
+                 id="btree-mixed-order"),
+    pytest.param("""SELECT id FROM k WHERE payload @> '{"kind": "k7"}'""",
+                 "USING gin (payload jsonb_path_ops)", id="jsonb-containment"),
+    pytest.param("""SELECT id FROM k WHERE payload @> '{"kind": "k7"}' AND payload ? 'flag'""",
+                 "USING gin (payload)", id="jsonb-containment-and-key"),
+    pytest.param("SELECT id FROM k WHERE doc @@ to_tsquery('english', 'word42')", "USING gin (doc)",
+                 id="tsvector"),
+    pytest.param("SELECT id FROM k WHERE during && int4range(5000, 5030)", "USING gist (during)",
+                 id="int4range-overlap"),
+    pytest.param("SELECT id FROM k WHERE period && tstzrange('2020-01-10', '2020-01-10 00:05')",
+                 "USING gist (period)", id="tstzrange-overlap"),
+    pytest.param("SELECT id FROM k WHERE name LIKE 'abc%'", "(name text_pattern_ops) INCLUDE (id)",
+                 id="prefix-non-c-collation"),
+    pytest.param("SELECT id FROM k WHERE code LIKE 'abc%'", "(code) INCLUDE (id)", id="prefix-c-collation"),
+    pytest.param("SELECT id FROM k WHERE lower(email) = 'user42@example.org'", "((lower(email)))",
+                 id="lower-expression"),
+    pytest.param("SELECT id FROM k WHERE to_tsvector('english', body) @@ to_tsquery('english', 'word42')",
+                 "USING gin ((to_tsvector('english', body)))", id="tsvector-expression"),
+]
+
+
+@pytest.mark.parametrize(("query", "expected"), CASES)
+async def test_the_catalog_gives_the_index_kind_and_the_planner_uses_it(
+        source: str, forks: ForkClient, query: str, expected: str) -> None:
+    async with forks.open_fork(source) as fork, open_connection(fork.dsn) as conn:
+        ctx = await analyse(conn, query)
+        assert ctx.operator_classes, "the analysis read the catalog"
+        decision = decide_index_design(ctx)
+        assert decision.proposal is not None, decision.insights
+        assert index_of(decision.proposal) == expected, decision.proposal.sql_commands
+        assert not any(c.startswith("CREATE EXTENSION") for c in decision.proposal.sql_commands)
+        await planner_scans(conn, decision.proposal, query)
+
+
+TRIGRAM_QUERY = "SELECT id, title FROM k WHERE title LIKE '%beef42%'"
+
+
+async def test_a_trigram_class_of_an_installed_extension_is_used_without_creating_it(
+        source: str, forks: ForkClient) -> None:
+    async with forks.open_fork(source) as fork, open_connection(fork.dsn) as conn:
+        available = await conn.fetchval(
+            "SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'")
+        if not available:
+            pytest.skip("pg_trgm is not available in this PostgreSQL build")
+        await conn.execute("CREATE EXTENSION pg_trgm")
+        ctx = await analyse(conn, TRIGRAM_QUERY)
+        trigram = [s for s in ctx.operator_classes["~~ text"] if s.opclass == "gin_trgm_ops"]
+        assert trigram and trigram[0].installed and trigram[0].extension == "pg_trgm"
+        decision = decide_index_design(ctx)
+        assert decision.proposal is not None, decision.insights
+        assert decision.proposal.sql_commands[0] == (
+            "CREATE INDEX afs_k_title_trgm_gin ON k USING gin (title gin_trgm_ops)")
+        assert "needs the pg_trgm extension" not in decision.proposal.rationale
+        await planner_scans(conn, decision.proposal, TRIGRAM_QUERY)
+
+
+async def test_a_trigram_class_of_an_available_trusted_extension_comes_with_it_and_without_none(
+        source: str, forks: ForkClient) -> None:
+    async with forks.open_fork(source) as fork, open_connection(fork.dsn) as conn:
+        ctx = await analyse(conn, TRIGRAM_QUERY)
+        # read in a transaction rolled back: nothing stays in the fork
+        assert await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'pg_trgm'") == 0
+        assert await conn.fetchval("SELECT to_regclass('pg_temp.afs_operator_probe')") is None
+        trigram = [s for s in ctx.operator_classes.get("~~ text", ()) if s.opclass == "gin_trgm_ops"]
+        if not trigram:
+            pytest.skip("pg_trgm is not available in this PostgreSQL build")
+        assert not trigram[0].installed
+        decision = decide_index_design(ctx)
+        assert decision.proposal is not None, decision.insights
+        assert decision.proposal.sql_commands == (
+            "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+            "CREATE INDEX afs_k_title_trgm_gin ON k USING gin (title gin_trgm_ops)")
+        await planner_scans(conn, decision.proposal, TRIGRAM_QUERY)
+    # the same catalog without pg_trgm's classes (an extension neither installed nor available)
+    without = {key: tuple(s for s in found if s.extension != "pg_trgm")
+               for key, found in ctx.operator_classes.items()}
+    decision = decide_index_design(dataclasses.replace(ctx, operator_classes=without))
+    assert all("trgm" not in c for p in (decision.proposal, *decision.alternatives) if p
+               for c in p.sql_commands)
+    assert any("no operator class in the catalog serves LIKE on title" in i for i in decision.insights)

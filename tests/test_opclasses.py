@@ -1,0 +1,80 @@
+"""afs.pg.opclasses (pure): the index kind chosen among the operator classes the catalog lists."""
+
+from __future__ import annotations
+
+from afs.models import OperatorSupport
+from afs.pg.opclasses import brin_fits, catalog_type, choose, support_key, supports
+
+
+def s(op: str, left: str, method: str, opclass: str, default: bool, family: int,
+      extension: str | None = None, installed: bool = True) -> OperatorSupport:
+    return OperatorSupport(op, left, left, method, opclass, default, "search", family, extension, installed)
+
+
+# as PostgreSQL 18's catalog lists them (pg_amop, pg_opclass; family sizes from pg_amop)
+CATALOG = {
+    support_key("@>", "jsonb"): (s("@>", "jsonb", "gin", "jsonb_ops", True, 6),
+                                 s("@>", "jsonb", "gin", "jsonb_path_ops", False, 3)),
+    support_key("?", "jsonb"): (s("?", "jsonb", "gin", "jsonb_ops", True, 6),),
+    support_key("=", "text"): (s("=", "text", "brin", "text_minmax_ops", True, 5),
+                               s("=", "text", "btree", "text_ops", True, 20),
+                               s("=", "text", "btree", "text_pattern_ops", False, 5),
+                               s("=", "text", "gin", "gin_trgm_ops", False, 8, "pg_trgm", False),
+                               s("=", "text", "hash", "text_ops", True, 4)),
+    support_key("~~", "text"): (s("~~", "text", "gist", "gist_trgm_ops", False, 11, "pg_trgm", True),
+                                s("~~", "text", "gin", "gin_trgm_ops", False, 8, "pg_trgm", False)),
+    support_key("&&", "anyrange"): (s("&&", "anyrange", "brin", "range_inclusion_ops", True, 14),
+                                    s("&&", "anyrange", "gist", "range_ops", True, 18),
+                                    s("&&", "anyrange", "spgist", "range_ops", True, 10)),
+    support_key("<", "integer"): (s("<", "integer", "brin", "int4_minmax_ops", True, 45),
+                                  s("<", "integer", "btree", "int4_ops", True, 45)),
+    support_key("=", "xid"): (s("=", "xid", "hash", "xid_ops", True, 1),),
+}
+
+
+def test_the_most_specialised_class_that_serves_every_operator() -> None:
+    only = choose(CATALOG, [("@>", "jsonb")])
+    assert only is not None and (only.method, only.opclass) == ("gin", "jsonb_path_ops")
+    both = choose(CATALOG, [("@>", "jsonb"), ("?", "jsonb")])
+    assert both is not None and (both.method, both.opclass) == ("gin", None)  # jsonb_ops: the default
+    assert choose(CATALOG, [("?|", "jsonb")]) is None  # nothing in the catalog serves it
+
+
+def test_btree_first_with_its_default_class_and_hash_only_where_no_btree_serves() -> None:
+    eq = choose(CATALOG, [("=", "text")])
+    assert eq is not None and (eq.method, eq.opclass) == ("btree", None)
+    xid = choose(CATALOG, [("=", "xid")])
+    assert xid is not None and xid.method == "hash"
+    assert choose(CATALOG, [("=", "xid")], ordered=True) is None  # hash returns no order
+
+
+def test_the_method_ranks_first_and_a_class_to_be_created_names_its_extension() -> None:
+    like = choose(CATALOG, [("~~", "text")])
+    # GIN comes before GiST, and gin_trgm_ops would need CREATE EXTENSION: it says so
+    assert like is not None and (like.method, like.opclass) == ("gin", "gin_trgm_ops")
+    assert like.extension == "pg_trgm"
+    gist = choose(CATALOG, [("~~", "text")], methods=("gist",))
+    assert gist is not None and gist.extension is None and gist.owner == "pg_trgm"
+
+
+def test_polymorphic_and_typmod_types() -> None:
+    assert catalog_type("character varying(255)") == "character varying"
+    assert catalog_type("timestamp(3) with time zone") == "timestamp with time zone"
+    assert catalog_type("numeric(10, 2)") == "numeric"
+    assert supports(CATALOG, "@>", "jsonb") == CATALOG["@> jsonb"]
+    # an expression's type is unknown: the one type the query uses the operator with
+    assert supports(CATALOG, "&&", None) == CATALOG["&& anyrange"]
+    overlap = choose(CATALOG, [("&&", None)])
+    assert overlap is not None and (overlap.method, overlap.opclass) == ("gist", None)
+
+
+def test_brin_only_for_a_correlated_column_and_a_large_range() -> None:
+    needs = [("<", "integer")]
+    fits = brin_fits(CATALOG, needs, correlation=0.99, fraction=0.3)
+    assert fits is not None and (fits.method, fits.opclass) == ("brin", None)
+    assert brin_fits(CATALOG, needs, correlation=0.3, fraction=0.3) is None
+    assert brin_fits(CATALOG, needs, correlation=0.99, fraction=0.001) is None
+    assert brin_fits(CATALOG, [("@>", "jsonb")], correlation=0.99, fraction=0.3) is None
+    # never the B-tree rule's choice
+    rng = choose(CATALOG, needs)
+    assert rng is not None and rng.method == "btree"
