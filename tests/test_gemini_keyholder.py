@@ -480,8 +480,8 @@ async def test_the_report_names_the_model_that_answered_its_tokens_and_the_total
     assert usage is not None
     result = TaskResult(task_id="t1", status="no_improvement", query="SELECT 1", source="afs_demo",
                         routing=RoutingDecision(("gemini25pro", "gemini20flash"), ("test",)),
-                        outcomes=(AgentOutcome("gemini25pro", "no_proposal", usage=usage.record()),
-                                  AgentOutcome("gemini20flash", "no_proposal")),
+                        outcomes=(AgentOutcome("gemini25pro", "ok", usage=usage.record()),
+                                  AgentOutcome("gemini20flash", "ok")),
                         decision=None, provider="gemini", provider_note="", duration_s=1.0)
     doc = to_json(result)
     model, offline = doc["proposals"]

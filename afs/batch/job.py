@@ -70,6 +70,7 @@ class BatchOptions:
     recent_days: float = 7.0
     sets: int = DEFAULT_SETS
     since: str | None = None  # --since as given: a duration (24h, 7d) or an ISO timestamp
+    max_spend_usd: float | None = None  # one spending cap for the batch's model calls (--max-spend)
 
     def check(self) -> None:
         """InputError for options no batch can run with (before anything is read)."""
@@ -80,6 +81,8 @@ class BatchOptions:
             raise InputError(f"--runs must be at least 1, got {self.runs}")
         if self.since is not None:
             parse_since(self.since, datetime.now(UTC))
+        if self.max_spend_usd is not None and not self.max_spend_usd >= 0:
+            raise InputError(f"--max-spend must be US dollars, 0 or more, got {self.max_spend_usd}")
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,7 @@ async def run_batch_here(settings: Settings, store_url: str, *, dsn: str | None,
     doc: dict[str, Any] | None = None
     async with relayed_cancellation() as work, open_runtime(settings, store_url) as rt:
         with work:
+            rt.meter = batch_meter(options)  # one spending cap for every task of the batch
             source = await sandbox_source(rt.forks, settings.demo_database, dsn)
             doc = await run_batch(rt, target_dsn=target, source=source, task_dsn=dsn, options=options,
                                   worker=worker_name("batch"), sinks=sinks, progress=progress)
@@ -232,6 +236,17 @@ async def run_batch_here(settings: Settings, store_url: str, *, dsn: str | None,
         await trio.lowlevel.checkpoint()
         raise AfsError("the batch was interrupted")
     return doc
+
+
+def batch_meter(options: BatchOptions) -> Any:
+    """The batch's one SpendMeter (afs.brains.gemini.client) when --max-spend caps it: every
+    task's squad counts against it, so the batch stops calling models once it is reached; None
+    without a cap (each task then has the settings' own, gemini.max_spend_usd)."""
+    if options.max_spend_usd is None:
+        return None
+    from afs.brains.gemini.client import SpendMeter  # the model SDK: only for a capped batch
+
+    return SpendMeter(options.max_spend_usd)
 
 
 async def run_batch_on_server(store: Store, settings: Settings, client: ServiceClient, *,

@@ -23,6 +23,7 @@ from afs.errors import InputError
 from afs.models import ParameterSet, StatementParameters, Substitution, TaskResult
 from afs.params.family import apply_parameters
 from afs.params.fill import substitute
+from afs.report import model_spend
 from afs.safety import NewIndex, validate_commands
 
 DAY_S = 86_400.0
@@ -50,6 +51,9 @@ class Entry:
     saved_ms_per_day: float | None = None
     # the winner's figures per parameter set: parameters, baseline_ms, optimized_ms, same_rows, note
     measured: list[dict[str, Any]] = field(default_factory=list)
+    # its task's model calls (afs.report.model_spend: calls, tokens, estimated USD, who was
+    # stopped); None when no model was called by this batch for it (a reused result included)
+    model_spend: dict[str, Any] | None = None
 
 
 def outcome(entry: Entry, result: TaskResult | None, period_s: float) -> Entry:
@@ -57,6 +61,7 @@ def outcome(entry: Entry, result: TaskResult | None, period_s: float) -> Entry:
     if result is None:
         return entry
     entry.status = entry.status if entry.status == "reused" else result.status
+    entry.model_spend = None if entry.status == "reused" else model_spend(result)  # spent in this batch
     entry.reason = entry.reason or result.error
     decision = result.decision
     if decision is None or not decision.winner:
@@ -214,7 +219,24 @@ def build_report(header: Mapping[str, Any], entries: Sequence[Entry],
         "total_index_mb": round(sum(i["size_mb"] for i in indexes), 2),
         "saved_ms_per_day": round(sum(e.saved_ms_per_day or 0.0 for e in entries), 1),
         "unsolved": unsolved,
+        "model_spend": batch_spend(entries, (header.get("options") or {}).get("max_spend_usd")),
     }
+
+
+def batch_spend(entries: Sequence[Entry], cap_usd: float | None = None) -> dict[str, Any] | None:
+    """The batch's model calls in all (an estimate at list prices, not a bill): USD (None when
+    a model had no known price), calls, tokens, the cap and the statements whose agents it
+    stopped; None when no model was called."""
+    spent = [e.model_spend for e in entries if e.model_spend]
+    if not spent:
+        return None
+    priced = [float(s["estimated_cost_usd"]) for s in spent if s["estimated_cost_usd"] is not None]
+    return {"estimated_cost_usd": None if len(priced) < len(spent) else round(sum(priced), 6),
+            "calls": sum(int(s["calls"]) for s in spent),
+            "total_tokens": sum(int(s["total_tokens"]) for s in spent),
+            "cap_usd": cap_usd,
+            "capped": [e.queryid for e in entries if e.model_spend and any(
+                str(why).startswith("the spending cap") for why in e.model_spend["stopped"].values())]}
 
 
 def _short(text: str, limit: int = 100) -> str:
@@ -319,7 +341,21 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
             out.append(f"  - needs an application change: for {', '.join(str(q) for q in i['needs_rewrite'])}"
                        " the saving comes with the query's rewrite (see the statement), not from this "
                        "index alone")
-    out += ["", f"Estimated time saved: {_duration(doc['saved_ms_per_day'])} a day.", "",
+    out += ["", f"Estimated time saved: {_duration(doc['saved_ms_per_day'])} a day.", ""]
+    spend = doc.get("model_spend")
+    if spend:
+        cost = spend["estimated_cost_usd"]
+        out += [f"Model calls: {spend['calls']}, {spend['total_tokens']} tokens, "
+                + ("cost unknown (a model without a known price)" if cost is None
+                   else f"about ${cost:.4f} (list-price estimate, not a bill)")
+                + ("" if spend.get("cap_usd") is None else f"; spending cap {spend['cap_usd']:g} USD")
+                + (f"; the cap stopped the model calls of statement(s) "
+                   f"{', '.join(str(q) for q in spend['capped'])}" if spend.get("capped") else "") + ".", ""]
+    if doc.get("chosen_set"):  # `--max-storage` (afs.batch.budget)
+        from afs.batch.budget import render as render_set
+
+        out += render_set(doc["chosen_set"])
+    out += [
             "## Unsolved", ""]
     if not doc["unsolved"]:
         out.append("nothing")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import get_args
+from typing import Any, get_args
 
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
@@ -16,8 +16,10 @@ PROVIDERS: tuple[str, ...] = get_args(Provider)
 
 
 @asynccontextmanager
-async def open_squad(provider: str, settings: Settings, env: Mapping[str, str]) -> AsyncIterator[Squad]:
-    """The brains: `heuristic` (offline strategists), `gemini`, or `auto` (Gemini if credentials are set)."""
+async def open_squad(provider: str, settings: Settings, env: Mapping[str, str],
+                     meter: Any = None) -> AsyncIterator[Squad]:
+    """The brains: `heuristic` (offline strategists), `gemini`, or `auto` (Gemini if credentials are set).
+    `meter`: a SpendMeter shared with other squads (a batch's one cap), else the squad's own."""
     if provider != "heuristic":
         from afs.brains.gemini.client import NO_CREDENTIALS, gemini_credentials
 
@@ -25,7 +27,7 @@ async def open_squad(provider: str, settings: Settings, env: Mapping[str, str]) 
         if credentials is not None:
             from afs.brains.gemini.brain import open_gemini_squad
 
-            async with open_gemini_squad(settings, credentials, env) as squad:
+            async with open_gemini_squad(settings, credentials, env, meter=meter) as squad:
                 yield squad
             return
         if provider == "gemini":

@@ -11,10 +11,11 @@ from afs.batch.job import BatchOptions, batches, run_batch_here, run_batch_on_se
 from afs.batch.report import render_markdown
 from afs.batch.schedule import add_schedule, check_cron, check_zone, describe, remove_schedule, schedules
 from afs.cli.commands import DSN_PASSWORDS, add_command, add_top
+from afs.cli.optimize import usd
 from afs.cli.output import EXIT_FAILED, EXIT_OK, emit, progress, progress_done
 from afs.cli.shared import open_task_store, sandbox_stop_reported, start_sandbox
 from afs.config import Settings
-from afs.errors import InputError
+from afs.errors import ConfigError, InputError
 from afs.models import Provider
 from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer, dsn_for
@@ -33,6 +34,11 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
 
     options = _batch_options(args, settings)
     options.check()
+    if args.dry_run:  # the spend bound, before anything starts (no sandbox, no target read)
+        return _dry_run(args, settings, options)
+    if options.max_spend_usd is not None and args.server:
+        raise InputError("--max-spend caps the model calls of tasks run here; with --server, `afs serve`'s "
+                         "workers run them with their own cap (gemini.max_spend_usd where it runs)")
     if args.dsn is None:  # the target as every command resolves it: AFS_DATABASE_URL, PG*, the file
         args.dsn = settings.target_dsn
     if args.server:
@@ -56,7 +62,43 @@ def _batch_options(args: argparse.Namespace, settings: Settings) -> Any:
     return BatchOptions(top=args.top, min_calls=args.min_calls, min_mean_ms=min_mean_ms,
                         force=getattr(args, "force", False), provider=args.provider,
                         runs=settings.runs if args.runs is None else args.runs,
-                        recent_days=args.recent_days, since=args.since)
+                        recent_days=args.recent_days, since=args.since,
+                        max_spend_usd=getattr(args, "max_spend", None))
+
+
+def _dry_run(args: argparse.Namespace, settings: Settings, options: Any) -> int:
+    """`afs batch --dry-run`: the most the batch's model calls can cost (afs.brains.gemini.brain.
+    spend_bound: every agent of every task, every re-prompt, each answer at its model's output
+    cap, at today's list prices), for at most --top statements; nothing runs."""
+    from afs.brains.gemini.brain import spend_bound
+    from afs.brains.gemini.client import NO_CREDENTIALS, gemini_credentials, today
+    from afs.models import AGENTS
+
+    credentials = None if options.provider == "heuristic" else gemini_credentials(settings.environment)
+    if credentials is None and options.provider == "gemini":
+        raise ConfigError(f"--provider gemini: {NO_CREDENTIALS}")
+    day = today()
+    models = {agent: settings.gemini.model_of(agent) for agent in AGENTS} if credentials else {}
+    per_task = 0.0 if credentials is None else spend_bound(settings.gemini, tuple(AGENTS), day)
+    bound = None if per_task is None else round(per_task * options.top, 4)
+    doc = {"dry_run": True, "statements_at_most": options.top, "provider": options.provider,
+           "models": models, "priced_on": day, "task_bound_usd": per_task, "bound_usd": bound,
+           "max_spend_usd": options.max_spend_usd}
+    if credentials is None:
+        text = (f"afs batch --dry-run: no model calls (the offline strategists would run: "
+                f"{'as asked' if options.provider == 'heuristic' else 'no Gemini credentials'}): 0 USD")
+    else:
+        text = (f"afs batch --dry-run: at most {options.top} statement(s), each a task of up to "
+                f"{len(models)} agents ({', '.join(f'{a} = {m}' for a, m in models.items())})\n"
+                + ("spend bound: unknown (a model without a known price)" if bound is None else
+                   f"spend bound: {bound:.4f} USD at the list prices of {day} ({per_task:.4f} USD a task;"
+                   f" every call, re-prompt and answer at its output cap: a bound, not an estimate)"))
+        if options.max_spend_usd is not None:
+            text += f"\nspending cap: {options.max_spend_usd:g} USD for the whole batch (--max-spend)"
+    emit(args, doc, text + "\nnothing was run")
+    return EXIT_OK
+
+
 
 
 async def _batch_remote(args: argparse.Namespace, settings: Settings, options: Any) -> dict[str, Any]:
@@ -115,6 +157,14 @@ def add_batch_command(commands: Any) -> None:
                        help="who thinks (as for afs optimize)")
     batch.add_argument("--runs", type=int, help="measured runs per suite query and side (default: AFS_RUNS)")
     batch.add_argument("--since", metavar="WHEN", help=SINCE_HELP)
+    batch.add_argument("--max-spend", type=usd, metavar="USD",
+                       help="one spending cap for the model calls of every task of the batch, estimated"
+                            " at list prices: once reached no task calls a model (its agents are"
+                            " reported as stopped) and the report says what was spent (default: each"
+                            " task's gemini.max_spend_usd)")
+    batch.add_argument("--dry-run", action="store_true",
+                       help="print the most the batch's model calls can cost (every agent, re-prompt"
+                            " and answer at its output cap, for --top statements) and stop: nothing runs")
     batch.add_argument("--server", metavar="URL",
                        help="submit the tasks to `afs serve` at URL (its workers run them, in parallel) "
                             "and wait for them; the target is read and the report written here, so the "

@@ -5,6 +5,8 @@ printed. The task is checked as the API checks it (afs.task) before anything sta
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import sys
 from typing import Any, get_args
 
@@ -12,7 +14,7 @@ import trio
 
 from afs.brains.choose import check_provider
 from afs.cli.commands import DSN_PASSWORDS, add_top
-from afs.cli.output import progress, progress_done
+from afs.cli.output import EXIT_FAILED, progress, progress_done, say
 from afs.cli.shared import (
     SANDBOX_STOPPED,
     add_libpq_flags,
@@ -88,6 +90,12 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     args.query = query_text(args.query, args.file)
     await trio.to_thread.run_sync(read_query, args.query)  # bad input: refused before anything starts
     weights = read_weights(args.weights, "--weights")
+    if args.max_spend is not None:
+        if args.server:
+            raise InputError("--max-spend caps the model calls of a task run here; `afs serve` runs "
+                             "with its own cap (gemini.max_spend_usd or AFS_GEMINI_MAX_SPEND_USD where "
+                             "it runs)")
+        settings = settings.with_(gemini=dataclasses.replace(settings.gemini, max_spend_usd=args.max_spend))
     if args.server:
         return await _optimize_remote(args, settings, runs, weights)
 
@@ -133,8 +141,39 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
         raise KeyboardInterrupt
     if finished.status == "failed" and sandboxed and not await sandbox_answers(settings):
         raise SandboxError(f"{SANDBOX_STOPPED} (task {finished.task_id}: `afs resume {finished.task_id}`)")
-    return print_finished(args, finished.task_id, finished.result, finished.error,
-                           finished.bad_input)
+    code = print_finished(args, finished.task_id, finished.result, finished.error,
+                          finished.bad_input)
+    return max(code, _spend_stopped(finished.result, settings.gemini.max_spend_usd))
+
+
+def _spend_stopped(result: TaskResult | None, cap: float | None) -> int:
+    """EXIT_FAILED, said on stderr with what was spent, when the spending cap stopped a model
+    call of the task (the report above shows what was measured before it); 0 otherwise."""
+    from afs.report import model_spend
+
+    spend = model_spend(result) if result is not None else None
+    stopped = {agent: why for agent, why in (spend or {}).get("stopped", {}).items()
+               if why.startswith("the spending cap")}
+    if not stopped or spend is None:
+        return 0
+    spent = spend["estimated_cost_usd"]
+    say(f"afs optimize: the spending cap{'' if cap is None else f' of {cap:g} USD'} stopped the model "
+        f"calls of {', '.join(sorted(stopped))}: "
+        + ("cost unknown (a model without a known price)" if spent is None
+           else f"{spent:.4f} USD spent (estimated at list prices)")
+        + "; the report shows what was measured before it (raise --max-spend to let the agents finish)")
+    return EXIT_FAILED
+
+
+def usd(text: str) -> float:
+    """A --max-spend value: US dollars, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected US dollars (0 or more, e.g. 0.50), got {text!r}")
+    return value
 
 
 
@@ -192,6 +231,12 @@ def add_commands(commands: Any) -> None:
     opt.add_argument("--runs", type=int,
                      help="measured runs per suite query and side, at most: measuring stops earlier"
                           " once the verdict is certain (default: AFS_RUNS or 5)")
+
+    opt.add_argument("--max-spend", type=usd, metavar="USD",
+                     help="the spending cap of this task's model calls, estimated at list prices: no "
+                          "call is made once it is reached; the agents it stops are reported, the "
+                          "task goes on with what was measured, and the exit code is 1 (default: "
+                          "gemini.max_spend_usd or AFS_GEMINI_MAX_SPEND_USD; none)")
 
     opt.add_argument("--server", metavar="URL",
                      help="submit to `afs serve` at URL (e.g. http://127.0.0.1:8470) instead of "

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 import trio
@@ -47,6 +47,9 @@ class Runtime:
     rules: RuleSet
     pool: AgentPool = field(default_factory=AgentPool)
     lease_s: float = DEFAULT_LEASE_S
+    # one spending cap shared by the tasks this runtime runs (a batch's: afs.brains.gemini.client.
+    # SpendMeter); None: each task's squad has its own (gemini.max_spend_usd)
+    meter: Any = None
 
     @property
     def heartbeat_s(self) -> float:
@@ -75,7 +78,7 @@ async def _optimize(rt: Runtime, task: TaskRecord, events: Emitter,
     request = TaskRequest(query=task.query, task_type=task.task_type,  # type: ignore[arg-type]
                           priority=task.priority, runs=task.runs, weights=task.weights,
                           parameters=task.parameters)
-    async with open_squad(task.provider, rt.settings, rt.settings.environment) as squad:
+    async with open_squad(task.provider, rt.settings, rt.settings.environment, meter=rt.meter) as squad:
         return await optimize(rt.settings, request, source=source,
                               source_dsn=direct_dsn or source_dsn(rt.settings, source),
                               forks=rt.forks, squad=squad,

@@ -672,7 +672,7 @@ class GeminiBrain:
         entry["thinking_tokens"] += usage.thinking_tokens
         entry["cached_tokens"] += usage.cached_tokens
         entry["total_tokens"] += usage.total_tokens
-        entry["calls"] += 1
+        entry["calls"] += int(stats.attempts > 0)  # a call the cap or the budget stopped sent nothing
         entry["attempts"] += stats.attempts
         entry["retries"] += max(0, stats.attempts - 1)
         entry["failed_attempts"] += stats.failed
