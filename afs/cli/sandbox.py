@@ -3,7 +3,7 @@ demo shop's workload. Seeding, imports and templates go through the fork provide
 imports the MCP SDK (about a second): those commands import it themselves, so that
 `afs sandbox status` and `afs sandbox down` start fast.
 
-    afs sandbox up|status|down|reset|refresh|import|workload
+    afs sandbox up|status|down|reset|refresh|import|workload|reclaim
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from afs.cli.commands import DSN_PASSWORDS, add_command, add_top
-from afs.cli.output import EXIT_INTERRUPTED, EXIT_OK, emit, progress, progress_done
+from afs.cli.output import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, emit, progress, progress_done
 from afs.cli.shared import start_sandbox
 from afs.config import Settings, parse_cow_size
 from afs.db import open_connection
@@ -210,6 +211,64 @@ async def cmd_sandbox_import(args: argparse.Namespace, settings: Settings) -> in
     return EXIT_OK
 
 
+async def cmd_sandbox_reclaim(args: argparse.Namespace, settings: Settings) -> int:
+    """List the copies in the sandbox and their size; with --imports, --copy or --demo, say what
+    goes and how much, ask (or --yes), then drop them. A copy with forks in use stays."""
+    from afs.sandbox.reclaim import MB, choose, reclaim, reclaimable  # the fork provider (MCP SDK)
+
+    server = SandboxServer(settings)
+    await start_sandbox(server)
+    found = await reclaimable(server.dsn(), settings.demo_database)
+    progress_done()
+    if not (args.imports or args.copies or args.demo):
+        lines = [_copy_line(c.public()) for c in found] or ["no imported copies and no demo data"]
+        emit(args, {"copies": [c.public() for c in found], "removed": []},
+             "\n".join(["in the sandbox (each with its fork template):", *lines,
+                        "reclaim: afs sandbox reclaim --imports (every imported copy) | --copy NAME | --demo"
+                        " (the demo data; `afs sandbox up` seeds it again) — it says what goes and asks"]))
+        return EXIT_OK
+    plan = choose(found, imports=args.imports, names=args.copies or (), demo=args.demo)
+    kept = [f"kept: {c.name}: {why}" for c, why in plan.kept]
+    if not plan.chosen:
+        emit(args, {"copies": [c.public() for c in found], "removed": [],
+                    "kept": [{"name": c.name, "reason": why} for c, why in plan.kept]},
+             "\n".join(["nothing to remove", *kept]))
+        return EXIT_OK
+    if not args.json:
+        print("\n".join(["will remove (the database, its fork template and spare forks; no fork in use):",
+                         *(_copy_line(c.public()) for c in plan.chosen),
+                         f"in all: {plan.size_bytes / MB:,.1f} MB", *kept]), flush=True)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise InputError("removing copies needs a confirmation and there is no terminal to ask: "
+                             "pass --yes to confirm from a script")
+        print("remove them? [y/N] ", end="", flush=True)
+        answer = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+        if answer.strip().lower() not in ("y", "yes"):
+            emit(args, {"removed": []}, "nothing removed")
+            return EXIT_FAILED
+    before = await trio.to_thread.run_sync(disk_use, settings.home)
+    removed, late = await reclaim(server.dsn(), plan.chosen, settings.demo_database)
+    after = await trio.to_thread.run_sync(disk_use, settings.home)
+    kept += [f"kept: {c.name}: {why}" for c, why in late]
+    image = (" (on the sandbox's XFS image: the image file keeps those blocks for new data)"
+             if CowImage(settings).exists() else "")
+    emit(args, {"removed": [c.public() for c in removed], "freed_mb": round(max(0, before - after) / MB, 1),
+                "disk_mb": round(after / MB, 1),
+                "kept": [{"name": c.name, "reason": why} for c, why in [*plan.kept, *late]]},
+         "\n".join([*(f"removed {c.name} ({c.size_bytes / MB:,.1f} MB)" for c in removed),
+                    f"freed {max(0, before - after) / MB:,.1f} MB on disk{image}; {settings.home} now takes "
+                    f"{after / MB:,.1f} MB", *kept]))
+    return EXIT_OK
+
+
+def _copy_line(c: dict[str, Any]) -> str:
+    what = (f"demo data ({c['origin']})" if c["kind"] == "demo"
+            else f"import of {c['origin']}" + (f", imported {c['imported_at']}" if c["imported_at"] else ""))
+    forks = f"; {len(c['forks_in_use'])} fork(s) in use: stays while they live" if c["forks_in_use"] else ""
+    return f"  {c['name']}: {c['size_mb']:,.1f} MB, {what}{forks}"
+
+
 async def cmd_sandbox_workload(args: argparse.Namespace, settings: Settings) -> int:
     """The demo shop's workload against the demo database; Ctrl-C stops it with its summary."""
     from afs.sandbox.seeding import ensure_demo  # the MCP SDK (about a second): not for status or down
@@ -253,7 +312,7 @@ def _size(text: str) -> int:
 
 
 def add_commands(commands: Any) -> None:
-    """sandbox up|status|down|reset|workload|refresh|import."""
+    """sandbox up|status|down|reset|workload|reclaim|refresh|import."""
     sub = add_command
     scales = ("small", "demo", "large")
     sandbox = add_top(commands, "sandbox", description="The embedded PostgreSQL 18 sandbox.")
@@ -293,6 +352,21 @@ def add_commands(commands: Any) -> None:
     workload.add_argument("--seed", type=int, default=1, help="seed of the values drawn (default: 1)")
     workload.add_argument("--reset", action="store_true",
                           help="forget the demo database's pg_stat_statements entries first")
+    reclaim = sub(sandbox_cmds, "reclaim", "give disk space back: list the copies (imports, the demo "
+                  "data) and their size; remove the ones named, after saying what and how much, and "
+                  "asking", cmd_sandbox_reclaim)
+    reclaim.description = (
+        "Without options: what the sandbox holds, copy by copy (the database and its fork template), "
+        "and its size. With --imports, --copy or --demo: what will be removed and how many MB, a "
+        "confirmation (or --yes), then each copy dropped with its template and spare forks. A copy "
+        "that a fork in use was made from stays (checked again just before it goes): no fork is ever "
+        "touched. The demo data comes back with `afs sandbox up`, an import with `afs sandbox import`.")
+    reclaim.add_argument("--imports", action="store_true", help="every imported copy")
+    reclaim.add_argument("--copy", dest="copies", action="append", metavar="NAME",
+                         help="this copy (an import or the demo database; repeatable)")
+    reclaim.add_argument("--demo", action="store_true",
+                         help="the demo data (`afs sandbox up` seeds it again)")
+    reclaim.add_argument("--yes", action="store_true", help="remove without asking (scripts)")
     refresh = sub(sandbox_cmds, "refresh", "copy a source database into its fork template again, "
                   "so new forks see what changed in it (needs no other session on it)",
                   cmd_sandbox_refresh)
