@@ -72,7 +72,10 @@ def replay_db(sandbox: SandboxServer) -> Iterator[str]:
         with psycopg.connect(sandbox.dsn(name), autocommit=True) as conn:
             conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, a int NOT NULL, c text NOT NULL);"
                          "INSERT INTO t SELECT g, g % 500, md5(g::text) FROM generate_series(1, 30000) g;"
-                         "CREATE INDEX t_a ON t (a); CREATE INDEX t_c ON t (c); ANALYZE t")
+                         "CREATE INDEX t_a ON t (a); CREATE INDEX t_c ON t (c); ANALYZE t;"
+                         "CREATE TABLE line (tid bigint REFERENCES t, n int, q int, PRIMARY KEY (tid, n));"
+                         "INSERT INTO line SELECT g, 1, 1 FROM generate_series(1, 1000) g;"
+                         "CREATE INDEX line_q ON line (q); ANALYZE line")
         trio.run(provider.register_source, name, "test:replay")
         yield name
     finally:
@@ -98,6 +101,11 @@ async def test_replay_in_a_fork(replay_db: str, forks: ForkClient, settings: Set
         wrote = await replay_one(conn, insert, ("public.t_c",), rule)
         slower = await replay_one(conn, read, ("public.t_a",), rule)
         same = await replay_one(conn, untouched, ("public.t_a",), rule)
+        # a composite key: its last integer column goes past the largest, the foreign key stays valid
+        line = await replay_one(conn, WorkStatement(
+            4, "INSERT INTO line (tid, n, q) VALUES ($1, $2, $3)",
+            "INSERT INTO line (tid, n, q) VALUES (5, 1, 1)",
+            "write", "line", 10, 1.0, ((1, "5"), (2, "1"), (3, "1"))), ("public.line_q",), rule)
         rows = await conn.fetchval("SELECT count(*) FROM t")
     assert wrote.note == "" and wrote.with_index is not None and wrote.without_index is not None
     assert wrote.with_index.runs >= settings.measuring.min_runs and wrote.repeats >= 1
@@ -106,3 +114,4 @@ async def test_replay_in_a_fork(replay_db: str, forks: ForkClient, settings: Set
     assert slower.plan_changed and slower.slower_without and slower.delta_ms > 0
     assert not same.plan_changed and same.with_index is None and not same.slower_without
     assert rows == 30000  # every run rolled back
+    assert line.note == "" and line.with_index is not None

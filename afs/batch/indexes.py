@@ -54,8 +54,11 @@ from afs.batch.statements import Counters, read_counters
 from afs.bench import StopRule
 from afs.config import Settings
 from afs.db import Connection, open_connection
+from afs.errors import AfsError
 from afs.pg.names import quote_ident, quote_qualified
 from afs.safety import NewIndex, validate_commands, validate_proposal
+from afs.sandbox.forks import open_forks
+from afs.sandbox.importer import imported_copy
 
 MB = 1048576.0
 UNUSED_MIN_WINDOW_S = 7 * DAY_S  # an index unused for less long than this is kept (`--min-window`)
@@ -383,3 +386,48 @@ async def new_index_write_costs(target: Connection, forks: Any, source: str, set
 
 _INDEXES_OF = ("SELECT i.indexrelid, n.nspname || '.' || c.relname FROM pg_index i JOIN pg_class c"
                " ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE i.indrelid = %s")
+
+
+async def batch_workload_review(doc: dict[str, Any], settings: Settings, *, target_dsn: str, source: str,
+                                counters: Counters, progress: Any = lambda message: None) -> None:
+    """The batch's part of issue 28, added to its report `doc`: per winner that adds an index (and
+    per merged index) its `write_cost` measured in a fork, and the index review's advice
+    (`index_review`, unused judged over the default window). Neither fails the batch: what could
+    not be done is said in the report (`index_review.error`, a winner's `write_cost.error`)."""
+    creates = [sql for e in doc.get("statements", ())
+               for sql in (e.get("winner") or {}).get("sql_commands", ())
+               if sql.lstrip().upper().startswith("CREATE")]
+    try:
+        async with open_forks(settings) as forks, open_connection(target_dsn) as target:
+            known = {str(s["name"]) for s in (await forks.list_services())["sources"]}
+            copy = await imported_copy(forks, target_dsn)
+            fork_source = copy or (source if source in known else None)
+            if fork_source is None:
+                doc["index_review"] = {"error": f"no copy of {source} in the sandbox to verify in"}
+                return
+            costs = await new_index_write_costs(target, forks, fork_source, settings, creates, counters,
+                                                progress=progress) if creates else {}
+            for e in doc.get("statements", ()):
+                mine = [costs[s] for s in (e.get("winner") or {}).get("sql_commands", ()) if s in costs]
+                if mine:
+                    e["write_cost"] = combined_cost(mine)
+            for index in doc.get("indexes", ()):
+                if index["sql"] in costs:
+                    index["write_cost"] = combined_cost([costs[index["sql"]]])
+            progress("the index review: unused, duplicate and redundant indexes, verified in a fork")
+            doc["index_review"] = await review_indexes(target, forks, fork_source, settings,
+                                                       counters=counters, progress=progress)
+    except AfsError as exc:
+        doc["index_review"] = {"error": str(exc).splitlines()[0]}
+
+
+def combined_cost(costs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A winner's indexes' write costs together: per write and per day summed (pure)."""
+    per_day = [c["ms_per_day"] for c in costs]
+    rates = [c["writes_per_day"] for c in costs if c["writes_per_day"] is not None]
+    return {"ms_per_write": round(sum(c["ms_per_write"] for c in costs), 4),
+            "ms_per_day": None if any(p is None for p in per_day) else round(sum(per_day), 1),
+            "writes_per_day": max(rates) if rates else None,
+            "significant": any(c["significant"] for c in costs),
+            "measured": [m for c in costs for m in c["measured"]],
+            "note": "; ".join(c["note"] for c in costs if c.get("note")) or None}

@@ -318,19 +318,27 @@ def _plan_sync(raw: psycopg.Connection[Any], sql: str, drop: Sequence[str]) -> t
             raw.execute("ROLLBACK")
 
 
-def _unique_integer_columns(raw: psycopg.Connection[Any], table: str) -> list[str]:
+def _unique_keys(raw: psycopg.Connection[Any], table: str) -> list[list[tuple[str, bool]]]:
+    """The key columns of each unique index of `table`, in order: (name, is an integer)."""
     rows = raw.execute(
-        "SELECT DISTINCT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
-        " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisunique"
-        " AND format_type(a.atttypid, NULL) = ANY(%s)", (table, sorted(_INTEGERS))).fetchall()
-    return [str(r[0]) for r in rows]
+        "SELECT i.indexrelid, a.attname, format_type(a.atttypid, NULL) = ANY(%s)"
+        " FROM pg_index i"
+        " CROSS JOIN LATERAL unnest(i.indkey[0:i.indnkeyatts - 1]) WITH ORDINALITY k(attnum, n)"
+        " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+        " WHERE i.indrelid = to_regclass(%s) AND i.indisunique ORDER BY i.indexrelid, k.n",
+        (sorted(_INTEGERS), table)).fetchall()
+    keys: dict[int, list[tuple[str, bool]]] = {}
+    for oid, name, integer in rows:
+        keys.setdefault(int(oid), []).append((str(name), bool(integer)))
+    return list(keys.values())
 
 
 def _fresh_keys(raw: psycopg.Connection[Any], work: WorkStatement) -> str:
-    """A write with every integer column of a unique index it writes past the column's largest."""
+    """A write whose values would collide with a row in a unique key it writes whole: the key's
+    last integer column written past the column's largest value (the others, a foreign key
+    among them, keep the values filled from the statistics)."""
     if work.kind != "write":
         return work.query
-    columns = set(_unique_integer_columns(raw, work.table))
     stmt = parse_sql(typed_parameters(work.statement))[0].stmt
     written: dict[int, str] = {}
     if isinstance(stmt, ast.InsertStmt):
@@ -345,7 +353,13 @@ def _fresh_keys(raw: psycopg.Connection[Any], work: WorkStatement) -> str:
             number = _param(target.val)
             if number is not None:
                 written.setdefault(number, str(target.name))
-    fresh = {n: c for n, c in written.items() if c in columns}
+    by_column = {c: n for n, c in written.items()}
+    fresh: dict[int, str] = {}
+    for key in _unique_keys(raw, work.table):
+        if all(name in by_column for name, _ in key):
+            last = [name for name, integer in key if integer]
+            if last:
+                fresh[by_column[last[-1]]] = last[-1]
     if not fresh:
         return work.query
     values = dict(work.values)
