@@ -32,9 +32,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pglast import ast, parse_sql
+from psycopg.types.json import Jsonb
 
 from afs.apply import audit
 from afs.apply.plan import ApplyPlan
+from afs.apply.resolve import same_database
 from afs.batch.statements import relations
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, InputError
@@ -417,6 +419,9 @@ async def check_applied(store: Store, target_of: TargetOf,
     it) with the new checkpoint. `target_of(row)`: the DSN to read, None to leave it out."""
     out: list[dict[str, Any]] = []
     for row in await audit.in_place(store, task_id):
+        dsn = await target_of(row)
+        if dsn is None:
+            continue
         promise = dict(row["verification"].get("promise") or {})
         base = {"audit_id": row["id"], "task_id": row["task_id"], "target": row["target"],
                 "applied_at": row["at"], "statements": [], "rollback": None}
@@ -424,9 +429,6 @@ async def check_applied(store: Store, target_of: TargetOf,
             doc = base | {"verdict": "unknown", "window": None, "reason": promise.get(
                 "unavailable", "no pg_stat_statements counters were recorded when it was applied")}
             out.append(doc)
-            continue
-        dsn = await target_of(row)
-        if dsn is None:
             continue
         try:
             async with open_connection(dsn) as conn:
@@ -441,6 +443,19 @@ async def check_applied(store: Store, target_of: TargetOf,
         await audit.record_check(store, row["id"], checkpoint, doc)
         out.append(doc)
     return out
+
+
+async def for_batch(store: Store, batch_id: str, target_dsn: str) -> list[dict[str, Any]]:
+    """A batch's check of the changes applied on its target (`applied_changes` of its stored
+    report): each change in place there, checked as `afs audit --check` checks it."""
+    async def target_of(row: Mapping[str, Any]) -> str | None:
+        return target_dsn if same_database(target_dsn, str(row["target"])) else None
+
+    verdicts = await check_applied(store, target_of)
+    await store.conn.execute(
+        "UPDATE afs_store.batches SET report = report || jsonb_build_object('applied_changes', %s::jsonb)"
+        " WHERE id = %s AND report IS NOT NULL", (Jsonb(verdicts), batch_id))
+    return verdicts
 
 
 def render(verdicts: Sequence[Mapping[str, Any]]) -> str:

@@ -70,6 +70,7 @@ class BatchOptions:
     recent_days: float = 7.0
     sets: int = DEFAULT_SETS
     since: str | None = None  # --since as given: a duration (24h, 7d) or an ISO timestamp
+    max_storage_mb: float | None = None  # --max-storage: one set chosen under it (afs.batch.budget)
     max_spend_usd: float | None = None  # one spending cap for the batch's model calls (--max-spend)
 
     def check(self) -> None:
@@ -81,6 +82,8 @@ class BatchOptions:
             raise InputError(f"--runs must be at least 1, got {self.runs}")
         if self.since is not None:
             parse_since(self.since, datetime.now(UTC))
+        if self.max_storage_mb is not None and not self.max_storage_mb >= 0:
+            raise InputError(f"--max-storage must be a size of 0 or more, got {self.max_storage_mb} MB")
         if self.max_spend_usd is not None and not self.max_spend_usd >= 0:
             raise InputError(f"--max-spend must be US dollars, 0 or more, got {self.max_spend_usd}")
 
@@ -409,6 +412,12 @@ async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: s
             "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables WHERE relid = to_regclass(%s)",
             (t,))) is not None}
     doc = build_report(header, entries, skipped, writes)
+    if options.max_storage_mb is not None:  # one set under the budget, measured together (issue 28)
+        from afs.batch.budget import chosen_set
+
+        doc["chosen_set"] = await chosen_set(doc, settings, target_dsn=target_dsn, source=source,
+                                             counters=counters, budget_mb=options.max_storage_mb,
+                                             progress=progress)
     markdown = render_markdown(doc)
     reports = settings.home / "reports"
     reports.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any, get_args
 
+from afs.batch.budget import parse_size
+from afs.batch.emit import check_directory, emit_migration
 from afs.batch.job import BatchOptions, batches, run_batch_here, run_batch_on_server, stored_batch
 from afs.batch.report import render_markdown
 from afs.batch.schedule import add_schedule, check_cron, check_zone, describe, remove_schedule, schedules
@@ -34,6 +37,8 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
 
     options = _batch_options(args, settings)
     options.check()
+    if args.emit:  # a directory that cannot take the migration: said before anything runs
+        check_directory(Path(args.emit), force=args.force_emit)
     if args.dry_run:  # the spend bound, before anything starts (no sandbox, no target read)
         return _dry_run(args, settings, options)
     if options.max_spend_usd is not None and args.server:
@@ -53,8 +58,26 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
                                        progress=progress)
     progress_done()
 
-    emit(args, doc, render_markdown(doc) + f"\n(report: {settings.home / 'reports'}/batch-{doc['id']}.md)")
+    after = await _after_batch(args, settings, doc)
+    emit(args, doc, render_markdown(doc) + after
+         + f"\n(report: {settings.home / 'reports'}/batch-{doc['id']}.md)")
     return EXIT_OK
+
+
+async def _after_batch(args: argparse.Namespace, settings: Settings, doc: dict[str, Any]) -> str:
+    """Issue 28: the changes applied on the target checked (afs.apply.verdict: kept in the stored
+    report as `applied_changes`), and the migration written with --emit. The text it adds."""
+    from afs.apply.verdict import for_batch, render
+
+    target = args.dsn if args.dsn is not None else dsn_for(settings, settings.demo_database)
+    async with open_task_store(settings) as store:
+        doc["applied_changes"] = await for_batch(store, doc["id"], target)
+    text = ("\n## Changes applied earlier: did they keep their promise?\n\n" + render(doc["applied_changes"])
+            + "\n") if doc["applied_changes"] else ""
+    if args.emit:
+        doc["emitted"] = emit_migration(doc, Path(args.emit), force=args.force_emit)
+        text += f"\nmigration: {doc['emitted']['changes']} change(s) written to {args.emit}\n"
+    return text
 
 
 def _batch_options(args: argparse.Namespace, settings: Settings) -> Any:
@@ -63,6 +86,8 @@ def _batch_options(args: argparse.Namespace, settings: Settings) -> Any:
                         force=getattr(args, "force", False), provider=args.provider,
                         runs=settings.runs if args.runs is None else args.runs,
                         recent_days=args.recent_days, since=args.since,
+                        max_storage_mb=None if getattr(args, "max_storage", None) is None
+                        else parse_size(args.max_storage),
                         max_spend_usd=getattr(args, "max_spend", None))
 
 
@@ -99,8 +124,6 @@ def _dry_run(args: argparse.Namespace, settings: Settings, options: Any) -> int:
     return EXIT_OK
 
 
-
-
 async def _batch_remote(args: argparse.Namespace, settings: Settings, options: Any) -> dict[str, Any]:
     """The tasks to `afs serve` at --server; the target read, and the report written, here."""
     target = args.dsn if args.dsn is not None else dsn_for(settings, settings.demo_database)
@@ -118,7 +141,11 @@ async def _batch_show(args: argparse.Namespace, settings: Settings, batch_id: st
     if doc is None:
         emit(args, {"id": batch_id, "status": "running"}, f"batch {batch_id} has not finished")
         return EXIT_FAILED
-    emit(args, doc, markdown or "")
+    text = markdown or ""
+    if getattr(args, "emit", None):  # the stored batch's changes as a migration (afs.batch.emit)
+        doc["emitted"] = emit_migration(doc, Path(args.emit), force=args.force_emit)
+        text += f"\nmigration: {doc['emitted']['changes']} change(s) written to {args.emit}\n"
+    emit(args, doc, text)
     return EXIT_OK
 
 
@@ -157,6 +184,19 @@ def add_batch_command(commands: Any) -> None:
                        help="who thinks (as for afs optimize)")
     batch.add_argument("--runs", type=int, help="measured runs per suite query and side (default: AFS_RUNS)")
     batch.add_argument("--since", metavar="WHEN", help=SINCE_HELP)
+    batch.add_argument("--max-storage", metavar="SIZE",
+                       help="choose one set of changes that fits SIZE (500MB, 2GB, …: what it adds minus "
+                            "what its drops free): among the merged indexes and the verified drops, the "
+                            "largest net saving a day (reads saved, minus measured write cost, plus the "
+                            "drops' savings), by an exact method (every subset up to 20, else a knapsack "
+                            "by dynamic programming); then measured together in one fork (chosen_set)")
+    batch.add_argument("--emit", metavar="DIR",
+                       help="write the changes (the chosen set with --max-storage, else every merged index "
+                            "and verified drop) as a migration: numbered .up.sql/.down.sql files, one "
+                            "CONCURRENTLY statement each, and SUMMARY.md for a pull request; also with "
+                            "`afs batch show ID`. DIR must be empty or new")
+    batch.add_argument("--force-emit", action="store_true",
+                       help="with --emit: replace a non-empty DIR (--force is taken: it re-optimizes)")
     batch.add_argument("--max-spend", type=usd, metavar="USD",
                        help="one spending cap for the model calls of every task of the batch, estimated"
                             " at list prices: once reached no task calls a model (its agents are"
