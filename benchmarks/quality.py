@@ -47,15 +47,25 @@ Verdicts per case:
 
 The table's AFS/oracle is the measured ratio; median_ratio_to_oracle takes the baseline's
 time for a winner that is a regression or an answer cache (what AFS may honestly offer).
+Under a winner's row, the step chain of its agent's loop (CandidateResult.chain): each step's
+design, its measured time, and the plan node that motivated it.
+
+Two more figures: `median_task_s`, the median wall time of AFS's routed task per case; and
+`distinct_designs_ratio`, three agents against one: per case, the squad of three (the routed
+run when the router sent all three, else a second task with the fixed squad) and the index
+design agent alone each run a task, and the distinct designs their agents measured
+(AgentOutcome.candidates with status "measured", one design however many agents measured it:
+its statements without the index's name, its rewrite as parsed, its settings) are summed
+over the cases; the ratio is three's sum over one's (`--no-designs` skips those tasks).
 
     AFS_HOME=... python benchmarks/quality.py [--case NAME ...] [--quick] [--scale F]
-                 [--runs N] [--afs-runs N] [--no-afs] [--no-peer] [--json]
+                 [--runs N] [--afs-runs N] [--no-afs] [--no-peer] [--no-designs] [--json]
 
 It uses the configured AFS_HOME, starts the sandbox if needed (and stops it only if
 it started it). Progress goes to stderr. `--json` prints {"cases", "reach_share",
-"regressions", "answer_caches", "median_ratio_to_oracle", "peer", "details"} as the last
-line of stdout. Case databases (and their templates) are dropped at the end of each
-case, also on failure and Ctrl-C; forks are destroyed.
+"regressions", "answer_caches", "median_ratio_to_oracle", "distinct_designs_ratio",
+"median_task_s", "peer", "details"} as the last line of stdout. Case databases (and their
+templates) are dropped at the end of each case, also on failure and Ctrl-C; forks are destroyed.
 """
 
 from __future__ import annotations
@@ -94,7 +104,7 @@ from afs.events import Emitter, Event, log_sink
 from afs.forks.client import ForkClient
 from afs.forks.naming import random_fork_name
 from afs.forks.provider import LocalForkProvider, quote_ident
-from afs.models import AgentOutcome, OptimizationProposal, TaskResult
+from afs.models import AGENTS, AgentOutcome, OptimizationProposal, TaskResult
 from afs.optimize import TaskRequest, new_task_id, optimize
 from afs.pg.settings import alter_database_sql
 from afs.router import load_rules
@@ -204,14 +214,30 @@ class AfsRun:
     proposal: OptimizationProposal | None = None
     seconds: float = 0.0
     error: str | None = None
+    outcomes: tuple[AgentOutcome, ...] = ()
+    chain: tuple[Any, ...] = ()  # the winner's loop steps (CandidateResult.chain), if any
+
+
+ALL_AGENTS: tuple[str, ...] = tuple(AGENTS)  # the squad of three
+ONE_AGENT: tuple[str, ...] = ALL_AGENTS[:1]  # index design, the generalist, alone
+
+
+def case_settings(settings: Settings, case: Case) -> Settings:
+    """The settings of AFS's task on `case`: a slow-baseline case's own statement timeout, and the
+    slow-baseline cap at the same (the query is beyond both, as on the user's server)."""
+    if case.statement_timeout_ms is None:
+        return settings
+    return settings.with_(statement_timeout_ms=case.statement_timeout_ms,
+                          slow_baseline_cap_s=case.statement_timeout_ms / 1000)
 
 
 async def run_afs(settings: Settings, server: SandboxServer, client: ForkClient,
-                  provider: LocalForkProvider, db: str, query: str, runs: int) -> AfsRun:
-    """One `optimize()` task with the offline strategists and the routed squad."""
+                  provider: LocalForkProvider, db: str, query: str, runs: int,
+                  agents: tuple[str, ...] | None = None) -> AfsRun:
+    """One `optimize()` task with the offline strategists: the routed squad, or `agents`."""
     brain = StrategistBrain()
     squad = Squad(brain_for=lambda _agent: brain, provider="heuristic",
-                  note="offline strategists (quality corpus)")
+                  note="offline strategists (quality corpus)", agents=agents)
     rules = load_rules(settings.routing_rules)
 
     def sink(event: Event) -> None:
@@ -237,6 +263,7 @@ async def run_afs(settings: Settings, server: SandboxServer, client: ForkClient,
         await remove_leftover_forks(provider, emitter.task_id)
     run.status, run.error = result.status, result.error
     run.agents = tuple(o.agent for o in result.outcomes)
+    run.outcomes = tuple(result.outcomes)
     for outcome in result.outcomes:
         for line in candidate_lines(outcome):
             progress(f"  afs: {outcome.agent} {line}")
@@ -244,7 +271,53 @@ async def run_afs(settings: Settings, server: SandboxServer, client: ForkClient,
     for outcome in result.outcomes:
         if outcome.agent == run.winner:
             run.proposal = outcome.proposal
+            run.chain = winner_chain(outcome)
     return run
+
+
+def winner_chain(outcome: AgentOutcome) -> tuple[Any, ...]:
+    """The loop steps behind the outcome's proposal (CandidateResult.chain), () without a loop."""
+    for candidate in outcome.candidates:
+        if candidate.proposal == outcome.proposal:
+            return tuple(getattr(candidate, "chain", ()) or ())
+    return ()
+
+
+def chain_lines(chain: Sequence[Any]) -> list[str]:
+    """The report's step chain: step, the plan node that motivated it, the design, its time."""
+    lines = []
+    for step in chain:
+        ms = getattr(step, "median_ms", None)
+        why = getattr(step, "motivated_by", None)
+        kept = getattr(step, "kept", True)
+        note = getattr(step, "note", "")
+        lines.append(f"step {getattr(step, 'step', '?')}: {winner_short(step.proposal)[:70]}"
+                     f" -> {_fmt(ms) if ms is not None else '-'} ms"
+                     + (f" (after: {why[:70]})" if why else "")
+                     + ("" if kept else " not kept") + (f"; {note[:60]}" if note else ""))
+    return lines
+
+
+_INDEX_NAME = re.compile(r"^(CREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:CONCURRENTLY\s+)?)(?:IF\s+NOT\s+EXISTS\s+)?"
+                         r"(?!ON\s)\S+\s+(ON\s)", re.IGNORECASE)
+
+
+def design_key(proposal: OptimizationProposal) -> tuple[tuple[str, ...], str, tuple[tuple[str, str], ...]]:
+    """A design by what it does: its statements (an index's name aside, spacing and case
+    folded), its rewrite as PostgreSQL parses it, its settings."""
+    def statement(sql: str) -> str:
+        text = " ".join(sql.split())
+        return _INDEX_NAME.sub(r"\1\2", text).lower()
+
+    rewrite = normalized_sql(proposal.rewritten_query) if proposal.rewritten_query else ""
+    return (tuple(sorted(statement(c) for c in proposal.sql_commands)), rewrite,
+            tuple(sorted((k.lower(), v.strip("'").lower()) for k, v in proposal.settings)))
+
+
+def distinct_designs(run: AfsRun) -> int:
+    """The distinct designs the run's agents measured (status "measured"), shared ones once."""
+    return len({design_key(c.proposal) for o in run.outcomes for c in o.candidates
+                if c.status == "measured"})
 
 
 def candidate_lines(outcome: AgentOutcome) -> list[str]:
@@ -680,6 +753,8 @@ class Verdict:
     peer: Advice
     build_s: float
     error: str | None = None
+    # distinct measured designs of the squad of three and of one agent (None: not run)
+    designs: dict[str, int | None] = field(default_factory=lambda: {"three": None, "one": None})
 
     def ms(self, label: str) -> float | None:
         config = self.configs.get(label)
@@ -783,6 +858,16 @@ class Verdict:
     def cache(self) -> str | None:
         return answer_cache(self.query, self.afs.proposal)
 
+    @property
+    def oracle_faster(self) -> bool | None:
+        """Whether the oracle is significantly faster than the baseline as measured here (the
+        measuring stick holds at this scale); None without an oracle."""
+        oracle, base = self.configs.get("oracle"), self.samples("baseline")
+        if oracle is None or not oracle.samples or not base:
+            return None
+        return (significant(base, oracle.samples)
+                and statistics.median(s.ms for s in oracle.samples) < statistics.median(s.ms for s in base))
+
     def details(self) -> dict[str, Any]:
         def config_data(label: str) -> dict[str, Any] | None:
             c = self.configs.get(label)
@@ -805,7 +890,7 @@ class Verdict:
                                          else float(f"{self.accepted_ratio:.4g}")),
             "reach": self.reach, "fast_as_oracle": self.fast, "same_fix_as_oracle": self.same_as_oracle,
             "regression": self.regression,
-            "answer_cache": self.cache,
+            "answer_cache": self.cache, "oracle_faster": self.oracle_faster,
             "peer": {"status": self.peer.note, "ddl": list(self.peer.ddl or ()), "ms": (
                          self.ms("peer") if self.peer.ran else None),
                      "ratio_to_oracle": (None if self.peer_ratio is None
@@ -817,7 +902,8 @@ class Verdict:
                     "sql": list(proposal.sql_commands) if proposal else [],
                     "rewritten_query": proposal.rewritten_query if proposal else None,
                     "short": winner_short(proposal), "seconds": round(self.afs.seconds, 1),
-                    "error": self.afs.error},
+                    "error": self.afs.error, "chain": chain_lines(self.afs.chain)},
+            "distinct_designs": dict(self.designs),
             "measured": {label: config_data(label) for label in ("baseline", "afs", "oracle", "peer")},
         }
 
@@ -838,10 +924,18 @@ async def run_case(settings: Settings, server: SandboxServer, client: ForkClient
         verdict.build_s = await build_database(server, provider, case, values)
         if not args.no_afs:
             progress(f"{case.name}: AFS optimize (offline strategists, routed squad)")
-            verdict.afs = await run_afs(settings, server, client, provider, db, verdict.query,
-                                        args.afs_runs or settings.runs)
+            task_settings = case_settings(settings, case)
+            runs = args.afs_runs or settings.runs
+            verdict.afs = await run_afs(task_settings, server, client, provider, db, verdict.query, runs)
             progress(f"{case.name}: AFS {verdict.afs.status} in {verdict.afs.seconds:.1f} s, winner"
                      f" {verdict.afs.winner or 'none'}: {winner_short(verdict.afs.proposal)}")
+            for line in chain_lines(verdict.afs.chain):
+                progress(f"{case.name}:   {line}")
+            if not args.no_designs:
+                verdict.designs = await squad_designs(task_settings, server, client, provider, db,
+                                                      verdict.query, runs, verdict.afs)
+                progress(f"{case.name}: distinct measured designs: three agents"
+                         f" {verdict.designs['three']}, one agent {verdict.designs['one']}")
         else:
             verdict.afs.status = "skipped (--no-afs)"
         if peer.ready:
@@ -863,6 +957,21 @@ async def run_case(settings: Settings, server: SandboxServer, client: ForkClient
     finally:
         await drop_database(provider, case)
     return verdict
+
+
+async def squad_designs(settings: Settings, server: SandboxServer, client: ForkClient,
+                        provider: LocalForkProvider, db: str, query: str, runs: int,
+                        routed: AfsRun) -> dict[str, int | None]:
+    """Distinct measured designs of the squad of three and of one agent alone on the query (the
+    routed run counts as the squad of three when the router sent all three)."""
+    three = routed
+    if sorted(routed.agents) != sorted(ALL_AGENTS):
+        progress("  designs: the squad of three")
+        three = await run_afs(settings, server, client, provider, db, query, runs, ALL_AGENTS)
+    progress(f"  designs: {ONE_AGENT[0]} alone")
+    one = await run_afs(settings, server, client, provider, db, query, runs, ONE_AGENT)
+    return {"three": distinct_designs(three) if three.outcomes else None,
+            "one": distinct_designs(one) if one.outcomes else None}
 
 
 def _with_note(case: Case, note: str) -> Case:
@@ -916,6 +1025,21 @@ def peer_summary(measured: Sequence[Verdict]) -> dict[str, Any]:
             "cannot_run": reasons}
 
 
+def designs_ratio(verdicts: Sequence[Verdict]) -> float | None:
+    """Distinct measured designs of three agents over those of one, summed over the cases where
+    both ran; None when none did (or one agent measured nothing anywhere)."""
+    pairs = [(three, one) for v in verdicts
+             if (three := v.designs["three"]) is not None and (one := v.designs["one"]) is not None]
+    one_total = sum(one for _, one in pairs)
+    return round(sum(three for three, _ in pairs) / one_total, 3) if one_total else None
+
+
+def median_task_s(verdicts: Sequence[Verdict]) -> float | None:
+    """The median wall time of AFS's (routed) task per case; None when AFS did not run."""
+    times = [v.afs.seconds for v in verdicts if v.afs.status not in ("not run", "skipped (--no-afs)")]
+    return round(statistics.median(times), 1) if times else None
+
+
 def summary(verdicts: Sequence[Verdict]) -> dict[str, Any]:
     measured = [v for v in verdicts if v.error is None]
     ratios = [v.accepted_ratio for v in measured if v.accepted_ratio is not None]
@@ -925,6 +1049,8 @@ def summary(verdicts: Sequence[Verdict]) -> dict[str, Any]:
         "regressions": sum(v.regression is not None for v in measured),
         "answer_caches": sum(v.cache is not None for v in measured),
         "median_ratio_to_oracle": float(f"{statistics.median(ratios):.4g}") if ratios else None,
+        "distinct_designs_ratio": designs_ratio(measured),
+        "median_task_s": median_task_s(measured),
         "peer": peer_summary(measured),
         "details": [v.details() for v in verdicts],
     }
@@ -950,6 +1076,8 @@ def report(verdicts: Sequence[Verdict], wall_s: float, args: argparse.Namespace)
             flags.append(f"REGRESSION: {v.regression}")
         if v.cache:
             flags.append(f"ANSWER CACHE: {v.cache}")
+        if v.oracle_faster is False:
+            flags.append("the oracle is not measurably faster than the baseline at this scale")
         ratio = _ratio_text(v.ratio)
         print(f"{v.case.name:<27} {_fmt(v.ms('baseline')):>11} {_fmt(v.ms('afs')):>9}"
               f" {_fmt(v.ms('oracle')):>9} {peer_cell(v):>10} {ratio:>10} {_ratio_text(v.peer_ratio):>11}"
@@ -957,11 +1085,19 @@ def report(verdicts: Sequence[Verdict], wall_s: float, args: argparse.Namespace)
               f"  {'= oracle: ' if v.same_as_oracle else ''}{winner_short(v.afs.proposal)[:70]}")
         for flag in flags:
             print(f"{'':<27}   {flag}")
+        for line in chain_lines(v.afs.chain):
+            print(f"{'':<27}   {line}")
     print()
     print(f"cases {data['cases']}, reach {data['reach_share']:.0%}, regressions {data['regressions']},"
           f" answer caches {data['answer_caches']}, median AFS/oracle"
           f" {data['median_ratio_to_oracle']} (a disqualified winner counts as no change)"
           f"  (wall time {wall_s / 60:.1f} min)")
+    paired = [v for v in verdicts if v.error is None and None not in v.designs.values()]
+    three = sum(v.designs["three"] or 0 for v in paired)
+    one = sum(v.designs["one"] or 0 for v in paired)
+    print(f"distinct measured designs: three agents {three}, one agent ({ONE_AGENT[0]}) {one},"
+          f" ratio {data['distinct_designs_ratio']}; median AFS task {data['median_task_s']} s"
+          " (routed squad)")
     peer = data["peer"]
     print(f"peer (postgres-mcp): ran on {peer['cases_run']} of {data['cases']} cases, reach"
           f" {peer['reach_share']:.0%}, median peer/oracle {peer['median_ratio_to_oracle']}")
@@ -1029,6 +1165,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--afs-runs", type=int, metavar="N",
                         help="AFS's own runs per suite query and side (default: AFS_RUNS or 5)")
     parser.add_argument("--no-afs", action="store_true", help="measure baseline and oracle only")
+    parser.add_argument("--no-designs", action="store_true",
+                        help="skip the two extra AFS tasks per case (the squad of three and one agent"
+                             " alone) that count distinct measured designs")
     parser.add_argument("--no-peer", action="store_true",
                         help="skip the peer column (postgres-mcp on Debian's PostgreSQL with HypoPG, set up"
                              " by benchmarks/peer_setup.sh: apt-get as root, a venv of its own)")

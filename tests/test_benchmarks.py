@@ -63,7 +63,16 @@ async def test_quality_script(sandbox: SandboxServer) -> None:
     data = await script("quality.py", "--quick", "--scale", "0.03", "--runs", "3", "--afs-runs", "1",
                         "--no-peer")
     assert set(data) == {"cases", "reach_share", "regressions", "answer_caches",
-                         "median_ratio_to_oracle", "peer", "details"}
+                         "median_ratio_to_oracle", "distinct_designs_ratio", "median_task_s", "peer",
+                         "details"}
+    # three agents against one, both run on every case; AFS's routed task timed on every case
+    assert all(set(d["distinct_designs"]) == {"three", "one"} for d in data["details"])
+    assert all(isinstance(n, int) for d in data["details"] for n in d["distinct_designs"].values())
+    one = sum(d["distinct_designs"]["one"] for d in data["details"])
+    assert data["distinct_designs_ratio"] == (
+        round(sum(d["distinct_designs"]["three"] for d in data["details"]) / one, 3) if one else None)
+    seconds = sorted(d["afs"]["seconds"] for d in data["details"])
+    assert seconds[0] - 0.05 <= data["median_task_s"] <= seconds[-1] + 0.05 and data["median_task_s"] > 0
     assert data["peer"]["cases_run"] == 0
     assert data["peer"]["cannot_run"] == ["cannot run: not asked for (--no-peer)"]
     assert data["cases"] >= 3 and len(data["details"]) == data["cases"]

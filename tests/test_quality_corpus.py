@@ -1,15 +1,23 @@
-"""benchmarks/quality.py's pure parts: the measuring order and the corpus (no database)."""
+"""benchmarks/quality.py's parts: the measuring order, the corpus (its oracles checked at a small
+scale in the sandbox, rolled back), the design count."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import sys
 from pathlib import Path
+
+from afs.db import Connection, open_connection
+from afs.models import OptimizationProposal
+from afs.sandbox.server import SandboxServer
+from afs.suite import result_checksum_sql
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import quality  # type: ignore[import-not-found]  # noqa: E402
-from quality_cases import CASES  # type: ignore[import-not-found]  # noqa: E402
+from quality_cases import CASES, render, scaled  # type: ignore[import-not-found]  # noqa: E402
 
 
 def test_every_configuration_follows_each_other_one() -> None:
@@ -66,3 +74,80 @@ def test_a_statistics_target_runs_inside_each_run_and_is_part_of_the_fix() -> No
     assert not quality.same_fix(tuned, plain)
     assert quality.same_fix(tuned, quality.Config("oracle", ddl, "SELECT 1",
                                                   definitions=["CREATE INDEX ON items (name)"]))
+
+
+def test_every_case_names_its_source_and_a_quick_subset_covers_the_new_shapes() -> None:
+    for case in CASES:
+        assert len(case.source) > 20, f"{case.name}: the source must name the document and the shape"
+        assert "{" not in case.name and case.name.isidentifier()
+        if case.statement_timeout_ms is not None:  # a slow baseline: AFS's task reads its plan
+            assert 0 < case.statement_timeout_ms < 60_000
+    assert len(CASES) >= 36
+    assert 4 <= sum(c.quick for c in CASES) <= 8  # --quick stays CI-sized
+
+
+def test_designs_are_counted_once_whatever_the_index_is_called() -> None:
+    def proposal(*sql: str, rewrite: str | None = None) -> OptimizationProposal:
+        return OptimizationProposal(agent="gemini25pro", proposal_type="index", sql_commands=sql,
+                                    rollback_commands=(), rationale="", estimated_impact="high",
+                                    rewritten_query=rewrite)
+
+    a = proposal("CREATE INDEX afs_a ON t (x)", "CREATE INDEX afs_b ON u (y)")
+    b = proposal("create index  other_name on t (x)", "CREATE INDEX IF NOT EXISTS z ON u (y)")
+    assert quality.design_key(a) != quality.design_key(proposal("CREATE INDEX afs_a ON t (x, y)"))
+    assert quality.design_key(proposal("CREATE INDEX afs_a ON t (x)")) == \
+        quality.design_key(proposal("CREATE INDEX q ON t (x)"))
+    assert quality.design_key(a) == quality.design_key(b)
+    assert quality.design_key(proposal(rewrite="SELECT 1 FROM t AS x")) == \
+        quality.design_key(proposal(rewrite="select 1 from t x"))
+
+
+SMALL_SCALE = 0.05
+
+
+async def test_every_oracle_returns_the_querys_rows_and_the_planner_expects_it_faster(
+        sandbox: SandboxServer) -> None:
+    """Each case at a small scale, in one transaction that is rolled back: the oracle (its DDL,
+    rewrite and settings) returns the rows of the query, and where it creates something the
+    planner expects the query faster with it. (A rewrite or a setting of a NOT IN pays off only
+    once the subquery is too big to hash: at scale 1, where quality.py measures every oracle.)"""
+    facts = await quality.server_facts(sandbox.dsn())
+    name = "afs_qc_corpus_t_" + os.urandom(4).hex()
+    async with open_connection(sandbox.dsn()) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    slower = []
+    try:
+        async with open_connection(sandbox.dsn(name), 120_000) as conn:
+            for case in CASES:
+                values = {**scaled(case.sizes, SMALL_SCALE), **facts.values}
+                await conn.execute("BEGIN")
+                try:
+                    for statement in (*case.schema, *case.data):
+                        sql = render(statement, values)
+                        await conn.execute("ANALYZE" if sql == "VACUUM ANALYZE" else sql)
+                    query = render(case.query, values)
+                    before = await cost(conn, query)
+                    rows = await conn.fetchone(result_checksum_sql(query, False))
+                    if not (case.oracle_ddl or case.oracle_query or case.oracle_settings):
+                        continue
+                    oracle = await quality.oracle_query(conn, case, values)
+                    for statement in case.oracle_ddl:
+                        await conn.execute(render(statement, values))
+                    for setting, value in case.oracle_settings.items():
+                        await conn.execute(f"SET LOCAL {setting} = {value}")
+                    after = await cost(conn, oracle)
+                    assert await conn.fetchone(result_checksum_sql(oracle, False)) == rows, case.name
+                    if case.oracle_ddl and after >= before:
+                        slower.append(f"{case.name}: {before:.0f} -> {after:.0f}")
+                finally:
+                    await conn.execute("ROLLBACK")
+    finally:
+        async with open_connection(sandbox.dsn()) as admin:
+            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    assert not slower, slower
+
+
+async def cost(conn: Connection, query: str) -> float:
+    plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {query}")
+    data = json.loads(plan) if isinstance(plan, str) else plan
+    return float(data[0]["Plan"]["Total Cost"])
