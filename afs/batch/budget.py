@@ -47,7 +47,7 @@ from afs.batch.statements import Counters
 from afs.bench import StopRule
 from afs.config import Settings
 from afs.db import open_connection
-from afs.errors import InputError
+from afs.errors import AfsError, InputError
 from afs.pg.names import quote_qualified
 
 EXHAUSTIVE_MAX = 20  # items searched exhaustively (every subset); above: the dynamic programme
@@ -393,7 +393,32 @@ def render(chosen: Mapping[str, Any]) -> list[str]:
     measured = chosen.get("measured") or {}
     if measured.get("verdict"):
         out.append(f"Measured together in one fork: {measured['verdict']}.")
+    elif measured.get("error"):
+        out.append(f"Not measured together: {measured['error']}.")
     for left in chosen["left_out"]:
         out.append(f"- left out: `{left['sql']}` — {left['why']}")
     return [*out, ""]
 
+
+
+async def chosen_set(doc: Mapping[str, Any], settings: Settings, *, target_dsn: str, source: str,
+                     counters: Counters, budget_mb: float,
+                     progress: Any = lambda message: None) -> dict[str, Any]:
+    """The batch's `chosen_set`: the items of its report chosen under `budget_mb`, measured
+    together in one fork of the target's copy in the sandbox (the fork source found as the
+    index review finds it). The target is only read (catalog, pg_stats, EXPLAIN). A failure
+    to measure does not fail the batch: the choice stands, `measured.error` says why."""
+    from afs.sandbox.forks import open_forks  # the MCP SDK: only for a budgeted batch
+    from afs.sandbox.importer import imported_copy
+
+    choice = choose(candidates(doc), budget_mb)
+    try:
+        async with open_forks(settings) as forks, open_connection(target_dsn) as target:
+            known = {str(s["name"]) for s in (await forks.list_services())["sources"]}
+            fork_source = await imported_copy(forks, target_dsn) or (source if source in known else None)
+            if fork_source is None:
+                return choice.public() | {"measured": {
+                    "total_ms_per_day": None, "error": f"no copy of {source} in the sandbox to measure in"}}
+            return await measure_set(target, forks, fork_source, settings, choice, counters, progress)
+    except AfsError as exc:
+        return choice.public() | {"measured": {"total_ms_per_day": None, "error": str(exc).splitlines()[0]}}
