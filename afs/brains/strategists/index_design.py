@@ -61,7 +61,7 @@ from afs.models import (
     TableInfo,
 )
 from afs.pg.names import ident, index_name, qualified, quote_literal, relation_name, schema_and_relation
-from afs.pg.opclasses import IndexKind, catalog_type
+from afs.pg.opclasses import IndexKind, brin_fits, catalog_type, support_key
 from afs.pg.plan import fmt_count, fmt_ms, fmt_pct
 from afs.pg.stats import (
     DEFAULT_CONTAIN_SEL,
@@ -324,12 +324,21 @@ def _pattern_choices(ev: Evidence, table: str, patterns: Mapping[str, list[str]]
 
 
 def _sort_columns(ev: Evidence, table: str) -> tuple[KeyColumn, ...]:
-    """ORDER BY as index key columns, when an index on `table` can deliver that order."""
+    """ORDER BY as index key columns, when an index on `table` can deliver that order: by the
+    catalog, a B-tree class orders each column by the sort operator PostgreSQL resolved for it
+    (`<` ascending, `>` descending)."""
     sort = ev.shape.sort
     if not sort or ev.shape.grouped or ev.ctx.features.join_count > 0:
         return ()
     if not all(s.table == table and s.column for s in sort):
         return ()
+    info = ev.table(table)
+    if ev.catalog_read and info is not None:
+        for item in sort:
+            data_type = column_type(info, item.column or "")
+            needs = [(">" if item.desc else "<", catalog_type(data_type) if data_type else None)]
+            if ev.catalog_kind(needs, ordered=True) is None:
+                return ()
     return tuple(KeyColumn(s.column or "", s.desc, s.nulls_first) for s in sort)
 
 
@@ -448,8 +457,11 @@ def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | 
             return None
         fraction = min(1.0, limit / rows)
     if fraction > INDEX_MAX_FRACTION and not (sort_served and limit is not None):
+        brin = _brin_design(ev, table, rng, fraction) if rng and not eq else None
+        if brin is not None:
+            return brin
         notes.append(f"the filters on {table} keep ~{fmt_pct(fraction)} of its {fmt_count(rows)} rows: "
-                     "an index would not beat a sequential scan")
+                     "a B-tree would not beat a sequential scan")
         return None
     where = partial[1] if partial else None
     eq_names = [*key_eq, *([partial[0]] if partial else [])]
@@ -477,6 +489,33 @@ def _filter_design(ev: Evidence, table: str, notes: list[str]) -> IndexDesign | 
                        where_fraction=partial[2] if partial else 1.0,
                        reasons=(_scan_reason(ev, table, rows), *notes[first_note:]),
                        sort_served=sort_served)
+
+
+COMPARISONS: Final = ("<", "<=", ">", ">=", "=")  # what a range or BETWEEN resolves to
+
+
+def _brin_design(ev: Evidence, table: str, rng: RangeChoice, fraction: float) -> IndexDesign | None:
+    """A range too large for a B-tree, on a column in physical order: BRIN, when the catalog
+    has a BRIN class for the comparisons the query makes on it (afs.pg.opclasses.brin_fits)."""
+    info = ev.table(table)
+    data_type = column_type(info, rng.column) if info else None
+    if info is None or data_type is None or rng.opclass is not None or not ev.catalog_read:
+        return None
+    left = catalog_type(data_type)
+    needs = [(op, left) for op in COMPARISONS if support_key(op, left) in ev.ctx.operator_classes]
+    stats = ev.stats(table, rng.column)
+    kind = brin_fits(ev.ctx.operator_classes, needs, stats.correlation if stats else None, fraction)
+    if kind is None or not needs or covering_index(info, [], [rng.column], method="brin") is not None:
+        return None
+    rows = float(max(info.rows, 1))
+    corr = stats.correlation if stats and stats.correlation is not None else 0.0
+    note = (f"{rng.note}: too many for a B-tree, but {rng.column} follows the physical row order "
+            f"(correlation {corr:.2f}): a BRIN index ({kind.opclass or 'its default class'}) lets a "
+            f"Bitmap Heap Scan skip the block ranges outside the range, at a fraction of a B-tree's size")
+    return IndexDesign(table=table, key=(KeyColumn(rng.column, opclass=kind.opclass),), kind="filter",
+                       fraction=fraction, benefit=ev.visited_rows(table) - fraction * rows,
+                       reasons=(_scan_reason(ev, table, rows), note), method="brin",
+                       extension=kind.extension)
 
 
 def _partner_rows(ev: Evidence, partner: str) -> float:
