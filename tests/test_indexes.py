@@ -169,3 +169,30 @@ def test_candidates_pure_rules() -> None:
     short = StatsWindow(now - timedelta(hours=1), now)
     unused = [c for c in candidates([_facts(20, "x", (9,), scans=0)], short, 7 * 86_400)]
     assert unused[0].kind == "unused" and unused[0].blocked and "too short" in unused[0].blocked
+
+
+async def test_batch_report_gains_write_costs_and_the_review(
+        planted: str, sandbox: SandboxServer, settings: Settings, no_leaked_forks: None) -> None:
+    from afs.batch.indexes import batch_workload_review
+    from afs.batch.report import workload_lines
+
+    sql = "CREATE INDEX ON t (c, a)"
+    doc: dict[str, Any] = {
+        "statements": [{"queryid": 7, "winner": {"sql_commands": [sql]}},
+                       {"queryid": 8, "winner": None}],
+        "indexes": [{"sql": sql, "table": "t"}]}
+    async with open_connection(sandbox.dsn(planted)) as target:
+        counters = await read_counters(target)
+    await batch_workload_review(doc, settings, target_dsn=sandbox.dsn(planted), source=planted,
+                                counters=counters)
+    cost = doc["statements"][0]["write_cost"]
+    assert set(cost) >= {"ms_per_write", "ms_per_day", "writes_per_day"} and cost["ms_per_write"] > 0
+    assert "write_cost" not in doc["statements"][1]
+    assert doc["indexes"][0]["write_cost"]["ms_per_write"] == cost["ms_per_write"]
+    review = doc["index_review"]
+    assert "error" not in review, review
+    # the default window (7 days) is longer than this database's statistics: unused ones are kept
+    verdicts = {a["index"].split(".")[-1].strip('"'): (a["kind"], a["verdict"]) for a in review["advice"]}
+    assert verdicts["t_b_twin"] == ("duplicate", "drop") and verdicts["t_c_b"] == ("unused", "keep")
+    text = "\n".join(workload_lines(doc))
+    assert "winner of 7" in text and "DROP INDEX CONCURRENTLY" in text and "replica" in text

@@ -412,6 +412,10 @@ async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: s
             "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables WHERE relid = to_regclass(%s)",
             (t,))) is not None}
     doc = build_report(header, entries, skipped, writes)
+    from afs.batch.indexes import batch_workload_review  # issue 28: new indexes' write costs, index review
+
+    await batch_workload_review(doc, settings, target_dsn=target_dsn, source=source, counters=counters,
+                                progress=progress)
     if options.max_storage_mb is not None:  # one set under the budget, measured together (issue 28)
         from afs.batch.budget import chosen_set
 

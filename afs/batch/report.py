@@ -351,6 +351,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
                 + ("" if spend.get("cap_usd") is None else f"; spending cap {spend['cap_usd']:g} USD")
                 + (f"; the cap stopped the model calls of statement(s) "
                    f"{', '.join(str(q) for q in spend['capped'])}" if spend.get("capped") else "") + ".", ""]
+    out += workload_lines(doc)  # issue 28: the new indexes' write costs, the index review
     if doc.get("chosen_set"):  # `--max-storage` (afs.batch.budget)
         from afs.batch.budget import render as render_set
 
@@ -362,3 +363,40 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     for u in doc["unsolved"]:
         out.append(f"- {u['queryid']}: `{_short(u['query'])}` — {u['status']}: {u['reason'] or '-'}")
     return "\n".join(out) + "\n"
+
+
+def workload_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The report's lines of the new indexes' measured write costs and of the index review
+    (afs.batch.indexes.batch_workload_review), as Markdown; none when the batch has neither."""
+    out: list[str] = []
+    costs = [(e["queryid"], e["write_cost"]) for e in doc.get("statements", ()) if e.get("write_cost")]
+    if costs:
+        out += ["## What the new indexes cost the writes (measured in a fork)", ""]
+        for queryid, cost in costs:
+            per_day = cost.get("ms_per_day")
+            out.append(f"- winner of {queryid}: {cost['ms_per_write']:.4f} ms more per write"
+                       + ("" if per_day is None else f", {_duration(per_day)} a day at "
+                          f"{cost['writes_per_day']:.0f} writes a day")
+                       + ("" if cost.get("significant") else " (within the noise)")
+                       + (f" — {cost['note']}" if cost.get("note") else ""))
+        out.append("")
+    review = doc.get("index_review")
+    if review:
+        out += ["## Indexes worth dropping (verified in a fork)", ""]
+        if review.get("error"):
+            out += [f"not reviewed: {review['error']}", ""]
+            return out
+        out.append(f"Window: {review['window']['note']}.")
+        if not review["advice"]:
+            out.append("No unused, duplicate or redundant index.")
+        for a in review["advice"]:
+            per_day = a.get("write_ms_saved_per_day")
+            out.append(f"- {a['verdict'].upper()} {a['index']} on {a['table']} ({a['kind']}, "
+                       f"{a['storage_mb']:.1f} MB"
+                       + ("" if per_day is None else f", writes save {_duration(per_day)} a day")
+                       + f"): {a['reason']}")
+            out += [f"  - slower without it: `{_short(s, 160)}`" for s in a["reads_slower"]]
+            if a["verdict"] == "drop":
+                out.append(f"  - `{a['sql']}` (rollback: `{a['rollback']}`)")
+        out += ["", "What AFS cannot see: " + "; ".join(review.get("unseen", ())) + ".", ""]
+    return out
