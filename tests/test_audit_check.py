@@ -145,6 +145,7 @@ async def test_an_index_dropped_behind_afs_back_is_flagged_by_the_next_check(
     own = promise["own"]
     assert own is not None and str(own) in promise["before"]["counters"]  # the task's statement, by queryid
     assert promise["before"]["counters"][str(own)][0] >= 30
+    assert own in promise["served"]  # its generic plan ($1) uses the index built
 
     async def target_of(_: object) -> str:
         return target

@@ -1,16 +1,19 @@
 """Did an applied change keep its promise? pg_stat_statements before and after the apply.
 
     pre = await snapshot(target_dsn, plan)               # afs.apply.run, before the build
-    promise = at_apply(pre, await snapshot(target_dsn, plan, pre.queryids))  # after: audited
+    promise = await promise_at_apply(target_dsn, plan, pre)  # after the build: audited
     verdicts = await check_applied(store, target_of)     # `afs audit --check`, `afs batch`
 
-What is compared: the statements the change serves, read from the target's
-pg_stat_statements (summed over roles, top-level only): the task's own statement (its
-queryid from EXPLAIN (VERBOSE) on the target, through afs.target.on_target) and every
-SELECT, INSERT, UPDATE, DELETE or MERGE whose text names a table the change touches (the
-names resolved by the target's catalog). pg_stat_statements keeps running totals of calls,
-time, rows and the standard deviation of the time; Σ t² follows from them, so the counters
-of any window between two readings give that window's calls, mean and variance exactly.
+What is compared: the statements of the tables the change touches, read from the target's
+pg_stat_statements (summed over roles, top-level only): every SELECT, INSERT, UPDATE,
+DELETE or MERGE whose text names one of them (the names resolved by the target's catalog).
+Among them, the statements it serves: the task's own (its queryid from EXPLAIN (VERBOSE) on
+the target) and, once built, every one whose plan on the target uses what it built (a
+generic plan for a statement with `$n`: an application's bind parameters give another
+queryid than the task's literals). Every plan goes through afs.target.on_target.
+pg_stat_statements keeps running totals of calls, time, rows and the standard deviation of
+the time; Σ t² follows from them, so the counters of any window between two readings give
+that window's calls, mean and variance exactly.
 
 The windows: `before` is everything counted up to the apply (since the statistics' reset);
 the build itself is left out (read just before and just after it); `recent` is since the
@@ -25,6 +28,7 @@ The verdict offers the rollback recorded with the apply (`afs rollback TASK`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +36,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pglast import ast, parse_sql
+from pglast.parser import scan
 from psycopg.types.json import Jsonb
 
 from afs.apply import audit
@@ -270,9 +275,11 @@ class Verdict:
                 if self.verdict == "regression" else None}
 
 
-def at_apply(pre: Reading, post: Reading) -> dict[str, Any]:
-    """What the audit row keeps: the counters just before and just after the build."""
-    return {"own": pre.own, "queries": {str(q): t for q, t in pre.queries.items()},
+def at_apply(pre: Reading, post: Reading, served: Iterable[int] = ()) -> dict[str, Any]:
+    """What the audit row keeps: the counters just before and just after the build, and the
+    statements the change serves (the task's, and those whose plan uses what it built)."""
+    return {"own": pre.own, "served": sorted(set(served)),
+            "queries": {str(q): t for q, t in pre.queries.items()},
             "before": pre.public(), "applied": post.public()}
 
 
@@ -283,7 +290,7 @@ def compare(promise: Mapping[str, Any], now: Reading, *, audit_id: int, task_id:
     before = Reading.of(promise["before"])
     applied = Reading.of(promise["applied"])
     last = Reading.of(promise["checkpoint"]) if promise.get("checkpoint") else None
-    own = promise.get("own")
+    owns = {promise.get("own"), *promise.get("served", ())} - {None}
     queries = {int(q): str(t) for q, t in dict(promise.get("queries") or {}).items()}
     reset_since = now.stats_reset is not None and now.stats_reset != applied.stats_reset
     checkpoint: dict[int, Counter] = dict(last.counters) if last and not reset_since else {}
@@ -304,23 +311,28 @@ def compare(promise: Mapping[str, Any], now: Reading, *, audit_id: int, task_id:
             start, start_counter = now.stats_reset, None
         recent = window(current, start_counter, start, now.at) if current else None
         reference = window(cp, a, applied.at, last.at) if (cp and last and not reset_since) else None
-        judged.append(judge(q, queries.get(q, ""), q == own, w_before, reference, recent, alpha))
+        judged.append(judge(q, queries.get(q, ""), q in owns, w_before, reference, recent, alpha))
         if current is not None and recent is not None and recent.calls >= MIN_CALLS:
             checkpoint[q] = current
     regressions = [j for j in judged if j.verdict == "regression"]
-    mine = next((j for j in judged if j.own), None)
+    mine = [j for j in judged if j.own]
+    faster = [j for j in mine if j.verdict == "faster"]
+    same = [j for j in mine if j.verdict == "same"]
     if regressions:
         overall: Overall = "regression"
         reason = (f"{len(regressions)} statement(s) slower beyond the noise: "
                   + "; ".join(f"{j.queryid}: {j.reason}" for j in regressions))
-    elif mine is not None and mine.verdict == "faster":
-        overall, reason = "kept", f"its statement is faster: {mine.reason}; no statement it serves is slower"
-    elif mine is not None and mine.verdict == "same":
-        overall, reason = "no_gain", f"its statement is not faster than before the apply: {mine.reason}"
+    elif faster:
+        overall = "kept"
+        reason = (f"{len(faster)} statement(s) it serves faster ({faster[0].reason}); no statement of its "
+                  "tables slower")
+    elif same:
+        overall = "no_gain"
+        reason = f"the statements it serves are not faster than before the apply: {same[0].reason}"
     else:
         overall = "unknown"
-        reason = (mine.reason if mine is not None else
-                  "the task's statement is not in pg_stat_statements (no queryid recorded at the apply)")
+        reason = (mine[0].reason if mine else "no statement it serves is in pg_stat_statements (none has "
+                  "the task's queryid or a plan that uses what it built)")
     newest = last.at if last and not reset_since else applied.at
     what = "statistics were reset after the apply" if reset_since else "last check" if last else "apply"
     text = (f"before: the calls counted up to the apply ({applied.at}, since the statistics' reset "
@@ -405,7 +417,45 @@ async def promise_at_apply(target_dsn: str, plan: ApplyPlan, pre: Reading | str)
     post = await snapshot(target_dsn, plan, pre.queryids or (-1,))
     if isinstance(post, str):
         return {"unavailable": post}
-    return at_apply(pre, post)
+    served: list[int] = []
+    with contextlib.suppress(AfsError):
+        async with open_connection(target_dsn) as conn:
+            served = await uses_indexes(conn, pre.queries, [s.name for s in plan.steps
+                                                            if s.kind == "index" and s.name])
+    return at_apply(pre, post, served)
+
+
+def _index_names(cur: Cursor, query: str) -> set[str]:
+    generic = any(t.name == "PARAM" for t in scan(query))
+    cur.execute(f"EXPLAIN ({'GENERIC_PLAN, ' if generic else ''}FORMAT JSON) {query}")
+    row = cur.fetchone()
+    assert row is not None
+    found: set[str] = set()
+    stack = [row[0][0]["Plan"]]
+    while stack:
+        node = stack.pop()
+        if node.get("Index Name"):
+            found.add(str(node["Index Name"]))
+        stack.extend(node.get("Plans", ()))
+    return found
+
+
+async def uses_indexes(conn: Connection, queries: Mapping[int, str], indexes: Sequence[str]) -> list[int]:
+    """The statements whose plan on the target (a generic plan for one with `$n`) uses one of
+    `indexes`: the statements the change serves. Planned through afs.target.on_target."""
+    names = {i.rpartition(".")[2].strip('"') for i in indexes}
+    served = []
+    for queryid, text in queries.items():
+        if not text.lstrip().lower().startswith("select"):
+            continue
+        try:
+            generic = any(t.name == "PARAM" for t in scan(text))
+            used = await on_target(conn, text, _index_names, parameters=generic)
+        except AfsError:  # refused by the checks, or it does not plan: not counted as served
+            continue
+        if used & names:
+            served.append(queryid)
+    return served
 
 
 # -- the check ------------------------------------------------------------------------------
