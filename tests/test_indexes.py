@@ -4,6 +4,7 @@ pg_stat_statements, forks made by the real provider over MCP."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -196,3 +197,21 @@ async def test_batch_report_gains_write_costs_and_the_review(
     assert verdicts["t_b_twin"] == ("duplicate", "drop") and verdicts["t_c_b"] == ("unused", "keep")
     text = "\n".join(workload_lines(doc))
     assert "winner of 7" in text and "DROP INDEX CONCURRENTLY" in text and "replica" in text
+
+
+async def test_afs_indexes_command(planted: str, sandbox: SandboxServer, no_leaked_forks: None) -> None:
+    from afs.testing import run_afs_async
+
+    done = await run_afs_async("indexes", "--dsn", sandbox.dsn(planted), "--min-window", "0s", "--json")
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    doc = json.loads(done.stdout)
+    for item in doc["advice"]:
+        assert {"index", "table", "verdict", "kind", "reason", "reads_slower", "write_ms_saved_per_day",
+                "storage_mb"} <= set(item)
+        assert item["verdict"] in ("drop", "keep") and item["kind"] in ("unused", "duplicate", "redundant")
+    assert {a["index"].split(".")[-1].strip('"') for a in doc["advice"] if a["verdict"] == "drop"} >= {
+        "t_b_twin", "t_c"}
+    text = await run_afs_async("indexes", "--dsn", sandbox.dsn(planted), "--min-window", "0s")
+    assert text.returncode == 0 and b"DROP INDEX CONCURRENTLY" in text.stdout and b"cannot see" in text.stdout
+    bad = await run_afs_async("indexes", "--dsn", sandbox.dsn(planted), "--min-window", "soon")
+    assert bad.returncode == 2 and b"--min-window" in bad.stderr

@@ -58,7 +58,8 @@ from afs.errors import AfsError
 from afs.pg.names import quote_ident, quote_qualified
 from afs.safety import NewIndex, validate_commands, validate_proposal
 from afs.sandbox.forks import open_forks
-from afs.sandbox.importer import imported_copy
+from afs.sandbox.importer import imported_copy, origin_of
+from afs.sandbox.server import dsn_for
 
 MB = 1048576.0
 UNUSED_MIN_WINDOW_S = 7 * DAY_S  # an index unused for less long than this is kept (`--min-window`)
@@ -400,8 +401,8 @@ async def batch_workload_review(doc: dict[str, Any], settings: Settings, *, targ
     try:
         async with open_forks(settings) as forks, open_connection(target_dsn) as target:
             known = {str(s["name"]) for s in (await forks.list_services())["sources"]}
-            copy = await imported_copy(forks, target_dsn)
-            fork_source = copy or (source if source in known else None)
+            fork_source = await sandbox_copy(forks, settings, target_dsn) or (
+                source if source in known else None)
             if fork_source is None:
                 doc["index_review"] = {"error": f"no copy of {source} in the sandbox to verify in"}
                 return
@@ -419,6 +420,23 @@ async def batch_workload_review(doc: dict[str, Any], settings: Settings, *, targ
                                                        counters=counters, progress=progress)
     except AfsError as exc:
         doc["index_review"] = {"error": str(exc).splitlines()[0]}
+
+
+async def sandbox_copy(forks: Any, settings: Settings, target_dsn: str | None) -> str | None:
+    """The sandbox database forks of the target are made from: the demo database (no DSN), the
+    target's import (`afs sandbox import`), or the target itself when it is a registered source
+    of the sandbox's own server; None when there is none."""
+    if target_dsn is None:
+        return settings.demo_database
+    copy = await imported_copy(forks, target_dsn)
+    if copy is not None:
+        return str(copy)
+    origin = origin_of(target_dsn)
+    name = origin.rsplit("/", 1)[-1]
+    known = {str(s["name"]) for s in (await forks.list_services())["sources"]}
+    if name in known and origin == origin_of(dsn_for(settings, name)):
+        return name
+    return None
 
 
 def combined_cost(costs: Sequence[dict[str, Any]]) -> dict[str, Any]:

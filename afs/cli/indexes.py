@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from afs.batch.indexes import UNUSED_MIN_WINDOW_S, review_indexes
+from afs.batch.indexes import UNUSED_MIN_WINDOW_S, review_indexes, sandbox_copy
 from afs.batch.statements import parse_duration
 from afs.cli.commands import DSN_PASSWORDS, add_top
 from afs.cli.output import EXIT_OK, emit, progress, progress_done
@@ -40,7 +40,8 @@ async def cmd_indexes(args: argparse.Namespace, settings: Settings) -> int:
         await ensure_demo(settings, server, settings.scale, progress)
     target = dsn if dsn is not None else dsn_for(settings, settings.demo_database)
     async with sandbox_stop_reported(settings), open_forks(settings) as forks:
-        source = await sandbox_source(forks, settings.demo_database, dsn)
+        source = await sandbox_copy(forks, settings, dsn) or await sandbox_source(
+            forks, settings.demo_database, dsn)  # none: the usual message (import it first)
         async with open_connection(target) as conn:
             doc = await review_indexes(conn, forks, source, settings, min_window_s=window,
                                        progress=progress)
