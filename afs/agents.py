@@ -384,7 +384,7 @@ async def _measure_before(conn: Connection, job: AgentJob, ctx: AnalysisContext,
         events.emit("baseline_measuring", agent=state.agent, fork=state.fork)
         try:
             with trio.fail_after(job.timeouts.benchmark):
-                measured = await measure_before(conn, ctx.suite, others, reuse, job.measuring.min_runs)
+                measured = await measure_before(conn, ctx.suite, others, reuse, job.measuring.runs_ahead)
         except (DatabaseError, trio.TooSlowError) as exc:
             events.emit("baseline_measured", agent=state.agent, fork=state.fork,
                         duration_s=trio.current_time() - t0, queries=0, error=str(exc) or "timed out")

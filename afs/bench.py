@@ -34,6 +34,16 @@ uncertain. After `min_runs` (`Measuring.min_runs`) pairs a loop stops as soon as
   the margin happens with probability 0.008, the same false-alarm rate as
   complete separation of 5 against 5;
 
+- every candidate run is at least `large_effect` (`Measuring.large_effect`, 5) times faster
+  than every baseline run and reads at most half the shared buffers (hit + read) of any
+  baseline run ("large"): the plan does less work, and the times say so by a factor no drift
+  explains (2.2x at most between two measurements of one task, see below). Such a verdict
+  needs only `large_effect_runs` (1) baseline runs; the candidate, the fast side, still runs
+  `min_runs` times (its runs are cheap, and they tell two fast candidates apart: afs.consensus).
+  The queries before any change are measured `runs_ahead` (1) times ahead (`measure_before`);
+  a candidate that is not a large effect tops its baseline up to `min_runs` runs, fresh
+  (`_measure`): where the effect is small, the verdict rests on as many runs as before;
+
 and in any case after `max_runs` pairs ("max_runs", the configured run count)
 or when its share of the candidate's time budget is spent ("budget", after at
 least one pair). The budget is the query time one candidate's measurement may
@@ -86,7 +96,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import trio
 
-from afs.config import Measuring
+from afs.config import LARGE_EFFECT, LARGE_EFFECT_RUNS, Measuring
 from afs.consensus import ddl_signature
 from afs.db import Connection
 from afs.errors import DatabaseError, ProposalFailedError, StatementTimeout
@@ -112,7 +122,8 @@ MIN_EFFECT = 0.05  # medians must differ by at least 5 % to count
 
 REUSE_FACTOR = 3.0  # a candidate this many times apart from reused baseline runs needs no fresh one
 
-StopReason = Literal["separated", "overlap", "max_runs", "budget"]
+StopReason = Literal["separated", "large", "overlap", "max_runs", "budget"]
+BUFFERS_AGREE = 2.0  # a large effect's candidate reads at most 1/2 the shared buffers of the baseline
 
 _USER_RELATIONS_SIZE = """
 SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)
@@ -178,20 +189,36 @@ def _significant(b: Sequence[float], o: Sequence[float]) -> bool:
 
 @dataclass(frozen=True)
 class StopRule:
-    """How many pairs a measuring loop runs: at least `min_runs`, at most `max_runs`."""
+    """How many pairs a measuring loop runs: at least `min_runs`, at most `max_runs`; a large
+    effect (`large_effect` times faster, 0: never) on `large_runs` baseline runs."""
 
     min_runs: int
     max_runs: int
+    large_effect: float = LARGE_EFFECT
+    large_runs: int = LARGE_EFFECT_RUNS
 
     @classmethod
     def of(cls, policy: Measuring, max_runs: int | None = None) -> StopRule:
         """The policy's rule, or its rule for loops of at most `max_runs` pairs."""
         most = policy.runs if max_runs is None else max_runs
-        return cls(min_runs=min(policy.min_runs, most), max_runs=most)
+        return cls(min_runs=min(policy.min_runs, most), max_runs=most, large_effect=policy.large_effect,
+                   large_runs=policy.large_effect_runs)
+
+
+def large_effect(baseline: Sequence[Sample], candidate: Sequence[Sample], rule: StopRule) -> bool:
+    """Every candidate run `rule.large_effect` times faster than every one of at least
+    `rule.large_runs` baseline runs, and reading at most 1/BUFFERS_AGREE of their shared
+    buffers (pure; a baseline without buffers, the long run of a slow query, never is)."""
+    if rule.large_effect <= 0 or not candidate or len(baseline) < max(1, rule.large_runs):
+        return False
+    fastest_base = min(s.ms for s in baseline)
+    fewest_base = min(s.buffers for s in baseline)
+    return (fewest_base > 0 and max(s.ms for s in candidate) * rule.large_effect <= fastest_base
+            and max(s.buffers for s in candidate) * BUFFERS_AGREE <= fewest_base)
 
 
 def stop_reason(baseline: Sequence[float], candidate: Sequence[float], rule: StopRule,
-                out_of_time: bool = False) -> StopReason | None:
+                out_of_time: bool = False, large: bool = False) -> StopReason | None:
     """Why a measuring loop stops now, or None to run another pair (pure; times in ms).
 
     "overlap" and "separated" as in the module's notes: the margin compares the gap
@@ -199,11 +226,15 @@ def stop_reason(baseline: Sequence[float], candidate: Sequence[float], rule: Sto
     means the same for a 10 ms query as for a 10 s one, whichever side is faster.
     `candidate` counts the runs made; `baseline` is the other side's sample (the same
     length when interleaved; fixed when the baseline ran before; empty when the loop
-    measures one side alone, which then stops only at `max_runs` or out of time).
+    measures one side alone, which then stops only at `max_runs` or out of time). `large`:
+    the samples are a large effect (`large_effect`, which reads their buffers too): "large"
+    once the candidate has its `min_runs`.
     """
     n = len(candidate)
     if n == 0:
         return None
+    if large and n >= min(rule.min_runs, rule.max_runs):
+        return "large"
     if baseline and n >= min(rule.min_runs, rule.max_runs):
         b_lo, b_hi, c_lo, c_hi = (_log(min(baseline)), _log(max(baseline)),
                                   _log(min(candidate)), _log(max(candidate)))
@@ -299,7 +330,8 @@ async def measure_before(conn: Connection, suite: Sequence[QueryVariant], family
                          reuse: Reuse, runs: int) -> int:
     """The task's queries as they run before any change, measured while the brains still
     think (adaptive measurement): each suite query's and each other-values query's (`family`)
-    result, with both checksums where the order counts, and `runs` runs of it, into `reuse`.
+    result, with both checksums where the order counts, and `runs` runs of it
+    (`Measuring.runs_ahead`), into `reuse`.
     The candidates' benchmarks then find them there as their reused baseline runs (see the
     module's notes: a close candidate still gets its fresh baseline run). A query measured
     already in the task is skipped; the first one past the statement timeout ends it (the
@@ -380,7 +412,10 @@ async def _measure(
 ) -> Figure:
     """One figure: against `prior` (baseline runs reused, see the module's notes) when given,
     else baseline and candidate alternately until `stop_reason` says stop. A side that is
-    not warm gets a warm-up run first. `drift`: the candidate's one drift check (`Drift`)."""
+    not warm gets a warm-up run first. `drift`: the candidate's one drift check (`Drift`),
+    made against a prior of at least `min_runs` runs. A shorter prior (`runs_ahead`) stands
+    alone only for a large effect (`large_effect`); otherwise it is topped up with fresh runs
+    to `min_runs` before any other verdict."""
     started, allowance = trio.current_time(), budget.allowance()
     drift = drift if drift is not None else Drift()
 
@@ -393,11 +428,15 @@ async def _measure(
         if prior and drift.held is not False:
             candidate: list[Sample] = []
             fresh: list[Sample] = []
+            warmed = warm_baseline
+            least = min(rule.min_runs, rule.max_runs)
             while True:
                 candidate.append(await run_candidate())
-                if drift.held is None and not _far_apart(prior, candidate[-1].ms):
-                    if not warm_baseline:
+                if (drift.held is None and len(prior) >= least
+                        and not _far_apart(prior, candidate[-1].ms)):
+                    if not warmed:
                         await run_baseline()
+                        warmed = True
                     fresh.append(await run_baseline())
                     if not _agrees(prior, fresh[-1].ms):  # drift, or one noisy run: a second tells
                         fresh.append(await run_baseline())
@@ -408,8 +447,17 @@ async def _measure(
                         return await _pairs(run_baseline, run_candidate, rule, out_of_time,
                                             first=(fresh[-1], candidate[-1]))
                 baseline = [*prior, *fresh]
+                large = large_effect(baseline, candidate, rule)
+                if not large and len(baseline) < least:
+                    # not a large effect (or no longer): as many baseline runs as ever, fresh
+                    if not warmed:
+                        await run_baseline()
+                        warmed = True
+                    while len(baseline) < least:
+                        fresh.append(await run_baseline())
+                        baseline.append(fresh[-1])
                 reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule,
-                                     out_of_time())
+                                     out_of_time(), large)
                 if reason is not None:
                     return Figure(baseline, candidate, reason, len(prior))
         if not warm_baseline:
@@ -429,7 +477,8 @@ async def _pairs(run_baseline: Callable[[], Awaitable[Sample]],
     candidate: list[Sample] = [first[1]] if first else []
     flip = 1 if first else 0  # the pair made already ran the candidate first
     if first:
-        reason = stop_reason([first[0].ms], [first[1].ms], rule, out_of_time())
+        reason = stop_reason([first[0].ms], [first[1].ms], rule, out_of_time(),
+                             large_effect([first[0]], [first[1]], rule))
         if reason is not None:
             return Figure(baseline, candidate, reason)
     while True:
@@ -438,7 +487,8 @@ async def _pairs(run_baseline: Callable[[], Awaitable[Sample]],
         a, b = await first_run(), await second_run()
         baseline.append(a if first_run is run_baseline else b)
         candidate.append(b if first_run is run_baseline else a)
-        reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule, out_of_time())
+        reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule, out_of_time(),
+                             large_effect(baseline, candidate, rule))
         if reason is not None:
             return Figure(baseline, candidate, reason)
 
@@ -456,7 +506,8 @@ async def _measure_alone(run: Callable[[], Awaitable[Sample]], rule: StopRule, b
         while True:
             samples.append(await run())
             reason = stop_reason([s.ms for s in against], [s.ms for s in samples], rule,
-                                 trio.current_time() - started >= allowance)
+                                 trio.current_time() - started >= allowance,
+                                 large_effect(against, samples, rule))
             if reason is not None:
                 return samples, reason
     finally:

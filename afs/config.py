@@ -130,6 +130,11 @@ DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the stat
 # of the time left before the agent's deadline (less a statement timeout for each query with
 # other values still to probe), what that one run may take: the rest is the candidate's
 SLOW_CAP_SHARE = 0.5
+# a candidate this many times faster than every baseline run, reading at most half the baseline's
+# shared buffers, has its verdict from LARGE_EFFECT_RUNS baseline runs (afs.bench: the large
+# effect); two and a half times the worst drift seen between two measurements of one task
+LARGE_EFFECT = 5.0
+LARGE_EFFECT_RUNS = 1
 # The copy against the user's server (afs.conditions): a table whose size differs from the
 # source's by more than this fraction makes the copy stale; an all-visible fraction
 # (relallvisible / the pages it has now, as the planner reads it) that differs by more than
@@ -181,11 +186,22 @@ class Measuring:
     statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS  # of every connection to a fork
     slow_cap_s: float = 0.0  # one baseline run of a query past the statement timeout (0: none)
     slow_cap_share: float = SLOW_CAP_SHARE  # at most this share of the agent's time left (afs.bench)
+    large_effect: float = LARGE_EFFECT  # this many times faster settles early (0: never; afs.bench)
+    large_effect_runs: int = LARGE_EFFECT_RUNS  # baseline runs that settle a large effect
 
     @property
     def adaptive(self) -> bool:
         """Whether a loop may stop before `runs` (and reuse baseline runs across candidates)."""
         return self.min_runs < self.runs
+
+    @property
+    def runs_ahead(self) -> int:
+        """Baseline runs of each query measured before any candidate exists
+        (afs.bench.measure_before): what settles a large effect; a candidate that is not one
+        tops them up to `min_runs` (afs.bench)."""
+        if self.adaptive and self.large_effect > 0:
+            return max(1, min(self.large_effect_runs, self.min_runs))
+        return self.min_runs
 
 
 TEMPLATE_SUFFIX = "_template"
@@ -448,6 +464,7 @@ class Settings:
     measured: int = DEFAULT_MEASURED
     parameter_sets: int = DEFAULT_PARAMETER_SETS
     slow_baseline_cap_s: float = DEFAULT_SLOW_BASELINE_CAP_S
+    large_effect: float = LARGE_EFFECT  # Measuring.large_effect (0: every verdict on min_runs a side)
     batch_min_mean_ms: float = DEFAULT_BATCH_MIN_MEAN_MS  # `afs batch --min-ms`'s default
     cow: bool = False  # put the sandbox on a copy-on-write image when its filesystem has no reflinks
     cow_size_bytes: int = 100 * 1024 ** 3  # DEFAULT_COW_SIZE
@@ -502,7 +519,8 @@ class Settings:
         return Measuring(runs=self.runs, min_runs=self.min_runs, budget_s=self.measure_budget_s,
                          candidates=self.candidates, measured=self.measured,
                          parameter_sets=self.parameter_sets,
-                         statement_timeout_ms=self.statement_timeout_ms, slow_cap_s=cap)
+                         statement_timeout_ms=self.statement_timeout_ms, slow_cap_s=cap,
+                         large_effect=self.large_effect)
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)

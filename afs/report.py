@@ -315,6 +315,7 @@ def _reused(figure: dict[str, Any]) -> str:
 
 _STOPPED = {  # why measuring stopped (afs.bench.stop_reason), as the report says it
     "separated": "clear",
+    "large": "clear (large effect)",
     "overlap": "noise",
     "max_runs": "",
     "budget": "budget spent",

@@ -20,6 +20,7 @@ from afs.bench import (
     _reuse_note,
     _significant,
     benchmark,
+    large_effect,
     long_run_cap_ms,
     measure_before,
     result_of,
@@ -286,6 +287,82 @@ async def test_one_noisy_fresh_run_is_not_drift() -> None:
     assert second.order == ["c", "c", "c"] and two.reused == 3
 
 
+# -- a large effect settles on fewer baseline runs (issue 25 item 5) ---------------------------
+def test_a_large_effect_is_many_times_faster_than_every_baseline_run_and_reads_fewer_buffers() -> None:
+    base = [Sample(2700.0, 250_000)]
+    assert large_effect(base, [Sample(1.0, 40), Sample(1.2, 40)], RULE)
+    assert large_effect(base, [Sample(540.0, 125_000)], RULE)  # 5x and half the buffers: just
+    assert not large_effect(base, [Sample(541.0, 100)], RULE)  # less than 5x faster
+    assert not large_effect(base, [Sample(1.0, 125_001)], RULE)  # the buffers do not agree
+    assert not large_effect(base, [Sample(1.0, 40), Sample(600.0, 40)], RULE)  # every run, not the median
+    assert not large_effect([Sample(2700.0, 0)], [Sample(1.0, 0)], RULE)  # no buffers (a long run)
+    assert not large_effect([], [Sample(1.0, 40)], RULE)
+    off = StopRule(min_runs=3, max_runs=5, large_effect=0)
+    assert not large_effect(base, [Sample(1.0, 40)], off)
+    two = StopRule(min_runs=3, max_runs=5, large_runs=2)
+    assert not large_effect(base, [Sample(1.0, 40)], two)
+    assert large_effect([*base, Sample(2800.0, 250_000)], [Sample(1.0, 40)], two)
+
+
+def test_a_large_effect_stops_once_the_candidate_has_its_minimum() -> None:
+    assert stop_reason([2700.0], [1.0, 1.1], RULE, large=True) is None
+    assert stop_reason([2700.0], [1.0, 1.1, 1.2], RULE, large=True) == "large"
+
+
+def runs_with_buffers(baseline: list[tuple[float, int]], candidate: list[tuple[float, int]]) -> Runs:
+    runs = Runs([], [])
+    b, c = iter(baseline), iter(candidate)
+
+    async def base() -> Sample:
+        runs.order.append("b")
+        return Sample(*next(b))
+
+    async def cand() -> Sample:
+        runs.order.append("c")
+        return Sample(*next(c))
+
+    runs.baseline, runs.candidate = base, cand  # type: ignore[method-assign]
+    return runs
+
+
+async def test_one_baseline_run_ahead_settles_a_large_effect() -> None:
+    prior = (Sample(2700.0, 250_000),)  # Measuring.runs_ahead: one run before any candidate
+    runs = runs_with_buffers([], [(1.0, 40), (1.1, 40), (0.9, 40)])
+    figure = await _measure(runs.baseline, runs.candidate, RULE, Budget(60.0, 1), prior=prior,
+                            warm_baseline=False, warm_candidate=True)
+    assert runs.order == ["c", "c", "c"]  # no baseline run: not even a warm-up
+    assert figure.stopped == "large" and figure.reused == 1 and len(figure.baseline) == 1
+
+
+async def test_a_small_effect_tops_the_baseline_up_to_the_minimum() -> None:
+    # 2.5x faster: not a large effect. The one run ahead gets a warm-up and two fresh runs, and
+    # the verdict rests on three baseline runs, as without the run ahead
+    prior = (Sample(1000.0, 5000),)
+    runs = runs_with_buffers([(1000.0, 5000), (990.0, 5000), (1010.0, 5000)],
+                             [(400.0, 100), (410.0, 100), (405.0, 100)])
+    figure = await _measure(runs.baseline, runs.candidate, RULE, Budget(60.0, 1), prior=prior,
+                            warm_baseline=False, warm_candidate=True)
+    assert runs.order == ["c", "b", "b", "b", "c", "c"]
+    assert len(figure.baseline) == 3 and figure.reused == 1 and figure.stopped == "separated"
+    # a large effect whose buffers do not agree (the same pages, read faster) is measured as a small one
+    same_pages = runs_with_buffers([(1000.0, 5000), (990.0, 5000), (1010.0, 5000)],
+                                   [(10.0, 5000), (11.0, 5000), (10.5, 5000)])
+    figure = await _measure(same_pages.baseline, same_pages.candidate, RULE, Budget(60.0, 1),
+                            prior=prior, warm_baseline=True, warm_candidate=True)
+    assert len(figure.baseline) == 3 and figure.stopped == "separated"
+
+
+async def test_a_large_effect_that_does_not_last_is_topped_up() -> None:
+    prior = (Sample(1000.0, 5000),)
+    # the first candidate run is 100x faster, the second only 2x: the baseline is topped up
+    runs = runs_with_buffers([(1000.0, 5000), (1005.0, 5000)],
+                             [(10.0, 100), (500.0, 100), (11.0, 100), (12.0, 100), (10.0, 100)])
+    figure = await _measure(runs.baseline, runs.candidate, RULE, Budget(60.0, 1), prior=prior,
+                            warm_baseline=True, warm_candidate=True)
+    assert runs.order[:4] == ["c", "c", "b", "b"]
+    assert len(figure.baseline) == 3 and figure.stopped != "large"
+
+
 async def test_after_drift_every_later_figure_of_the_candidate_is_measured_afresh() -> None:
     drift, prior = Drift(), samples(990.0, 1000.0, 1010.0)
     # both fresh runs disagree: the machine has drifted
@@ -352,9 +429,9 @@ async def test_an_obvious_index_is_measured_the_minimum_number_of_times(fork_con
         assert m.equivalent and m.significant and m.optimized.median_ms < m.baseline.median_ms
         assert m.baseline.runs == m.optimized.runs
         attempts.append((m.stopped, m.baseline.runs))
-        if m.stopped == "separated":
+        if m.stopped in ("separated", "large"):  # interleaved: a large effect stops at the minimum too
             break
-    assert ("separated", 3) in attempts, attempts
+    assert ("separated", 3) in attempts or ("large", 3) in attempts, attempts
 
 
 @pytest.mark.usefixtures("no_leaked_forks")
@@ -525,3 +602,19 @@ async def test_measuring_ahead_stops_at_a_query_past_the_statement_timeout(fork_
     finally:
         await fork_conn.execute("RESET statement_timeout")
     assert set(reuse.baselines) == {fast.sql}  # nothing of the slow one, nothing after it
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_one_run_ahead_settles_an_obvious_index(fork_conn: Connection) -> None:
+    # the default policy measures one run ahead; an index ~100x faster that reads a few pages
+    # instead of the table stands on it, with the candidate's three runs
+    assert ADAPTIVE.runs_ahead == 1 and Measuring(runs=5, min_runs=5).runs_ahead == 5
+    reuse = Reuse()
+    query = QueryVariant("baseline", "SELECT id FROM orders WHERE user_id = 42 ORDER BY id", True, True)
+    assert await measure_before(fork_conn, (query,), (), reuse, runs=ADAPTIVE.runs_ahead) == 1
+    index = index_proposal("CREATE INDEX bench_ahead ON orders (user_id)")
+    outcome = await benchmark(fork_conn, (query,), index, tables=("orders",), policy=ADAPTIVE, reuse=reuse)
+    (m,) = outcome.measurements
+    assert m.equivalent and m.significant and m.stopped == "large"
+    assert (m.baseline.runs, m.baseline.reused, m.optimized.runs) == (1, 1, 3)
+    assert m.optimized.buffers * 2 <= m.baseline.buffers

@@ -255,7 +255,7 @@ async def test_an_agent_tries_several_designs_and_keeps_the_best(
     assert "candidates tried (3)" in text and "#2 rejected" in text
     # every figure says how many runs it rests on, and why measuring stopped
     for m in to_json(result)["proposals"][0]["benchmarks"]:
-        assert 1 <= m["runs"] <= 3 and m["stopped"] in ("separated", "overlap", "max_runs", "budget")
+        assert 1 <= m["runs"] <= 3 and m["stopped"] in ("separated", "large", "overlap", "max_runs", "budget")
         assert f" {m['baseline_runs']}/{m['runs']}" in text
     useless = next(c for c in outcome.candidates if c.rank == 1)
     assert useless.benchmark is not None and useless.planner_cost is not None
