@@ -688,6 +688,25 @@ def _parse(sql: str) -> exp.Expr | None:
         return None
 
 
+def literal_bound(query: str, proposal: OptimizationProposal | None) -> str | None:
+    """Which literals of the query's conditions a partial index of the proposal repeats in its
+    predicate, or None. Not a verdict (a rare status value is a fine predicate, a customer id
+    is not): shown beside the winner, as AFS's own check with other values decides it."""
+    tree = _parse(query) if proposal is not None else None
+    if tree is None or proposal is None:
+        return None
+    literals = predicate_literals(tree)
+    for command in proposal.sql_commands:
+        create = _parse(command)
+        if not isinstance(create, exp.Create) or str(create.args.get("kind", "")).upper() != "INDEX":
+            continue
+        where = create.find(exp.Where)
+        repeated = literals & {_literal(lit) for lit in where.find_all(exp.Literal)} if where else set()
+        if repeated:
+            return f"a partial index on the query's literal(s) {', '.join(sorted(repeated))}"
+    return None
+
+
 def answer_cache(query: str, proposal: OptimizationProposal | None) -> str | None:
     """Why the proposal caches today's answer instead of serving the query family, or None."""
     if proposal is None:
@@ -891,6 +910,7 @@ class Verdict:
             "reach": self.reach, "fast_as_oracle": self.fast, "same_fix_as_oracle": self.same_as_oracle,
             "regression": self.regression,
             "answer_cache": self.cache, "oracle_faster": self.oracle_faster,
+            "literal_bound": literal_bound(self.query, self.afs.proposal),
             "peer": {"status": self.peer.note, "ddl": list(self.peer.ddl or ()), "ms": (
                          self.ms("peer") if self.peer.ran else None),
                      "ratio_to_oracle": (None if self.peer_ratio is None
@@ -1076,6 +1096,8 @@ def report(verdicts: Sequence[Verdict], wall_s: float, args: argparse.Namespace)
             flags.append(f"REGRESSION: {v.regression}")
         if v.cache:
             flags.append(f"ANSWER CACHE: {v.cache}")
+        if bound := literal_bound(v.query, v.afs.proposal):
+            flags.append(f"note: {bound} (serves other values only where they are in its predicate)")
         if v.oracle_faster is False:
             flags.append("the oracle is not measurably faster than the baseline at this scale")
         ratio = _ratio_text(v.ratio)

@@ -87,6 +87,23 @@ async def test_quality_script(sandbox: SandboxServer) -> None:
     assert sandbox.status().running
 
 
+async def test_task_time_script(sandbox: SandboxServer) -> None:
+    """Both sides with this checkout's interpreter: the script builds the case once, runs the task
+    under each side in a process of its own, and reports both times and their ratio."""
+    data = await script("task_time.py", "--old-python", sys.executable, "--case", "hypopg_readme",
+                        "--scale", "0.02", "--afs-runs", "1")
+    assert set(data) == {"cases", "median_old_s", "median_new_s", "ratio_new_vs_old", "details"}
+    (case,) = data["details"]
+    assert data["cases"] == 1 and case["case"] == "hypopg_readme"
+    assert case["old"]["status"] == case["new"]["status"] == "completed"
+    assert case["old"]["sql"] == case["new"]["sql"] and case["old"]["sql"]  # the same code, one winner
+    assert data["ratio_new_vs_old"] == round(case["new"]["seconds"] / case["old"]["seconds"], 3)
+    async with open_connection(sandbox.dsn()) as conn:
+        left = await conn.fetchall("SELECT datname FROM pg_database WHERE datname LIKE 'afs\\_qc\\_%'")
+    assert not left, f"case databases left behind: {left}"
+    assert sandbox.status().running
+
+
 def peer_dirs() -> set[str]:
     return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("afs-peer-")}
 

@@ -102,6 +102,22 @@ def test_designs_are_counted_once_whatever_the_index_is_called() -> None:
         quality.design_key(proposal(rewrite="select 1 from t x"))
 
 
+def test_a_partial_index_on_the_querys_literal_is_shown_not_judged() -> None:
+    def proposal(sql: str) -> OptimizationProposal:
+        return OptimizationProposal(agent="gemini25pro", proposal_type="index", sql_commands=(sql,),
+                                    rollback_commands=(), rationale="", estimated_impact="high")
+
+    query = "SELECT player FROM leaderboard WHERE game_id = 7 ORDER BY level DESC LIMIT 10"
+
+    def bound(index: str) -> str | None:
+        return quality.literal_bound(query, proposal(index))  # type: ignore[no-any-return]
+
+    shown = bound("CREATE INDEX i ON leaderboard (level DESC) WHERE game_id = 7")
+    assert shown is not None and "7" in shown
+    assert bound("CREATE INDEX i ON leaderboard (game_id, level DESC)") is None
+    assert bound("CREATE INDEX i ON leaderboard (level) WHERE game_id > 100") is None
+
+
 SMALL_SCALE = 0.05
 
 
