@@ -215,3 +215,18 @@ async def test_afs_indexes_command(planted: str, sandbox: SandboxServer, no_leak
     assert text.returncode == 0 and b"DROP INDEX CONCURRENTLY" in text.stdout and b"cannot see" in text.stdout
     bad = await run_afs_async("indexes", "--dsn", sandbox.dsn(planted), "--min-window", "soon")
     assert bad.returncode == 2 and b"--min-window" in bad.stderr
+
+
+async def test_an_index_missing_from_the_copy_is_kept(planted: str, sandbox: SandboxServer, forks: ForkClient,
+                                                      settings: Settings, no_leaked_forks: None) -> None:
+    # made on the database after its copy (the forks' template): the fork cannot verify it
+    with psycopg.connect(sandbox.dsn(planted), autocommit=True) as conn:
+        conn.execute("CREATE INDEX t_late ON t (b, a)")
+    try:
+        async with open_connection(sandbox.dsn(planted)) as target:
+            doc = await review_indexes(target, forks, planted, settings, min_window_s=0)
+        late = _by_index(doc)["t_late"]
+        assert late["verdict"] == "keep" and "older than the database" in late["reason"]
+    finally:
+        with psycopg.connect(sandbox.dsn(planted), autocommit=True) as conn:
+            conn.execute("DROP INDEX t_late")

@@ -262,8 +262,8 @@ def _statement_names(replayed: Sequence[Replayed]) -> list[str]:
 
 
 def advise(candidate: Candidate, replayed: Sequence[Replayed] | None, work: TableWorkload | None,
-           window: StatsWindow) -> dict[str, Any]:
-    """One item of the advice (pure). `replayed` None: not verified (the reason says why)."""
+           window: StatsWindow, problem: str | None = None) -> dict[str, Any]:
+    """One item of the advice (pure). `replayed` None: not verified (`problem` says why)."""
     ix = candidate.index
     slower = _statement_names(replayed or ())
     saved = write_cost(replayed or (), None if work is None else work.window_s)
@@ -271,7 +271,10 @@ def advise(candidate: Candidate, replayed: Sequence[Replayed] | None, work: Tabl
     if candidate.blocked:
         verdict, reason = "keep", f"{candidate.reason}; but {candidate.blocked}"
     elif replayed is None:
-        verdict, reason = "keep", f"{candidate.reason}; not verified in a fork"
+        verdict, reason = "keep", f"{candidate.reason}; but {problem or 'it was not verified in a fork'}"
+    elif lost := [r for r in replayed if r.statement.kind == "read" and r.note.startswith("not replayed")]:
+        verdict, reason = "keep", (f"{candidate.reason}; but {len(lost)} read(s) of {ix.table} failed in the "
+                                   f"fork, so it could not be verified ({lost[0].note})")
     elif slower:
         verdict, reason = "keep", (f"{candidate.reason}; but {len(slower)} read(s) got slower without it "
                                    "in the fork")
@@ -321,6 +324,7 @@ async def review_indexes(target: Connection, forks: Any, source: str, settings: 
     workloads = await table_workload(target, counters, sorted({c.index.table for c in verify}))
     rule = StopRule.of(settings.measuring)
     replays: dict[int, list[Replayed]] = {}
+    problems: dict[int, str] = {}  # why a candidate could not be verified
     if verify:
         async with forks.open_fork(source) as fork, open_connection(
                 fork.dsn, settings.measuring.statement_timeout_ms) as conn:
@@ -329,12 +333,18 @@ async def review_indexes(target: Connection, forks: Any, source: str, settings: 
                 progress(f"verifying {c.kind} index {c.index.qualified} in fork {fork.name}")
                 work = workloads.get(c.index.table_oid)
                 name = f"{c.index.schema}.{c.index.name}"
+                if not await conn.fetchval("SELECT to_regclass(%s) IS NOT NULL", (c.index.qualified,)):
+                    problems[c.index.oid] = (f"the sandbox's copy has no index {c.index.qualified} (it is "
+                                             "older than the database: `afs sandbox import --refresh`, or "
+                                             "`afs sandbox refresh` for the demo): not verified")
+                    continue
                 replayed = await replay(conn, work.statements if work else (), (name,), rule,
                                         base=tuple(accepted))
                 replays[c.index.oid] = replayed
                 if not any(r.slower_without for r in replayed):
                     accepted.append(name)
-    advice = [advise(c, replays.get(c.index.oid), workloads.get(c.index.table_oid), window) for c in found]
+    advice = [advise(c, replays.get(c.index.oid), workloads.get(c.index.table_oid), window,
+                     problems.get(c.index.oid)) for c in found]
     return {"database": counters.database, "window": {"stats_reset": None if window.reset is None else
                                                       window.reset.isoformat(timespec="seconds"),
                                                       "seconds": window.seconds, "note": window.note()},
