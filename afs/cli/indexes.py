@@ -74,8 +74,9 @@ def add_commands(commands: Any) -> None:
     command = add_top(commands, "indexes", cmd_indexes)
     command.epilog = ("Reads the target's catalog, pg_stat_user_indexes, pg_stat_database and "
                       "pg_stat_statements; verifies each candidate in a fork of its copy in the sandbox "
-                      "(`afs sandbox import`). Nothing is changed on the target: a DROP goes through "
-                      "`afs apply`. Never proposed: indexes behind constraints, unique indexes, the "
+                      "(`afs sandbox import`). Nothing is changed on the target: each drop comes with "
+                      "its rollback, to run outside a transaction (CONCURRENTLY); `afs apply` does not "
+                      "take drops yet. Never proposed: indexes behind constraints, unique indexes, the "
                       "replica identity, system catalogs' indexes.")
     command.add_argument("--dsn", metavar="DSN",
                          help="the target database; default: the configured target, else the demo "
