@@ -5,7 +5,14 @@ The workflow is the same for every agent (the seed's agent contract):
     open fork (MCP service_fork) ─► the user's plan settings given to it, its plan of the
     query compared with the source's (afs.conditions) ─► analyse (EXPLAIN ANALYZE, schema, pg_stats)
     ─► propose (the brain) ─► validate (SQL allow-list) ─► benchmark (the suite,
-    before vs after, same fork) ─► close fork (MCP service_delete), always
+    before vs after, same fork) ─► the loop: the plan of the query with the best design in
+    place, its bottleneck (afs.pg.bottleneck), the brain's extended design (a RefiningBrain),
+    validated and measured the same way, kept while it beats the step before beyond the noise
+    ─► close fork (MCP service_delete), always
+
+The squad searches rather than repeats: a design another agent of the task measures already
+does not take a measuring slot (its measurement is taken afterwards, `TaskMeasurements.taken`);
+the slot goes to the agent's next design.
 
 The brain is a `Brain`: an offline strategist (`StrategistBrain`) or a model.
 Expected failures come back as data (`AgentOutcome(status="failed")`); only
@@ -25,8 +32,9 @@ from typing import Any
 import structlog
 import trio
 
-from afs.analysis import SourceStats, gather_context
+from afs.analysis import SourceStats, explain_analyze, gather_context
 from afs.bench import (
+    MIN_EFFECT,
     Reuse,
     TaskMeasurements,
     benchmark,
@@ -35,7 +43,8 @@ from afs.bench import (
     result_of,
     undo,
 )
-from afs.brains import Brain, RevisingBrain
+from afs.bench import apply as apply_proposal
+from afs.brains import Brain, RefiningBrain, RevisingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
 from afs.conditions import carry_into_fork, check_plan
@@ -63,6 +72,7 @@ from afs.models import (
     BenchmarkOutcome,
     CandidateResult,
     FamilyQuery,
+    LoopStep,
     OptimizationProposal,
     ParameterCheck,
     PlanCheck,
@@ -71,10 +81,14 @@ from afs.models import (
     ScoreBreakdown,
     TableInfo,
     TaskType,
+    Timing,
     UserConditions,
     ValidationResult,
 )
 from afs.params.family import ParameterSet, apply_parameters, baked_literals, parameter_sets, stored_rows
+from afs.pg.bottleneck import bottlenecks
+from afs.pg.names import quote_literal
+from afs.pg.plan import fmt_ms, plan_of
 from afs.query.query import Query
 from afs.query.text import check_input
 from afs.safety import check_query, creates, proposal_references, validate_candidate
@@ -266,31 +280,33 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     if choosing:
         events.emit("candidates_screened", agent=agent, fork=state.fork, baseline_cost=baseline_cost,
                     costs={str(r): c for r, c in costs.items()})
-    chosen = choose_for_measurement(
-        [(rank, costs.get(rank), proposal.proposal_type == "partitioning")
-         for rank, proposal, _, _ in checked if rank not in tried],
-        baseline_cost, job.measuring.measured)
-    for rank, proposal, validation, _ in checked:
-        if rank not in tried and rank not in chosen:
-            tried[rank] = CandidateResult(
-                proposal, "screened_out", rank, validation, planner_cost=costs.get(rank),
-                baseline_cost=baseline_cost,
-                note="beyond the measuring budget: the planner expects less of it than of those measured")
+    unmeasured = [(rank, costs.get(rank), proposal.proposal_type == "partitioning")
+                  for rank, proposal, _, _ in checked if rank not in tried]
+    chosen = choose_for_measurement(unmeasured, baseline_cost, job.measuring.measured)
+    # the designs beyond the budget, in the same order: a slot whose design another agent
+    # measures already goes to the next of them (the squad searches, it does not repeat)
+    spares = [r for r in choose_for_measurement(unmeasured, baseline_cost, len(unmeasured))
+              if r not in chosen]
 
     by_rank = {rank: (proposal, validation, cs) for rank, proposal, validation, cs in checked}
-    for position, rank in enumerate(chosen):
-        proposal, validation, candidate_suite = by_rank[rank]
-        last = position == len(chosen) - 1
-        measured_here = False
+    in_place = _InPlace(conn)
 
+    async def members_for(proposal: OptimizationProposal) -> tuple[FamilyQuery, ...]:
         members = await trio.to_thread.run_sync(_family_for, job.query, family, proposal)
         if proposal.needs_application_change and ctx.keyset_last_key is not None:
             members = await _keyset_family(conn, members, ctx.tables)
+        return members
 
-        async def measure(proposal: OptimizationProposal = proposal,
-                          members: tuple[FamilyQuery, ...] = members,
-                          candidate_suite: tuple[QueryVariant, ...] | None = candidate_suite
-                          ) -> BenchmarkOutcome:
+    async def measure_design(rank: int, proposal: OptimizationProposal, validation: ValidationResult,
+                             candidate_suite: tuple[QueryVariant, ...] | None,
+                             members: tuple[FamilyQuery, ...] | None = None) -> CandidateResult | None:
+        """One design measured (or its measurement taken from the agent that measures it):
+        its result, also in `tried`; None when the fork's state is unknown after it."""
+        measured_here = False
+        if members is None:
+            members = await members_for(proposal)
+
+        async def measure() -> BenchmarkOutcome:
             nonlocal measured_here
             enter("waiting for the benchmark slot")
             t0 = trio.current_time()
@@ -306,6 +322,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                         conn, suite, proposal, policy=job.measuring, candidate_suite=candidate_suite,
                         tables=job.features.tables, skipped=state.skipped, family=timed,
                         known_slow=ctx.slow, reuse=reuse)
+                    in_place.proposal = proposal  # the benchmark leaves it applied
                     await rows_kept()
                     if baseline_cost is not None and proposal.proposal_type != "partitioning":
                         # the planner's cost with the proposal in place, for the record (and
@@ -324,18 +341,27 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
             enter("waiting for a shared measurement")
 
+        if not await in_place.clear():  # the fork as analysed before the next design
+            events.emit("agent_phase", agent=agent, fork=state.fork, phase="undo failed",
+                        error=in_place.error)
+            return None
         t0 = trio.current_time()
         try:
+            # (no checkpoint since the caller asked `shared.taken`: the claim is this call's)
             outcome, measured_by = await shared.measure(agent, proposal, measure, waiting)
         except (ProposalFailedError, DatabaseError) as exc:
             tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                           planner_cost=costs.get(rank), baseline_cost=baseline_cost,
                                           note=str(exc))
-            if measured_here and (last or not await _undone(conn, proposal)):
-                break  # the fork's state is unknown now: measure nothing more in it
-            continue
+            if measured_here:
+                in_place.proposal = None
+                if not await _undone(conn, proposal):
+                    in_place.unknown = True  # measure nothing more in this fork
+                    return None
+            return tried[rank]
         if measured_by is not None:
             state.waited_s += trio.current_time() - t0
+            state.shared_by[rank] = measured_by
         events.emit("benchmark_completed", agent=agent, fork=state.fork,
                     duration_s=trio.current_time() - t0, measured_by=measured_by, rank=rank,
                     average_improvement_pct=round(outcome.average_improvement_pct, 1),
@@ -344,9 +370,35 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
         tried[rank] = CandidateResult(proposal, "measured", rank, validation,
                                       planner_cost=costs.get(rank, shared.screened(proposal)),
                                       baseline_cost=baseline_cost, benchmark=outcome, note=note)
-        if measured_by is not None:
-            state.shared_by[rank] = measured_by
-        revised = await _revise_rewrite(brain, agent, ctx, state, proposal, outcome, limits.model, events)
+        return tried[rank]
+
+    queue = list(chosen)
+    deferred: list[int] = []  # designs another agent measures: their measurement is taken last
+    while queue and not in_place.unknown:
+        rank = queue.pop(0)
+        proposal, validation, candidate_suite = by_rank[rank]
+        members = await members_for(proposal)
+        if not await in_place.clear():
+            events.emit("agent_phase", agent=agent, fork=state.fork, phase="undo failed",
+                        error=in_place.error)
+            break
+        # asked with no checkpoint before measure_design claims it: two agents cannot both see
+        # a design free and both measure it
+        owner = shared.taken(agent, proposal)
+        if owner is not None:
+            deferred.append(rank)
+            if spares:
+                queue.append(spares.pop(0))
+                events.emit("measurement_pooled", agent=agent, fork=state.fork, rank=rank,
+                            measured_by=owner, instead=queue[-1])
+            continue
+        result = await measure_design(rank, proposal, validation, candidate_suite, members)
+        if result is None:
+            break
+        if result.status != "measured" or result.benchmark is None:
+            continue
+        revised = await _revise_rewrite(brain, agent, ctx, state, proposal, result.benchmark, limits.model,
+                                        events)
         if revised is not None:  # measured next, as one more candidate (at most once per agent)
             new_rank = max([*tried, *by_rank]) + 1
             revised_validation, revised_suite, refused = await _admit(conn, revised)
@@ -358,18 +410,231 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                     revised = dataclasses.replace(revised,
                                                   rollback_commands=revised_validation.rollback_commands)
                 by_rank[new_rank] = (revised, revised_validation, revised_suite)
-                chosen.append(new_rank)
-                last = False
-        if measured_here and not last:
-            try:
-                await undo(conn, proposal.rollback_commands)
-            except ProposalFailedError as exc:
-                events.emit("agent_phase", agent=agent, fork=state.fork, phase="undo failed",
-                            error=str(exc))
-                break
+                queue.append(new_rank)
+    for rank in deferred:  # the shared measurements (measured here after all if their agent failed)
+        if in_place.unknown:
+            break
+        proposal, validation, candidate_suite = by_rank[rank]
+        if await measure_design(rank, proposal, validation, candidate_suite) is None:
+            break
+    for rank, proposal, validation, _ in checked:
+        if rank not in tried:
+            tried[rank] = CandidateResult(
+                proposal, "screened_out", rank, validation, planner_cost=costs.get(rank),
+                baseline_cost=baseline_cost,
+                note="beyond the measuring budget: the planner expects less of it than of those measured")
+
+    if job.measuring.loop_steps > 0 and isinstance(brain, RefiningBrain) and not in_place.unknown:
+        loop = _Loop(job, ctx, state, brain, in_place, events, enter, measure_design, tried, by_rank)
+        with trio.move_on_after(job.measuring.loop_budget_s):
+            await loop.run()
+        loop.record()
 
     state.candidates = tuple(tried[r] for r in sorted(tried))
     return _best(state)
+
+
+# -- the loop: the best design, the plan with it in place, the next design ------------------------
+MeasureDesign = Callable[[int, OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None],
+                         Awaitable[CandidateResult | None]]
+
+
+@dataclass
+class _InPlace:
+    """What is applied in the fork now: None is the fork as analysed; `unknown` after an undo
+    that failed (nothing more is measured in it)."""
+
+    conn: Connection
+    proposal: OptimizationProposal | None = None
+    unknown: bool = False
+    error: str = ""
+
+    async def clear(self) -> bool:
+        """The fork as analysed again (the design in place undone by its validated rollback)."""
+        if self.unknown:
+            return False
+        if self.proposal is None:
+            return True
+        proposal, self.proposal = self.proposal, None
+        try:
+            await undo(self.conn, proposal.rollback_commands)
+        except ProposalFailedError as exc:
+            self.unknown, self.error = True, str(exc)
+            return False
+        return True
+
+    async def put(self, proposal: OptimizationProposal) -> bool:
+        """`proposal` alone in place (applied again when another design is there)."""
+        key = TaskMeasurements.key
+        if self.proposal is not None and key(self.proposal) == key(proposal):
+            return True
+        if not await self.clear():
+            return False
+        try:
+            await apply_proposal(self.conn, proposal)
+        except ProposalFailedError as exc:
+            self.error = str(exc)
+            if not await _undone(self.conn, proposal):
+                self.unknown = True
+            return False
+        self.proposal = proposal
+        return True
+
+
+def query_timing(bench: BenchmarkOutcome | None) -> Timing | None:
+    """The measured time of the query as given with the design (the suite's "baseline" query)."""
+    if bench is None or not bench.measurements:
+        return None
+    return next((m for m in bench.measurements if m.name == "baseline"), bench.measurements[0]).optimized
+
+
+def beats(previous: Timing, new: Timing) -> bool:
+    """Whether `new` is faster than `previous` beyond the noise: every run of it faster than
+    every run of the other (afs.bench.significant's separation, over the runs' range), and the
+    medians at least MIN_EFFECT apart."""
+    slowest_new = new.max_ms if new.max_ms is not None else new.median_ms + new.spread_ms
+    fastest_previous = (previous.min_ms if previous.min_ms is not None
+                        else previous.median_ms - previous.spread_ms)
+    return (slowest_new < fastest_previous
+            and previous.median_ms - new.median_ms >= MIN_EFFECT * previous.median_ms)
+
+
+async def after_plan(conn: Connection, sql: str, proposal: OptimizationProposal,
+                     estimate_only: bool) -> tuple[dict[str, Any], bool]:
+    """The plan of `sql` with `proposal` in place (its settings set for this transaction only):
+    EXPLAIN (ANALYZE, BUFFERS), or the estimated plan when `estimate_only` or when running it
+    exceeds the statement timeout; and whether it was run."""
+    for analyse in (False,) if estimate_only else (True, False):
+        await conn.execute("BEGIN")
+        try:
+            for name, value in proposal.settings:
+                await conn.execute(f"SET LOCAL {name} = {quote_literal(value)}")
+            if analyse:
+                plan, _ = await explain_analyze(conn, sql)
+            else:
+                plan = plan_of(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}"))
+            return plan, analyse
+        except StatementTimeout:
+            continue
+        finally:
+            with trio.CancelScope(shield=True):
+                await conn.execute("ROLLBACK")
+    raise AssertionError("unreachable: the estimated plan does not run the query")
+
+
+def _loopable(c: CandidateResult) -> bool:
+    return (c.status == "measured" and c.benchmark is not None and c.benchmark.equivalent
+            and not c.benchmark.answer_cache and query_timing(c.benchmark) is not None)
+
+
+@dataclass
+class _Loop:
+    """An agent's loop (issue 25): its best measured design; the plan of the query with it in
+    place; the bottleneck there (afs.pg.bottleneck); the brain's extended design, validated and
+    measured like any other; kept when it beats the step before beyond the noise (`beats`).
+    It stops when a step does not gain, when the time goes to returning the rows, when the brain
+    has nothing more, or when its budget (Measuring.loop_steps, loop_budget_s) is spent."""
+
+    job: AgentJob
+    ctx: AnalysisContext
+    state: _Progress
+    brain: RefiningBrain
+    in_place: _InPlace
+    events: Emitter
+    enter: Callable[[str], None]
+    measure: MeasureDesign
+    tried: dict[int, CandidateResult]
+    by_rank: dict[int, tuple[OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None]]
+    steps: list[LoopStep] = field(default_factory=list)
+    final: int | None = None  # the rank of the last kept step
+    stopped: str = ""
+
+    def _stop(self, why: str) -> None:
+        self.stopped = why
+
+    async def run(self) -> None:
+        agent, conn = self.state.agent, self.in_place.conn
+        start = [c for c in self.tried.values() if _loopable(c)]
+        if not start or self.state.analysis is None:
+            return
+        current = best_candidate(agent, start, self.state.writes_per_read)
+        if current.proposal.proposal_type == "partitioning" and self.in_place.proposal != current.proposal:
+            return  # moving the data again to read a plan is not worth it
+        first = query_timing(current.benchmark)
+        self.steps = [LoopStep(1, current.proposal, None, first.median_ms if first else None, True)]
+        self.final = current.rank
+        budget = self.job.measuring
+        started, step_s = trio.current_time(), 0.0
+        while len(self.steps) <= budget.loop_steps:
+            n = len(self.steps) + 1
+            if trio.current_time() - started + step_s > budget.loop_budget_s:
+                return self._stop(f"the loop's time budget is spent ({budget.loop_budget_s:g} s)")
+            t0 = trio.current_time()
+            self.enter(f"loop step {n}")
+            if not await self.in_place.put(current.proposal):
+                return self._stop(f"step {n - 1} could not be put in place again: {self.in_place.error}")
+            previous = query_timing(current.benchmark)
+            assert previous is not None
+            estimate_only = self.ctx.slow and (previous.lower_bound or previous.median_ms * 2
+                                               > budget.statement_timeout_ms)
+            plan, analysed = await after_plan(conn, current.proposal.rewritten_query or self.job.query,
+                                              current.proposal, estimate_only)
+            necks = await trio.to_thread.run_sync(bottlenecks, plan, analysed)
+            top = necks[0] if necks else None
+            if top is not None and top.kind == "rows_returned":
+                return self._stop(f"the time goes to returning the rows: {top.detail}")
+            with trio.fail_after(self.job.timeouts.model):
+                extended = await self.brain.refine(agent, self.ctx, self.state.analysis, current.proposal,
+                                                   plan, top, tuple(self.steps))
+            if extended is None:
+                return self._stop("the brain has no next design" + (f" for {top.detail}" if top else ""))
+            if any(TaskMeasurements.key(s.proposal) == TaskMeasurements.key(extended) for s in self.steps):
+                return self._stop("the brain's next design was tried already")
+            # the plan node it answers: the bottleneck its rationale names, else the costliest
+            motive = next((b.detail for b in necks if b.detail in extended.rationale),
+                          top.detail if top else None)
+            if not await self.in_place.clear():  # the extended design holds the current one
+                return self._stop(f"undoing step {n - 1} failed: {self.in_place.error}")
+            validation, candidate_suite, refused = await _admit(conn, extended)
+            if refused is not None:
+                self.steps.append(LoopStep(n, extended, motive, None, False, refused))
+                return self._stop(f"step {n} was refused")
+            if validation.rollback_commands:
+                extended = dataclasses.replace(extended, rollback_commands=validation.rollback_commands)
+            rank = max([*self.tried, *self.by_rank]) + 1
+            self.by_rank[rank] = (extended, validation, candidate_suite)
+            result = await self.measure(rank, extended, validation, candidate_suite)
+            new = query_timing(result.benchmark) if result is not None else None
+            if result is None or result.benchmark is None or new is None:
+                why = result.note if result is not None else "the fork's state is unknown after it"
+                self.steps.append(LoopStep(n, extended, motive, None, False, f"not measured: {why}"))
+                return self._stop(f"step {n} could not be measured")
+            kept = result.benchmark.equivalent and not result.benchmark.answer_cache and beats(previous, new)
+            if not kept:
+                cache = result.benchmark.answer_cache
+                why = ("it changes the query's results" if not result.benchmark.equivalent
+                       else f"an answer cache: {cache}" if cache
+                       else f"not faster than step {n - 1} beyond the noise ({fmt_ms(previous.median_ms)} → "
+                            f"{fmt_ms(new.median_ms)})")
+                self.steps.append(LoopStep(n, extended, motive, new.median_ms, False, why))
+                self.tried[rank] = dataclasses.replace(
+                    result, note="; ".join(filter(None, (result.note, f"loop step {n}, not kept: {why}"))))
+                return self._stop(f"step {n} did not gain")
+            self.steps.append(LoopStep(n, extended, motive, new.median_ms, True))
+            current = self.tried[rank] = dataclasses.replace(result, chain=tuple(self.steps))
+            self.final, step_s = rank, trio.current_time() - t0
+            self.events.emit("loop_step", agent=agent, fork=self.state.fork, step=n, rank=rank,
+                             motivated_by=motive, median_ms=new.median_ms)
+        self._stop(f"{budget.loop_steps} loop steps taken (loop_steps)")
+
+    def record(self) -> None:
+        """The chain on the last kept step's result (with the step after it that was not kept)."""
+        stopped = self.stopped or f"the loop's time budget is spent ({self.job.measuring.loop_budget_s:g} s)"
+        self.events.emit("loop_stopped", agent=self.state.agent, fork=self.state.fork,
+                         steps=len(self.steps), kept=sum(s.kept for s in self.steps), reason=stopped)
+        if self.final is None or len(self.steps) < 2:
+            return
+        self.tried[self.final] = dataclasses.replace(self.tried[self.final], chain=tuple(self.steps))
 
 
 async def _measure_before(conn: Connection, job: AgentJob, ctx: AnalysisContext,

@@ -35,6 +35,9 @@ Environment:
     AFS_MIN_RUNS              runs before measuring may stop because the verdict is certain (default 3;
                               = AFS_RUNS measures a fixed count)
     AFS_MEASURE_BUDGET_S      query time one candidate's measurement may take (default 60)
+    AFS_LOOP_STEPS            designs an agent's loop adds to its best one, reading the plan with it
+                              in place (default 3; 0: no loop)
+    AFS_LOOP_BUDGET_S         time an agent's loop may take, its measurements included (default 120)
     AFS_BATCH_MIN_MEAN_MS     `afs batch` leaves out statements faster than this on average, before
                               any fork (default 1; 0: none; --min-ms overrides it)
     AFS_COW                   1: `afs sandbox up` puts the sandbox on a copy-on-write XFS image file
@@ -67,6 +70,7 @@ reads them from the environment the CLI passes in.
 
 The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `candidates`,
 `measured`, `parameter_sets`, `slow_baseline_cap_s`, `min_runs`, `measure_budget_s`,
+`loop_steps`, `loop_budget_s`,
 `batch_min_mean_ms`, `cow`,
 `cow_size`, `service_hosts` (a list), `service_max_body`, and `gemini:` with `models`
 (agent → model) and `model_settings` (model → generation settings, merged over MODEL_SETTINGS):
@@ -117,6 +121,9 @@ DEFAULT_MIN_RUNS = 3  # runs before measuring may stop because the verdict is ce
 DEFAULT_MEASURE_BUDGET_S = 60.0  # query time one candidate's measurement may take
 DEFAULT_CANDIDATES = 4  # designs an agent screens with the planner
 DEFAULT_MEASURED = 3  # of those, how many it measures for real in its fork
+# the agent's loop (afs.agents): the steps it may add to its best design, and the time they may take
+DEFAULT_LOOP_STEPS = 3
+DEFAULT_LOOP_BUDGET_S = 120.0
 # other literal values every proposal is also checked with (afs.params.family); a batch fills a
 # statement's $n with its own values and as many others (afs.params.fill)
 DEFAULT_PARAMETER_SETS = 2
@@ -188,6 +195,8 @@ class Measuring:
     slow_cap_share: float = SLOW_CAP_SHARE  # at most this share of the agent's time left (afs.bench)
     large_effect: float = LARGE_EFFECT  # this many times faster settles early (0: never; afs.bench)
     large_effect_runs: int = LARGE_EFFECT_RUNS  # baseline runs that settle a large effect
+    loop_steps: int = DEFAULT_LOOP_STEPS  # designs the agent's loop may add to its best one (0: none)
+    loop_budget_s: float = DEFAULT_LOOP_BUDGET_S  # time the agent's loop may take
 
     @property
     def adaptive(self) -> bool:
@@ -460,6 +469,8 @@ class Settings:
     runs: int = DEFAULT_RUNS
     min_runs: int = DEFAULT_MIN_RUNS
     measure_budget_s: float = DEFAULT_MEASURE_BUDGET_S
+    loop_steps: int = DEFAULT_LOOP_STEPS
+    loop_budget_s: float = DEFAULT_LOOP_BUDGET_S
     candidates: int = DEFAULT_CANDIDATES
     measured: int = DEFAULT_MEASURED
     parameter_sets: int = DEFAULT_PARAMETER_SETS
@@ -520,7 +531,8 @@ class Settings:
                          candidates=self.candidates, measured=self.measured,
                          parameter_sets=self.parameter_sets,
                          statement_timeout_ms=self.statement_timeout_ms, slow_cap_s=cap,
-                         large_effect=self.large_effect)
+                         large_effect=self.large_effect,
+                         loop_steps=self.loop_steps, loop_budget_s=self.loop_budget_s)
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)
@@ -637,6 +649,18 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                               f" got {value!r}") from None
         if changes["measure_budget_s"] <= 0:
             raise ConfigError(f"{source}: measure_budget_s must be positive, got {value!r}")
+    value, source = pick("loop_steps", "AFS_LOOP_STEPS")
+    if value is not None:
+        changes["loop_steps"] = _int(value, "loop_steps", source, minimum=0)
+    value, source = pick("loop_budget_s", "AFS_LOOP_BUDGET_S")
+    if value is not None:
+        try:
+            changes["loop_budget_s"] = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: loop_budget_s must be a number of seconds,"
+                              f" got {value!r}") from None
+        if not math.isfinite(changes["loop_budget_s"]) or changes["loop_budget_s"] < 0:
+            raise ConfigError(f"{source}: loop_budget_s must not be negative, got {value!r}")
     value, source = pick("batch_min_mean_ms", "AFS_BATCH_MIN_MEAN_MS")
     if value is not None:
         try:

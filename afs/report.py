@@ -9,7 +9,7 @@ carries the warning wherever it is shown.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pglast import ast, enums, parse_sql
@@ -21,6 +21,7 @@ from afs.models import (
     AGENTS,
     AgentOutcome,
     CandidateResult,
+    LoopStep,
     Measurement,
     ParameterCheck,
     PlanCheck,
@@ -90,7 +91,40 @@ def _candidate(c: CandidateResult) -> dict[str, Any]:
         "storage_mb": round(b.storage_delta_mb, 2) if b else None,
         "apply_s": b.apply_s if b else None,
         "note": c.note,
+        "chain": _chain(c.chain),
     }
+
+
+def _chain(steps: Sequence[LoopStep]) -> list[dict[str, Any]]:
+    """The loop's steps that led to a design (afs.agents): each step's design, the plan node
+    that motivated it, its measured time, whether it was kept and why not."""
+    return [{"step": s.step, "motivated_by": s.motivated_by, "proposal_type": s.proposal.proposal_type,
+             "sql_commands": list(s.proposal.sql_commands), "settings": dict(s.proposal.settings),
+             "rewritten_query": s.proposal.rewritten_query, "median_ms": s.median_ms, "kept": s.kept,
+             "note": s.note} for s in steps]
+
+
+def chain_text(chain: Sequence[Mapping[str, Any]], indent: str = "  ") -> list[str]:
+    """The loop's chain as lines (the JSON of `_chain`): each step's time, what it added to the
+    step before (its new statements) and the plan node that led to it."""
+    if not chain:
+        return []
+    out = [f"{indent}chain (the agent's loop: each step reads the plan with the step before in place):"]
+    before: list[str] = []
+    for s in chain:
+        time = f"{_ms(s['median_ms'])}" if s["median_ms"] is not None else "not measured"
+        verdict = "kept" if s["kept"] else "not kept" + (f" ({s['note']})" if s["note"] else "")
+        added = [c for c in s["sql_commands"] if c not in before] or s["sql_commands"]
+        what = "; ".join([*added, *(f"SET {k} = {v}" for k, v in s["settings"].items())])
+        if s["rewritten_query"]:
+            what += ("; " if what else "") + "rewrite: " + s["rewritten_query"]
+        out.append(f"{indent}  step {s['step']}: {time}, {verdict} — "
+                   + ("+ " if s["step"] > 1 else "") + _short(what))
+        if s["motivated_by"]:
+            out.append(f"{indent}    led by: {_short(s['motivated_by'])}")
+        if s["kept"]:
+            before = list(s["sql_commands"])
+    return out
 
 
 def agent_label(agent: str, usage: Mapping[str, Any] | None = None) -> str:
@@ -161,6 +195,8 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
         "baseline_lower_bound": b.baseline_lower_bound if b else False,
         "apply_s": b.apply_s if b else None,
         "candidates": [_candidate(c) for c in o.candidates],
+        # the loop's chain that led to the agent's proposal (empty: no step after the first)
+        "chain": next((_chain(c.chain) for c in o.candidates if c.proposal == p and c.chain), []),
         "storage_mb": round(b.storage_delta_mb, 2) if b else None,
         "storage_before_mb": b.storage_before_mb if b else None,
         "storage_after_mb": b.storage_after_mb if b else None,
@@ -526,6 +562,7 @@ def render_text(result: TaskResult) -> str:
                 problem = f", {c['family_problem']}" if c["family_problem"] else ""
                 out.append(f"    #{c['rank']} {c['status']}: {c['proposal_type']}{cost}{measured}{problem}"
                            f" — {_short(what)}" + (f" ({c['note']})" if c["note"] else ""))
+        out.extend(chain_text(p["chain"]))
         if p["scores"]:
             s = p["scores"]
             out.append(f"  scores: performance {s['performance']:g}, storage {s['storage']:g}, "

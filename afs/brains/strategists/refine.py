@@ -17,7 +17,9 @@ a column cannot be named), the next of the after-plan's, most costly first. Colu
 from the plan's conditions (afs.pg.bottleneck) and their tables from the query's resolver
 (afs.query through `Evidence.resolver`); the index is built by the index designer's own
 helpers (IndexDesign, `_set_proposal`). The new design is the current one plus the new
-index: its statements after the current ones, its rollback before theirs.
+index: its statements after the current ones, its rollback before theirs; a plain index of
+the current design whose key the new one starts with is replaced by it. A table of fewer
+than SMALL_TABLE_ROWS rows (times the loops that read it) gets no index.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Final
 
 from sqlglot import exp
 
-from afs.brains.strategists.evidence import Evidence, covering_index, norm_column
+from afs.brains.strategists.evidence import SMALL_TABLE_ROWS, Evidence, covering_index, norm_column
 from afs.brains.strategists.index_design import (
     INCLUDE_MAX_COLUMNS,
     WIDE_TYPES,
@@ -39,6 +41,7 @@ from afs.brains.strategists.index_design import (
 )
 from afs.models import AgentKey, AnalysisContext, LoopStep, OptimizationProposal, ProposalType
 from afs.pg.bottleneck import Bottleneck, bottlenecks
+from afs.pg.names import qualified
 from afs.pg.stats import column_type
 
 __all__ = ["MAX_KEY_COLUMNS", "refine_design"]
@@ -60,6 +63,26 @@ def _created(proposal: OptimizationProposal) -> dict[str, str]:
         if match:
             found[match.group(1).strip('"')] = norm_column(match.group(2))
     return found
+
+
+_KEY: Final = re.compile(r"^(?:ONLY\s+)?(\S+)\s*(?:USING\s+btree\s*)?\(([^()]*)\)\s*$", re.IGNORECASE)
+
+
+def _superseded(current: OptimizationProposal, design: IndexDesign) -> set[str]:
+    """The names of the plain B-tree indexes the design creates on `design.table` whose key
+    `design` starts with (the same key, when it adds INCLUDE columns): the new index serves
+    every lookup they serve, so it replaces them rather than joining them."""
+    names: set[str] = set()
+    key = [norm_column(c) for c in design.columns]
+    for command in current.sql_commands:
+        match = _CREATED.match(command)
+        on = _KEY.match(match.group(2).strip()) if match else None
+        if match is None or on is None or norm_column(on.group(1)) != norm_column(qualified(design.table)):
+            continue
+        old = [norm_column(c) for c in on.group(2).split(",")]
+        if key[:len(old)] == old and (len(old) < len(key) or design.include):
+            names.add(match.group(1).strip('"'))
+    return names
 
 
 def _key_order(ev: Evidence, table: str, columns: Sequence[str]) -> list[str]:
@@ -110,6 +133,8 @@ def _design(ev: Evidence, neck: Bottleneck, current: Mapping[str, str]) -> Index
         return None
     info = ev.table(table)
     assert info is not None
+    if info.rows * max(neck.loops, 1) < SMALL_TABLE_ROWS:
+        return None  # scanning so few rows is cheap: no index for it
     columns = [c for c in neck.columns if ev.resolver.has_column(table, c)]
     include: list[str] = []
     if neck.kind == "heap_fetch":
@@ -163,9 +188,13 @@ def refine_design(agent: AgentKey, ctx: AnalysisContext, current: OptimizationPr
         if design is None:
             continue
         extra = _set_proposal(agent, ev, (design,), current.estimated_impact.query_time_improvement)
-        taken = set(created)
-        if any(name in taken for name in _created(extra)):
+        replaced = _superseded(current, design)
+        if any(name in set(created) - replaced for name in _created(extra)):
             continue  # the index designer named it as one of ours: the same index
+        kept_commands = tuple(c for c in current.sql_commands
+                              if not ((m := _CREATED.match(c)) and m.group(1).strip('"') in replaced))
+        kept_rollback = tuple(c for c in current.rollback_commands
+                              if not any(re.search(rf"\b{re.escape(n)}\b", c) for n in replaced))
         step = len(steps) + 1
         ptype: ProposalType = current.proposal_type
         if ptype == "index":
@@ -177,8 +206,8 @@ def refine_design(agent: AgentKey, ctx: AnalysisContext, current: OptimizationPr
             complexity="medium")
         return dataclasses.replace(
             current, agent=agent, proposal_type=ptype,
-            sql_commands=(*current.sql_commands, *extra.sql_commands),
-            rollback_commands=(*extra.rollback_commands, *current.rollback_commands),
+            sql_commands=(*kept_commands, *extra.sql_commands),
+            rollback_commands=(*extra.rollback_commands, *kept_rollback),
             rationale=f"{current.rationale} Step {step}: {extra.rationale}",
             estimated_impact=impact,
             validation_steps=(*current.validation_steps, *extra.validation_steps[:-1]))

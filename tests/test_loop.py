@@ -1,0 +1,122 @@
+"""The agent's loop end to end (issue 25): the best measured design, the plan of the query with it
+in place, the next index, measured and kept only when it beats the step before — on a schema of its
+own in the embedded PostgreSQL, the offline strategists, real forks over MCP, `optimize()`."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+
+import pytest
+
+from afs.brains import Squad, StrategistBrain
+from afs.config import Settings
+from afs.db import open_connection
+from afs.events import Emitter
+from afs.forks.client import ForkClient
+from afs.forks.provider import LocalForkProvider
+from afs.models import (
+    AgentKey,
+    AnalysisContext,
+    AnalysisResult,
+    CandidateResult,
+    OptimizationProposal,
+    TaskResult,
+)
+from afs.optimize import TaskRequest, optimize
+from afs.report import render_text, to_json
+from afs.router import load_rules
+from afs.sandbox.server import SandboxServer
+
+pytestmark = pytest.mark.usefixtures("no_leaked_forks")
+
+# A star: facts on two dimensions, and their lines. The query filters on a key of each dimension;
+# the plan walks the facts of both and the lines of the facts found. Sized so that each index the
+# plan lacks shows in the plan with the others in place.
+STAR = """
+CREATE TABLE shops (id bigint PRIMARY KEY, code text NOT NULL, city text NOT NULL);
+CREATE TABLE brands (id bigint PRIMARY KEY, code text NOT NULL, country text NOT NULL);
+CREATE TABLE sales (id bigint PRIMARY KEY, shop_id bigint NOT NULL, brand_id bigint NOT NULL,
+                    day int NOT NULL, amount numeric(10, 2) NOT NULL);
+CREATE TABLE sale_lines (id bigint PRIMARY KEY, sale_id bigint NOT NULL, qty int NOT NULL,
+                         price numeric(10, 2) NOT NULL);
+INSERT INTO shops SELECT g, 'S' || g, 'city ' || (g % 50) FROM generate_series(1, 100) g;
+INSERT INTO brands SELECT g, 'B' || g, 'country ' || (g % 30) FROM generate_series(1, 100) g;
+INSERT INTO sales SELECT g, 1 + g % 100, 1 + (g / 100) % 100, g % 365,
+                         (g % 1000) / 10.0 FROM generate_series(1, 60000) g;
+INSERT INTO sale_lines SELECT g, 1 + (g::bigint * 15485863) % 60000, 1 + g % 7, (g % 500) / 10.0
+    FROM generate_series(1, 150000) g
+"""
+STAR_QUERY = ("SELECT count(*) AS n, sum(l.qty * l.price) AS total FROM sales s "
+              "JOIN shops sh ON sh.id = s.shop_id JOIN brands b ON b.id = s.brand_id "
+              "JOIN sale_lines l ON l.sale_id = s.id WHERE sh.code = 'S17' AND b.code = 'B42'")
+
+
+async def open_source(sandbox: SandboxServer, provider: LocalForkProvider, name: str, schema: str) -> None:
+    """A database of our own, made from `schema` and registered as a fork source."""
+    async with open_connection(sandbox.dsn()) as admin:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {name}")
+    async with open_connection(sandbox.dsn(name)) as conn:
+        for statement in schema.split(";"):
+            if statement.strip():
+                await conn.execute(statement)
+        await conn.execute("VACUUM ANALYZE")
+    await provider.register_source(name, "test")
+
+
+class OneIndexAtATime(StrategistBrain):
+    """The offline strategists, proposing single indexes only (never a set of them at once): what
+    else the query needs, the loop must find in the plans it reads."""
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
+        found = await super().propose(agent, ctx, analysis)
+        return tuple(p for p in found if len(p.sql_commands) == 1)
+
+
+async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, source: str, query: str,
+              agents: tuple[AgentKey, ...] = ("gemini25pro",), brain: StrategistBrain | None = None,
+              **changes: object) -> TaskResult:
+    thinker = brain or StrategistBrain()
+    squad = Squad(brain_for=lambda _: thinker, provider="heuristic", agents=agents)
+    return await optimize(settings.with_(**{"parameter_sets": 1, **changes}),
+                          TaskRequest(query=query, runs=5), source=source,
+                          source_dsn=sandbox.dsn(source), forks=forks, squad=squad,
+                          rules=load_rules(None), events=Emitter("l" + os.urandom(3).hex()))
+
+
+def chained(result: TaskResult) -> list[CandidateResult]:
+    return [c for o in result.outcomes for c in o.candidates if c.chain]
+
+
+async def test_the_loop_adds_the_index_the_plan_with_the_first_one_still_lacks(
+        settings: Settings, sandbox: SandboxServer, provider: LocalForkProvider, forks: ForkClient) -> None:
+    try:
+        await open_source(sandbox, provider, "afs_loop_star", STAR)
+        result = await run(settings, sandbox, forks, "afs_loop_star", STAR_QUERY, brain=OneIndexAtATime(),
+                           measured=1)
+    finally:
+        await provider.drop_source("afs_loop_star")
+    text = render_text(result)
+    print(text)
+    found = chained(result)
+    assert found, text
+    chain = max((c.chain for c in found), key=len)
+    kept = [s for s in chain if s.kept]
+    assert len(kept) >= 2, chain
+    assert chain[0].step == 1 and chain[0].motivated_by is None
+    for before, after in itertools.pairwise(kept):
+        # each kept step adds to the one before it, and was led to by a plan node
+        assert set(after.proposal.sql_commands) - set(before.proposal.sql_commands)
+        assert after.motivated_by and after.median_ms is not None and before.median_ms is not None
+        assert after.median_ms < before.median_ms
+    assert kept[-1].median_ms is not None and chain[0].median_ms is not None
+    assert kept[-1].median_ms * 2 < chain[0].median_ms
+    for step in chain:
+        assert step.kept or step.note  # a step not kept says why
+    doc = to_json(result)
+    steps = [s for p in doc["proposals"] for c in p["candidates"] for s in c.get("chain", [])]
+    assert len(steps) >= len(chain)
+    assert "chain" in text.lower()
