@@ -7,7 +7,9 @@
     /static/…             the page's script and style (shipped in the package; no build step)
 
 The pages are one HTML shell; `static/app.js` draws them from the JSON API (the same
-POST /v1/tasks validates the form). JSON added here (routes.py): /v1/board (tasks with their
+POST /v1/tasks validates the form). The task list and a task page come with their first state
+drawn by the server (pages.py: the task, its lanes, its winner), so the HTML has the data
+before any script runs; the script then draws over it and keeps it live. JSON added here (routes.py): /v1/board (tasks with their
 winner and gain), /v1/tasks/{id}/log (events so far, for a reload), /v1/batches,
 /v1/batches/{id}, /v1/audit.
 """

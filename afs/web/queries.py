@@ -23,3 +23,9 @@ async def board(store: Store, limit: int) -> list[dict[str, Any]]:
 
 def _iso(value: Any) -> str | None:
     return None if value is None else str(value.isoformat())
+
+
+async def task_report(store: Store, task_id: str) -> dict[str, Any] | None:
+    """A finished task's report document (afs.report.to_json), as stored; None before."""
+    value = await store.conn.fetchval(f"SELECT report FROM {SCHEMA}.tasks WHERE id = %s", (task_id,))
+    return None if value is None else dict(value)

@@ -8,11 +8,12 @@ guards let it through.
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -21,7 +22,8 @@ from afs.batch.job import batches, stored_batch
 from afs.config import Settings
 from afs.errors import InputError
 from afs.store import Store
-from afs.web.queries import board
+from afs.web import pages
+from afs.web.queries import board, task_report
 
 STATIC = Path(__file__).parent / "static"
 PAGES = ("/", "/tasks/{id}", "/batches", "/batches/{id}", "/audit")
@@ -46,6 +48,20 @@ def web_routes(store: Store, settings: Settings) -> list[BaseRoute]:
 
     async def page(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    async def board_page(request: Request) -> Response:  # the first render, on the server (pages)
+        return HTMLResponse(pages.shell(pages.board_page(await board(store, 50))),
+                            headers={"Cache-Control": "no-cache"})
+
+    async def task_page(request: Request) -> Response:
+        try:
+            task = await store.get(request.path_params["id"])
+        except InputError as exc:  # unknown: the shell says so (the script says it again)
+            return HTMLResponse(pages.shell(f'<div class="notice fail">{escape(str(exc))}</div>'),
+                                headers={"Cache-Control": "no-cache"})
+        events = [e.public() for e in await store.events(task.id, limit=MAX_EVENTS)]
+        html = pages.task_page(task.public(), events, await task_report(store, task.id))
+        return HTMLResponse(pages.shell(html), headers={"Cache-Control": "no-cache"})
 
     async def board_json(request: Request) -> Response:
         limit = _limit(request, 50)
@@ -86,7 +102,9 @@ def web_routes(store: Store, settings: Settings) -> list[BaseRoute]:
         return JSONResponse({"entries": rows})
 
     return [
-        *(Route(path, page, methods=["GET"]) for path in PAGES),
+        Route("/", board_page, methods=["GET"]),
+        Route("/tasks/{id}", task_page, methods=["GET"]),
+        *(Route(path, page, methods=["GET"]) for path in PAGES if path not in ("/", "/tasks/{id}")),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
         Route("/v1/board", board_json, methods=["GET"]),
         Route("/v1/tasks/{id}/log", log_json, methods=["GET"]),

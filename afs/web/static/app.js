@@ -202,6 +202,14 @@ function newLane(agent) {
   return {agent, fork: null, forkClosed: false, phases, current: null, details: [], failed: null};
 }
 
+// a lane shows only its agent's own fork, the one named for it (afs.forks.naming.fork_name;
+// afs/web/pages.py own_fork): an event carrying another agent's fork never puts it in this lane
+function ownFork(agent, fork) {
+  if (!fork) return null;
+  const part = String(agent).toLowerCase().replace(/[^a-z0-9]/g, "") || "agent";
+  return fork.startsWith(`afs-fork-${part}-task`) ? fork : null;
+}
+
 function laneOf(state, agent) {
   if (!state.lanes.has(agent)) state.lanes.set(agent, newLane(agent));
   return state.lanes.get(agent);
@@ -235,7 +243,11 @@ function applyEvent(state, e) {
       state.routing = (d.rationale || []).join("; ");
       for (const agent of d.agents || []) laneOf(state, agent);
       break;
-    case "fork_created": lane.fork = e.fork; lane.forkClosed = false; break;
+    case "fork_created": {
+      const mine = ownFork(lane.agent, e.fork);
+      if (mine) { lane.fork = mine; lane.forkClosed = false; }
+      break;
+    }
     case "agent_phase": {
       const phase = d.phase;
       if (phase === "done") {
@@ -249,7 +261,7 @@ function applyEvent(state, e) {
       } else {
         lane.details.push({text: phase, err: true});
       }
-      if (e.fork) lane.fork = e.fork;
+      if (ownFork(lane.agent, e.fork)) lane.fork = e.fork;
       break;
     }
     case "analysis_completed":
