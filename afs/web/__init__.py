@@ -9,9 +9,9 @@
 The pages are one HTML shell; `static/app.js` draws them from the JSON API (the same
 POST /v1/tasks validates the form). The task list and a task page come with their first state
 drawn by the server (pages.py: the task, its lanes, its winner), so the HTML has the data
-before any script runs; the script then draws over it and keeps it live. JSON added here (routes.py): /v1/board (tasks with their
-winner and gain), /v1/tasks/{id}/log (events so far, for a reload), /v1/batches,
-/v1/batches/{id}, /v1/audit.
+before any script runs; the script then draws over it and keeps it live. JSON added here
+(routes.py): /v1/board (tasks with their winner and gain), /v1/tasks/{id}/log (events so far,
+for a reload), /v1/batches, /v1/batches/{id}, /v1/audit.
 """
 
 from afs.web.routes import OPENAPI_PATHS, web_routes
