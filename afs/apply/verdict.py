@@ -9,8 +9,8 @@ pg_stat_statements (summed over roles, top-level only): every SELECT, INSERT, UP
 DELETE or MERGE whose text names one of them (the names resolved by the target's catalog).
 Among them, the statements it serves: the task's own (its queryid from EXPLAIN (VERBOSE) on
 the target) and, once built, every one whose plan on the target uses what it built (a
-generic plan for a statement with `$n`: an application's bind parameters give another
-queryid than the task's literals). Every plan goes through afs.target.on_target.
+statement with `$n` filled from pg_stats as the batch fills it: an application's bind
+parameters give another queryid than the task's literals). Every plan goes through afs.target.on_target.
 pg_stat_statements keeps running totals of calls, time, rows and the standard deviation of
 the time; Σ t² follows from them, so the counters of any window between two readings give
 that window's calls, mean and variance exactly.
@@ -42,6 +42,7 @@ from psycopg.types.json import Jsonb
 from afs.apply import audit
 from afs.apply.plan import ApplyPlan
 from afs.apply.resolve import same_database
+from afs.batch.fill import fill_statement
 from afs.batch.statements import relations
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, InputError
@@ -441,16 +442,24 @@ def _index_names(cur: Cursor, query: str) -> set[str]:
 
 
 async def uses_indexes(conn: Connection, queries: Mapping[int, str], indexes: Sequence[str]) -> list[int]:
-    """The statements whose plan on the target (a generic plan for one with `$n`) uses one of
-    `indexes`: the statements the change serves. Planned through afs.target.on_target."""
+    """The statements whose plan on the target uses one of `indexes`: the statements the change
+    serves. One with `$n` is filled from pg_stats as the batch fills it (afs.batch.fill: its
+    common values and quantiles; a partial index serves some values only), else planned
+    generic. Planned through afs.target.on_target."""
     names = {i.rpartition(".")[2].strip('"') for i in indexes}
     served = []
     for queryid, text in queries.items():
         if not text.lstrip().lower().startswith("select"):
             continue
         try:
-            generic = any(t.name == "PARAM" for t in scan(text))
-            used = await on_target(conn, text, _index_names, parameters=generic)
+            if any(t.name == "PARAM" for t in scan(text)):  # filled as the batch fills it (pg_stats)
+                filled = await fill_statement(conn, text)
+                texts = [s.query for s in filled.sets] or [text]
+            else:
+                texts = [text]
+            used: set[str] = set()
+            for one in texts:
+                used |= await on_target(conn, one, _index_names, parameters=one is text)
         except AfsError:  # refused by the checks, or it does not plan: not counted as served
             continue
         if used & names:

@@ -334,11 +334,13 @@ async def measure_set(target: Any, forks: Any, source: str, settings: Settings, 
         gone = []
         for item in drops:
             name = item.key.split()[-1]
-            found = await conn.fetchval("SELECT to_regclass(%s)::text", (name,))
+            found = await conn.fetchval(  # schema.name unquoted, as afs.batch.replay takes it
+                "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n"
+                " ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)", (name,))
             if found is None:
                 notes.append(f"{name} is not in the fork's copy: not dropped there")
             else:
-                gone.append(name)
+                gone.append(str(found))
         progress(f"the chosen set: {len(statements)} statement(s) replayed with and without "
                  f"{len(built)} new index(es) in fork {fork.name}")
         replayed = await replay(conn, statements, tuple(built), rule, base=tuple(gone)) if built else []
@@ -363,6 +365,9 @@ async def measure_set(target: Any, forks: Any, source: str, settings: Settings, 
                        "table's replayed workload, or the same plan)")
         if not_replayed:
             why.append(f"{len(not_replayed)} statement(s) of these tables could not be filled")
+        failed = [r for r in replayed if r.note.startswith("not replayed")]
+        if failed:
+            why.append(f"{len(failed)} statement(s) failed in the fork ({failed[0].note})")
         verdict = (f"measured together {total:.1f} < the sum of the parts {parts:.1f} ms a day: "
                    + "; ".join(why))
     doc["measured"] = {
