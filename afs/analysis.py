@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +40,8 @@ from afs.models import (
     TableInfo,
     TaskType,
 )
-from afs.pg.names import ident
-from afs.pg.opclasses import catalog_type, support_key
+from afs.pg.names import ident, qualified
+from afs.pg.opclasses import catalog_type, support_key, where_terms
 from afs.pg.plan import explained, plan_of
 from afs.query.features import extract_features
 from afs.safety.statements import ALLOWED_EXTENSIONS
@@ -182,16 +182,69 @@ ORDER BY 1, 2, 3, 4, 5
 """
 
 
-async def operator_support(conn: Connection, query: str,
-                           column_types: Iterable[str] = ()) -> dict[str, tuple[OperatorSupport, ...]]:
+_EXPRESSION_TYPE_SQL = """
+SELECT format_type(a.atttypid, NULL), pg_get_indexdef(a.attrelid, 1, true) FROM pg_attribute a
+WHERE a.attrelid = %s::regclass AND a.attnum = 1
+"""
+
+
+async def index_expressions(conn: Connection, query: str,
+                            tables: Mapping[str, TableInfo],
+                            aliases: Mapping[str, str]) -> dict[tuple[str, str], tuple[str, str]]:
+    """The WHERE clause's expressions of one column (afs.pg.opclasses.where_terms) that
+    PostgreSQL accepts as an index key, with their types: each is indexed on an empty copy of its
+    table (a temporary table, inside the caller's transaction), which PostgreSQL refuses for an
+    expression that is not immutable (`created::date` of a timestamptz, `to_tsvector(body)`).
+    Each with its type and the key as pg_get_indexdef prints it."""
+    found: dict[tuple[str, str], tuple[str, str]] = {}
+    copies: dict[str, str] = {}
+    for n, term in enumerate(where_terms(query)):
+        if term.expression is None:
+            continue
+        owners = ([aliases.get(term.qualifier, term.qualifier)] if term.qualifier
+                  else [t for t, info in tables.items() if any(c.name == term.column for c in info.columns)])
+        for m, table in enumerate(owners):
+            if table not in tables or (table, term.expression) in found:
+                continue
+            copy = copies.get(table) or f"afs_probe_copy_{n}_{m}"
+            index = f"afs_probe_index_{n}_{m}"
+            await conn.execute("SAVEPOINT afs_expression")
+            try:
+                if table not in copies:
+                    await conn.execute(f"CREATE TEMP TABLE {copy} (LIKE {qualified(table)})")
+                await conn.execute(f"CREATE INDEX {index} ON pg_temp.{copy} (({term.expression}))")
+                row = await conn.fetchone(_EXPRESSION_TYPE_SQL, (f"pg_temp.{index}",))
+            except DatabaseError:
+                await conn.execute("ROLLBACK TO SAVEPOINT afs_expression")
+                continue
+            await conn.execute("RELEASE SAVEPOINT afs_expression")
+            copies[table] = copy
+            if row is not None:
+                found[(table, term.expression)] = (str(row[0]), str(row[1]))
+    return found
+
+
+@dataclass(frozen=True)
+class CatalogAnswer:
+    """What the fork's catalog says of the query's operators and expressions (AnalysisContext
+    .operator_classes and .index_expressions)."""
+
+    operator_classes: dict[str, tuple[OperatorSupport, ...]]
+    index_expressions: dict[tuple[str, str], tuple[str, str]]
+
+
+async def operator_support(conn: Connection, query: str, tables: Mapping[str, TableInfo] | None = None,
+                           aliases: Mapping[str, str] | None = None) -> CatalogAnswer:
     """The operator classes that serve each operator the query uses (AnalysisContext.
-    operator_classes), read in one transaction that is rolled back: the trusted extensions
-    afs.safety lets a proposal create are created first, so their classes are known (marked not
-    installed); the query becomes a temporary view, whose tree names the operators. Empty when
-    PostgreSQL cannot make a view of the query (parameters, a data-modifying statement). Keys
-    for the types an operator's classes also serve (binary-coercible to its left type, or standing
-    for a polymorphic one) are added for `column_types` (the types of the query's columns) only."""
-    coercible = {catalog_type(t) for t in column_types}
+    operator_classes), and the indexable expressions of its WHERE clause (`index_expressions`),
+    read in one transaction that is rolled back: the trusted extensions afs.safety lets a
+    proposal create are created first, so their classes are known (marked not installed); the
+    query becomes a temporary view, whose tree names the operators. DatabaseError when PostgreSQL
+    cannot make a view of the query (parameters, a data-modifying statement). Keys for the types
+    an operator's classes also serve (binary-coercible to its left type, or standing for a
+    polymorphic one) are added for the types of the columns of `tables` only."""
+    tables = tables or {}
+    coercible = {catalog_type(c.data_type) for info in tables.values() for c in info.columns}
     await conn.execute("BEGIN")
     try:
         created: list[str] = []
@@ -208,6 +261,7 @@ async def operator_support(conn: Connection, query: str,
         tree = str(await conn.fetchval(_PROBE_TREE_SQL) or "")
         oids = sorted({int(m) for m in _OPERATOR_OID.findall(tree)})
         rows = await conn.fetchall(_SUPPORT_SQL, (oids, sorted(coercible))) if oids else []
+        expressions = await index_expressions(conn, query, tables, aliases or {})
     finally:
         with trio.CancelScope(shield=True):
             await conn.execute("ROLLBACK")
@@ -220,7 +274,7 @@ async def operator_support(conn: Connection, query: str,
             installed=extension is None or str(extension) not in created)
         for type_name in dict.fromkeys([str(left), *(str(a) for a in aliases or () if str(a) in coercible)]):
             found.setdefault(support_key(str(op), type_name), []).append(support)
-    return {key: tuple(dict.fromkeys(values)) for key, values in found.items()}
+    return CatalogAnswer({key: tuple(dict.fromkeys(values)) for key, values in found.items()}, expressions)
 
 
 _VIEW_SQL = """
@@ -355,13 +409,13 @@ async def gather_context(
             tables[name] = info
     server = await server_facts(conn)
     try:
-        operator_classes = await operator_support(
-            conn, query, {c.data_type for info in tables.values() for c in info.columns})
-    except DatabaseError:
-        operator_classes = {}  # the strategists then keep to PostgreSQL's built-in classes
+        catalog = await operator_support(conn, query, tables, features.aliases)
+    except DatabaseError:  # the strategists then keep to PostgreSQL's built-in classes
+        catalog = CatalogAnswer({}, {})
     return AnalysisContext(task_id=task_id, task_type=task_type, query=query, features=features,
                            plan=plan, execution_ms=execution_ms, tables=tables, suite=suite,
-                           slow=slow, server=server, operator_classes=operator_classes)
+                           slow=slow, server=server, operator_classes=catalog.operator_classes,
+                           index_expressions=catalog.index_expressions)
 
 
 def _is_temporal(data_type: str) -> bool:

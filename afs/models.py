@@ -195,6 +195,11 @@ class AnalysisContext:
     # operators the query filters, joins and sorts with, resolved as PostgreSQL resolved them
     # (afs.analysis.operator_support). Empty: the catalog was not read.
     operator_classes: Mapping[str, tuple[OperatorSupport, ...]] = field(default_factory=dict)
+    # (table, expression as afs.pg.opclasses.where_terms prints it) → (its type, the key as
+    # pg_get_indexdef prints it), for the expressions of one column the WHERE clause compares that
+    # PostgreSQL accepts as an index key (immutable: it built an index on an empty copy of the
+    # table); an expression not here is not indexable. Read with operator_classes.
+    index_expressions: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
 
 # -- one agent's work ---------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from afs.models import OperatorSupport
-from afs.pg.opclasses import brin_fits, catalog_type, choose, support_key, supports
+from afs.pg.opclasses import brin_fits, catalog_type, choose, support_key, supports, where_terms
 
 
 def s(op: str, left: str, method: str, opclass: str, default: bool, family: int,
@@ -78,3 +78,14 @@ def test_brin_only_for_a_correlated_column_and_a_large_range() -> None:
     # never the B-tree rule's choice
     rng = choose(CATALOG, needs)
     assert rng is not None and rng.method == "btree"
+
+
+def test_where_terms_read_the_operator_as_written_and_the_expression_unqualified() -> None:
+    terms = where_terms("SELECT id FROM ev e WHERE e.created::date = '2020-01-02' AND e.during && "
+                        "int4range(1, 2) AND lower(email) LIKE 'a%' AND e.a + e.b = 5 AND x = y "
+                        "AND doc @@ to_tsquery('english', 'w') AND e.id = (SELECT 1)")
+    found = [(t.qualifier, t.column, t.operator, t.expression) for t in terms]
+    assert found == [("e", "created", "=", "CAST(created AS date)"), ("e", "during", "&&", None),
+                     (None, "doc", "@@", None)]  # LIKE, two columns, column = column, subquery: not
+    assert where_terms("UPDATE t SET a = 1 WHERE b && c") == ()
+    assert where_terms("SELECT (") == ()

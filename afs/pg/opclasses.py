@@ -24,9 +24,14 @@ extensions and of the trusted ones that could be created). Among them:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+
+import pglast
+from pglast import ast as pg_ast
+from pglast.enums import A_Expr_Kind, BoolExprType
+from pglast.stream import RawStream
 
 from afs.models import OperatorSupport
 
@@ -155,3 +160,78 @@ def catalog_type(data_type: str) -> str:
     keys use: "character varying(255)" → "character varying", "numeric(10,2)" → "numeric",
     "timestamp(3) with time zone" → "timestamp with time zone"."""
     return re.sub(r"\s+", " ", re.sub(r"\(\s*\d+(\s*,\s*\d+)?\s*\)", "", data_type)).strip()
+
+
+# -- the WHERE terms an index of some kind may serve ---------------------------------------
+@dataclass(frozen=True)
+class WhereTerm:
+    """A top-level WHERE term `<column or expression of one column> <operator> <constant>` of one
+    SELECT, as PostgreSQL's parser reads it: the operator as written (`&&`, `@@`, `=`, …)."""
+
+    qualifier: str | None  # the column's table or alias, as written
+    column: str
+    operator: str
+    expression: str | None  # the left side when it is not the column itself, unqualified
+    shown: str  # the term as written
+
+
+def _nodes(tree: Any) -> Iterator[Any]:
+    """Every node under `tree`, without recursing (afs.query.text.walk, which this room cannot
+    import)."""
+    pending = [tree]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, pg_ast.Node):
+            yield value
+            slots: Any = getattr(type(value), "__slots__")  # noqa: B009 - the stubs do not declare it
+            pending.extend(getattr(value, name, None) for name in slots)
+        elif isinstance(value, tuple | list):
+            pending.extend(value)
+
+
+def _unqualified(node: Any) -> Any:
+    """A copy of an expression with its column references unqualified (an index key names the
+    columns of its table alone)."""
+    select: Any = pglast.parse_sql(f"SELECT {RawStream()(node)}")[0].stmt
+    copy = select.targetList[0].val
+    for ref in _nodes(copy):
+        if isinstance(ref, pg_ast.ColumnRef) and ref.fields and len(ref.fields) > 1:
+            ref.fields = ref.fields[-1:]
+    return copy
+
+
+def where_terms(sql: str) -> tuple[WhereTerm, ...]:
+    """The WhereTerms of the query's top-level WHERE (none unless it is one SELECT)."""
+    try:
+        statements = pglast.parse_sql(sql)
+    except pglast.parser.ParseError:
+        return ()
+    if len(statements) != 1 or not isinstance(statements[0].stmt, pg_ast.SelectStmt):
+        return ()
+    where = statements[0].stmt.whereClause
+    if isinstance(where, pg_ast.BoolExpr) and where.boolop == BoolExprType.AND_EXPR:
+        terms = list(where.args or ())
+    else:
+        terms = [where] if where is not None else []
+    found: list[WhereTerm] = []
+    for term in terms:
+        if (not isinstance(term, pg_ast.A_Expr) or term.kind != A_Expr_Kind.AEXPR_OP
+                or not term.name or len(term.name) != 1 or term.lexpr is None or term.rexpr is None):
+            continue
+        if any(isinstance(n, pg_ast.ColumnRef | pg_ast.SubLink | pg_ast.ParamRef)
+               for n in _nodes(term.rexpr)):
+            continue  # not a constant
+        left = list(_nodes(term.lexpr))
+        refs = [n for n in left if isinstance(n, pg_ast.ColumnRef)]
+        if len(refs) != 1 or any(isinstance(n, pg_ast.SubLink | pg_ast.ParamRef) for n in left):
+            continue
+        names = [getattr(f, "sval", None) for f in refs[0].fields or ()]
+        if not names or len(names) > 2 or not all(isinstance(n, str) for n in names):
+            continue
+        plain = isinstance(term.lexpr, pg_ast.ColumnRef)
+        found.append(WhereTerm(
+            qualifier=str(names[0]) if len(names) == 2 else None, column=str(names[-1]),
+            operator=str(term.name[0].sval),
+            expression=None if plain else RawStream()(_unqualified(term.lexpr)),
+            shown=RawStream()(term)))
+    return tuple(found)

@@ -17,11 +17,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import pglast
-from pglast import ast as pg_ast
-from pglast.enums import A_Expr_Kind, BoolExprType
-from pglast.stream import RawStream
-
 from afs.errors import InputError
 from afs.models import (
     AnalysisContext,
@@ -33,12 +28,11 @@ from afs.models import (
     RiskLevel,
     TableInfo,
 )
-from afs.pg.opclasses import IndexKind, catalog_type, choose, supports
+from afs.pg.opclasses import IndexKind, catalog_type, choose, supports, where_terms
 from afs.pg.plan import PlanNode, plan_insights, plan_nodes
 from afs.pg.stats import DEFAULT_RANGE_SEL, range_fraction
 from afs.query.query import Query
 from afs.query.shape import IndexablePredicate, QueryShape, Resolver, query_shape
-from afs.query.text import walk
 
 # -- tunables shared by the rule modules ---------------------------------------------------
 FAST_MS: Final = 1.0  # a query this fast leaves nothing to measure
@@ -147,32 +141,10 @@ class OperatorTerm:
     table: str
     column: str  # the column it reads
     operator: str
-    expression: str | None  # the key when the left side is an expression of the column
-    data_type: str | None  # the left side's type as the catalog names it (None: an expression)
+    expression: str | None  # the key when the left side is an expression of the column, as
+    #                         pg_get_indexdef prints it (AnalysisContext.index_expressions)
+    data_type: str | None  # the left side's type as the catalog names it (None: not known)
     shown: str  # the term as written
-
-
-def _where_terms(sql: str) -> list[Any]:
-    """The top-level AND terms of the WHERE of one SELECT, as pglast reads them."""
-    try:
-        statements = pglast.parse_sql(sql)
-    except pglast.parser.ParseError:
-        return []
-    if len(statements) != 1 or not isinstance(statements[0].stmt, pg_ast.SelectStmt):
-        return []
-    where = statements[0].stmt.whereClause
-    if isinstance(where, pg_ast.BoolExpr) and where.boolop == BoolExprType.AND_EXPR:
-        return list(where.args or ())
-    return [where] if where is not None else []
-
-
-def _column_refs(node: Any) -> list[pg_ast.ColumnRef]:
-    return [n for n in walk(node) if isinstance(n, pg_ast.ColumnRef)]
-
-
-def _constant(node: Any) -> bool:
-    """No column, no subquery, no parameter: the same value for every row."""
-    return not any(isinstance(n, pg_ast.ColumnRef | pg_ast.SubLink | pg_ast.ParamRef) for n in walk(node))
 
 
 # -- evidence: the plan, the statistics and the query, indexed by table ---------------------
@@ -281,29 +253,22 @@ class Evidence:
         """The WHERE terms `column op constant` (or `f(column, constants) op constant`) of the
         query, with a symbolic operator (OperatorTerm)."""
         found: list[OperatorTerm] = []
-        for term in _where_terms(self.ctx.query):
-            if (not isinstance(term, pg_ast.A_Expr) or term.kind != A_Expr_Kind.AEXPR_OP
-                    or not term.name or len(term.name) != 1 or term.lexpr is None
-                    or term.rexpr is None or not _constant(term.rexpr)):
-                continue
-            refs = _column_refs(term.lexpr)
-            if len(refs) != 1 or any(isinstance(n, pg_ast.SubLink | pg_ast.ParamRef)
-                                     for n in walk(term.lexpr)):
-                continue
-            names = [getattr(f, "sval", None) for f in refs[0].fields or ()]
-            if not names or not all(isinstance(n, str) for n in names) or len(names) > 2:
-                continue
-            qualifier, column = (str(names[0]), str(names[1])) if len(names) == 2 else (None, str(names[0]))
-            table = self.resolver.table_of(qualifier, column)
+        for term in where_terms(self.ctx.query):
+            table = self.resolver.table_of(term.qualifier, term.column)
             info = self.table(table) if table else None
-            if table is None or info is None or not any(c.name == column for c in info.columns):
+            if table is None or info is None or not any(c.name == term.column for c in info.columns):
                 continue
-            plain = isinstance(term.lexpr, pg_ast.ColumnRef)
-            data_type = next(c.data_type for c in info.columns if c.name == column)
-            found.append(OperatorTerm(
-                table=table, column=column, operator=str(term.name[0].sval),
-                expression=None if plain else RawStream()(term.lexpr),
-                data_type=catalog_type(data_type) if plain else None, shown=RawStream()(term)))
+            expression = term.expression
+            if expression is None:
+                data_type: str | None = catalog_type(
+                    next(c.data_type for c in info.columns if c.name == term.column))
+            else:
+                known = self.ctx.index_expressions.get((table, expression))
+                if known is None and self.catalog_read:
+                    continue  # PostgreSQL does not take it as an index key (not immutable)
+                data_type, expression = known if known is not None else (None, expression)
+            found.append(OperatorTerm(table=table, column=term.column, operator=term.operator,
+                                      expression=expression, data_type=data_type, shown=term.shown))
         return tuple(found)
 
     def catalog_kind(self, needs: Iterable[tuple[str, str | None]], *,

@@ -67,6 +67,7 @@ from afs.pg.stats import (
     DEFAULT_CONTAIN_SEL,
     DEFAULT_EQ_SEL,
     DEFAULT_MATCH_SEL,
+    DEFAULT_RANGE_SEL,
     JSON_VALUE_WIDTH,
     btree_mb,
     column_type,
@@ -1042,8 +1043,12 @@ def _operator_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexD
     for (column, expression), terms in grouped.items():
         needs = [(t.operator, t.data_type) for t in terms]
         kind = ev.catalog_kind(needs)
-        if kind is None or kind.method in ("btree", "hash"):
-            continue  # nothing serves it, or the filter rule's B-tree does
+        if kind is None:
+            continue  # nothing in the catalog serves it
+        if kind.method in ("btree", "hash") and (expression is None or any(
+                p.expression and _norm_target(p.expression) == _norm_target(expression)
+                for p in ev.indexable(table))):
+            continue  # the filter rule's B-tree, or the expression rule's
         target = expression or column
         shown = " AND ".join(t.shown for t in terms)
         existing = next((ix for ix in info.indexes if index_method(ix) == kind.method
@@ -1053,26 +1058,43 @@ def _operator_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexD
             notes.append(f"{existing.name} already serves {shown} on {table}, {_planner_verdict(ev, table)}")
             continue
         observed = ev.observed_fraction(table) if ev.only_filter(table) else None
+        default = (DEFAULT_CONTAIN_SEL if kind.method not in ("btree", "hash")
+                   else DEFAULT_EQ_SEL if all(t.operator == "=" for t in terms) else DEFAULT_RANGE_SEL)
         fraction, source = ((observed, "observed in the plan") if observed is not None else
-                            (DEFAULT_CONTAIN_SEL, f"no statistics, assuming {fmt_pct(DEFAULT_CONTAIN_SEL)}"))
+                            (default, f"no statistics, assuming {fmt_pct(default)}"))
         if fraction > INDEX_MAX_FRACTION:
             notes.append(f"{shown} keeps ~{fmt_pct(fraction)} of {table}: an index would not beat a "
                          "sequential scan")
             continue
         owner = f" ({kind.owner})" if kind.owner else ""
-        note = (f"{shown} keeps ~{fmt_pct(fraction)} of rows (~{fmt_count(fraction * rows)}, {source}); "
-                f"no B-tree serves {', '.join(dict.fromkeys(kind.serves))} on {target}, the catalog's "
-                f"{kind.method.upper()} class {kind.opclass or '(the default)'}{owner} does: a Bitmap Index "
-                "Scan answers it")
+        if kind.method in ("btree", "hash"):
+            note = (f"{shown} keeps ~{fmt_pct(fraction)} of rows (~{fmt_count(fraction * rows)}, {source}); "
+                    f"a plain index on {column} cannot serve a test of {target}, an index on the "
+                    "expression can (PostgreSQL accepts it as a key); ANALYZE then gives the planner "
+                    "statistics on it")
+        else:
+            note = (f"{shown} keeps ~{fmt_pct(fraction)} of rows (~{fmt_count(fraction * rows)}, {source}); "
+                    f"no B-tree serves {', '.join(dict.fromkeys(kind.serves))} on {target}, the catalog's "
+                    f"{kind.method.upper()} class {kind.opclass or '(the default)'}{owner} does: a Bitmap "
+                    "Index Scan answers it")
         notes.append(note)
-        function = re.sub(r"[^a-z0-9]+", "_", (expression or "").split("(")[0].lower()).strip("_")
-        label = f"{column}_{function}" if function else column
+        label = _expression_label(column, expression)
         out.append(IndexDesign(
             table=table, key=(KeyColumn(column, expression=expression, opclass=kind.opclass, label=label),),
             kind="filter", fraction=fraction, benefit=ev.visited_rows(table) - fraction * rows,
             reasons=(_scan_reason(ev, table, rows), note), method=kind.method,
             analyze=expression is not None, extension=kind.extension))
     return out
+
+
+def _expression_label(column: str, expression: str | None) -> str:
+    """What an index name calls an expression key: the column, then the other names in it
+    (`(stamp)::date` → stamp_date, `to_tsvector('english'::regconfig, body)` → body_to_tsvector)."""
+    if expression is None:
+        return column
+    bare = re.sub(r"'(?:[^']|'')*'(?:::[a-z ]+)?", "", expression.lower())
+    words = [w for w in dict.fromkeys(re.findall(r"[a-z_][a-z0-9_]*", bare)) if w != column.lower()]
+    return "_".join([column, *words[:2]])
 
 
 def _norm_target(text: str) -> str:
