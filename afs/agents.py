@@ -135,6 +135,7 @@ class _Progress:
     shared_by: dict[int, AgentKey] = field(default_factory=dict)  # rank -> agent that measured it
     revisions: int = 0  # rewrites sent back to the brain after failing the result check
     plan_check: PlanCheck | None = None  # the query's plan in the fork against the source's
+    superseded: set[int] = field(default_factory=set)  # ranks of the loop's steps before its last kept one
 
     def outcome(self, status: AgentStatus, error: str | None = None,
                 bench: BenchmarkOutcome | None = None) -> AgentOutcome:
@@ -546,6 +547,7 @@ class _Loop:
     tried: dict[int, CandidateResult]
     by_rank: dict[int, tuple[OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None]]
     steps: list[LoopStep] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # of the steps measured
     final: int | None = None  # the rank of the last kept step
     stopped: str = ""
 
@@ -563,6 +565,7 @@ class _Loop:
         first = query_timing(current.benchmark)
         self.steps = [LoopStep(1, current.proposal, None, first.median_ms if first else None, True)]
         self.final = current.rank
+        self.ranks = [current.rank]
         budget = self.job.measuring
         started, step_s = trio.current_time(), 0.0
         while len(self.steps) <= budget.loop_steps:
@@ -604,6 +607,7 @@ class _Loop:
             rank = max([*self.tried, *self.by_rank]) + 1
             self.by_rank[rank] = (extended, validation, candidate_suite)
             result = await self.measure(rank, extended, validation, candidate_suite)
+            self.ranks.append(rank)
             new = query_timing(result.benchmark) if result is not None else None
             if result is None or result.benchmark is None or new is None:
                 why = result.note if result is not None else "the fork's state is unknown after it"
@@ -635,6 +639,9 @@ class _Loop:
         if self.final is None or len(self.steps) < 2:
             return
         self.tried[self.final] = dataclasses.replace(self.tried[self.final], chain=tuple(self.steps))
+        # the last kept step is the loop's design: the steps before it and the one that did not
+        # gain stay in the record, but cannot be the agent's proposal
+        self.state.superseded |= {r for r in self.ranks if r != self.final}
 
 
 async def _measure_before(conn: Connection, job: AgentJob, ctx: AnalysisContext,
@@ -829,6 +836,7 @@ def best_candidate(agent: AgentKey, measured: Sequence[CandidateResult],
 def _best(state: _Progress) -> AgentOutcome:
     """The agent's outcome: its best measured candidate (`best_candidate`)."""
     measured = [c for c in state.candidates if c.status == "measured" and c.benchmark is not None]
+    measured = [c for c in measured if c.rank not in state.superseded] or measured
     if not measured:
         first = state.candidates[0]
         state.proposal, state.validation = first.proposal, first.validation

@@ -4,9 +4,11 @@ own in the embedded PostgreSQL, the offline strategists, real forks over MCP, `o
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -21,10 +23,12 @@ from afs.models import (
     AnalysisContext,
     AnalysisResult,
     CandidateResult,
+    LoopStep,
     OptimizationProposal,
     TaskResult,
 )
 from afs.optimize import TaskRequest, optimize
+from afs.pg.bottleneck import Bottleneck
 from afs.report import render_text, to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -120,3 +124,39 @@ async def test_the_loop_adds_the_index_the_plan_with_the_first_one_still_lacks(
     steps = [s for p in doc["proposals"] for c in p["candidates"] for s in c.get("chain", [])]
     assert len(steps) >= len(chain)
     assert "chain" in text.lower()
+
+
+class UselessSecondStep(StrategistBrain):
+    """The offline strategists, whose loop adds an index the query cannot use (once)."""
+
+    async def refine(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
+                     current: OptimizationProposal, after_plan: Mapping[str, Any],
+                     bottleneck: Bottleneck | None, steps: Sequence[LoopStep]) -> OptimizationProposal | None:
+        if len(steps) > 1:
+            return None
+        return dataclasses.replace(
+            current,
+            sql_commands=(*current.sql_commands, "CREATE INDEX loop_useless ON orders (total_amount)"),
+            rollback_commands=("DROP INDEX IF EXISTS loop_useless", *current.rollback_commands))
+
+
+PENDING = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending' AND o.user_id = 42"
+           " ORDER BY o.created_at DESC")
+
+
+async def test_a_step_that_does_not_gain_is_not_kept(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    # a fixed count of runs a side: two measurements of the same plan are not told apart
+    result = await run(settings, sandbox, forks, "afs_demo", PENDING, brain=UselessSecondStep(),
+                       measured=1, min_runs=5)
+    (outcome,) = result.outcomes
+    (candidate,) = chained(result)
+    first, second = candidate.chain
+    assert first.kept and not second.kept and "beyond the noise" in second.note, second
+    assert "loop_useless" in second.proposal.sql_commands[-1] and second.median_ms is not None
+    # measured like any other candidate, and not the agent's proposal
+    tried = [c for c in outcome.candidates if "loop_useless" in " ".join(c.proposal.sql_commands)]
+    assert len(tried) == 1 and tried[0].status == "measured" and "not kept" in tried[0].note
+    assert outcome.proposal is not None and "loop_useless" not in " ".join(outcome.proposal.sql_commands)
+    assert candidate.proposal == first.proposal
+    assert "step 2" in render_text(result) and "not kept" in render_text(result)
