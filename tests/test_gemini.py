@@ -974,10 +974,19 @@ async def test_slow_then_good(autojump_clock: trio.testing.MockClock) -> None:
 
 
 # -- end to end: real sandbox, real forks, the fake model ---------------------------------------------
+def loop_turns(fake: FakeGemini, model: str | None = None) -> int:
+    """The agent's loop turns the fake answered (GeminiBrain.refine: they start with the
+    measured result), of `model` or of all."""
+    return sum(r.prompt.startswith("MEASURED RESULT") and model in (None, r.model) for r in fake.requests)
+
+
 def answers(proposal: dict[str, Any]) -> Any:
-    """A fallback responder: the analysis for analysis calls, `proposal` for proposal calls."""
+    """A fallback responder: the analysis for analysis calls, `proposal` for proposal calls, and
+    nothing more to do for the agent's loop (its turns start with the measured result)."""
 
     def respond(request: FakeRequest) -> FakeReply:
+        if request.prompt.startswith("MEASURED RESULT"):
+            return reply_json({"candidates": []})
         schema = request.generation_config.get("responseJsonSchema") or {}
         return reply_json(proposal if "candidates" in schema.get("properties", {}) else ANALYSIS)
 
@@ -1006,7 +1015,8 @@ async def test_a_model_proposal_is_validated_and_measured(
     assert result.provider == "gemini" and "gemini25pro = gemini-3.8-flash" in result.provider_note
     assert result.status == "completed" and result.decision and result.decision.winner == "gemini25pro"
     usage = squad.usage_of("gemini25pro")
-    assert usage is not None and usage.calls == 2
+    # analysis, proposal, then the loop's turns (issue 25: the agent's loop asks the brain again)
+    assert usage is not None and usage.calls == 2 + loop_turns(fake)
     assert any("SELECT o.id" in r.prompt and "Seq Scan" in r.prompt for r in fake.requests)
     # a live source: its own server, the same one the plans ran on
     assert any(re.search(r"source server: PostgreSQL 18[.\d]*; plans measured on PostgreSQL 18", r.prompt)
@@ -1500,7 +1510,8 @@ async def test_a_rewrite_that_fails_the_result_check_is_revised_and_measured(
     assert "other rows than the original query for baseline" in asked.prompt
     assert json.loads(asked.texts[-2])["candidates"][0]["rewritten_query"] == WRONG_REWRITE["rewritten_query"]
     usage = squad.usage_of("gemini25pro")
-    assert usage is not None and usage.calls == 3  # analysis, proposal, revision (once only)
+    # analysis, proposal, revision (once only), and the loop's turns (answered: nothing more)
+    assert usage is not None and usage.calls == 3 + loop_turns(fake)
 
 
 # -- the review role ---------------------------------------------------------------------------------
@@ -1544,7 +1555,8 @@ async def test_the_reviewer_flags_a_measured_proposal_without_changing_the_conse
     assert asked.prompt.count('<data label="measured proposal">') == 1  # the others', not its own
     assert "agent gemini25flash:" in asked.prompt and "agent gemini25pro:" not in asked.prompt
     usage = {o.agent: o.usage for o in result.outcomes}
-    assert usage["gemini25pro"]["calls"] == 3 and usage["gemini25flash"]["calls"] == 2  # + the review
+    assert usage["gemini25pro"]["calls"] == 3 + loop_turns(fake, "gemini-3.8-flash")  # + the review
+    assert usage["gemini25flash"]["calls"] == 2 + loop_turns(fake, "gemini-3.7-flash")
     assert asked.model == "gemini-3.8-flash"  # the reviewer's model
     measured = json.loads(re.search(r'<data label="measured proposal">(.*?)</data>', asked.prompt)[1])
     assert measured["proposal"]["sql_commands"][0] == INDEX_SQL and measured["measured"]["same_rows"]

@@ -12,6 +12,12 @@
              settings.candidates designs, best first ─► refusals (afs.safety)
     revise_rewrite: the same conversation + its rewrite + why the result check failed
              it in the fork (afs.agents asks, once per agent)
+    refine:  the agent's loop (afs.agents) as the same conversation going on: the proposal's
+             turns as the model saw them, then per step the measured result of the design
+             in place (the plan with it, in the compact form above; the times of every step;
+             the costliest node; its indexes the planner did not use; refusals, apply errors
+             and steps not kept) ─► generate_json (one candidate) ─► parse_proposals: the
+             whole next design, or none to stop; within the agent's model budget
 
 Everything that came from the database or from a model (the model's own insights and
 actions, its refused statements, the parser's complaint quoting its text, the result
@@ -32,7 +38,9 @@ measurement. Tokens (thinking included), attempts and estimated cost are kept pe
 in `brain.usage`, with the model version and stage the API said answered; `brain.calls`
 holds one record per call (agent, purpose, configured model, the version that answered,
 its stage and retirement time, tokens, estimated cost, outcome). A spending cap
-(`gemini.max_spend_usd`, per squad) is checked before every attempt. With `gemini.stream`
+(`gemini.max_spend_usd`, per squad, or one shared by a batch) is checked before every attempt,
+and the agent's model budget (`gemini.budget`: turns, tokens, seconds) before every call; what
+stopped an agent's calls is in its usage (`stopped`) for the report. With `gemini.stream`
 answers are streamed: the model's `call_timeout_s` bounds the wait for the first chunk and
 `STREAM_STALL_S` each wait for the next, inside the question's budget (the model phase). `check_models`,
 before any fork, refuses a thinking level the model does not accept and warns of a model
@@ -99,12 +107,14 @@ from afs.models import (
     AgentOutcome,
     AnalysisContext,
     AnalysisResult,
+    LoopStep,
     OptimizationProposal,
     ReviewFlag,
     TableInfo,
 )
+from afs.pg.bottleneck import Bottleneck
 from afs.pg.plan import PLAN_TOKEN_BUDGET, plan_text
-from afs.safety import check_query, validate_candidate
+from afs.safety import check_query, creates, settings_sql, validate_candidate
 
 log = structlog.get_logger("afs.gemini")
 
@@ -355,6 +365,75 @@ def review_prompt(query: str, outcomes: Sequence[AgentOutcome], send_values: boo
     return prompt_template("review").substitute(query=data("query", shown), proposals=proposals)
 
 
+def _index_names(plan: Any) -> set[str]:
+    """The names of the indexes a plan uses (its "Index Name"s, unqualified)."""
+    names: set[str] = set()
+    if isinstance(plan, Mapping):
+        if isinstance(plan.get("Index Name"), str):
+            names.add(plan["Index Name"].rpartition(".")[2])
+        for value in plan.values():
+            names |= _index_names(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            names |= _index_names(value)
+    return names
+
+
+def unused_indexes(proposal: OptimizationProposal, plan: Mapping[str, Any]) -> list[str]:
+    """The CREATE INDEX statements of `proposal` whose index the plan does not use."""
+    used = _index_names(plan)
+    return [ix.statement for ix in creates(proposal).indexes
+            if ix.name is not None and ix.name.rpartition(".")[2] not in used]
+
+
+def _step_line(step: LoopStep) -> dict[str, Any]:
+    """One step of the loop as the refine prompt shows it (data)."""
+    design = [*step.proposal.sql_commands, *settings_sql(tuple(step.proposal.settings))]
+    if step.proposal.rewritten_query:
+        design.append(f"rewrite: {step.proposal.rewritten_query}")
+    return {"step": step.step, "design": design, "motivated_by": step.motivated_by,
+            "median_ms": None if step.median_ms is None else round(step.median_ms, 3),
+            "kept": step.kept, "note": step.note}
+
+
+def refine_prompt(ctx: AnalysisContext, current: OptimizationProposal, after_plan: Mapping[str, Any],
+                  bottleneck: Bottleneck | None, steps: Sequence[LoopStep], step: int,
+                  plan_budget_tokens: int = PLAN_TOKEN_BUDGET, withheld: Withheld | None = None) -> str:
+    """The loop's next user turn: what `current` (step `step`) measured, as data."""
+    def hide(text: str) -> str:
+        return text if withheld is None else withheld.mask(text)
+
+    shown = current if withheld is None else withheld.withhold_proposal(current)
+    plan, note = plan_text(after_plan, plan_budget_tokens)
+    timed = [{"step": s.step, "median_ms": round(s.median_ms, 3), "kept": s.kept}
+             for s in steps if s.median_ms is not None]
+    times = data("times", {"original_query_ms": round(ctx.execution_ms, 3),
+                           "original_is_a_lower_bound": ctx.slow, "steps": timed})
+    notes = [hide(json.dumps(_step_line(s), ensure_ascii=False, default=str))
+             for s in steps if s.note or not s.kept]
+    ignored = unused_indexes(current, after_plan)
+    return prompt_template("refine").substitute(
+        step=step, current=data("design in place", candidate_json(shown)), times=times,
+        plan_kind=("EXPLAIN ANALYZE, measured" if _analysed(after_plan)
+                   else "estimated: EXPLAIN without running it"),
+        plan_note=note, after_plan=data_lines("plan", [hide(line) for line in plan]),
+        bottleneck=data("bottleneck", hide(bottleneck.detail)) if bottleneck is not None else "(none found)",
+        ignored=data_lines("unused indexes", [hide(s) for s in ignored]) if ignored else "(none)",
+        notes=data_lines("earlier steps", notes) if notes else "(none)",
+        pg_syntax=pg_syntax(ctx))
+
+
+def _analysed(plan: Any) -> bool:
+    """Whether the plan was run (EXPLAIN ANALYZE: actual times) rather than estimated."""
+    if isinstance(plan, Mapping):
+        if "Actual Total Time" in plan or "Actual Rows" in plan:
+            return True
+        return any(_analysed(v) for v in plan.values() if isinstance(v, Mapping | list))
+    if isinstance(plan, list):
+        return any(_analysed(v) for v in plan)
+    return False
+
+
 def _analysis_json(analysis: AnalysisResult) -> str:
     """The analysis as the model's own turn of the conversation."""
     return json.dumps({"insights": list(analysis.insights),
@@ -452,6 +531,9 @@ class GeminiBrain:
         self.policy = policy
         self.plan_budget_tokens = plan_budget_tokens
         self.usage: dict[AgentKey, dict[str, Any]] = {}
+        # each agent's conversation as the model last saw it (its last answer included): the
+        # proposal's, then the loop's turns (refine)
+        self.conversations: dict[AgentKey, list[Turn]] = {}
         self.calls: list[dict[str, Any]] = []  # one record per call, answered or not
         # the cap's count: this squad's own, or one shared by several (a batch, a schedule)
         self.meter = meter if meter is not None else SpendMeter(self.gemini.max_spend_usd)
@@ -489,11 +571,60 @@ class GeminiBrain:
         ]
         parse = functools.partial(parse_proposals, agent, max_candidates=self.max_candidates)
         source = source_version(ctx)
+        conversation: list[Turn] = []
         proposals = await self._ask(agent, "propose", turns, proposal_schema(self.max_candidates),
                                     _filled(parse, withheld),
                                     judge=functools.partial(refusals, source=source),
-                                    hide=None if withheld is None else withheld.mask)
+                                    hide=None if withheld is None else withheld.mask,
+                                    transcript=conversation)
+        if conversation:  # the loop (refine) goes on with this conversation
+            self.conversations[agent] = conversation
         return flag_new_syntax(proposals, source)
+
+    async def refine(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
+                     current: OptimizationProposal, after_plan: Mapping[str, Any],
+                     bottleneck: Bottleneck | None, steps: Sequence[LoopStep]
+                     ) -> OptimizationProposal | None:
+        """The loop's next design as the next turn of the agent's conversation (a
+        `RefiningBrain`): the measured result of `current` (the plan with it in place in the
+        compact form of the prompts, the times of every step, refusals, apply errors, the
+        design's indexes the planner did not use, the costliest node) goes back to the model
+        after the turns before it (the analysis, the proposal, the earlier steps), and its
+        answer is parsed like a proposal (the agent validates and measures it). None when the
+        model sees nothing more to remove, or when the agent's model budget, the spending cap
+        or an unusable answer ends the conversation (said in the usage and the log)."""
+        shown, withheld = self.shown(ctx)
+        hide = withheld.mask if withheld is not None else None
+        turns = list(self.conversations.get(agent) or ())
+        if not turns:  # no proposal of ours in this task: the conversation as it would have been
+            said = current if withheld is None else withheld.withhold_proposal(current)
+            turns = [
+                ("user", analysis_prompt(agent, shown, self.plan_budget_tokens, withheld)),
+                ("model", _analysis_json(analysis)),
+                ("user", proposal_prompt(agent, shown, analysis, self.plan_budget_tokens,
+                                         self.max_candidates, withheld)),
+                ("model", json.dumps({"candidates": [candidate_json(said)]}))]
+        step = max((s.step for s in steps if s.kept), default=len(steps) or 1)
+        turns.append(("user", refine_prompt(shown, current, after_plan, bottleneck, steps, step,
+                                            self.plan_budget_tokens, withheld)))
+        source = source_version(shown)
+        conversation: list[Turn] = []
+        try:
+            answer = await self._ask(
+                agent, "refine", turns, proposal_schema(1),
+                _filled(functools.partial(parse_proposals, agent, max_candidates=1), withheld),
+                judge=functools.partial(refusals, source=source), hide=hide, transcript=conversation)
+        except ModelError as exc:  # the conversation ends; the measured steps stand
+            log.warning("model_refine_stopped", agent=agent, step=step + 1, error=str(exc), code=exc.code)
+            return None
+        self.conversations[agent] = conversation
+        if not answer:
+            return None
+        extended = flag_new_syntax(answer, source)[0]
+        if bottleneck is not None and bottleneck.detail not in extended.rationale:
+            extended = dataclasses.replace(
+                extended, rationale=f"Step {step + 1}, for {bottleneck.detail}: {extended.rationale}")
+        return extended
 
     async def revise_rewrite(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
                              proposal: OptimizationProposal, reason: str) -> OptimizationProposal | None:
@@ -535,14 +666,17 @@ class GeminiBrain:
     async def _ask(self, agent: AgentKey, purpose: str, turns: list[Turn], schema: Mapping[str, Any],
                    parse: Callable[[str], tuple[T, list[str]]],
                    judge: Callable[[T], str | None] | None = None,
-                   hide: Callable[[str], str] | None = None) -> T:
+                   hide: Callable[[str], str] | None = None,
+                   transcript: list[Turn] | None = None) -> T:
         """One question; unusable answers (and, with `judge`, refused ones) go back with the
         reason, MAX_REPROMPTS times at most in all.
 
         Each call has its model's own limit (`call_timeout_s`), and all of them the question's
         budget (the model phase, less a second so that this returns before the agent's limit
         fires): a re-prompt that the budget, a timeout or the spending cap cuts short returns
-        the refused candidates already in hand (the agent reports them) instead of losing them."""
+        the refused candidates already in hand (the agent reports them) instead of losing them.
+        `transcript`, when given, receives the conversation as the model saw it, its last
+        answer included (the loop's next turn goes on from there)."""
         model = self.model_of(agent)
         settings = self.gemini.settings_of(model)
         deadline = trio.current_time() + max(self.model_phase_s - PHASE_MARGIN_S, self.model_phase_s / 2)
@@ -627,6 +761,8 @@ class GeminiBrain:
                         "refusals", [hide(line) if hide else line for line in refused.splitlines()]))
                     turns = [*turns, ("model", reply.text), ("user", retry)]
                     continue
+            if transcript is not None:
+                transcript[:] = [*turns, ("model", reply.text)]
             return value
         raise AssertionError("unreachable: the last round returns or raises")  # pragma: no cover
 
