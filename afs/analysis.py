@@ -15,6 +15,12 @@ proposals and the storage measurement are about the tables PostgreSQL scans.
 
 What runs on the source (a user's database) is catalog reads only: the query itself is
 planned there through `afs.target.on_target` alone.
+
+The catalog's answer for the index kind (issue 25 item 7, `operator_support`): the operators the
+query uses, resolved by PostgreSQL (a temporary view of the query), the operator classes that
+serve them (pg_amop, pg_opclass, pg_am; those of installed extensions and of the trusted ones a
+proposal may create), and the expressions of its WHERE clause that PostgreSQL accepts as index
+keys; all in a fork, in one transaction rolled back. afs.pg.opclasses chooses among them.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from afs.pg.names import ident, qualified
 from afs.pg.opclasses import catalog_type, support_key, where_terms
 from afs.pg.plan import explained, plan_of
 from afs.query.features import extract_features
+from afs.query.text import select_text
 from afs.safety.statements import ALLOWED_EXTENSIONS
 
 MB = 1048576.0
@@ -257,7 +264,13 @@ async def operator_support(conn: Connection, query: str, tables: Mapping[str, Ta
                 continue
             created.append(str(name))
         # a subquery: duplicate output names (`a.id, b.id`) are fine there, not in a view's list
-        await conn.execute(f"CREATE TEMP VIEW {PROBE_VIEW} AS SELECT 1 AS probe FROM ({query}) AS q")
+        # the one query without its `;` (pglast splits it); a line break: a comment that ends
+        # the query must not swallow the parenthesis
+        try:
+            body = select_text(query)
+        except InputError as exc:  # not a query PostgreSQL can make a view of
+            raise DatabaseError(str(exc)) from exc
+        await conn.execute(f"CREATE TEMP VIEW {PROBE_VIEW} AS SELECT 1 AS probe FROM ({body}\n) AS q")
         tree = str(await conn.fetchval(_PROBE_TREE_SQL) or "")
         oids = sorted({int(m) for m in _OPERATOR_OID.findall(tree)})
         rows = await conn.fetchall(_SUPPORT_SQL, (oids, sorted(coercible))) if oids else []

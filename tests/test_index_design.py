@@ -4,6 +4,7 @@ EXPLAIN ANALYZE plan, pg_stats-like statistics); no database."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -11,7 +12,15 @@ import pytest
 
 from afs.brains.strategists.evidence import Decision
 from afs.brains.strategists.index_design import MAX_CANDIDATES, decide_index_design
-from afs.models import AnalysisContext, ColumnInfo, ColumnStats, IndexInfo, OptimizationProposal, TableInfo
+from afs.models import (
+    AnalysisContext,
+    ColumnInfo,
+    ColumnStats,
+    IndexInfo,
+    OperatorSupport,
+    OptimizationProposal,
+    TableInfo,
+)
 from afs.query.features import extract_features
 from afs.safety import validate_candidate
 
@@ -447,3 +456,56 @@ def test_alternatives_are_distinct_ranked_and_capped() -> None:
     assert 2 <= len(decision.candidates) <= MAX_CANDIDATES
     improvements = [c.estimated_impact.query_time_improvement for c in decision.candidates]
     assert all(i >= 1 for i in improvements)
+
+
+# -- the index kind from the catalog (issue 25 item 7) -----------------------------------------
+def support(op: str, left: str, method: str, opclass: str, default: bool = False, family: int = 5,
+            extension: str | None = None, installed: bool = True) -> OperatorSupport:
+    return OperatorSupport(op, left, left, method, opclass, default, "search", family, extension, installed)
+
+
+def with_catalog(ctx: AnalysisContext, *supports: OperatorSupport) -> AnalysisContext:
+    catalog: dict[str, tuple[OperatorSupport, ...]] = {}
+    for s in supports:
+        catalog[f"{s.operator} {s.left_type}"] = (*catalog.get(f"{s.operator} {s.left_type}", ()), s)
+    return dataclasses.replace(ctx, operator_classes=catalog)
+
+
+def test_the_catalog_decides_the_trigram_kind_and_whether_its_extension_is_created() -> None:
+    ctx = docs_ctx("title LIKE '%beef42%'")
+    # pg_trgm installed: its GIN class, without CREATE EXTENSION
+    installed = decide(with_catalog(ctx, support("~~", "text", "gin", "gin_trgm_ops", extension="pg_trgm"),
+                                    support("~~", "text", "gist", "gist_trgm_ops", extension="pg_trgm")))
+    assert installed.proposal is not None
+    assert installed.proposal.sql_commands == (
+        "CREATE INDEX afs_docs_title_trgm_gin ON docs USING gin (title gin_trgm_ops)",)
+    # not installed yet (the analysis marks so only what afs.safety lets a proposal create)
+    created = decide(with_catalog(ctx, support("~~", "text", "gin", "gin_trgm_ops", extension="pg_trgm",
+                                               installed=False)))
+    assert created.proposal is not None
+    assert created.proposal.sql_commands[0] == "CREATE EXTENSION IF NOT EXISTS pg_trgm"
+    # a catalog whose only class for `~~` is another installed extension's GiST class: that one
+    other = decide(with_catalog(ctx, support("~~", "text", "gist", "other_trgm_ops", extension="other")))
+    assert other.proposal is not None
+    assert other.proposal.sql_commands == (
+        "CREATE INDEX afs_docs_title_trgm_gist ON docs USING gist (title other_trgm_ops)",)
+    # nothing serves `~~`: no proposal for it, and the reason
+    none = decide(with_catalog(ctx, support("=", "text", "btree", "text_ops", default=True)))
+    assert none.proposal is None
+    assert any("no operator class in the catalog serves LIKE on title" in i for i in none.insights)
+
+
+def test_the_catalog_decides_the_like_prefix_class_by_the_collation() -> None:
+    pattern = (support("~>=~", "text", "btree", "text_pattern_ops"),
+               support("~<~", "text", "btree", "text_pattern_ops"))
+    plain = (support(">=", "text", "btree", "text_ops", default=True),
+             support("<", "text", "btree", "text_ops", default=True))
+    non_c = docs_ctx("title LIKE 'beef%'", docs(collation="en_US.UTF-8"))
+    found = decide(with_catalog(non_c, *pattern, *plain)).proposal
+    assert found is not None and "(title text_pattern_ops)" in found.sql_commands[0]
+    c = docs_ctx("title LIKE 'beef%'", docs(collation="C"))
+    found = decide(with_catalog(c, *pattern, *plain)).proposal
+    assert found is not None and "ON docs (title)" in found.sql_commands[0]
+    # a catalog without a pattern class: no B-tree serves the prefix under a non-C collation
+    assert all("pattern" not in cmd for p in decide(with_catalog(non_c, *plain)).candidates
+               for cmd in p.sql_commands)

@@ -4,10 +4,18 @@ A ranked set of index designs for the most expensive accesses in the plan: B-tre
 columns or expressions, composite keys (equality → range → sort), partial indexes for rare
 constants, INCLUDE for index-only scans (and the plain key beside it), join-key indexes,
 `LIKE 'prefix%'` through a pattern operator class (unless the column sorts by the C
-collation), expression indexes for `lower(col) = …` and `payload ->> 'key' = …`, GIN for
-jsonb containment (`@>`, jsonb_path_ops) and key tests (`?`), GIN with pg_trgm's
-gin_trgm_ops for `LIKE '%…%'` and ILIKE, and the composite that springs the
-ORDER BY … LIMIT trap.
+collation), expression indexes for `lower(col) = …`, `payload ->> 'key' = …` and any other
+expression PostgreSQL accepts as a key, GIN for jsonb containment and key tests, trigram
+classes for `LIKE '%…%'` and ILIKE, GIN / GiST / SP-GiST for the other operators an index
+serves (full text, ranges, geometry), BRIN for a large range on a column in physical order,
+and the composite that springs the ORDER BY … LIMIT trap.
+
+The kind of each index (method and operator class) is the catalog's answer: the classes the
+fork's catalog lists for the operators the query uses (AnalysisContext.operator_classes, read
+by afs.analysis), chosen by afs.pg.opclasses (`Evidence.catalog_kind`); an extension's class is
+proposed with CREATE EXTENSION only when the extension is not installed and afs.safety lets a
+proposal create it. A context without the catalog (built by hand) keeps PostgreSQL's built-in
+classes: the pattern classes, jsonb_path_ops for `@>` alone, pg_trgm's gin_trgm_ops.
 
 Per table, each rule of `DESIGN_RULES` offers its designs; each rule of `SET_RULES` offers
 indexes that pay only together, as one proposal: every foreign key a join walks from its
