@@ -96,6 +96,7 @@ from afs.suite import build_suite
 
 AS_FAST_RATIO = 1.1  # a candidate leaving at most 1.1x the fastest one's share of the time is as fast
 AS_FAST_MS = 0.3  # … or one within 0.3 ms of its time (below that, timings are mostly noise)
+LOOP_SHARE_OF_TIME_LEFT = 0.5  # the loop takes at most this share of the agent's time left
 
 
 @dataclass(frozen=True)
@@ -427,8 +428,14 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     if job.measuring.loop_steps > 0 and isinstance(brain, RefiningBrain) and not in_place.unknown:
         loop = _Loop(job, ctx, state, brain, in_place, events, enter, measure_design, tried, by_rank)
-        with trio.move_on_after(job.measuring.loop_budget_s):
-            await loop.run()
+        # within its budget, and within half the time the agent has left: what it measured
+        # so far must still be reported
+        left = trio.current_effective_deadline() - trio.current_time()
+        with trio.move_on_after(min(job.measuring.loop_budget_s, LOOP_SHARE_OF_TIME_LEFT * left)):
+            try:
+                await loop.run()
+            except AfsError as exc:  # a model's or the fork's error ends the loop, not the agent
+                loop.stopped = f"stopped by an error: {exc}"
         loop.record()
 
     state.candidates = tuple(tried[r] for r in sorted(tried))
@@ -586,9 +593,12 @@ class _Loop:
             top = necks[0] if necks else None
             if top is not None and top.kind == "rows_returned":
                 return self._stop(f"the time goes to returning the rows: {top.detail}")
-            with trio.fail_after(self.job.timeouts.model):
+            extended = None
+            with trio.move_on_after(self.job.timeouts.model) as thinking:
                 extended = await self.brain.refine(agent, self.ctx, self.state.analysis, current.proposal,
                                                    plan, top, tuple(self.steps))
+            if thinking.cancelled_caught:
+                return self._stop(f"the brain did not answer within {self.job.timeouts.model:g} s")
             if extended is None:
                 return self._stop("the brain has no next design" + (f" for {top.detail}" if top else ""))
             if any(TaskMeasurements.key(s.proposal) == TaskMeasurements.key(extended) for s in self.steps):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from afs.agents import beats
+from afs.agents import after_plan, beats
 from afs.analysis import explain_analyze, gather_context, source_table_stats
 from afs.brains.strategists.refine import refine_design
 from afs.db import Connection, open_connection
@@ -143,3 +143,18 @@ def test_a_step_is_kept_only_when_it_beats_the_one_before_beyond_the_noise() -> 
     assert not beats(before, timing(9.9, 9.92, 9.95))  # separated, but less than 5 % apart
     assert not beats(before, timing(12.0, 12.5, 13.0))  # slower
     assert not beats(before, before)
+
+
+async def test_the_plan_with_a_design_is_read_without_running_it_when_the_query_is_too_slow(db: str) -> None:
+    async with open_connection(db, 50) as conn:  # a statement timeout the correlated query exceeds
+        plan, analysed = await after_plan(conn, CORRELATED, design(), estimate_only=False)
+        assert not analysed and "Actual Total Time" not in plan and plan["Total Cost"] > 0
+        # the estimated plan still shows the subquery run per outer row
+        neck = bottlenecks(plan, analysed)[0]
+        assert neck.kind == "subplan_per_row" and neck.columns == ("customer_id",)
+        count = "SELECT count(*) FROM customers"
+        fast, analysed = await after_plan(conn, count, design(), estimate_only=False)
+        assert analysed and "Actual Total Time" in fast
+        estimated, analysed = await after_plan(conn, count, design(), estimate_only=True)
+        assert not analysed and "Actual Total Time" not in estimated
+        assert await conn.fetchval("SELECT 1") == 1  # the connection is usable after the timeout
