@@ -146,7 +146,7 @@ def model_spend(result: TaskResult) -> dict[str, Any] | None:
     """What the task's model calls took, summed over its agents (an estimate at list prices,
     not a bill): USD (None when a model had no known price), tokens, calls, and the agents a
     budget or the spending cap stopped; None when no model was called."""
-    used = [o for o in result.outcomes if o.usage.get("calls")]
+    used = [o for o in result.outcomes if o.usage.get("calls") or o.usage.get("stopped")]
     if not used:
         return None
     costs = [o.usage.get("estimated_cost_usd") for o in used]

@@ -9,13 +9,14 @@ import json
 import os
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from afs.batch.job import BatchOptions, batch_meter
 from afs.batch.report import Entry, build_report, outcome, render_markdown
 from afs.brains.gemini.brain import spend_bound
 from afs.brains.gemini.client import SpendMeter, Usage, estimate_cost, today
-from afs.config import GeminiSettings
+from afs.config import GeminiSettings, Settings
 from afs.errors import InputError
 from afs.models import AGENTS, AgentOutcome, RoutingDecision, TaskResult
 from afs.sandbox.server import SandboxServer
@@ -133,3 +134,49 @@ def test_the_batch_report_shows_the_spend_and_the_statements_the_cap_stopped() -
     markdown = render_markdown(doc)
     assert "Model calls: 3, 3600 tokens, about $0.0045 (list-price estimate, not a bill); spending cap " \
            "0.004 USD; the cap stopped the model calls of statement(s) 2." in markdown
+
+
+# -- afs batch --max-spend end to end: one meter for every task --------------------------------------
+SLOW = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending' AND o.user_id = {u}"
+        " ORDER BY o.created_at DESC")
+COUNT = "SELECT count(*) FROM orders WHERE user_id = {u}"
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_batch_shares_one_cap_among_its_tasks(settings: Settings, store_db: str,
+                                                      sandbox: SandboxServer) -> None:
+    with psycopg.connect(sandbox.dsn(settings.demo_database), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database"
+                     " WHERE datname = current_database()), 0)")
+        for u in range(1, 41):
+            conn.execute(SLOW.format(u=u).encode())
+        for u in range(1, 6):
+            conn.execute(COUNT.format(u=u).encode())
+    fake = FakeGemini(fallback=answers({"candidates": [PROPOSAL]}), api_key=KEY)
+    gemini = GeminiSettings()
+    one = min(estimate_cost(gemini.settings_of(gemini.model_of(agent)), Usage(1000, 200, 1200)) or 0
+              for agent in AGENTS)
+    try:
+        with serve_fake_gemini(fake) as url:
+            done = await run_afs_async(
+                "batch", "--top", "2", "--min-calls", "5", "--provider", "gemini", "--runs", "1",
+                "--max-spend", f"{one / 2:.6f}", "--json",
+                env=_env(GOOGLE_API_KEY=KEY, AFS_GEMINI_BASE_URL=url, AFS_STORE_URL=store_db))
+    finally:  # the demo database is shared by the whole session: leave it as it was
+        with psycopg.connect(sandbox.dsn(settings.demo_database), autocommit=True) as conn:
+            conn.execute("DROP EXTENSION IF EXISTS pg_stat_statements")
+    assert done.returncode == 1, done.stderr.decode()
+    assert "the spending cap of" in done.stderr.decode() and "stopped the model calls of 2 statement(s)" \
+        in done.stderr.decode()
+    doc = json.loads(done.stdout)  # the report, whole
+    first, second = doc["statements"]
+    spend = doc["model_spend"]
+    # the first task's analyses spent the cap; the second task made no call at all: one meter
+    assert first["model_spend"]["calls"] >= 1 and second["model_spend"]["calls"] == 0
+    assert len(fake.requests) == spend["calls"] == first["model_spend"]["calls"]
+    assert spend["capped"] == [first["queryid"], second["queryid"]]
+    assert spend["estimated_cost_usd"] == pytest.approx(first["model_spend"]["estimated_cost_usd"])
+    assert doc["options"]["max_spend_usd"] == pytest.approx(one / 2, rel=1e-3)
+    report = (settings.home / "reports" / f"batch-{doc['id']}.md").read_text()
+    assert "the cap stopped the model calls of statement(s)" in report

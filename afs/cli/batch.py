@@ -15,7 +15,7 @@ from afs.batch.report import render_markdown
 from afs.batch.schedule import add_schedule, check_cron, check_zone, describe, remove_schedule, schedules
 from afs.cli.commands import DSN_PASSWORDS, add_command, add_top
 from afs.cli.optimize import usd
-from afs.cli.output import EXIT_FAILED, EXIT_OK, emit, progress, progress_done
+from afs.cli.output import EXIT_FAILED, EXIT_OK, emit, progress, progress_done, say
 from afs.cli.shared import open_task_store, sandbox_stop_reported, start_sandbox
 from afs.config import Settings
 from afs.errors import ConfigError, InputError
@@ -61,7 +61,23 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
     after = await _after_batch(args, settings, doc)
     emit(args, doc, render_markdown(doc) + after
          + f"\n(report: {settings.home / 'reports'}/batch-{doc['id']}.md)")
-    return EXIT_OK
+    return _spend_stopped(doc)
+
+
+def _spend_stopped(doc: dict[str, Any]) -> int:
+    """EXIT_FAILED, said on stderr with what was spent, when the batch's spending cap stopped
+    model calls (the report shows what was measured before it); EXIT_OK otherwise."""
+    spend = doc.get("model_spend") or {}
+    if not spend.get("capped"):
+        return EXIT_OK
+    cost = spend.get("estimated_cost_usd")
+    cap = spend.get("cap_usd")
+    say(f"afs batch: the spending cap{'' if cap is None else f' of {cap:g} USD'} stopped the model calls of "
+        f"{len(spend['capped'])} statement(s): "
+        + ("cost unknown (a model without a known price)" if cost is None
+           else f"{cost:.4f} USD spent (estimated at list prices)")
+        + "; the report shows what was measured before it (raise --max-spend to go further)")
+    return EXIT_FAILED
 
 
 async def _after_batch(args: argparse.Namespace, settings: Settings, doc: dict[str, Any]) -> str:
