@@ -34,10 +34,11 @@ uncertain. After `min_runs` (`Measuring.min_runs`) pairs a loop stops as soon as
   the margin happens with probability 0.008, the same false-alarm rate as
   complete separation of 5 against 5;
 
-- every candidate run is at least `large_effect` (`Measuring.large_effect`, 5) times faster
+- every candidate run is at least `large_effect` (`Measuring.large_effect`, 3) times faster
   than every baseline run and reads at most half the shared buffers (hit + read) of any
   baseline run ("large"): the plan does less work, and the times say so by a factor no drift
-  explains (2.2x at most between two measurements of one task, see below). Such a verdict
+  explains (2.2x at most between two measurements of one task, see below: REUSE_FACTOR, the
+  factor at which a candidate already needed no fresh baseline run). Such a verdict
   needs only `large_effect_runs` (1) baseline runs; the candidate, the fast side, still runs
   `min_runs` times (its runs are cheap, and they tell two fast candidates apart: afs.consensus).
   The queries before any change are measured `runs_ahead` (1) times ahead (`measure_before`);

@@ -139,8 +139,9 @@ DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the stat
 SLOW_CAP_SHARE = 0.5
 # a candidate this many times faster than every baseline run, reading at most half the baseline's
 # shared buffers, has its verdict from LARGE_EFFECT_RUNS baseline runs (afs.bench: the large
-# effect); two and a half times the worst drift seen between two measurements of one task
-LARGE_EFFECT = 5.0
+# effect): the factor beyond which afs.bench already trusts baseline runs measured earlier
+# in the task without a fresh one (REUSE_FACTOR, above the worst drift seen: 2.2x)
+LARGE_EFFECT = 3.0
 LARGE_EFFECT_RUNS = 1
 # The copy against the user's server (afs.conditions): a table whose size differs from the
 # source's by more than this fraction makes the copy stale; an all-visible fraction

@@ -291,10 +291,10 @@ async def test_one_noisy_fresh_run_is_not_drift() -> None:
 def test_a_large_effect_is_many_times_faster_than_every_baseline_run_and_reads_fewer_buffers() -> None:
     base = [Sample(2700.0, 250_000)]
     assert large_effect(base, [Sample(1.0, 40), Sample(1.2, 40)], RULE)
-    assert large_effect(base, [Sample(540.0, 125_000)], RULE)  # 5x and half the buffers: just
-    assert not large_effect(base, [Sample(541.0, 100)], RULE)  # less than 5x faster
+    assert large_effect(base, [Sample(900.0, 125_000)], RULE)  # 3x and half the buffers: just
+    assert not large_effect(base, [Sample(901.0, 100)], RULE)  # less than 3x faster
     assert not large_effect(base, [Sample(1.0, 125_001)], RULE)  # the buffers do not agree
-    assert not large_effect(base, [Sample(1.0, 40), Sample(600.0, 40)], RULE)  # every run, not the median
+    assert not large_effect(base, [Sample(1.0, 40), Sample(1000.0, 40)], RULE)  # every run, not the median
     assert not large_effect([Sample(2700.0, 0)], [Sample(1.0, 0)], RULE)  # no buffers (a long run)
     assert not large_effect([], [Sample(1.0, 40)], RULE)
     off = StopRule(min_runs=3, max_runs=5, large_effect=0)
