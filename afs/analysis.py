@@ -153,8 +153,8 @@ WHERE a.name = ANY(%s) AND a.installed_version IS NULL ORDER BY a.name
 # (like_support in PostgreSQL: `~>=~` / `~<~` in a pattern family, `>=` / `<` under the C
 # collation): they are added for each `~~` the query uses. Each row also names the types
 # the same class serves besides the operator's left type: those binary-coercible to it (varchar
-# for text), and for a polymorphic left type the query's column types it stands for (int4range
-# for anyrange, text[] for anyarray).
+# for text), the query's domains over it, and for a polymorphic left type the query's column
+# types it stands for (int4range for anyrange, text[] for anyarray).
 _SUPPORT_SQL = """
 WITH asked AS (SELECT unnest(%s::oid[]) AS oid),
 derived AS (
@@ -172,7 +172,8 @@ SELECT o.oprname, format_type(o.oprleft, NULL), format_type(o.oprright, NULL), a
              UNION
              SELECT format_type(t.oid, NULL) FROM pg_type t
              WHERE t.oid IN (SELECT to_regtype(n) FROM unnest(%s::text[]) AS n)
-               AND ((o.oprleft = 'anyrange'::regtype AND t.typtype = 'r')
+               AND ((t.typtype = 'd' AND t.typbasetype = o.oprleft)
+                 OR (o.oprleft = 'anyrange'::regtype AND t.typtype = 'r')
                  OR (o.oprleft = 'anymultirange'::regtype AND t.typtype = 'm')
                  OR (o.oprleft = 'anyenum'::regtype AND t.typtype = 'e')
                  OR (o.oprleft IN ('anyarray'::regtype, 'anycompatiblearray'::regtype)

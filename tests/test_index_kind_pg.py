@@ -218,3 +218,19 @@ async def test_no_index_on_an_expression_postgresql_refuses_as_a_key(source: str
     assert ctx.operator_classes and not ctx.index_expressions
     decision = decide_index_design(ctx)
     assert decision.proposal is None, decision.proposal
+
+
+async def test_a_domain_column_is_served_by_its_base_types_classes(source: str, forks: ForkClient) -> None:
+    query = "SELECT id, e FROM dd ORDER BY e DESC LIMIT 5"
+    async with forks.open_fork(source) as fork, open_connection(fork.dsn) as conn:
+        for statement in ("CREATE DOMAIN email_t AS text",
+                          "CREATE TABLE dd (id int PRIMARY KEY, e email_t NOT NULL)",
+                          "INSERT INTO dd SELECT g, 'u' || g FROM generate_series(1, 50000) g",
+                          "ANALYZE dd"):
+            await conn.execute(statement)
+        ctx = await analyse(conn, query)
+        assert "> email_t" in ctx.operator_classes  # the sort operator is text's
+        decision = decide_index_design(ctx)
+        assert decision.proposal is not None, decision.insights
+        assert decision.proposal.sql_commands[0] == "CREATE INDEX afs_dd_e_idx ON dd (e DESC) INCLUDE (id)"
+        await planner_scans(conn, decision.proposal, query)
