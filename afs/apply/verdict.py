@@ -52,7 +52,9 @@ from afs.target import Cursor, on_target
 ALPHA = 0.01  # the one-sided significance of a slowdown, before the Bonferroni correction
 MIN_SLOWDOWN = 0.10  # and the mean must be at least this much slower (a tenth)
 MIN_CALLS = 5  # calls a window needs before it is judged
+TOTAL_SLACK_MS = 1e-3  # a stored total is rounded: below the one read again by less is no reset
 MAX_STATEMENTS = 50  # statements recorded per apply (the costliest that touch its tables)
+SERVED_SETS = 8  # parameter sets a statement with $n is planned with (the common values first)
 
 StatementVerdict = Literal["regression", "faster", "same", "too_few_calls"]
 Overall = Literal["regression", "kept", "no_gain", "unknown"]
@@ -128,7 +130,8 @@ class Window:
 def window(later: Counter, earlier: Counter | None, start: str | None, end: str) -> Window | None:
     """The window between two readings of one statement (None: no calls in it). `earlier`
     None, or counters that went down (a reset, an evicted entry): `later` from its start."""
-    if earlier is not None and (later.calls < earlier.calls or later.total_ms < earlier.total_ms):
+    if earlier is not None and (later.calls < earlier.calls
+                                or later.total_ms < earlier.total_ms - TOTAL_SLACK_MS):
         earlier = None
     n = later.calls - (earlier.calls if earlier else 0)
     if n <= 0:
@@ -444,8 +447,8 @@ def _index_names(cur: Cursor, query: str) -> set[str]:
 async def uses_indexes(conn: Connection, queries: Mapping[int, str], indexes: Sequence[str]) -> list[int]:
     """The statements whose plan on the target uses one of `indexes`: the statements the change
     serves. One with `$n` is filled from pg_stats as the batch fills it (afs.batch.fill: its
-    common values and quantiles; a partial index serves some values only), else planned
-    generic. Planned through afs.target.on_target."""
+    common values and quantiles, SERVED_SETS sets; a partial index serves some values only),
+    else planned generic. Planned through afs.target.on_target."""
     names = {i.rpartition(".")[2].strip('"') for i in indexes}
     served = []
     for queryid, text in queries.items():
@@ -453,7 +456,7 @@ async def uses_indexes(conn: Connection, queries: Mapping[int, str], indexes: Se
             continue
         try:
             if any(t.name == "PARAM" for t in scan(text)):  # filled as the batch fills it (pg_stats)
-                filled = await fill_statement(conn, text)
+                filled = await fill_statement(conn, text, SERVED_SETS)
                 texts = [s.query for s in filled.sets] or [text]
             else:
                 texts = [text]
