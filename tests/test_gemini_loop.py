@@ -19,15 +19,20 @@ from typing import Any
 import pytest
 
 from afs.brains import RefiningBrain
-from afs.brains.gemini.brain import GeminiBrain, refine_prompt, unused_indexes
+from afs.brains.gemini.brain import GeminiBrain, open_gemini_squad, refine_prompt, unused_indexes
 from afs.brains.gemini.client import Credentials, RetryPolicy, open_gemini_client
 from afs.brains.gemini.parsing import parse_proposals
-from afs.config import GeminiSettings, ModelBudget
+from afs.config import GeminiSettings, ModelBudget, Settings
+from afs.events import Emitter
+from afs.forks.client import ForkClient
 from afs.models import LoopStep, OptimizationProposal
+from afs.optimize import TaskRequest, optimize
 from afs.pg.bottleneck import Bottleneck
+from afs.router import load_rules
 from afs.safety import validate_candidate
-from afs.testing import FakeGemini, FakeRequest, reply_json, serve_fake_gemini
-from tests.test_gemini import ANALYSIS, ANALYZED, INDEX_SQL, PROPOSAL, issue_context, plan_node
+from afs.sandbox.server import SandboxServer
+from afs.testing import FakeGemini, FakeReply, FakeRequest, reply_json, serve_fake_gemini
+from tests.test_gemini import ANALYSIS, ANALYZED, INDEX_SQL, PROPOSAL, QUERY, issue_context, plan_node
 
 KEY = "loop-key"
 COVERING_SQL = ("CREATE INDEX orders_user_status_created_cov_idx ON orders (user_id, status, created_at DESC)"
@@ -214,3 +219,61 @@ def test_the_refine_prompt_says_an_estimated_plan_is_one() -> None:
     text = refine_prompt(issue_context(), current, estimated, None, (LoopStep(1, current, None, None, True),),
                          step=1)
     assert "estimated: EXPLAIN without running it" in text and "(none found)" in text
+
+
+# -- the loop in a fork: the agent measures what the conversation proposes ---------------------------
+STATUS_SQL = "CREATE INDEX orders_status_loop_idx ON orders (status)"
+STATUS_ONLY: dict[str, Any] = {
+    **PROPOSAL, "proposal_type": "index", "sql_commands": [STATUS_SQL, "ANALYZE orders"],
+    "rollback_commands": ["DROP INDEX IF EXISTS orders_status_loop_idx"],
+    "rationale": "The status filter first.",
+}
+BOTH: dict[str, Any] = {
+    **PROPOSAL, "sql_commands": [STATUS_SQL, INDEX_SQL, "ANALYZE orders"],
+    "rollback_commands": ["DROP INDEX IF EXISTS orders_user_status_created_idx",
+                          "DROP INDEX IF EXISTS orders_status_loop_idx"],
+    "rationale": "The user_id filter the status index leaves: the composite index.",
+}
+
+
+def looping(request: FakeRequest) -> FakeReply:
+    """Analysis; a first design that leaves a filter; on the loop's first turn the whole next
+    design; then nothing more."""
+    if request.prompt.startswith("MEASURED RESULT"):
+        first_turn = sum(text.startswith("MEASURED RESULT") for text in _turns(request)) == 1
+        return reply_json({"candidates": [BOTH] if first_turn else []})
+    schema = request.generation_config.get("responseJsonSchema") or {}
+    return reply_json({"candidates": [STATUS_ONLY]} if "candidates" in schema.get("properties", {})
+                      else ANALYSIS)
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_the_agent_measures_the_design_the_conversation_extends(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    fake = FakeGemini(fallback=looping, api_key=KEY)
+    with serve_fake_gemini(fake) as url:
+        credentials = Credentials(api_key=KEY, base_url=url, source="GOOGLE_API_KEY")
+        async with open_gemini_squad(settings.with_(measured=1), credentials, {}) as squad:
+            squad = dataclasses.replace(squad, agents=("gemini25pro",))
+            result = await optimize(settings.with_(measured=1), TaskRequest(query=QUERY, runs=3),
+                                    source="afs_demo", source_dsn=sandbox.dsn("afs_demo"), forks=forks,
+                                    squad=squad, rules=load_rules(None), events=Emitter("loop1"))
+    [outcome] = result.outcomes
+    assert outcome.status == "ok", outcome.error
+    turns = [r for r in fake.requests if r.prompt.startswith("MEASURED RESULT")]
+    assert turns, "the agent's loop asked the model"
+    first = turns[0]
+    # the plan read in the fork with the first design in place, and its measured time, went back
+    assert "orders_status_loop_idx" in first.prompt and "user_id = 42" in first.prompt
+    chained = [c for c in outcome.candidates if c.chain]
+    assert chained, [c.note for c in outcome.candidates]
+    chain = max((c.chain for c in chained), key=len)
+    assert chain[0].proposal.sql_commands[0] == STATUS_SQL and chain[0].median_ms is not None
+    assert f'"median_ms": {round(chain[0].median_ms, 3)}' in first.prompt
+    step = chain[1]
+    assert step.proposal.sql_commands[:2] == (STATUS_SQL, INDEX_SQL) and step.median_ms is not None
+    assert step.motivated_by and step.motivated_by in step.proposal.rationale  # the node it answers
+    assert step.kept and step.median_ms < chain[0].median_ms  # the composite index: far fewer rows read
+    assert outcome.proposal is not None and INDEX_SQL in outcome.proposal.sql_commands
+    usage = squad.usage_of("gemini25pro")
+    assert usage is not None and usage.calls == 2 + len(turns)

@@ -101,6 +101,29 @@ async def test_optimize_stops_at_the_cap_and_says_what_was_spent(sandbox: Sandbo
     assert len(fake.requests) == spend["calls"] == len(doc["proposals"])
 
 
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_the_task_goes_on_with_what_was_measured_when_the_cap_stops_the_loop(
+        sandbox: SandboxServer) -> None:
+    fake = FakeGemini(fallback=answers({"candidates": [PROPOSAL]}), api_key=KEY)
+    gemini = GeminiSettings()
+    # this query is routed to one agent: its analysis and proposal fit under the cap, the
+    # loop's next turn (after the proposal was measured) does not
+    one = estimate_cost(gemini.settings_of(gemini.model_of("gemini25flash")), Usage(1000, 200, 1200))
+    assert one is not None
+    with serve_fake_gemini(fake) as url:
+        done = await run_afs_async("optimize", "--query", QUERY, "--provider", "gemini", "--runs", "3",
+                                   "--max-spend", f"{one * 1.5:.6f}", "--json",
+                                   env=_env(GOOGLE_API_KEY=KEY, AFS_GEMINI_BASE_URL=url))
+    stderr = done.stderr.decode()
+    doc = json.loads(done.stdout)
+    assert doc["routing"]["agents"] == ["gemini25flash"], doc["routing"]
+    assert done.returncode == 1, stderr
+    assert doc["status"] == "completed" and doc["winner"]["sql_commands"][0] == PROPOSAL["sql_commands"][0]
+    assert len(fake.requests) == 2 and doc["model_spend"]["calls"] == 2  # analysis, proposal
+    assert doc["model_spend"]["stopped"]["gemini25flash"].startswith("the spending cap")
+    assert "stopped the model calls of gemini25flash" in stderr
+
+
 # -- the batch: one meter for every task, the spend in its report -----------------------------------
 def test_one_meter_for_the_whole_batch() -> None:
     assert batch_meter(BatchOptions()) is None  # no --max-spend: each task has its own cap
