@@ -230,3 +230,27 @@ async def test_an_index_missing_from_the_copy_is_kept(planted: str, sandbox: San
     finally:
         with psycopg.connect(sandbox.dsn(planted), autocommit=True) as conn:
             conn.execute("DROP INDEX t_late")
+
+
+async def test_a_replicas_scans_count(planted: str, sandbox: SandboxServer, forks: ForkClient,
+                                      settings: Settings, no_leaked_forks: None) -> None:
+    """A 'replica' (here another database with the same index names: its own statistics) whose
+    reads use t_b_desc: the index is no longer unused; the others are judged as before."""
+    name = "afs_ix_r_" + os.urandom(4).hex()
+    with psycopg.connect(sandbox.dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        with psycopg.connect(sandbox.dsn(name), autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (b int); CREATE INDEX t_b_desc ON t (b DESC);"
+                         "INSERT INTO t SELECT g FROM generate_series(1, 5000) g; ANALYZE t")
+            conn.execute("SET enable_seqscan = off")
+            conn.execute("SELECT b FROM t ORDER BY b DESC LIMIT 1").fetchall()
+        async with open_connection(sandbox.dsn(planted)) as target, \
+                open_connection(sandbox.dsn(name)) as replica:
+            doc = await review_indexes(target, forks, planted, settings, min_window_s=0, replicas=[replica])
+        advice = _by_index(doc)
+        assert "t_b_desc" not in advice and doc["replicas"] == 1
+        assert advice["t_c_b"]["kind"] == "unused" and advice["t_c_b"]["verdict"] == "drop"  # any window: 0s
+    finally:
+        with psycopg.connect(sandbox.dsn(), autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

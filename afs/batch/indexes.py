@@ -15,8 +15,10 @@ pg_constraint, pg_stat_user_indexes, pg_stat_database; no user's query runs ther
                 table, with the same operator classes, collations and options, and whose INCLUDE
                 columns the other has too; the longer one is not partial
     unused      no index scan since the statistics were reset (pg_stat_user_indexes.idx_scan),
-                and the window (pg_stat_database.stats_reset to now) at least `min_window_s`;
-                a shorter or unknown window makes the verdict "keep", saying so
+                on the primary nor on any replica named (`replicas`: their scans are added,
+                over the window they all cover), and the window (pg_stat_database.stats_reset
+                to now) at least `min_window_s`; a shorter or unknown window makes the
+                verdict "keep", saying so
 
 Never a candidate: an index behind a constraint (pg_constraint.conindid: primary key, unique,
 exclusion, and what a foreign key relies on), a unique index, the replica identity, an index
@@ -37,7 +39,8 @@ outside the window, statements it could not fill.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -238,9 +241,9 @@ def candidates(indexes: Sequence[IndexFacts], window: StatsWindow, min_window_s:
                 continue
             seconds = window.seconds
             blocked = None
-            if seconds is None:
+            if seconds is None and min_window_s > 0:
                 blocked = "the window is unknown: " + window.note()
-            elif seconds < min_window_s:
+            elif seconds is not None and seconds < min_window_s:
                 blocked = (f"the statistics cover only {_span(seconds)}, less than the "
                            f"{_span(min_window_s)} asked (--min-window): too short to call it unused")
             found[ix.oid] = Candidate(ix, "unused", f"no index scan since the statistics' reset "
@@ -250,8 +253,8 @@ def candidates(indexes: Sequence[IndexFacts], window: StatsWindow, min_window_s:
 
 
 UNSEEN = (
-    "reads on a replica (each standby keeps its own statistics: review there too, or keep an index "
-    "a replica's reads need)",
+    "reads on a replica not named with --replica (each standby keeps its own statistics, and its "
+    "statements are not in the primary's pg_stat_statements: their plans are not replayed)",
     "statements no longer in pg_stat_statements (evicted past pg_stat_statements.max, or run before "
     "its last reset) and anything that runs less often than the window (a monthly report)",
 )
@@ -311,13 +314,39 @@ def _concurrently(definition: str) -> str:
     return definition
 
 
+Scans = Mapping[tuple[str, str], int]  # (schema, index) → index scans
+
+
+async def read_replica(conn: Connection) -> tuple[Scans, StatsWindow]:
+    """A standby's index scans and its statistics' window (read-only)."""
+    rows = await conn.fetchall("SELECT schemaname, indexrelname, idx_scan FROM pg_stat_user_indexes")
+    return {(str(r[0]), str(r[1])): int(r[2] or 0) for r in rows}, await read_window(conn)
+
+
+def with_replicas(indexes: Sequence[IndexFacts], window: StatsWindow,
+                  replicas: Sequence[tuple[Scans, StatsWindow]]) -> tuple[list[IndexFacts], StatsWindow]:
+    """The scans of the primary and the replicas together, over the window they all cover (the
+    latest reset; unknown when any is unknown). Pure."""
+    out = []
+    for ix in indexes:
+        extra = sum(scans.get((ix.schema, ix.name), 0) for scans, _ in replicas)
+        out.append(ix if ix.scans is None else dataclasses.replace(ix, scans=ix.scans + extra))
+    resets = [window.reset, *(w.reset for _, w in replicas)]
+    reset = None if any(r is None for r in resets) else max(r for r in resets if r is not None)
+    return out, StatsWindow(reset, window.now)
+
+
 async def review_indexes(target: Connection, forks: Any, source: str, settings: Settings, *,
                          min_window_s: float = UNUSED_MIN_WINDOW_S, counters: Counters | None = None,
+                         replicas: Sequence[Connection] = (),
                          progress: Any = lambda message: None) -> dict[str, Any]:
     """The index review of the target: candidates from its catalog, each verified in one fork
-    of `source` (its copy in the sandbox) with the table's statements replayed."""
+    of `source` (its copy in the sandbox) with the table's statements replayed. `replicas`:
+    standbys whose index scans count too (an index a replica's reads use is not unused)."""
     indexes = await read_indexes(target)
     window = await read_window(target)
+    if replicas:
+        indexes, window = with_replicas(indexes, window, [await read_replica(r) for r in replicas])
     found = candidates(indexes, window, min_window_s)
     counters = counters if counters is not None else await read_counters(target)
     verify = [c for c in found if c.blocked is None]
@@ -351,7 +380,7 @@ async def review_indexes(target: Connection, forks: Any, source: str, settings: 
             "statements_window_s": None if not workloads else next(iter(workloads.values())).window_s,
             "min_window_s": min_window_s,
             "protected": [{"index": ix.qualified, "why": ix.protected} for ix in indexes if ix.protected],
-            "advice": advice, "unseen": list(UNSEEN)}
+            "replicas": len(replicas), "advice": advice, "unseen": list(UNSEEN)}
 
 
 # -- the batch: write costs of the winners' new indexes, and the review -------------------------

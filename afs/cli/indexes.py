@@ -5,6 +5,7 @@ indexes of the target, each verified in a fork of its copy in the sandbox.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Any
 
 from afs.batch.indexes import UNUSED_MIN_WINDOW_S, review_indexes, sandbox_copy
@@ -42,9 +43,10 @@ async def cmd_indexes(args: argparse.Namespace, settings: Settings) -> int:
     async with sandbox_stop_reported(settings), open_forks(settings) as forks:
         source = await sandbox_copy(forks, settings, dsn) or await sandbox_source(
             forks, settings.demo_database, dsn)  # none: the usual message (import it first)
-        async with open_connection(target) as conn:
+        async with open_connection(target) as conn, contextlib.AsyncExitStack() as stack:
+            replicas = [await stack.enter_async_context(open_connection(r)) for r in args.replica or ()]
             doc = await review_indexes(conn, forks, source, settings, min_window_s=window,
-                                       progress=progress)
+                                       replicas=replicas, progress=progress)
     progress_done()
     emit(args, doc, render_review(doc))
     return EXIT_OK
@@ -81,6 +83,9 @@ def add_commands(commands: Any) -> None:
     command.add_argument("--dsn", metavar="DSN",
                          help="the target database; default: the configured target, else the demo "
                               "database. " + DSN_PASSWORDS)
+    command.add_argument("--replica", metavar="DSN", action="append",
+                         help="a standby whose index scans count too (repeat for several): an index only "
+                              "a replica's reads use is then not unused. " + DSN_PASSWORDS)
     command.add_argument("--min-window", metavar="DURATION",
                          help="an index with no scan is called unused only when the statistics cover at "
                               "least this long (default 7d; 0s to judge on any window)")
