@@ -14,6 +14,7 @@ import pytest
 
 from afs.batch.job import BatchOptions, batch_meter
 from afs.batch.report import Entry, build_report, outcome, render_markdown
+from afs.batch.schedule import options_of
 from afs.brains.gemini.brain import spend_bound
 from afs.brains.gemini.client import SpendMeter, Usage, estimate_cost, today
 from afs.config import GeminiSettings, Settings
@@ -203,3 +204,13 @@ async def test_a_batch_shares_one_cap_among_its_tasks(settings: Settings, store_
     assert doc["options"]["max_spend_usd"] == pytest.approx(one / 2, rel=1e-3)
     report = (settings.home / "reports" / f"batch-{doc['id']}.md").read_text()
     assert "the cap stopped the model calls of statement(s)" in report
+
+
+async def test_a_schedule_carries_its_cap_to_each_run(store_db: str) -> None:
+    added = await run_afs_async("schedule", "add", "--cron", "0 3 * * *", "--max-spend", "0.5", "--json",
+                                env=_env(AFS_STORE_URL=store_db))
+    assert added.returncode == 0, added.stderr.decode()
+    options = options_of(json.loads(added.stdout)["options"])
+    assert options.max_spend_usd == 0.5
+    meter = batch_meter(options)  # what each run of the schedule (run_batch_here) counts against
+    assert isinstance(meter, SpendMeter) and meter.cap_usd == 0.5

@@ -292,6 +292,8 @@ def add_schedule_commands(commands: Any) -> None:
     add.add_argument("--provider", choices=get_args(Provider), default="auto",
                      help="who thinks (as for afs optimize)")
     add.add_argument("--runs", type=int, help="measured runs per suite query and side (default: AFS_RUNS)")
+    add.add_argument("--max-spend", type=usd, metavar="USD",
+                     help="one spending cap for the model calls of each run, as for `afs batch`")
     add.add_argument("--since", metavar="DURATION",
                      help="each run ranks by what ran in the last DURATION (e.g. 24h for a nightly run: "
                           "the counters minus those the previous run stored); default: since the reset")
