@@ -157,3 +157,14 @@ async def test_afs_batch_show_emits_a_stored_batch(tmp_path: Path, store_db: str
     assert json.loads(done.stdout)["emitted"]["changes"] == 3 and (out / SUMMARY).exists()
     again = await run_afs_async("batch", "show", "b1", "--emit", str(out), AFS_STORE_URL=store_db)
     assert again.returncode == 2 and b"not empty" in again.stderr
+
+
+async def test_afs_batch_refuses_a_bad_budget_or_a_full_directory_before_anything_runs(
+        tmp_path: Path, store_db: str) -> None:
+    bad = await run_afs_async("batch", "--max-storage", "lots", AFS_STORE_URL=store_db)
+    assert bad.returncode == 2 and b"--max-storage" in bad.stderr
+    (tmp_path / "x").write_text("mine")
+    full = await run_afs_async("batch", "--emit", str(tmp_path), AFS_STORE_URL=store_db)
+    assert full.returncode == 2 and b"not empty" in full.stderr and b"--force-emit" in full.stderr
+    async with open_store(store_db) as store:
+        assert not await store.tasks(limit=10)  # nothing ran
