@@ -40,9 +40,16 @@ reused, see afs.bench); the total task time of both, the runs of statements slow
 the two apart means the machine changed speed between them) and the winner of both.
                                            goal: fixed_s / adaptive_s ≥ 3, same winner
 
+With --previous, part 2 also optimizes the slow query with the protocol before issue 25
+item 5 (Settings.large_effect = 0: three baseline runs ahead and every verdict on at least three
+runs a side, however large the effect), first, then the adaptive task as it is now, and prints
+their ratio and whether the winner is the same.
+                                goal: previous_s / adaptive_s ≥ 2, same winner
+
     AFS_HOME=... python benchmarks/overhead.py [--runs N] [--scale small|demo|large]
                                                [--part all|overhead|adaptive]
-                                               [--slow-query SQL] [--skip-fixed] [--json]
+                                               [--slow-query SQL] [--skip-fixed] [--previous]
+                                               [--json]
 
 Each task starts settled (a checkpoint and a sync, not timed): no task pays for the writes of
 the one before it. It uses the configured AFS_HOME, starts the sandbox and seeds the demo database
@@ -51,7 +58,9 @@ the pg_stat_statements extension in the sandbox's `postgres` database if it is
 missing (and drops it again). `--json` prints {"overhead_share", "overhead_parts"
 (forks_s, server_s, rest_s as shares of task time), "tasks", "fixed_s", "adaptive_s",
 "ratio_fixed_vs_adaptive", "same_winner", "fixed_slow_runs", "adaptive_slow_runs",
-"slow_baseline_ms", "adaptive_baseline_ms"} as the last line. The goal of part 2 is judged
+"slow_baseline_ms", "adaptive_baseline_ms"} as the last line; with --previous also
+"previous_s", "previous_slow_runs", "previous_baseline_ms", "ratio_previous_vs_adaptive",
+"same_winner_previous". The goal of part 2 is judged
 only for a query whose baseline ran ≥ 1 s here (the script prints the time it measured).
 """
 
@@ -92,6 +101,7 @@ SLOW_BASELINE_MS = 1000.0  # the goal of part 2 is set for a query this slow or 
 SLOW_RUN_MS = 100.0  # part 2 counts the runs of statements slower than this on average
 GOAL_OVERHEAD = 0.10
 GOAL_RATIO = 3.0
+GOAL_PREVIOUS_RATIO = 2.0  # issue 25 item 5: the protocol before it against now
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 # pg_stat_statements: which statements run the query (or its variants) and which build
@@ -189,6 +199,7 @@ class Measured:
     tasks: list[Task]
     fixed: Task | None
     adaptive: Task | None
+    previous: Task | None = None  # --previous: without the large-effect rule
 
 
 async def measure(settings: Settings, server: SandboxServer, args: argparse.Namespace) -> Measured:
@@ -212,6 +223,12 @@ async def measure(settings: Settings, server: SandboxServer, args: argparse.Name
                 fixed_settings = settings.with_(min_runs=args.runs, measure_budget_s=1e9)
                 fixed = await one_task(fixed_settings, server, admin, args.slow_query, args.runs, False)
                 progress(f"  {fixed.task_s:.1f} s, {fixed.result.status}")
+            previous = None
+            if args.previous:
+                progress("slow query, adaptive measurement as before issue 25 item 5 (no large-effect rule)")
+                previous = await one_task(settings.with_(large_effect=0.0), server, admin, args.slow_query,
+                                          args.runs, False)
+                progress(f"  {previous.task_s:.1f} s, {previous.result.status}")
             progress("slow query, adaptive measurement")
             adaptive = await one_task(settings, server, admin, args.slow_query, args.runs, False)
             progress(f"  {adaptive.task_s:.1f} s, {adaptive.result.status}")
@@ -219,7 +236,7 @@ async def measure(settings: Settings, server: SandboxServer, args: argparse.Name
             if created:
                 with trio.CancelScope(shield=True):
                     await admin.execute("DROP EXTENSION IF EXISTS pg_stat_statements")
-    return Measured(tasks, fixed, adaptive)
+    return Measured(tasks, fixed, adaptive, previous)
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -247,7 +264,39 @@ def report(measured: Measured) -> dict[str, Any]:
         if measured.tasks:
             print()
         data.update(_report_adaptive(measured.fixed, measured.adaptive))
+    if measured.previous is not None and measured.adaptive is not None:
+        print()
+        data.update(_report_previous(measured.previous, measured.adaptive))
     return data
+
+
+def _report_previous(previous: Task, adaptive: Task) -> dict[str, Any]:
+    """The slow query's task before and after issue 25 item 5, side by side."""
+    print("part 2b: the slow query, the protocol before the large-effect rule against now"
+          " (Settings.large_effect = 0 against the default)")
+    header = (f"{'protocol':<10} {'task s':>8} {'query s':>8} {'slow runs':>9} {'baseline ms':>11}"
+              f" {'runs b/o per figure':>26}  winner")
+    print(header)
+    print("-" * len(header))
+    for label, task in (("previous", previous), ("now", adaptive)):
+        own = slow_baseline_ms(task)
+        winner = task.winner_sql
+        print(f"{label:<10} {task.task_s:>8.2f} {task.query_s:>8.2f} {task.slow_runs:>9}"
+              f" {'-' if own is None else f'{own:.0f}':>11} {_runs(task):>26}  "
+              + (_short("; ".join(w for w in winner if w), 70) if winner else "none"))
+    ratio = previous.task_s / adaptive.task_s
+    same = previous.winner_sql == adaptive.winner_sql
+    verdict = "met" if ratio >= GOAL_PREVIOUS_RATIO and same else "NOT met"
+    print(f"ratio_previous_vs_adaptive = {ratio:.2f}, same winner: {same}"
+          f"  (goal ≥ {GOAL_PREVIOUS_RATIO:g} with the same winner: {verdict})")
+    previous_baseline = slow_baseline_ms(previous)
+    return {
+        "previous_s": round(previous.task_s, 2),
+        "previous_slow_runs": previous.slow_runs,
+        "previous_baseline_ms": round(previous_baseline, 1) if previous_baseline is not None else None,
+        "ratio_previous_vs_adaptive": round(ratio, 3),
+        "same_winner_previous": same,
+    }
 
 
 def _report_overhead(tasks: list[Task]) -> dict[str, Any]:
@@ -349,7 +398,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     data = report(measured)
     if args.json:
         print(json.dumps(data))
-    done = [*measured.tasks, *(t for t in (measured.fixed, measured.adaptive) if t is not None)]
+    done = [*measured.tasks,
+            *(t for t in (measured.fixed, measured.adaptive, measured.previous) if t is not None)]
     failed = any(t.result.status == "failed" for t in done)
     return EXIT_FAILED if failed else EXIT_OK
 
@@ -369,6 +419,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="part 1 (overhead), part 2 (fixed against adaptive), or both (default)")
     parser.add_argument("--skip-fixed", action="store_true",
                         help="part 2 without the fixed-count run (a smoke test)")
+    parser.add_argument("--previous", action="store_true",
+                        help="part 2 also runs the protocol before issue 25 item 5 (no large-effect rule)"
+                             " and prints the ratio of the two and whether the winner is the same")
     parser.add_argument("--scale", choices=("small", "demo", "large"),
                         help="demo data size if it must be seeded (default: AFS_SCALE or demo)")
     parser.add_argument("--json", action="store_true",
