@@ -120,7 +120,9 @@ def test_the_candidates_are_the_merged_indexes_and_the_verified_drops() -> None:
         {"index": "public.orders_x", "table": "public.orders", "verdict": "keep", "kind": "unused",
          "reason": "short window", "storage_mb": 9.0, "write_ms_saved_per_day": None,
          "sql": "DROP INDEX CONCURRENTLY public.orders_x;", "rollback": "…"}]}
+    doc["indexes"][0]["needs_rewrite"] = [1]
     items = candidates(doc)
+    assert items[0].rewrite == (1,) and any("needs an application change" in n for n in items[0].notes)
     assert [(i.kind, i.size_mb, i.net_ms_per_day) for i in items] == [
         ("create", 3.0, 400.0 - 25.0), ("drop", -1.5, 12.0)]  # merged once; the kept index is no item
     assert items[0].write_measured and items[0].statements == (2, 1)

@@ -481,12 +481,16 @@ async def check_applied(store: Store, target_of: TargetOf,
     it) with the new checkpoint. `target_of(row)`: the DSN to read, None to leave it out."""
     out: list[dict[str, Any]] = []
     for row in await audit.in_place(store, task_id):
-        dsn = await target_of(row)
+        base = {"audit_id": row["id"], "task_id": row["task_id"], "target": row["target"],
+                "applied_at": row["at"], "statements": [], "rollback": None}
+        try:
+            dsn = await target_of(row)
+        except AfsError as exc:  # where it was applied cannot be resolved: said, the others checked
+            out.append(base | {"verdict": "unknown", "window": None, "reason": str(exc).splitlines()[0]})
+            continue
         if dsn is None:
             continue
         promise = dict(row["verification"].get("promise") or {})
-        base = {"audit_id": row["id"], "task_id": row["task_id"], "target": row["target"],
-                "applied_at": row["at"], "statements": [], "rollback": None}
         if "applied" not in promise:
             doc = base | {"verdict": "unknown", "window": None, "reason": promise.get(
                 "unavailable", "no pg_stat_statements counters were recorded when it was applied")}

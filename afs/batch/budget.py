@@ -82,6 +82,7 @@ class Item:
     rollback: str = ""  # drop: the index's definition (CONCURRENTLY)
     write_measured: bool = False
     notes: tuple[str, ...] = ()
+    rewrite: tuple[int, ...] = ()  # statements whose saving needs the query rewritten (the report's)
 
     @property
     def net_ms_per_day(self) -> float:
@@ -124,10 +125,15 @@ def candidates(doc: Mapping[str, Any]) -> list[Item]:
     items: list[Item] = []
     for index in doc.get("indexes", ()):
         cost, measured, note = _write_cost_of(doc, index)
+        notes = [note] if note else []
+        rewrite = [int(q) for q in index.get("needs_rewrite") or ()]
+        if rewrite:
+            notes.append(f"needs an application change: for {', '.join(str(q) for q in rewrite)} the read "
+                         "saving comes with the query's rewrite, not from this index alone")
         items.append(Item(index["sql"], "create", str(index["table"]), float(index.get("size_mb") or 0.0),
                           float(index.get("saved_ms_per_day") or 0.0), cost,
                           tuple(int(q) for q in index.get("statements", ())), write_measured=measured,
-                          notes=(note,) if note else ()))
+                          notes=tuple(notes), rewrite=tuple(rewrite)))
     for advice in _drop_advice(doc):
         saved = advice.get("write_ms_saved_per_day")
         items.append(Item(str(advice["sql"]).rstrip(";"), "drop", str(advice["table"]),
@@ -358,8 +364,14 @@ async def measure_set(target: Any, forks: Any, source: str, settings: Settings, 
         slower = [r for r in replayed if r.significant and r.statement.kind == "read" and r.delta_ms < 0]
         if slower:
             why.append(f"{len(slower)} read(s) slower with the set (the planner chose otherwise)")
-        unserved = {q for i in creates for q in i.statements} - {r.statement.queryid for r in replayed
-                                                                  if r.with_index is not None}
+        timed = {r.statement.queryid for r in replayed if r.with_index is not None}
+        rewrite = {q for i in creates for q in i.rewrite} - timed
+        if rewrite:
+            counted = sum(i.read_ms_per_day for i in creates if set(i.rewrite) & rewrite)
+            why.append(f"{len(rewrite)} statement(s) need the query rewritten for the saving a part counts "
+                       f"({counted:.0f} ms a day): replayed as the application sends them, the index alone "
+                       "does not change their plan")
+        unserved = {q for i in creates for q in i.statements} - timed - rewrite
         if unserved:
             why.append(f"{len(unserved)} statement(s) a part counts were not timed together (not in the "
                        "table's replayed workload, or the same plan)")
