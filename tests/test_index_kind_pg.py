@@ -32,7 +32,7 @@ CREATE TABLE k (
     title text NOT NULL, name text COLLATE "C.utf8" NOT NULL, code text COLLATE "C" NOT NULL,
     email text NOT NULL, payload jsonb NOT NULL, during int4range NOT NULL,
     period tstzrange NOT NULL, doc tsvector NOT NULL, body text NOT NULL,
-    created timestamptz NOT NULL, stamp timestamp NOT NULL);
+    created timestamptz NOT NULL, stamp timestamp NOT NULL, location point NOT NULL);
 INSERT INTO k SELECT g, g % 1000, g % 77,
     md5(g::text) || ' ' || md5((g * 31)::text), md5(g::text), md5((g * 7)::text),
     'User' || g || '@Example.org',
@@ -44,7 +44,8 @@ INSERT INTO k SELECT g, g % 1000, g % 77,
     to_tsvector('english', 'word' || (g % 3000) || ' common text'),
     'word' || (g % 3000) || ' common text',
     timestamptz '2020-01-01' + g * interval '10 seconds',
-    timestamp '2020-01-01' + g * interval '10 seconds'
+    timestamp '2020-01-01' + g * interval '10 seconds',
+    point(g % 1000, g / 1000)
 FROM generate_series(1, {ROWS}) g;
 ANALYZE k
 """
@@ -133,6 +134,9 @@ CASES = [
     # one day of ~7: an index on the (immutable) expression
     pytest.param("SELECT id FROM k WHERE stamp::date = '2020-01-03'", "(((stamp::date)))",
                  id="cast-expression"),
+    # nearest neighbours: a class that orders by the distance operator (pg_amop, purpose 'o')
+    pytest.param("SELECT id FROM k ORDER BY location <-> point '(500, 30)' LIMIT 10",
+                 "USING gist (location)", id="knn-distance"),
 ]
 
 

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from afs.models import OperatorSupport
-from afs.pg.opclasses import brin_fits, catalog_type, choose, support_key, supports, where_terms
+from afs.pg.opclasses import (
+    brin_fits,
+    catalog_type,
+    choose,
+    order_terms,
+    support_key,
+    supports,
+    where_terms,
+)
 
 
 def s(op: str, left: str, method: str, opclass: str, default: bool, family: int,
@@ -89,3 +97,15 @@ def test_where_terms_read_the_operator_as_written_and_the_expression_unqualified
                      (None, "doc", "@@", None)]  # LIKE, two columns, column = column, subquery: not
     assert where_terms("UPDATE t SET a = 1 WHERE b && c") == ()
     assert where_terms("SELECT (") == ()
+
+
+def test_order_terms_and_ordering_classes() -> None:
+    (term,) = order_terms("SELECT id FROM p ORDER BY p.loc <-> point '(1,2)' LIMIT 5")
+    assert (term.qualifier, term.column, term.operator) == ("p", "loc", "<->")
+    assert order_terms("SELECT id FROM p ORDER BY a, b DESC") == ()
+    catalog = {"<-> point": (OperatorSupport("<->", "point", "point", "gist", "point_ops", True, "order", 12),
+                             OperatorSupport("<->", "point", "point", "spgist", "kd_point_ops", False,
+                                             "order", 9))}
+    knn = choose(catalog, [("<->", "point")], purpose="order")
+    assert knn is not None and (knn.method, knn.opclass) == ("gist", None)
+    assert choose(catalog, [("<->", "point")]) is None  # not a WHERE test

@@ -88,9 +88,10 @@ def _method_rank(method: str) -> int:
 
 def candidates(catalog: Mapping[str, tuple[OperatorSupport, ...]],
                needs: Iterable[tuple[str, str | None]], *, methods: Iterable[str] | None = None,
-               ordered: bool = False) -> list[IndexKind]:
+               ordered: bool = False, purpose: str = "search") -> list[IndexKind]:
     """Every (method, class) serving all of `needs` ((operator, left type) pairs) for a WHERE
-    test, best first (module docstring); `methods` limits the methods, `ordered` keeps those
+    test (`purpose` "order": for an ORDER BY of the operator's result, a nearest-neighbour
+    scan), best first (module docstring); `methods` limits the methods, `ordered` keeps those
     that return rows in order (an ORDER BY on the key)."""
     wanted = list(dict.fromkeys(needs))
     if not wanted:
@@ -99,7 +100,7 @@ def candidates(catalog: Mapping[str, tuple[OperatorSupport, ...]],
     for i, (operator, left_type) in enumerate(wanted):
         here: dict[tuple[str, str], OperatorSupport] = {}
         for s in supports(catalog, operator, left_type):
-            if s.purpose == "search":
+            if s.purpose == purpose:
                 here.setdefault((s.method, s.opclass), s)
         if i == 0:
             served = {k: [s] for k, s in here.items()}
@@ -127,10 +128,10 @@ def candidates(catalog: Mapping[str, tuple[OperatorSupport, ...]],
 
 def choose(catalog: Mapping[str, tuple[OperatorSupport, ...]],
            needs: Iterable[tuple[str, str | None]], *, methods: Iterable[str] | None = None,
-           ordered: bool = False) -> IndexKind | None:
+           ordered: bool = False, purpose: str = "search") -> IndexKind | None:
     """The best kind serving all of `needs` (`candidates`); None when nothing in the catalog
     serves them all."""
-    found = candidates(catalog, needs, methods=methods, ordered=ordered)
+    found = candidates(catalog, needs, methods=methods, ordered=ordered, purpose=purpose)
     return found[0] if found else None
 
 
@@ -200,19 +201,35 @@ def _unqualified(node: Any) -> Any:
     return copy
 
 
-def where_terms(sql: str) -> tuple[WhereTerm, ...]:
-    """The WhereTerms of the query's top-level WHERE (none unless it is one SELECT)."""
+def _select(sql: str) -> Any:
+    """The one SELECT of `sql` as pglast reads it, else None."""
     try:
         statements = pglast.parse_sql(sql)
     except pglast.parser.ParseError:
-        return ()
+        return None
     if len(statements) != 1 or not isinstance(statements[0].stmt, pg_ast.SelectStmt):
-        return ()
-    where = statements[0].stmt.whereClause
+        return None
+    return statements[0].stmt
+
+
+def where_terms(sql: str) -> tuple[WhereTerm, ...]:
+    """The WhereTerms of the query's top-level WHERE (none unless it is one SELECT)."""
+    select = _select(sql)
+    where = select.whereClause if select is not None else None
     if isinstance(where, pg_ast.BoolExpr) and where.boolop == BoolExprType.AND_EXPR:
-        terms = list(where.args or ())
-    else:
-        terms = [where] if where is not None else []
+        return _operator_terms(list(where.args or ()))
+    return _operator_terms([where] if where is not None else [])
+
+
+def order_terms(sql: str) -> tuple[WhereTerm, ...]:
+    """The ORDER BY items of the query that are `column op constant` (a distance: `location <->
+    point '(1,2)'`), as WhereTerms: what a nearest-neighbour index scan serves."""
+    select = _select(sql)
+    items = list(select.sortClause or ()) if select is not None else []
+    return _operator_terms([item.node for item in items if isinstance(item, pg_ast.SortBy)])
+
+
+def _operator_terms(terms: list[Any]) -> tuple[WhereTerm, ...]:
     found: list[WhereTerm] = []
     for term in terms:
         if (not isinstance(term, pg_ast.A_Expr) or term.kind != A_Expr_Kind.AEXPR_OP

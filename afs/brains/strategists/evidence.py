@@ -28,7 +28,7 @@ from afs.models import (
     RiskLevel,
     TableInfo,
 )
-from afs.pg.opclasses import IndexKind, catalog_type, choose, supports, where_terms
+from afs.pg.opclasses import IndexKind, WhereTerm, catalog_type, choose, order_terms, supports, where_terms
 from afs.pg.plan import PlanNode, plan_insights, plan_nodes
 from afs.pg.stats import DEFAULT_RANGE_SEL, range_fraction
 from afs.query.query import Query
@@ -252,8 +252,16 @@ class Evidence:
     def operator_terms(self) -> tuple[OperatorTerm, ...]:
         """The WHERE terms `column op constant` (or `f(column, constants) op constant`) of the
         query, with a symbolic operator (OperatorTerm)."""
+        return self._operator_terms(where_terms(self.ctx.query))
+
+    @functools.cached_property
+    def ordering_terms(self) -> tuple[OperatorTerm, ...]:
+        """The ORDER BY items `column op constant` of the query (a distance), as OperatorTerms."""
+        return tuple(t for t in self._operator_terms(order_terms(self.ctx.query)) if t.expression is None)
+
+    def _operator_terms(self, terms: Iterable[WhereTerm]) -> tuple[OperatorTerm, ...]:
         found: list[OperatorTerm] = []
-        for term in where_terms(self.ctx.query):
+        for term in terms:
             table = self.resolver.table_of(term.qualifier, term.column)
             info = self.table(table) if table else None
             if table is None or info is None or not any(c.name == term.column for c in info.columns):
@@ -272,14 +280,25 @@ class Evidence:
         return tuple(found)
 
     def catalog_kind(self, needs: Iterable[tuple[str, str | None]], *,
-                     methods: Iterable[str] | None = None, ordered: bool = False) -> IndexKind | None:
+                     methods: Iterable[str] | None = None, ordered: bool = False,
+                     purpose: str = "search") -> IndexKind | None:
         """The index kind the fork's catalog says serves `needs` (afs.pg.opclasses.choose)."""
-        return choose(self.ctx.operator_classes, needs, methods=methods, ordered=ordered)
+        return choose(self.ctx.operator_classes, needs, methods=methods, ordered=ordered, purpose=purpose)
 
     def catalog_serves(self, operator: str, left_type: str | None, method: str,
                        opclass: str | None) -> bool:
         """The class `opclass` of `method` (None: the type's default) serves the operator."""
         return any(s.method == method and (s.opclass == opclass if opclass else s.default)
+                   for s in supports(self.ctx.operator_classes, operator, left_type))
+
+    def catalog_serves_order(self, operator: str, left_type: str | None, index: IndexInfo,
+                             method: str) -> bool:
+        """An existing index's first key class orders by the operator (pg_amop, ordering purpose)."""
+        found = index_keys(index)
+        first = found[0][0].split() if found and found[0] else []
+        opclass = first[1] if len(first) > 1 and first[1].upper() not in ("ASC", "DESC", "NULLS") else None
+        return any(s.method == method and s.purpose == "order"
+                   and (s.opclass == opclass if opclass else s.default)
                    for s in supports(self.ctx.operator_classes, operator, left_type))
 
     @property

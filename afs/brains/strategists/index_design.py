@@ -1095,6 +1095,40 @@ def _operator_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexD
     return out
 
 
+def _nearest_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
+    """`ORDER BY col <-> constant LIMIT n` (a distance): an index whose class the catalog lists
+    for ordering by that operator (pg_amop's ordering purpose: GiST's point_ops, pg_trgm's
+    gist_trgm_ops, …) returns the nearest rows first, n of them instead of all rows sorted."""
+    info = ev.table(table)
+    limit = ev.shape.limit
+    if info is None or limit is None or not ev.catalog_read:
+        return []
+    terms = [t for t in ev.ordering_terms if t.table == table]
+    if len(terms) != 1 or len(ev.shape.sort) != 1:
+        return []
+    (term,) = terms
+    needs = [(term.operator, term.data_type)]
+    kind = ev.catalog_kind(needs, purpose="order")
+    if kind is None:
+        notes.append(f"ORDER BY {term.shown}: no operator class in the catalog orders by {term.operator}")
+        return []
+    existing = next((ix for ix in info.indexes if index_method(ix) == kind.method
+                     and [_norm_target(c) for c in ix.columns][:1] == [_norm_target(term.column)]), None)
+    if existing is not None and ev.catalog_serves_order(term.operator, term.data_type, existing, kind.method):
+        notes.append(f"{existing.name} already orders {table} by {term.shown}, {_planner_verdict(ev, table)}")
+        return []
+    rows = float(max(info.rows, 1))
+    owner = f" ({kind.owner})" if kind.owner else ""
+    note = (f"ORDER BY {term.shown} LIMIT {limit} sorts all {fmt_count(rows)} rows of {table} by the "
+            f"distance; a {kind.method.upper()} index with {kind.opclass or 'its default class'}{owner} "
+            f"orders by {term.operator} itself (pg_amop) and returns the {limit} nearest first")
+    notes.append(note)
+    return [IndexDesign(table=table, key=(KeyColumn(term.column, opclass=kind.opclass),), kind="sort",
+                        fraction=min(1.0, limit / rows), benefit=ev.visited_rows(table) - limit,
+                        reasons=(_scan_reason(ev, table, rows), note), method=kind.method,
+                        sort_served=True, extension=kind.extension)]
+
+
 def _expression_label(column: str, expression: str | None) -> str:
     """What an index name calls an expression key: the column, then the other names in it
     (`(stamp)::date` → stamp_date, `to_tsvector('english'::regconfig, body)` → body_to_tsvector)."""
@@ -1114,11 +1148,12 @@ def _norm_target(text: str) -> str:
 # The designs for one large table, each rule one kind of access: the WHERE / ORDER BY
 # key (equality → range → sort), the join keys, the expressions and jsonb / array tests,
 # LIKE / ILIKE patterns without a prefix (trigrams), the other operators an index of the
-# catalog's kind serves, the ORDER BY … LIMIT trap.
+# catalog's kind serves, ORDER BY a distance LIMIT n (nearest neighbours), the ORDER BY … LIMIT
+# trap.
 # The design sparing the most row visits wins (the first of equals, in this order).
 DESIGN_RULES: Final[tuple[DesignRule, ...]] = (
     _filter_designs, _join_designs, _indexable_designs, _trigram_designs, _operator_designs,
-    _order_limit_designs)
+    _nearest_designs, _order_limit_designs)
 
 
 # -- sets of indexes: one proposal, several CREATE INDEX ---------------------------------------
