@@ -137,6 +137,8 @@ def _design(ev: Evidence, neck: Bottleneck, current: Mapping[str, str]) -> Index
         return None  # scanning so few rows is cheap: no index for it
     columns = [c for c in neck.columns if ev.resolver.has_column(table, c)]
     include: list[str] = []
+    if neck.kind == "heap_fetch" and neck.node == "Index Only Scan":
+        return None  # its heap fetches are pages not all-visible: VACUUM's, not an index's
     if neck.kind == "heap_fetch":
         key = _key_order(ev, table, columns)
         taken = set(key)
