@@ -31,6 +31,9 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 from afs.apply import audit
 from afs.batch.report import Entry, build_report, render_markdown
 from afs.config import Settings
+from afs.events import Event
+from afs.forks.naming import fork_name
+from afs.optimize import new_task_id
 from afs.serve import run_service
 from afs.store import open_store
 from afs.web import OPENAPI_PATHS
@@ -328,21 +331,23 @@ async def test_a_browser_submits_the_readme_query_and_watches_the_squad(
         assert rows == tried
         await screenshot(page, tmp_path / "monitor.png")
 
-        # the lane reducer on an agent that waits, then fails (a real failure is slow to provoke)
+        # the lane reducer on an agent that waits, then fails (a real failure is slow to provoke);
+        # its fork is one named for it (a lane shows no other agent's fork)
+        f1 = fork_name("a", "t1", now=1)
         failed = await page.js("""(() => {
             const s = {lastId: 0, events: [], lanes: new Map(), notices: [], waiting: null};
             const at = '2026-01-01T00:00:00Z';
             applyEvent(s, {id: 1, kind: 'waiting_for_agents', at, data: {agents: ['a']}});
             const waiting = s.waiting;
             applyEvent(s, {id: 2, kind: 'agents_assigned', at, data: {agents: ['a']}});
-            applyEvent(s, {id: 3, kind: 'agent_phase', agent: 'a', fork: 'f1', at, data: {phase: 'fork'}});
-            applyEvent(s, {id: 4, kind: 'agent_failed', agent: 'a', fork: 'f1', at,
+            applyEvent(s, {id: 3, kind: 'agent_phase', agent: 'a', fork: 'F1', at, data: {phase: 'fork'}});
+            applyEvent(s, {id: 4, kind: 'agent_failed', agent: 'a', fork: 'F1', at,
                            data: {phase: 'fork', error: 'timed out in the fork phase (limit 30 s)'}});
             const lane = s.lanes.get('a'), again = applyEvent(s, {id: 4});
             return [waiting, s.waiting, lane.phases.fork.state, lane.failed, lane.fork, again];
-        })()""")
+        })()""".replace("F1", f1))
         assert "a are busy" in failed[0] and failed[1] is None
-        assert failed[2:] == ["failed", "timed out in the fork phase (limit 30 s)", "f1", False]
+        assert failed[2:] == ["failed", "timed out in the fork phase (limit 30 s)", f1, False]
 
         # the tasks list shows the winner and its measured gain
         await page.goto(url + "/")
@@ -379,6 +384,54 @@ async def test_a_browser_submits_the_readme_query_and_watches_the_squad(
         assert "ann" in audit_row and "applied" in audit_row and task_id in audit_row
         await screenshot(page, tmp_path / "monitor-audit.png")
         assert page.exceptions == []
+
+
+@pytest.mark.slow
+async def test_a_browser_shows_every_event_whatever_its_kind(
+        nursery: trio.Nursery, settings: Settings, store_db: str, tmp_path: Path) -> None:
+    """The live page draws the store's log, not what its stream's listeners heard: an event of a
+    kind the script has no listener for (a named server-sent event nobody listens for is dropped
+    by the browser) is shown in its place, not skipped by the next event's id."""
+    binary = find_browser()
+    if binary is None:
+        pytest.skip(f"no Chromium found (looked for {', '.join(BROWSERS)}): apt-get install chromium")
+    task_id, agent = new_task_id(), "gemini25flash"
+    async with open_store(store_db) as store:
+        await store.submit(task_id=task_id, query=README_QUERY, source="afs_demo", dsn=None,
+                           task_type="query_optimization", priority="normal", provider="heuristic",
+                           weights=None, runs=1, worker="w", lease_s=600)
+        await store.append_events([Event("agents_assigned", task_id, data={"agents": [agent]}),
+                                   Event("agent_phase", task_id, agent, data={"phase": "fork"})], worker="w")
+        url = await start(nursery, settings, store_db, workers=0)
+        rows = "[...document.querySelectorAll('#events tr')]"
+
+        async def shown_and_stored() -> tuple[list[int], list[int]]:
+            shown = await page.js(f"{rows}.map(r => Number(r.dataset.event))")
+            return shown, [e.id for e in await store.events(task_id)]
+
+        async with browser(binary, tmp_path / "profile") as page:
+            await page.goto(f"{url}/tasks/{task_id}")
+            await page.wait_for("document.querySelectorAll('#events tr').length === 4")  # queued, started, 2
+            await page.wait_for("window.afsStream && window.afsStream.readyState === 1")  # listening
+            # a kind no listener hears, then one the lanes use: both shown, in the store's order
+            await store.append_events([Event("a_kind_this_page_never_heard_of", task_id, agent,
+                                             data={"note": "unheard"})], worker="w")
+            await store.append_events([Event("agent_phase", task_id, agent, data={"phase": "analysis"})],
+                                      worker="w")
+            await page.wait_for("document.querySelector('.lane .phase.active')?.dataset.phase === 'analyse'")
+            shown, stored = await shown_and_stored()
+            assert len(stored) == 6 and shown == stored, (shown, stored)
+            # an unheard kind just before the end: still shown, and the page finishes
+            await store.append_events([Event("another_unheard_kind", task_id, agent)], worker="w")
+            assert await store.finish(task_id, "w", status="failed", error="stopped by the test")
+            await page.wait_for("document.querySelector('#status').textContent === 'failed'")
+            await page.wait_for("document.querySelectorAll('#events tr').length === 8")
+            shown, stored = await shown_and_stored()
+            assert shown == stored, (shown, stored)
+            kinds = await page.js(f"{rows}.map(r => r.children[2].textContent)")
+            assert "a_kind_this_page_never_heard_of" in kinds and kinds[-2:] == ["another_unheard_kind",
+                                                                               "task_finished"]
+            assert page.exceptions == []
 
 
 async def test_off_loopback_a_browser_signs_in_with_the_token_as_a_cookie(

@@ -16,6 +16,7 @@ const EVENT_KINDS = [
   "measurement_shared", "benchmark_completed", "agent_failed", "consensus_reached", "task_failed",
   "task_finished", "cancel_requested", "task_cancelling", "lease_expired", "task_requeued",
   "review_failed", "proposal_flagged", "rewrite_revision_asked", "rewrite_revision_failed",
+  "baseline_measuring", "baseline_measured", "measurement_pooled", "plan_compared", "loop_step", "loop_stopped",
 ];
 const TERMINAL = ["completed", "no_improvement", "failed", "cancelled", "interrupted"];
 
@@ -368,13 +369,29 @@ async function taskPage(id) {
   });
   const state = {lastId: 0, events: [], lanes: new Map(), notices: [], waiting: null, routing: "",
                  status: task.status, created: task.created_at, finished: false};
+  // The log is what the page draws: every event after the last one shown, in the store's order,
+  // whatever its kind. The live stream only wakes the page to read it: an event whose kind has
+  // no listener here (EventSource drops a named event nobody listens for) is read with the next
+  // one, never skipped by an id past it. One read at a time, at most one more queued.
+  const readLog = async () => {
+    for (;;) {
+      const r = await api(`/v1/tasks/${encodeURIComponent(id)}/log?after=${state.lastId}`);
+      if (!r.ok) return r;
+      for (const e of r.body.events) applyEvent(state, e);
+      if (!r.body.more) return r;
+    }
+  };
+  let reading = Promise.resolve(), queued = null;
+  const wake = () => {
+    if (!queued) {
+      queued = reading.then(async () => { queued = null; await readLog(); renderLive(state); });
+      reading = queued.catch(() => {});
+    }
+    return queued;
+  };
   // a reload: the events so far first, then the live stream from the last one
-  for (;;) {
-    const r = await api(`/v1/tasks/${encodeURIComponent(id)}/log?after=${state.lastId}`);
-    if (!r.ok) { fail(r.body.error); return; }
-    for (const e of r.body.events) applyEvent(state, e);
-    if (!r.body.more) break;
-  }
+  const first = await readLog();
+  if (!first.ok) { fail(first.body.error); return; }
   renderLive(state);
   const finish = async () => {
     if (state.finished) return;
@@ -394,12 +411,12 @@ async function taskPage(id) {
     let e;
     try { e = JSON.parse(message.data); } catch (err) { return; }
     state.offline = false;
-    if (e && typeof e.id === "number" && applyEvent(state, e)) renderLive(state);
-    if (e && e.kind === "task_finished") { source.close(); finish(); }
+    if (!e || typeof e.id !== "number" || e.id <= state.lastId) return;  // read already
+    wake().then(() => { if (state.events.some(x => x.kind === "task_finished")) { source.close(); finish(); } });
   };
   for (const kind of EVENT_KINDS) source.addEventListener(kind, onEvent);
   source.addEventListener("message", onEvent);
-  source.addEventListener("end", () => { source.close(); finish(); });
+  source.addEventListener("end", () => { source.close(); wake().then(finish); });
   source.addEventListener("open", () => { state.offline = false; });
   source.addEventListener("error", () => { if (!state.finished) { state.offline = true; renderLive(state); } });
   const tick = setInterval(() => {
