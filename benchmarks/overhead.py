@@ -43,13 +43,15 @@ the two apart means the machine changed speed between them) and the winner of bo
 With --previous, part 2 also optimizes the slow query with the protocol before issue 25
 item 5 (Settings.large_effect = 0: three baseline runs ahead and every verdict on at least three
 runs a side, however large the effect), first, then the adaptive task as it is now, and prints
-their ratio and whether the winner is the same.
+their ratio and whether the winner is the same; --pairs N repeats the pair N times, the order
+flipping each time (previous first, then now first: a machine whose load drifts favours neither),
+and the ratio is of the summed task times.
                                 goal: previous_s / adaptive_s ≥ 2, same winner
 
     AFS_HOME=... python benchmarks/overhead.py [--runs N] [--scale small|demo|large]
                                                [--part all|overhead|adaptive]
                                                [--slow-query SQL] [--skip-fixed] [--previous]
-                                               [--json]
+                                               [--pairs N] [--json]
 
 Each task starts settled (a checkpoint and a sync, not timed): no task pays for the writes of
 the one before it. It uses the configured AFS_HOME, starts the sandbox and seeds the demo database
@@ -59,9 +61,10 @@ missing (and drops it again). `--json` prints {"overhead_share", "overhead_parts
 (forks_s, server_s, rest_s as shares of task time), "tasks", "fixed_s", "adaptive_s",
 "ratio_fixed_vs_adaptive", "same_winner", "fixed_slow_runs", "adaptive_slow_runs",
 "slow_baseline_ms", "adaptive_baseline_ms"} as the last line; with --previous also
-"previous_s", "previous_slow_runs", "previous_baseline_ms", "ratio_previous_vs_adaptive",
-"same_winner_previous". The goal of part 2 is judged
-only for a query whose baseline ran ≥ 1 s here (the script prints the time it measured).
+"previous_s", "now_s" (summed over the pairs), "previous_slow_runs", "now_slow_runs",
+"previous_baseline_ms" (one per pair), "ratio_previous_vs_adaptive", "same_winner_previous".
+The goal of part 2 is judged only for a query whose baseline ran ≥ 1 s here (the script prints
+the time it measured).
 """
 
 from __future__ import annotations
@@ -199,7 +202,7 @@ class Measured:
     tasks: list[Task]
     fixed: Task | None
     adaptive: Task | None
-    previous: Task | None = None  # --previous: without the large-effect rule
+    pairs: tuple[tuple[Task, Task], ...] = ()  # --previous: (without the large-effect rule, now)
 
 
 async def measure(settings: Settings, server: SandboxServer, args: argparse.Namespace) -> Measured:
@@ -223,20 +226,28 @@ async def measure(settings: Settings, server: SandboxServer, args: argparse.Name
                 fixed_settings = settings.with_(min_runs=args.runs, measure_budget_s=1e9)
                 fixed = await one_task(fixed_settings, server, admin, args.slow_query, args.runs, False)
                 progress(f"  {fixed.task_s:.1f} s, {fixed.result.status}")
-            previous = None
-            if args.previous:
-                progress("slow query, adaptive measurement as before issue 25 item 5 (no large-effect rule)")
-                previous = await one_task(settings.with_(large_effect=0.0), server, admin, args.slow_query,
-                                          args.runs, False)
-                progress(f"  {previous.task_s:.1f} s, {previous.result.status}")
-            progress("slow query, adaptive measurement")
-            adaptive = await one_task(settings, server, admin, args.slow_query, args.runs, False)
-            progress(f"  {adaptive.task_s:.1f} s, {adaptive.result.status}")
+            pairs: list[tuple[Task, Task]] = []
+            for n in range(args.pairs if args.previous else 0):
+                done: dict[str, Task] = {}
+                for label in ("previous", "now") if n % 2 == 0 else ("now", "previous"):
+                    progress(f"slow query, pair {n + 1}: " + (
+                        "adaptive measurement as before issue 25 item 5 (no large-effect rule)"
+                        if label == "previous" else "adaptive measurement as now"))
+                    own = settings.with_(large_effect=0.0) if label == "previous" else settings
+                    done[label] = await one_task(own, server, admin, args.slow_query, args.runs, False)
+                    progress(f"  {done[label].task_s:.1f} s, {done[label].result.status}")
+                pairs.append((done["previous"], done["now"]))
+            if pairs:
+                adaptive = pairs[0][1]
+            else:
+                progress("slow query, adaptive measurement")
+                adaptive = await one_task(settings, server, admin, args.slow_query, args.runs, False)
+                progress(f"  {adaptive.task_s:.1f} s, {adaptive.result.status}")
         finally:
             if created:
                 with trio.CancelScope(shield=True):
                     await admin.execute("DROP EXTENSION IF EXISTS pg_stat_statements")
-    return Measured(tasks, fixed, adaptive, previous)
+    return Measured(tasks, fixed, adaptive, tuple(pairs))
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -264,36 +275,41 @@ def report(measured: Measured) -> dict[str, Any]:
         if measured.tasks:
             print()
         data.update(_report_adaptive(measured.fixed, measured.adaptive))
-    if measured.previous is not None and measured.adaptive is not None:
+    if measured.pairs:
         print()
-        data.update(_report_previous(measured.previous, measured.adaptive))
+        data.update(_report_previous(measured.pairs))
     return data
 
 
-def _report_previous(previous: Task, adaptive: Task) -> dict[str, Any]:
-    """The slow query's task before and after issue 25 item 5, side by side."""
+def _report_previous(pairs: tuple[tuple[Task, Task], ...]) -> dict[str, Any]:
+    """The slow query's task before and after issue 25 item 5, side by side, pair by pair."""
     print("part 2b: the slow query, the protocol before the large-effect rule against now"
           " (Settings.large_effect = 0 against the default)")
-    header = (f"{'protocol':<10} {'task s':>8} {'query s':>8} {'slow runs':>9} {'baseline ms':>11}"
-              f" {'runs b/o per figure':>26}  winner")
+    header = (f"{'pair':<4} {'protocol':<10} {'task s':>8} {'query s':>8} {'slow runs':>9}"
+              f" {'baseline ms':>11} {'runs b/o per figure':>26}  winner")
     print(header)
     print("-" * len(header))
-    for label, task in (("previous", previous), ("now", adaptive)):
-        own = slow_baseline_ms(task)
-        winner = task.winner_sql
-        print(f"{label:<10} {task.task_s:>8.2f} {task.query_s:>8.2f} {task.slow_runs:>9}"
-              f" {'-' if own is None else f'{own:.0f}':>11} {_runs(task):>26}  "
-              + (_short("; ".join(w for w in winner if w), 70) if winner else "none"))
-    ratio = previous.task_s / adaptive.task_s
-    same = previous.winner_sql == adaptive.winner_sql
+    for n, pair in enumerate(pairs, 1):
+        for label, task in zip(("previous", "now"), pair, strict=True):
+            own = slow_baseline_ms(task)
+            winner = task.winner_sql
+            print(f"{n:<4} {label:<10} {task.task_s:>8.2f} {task.query_s:>8.2f} {task.slow_runs:>9}"
+                  f" {'-' if own is None else f'{own:.0f}':>11} {_runs(task):>26}  "
+                  + (_short("; ".join(w for w in winner if w), 70) if winner else "none"))
+    previous_s = sum(p.task_s for p, _ in pairs)
+    now_s = sum(n.task_s for _, n in pairs)
+    ratio = previous_s / now_s
+    same = all(p.winner_sql == n.winner_sql for p, n in pairs)
     verdict = "met" if ratio >= GOAL_PREVIOUS_RATIO and same else "NOT met"
-    print(f"ratio_previous_vs_adaptive = {ratio:.2f}, same winner: {same}"
-          f"  (goal ≥ {GOAL_PREVIOUS_RATIO:g} with the same winner: {verdict})")
-    previous_baseline = slow_baseline_ms(previous)
+    print(f"ratio_previous_vs_adaptive = {ratio:.2f} (summed task times, {len(pairs)} pair(s)),"
+          f" same winner: {same}  (goal ≥ {GOAL_PREVIOUS_RATIO:g} with the same winner: {verdict})")
     return {
-        "previous_s": round(previous.task_s, 2),
-        "previous_slow_runs": previous.slow_runs,
-        "previous_baseline_ms": round(previous_baseline, 1) if previous_baseline is not None else None,
+        "previous_s": round(previous_s, 2),
+        "previous_slow_runs": sum(p.slow_runs for p, _ in pairs),
+        "previous_baseline_ms": [round(b, 1) if (b := slow_baseline_ms(p)) is not None else None
+                                 for p, _ in pairs],
+        "now_s": round(now_s, 2),
+        "now_slow_runs": sum(n.slow_runs for _, n in pairs),
         "ratio_previous_vs_adaptive": round(ratio, 3),
         "same_winner_previous": same,
     }
@@ -399,7 +415,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps(data))
     done = [*measured.tasks,
-            *(t for t in (measured.fixed, measured.adaptive, measured.previous) if t is not None)]
+            *(t for t in (measured.fixed, measured.adaptive) if t is not None),
+            *(t for pair in measured.pairs for t in pair)]
     failed = any(t.result.status == "failed" for t in done)
     return EXIT_FAILED if failed else EXIT_OK
 
@@ -422,6 +439,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--previous", action="store_true",
                         help="part 2 also runs the protocol before issue 25 item 5 (no large-effect rule)"
                              " and prints the ratio of the two and whether the winner is the same")
+    parser.add_argument("--pairs", type=int, default=1, metavar="N",
+                        help="with --previous: how many pairs (previous, now) to run, the order flipping"
+                             " each time (default 1)")
     parser.add_argument("--scale", choices=("small", "demo", "large"),
                         help="demo data size if it must be seeded (default: AFS_SCALE or demo)")
     parser.add_argument("--json", action="store_true",
@@ -429,6 +449,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.pairs < 1:
+        parser.error("--pairs must be at least 1")
     args.queries = args.queries or list(QUERIES)
     return args
 
