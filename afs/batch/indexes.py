@@ -297,6 +297,7 @@ def advise(candidate: Candidate, replayed: Sequence[Replayed] | None, work: Tabl
         "reason": reason, "reads_slower": slower,
         "write_ms_saved_per_call": saved["ms_per_write"],  # the index's cost: saved by dropping it
         "write_ms_saved_per_day": saved["ms_per_day"], "writes_per_day": saved["writes_per_day"],
+        "write_significant": saved["significant"],  # some write's runs apart (else: within the noise)
         "storage_mb": round(ix.size_bytes / MB, 2), "scans": ix.scans,
         "sql": f"DROP INDEX CONCURRENTLY {ix.qualified};",
         "rollback": f"{_concurrently(ix.definition)};",

@@ -21,6 +21,9 @@ its own earlier row), and the run's figure is the mean execution time per call. 
 statement is repeated until a run takes about `RUN_TARGET_MS`, so a write of 30 µs is not
 timed in the noise of one call. The two sides alternate run by run (drift hits both alike),
 as long as `afs.bench.stop_reason` leaves the verdict open; `afs.bench.significant` decides.
+A write's cost is an estimate rather than a verdict: `WRITE_PAIRS` pairs of runs at least (the
+settings' run count when larger), each pair back to back, and the figure is the median of the
+pairs' differences (drift between pairs cancels out).
 
 A read whose plan is the same with and without the index (its node types, relations and
 indexes) is not timed: the planner's choice does not depend on an index it does not use.
@@ -33,6 +36,7 @@ user's database is only read (catalog, pg_stats, EXPLAIN through `on_target`).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -54,7 +58,9 @@ from afs.query.text import walk
 
 Kind = Literal["read", "write"]
 RUN_TARGET_MS = 20.0  # a run of a fast statement repeats it until it takes about this long
-MAX_REPEATS = 200  # calls of a statement in one run, at most
+WRITE_RUN_TARGET_MS = 50.0  # a write's run: its cost is a few µs in a call of tens
+WRITE_PAIRS = 7  # pairs of runs of a write, at least (the estimate is the median of their differences)
+MAX_REPEATS = 1000  # calls of a statement in one run, at most
 MAX_STATEMENTS = 20  # statements of a table replayed, at most (by total time)
 DAY_S = 86_400.0
 _INTEGERS = {"smallint", "integer", "bigint", "int2", "int4", "int8"}
@@ -99,10 +105,14 @@ class Replayed:
     significant: bool  # the two sides' runs apart (afs.bench.significant)
     repeats: int  # calls per run
     note: str = ""
+    paired_ms: float | None = None  # a write's: the median of the runs' differences (without − with)
 
     @property
     def delta_ms(self) -> float:
-        """Per call, without the index minus with it (a read slower without: > 0)."""
+        """Per call, without the index minus with it (a read slower without: > 0; a write
+        faster without: < 0, from the pairs of runs, each pair measured back to back)."""
+        if self.paired_ms is not None:
+            return self.paired_ms
         if self.with_index is None or self.without_index is None:
             return 0.0
         return self.without_index.median_ms - self.with_index.median_ms
@@ -118,6 +128,7 @@ class Replayed:
                 "without_ms": None if self.without_index is None else self.without_index.median_ms,
                 "runs": 0 if self.with_index is None else self.with_index.runs,
                 "repeats": self.repeats, "plan_changed": self.plan_changed,
+                "delta_ms": round(self.delta_ms, 5),  # without − with, per call
                 "significant": self.significant, "note": self.note}
 
 
@@ -416,19 +427,25 @@ async def replay_one(conn: Connection, work: WorkStatement, drop: Sequence[str],
                                 "the same plan without the index: not timed")
         write = work.kind == "write"
         first = await _call(conn, _run_sync, query, base, 1, write)
-        repeats = max(1, min(MAX_REPEATS, math.ceil(RUN_TARGET_MS / max(first, 0.001))))
+        target_ms = WRITE_RUN_TARGET_MS if write else RUN_TARGET_MS
+        repeats = max(1, min(MAX_REPEATS, math.ceil(target_ms / max(first, 0.001))))
         with_index: list[Sample] = []
         without: list[Sample] = []
         while True:
             with_index.append(Sample(await _call(conn, _run_sync, query, base, repeats, write), 0))
             without.append(Sample(await _call(conn, _run_sync, query, drop, repeats, write), 0))
-            if stop_reason([s.ms for s in with_index], [s.ms for s in without], rule) is not None:
+            if write:  # an estimate, not only a verdict: a fixed number of pairs (never "overlap")
+                if len(with_index) >= max(rule.max_runs, WRITE_PAIRS):
+                    break
+            elif stop_reason([s.ms for s in with_index], [s.ms for s in without], rule) is not None:
                 break
     except DatabaseError as exc:
         return Replayed(work, None, None, False, False, 0,
                         f"not replayed in the fork: {str(exc).splitlines()[0]}")
+    paired = (statistics.median(b.ms - a.ms for a, b in zip(with_index, without, strict=True))
+              if write else None)
     return Replayed(work, timing(with_index), timing(without), changed,
-                    significant(with_index, without), repeats)
+                    significant(with_index, without), repeats, paired_ms=paired)
 
 
 async def replay(conn: Connection, statements: Sequence[WorkStatement], drop: Sequence[str],

@@ -393,7 +393,8 @@ def workload_lines(doc: Mapping[str, Any]) -> list[str]:
             per_day = a.get("write_ms_saved_per_day")
             out.append(f"- {a['verdict'].upper()} {a['index']} on {a['table']} ({a['kind']}, "
                        f"{a['storage_mb']:.1f} MB"
-                       + ("" if per_day is None else f", writes save {_duration(per_day)} a day")
+                       + ("" if per_day is None else f", writes save {_duration(per_day)} a day"
+                          + ("" if a.get("write_significant") else " (within the noise)"))
                        + f"): {a['reason']}")
             out += [f"  - slower without it: `{_short(s, 160)}`" for s in a["reads_slower"]]
             if a["verdict"] == "drop":

@@ -62,7 +62,8 @@ def render_review(doc: dict[str, Any]) -> str:
         out.append(f"- {a['verdict'].upper()} {a['index']} on {a['table']} ({a['kind']}, "
                    f"{a['storage_mb']:.1f} MB): {a['reason']}")
         out.append(f"  writes: {a['write_ms_saved_per_call']:.4f} ms saved a call"
-                   + ("" if per_day is None else f", {per_day / 1000:.1f} s a day at the observed rate"))
+                   + ("" if per_day is None else f", {per_day / 1000:.1f} s a day at the observed rate")
+                   + ("" if a.get("write_significant") else " (within the noise)"))
         for statement in a["reads_slower"]:
             out.append(f"  slower without it: `{' '.join(statement.split())[:160]}`")
         if a["verdict"] == "drop":
