@@ -71,6 +71,7 @@ from afs.models import (
     AnalysisResult,
     BenchmarkOutcome,
     CandidateResult,
+    EstimatedImpact,
     FamilyQuery,
     LoopStep,
     OptimizationProposal,
@@ -97,6 +98,7 @@ from afs.suite import build_suite
 AS_FAST_RATIO = 1.1  # a candidate leaving at most 1.1x the fastest one's share of the time is as fast
 AS_FAST_MS = 0.3  # … or one within 0.3 ms of its time (below that, timings are mostly noise)
 LOOP_SHARE_OF_TIME_LEFT = 0.5  # the loop takes at most this share of the agent's time left
+LOOP_CLEAR_RATIO = 1.5  # a step this many times faster that reads fewer buffers gains (`beats`)
 
 
 @dataclass(frozen=True)
@@ -230,10 +232,12 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 thinking.cancel_scope.cancel()  # nothing to measure against it
                 events.emit("proposal_submitted", agent=agent, fork=state.fork,
                             duration_s=trio.current_time() - t0, proposal_type=None)
-                return state.outcome("ok")
-            events.emit("proposal_submitted", agent=agent, fork=state.fork,
-                        duration_s=trio.current_time() - t0, proposal_type=proposals[0].proposal_type,
-                        sql=list(proposals[0].sql_commands), candidates=len(proposals))
+                if not _loops(job, brain):
+                    return state.outcome("ok")
+            else:
+                events.emit("proposal_submitted", agent=agent, fork=state.fork,
+                            duration_s=trio.current_time() - t0, proposal_type=proposals[0].proposal_type,
+                            sql=list(proposals[0].sql_commands), candidates=len(proposals))
             if thinking.child_tasks:
                 enter("waiting for the baseline")
     except BaseExceptionGroup as group:  # the nursery wraps what the model calls raise
@@ -254,7 +258,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             # the rollback derived from the parsed SQL, not what the brain wrote
             proposal = dataclasses.replace(proposal, rollback_commands=validation.rollback_commands)
         checked.append((rank, proposal, validation, candidate_suite))
-    if not checked:
+    if not checked and proposals:
         state.candidates = tuple(tried[r] for r in sorted(tried))
         first = state.candidates[0]
         state.proposal, state.validation = first.proposal, first.validation
@@ -426,7 +430,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 baseline_cost=baseline_cost,
                 note="beyond the measuring budget: the planner expects less of it than of those measured")
 
-    if job.measuring.loop_steps > 0 and isinstance(brain, RefiningBrain) and not in_place.unknown:
+    if _loops(job, brain) and not in_place.unknown:
+        assert isinstance(brain, RefiningBrain)
         loop = _Loop(job, ctx, state, brain, in_place, events, enter, measure_design, tried, by_rank)
         # within its budget, and within half the time the agent has left: what it measured
         # so far must still be reported
@@ -439,6 +444,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
         loop.record()
 
     state.candidates = tuple(tried[r] for r in sorted(tried))
+    if not state.candidates:  # nothing proposed, and the loop found nothing either
+        return state.outcome("ok")
     return _best(state)
 
 
@@ -489,6 +496,18 @@ class _InPlace:
         return True
 
 
+def _loops(job: AgentJob, brain: Brain) -> bool:
+    """Whether the agent runs the loop: its brain can extend a design, and the budget allows it."""
+    return job.measuring.loop_steps > 0 and isinstance(brain, RefiningBrain)
+
+
+def nothing_yet(agent: AgentKey) -> OptimizationProposal:
+    """The design the loop extends when the brain proposed none: the query as it is (its plan
+    is the analysis's)."""
+    return OptimizationProposal(agent=agent, proposal_type="index", sql_commands=(), rollback_commands=(),
+                                rationale="", estimated_impact=EstimatedImpact(0.0, 0.0, "low", "low"))
+
+
 def query_timing(bench: BenchmarkOutcome | None) -> Timing | None:
     """The measured time of the query as given with the design (the suite's "baseline" query)."""
     if bench is None or not bench.measurements:
@@ -496,15 +515,27 @@ def query_timing(bench: BenchmarkOutcome | None) -> Timing | None:
     return next((m for m in bench.measurements if m.name == "baseline"), bench.measurements[0]).optimized
 
 
+def baseline_timing(bench: BenchmarkOutcome | None) -> Timing | None:
+    """The measured time of the query as given, before the design."""
+    if bench is None or not bench.measurements:
+        return None
+    return next((m for m in bench.measurements if m.name == "baseline"), bench.measurements[0]).baseline
+
+
 def beats(previous: Timing, new: Timing) -> bool:
     """Whether `new` is faster than `previous` beyond the noise: every run of it faster than
-    every run of the other (afs.bench.significant's separation, over the runs' range), and the
-    medians at least MIN_EFFECT apart."""
+    every run of the other (afs.bench.significant's separation, over the runs' range) and the
+    medians at least MIN_EFFECT apart; or, where the runs of two measurements overlap (a busy
+    server), a median LOOP_CLEAR_RATIO times lower that reads fewer shared buffers (a count
+    the noise does not change: the plan does less)."""
     slowest_new = new.max_ms if new.max_ms is not None else new.median_ms + new.spread_ms
     fastest_previous = (previous.min_ms if previous.min_ms is not None
                         else previous.median_ms - previous.spread_ms)
-    return (slowest_new < fastest_previous
-            and previous.median_ms - new.median_ms >= MIN_EFFECT * previous.median_ms)
+    separated = (slowest_new < fastest_previous
+                 and previous.median_ms - new.median_ms >= MIN_EFFECT * previous.median_ms)
+    does_less = (new.median_ms * LOOP_CLEAR_RATIO <= previous.median_ms
+                 and 0 < new.buffers < previous.buffers)
+    return separated or does_less
 
 
 async def after_plan(conn: Connection, sql: str, proposal: OptimizationProposal,
@@ -564,15 +595,19 @@ class _Loop:
     async def run(self) -> None:
         agent, conn = self.state.agent, self.in_place.conn
         start = [c for c in self.tried.values() if _loopable(c)]
-        if not start or self.state.analysis is None:
+        if self.state.analysis is None or (not start and self.tried):
             return
-        current = best_candidate(agent, start, self.state.writes_per_read)
-        if current.proposal.proposal_type == "partitioning" and self.in_place.proposal != current.proposal:
-            return  # moving the data again to read a plan is not worth it
-        first = query_timing(current.benchmark)
-        self.steps = [LoopStep(1, current.proposal, None, first.median_ms if first else None, True)]
-        self.final = current.rank
-        self.ranks = [current.rank]
+        # the best measured design; when the brain proposed none, the query as it is
+        current: CandidateResult | None = None
+        if start:
+            current = best_candidate(agent, start, self.state.writes_per_read)
+            if (current.proposal.proposal_type == "partitioning"
+                    and self.in_place.proposal != current.proposal):
+                return  # moving the data again to read a plan is not worth it
+            first = query_timing(current.benchmark)
+            self.steps = [LoopStep(1, current.proposal, None, first.median_ms if first else None, True)]
+            self.final = current.rank
+            self.ranks = [current.rank]
         budget = self.job.measuring
         started, step_s = trio.current_time(), 0.0
         while len(self.steps) <= budget.loop_steps:
@@ -581,21 +616,27 @@ class _Loop:
                 return self._stop(f"the loop's time budget is spent ({budget.loop_budget_s:g} s)")
             t0 = trio.current_time()
             self.enter(f"loop step {n}")
-            if not await self.in_place.put(current.proposal):
-                return self._stop(f"step {n - 1} could not be put in place again: {self.in_place.error}")
-            previous = query_timing(current.benchmark)
-            assert previous is not None
-            estimate_only = self.ctx.slow and (previous.lower_bound or previous.median_ms * 2
-                                               > budget.statement_timeout_ms)
-            plan, analysed = await after_plan(conn, current.proposal.rewritten_query or self.job.query,
-                                              current.proposal, estimate_only)
+            previous: Timing | None = None
+            if current is None:  # the query as it is: the analysis read its plan
+                design = nothing_yet(agent)
+                plan, analysed = self.ctx.plan, not self.ctx.slow and "Actual Total Time" in self.ctx.plan
+            else:
+                design = current.proposal
+                if not await self.in_place.put(design):
+                    return self._stop(f"step {n - 1} could not be put in place again: {self.in_place.error}")
+                previous = query_timing(current.benchmark)
+                assert previous is not None
+                estimate_only = self.ctx.slow and (previous.lower_bound or previous.median_ms * 2
+                                                   > budget.statement_timeout_ms)
+                plan, analysed = await after_plan(conn, design.rewritten_query or self.job.query, design,
+                                                  estimate_only)
             necks = await trio.to_thread.run_sync(bottlenecks, plan, analysed)
             top = necks[0] if necks else None
             if top is not None and top.kind == "rows_returned":
                 return self._stop(f"the time goes to returning the rows: {top.detail}")
             extended = None
             with trio.move_on_after(self.job.timeouts.model) as thinking:
-                extended = await self.brain.refine(agent, self.ctx, self.state.analysis, current.proposal,
+                extended = await self.brain.refine(agent, self.ctx, self.state.analysis, design,
                                                    plan, top, tuple(self.steps))
             if thinking.cancelled_caught:
                 return self._stop(f"the brain did not answer within {self.job.timeouts.model:g} s")
@@ -614,25 +655,30 @@ class _Loop:
                 return self._stop(f"step {n} was refused")
             if validation.rollback_commands:
                 extended = dataclasses.replace(extended, rollback_commands=validation.rollback_commands)
-            rank = max([*self.tried, *self.by_rank]) + 1
+            rank = max([*self.tried, *self.by_rank], default=0) + 1
             self.by_rank[rank] = (extended, validation, candidate_suite)
             result = await self.measure(rank, extended, validation, candidate_suite)
             self.ranks.append(rank)
             new = query_timing(result.benchmark) if result is not None else None
-            if result is None or result.benchmark is None or new is None:
+            if previous is None and result is not None:  # the first design: against the query as given
+                previous = baseline_timing(result.benchmark)
+            if result is None or result.benchmark is None or new is None or previous is None:
                 why = result.note if result is not None else "the fork's state is unknown after it"
                 self.steps.append(LoopStep(n, extended, motive, None, False, f"not measured: {why}"))
                 return self._stop(f"step {n} could not be measured")
             kept = result.benchmark.equivalent and not result.benchmark.answer_cache and beats(previous, new)
             if not kept:
                 cache = result.benchmark.answer_cache
+                than = f"step {n - 1}" if current is not None else "the query as given"
                 why = ("it changes the query's results" if not result.benchmark.equivalent
                        else f"an answer cache: {cache}" if cache
-                       else f"not faster than step {n - 1} beyond the noise ({fmt_ms(previous.median_ms)} → "
+                       else f"not faster than {than} beyond the noise ({fmt_ms(previous.median_ms)} → "
                             f"{fmt_ms(new.median_ms)})")
                 self.steps.append(LoopStep(n, extended, motive, new.median_ms, False, why))
                 self.tried[rank] = dataclasses.replace(
                     result, note="; ".join(filter(None, (result.note, f"loop step {n}, not kept: {why}"))))
+                if self.final is None:
+                    self.final = rank  # the only design the loop measured: its record holds the chain
                 return self._stop(f"step {n} did not gain")
             self.steps.append(LoopStep(n, extended, motive, new.median_ms, True))
             current = self.tried[rank] = dataclasses.replace(result, chain=tuple(self.steps))
@@ -646,8 +692,10 @@ class _Loop:
         stopped = self.stopped or f"the loop's time budget is spent ({self.job.measuring.loop_budget_s:g} s)"
         self.events.emit("loop_stopped", agent=self.state.agent, fork=self.state.fork,
                          steps=len(self.steps), kept=sum(s.kept for s in self.steps), reason=stopped)
-        if self.final is None or len(self.steps) < 2:
+        if self.final is None or not self.steps:
             return
+        if len(self.steps) < 2 and self.steps[0].motivated_by is None:
+            return  # the first design alone: no step of the loop
         self.tried[self.final] = dataclasses.replace(self.tried[self.final], chain=tuple(self.steps))
         # the last kept step is the loop's design: the steps before it and the one that did not
         # gain stay in the record, but cannot be the agent's proposal

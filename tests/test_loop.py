@@ -160,3 +160,61 @@ async def test_a_step_that_does_not_gain_is_not_kept(
     assert outcome.proposal is not None and "loop_useless" not in " ".join(outcome.proposal.sql_commands)
     assert candidate.proposal == first.proposal
     assert "step 2" in render_text(result) and "not kept" in render_text(result)
+
+
+ORDERS = """
+CREATE TABLE customers (id bigint PRIMARY KEY, region int NOT NULL, name text NOT NULL);
+CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint NOT NULL, amount numeric(10, 2) NOT NULL,
+                     note text NOT NULL);
+INSERT INTO customers SELECT g, g % 20, 'customer ' || g FROM generate_series(1, 3000) g;
+INSERT INTO orders SELECT g, 1 + (g::bigint * 7919) % 3000, (g % 997) / 10.0, repeat('x', 40)
+    FROM generate_series(1, 40000) g
+"""
+# each customer of a region whose largest order is above a bound: a subquery run per outer row
+CORRELATED = ("SELECT c.id, c.name FROM customers c WHERE c.region = 3 AND 90 < "
+              "(SELECT max(o.amount) FROM orders o WHERE o.customer_id = c.id)")
+
+
+async def test_a_subquery_run_per_outer_row_gets_its_correlation_key_from_the_plan(
+        settings: Settings, sandbox: SandboxServer, provider: LocalForkProvider, forks: ForkClient) -> None:
+    try:
+        await open_source(sandbox, provider, "afs_loop_sub", ORDERS)
+        result = await run(settings, sandbox, forks, "afs_loop_sub", CORRELATED, measured=1)
+    finally:
+        await provider.drop_source("afs_loop_sub")
+    text = render_text(result)
+    (outcome,) = result.outcomes
+    assert result.status == "completed" and outcome.proposal is not None, text
+    assert any("ON orders (customer_id" in sql for sql in outcome.proposal.sql_commands), text
+    (candidate,) = [c for c in outcome.candidates if c.proposal == outcome.proposal]
+    assert candidate.chain and any("SubPlan" in (s.motivated_by or "") for s in candidate.chain), text
+    assert outcome.benchmark is not None
+    baseline = next(m for m in outcome.benchmark.measurements if m.name == "baseline")
+    assert baseline.optimized.median_ms * 5 < baseline.baseline.median_ms, text
+
+
+class NothingToPropose(StrategistBrain):
+    """The offline strategists with nothing to propose up front (as for a subquery whose best
+    index they expect to spare few row visits): the loop starts from the query's own plan."""
+
+    async def propose(self, agent: AgentKey, ctx: AnalysisContext,
+                      analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
+        return ()
+
+
+async def test_with_nothing_proposed_the_loop_starts_from_the_querys_own_plan(
+        settings: Settings, sandbox: SandboxServer, provider: LocalForkProvider, forks: ForkClient) -> None:
+    try:
+        await open_source(sandbox, provider, "afs_loop_none", ORDERS)
+        result = await run(settings, sandbox, forks, "afs_loop_none", CORRELATED, brain=NothingToPropose())
+    finally:
+        await provider.drop_source("afs_loop_none")
+    text = render_text(result)
+    (outcome,) = result.outcomes
+    assert result.status == "completed" and outcome.proposal is not None, text
+    (index,) = outcome.proposal.sql_commands
+    assert index.endswith("ON orders (customer_id) INCLUDE (amount)"), text
+    (candidate,) = [c for c in outcome.candidates if c.proposal == outcome.proposal]
+    first = candidate.chain[0]
+    assert first.step == 1 and first.kept and first.motivated_by and "SubPlan" in first.motivated_by
+    assert "led by: SubPlan" in text

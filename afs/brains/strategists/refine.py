@@ -199,18 +199,20 @@ def refine_design(agent: AgentKey, ctx: AnalysisContext, current: OptimizationPr
                               if not any(re.search(rf"\b{re.escape(n)}\b", c) for n in replaced))
         step = len(steps) + 1
         ptype: ProposalType = current.proposal_type
-        if ptype == "index":
+        if not current.sql_commands and not current.settings:
+            ptype = extra.proposal_type  # nothing yet (the query as it is): the index alone
+        elif ptype == "index":
             ptype = "composite_index"
         impact = dataclasses.replace(
             current.estimated_impact,
             storage_overhead_mb=round(current.estimated_impact.storage_overhead_mb
                                       + extra.estimated_impact.storage_overhead_mb, 2),
-            complexity="medium")
+            complexity="medium" if current.sql_commands else extra.estimated_impact.complexity)
         return dataclasses.replace(
             current, agent=agent, proposal_type=ptype,
             sql_commands=(*kept_commands, *extra.sql_commands),
             rollback_commands=(*extra.rollback_commands, *kept_rollback),
-            rationale=f"{current.rationale} Step {step}: {extra.rationale}",
+            rationale=f"{current.rationale} Step {step}: {extra.rationale}".strip(),
             estimated_impact=impact,
             validation_steps=(*current.validation_steps, *extra.validation_steps[:-1]))
     return None
