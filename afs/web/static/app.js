@@ -372,7 +372,8 @@ async function taskPage(id) {
   // The log is what the page draws: every event after the last one shown, in the store's order,
   // whatever its kind. The live stream only wakes the page to read it: an event whose kind has
   // no listener here (EventSource drops a named event nobody listens for) is read with the next
-  // one, never skipped by an id past it. One read at a time, at most one more queued.
+  // one, never skipped by an id past it. One read at a time, at most one more queued; a read
+  // that fails (the server away for a moment) is made again by the next wake.
   const readLog = async () => {
     for (;;) {
       const r = await api(`/v1/tasks/${encodeURIComponent(id)}/log?after=${state.lastId}`);
@@ -384,8 +385,12 @@ async function taskPage(id) {
   let reading = Promise.resolve(), queued = null;
   const wake = () => {
     if (!queued) {
-      queued = reading.then(async () => { queued = null; await readLog(); renderLive(state); });
-      reading = queued.catch(() => {});
+      queued = reading.then(async () => {
+        queued = null;
+        try { await readLog(); } catch (err) { state.offline = true; }  // the next wake reads it again
+        renderLive(state);
+      });
+      reading = queued;
     }
     return queued;
   };
