@@ -97,9 +97,12 @@ def _ms_day(ms: float) -> str:
 
 def summary(doc: Mapping[str, Any], steps: Sequence[Step], skipped: Sequence[str], source: str) -> str:
     """The pull request's text (Markdown): what changes, the figures measured, how to apply and undo."""
+    period = float(doc.get("period_s") or 0)
+    span = f"{period / 3600:.1f} h" if period >= 3600 else f"{period / 60:.0f} min: the figures a day are " \
+        "extrapolated from it, let the workload run longer for steadier ones"
     out = [f"# AFS batch {doc.get('id', '?')}: {doc.get('database', '?')}", "",
            f"Measured by AFS in forks of the database's copy ({doc.get('created_at', '?')}; statistics "
-           f"window {float(doc.get('period_s') or 0) / 3600:.1f} h). Changes: {source}.", ""]
+           f"window {span}). Changes: {source}.", ""]
     if steps:
         out += ["| # | change | size | reads saved/day | writes/day | net/day |", "|---|---|---|---|---|---|"]
         for n, s in enumerate(steps, 1):
