@@ -455,6 +455,27 @@ def test_a_bound_on_a_tasks_spend_before_it_starts() -> None:
     assert spend_bound(GeminiSettings(models={"gemini25pro": "my-model"}), ["gemini25pro"], TODAY) is None
 
 
+def test_the_bound_counts_the_loops_turns_within_the_model_budget() -> None:
+    lite = MODEL_SETTINGS["gemini-3.5-flash-lite"]
+    price, answer = lite.price_on(TODAY), lite.max_output_tokens
+    assert price is not None
+    plain = spend_bound(GeminiSettings(), ["gemini20flash"], TODAY, prompt_tokens=10_000)
+    looped = spend_bound(GeminiSettings(), ["gemini20flash"], TODAY, prompt_tokens=10_000, loop_steps=2)
+    # two loop turns, three rounds each: the first resends 2, the second 3 prompts and answers
+    extra = sum((before + 10_000 + r * (answer + 200)) * price.input_usd_per_mtok + answer
+                * price.output_usd_per_mtok for before in (2 * (10_000 + answer), 3 * (10_000 + answer))
+                for r in range(3)) / 1e6
+    assert plain is not None and looped == pytest.approx(plain + extra, abs=1e-3)
+    # the agent's budget bounds it: 2 turns, or 50,000 tokens and the one call that crosses them
+    two = spend_bound(GeminiSettings(budget=ModelBudget(turns=2)), ["gemini20flash"], TODAY,
+                      prompt_tokens=10_000, loop_steps=2)
+    few = spend_bound(GeminiSettings(budget=ModelBudget(tokens=50_000)), ["gemini20flash"], TODAY,
+                      prompt_tokens=10_000, loop_steps=2)
+    assert two is not None and few is not None and two < few < looped
+    biggest = 3 * (10_000 + answer) + 10_000 + 2 * (answer + 200) + answer
+    assert few == pytest.approx((50_000 + biggest) * price.output_usd_per_mtok / 1e6, abs=1e-4)
+
+
 def test_the_cap_is_a_setting(tmp_path: Path) -> None:
     (tmp_path / "settings.yaml").write_text("gemini:\n  max_spend_usd: 0.5\n  send_values: false\n")
     gemini = load_settings({"AFS_HOME": str(tmp_path)}).gemini

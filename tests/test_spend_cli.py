@@ -17,7 +17,7 @@ from afs.batch.report import Entry, build_report, outcome, render_markdown
 from afs.batch.schedule import options_of
 from afs.brains.gemini.brain import spend_bound
 from afs.brains.gemini.client import SpendMeter, Usage, estimate_cost, today
-from afs.config import GeminiSettings, Settings
+from afs.config import DEFAULT_LOOP_STEPS, GeminiSettings, Settings
 from afs.errors import InputError
 from afs.models import AGENTS, AgentOutcome, RoutingDecision, TaskResult
 from afs.sandbox.server import SandboxServer
@@ -40,7 +40,8 @@ def test_batch_dry_run_prints_the_spend_bound_and_runs_nothing(tmp_path: Path) -
     done = run_afs("batch", "--dry-run", "--top", "4", "--max-spend", "0.25", "--json", env=env, text=True)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    per_task = spend_bound(GeminiSettings(), tuple(AGENTS), today())
+    per_task = spend_bound(GeminiSettings(), tuple(AGENTS), today(), loop_steps=DEFAULT_LOOP_STEPS,
+                           revise=True)
     assert per_task is not None and per_task > 0
     assert doc["task_bound_usd"] == pytest.approx(per_task)
     assert doc["bound_usd"] == pytest.approx(4 * per_task, abs=1e-4)

@@ -120,7 +120,8 @@ def _dry_run(args: argparse.Namespace, settings: Settings, options: Any) -> int:
         raise ConfigError(f"--provider gemini: {NO_CREDENTIALS}")
     day = today()
     models = {agent: settings.gemini.model_of(agent) for agent in AGENTS} if credentials else {}
-    per_task = 0.0 if credentials is None else spend_bound(settings.gemini, tuple(AGENTS), day)
+    per_task = 0.0 if credentials is None else spend_bound(settings.gemini, tuple(AGENTS), day,
+                                                           loop_steps=settings.loop_steps, revise=True)
     bound = None if per_task is None else round(per_task * options.top, 4)
     doc = {"dry_run": True, "statements_at_most": options.top, "provider": options.provider,
            "models": models, "priced_on": day, "task_bound_usd": per_task, "bound_usd": bound,

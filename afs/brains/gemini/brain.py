@@ -867,25 +867,37 @@ TYPICAL_PROMPT_TOKENS: Final = 12_000  # an analysis prompt of a few tables with
 
 
 def spend_bound(gemini: GeminiSettings, agents: Sequence[AgentKey], day: str,
-                prompt_tokens: int = TYPICAL_PROMPT_TOKENS) -> float | None:
+                prompt_tokens: int = TYPICAL_PROMPT_TOKENS, *, loop_steps: int = 0,
+                revise: bool = False) -> float | None:
     """The most one task's model calls can cost, in USD at the list prices of `day`: every
-    agent's analysis and proposal (and the reviewer's review) with every re-prompt, each
-    prompt `prompt_tokens` long plus the turns before it, each answer at its model's
-    `max_output_tokens`. A bound for `afs batch --dry-run`, not an estimate; None when a
-    model has no price."""
+    agent's analysis and proposal (and the reviewer's review; with `revise`, a rewrite's
+    revision; with `loop_steps`, that many turns of its loop, each resending the conversation
+    before it) with every re-prompt, each prompt `prompt_tokens` long plus the turns before
+    it, each answer at its model's `max_output_tokens`; and per agent no more than its model
+    budget lets through (`gemini.budget`: its most costly `turns` calls, and its `tokens` plus
+    the one call that may cross them). A bound for `afs batch --dry-run`, not an estimate;
+    None when a model has no price."""
     total = 0.0
+    budget = gemini.budget
+    rounds = MAX_REPROMPTS + 1
     for agent in agents:
         settings = gemini.settings_of(gemini.model_of(agent))
         price = settings.price_on(day)
         if price is None:
             return None
-        questions = 3 if agent == REVIEWER else 2
-        rounds = MAX_REPROMPTS + 1
         answer = settings.max_output_tokens
-        # round r of a question sends the prompt and the r answers and re-prompts before it
-        sent = sum(prompt_tokens + r * (answer + 200) for r in range(rounds)) * questions
-        answered = rounds * questions * answer
-        total += (sent * price.input_usd_per_mtok + answered * price.output_usd_per_mtok) / 1e6
+        # each question: the turns before it (`before` tokens) and its prompt; round r also
+        # resends the r answers and re-prompts before it
+        questions = [0] * ((3 if agent == REVIEWER else 2) + int(revise))
+        questions += [(k + 1) * (prompt_tokens + answer) for k in range(1, loop_steps + 1)]
+        calls = [(before + prompt_tokens + r * (answer + 200), answer)
+                 for before in questions for r in range(rounds)]
+        costs = sorted(((sent * price.input_usd_per_mtok + answered * price.output_usd_per_mtok) / 1e6
+                        for sent, answered in calls), reverse=True)
+        by_turns = sum(costs[:budget.turns])
+        largest = max(sent + answered for sent, answered in calls)
+        by_tokens = (budget.tokens + largest) * max(price.input_usd_per_mtok, price.output_usd_per_mtok) / 1e6
+        total += min(by_turns, by_tokens)
     return round(total, 4)
 
 
