@@ -101,7 +101,7 @@ async def test_the_inner_side_of_a_nested_loop_gets_its_join_key(db: str) -> Non
         extended.sql_commands[-1].endswith("ON orders (customer_id)"), extended.sql_commands
 
 
-HEAP = "SELECT sum(amount) FROM orders WHERE customer_id = 42"
+HEAP = "SELECT sum(amount) FROM orders WHERE customer_id <= 400"  # 13 % of the rows
 
 
 async def test_heap_fetches_get_a_covering_index_that_replaces_the_designs_own(db: str) -> None:

@@ -19,7 +19,8 @@ from the plan's conditions (afs.pg.bottleneck) and their tables from the query's
 helpers (IndexDesign, `_set_proposal`). The new design is the current one plus the new
 index: its statements after the current ones, its rollback before theirs; a plain index of
 the current design whose key the new one starts with is replaced by it. A table of fewer
-than SMALL_TABLE_ROWS rows (times the loops that read it) gets no index.
+than SMALL_TABLE_ROWS rows (times the loops that read it) gets no index, and a plan that ran
+in less than FAST_MS nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Final
 
 from sqlglot import exp
 
-from afs.brains.strategists.evidence import SMALL_TABLE_ROWS, Evidence, covering_index, norm_column
+from afs.brains.strategists.evidence import FAST_MS, SMALL_TABLE_ROWS, Evidence, covering_index, norm_column
 from afs.brains.strategists.index_design import (
     INCLUDE_MAX_COLUMNS,
     WIDE_TYPES,
@@ -177,8 +178,10 @@ def refine_design(agent: AgentKey, ctx: AnalysisContext, current: OptimizationPr
         return None  # the after-plan is of another query (or a setting): not extended here
     if bottleneck is not None and bottleneck.kind == "rows_returned":
         return None
-    analysed = "Actual Total Time" in (after_plan.get("Plan", after_plan) if isinstance(
-        after_plan.get("Plan"), Mapping) else after_plan)
+    root = after_plan.get("Plan", after_plan) if isinstance(after_plan.get("Plan"), Mapping) else after_plan
+    analysed = "Actual Total Time" in root
+    if analysed and float(root["Actual Total Time"]) < FAST_MS:
+        return None  # a query this fast leaves nothing to measure
     ev = Evidence(dataclasses.replace(ctx, plan=after_plan))
     created = _created(current)
     necks = [bottleneck] if bottleneck is not None else []
