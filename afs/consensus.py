@@ -52,8 +52,13 @@ Ours on top of the original rules:
   slowest baseline run over fastest optimized run and the reverse, so the noise of both
   samples counts), lies entirely above B's, and its median speed-up is at least
   DOMINANCE_MIN_RATIO (1.1) times B's. Ratios to each one's own baseline, because two
-  proposals are measured in different forks, possibly minutes apart (drift divides out);
-  complete separation, because it is the significance rule of the measurements themselves
+  proposals are measured in different forks, possibly minutes apart: drift divides out when
+  each baseline was measured with its candidate. When either baseline stands on runs reused
+  from earlier in the task (`Timing.reused`, afs.bench.Reuse: both candidates may then be
+  compared with the very same runs, made minutes before either), nothing divides the drift
+  between the two candidates' runs out, and the medians must be DRIFT_RATIO (2.2, the worst
+  drift afs.bench saw between two measurements of one task) apart instead; complete
+  separation, because it is the significance rule of the measurements themselves
   (afs.bench.significant). Clearly faster is an interval order (transitive), so ranking by
   the number of qualified proposals clearly faster than a candidate keeps every such pair
   in order; among proposals none is clearly faster than, the seed's total decides as
@@ -139,6 +144,10 @@ MIN_IMPROVEMENT_PCT = 10.0
 # clearly faster: speed-up intervals apart and medians at least this ratio apart (two
 # measurements' noise adds up: twice afs.bench.MIN_EFFECT's 5 %)
 DOMINANCE_MIN_RATIO = 1.1
+# ... or this ratio when a baseline was reused from earlier in the task: drift between the
+# candidates' measurements does not divide out then (afs.bench: 2.2x at most seen on a loaded
+# two-core machine)
+DRIFT_RATIO = 2.2
 _MIN_MS = 0.001  # EXPLAIN reports times in µs: a time of 0 counts as 1 µs
 MIN_RISK_SCORE = 40.0
 LONE_SURVIVOR_MIN_TOTAL = 60.0  # a lone survivor needs a total strictly above this
@@ -378,14 +387,16 @@ def speedup_range(measurement: Measurement) -> tuple[float, float, float] | None
 def clearly_faster(a: Candidate, b: Candidate) -> bool:
     """Whether `a` was measured clearly faster than `b` on the query as given: both return
     its rows, `a`'s speed-up interval lies above `b`'s and its median speed-up is at least
-    DOMINANCE_MIN_RATIO times `b`'s (see the module's notes)."""
+    DOMINANCE_MIN_RATIO times `b`'s, DRIFT_RATIO times when either baseline reused runs made
+    earlier in the task (see the module's notes)."""
     ma, mb = query_as_given(a.benchmark), query_as_given(b.benchmark)
     if ma is None or mb is None or not (ma.equivalent and mb.equivalent):
         return False
     ra, rb = speedup_range(ma), speedup_range(mb)
     if ra is None or rb is None:
         return False
-    return ra[0] > rb[2] and ra[1] >= DOMINANCE_MIN_RATIO * rb[1]
+    needed = DRIFT_RATIO if ma.baseline.reused or mb.baseline.reused else DOMINANCE_MIN_RATIO
+    return ra[0] > rb[2] and ra[1] >= needed * rb[1]
 
 
 _QUOTED = re.compile(r"""('(?:[^']|'')*'|"(?:[^"]|"")*")""")  # literals and quoted names keep their case
