@@ -46,6 +46,8 @@ async def test_three_agents_measure_more_distinct_designs_than_one(
         settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
     alone = await run(settings, sandbox, forks, ("gemini25pro",))
     squad = await run(settings, sandbox, forks, ("gemini25pro", "gemini25flash", "gemini20flash"))
+    print(f"distinct measured designs: one agent {len(distinct_measured(alone))}, "
+          f"three agents {len(distinct_measured(squad))}")
     assert len(distinct_measured(alone)) == 1, to_json(alone)
     assert len(distinct_measured(squad)) > len(distinct_measured(alone)), to_json(squad)
     measured_by: dict[object, set[AgentKey]] = {}
