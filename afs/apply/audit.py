@@ -1,7 +1,8 @@
-"""The audit log of applies and rollbacks, in the task store (`afs_store.audit`, migration 200).
+"""The audit log of applies and rollbacks, in the task store (`afs_store.audit`, migrations 200, 700).
 
 Every row says who approved, when, the target (password scrubbed), the SQL, the tier, the
-result, how long it took and the SQL that undoes it.
+result, how long it took and the SQL that undoes it. Its `kind`: a task's winner ("winner",
+with its task id), or a verified index drop ("drop_index": no task, `subject` the index).
 """
 
 from __future__ import annotations
@@ -11,23 +12,42 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from afs.apply.resolve import same_database
 from afs.errors import scrub
 from afs.store import Store
 
 _COLUMNS = ("id, task_id, action, approver, at, target, tier, sql_commands, result, detail, duration_s,"
-            " rollback_sql, verification")
+            " rollback_sql, verification, kind, subject")
 
 
-async def record(store: Store, *, task_id: str, action: str, approver: str, target: str, tier: str,
+async def record(store: Store, *, task_id: str | None, action: str, approver: str, target: str, tier: str,
                  sql: Sequence[str], result: str, detail: str = "", duration_s: float = 0.0,
-                 rollback_sql: Sequence[str] = (), verification: dict[str, Any] | None = None) -> int:
+                 rollback_sql: Sequence[str] = (), verification: dict[str, Any] | None = None,
+                 kind: str = "winner", subject: str | None = None) -> int:
     row_id: int = await store.conn.fetchval(
         "INSERT INTO afs_store.audit (task_id, action, approver, target, tier, sql_commands, result, detail,"
-        " duration_s, rollback_sql, verification) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-        " RETURNING id",
+        " duration_s, rollback_sql, verification, kind, subject)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
         (task_id, action, approver, scrub(target), tier, Jsonb(list(sql)), result, scrub(detail), duration_s,
-         Jsonb(list(rollback_sql)), Jsonb(verification or {})))
+         Jsonb(list(rollback_sql)), Jsonb(verification or {}), kind, subject))
     return row_id
+
+
+async def entry(store: Store, row_id: int) -> dict[str, Any] | None:
+    """One audit row by its id (None: no such row)."""
+    rows = await store.conn.fetchall(f"SELECT {_COLUMNS} FROM afs_store.audit WHERE id = %s", (row_id,))
+    return _entry(rows[0]) if rows else None
+
+
+async def drop_in_place(store: Store, row: dict[str, Any]) -> bool:
+    """Whether an index drop's audit row (applied) is in place: no later row of the same index
+    on the same target says it was rolled back or applied again."""
+    if row.get("kind") != "drop_index" or row["action"] != "apply" or row["result"] != "applied":
+        return False
+    later = await store.conn.fetchall(
+        "SELECT target FROM afs_store.audit WHERE kind = 'drop_index' AND subject = %s AND id > %s"
+        " AND result IN ('applied', 'rolled_back')", (row["subject"], row["id"]))
+    return not any(same_database(str(r[0]), row["target"]) for r in later)
 
 
 def _entry(row: Sequence[Any]) -> dict[str, Any]:
@@ -60,7 +80,8 @@ def render(rows: list[dict[str, Any]]) -> str:
         return "no applies or rollbacks recorded yet"
     out = []
     for r in rows:
-        out.append(f"#{r['id']} {r['at'][:19]} {r['action']:<8} task {r['task_id']} {r['result']:<11} "
+        what = f"drop {r['subject']}" if r.get("kind") == "drop_index" else f"task {r['task_id']}"
+        out.append(f"#{r['id']} {r['at'][:19]} {r['action']:<8} {what} {r['result']:<11} "
                    f"{r['tier']} by {r['approver']} on {r['target']} ({r['duration_s']:.2f} s)")
         out.extend(f"    sql:      {s};" for s in r["sql_commands"])
         out.extend(f"    rollback: {s};" for s in r["rollback_sql"])
@@ -73,11 +94,13 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 
 async def in_place(store: Store, task_id: str | None = None) -> list[dict[str, Any]]:
-    """The applies in place (each task's last 'applied' row not followed by a rollback), oldest first."""
+    """The applies in place (each task's last 'applied' row not followed by a rollback), oldest first
+    (a task's winner: an index drop has no task, and no promise to check)."""
     where = "AND task_id = %s" if task_id else ""
     rows = await store.conn.fetchall(
         f"SELECT DISTINCT ON (task_id) {_COLUMNS} FROM afs_store.audit WHERE result IN ('applied',"
-        f" 'rolled_back') {where} ORDER BY task_id, id DESC", (task_id,) if task_id else ())
+        f" 'rolled_back') AND task_id IS NOT NULL {where} ORDER BY task_id, id DESC",
+        (task_id,) if task_id else ())
     return sorted((_entry(r) for r in rows if r[2] == "apply"), key=lambda e: e["id"])
 
 

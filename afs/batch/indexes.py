@@ -339,16 +339,17 @@ def with_replicas(indexes: Sequence[IndexFacts], window: StatsWindow,
 
 async def review_indexes(target: Connection, forks: Any, source: str, settings: Settings, *,
                          min_window_s: float = UNUSED_MIN_WINDOW_S, counters: Counters | None = None,
-                         replicas: Sequence[Connection] = (),
+                         replicas: Sequence[Connection] = (), only: int | None = None,
                          progress: Any = lambda message: None) -> dict[str, Any]:
     """The index review of the target: candidates from its catalog, each verified in one fork
     of `source` (its copy in the sandbox) with the table's statements replayed. `replicas`:
-    standbys whose index scans count too (an index a replica's reads use is not unused)."""
+    standbys whose index scans count too (an index a replica's reads use is not unused).
+    `only`: the one index (its oid) to judge and verify (`afs apply --drop-index`)."""
     indexes = await read_indexes(target)
     window = await read_window(target)
     if replicas:
         indexes, window = with_replicas(indexes, window, [await read_replica(r) for r in replicas])
-    found = candidates(indexes, window, min_window_s)
+    found = [c for c in candidates(indexes, window, min_window_s) if only is None or c.index.oid == only]
     counters = counters if counters is not None else await read_counters(target)
     verify = [c for c in found if c.blocked is None]
     workloads = await table_workload(target, counters, sorted({c.index.table for c in verify}))

@@ -1,6 +1,8 @@
 """`afs apply`, `afs rollback`, `afs audit`: a task's winner applied to the database after
 approval (at the terminal, or --yes and --approver from a script), undone with its recorded
-rollback, and the audit log of both (afs.apply).
+rollback, and the audit log of both (afs.apply). `afs apply --drop-index SCHEMA.NAME` drops an
+index the index review verifies now (afs.apply.drop), with the same approval and audit;
+`afs rollback --audit ID` recreates it.
 """
 
 from __future__ import annotations
@@ -42,8 +44,16 @@ async def _approve(args: argparse.Namespace, question: str) -> str | None:
     return str(approver) if answer.strip().lower() in ("y", "yes") else None
 
 
+def _one_of(args: argparse.Namespace, option: str, value: object) -> None:
+    if bool(args.task) == bool(value):
+        raise InputError(f"give a task id or {option}, one of the two")
+
+
 async def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
     """Show the winner's plan, ask for approval, apply it on the target and verify it."""
+    _one_of(args, "--drop-index SCHEMA.NAME", args.drop_index)
+    if args.drop_index:
+        return await _apply_drop(args, settings)
     async with open_task_store(settings) as store:
         plan = await load_plan(store, args.task)
         target = await _apply_target(args, settings, store, args.task)
@@ -105,7 +115,77 @@ async def _audit_check(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_FAILED if any(v["verdict"] == "regression" for v in verdicts) else EXIT_OK
 
 
+async def _apply_drop(args: argparse.Namespace, settings: Settings) -> int:
+    """`afs apply --drop-index`: the index judged and verified on the target now, shown, approved,
+    dropped CONCURRENTLY and audited (afs.apply.drop)."""
+    from afs.apply.drop import apply_drop, plan_drop, render_drop
+    from afs.batch.indexes import sandbox_copy
+    from afs.cli.shared import sandbox_stop_reported, start_sandbox
+    from afs.db import open_connection
+    from afs.sandbox.forks import open_forks
+    from afs.sandbox.importer import sandbox_source
+    from afs.sandbox.server import SandboxServer, dsn_for
+
+    dsn = args.dsn if args.dsn is not None else settings.target_dsn
+    target = dsn if dsn is not None else dsn_for(settings, settings.demo_database)
+    refused = {"task_id": None, "kind": "drop_index", "subject": args.drop_index, "action": "apply",
+               "approver": args.approver or "-", "target": target, "tier": "T2",
+               "sql": [f"DROP INDEX CONCURRENTLY {args.drop_index}"], "result": "refused"}
+    await start_sandbox(SandboxServer(settings))
+    async with open_task_store(settings) as store:
+        async with sandbox_stop_reported(settings), open_forks(settings) as forks:
+            source = await sandbox_copy(forks, settings, dsn) or await sandbox_source(
+                forks, settings.demo_database, dsn)  # none: the usual message (import it first)
+            async with open_connection(target) as conn:
+                try:  # here: an error that crosses the fork client's nursery comes out in a group
+                    plan = await plan_drop(conn, forks, source, settings, args.drop_index, progress=progress)
+                except InputError as exc:  # refused: audited, nothing touched
+                    await apply_audit.record(store, detail=str(exc), **refused)
+                    raise
+        progress_done()
+        if not args.json:
+            print(render_drop(plan))
+            print(f"target: {scrub(target)}")
+        approver = await _approve(args, f"drop index {plan.index} on {scrub(target)}?")
+        if approver is None:
+            await apply_audit.record(store, detail="not approved at the terminal",
+                                     **(refused | {"subject": plan.index, "sql": [plan.sql],
+                                                   "rollback_sql": [plan.rollback]}))
+            emit(args, {"plan": plan.public(), "applied": False}, "not applied: not approved")
+            return EXIT_FAILED
+        row = await apply_drop(store, plan, target, approver, progress)
+    progress_done()
+    emit(args, {"plan": plan.public(), "applied": row["result"] == "applied", "audit": row},
+         f"{row['result']}: {row['detail']} ({row['duration_s']:.2f} s; audit #{row['id']}; "
+         f"undo: afs rollback --audit {row['id']})")
+    return EXIT_OK if row["result"] == "applied" else EXIT_FAILED
+
+
+async def _rollback_drop(args: argparse.Namespace, settings: Settings) -> int:
+    """`afs rollback --audit ID`: recreate the index an audited drop removed."""
+    from afs.apply.drop import applied_drop, rollback_drop
+
+    async with open_task_store(settings) as store:
+        row = await applied_drop(store, args.audit)
+        target = rollback_target(settings, recorded=row["target"], dsn=args.dsn, source=None)
+        statements = list(row["rollback_sql"])
+        if not args.json:
+            print("\n".join(f"rollback: {sql};" for sql in statements))
+        approver = await _approve(args, f"recreate index {row['subject']} on {scrub(target)}?")
+        if approver is None:
+            emit(args, {"rolled_back": False}, "not rolled back: not approved")
+            return EXIT_FAILED
+        done = await rollback_drop(store, args.audit, target, approver,
+                                   lambda message: progress("recreating the index"))
+    progress_done()
+    emit(args, done, f"{done['result']}: {done['detail']} ({done['duration_s']:.2f} s; audit #{done['id']})")
+    return EXIT_OK if done["result"] == "rolled_back" else EXIT_FAILED
+
+
 async def cmd_rollback(args: argparse.Namespace, settings: Settings) -> int:
+    _one_of(args, "--audit ID", args.audit is not None)
+    if args.audit is not None:
+        return await _rollback_drop(args, settings)
     async with open_task_store(settings) as store:
         previous = await apply_audit.applied(store, args.task)
         if previous is None:
@@ -137,7 +217,8 @@ def add_commands(commands: Any) -> None:
         "the fork; after approval build it (indexes CONCURRENTLY, one at a time, one apply per database), "
         "verify it (valid, used by the query's plan, measured read-only) and roll it back by itself if "
         "that fails. Rewrites, settings and partitioning are printed as advice, never applied.")
-    apply.epilog = "example: afs apply 3f2a9c1d --yes --approver alice   (exit codes: 0 applied, 1 failed "\
+    apply.epilog = "example: afs apply 3f2a9c1d --yes --approver alice; afs apply --drop-index "\
+                   "public.t_b_twin --dsn DSN   (exit codes: 0 applied, 1 failed "\
                    "and rolled back or not approved, 2 refused or no terminal without --yes)"
     rollback = add_top(commands, "rollback", cmd_rollback)
     for command, target in ((apply, "the target database (default: the task's database, its password from "
@@ -145,10 +226,21 @@ def add_commands(commands: Any) -> None:
                             (rollback, "the database the winner was applied on, with its password (default: "
                                        "the audit row's database, resolved against AFS_DATABASE_URL and the "
                                        "sandbox; exit 2 when it cannot be)")):
-        command.add_argument("task", help="the task id (see `afs history`)")
+        command.add_argument("task", nargs="?", help="the task id (see `afs history`)")
         command.add_argument("--dsn", metavar="DSN", help=f"{target}. {DSN_PASSWORDS}")
         command.add_argument("--yes", action="store_true", help="approve without asking (scripts)")
         command.add_argument("--approver", metavar="NAME", help="who approves (default: the OS user)")
+    apply.add_argument("--drop-index", metavar="SCHEMA.NAME",
+                       help="instead of a task's winner: drop this index, when the index review (`afs "
+                            "indexes`) judges it unused, a duplicate or redundant on the target now and "
+                            "verifies it in a fork of the target's copy (no read slower without it). "
+                            "Never an index behind a constraint, unique, the replica identity or a system "
+                            "catalog's. Runs DROP INDEX CONCURRENTLY after approval, audited; its rollback "
+                            "is the index's definition (`afs rollback --audit ID`). --dsn: the target "
+                            "(default: the configured target, else the demo database)")
+    rollback.add_argument("--audit", metavar="ID", type=int,
+                          help="instead of a task: undo the index drop of this audit row (`afs apply "
+                               "--drop-index`): the index built again CONCURRENTLY from its definition")
     aud = add_top(commands, "audit", cmd_audit)
     aud.add_argument("--task", help="only this task")
     aud.add_argument("--limit", type=int, default=50, help="how many (default 50)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 from typing import Any
 
 from afs.batch.indexes import UNUSED_MIN_WINDOW_S, review_indexes, sandbox_copy
@@ -68,6 +69,7 @@ def render_review(doc: dict[str, Any]) -> str:
             out.append(f"  slower without it: `{' '.join(statement.split())[:160]}`")
         if a["verdict"] == "drop":
             out.append(f"  apply: `{a['sql']}`  rollback: `{a['rollback']}`")
+            out.append(f"  through afs: afs apply --drop-index {shlex.quote(a['index'])} --dsn DSN")
     out += ["", "What AFS cannot see:"] + [f"- {u}" for u in doc["unseen"]]
     return "\n".join(out)
 
@@ -78,8 +80,9 @@ def add_commands(commands: Any) -> None:
     command.epilog = ("Reads the target's catalog, pg_stat_user_indexes, pg_stat_database and "
                       "pg_stat_statements; verifies each candidate in a fork of its copy in the sandbox "
                       "(`afs sandbox import`). Nothing is changed on the target: each drop comes with "
-                      "its rollback, to run outside a transaction (CONCURRENTLY); `afs apply` does not "
-                      "take drops yet. Never proposed: indexes behind constraints, unique indexes, the "
+                      "its rollback (CONCURRENTLY); apply one with `afs apply --drop-index SCHEMA.NAME "
+                      "--dsn DSN` (verified again, approved, audited; undone by `afs rollback --audit "
+                      "ID`). Never proposed: indexes behind constraints, unique indexes, the "
                       "replica identity, system catalogs' indexes.")
     command.add_argument("--dsn", metavar="DSN",
                          help="the target database; default: the configured target, else the demo "

@@ -271,4 +271,13 @@ ALTER TABLE afs_store.tasks DROP CONSTRAINT tasks_status_check;
 ALTER TABLE afs_store.tasks ADD CONSTRAINT tasks_status_check CHECK (status IN ('queued', 'running',
     'recovering', 'completed', 'no_improvement', 'failed', 'cancelled', 'interrupted'));
 """),
+    # 700: the apply branch's; a verified index drop (`afs apply --drop-index`) is audited without a task
+    Migration(700, "audit rows of index drops: a kind, the index, no task", """
+ALTER TABLE afs_store.audit ALTER COLUMN task_id DROP NOT NULL;
+ALTER TABLE afs_store.audit ADD COLUMN kind text NOT NULL DEFAULT 'winner'
+    CHECK (kind IN ('winner', 'drop_index'));
+ALTER TABLE afs_store.audit ADD COLUMN subject text;  -- a drop's index, schema-qualified and quoted
+ALTER TABLE afs_store.audit ADD CONSTRAINT audit_kind_subject
+    CHECK (kind = 'winner' AND task_id IS NOT NULL OR kind = 'drop_index' AND subject IS NOT NULL);
+"""),
 )

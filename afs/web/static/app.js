@@ -669,7 +669,7 @@ async function auditPage() {
   const r = await api("/v1/audit?limit=200");
   if (!r.ok) { fail(r.body.error); return; }
   const rows = r.body.entries.map(a => `<tr data-audit="${a.id}"><td class="num">#${a.id}</td><td title="${esc(a.at)}">${esc(a.at.slice(0, 19).replace("T", " "))}</td>
-    <td>${esc(a.action)}</td><td><a class="mono" href="/tasks/${encodeURIComponent(a.task_id)}">${esc(a.task_id)}</a></td>
+    <td>${esc(a.action)}</td><td>${a.task_id ? `<a class="mono" href="/tasks/${encodeURIComponent(a.task_id)}">${esc(a.task_id)}</a>` : `drop index <span class="mono">${esc(a.subject)}</span>`}</td>
     <td>${badge(a.result)}</td><td>${esc(a.tier)}</td><td>${esc(a.approver)}</td><td class="small">${esc(a.target)}</td>
     <td class="num">${Number(a.duration_s).toFixed(2)} s</td>
     <td>${codeBlock("SQL", (a.sql_commands || []).map(s => s + ";"))}${codeBlock("undo", (a.rollback_sql || []).map(s => s + ";"))}
