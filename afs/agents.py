@@ -98,6 +98,7 @@ from afs.suite import build_suite
 AS_FAST_RATIO = 1.1  # a candidate leaving at most 1.1x the fastest one's share of the time is as fast
 AS_FAST_MS = 0.3  # … or one within 0.3 ms of its time (below that, timings are mostly noise)
 LOOP_SHARE_OF_TIME_LEFT = 0.5  # the loop takes at most this share of the agent's time left
+LOOP_STARTS = 3  # measured designs the loop tries to extend, the best first
 LOOP_CLEAR_RATIO = 1.5  # a step this many times faster that reads fewer buffers gains (`beats`)
 
 
@@ -592,6 +593,13 @@ class _Loop:
     def _stop(self, why: str) -> None:
         self.stopped = why
 
+    def _start(self, design: CandidateResult) -> None:
+        """The loop's step 1: a measured design."""
+        first = query_timing(design.benchmark)
+        self.steps = [LoopStep(1, design.proposal, None, first.median_ms if first else None, True)]
+        self.final = design.rank
+        self.ranks = [design.rank]
+
     async def run(self) -> None:
         agent, conn = self.state.agent, self.in_place.conn
         start = [c for c in self.tried.values() if _loopable(c)]
@@ -599,15 +607,20 @@ class _Loop:
             return
         # the best measured design; when the brain proposed none, the query as it is
         current: CandidateResult | None = None
+        # where the brain cannot extend the best design (a rewrite, for the strategists), the
+        # next fastest measured ones, at most LOOP_STARTS in all, before the loop gives up
+        others: list[CandidateResult] = []
         if start:
             current = best_candidate(agent, start, self.state.writes_per_read)
+            others = sorted((c for c in start if c.rank != current.rank and c.proposal.proposal_type
+                             != "partitioning"), key=lambda c: remaining_time(c.benchmark)[1]
+                            if c.benchmark else math.inf)[:LOOP_STARTS - 1]
             if (current.proposal.proposal_type == "partitioning"
                     and self.in_place.proposal != current.proposal):
-                return  # moving the data again to read a plan is not worth it
-            first = query_timing(current.benchmark)
-            self.steps = [LoopStep(1, current.proposal, None, first.median_ms if first else None, True)]
-            self.final = current.rank
-            self.ranks = [current.rank]
+                if not others:
+                    return  # moving the data again to read a plan is not worth it
+                current = others.pop(0)
+            self._start(current)
         budget = self.job.measuring
         started, step_s = trio.current_time(), 0.0
         while len(self.steps) <= budget.loop_steps:
@@ -640,6 +653,10 @@ class _Loop:
                                                    plan, top, tuple(self.steps))
             if thinking.cancelled_caught:
                 return self._stop(f"the brain did not answer within {self.job.timeouts.model:g} s")
+            if extended is None and len(self.steps) == 1 and others:
+                current = others.pop(0)  # nothing to add to this one: try the next start
+                self._start(current)
+                continue
             if extended is None:
                 return self._stop("the brain has no next design" + (f" for {top.detail}" if top else ""))
             if any(TaskMeasurements.key(s.proposal) == TaskMeasurements.key(extended) for s in self.steps):
