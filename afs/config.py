@@ -40,6 +40,9 @@ Environment:
     AFS_LOOP_BUDGET_S         time an agent's loop may take, its measurements included (default 120)
     AFS_BATCH_MIN_MEAN_MS     `afs batch` leaves out statements faster than this on average, before
                               any fork (default 1; 0: none; --min-ms overrides it)
+    AFS_UNUSED_INDEX_WINDOW_S the index review calls an index unused only when the statistics cover at
+                              least this long (default 604800, 7 days; 0: any window; `afs indexes
+                              --min-window` overrides it; `afs batch` and `afs apply --drop-index` take it)
     AFS_COW                   1: `afs sandbox up` puts the sandbox on a copy-on-write XFS image file
                               when its filesystem has no reflinks (needs root; see afs.sandbox.storage)
     AFS_COW_SIZE              the image's size, sparse (default 100G)
@@ -71,7 +74,7 @@ reads them from the environment the CLI passes in.
 The YAML file may also hold `timeouts: {fork: 30, model: 120, ...}`, `runs`, `candidates`,
 `measured`, `parameter_sets`, `slow_baseline_cap_s`, `min_runs`, `measure_budget_s`,
 `loop_steps`, `loop_budget_s`,
-`batch_min_mean_ms`, `cow`,
+`batch_min_mean_ms`, `unused_index_window_s`, `cow`,
 `cow_size`, `service_hosts` (a list), `service_max_body`, and `gemini:` with `models`
 (agent → model) and `model_settings` (model → generation settings, merged over MODEL_SETTINGS):
 
@@ -133,6 +136,7 @@ DEFAULT_COW_SIZE = "100G"  # the sandbox's sparse XFS image (it takes space only
 # a batch spends no fork on a statement faster than this on average (a primary-key lookup:
 # there is nothing to win that pays a fork, and its measurements are noise)
 DEFAULT_BATCH_MIN_MEAN_MS = 1.0
+DEFAULT_UNUSED_INDEX_WINDOW_S = 7 * 86_400.0  # the index review's window for "unused" (afs.batch.indexes)
 DEFAULT_SLOW_BASELINE_CAP_S = 600.0  # one baseline run of a query past the statement timeout
 # of the time left before the agent's deadline (less a statement timeout for each query with
 # other values still to probe), what that one run may take: the rest is the candidate's
@@ -478,6 +482,7 @@ class Settings:
     slow_baseline_cap_s: float = DEFAULT_SLOW_BASELINE_CAP_S
     large_effect: float = LARGE_EFFECT  # Measuring.large_effect (0: every verdict on min_runs a side)
     batch_min_mean_ms: float = DEFAULT_BATCH_MIN_MEAN_MS  # `afs batch --min-ms`'s default
+    unused_index_window_s: float = DEFAULT_UNUSED_INDEX_WINDOW_S  # `afs indexes --min-window`'s default
     cow: bool = False  # put the sandbox on a copy-on-write image when its filesystem has no reflinks
     cow_size_bytes: int = 100 * 1024 ** 3  # DEFAULT_COW_SIZE
     routing_rules: Path | None = None  # default: routing_rules.yaml (see afs.router.load_rules)
@@ -671,6 +676,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                               f" got {value!r}") from None
         if not math.isfinite(changes["batch_min_mean_ms"]) or changes["batch_min_mean_ms"] < 0:
             raise ConfigError(f"{source}: batch_min_mean_ms must not be negative, got {value!r}")
+    value, source = pick("unused_index_window_s", "AFS_UNUSED_INDEX_WINDOW_S")
+    if value is not None:
+        try:
+            changes["unused_index_window_s"] = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: unused_index_window_s must be a number of seconds,"
+                              f" got {value!r}") from None
+        if not math.isfinite(changes["unused_index_window_s"]) or changes["unused_index_window_s"] < 0:
+            raise ConfigError(f"{source}: unused_index_window_s must not be negative, got {value!r}")
     value, source = pick("slow_baseline_cap_s", "AFS_SLOW_BASELINE_CAP_S")
     if value is not None:
         changes["slow_baseline_cap_s"] = float(_int(value, "slow_baseline_cap_s", source))

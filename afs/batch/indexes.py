@@ -55,7 +55,7 @@ from afs.batch.replay import (
 )
 from afs.batch.statements import Counters, read_counters
 from afs.bench import StopRule
-from afs.config import Settings
+from afs.config import DEFAULT_UNUSED_INDEX_WINDOW_S, Settings
 from afs.db import Connection, open_connection
 from afs.errors import AfsError
 from afs.pg.names import quote_ident, quote_qualified
@@ -65,7 +65,7 @@ from afs.sandbox.importer import imported_copy, origin_of
 from afs.sandbox.server import dsn_for
 
 MB = 1048576.0
-UNUSED_MIN_WINDOW_S = 7 * DAY_S  # an index unused for less long than this is kept (`--min-window`)
+UNUSED_MIN_WINDOW_S = DEFAULT_UNUSED_INDEX_WINDOW_S  # unused for less long: kept (afs.config; --min-window)
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
 
 
@@ -434,7 +434,7 @@ async def batch_workload_review(doc: dict[str, Any], settings: Settings, *, targ
                                 counters: Counters, progress: Any = lambda message: None) -> None:
     """The batch's part of issue 28, added to its report `doc`: per winner that adds an index (and
     per merged index) its `write_cost` measured in a fork, and the index review's advice
-    (`index_review`, unused judged over the default window). Neither fails the batch: what could
+    (`index_review`, unused judged over `Settings.unused_index_window_s`). Neither fails the batch: what could
     not be done is said in the report (`index_review.error`, a winner's `write_cost.error`)."""
     creates = [sql for e in doc.get("statements", ())
                for sql in (e.get("winner") or {}).get("sql_commands", ())
@@ -458,6 +458,7 @@ async def batch_workload_review(doc: dict[str, Any], settings: Settings, *, targ
                     index["write_cost"] = combined_cost([costs[index["sql"]]])
             progress("the index review: unused, duplicate and redundant indexes, verified in a fork")
             doc["index_review"] = await review_indexes(target, forks, fork_source, settings,
+                                                       min_window_s=settings.unused_index_window_s,
                                                        counters=counters, progress=progress)
     except AfsError as exc:
         doc["index_review"] = {"error": str(exc).splitlines()[0]}

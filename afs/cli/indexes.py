@@ -9,7 +9,7 @@ import contextlib
 import shlex
 from typing import Any
 
-from afs.batch.indexes import UNUSED_MIN_WINDOW_S, review_indexes, sandbox_copy
+from afs.batch.indexes import review_indexes, sandbox_copy
 from afs.batch.statements import parse_duration
 from afs.cli.commands import DSN_PASSWORDS, add_top
 from afs.cli.output import EXIT_OK, emit, progress, progress_done
@@ -23,10 +23,11 @@ from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer, dsn_for
 
 
-def min_window(text: str | None) -> float:
-    """--min-window as seconds (InputError for anything but a duration)."""
+def min_window(text: str | None, default: float) -> float:
+    """--min-window as seconds (InputError for anything but a duration); `default` without it
+    (Settings.unused_index_window_s)."""
     if text is None:
-        return UNUSED_MIN_WINDOW_S
+        return default
     duration = parse_duration(text)
     if duration is None:
         raise InputError(f"--min-window: expected a duration (7d, 24h, 90m, 0s), got {text!r}")
@@ -34,7 +35,7 @@ def min_window(text: str | None) -> float:
 
 
 async def cmd_indexes(args: argparse.Namespace, settings: Settings) -> int:
-    window = min_window(args.min_window)
+    window = min_window(args.min_window, settings.unused_index_window_s)
     dsn = args.dsn if args.dsn is not None else settings.target_dsn
     server = SandboxServer(settings)
     await start_sandbox(server)
@@ -92,4 +93,5 @@ def add_commands(commands: Any) -> None:
                               "a replica's reads use is then not unused. " + DSN_PASSWORDS)
     command.add_argument("--min-window", metavar="DURATION",
                          help="an index with no scan is called unused only when the statistics cover at "
-                              "least this long (default 7d; 0s to judge on any window)")
+                              "least this long (default 7d, the setting AFS_UNUSED_INDEX_WINDOW_S; 0s to "
+                              "judge on any window)")
