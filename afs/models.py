@@ -11,7 +11,7 @@ Field names follow the agent specification (seed 001) where it names them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 # -- agents -------------------------------------------------------------------------
@@ -458,6 +458,40 @@ class UserConditions:
     notes: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class ModelUsage:
+    """What one agent's model calls took, summed over the task (an estimate, not a bill):
+    the model configured and the version and stage the API said answered, tokens, the
+    estimated cost at list prices (None: a model without a known price), and how the calls
+    went (attempts, retries, failed attempts, timeouts, re-prompts)."""
+
+    model: str
+    model_version: str | None = None
+    model_stage: str | None = None
+    retirement: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0  # thinking included
+    thinking_tokens: int = 0
+    cached_tokens: int = 0
+    total_tokens: int = 0
+    estimated_cost_usd: float | None = 0.0
+    calls: int = 0
+    attempts: int = 0
+    retries: int = 0
+    failed_attempts: int = 0
+    timeouts: int = 0
+    reprompts: int = 0
+    refusals_reprompted: int = 0
+    seconds: float = 0.0  # time spent waiting for the model (the budget's count)
+    # why the agent's model calls stopped before it was done: its model budget (which part was
+    # spent) or the spending cap (with what was spent); None when nothing stopped them
+    stopped: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """As the store and the report's JSON keep it (a mapping of the fields)."""
+        return asdict(self)
+
+
 AgentStatus = Literal["ok", "failed", "rejected"]
 CandidateStatus = Literal["measured", "screened_out", "rejected", "failed"]
 
@@ -502,7 +536,7 @@ class AgentOutcome:
     duration_s: float = 0.0
     waited_s: float = 0.0  # of duration_s, spent waiting for the benchmark slot
     measured_by: AgentKey | None = None  # another agent measured this identical proposal
-    usage: Mapping[str, Any] = field(default_factory=dict)
+    usage: ModelUsage | None = None  # its model calls (afs.brains.MeteredBrain); None without a model
     candidates: tuple[CandidateResult, ...] = ()  # every design tried; `proposal` is the best
     writes_per_read: Mapping[str, float] = field(default_factory=dict)  # by table, measured on the source
     plan_check: PlanCheck | None = None  # the query's plan in the fork against the source's

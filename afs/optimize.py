@@ -37,6 +37,7 @@ from afs.forks.client import ForkClient
 from afs.models import (
     AgentKey,
     AgentOutcome,
+    ModelUsage,
     QueryFeatures,
     ReviewFlag,
     RoutingDecision,
@@ -135,10 +136,9 @@ async def _review(squad: Squad, query: str, outcomes: Sequence[AgentOutcome], li
     return flags
 
 
-def _usage(squad: Squad, agent: AgentKey) -> dict[str, Any]:
-    """The agent's model usage as its outcome records it ({} for a brain without a model)."""
-    usage = squad.usage_of(agent)
-    return usage.record() if usage is not None else {}
+def _usage(squad: Squad, agent: AgentKey) -> ModelUsage | None:
+    """The agent's model usage as its outcome records it (None for a brain without a model)."""
+    return squad.usage_of(agent)
 
 
 def new_task_id() -> str:

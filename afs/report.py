@@ -23,6 +23,7 @@ from afs.models import (
     CandidateResult,
     LoopStep,
     Measurement,
+    ModelUsage,
     ParameterCheck,
     PlanCheck,
     SettingGap,
@@ -127,7 +128,7 @@ def chain_text(chain: Sequence[Mapping[str, Any]], indent: str = "  ") -> list[s
     return out
 
 
-def agent_label(agent: str, usage: Mapping[str, Any] | None = None) -> str:
+def agent_label(agent: str, usage: ModelUsage | None = None) -> str:
     """"index design — gemini-3.8-flash, version gemini-3.8-flash-002" for an agent a model
     answered for (`usage`: its outcome's usage, with the version the API named),
     "index design — offline strategist" for one without: the agent's role and the brain that
@@ -135,9 +136,9 @@ def agent_label(agent: str, usage: Mapping[str, Any] | None = None) -> str:
     routing files and JSON)."""
     spec = AGENTS.get(agent)
     role = spec.specialization.split(":", 1)[0] if spec is not None else agent
-    if not usage or not usage.get("model"):
+    if usage is None or not usage.model:
         return f"{role} — offline strategist"
-    model, version = str(usage["model"]), usage.get("model_version")
+    model, version = usage.model, usage.model_version
     answered = f"{model}, version {version}" if version and version != model else model
     return f"{role} — {answered}"
 
@@ -146,18 +147,19 @@ def model_spend(result: TaskResult) -> dict[str, Any] | None:
     """What the task's model calls took, summed over its agents (an estimate at list prices,
     not a bill): USD (None when a model had no known price), tokens, calls, and the agents a
     budget or the spending cap stopped; None when no model was called."""
-    used = [o for o in result.outcomes if o.usage.get("calls") or o.usage.get("stopped")]
+    used = {o.agent: o.usage for o in result.outcomes
+            if o.usage is not None and (o.usage.calls or o.usage.stopped)}
     if not used:
         return None
-    costs = [o.usage.get("estimated_cost_usd") for o in used]
-    priced = [float(c) for c in costs if c is not None]
+    costs = [u.estimated_cost_usd for u in used.values()]
+    priced = [c for c in costs if c is not None]
     return {
         "estimated_cost_usd": None if len(priced) < len(costs) else round(sum(priced), 6),
-        "prompt_tokens": sum(int(o.usage.get("prompt_tokens") or 0) for o in used),
-        "output_tokens": sum(int(o.usage.get("output_tokens") or 0) for o in used),
-        "total_tokens": sum(int(o.usage.get("total_tokens") or 0) for o in used),
-        "calls": sum(int(o.usage.get("calls") or 0) for o in used),
-        "stopped": {o.agent: o.usage["stopped"] for o in used if o.usage.get("stopped")},
+        "prompt_tokens": sum(u.prompt_tokens for u in used.values()),
+        "output_tokens": sum(u.output_tokens for u in used.values()),
+        "total_tokens": sum(u.total_tokens for u in used.values()),
+        "calls": sum(u.calls for u in used.values()),
+        "stopped": {agent: u.stopped for agent, u in used.items() if u.stopped},
     }
 
 
@@ -166,7 +168,7 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
     scores = result.decision.scores.get(o.agent) if result.decision else None
     return {
         "agent": o.agent,
-        "model": o.usage.get("model"),  # the model configured; None when no model answered
+        "model": o.usage.model if o.usage else None,  # the model configured; None when none answered
         "label": agent_label(o.agent, o.usage),  # its role and the brain that answered
         "status": o.status,
         "error": o.error,
@@ -205,7 +207,7 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
              "complexity": scores.complexity, "risk": scores.risk, "total": scores.total,
              "disqualified": list(scores.disqualified)}
             if scores else None),
-        "usage": dict(o.usage),
+        "usage": o.usage.record() if o.usage else {},
         "plan_check": _plan_check(o.plan_check),
     }
 

@@ -20,7 +20,7 @@ import afs
 import afs.errors
 from afs.agents import AgentJob
 from afs.bench import StopRule, TaskMeasurements
-from afs.brains import ModelUsage, Squad, StrategistBrain
+from afs.brains import Squad, StrategistBrain
 from afs.config import (
     ADMIN_STATEMENT_TIMEOUT_MS,
     DEFAULT_PARAMETER_SETS,
@@ -30,6 +30,7 @@ from afs.config import (
     Timeouts,
 )
 from afs.forks.provider import LocalForkProvider
+from afs.models import ModelUsage
 from afs.params import family, fill
 
 PACKAGE = Path(afs.__file__).parent

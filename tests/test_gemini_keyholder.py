@@ -47,7 +47,7 @@ from afs.config import (
     load_settings,
 )
 from afs.errors import ConfigError, ModelError
-from afs.models import AgentOutcome, AnalysisResult, RoutingDecision, TaskResult
+from afs.models import AgentOutcome, AnalysisResult, ModelUsage, RoutingDecision, TaskResult
 from afs.report import agent_label, render_text, to_json
 from afs.testing import (
     FakeGemini,
@@ -146,7 +146,7 @@ async def test_preview_and_deprecated_models_are_warned_of_with_their_date() -> 
 
 def test_a_person_reads_the_role_and_the_brain_that_answered() -> None:
     assert agent_label("gemini20flash") == "pre-computation — offline strategist"
-    usage = {"model": "gemini-3.8-flash", "model_version": "gemini-3.8-flash-002"}
+    usage = ModelUsage(model="gemini-3.8-flash", model_version="gemini-3.8-flash-002")
     label = agent_label("gemini25pro", usage)
     assert label == "index design — gemini-3.8-flash, version gemini-3.8-flash-002"
     assert "gemini-2" not in agent_label("gemini25flash")  # no retired model named when none ran
@@ -501,7 +501,7 @@ async def test_the_report_names_the_model_that_answered_its_tokens_and_the_total
     assert usage is not None
     result = TaskResult(task_id="t1", status="no_improvement", query="SELECT 1", source="afs_demo",
                         routing=RoutingDecision(("gemini25pro", "gemini20flash"), ("test",)),
-                        outcomes=(AgentOutcome("gemini25pro", "ok", usage=usage.record()),
+                        outcomes=(AgentOutcome("gemini25pro", "ok", usage=usage),
                                   AgentOutcome("gemini20flash", "ok")),
                         decision=None, provider="gemini", provider_note="", duration_s=1.0)
     doc = to_json(result)
@@ -536,7 +536,7 @@ async def test_the_turn_budget_stops_the_agent_and_the_report_says_so() -> None:
     result = TaskResult(task_id="t1", status="failed", query="SELECT 1", source="afs_demo",
                         routing=RoutingDecision(("gemini25pro",), ("test",)),
                         outcomes=(AgentOutcome("gemini25pro", "failed", error=str(caught.value),
-                                               usage=usage.record()),),
+                                               usage=usage),),
                         decision=None, provider="gemini", provider_note="", duration_s=1.0)
     assert "model calls stopped: its model budget is spent: 1 model turns of 1 (gemini.budget.turns)" \
         in render_text(result)

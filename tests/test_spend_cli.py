@@ -5,6 +5,7 @@ models behind the fake Gemini server of afs.testing on loopback."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -19,7 +20,7 @@ from afs.brains.gemini.brain import spend_bound
 from afs.brains.gemini.client import SpendMeter, Usage, estimate_cost, today
 from afs.config import DEFAULT_LOOP_STEPS, GeminiSettings, Settings
 from afs.errors import InputError
-from afs.models import AGENTS, AgentOutcome, RoutingDecision, TaskResult
+from afs.models import AGENTS, AgentOutcome, ModelUsage, RoutingDecision, TaskResult
 from afs.sandbox.server import SandboxServer
 from afs.testing import FakeGemini, run_afs, run_afs_async, serve_fake_gemini
 from tests.test_gemini import PROPOSAL, QUERY, answers
@@ -135,7 +136,7 @@ def test_one_meter_for_the_whole_batch() -> None:
         BatchOptions(max_spend_usd=-0.1).check()
 
 
-def _result(usage: dict[str, object]) -> TaskResult:
+def _result(usage: ModelUsage) -> TaskResult:
     return TaskResult(task_id="t", status="no_improvement", query="SELECT 1", source="afs_demo",
                       routing=RoutingDecision(("gemini25pro",), ("test",)),
                       outcomes=(AgentOutcome("gemini25pro", "ok", usage=usage),),
@@ -143,10 +144,10 @@ def _result(usage: dict[str, object]) -> TaskResult:
 
 
 def test_the_batch_report_shows_the_spend_and_the_statements_the_cap_stopped() -> None:
-    paid = {"model": "gemini-3.8-flash", "calls": 2, "prompt_tokens": 2000, "output_tokens": 400,
-            "total_tokens": 2400, "estimated_cost_usd": 0.003, "stopped": None}
-    capped = {**paid, "calls": 1, "total_tokens": 1200, "estimated_cost_usd": 0.0015,
-              "stopped": "the spending cap: gemini-3.8-flash: the spending cap is reached"}
+    paid = ModelUsage(model="gemini-3.8-flash", calls=2, prompt_tokens=2000, output_tokens=400,
+                      total_tokens=2400, estimated_cost_usd=0.003, stopped=None)
+    capped = dataclasses.replace(paid, calls=1, total_tokens=1200, estimated_cost_usd=0.0015,
+                                 stopped="the spending cap: gemini-3.8-flash: the spending cap is reached")
     entries = [outcome(Entry(1, "SELECT 1", 10, 5.0, 0.5, status="completed"), _result(paid), 3600.0),
                outcome(Entry(2, "SELECT 2", 10, 5.0, 0.5, status="completed"), _result(capped), 3600.0),
                outcome(Entry(3, "SELECT 3", 10, 5.0, 0.5, status="reused"), _result(paid), 3600.0)]

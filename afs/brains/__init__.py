@@ -21,7 +21,7 @@ Neither is imported here.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import trio
@@ -35,6 +35,7 @@ from afs.models import (
     AnalysisContext,
     AnalysisResult,
     LoopStep,
+    ModelUsage,
     OptimizationProposal,
     ReviewFlag,
 )
@@ -140,40 +141,6 @@ class SlowBrain:
                       analysis: AnalysisResult) -> Sequence[OptimizationProposal]:
         await trio.sleep(self.latency_s)
         return await self.inner.propose(agent, ctx, analysis)
-
-
-@dataclass(frozen=True)
-class ModelUsage:
-    """What one agent's model calls took, summed over the task (an estimate, not a bill):
-    the model configured and the version and stage the API said answered, tokens, the
-    estimated cost at list prices (None: a model without a known price), and how the calls
-    went (attempts, retries, failed attempts, timeouts, re-prompts)."""
-
-    model: str
-    model_version: str | None = None
-    model_stage: str | None = None
-    retirement: str | None = None
-    prompt_tokens: int = 0
-    output_tokens: int = 0  # thinking included
-    thinking_tokens: int = 0
-    cached_tokens: int = 0
-    total_tokens: int = 0
-    estimated_cost_usd: float | None = 0.0
-    calls: int = 0
-    attempts: int = 0
-    retries: int = 0
-    failed_attempts: int = 0
-    timeouts: int = 0
-    reprompts: int = 0
-    refusals_reprompted: int = 0
-    seconds: float = 0.0  # time spent waiting for the model (the budget's count)
-    # why the agent's model calls stopped before it was done: its model budget (which part was
-    # spent) or the spending cap (with what was spent); None when nothing stopped them
-    stopped: str | None = None
-
-    def record(self) -> dict[str, Any]:
-        """As an outcome carries it (`AgentOutcome.usage`: the store and the report read it)."""
-        return asdict(self)
 
 
 @runtime_checkable

@@ -601,7 +601,7 @@ def _rows_of(result: TaskResult) -> Iterator[tuple[str, tuple[Any, ...]]]:
     tid = result.task_id
     for o in result.outcomes:
         yield "agent_executions", (tid, o.agent, o.status, o.error, o.fork, o.duration_s, o.waited_s,
-                                   o.measured_by, Jsonb(encode(dict(o.usage))))
+                                   o.measured_by, Jsonb(encode(o.usage.record() if o.usage else {})))
         candidates = list(o.candidates)
         if not candidates and o.proposal is not None:
             from afs.models import CandidateResult

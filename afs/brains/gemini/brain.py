@@ -68,7 +68,7 @@ import httpx
 import structlog
 import trio
 
-from afs.brains import ModelUsage, Squad
+from afs.brains import Squad
 from afs.brains.gemini.client import (
     DEFAULT_RETRY,
     SPEND_CAP,
@@ -108,6 +108,7 @@ from afs.models import (
     AnalysisContext,
     AnalysisResult,
     LoopStep,
+    ModelUsage,
     OptimizationProposal,
     ReviewFlag,
     TableInfo,
