@@ -185,3 +185,22 @@ async def test_the_chosen_set_is_measured_together_in_one_fork(
     assert doc["items"][0]["sql"] == items[0].key and doc["left_out"][0]["sql"] == items[2].key
     with psycopg.connect(sandbox.dsn(workload_db)) as conn:  # the user's database is untouched
         assert conn.execute("SELECT count(*) FROM pg_indexes WHERE tablename = 't'").fetchone() == (1,)
+
+
+def test_the_net_saving_weighs_the_measured_write_cost_against_the_reads() -> None:
+    from afs.batch.report import net_saving, workload_lines
+
+    costly = {"ms_per_write": 0.05, "ms_per_day": 9000.0, "writes_per_day": 180000, "significant": True}
+    cheap = {**costly, "ms_per_day": 100.0}
+    assert net_saving(5000.0, costly) == -4000.0 and net_saving(5000.0, cheap) == 4900.0
+    assert net_saving(None, costly) is None and net_saving(5000.0, {"ms_per_day": None}) is None
+    doc = {"statements": [{"queryid": 1, "write_cost": costly, "net_ms_saved_per_day": -4000.0},
+                          {"queryid": 2, "write_cost": cheap, "net_ms_saved_per_day": 4900.0}]}
+    lines = "\n".join(workload_lines(doc))
+    first, second = lines.split("winner of 2")
+    assert "winner of 1:" in first and "more than the reads gain: not worth it" in first
+    assert "net 4.9 s a day saved" in second
+    # within the noise, a loss is not called one
+    noisy = {**costly, "significant": False}
+    assert "not worth it" not in "\n".join(workload_lines(
+        {"statements": [{"queryid": 3, "write_cost": noisy, "net_ms_saved_per_day": -4000.0}]}))

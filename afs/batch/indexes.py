@@ -53,6 +53,7 @@ from afs.batch.replay import (
     table_workload,
     write_cost,
 )
+from afs.batch.report import net_saving
 from afs.batch.statements import Counters, read_counters
 from afs.bench import StopRule
 from afs.config import DEFAULT_UNUSED_INDEX_WINDOW_S, Settings
@@ -453,9 +454,12 @@ async def batch_workload_review(doc: dict[str, Any], settings: Settings, *, targ
                 mine = [costs[s] for s in (e.get("winner") or {}).get("sql_commands", ()) if s in costs]
                 if mine:
                     e["write_cost"] = combined_cost(mine)
+                    e["net_ms_saved_per_day"] = net_saving(e.get("saved_ms_per_day"), e["write_cost"])
             for index in doc.get("indexes", ()):
                 if index["sql"] in costs:
                     index["write_cost"] = combined_cost([costs[index["sql"]]])
+                    index["net_ms_saved_per_day"] = net_saving(index.get("saved_ms_per_day"),
+                                                               index["write_cost"])
             progress("the index review: unused, duplicate and redundant indexes, verified in a fork")
             doc["index_review"] = await review_indexes(target, forks, fork_source, settings,
                                                        min_window_s=settings.unused_index_window_s,
