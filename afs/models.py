@@ -285,6 +285,15 @@ class Measurement:
             return 0.0
         return 100.0 * (self.baseline.median_ms - self.optimized.median_ms) / self.baseline.median_ms
 
+    @property
+    def effect_pct(self) -> float:
+        """The improvement as the averages count it: a slowdown within the noise (not
+        `significant`) is none. Percentages are bounded at 100 % faster but not slower, so a
+        sub-millisecond query's noise (0.05 → 0.3 ms: -500 %) would outweigh a 250 → 17 ms gain
+        of the query as given."""
+        pct = self.improvement_pct
+        return pct if pct >= 0 or self.significant else 0.0
+
 
 # -- parameter sets: the values a query is measured with -------------------------------------
 @dataclass(frozen=True)
@@ -379,7 +388,7 @@ class BenchmarkOutcome:
     def family_improvement_pct(self) -> float:
         """The average improvement over the suite and the other parameter sets that were timed:
         what the query family gains, not only today's literals."""
-        values = [m.improvement_pct for m in self.measurements]
+        values = [m.effect_pct for m in self.measurements]
         for check in self.parameter_checks:
             if check.baseline is not None and check.optimized is not None and check.baseline.median_ms > 0:
                 values.append(100.0 * (check.baseline.median_ms - check.optimized.median_ms)
@@ -403,7 +412,7 @@ class BenchmarkOutcome:
     def average_improvement_pct(self) -> float:
         if not self.measurements:
             return 0.0
-        return sum(m.improvement_pct for m in self.measurements) / len(self.measurements)
+        return sum(m.effect_pct for m in self.measurements) / len(self.measurements)
 
 
 # -- the user's conditions: how far the forks are from the user's server ------------------

@@ -240,11 +240,28 @@ def test_improvement_below_ten_percent_cannot_win() -> None:
 
 
 def test_a_slower_proposal_scores_zero_and_is_disqualified() -> None:
-    decision = decide([outcome(pct=-0.01, significant=False)])
+    decision = decide([outcome(pct=-0.01, significant=True)])
     b = decision.scores["gemini25pro"]
     assert b.performance == 0 and decision.winner is None
     assert b.disqualified[0] == "slower on average (-0.01 %)"
     assert not any("improves only" in r for r in b.disqualified)
+    # a slowdown within the noise is none: it cannot win either, but as too small a gain
+    noise = decide([outcome(pct=-0.01, significant=False)]).scores["gemini25pro"]
+    assert noise.disqualified[0] == "improves only 0 % on average (needs at least 10 %)"
+
+
+def test_a_suite_query_slower_by_noise_does_not_sink_a_large_gain() -> None:
+    # the query as given 250 -> 17 ms; its LIMIT variant 0.05 -> 0.3 ms, within the noise
+    gain = measurement("baseline", 93.2)
+    noisy_limit = dataclasses.replace(measurement("limit", -500.0), significant=False)
+    decision = decide([outcome(measurements=(gain, noisy_limit, measurement("filter", 90.0),
+                                             measurement("sort", 90.0)))])
+    assert decision.winner == "gemini25pro", decision.scores["gemini25pro"].disqualified
+    # the same slowdown beyond the noise counts
+    real_limit = dataclasses.replace(noisy_limit, significant=True)
+    slower = decide([outcome(measurements=(gain, real_limit, measurement("filter", 90.0),
+                                           measurement("sort", 90.0)))])
+    assert slower.winner is None
 
 
 def test_risk_below_forty_cannot_win() -> None:
