@@ -583,6 +583,18 @@ def _int(value: Any, name: str, source: str, minimum: int = 1) -> int:
     return number
 
 
+def _number(value: Any, name: str, source: str, unit: str, positive: bool) -> float:
+    """A finite number of `unit`, positive or not negative (ConfigError naming the setting)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {name} must be a number of {unit}, got {value!r}") from None
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise ConfigError(f"{source}: {name} must {'be positive' if positive else 'not be negative'},"
+                          f" got {value!r}")
+    return number
+
+
 def safe_yaml(text: str) -> Any:
     """`yaml.safe_load`, by libyaml when PyYAML has it (ten times faster: the routing rules
     are read for every task)."""
@@ -646,45 +658,18 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         value, source = pick(key, env_name)
         if value is not None:
             changes[key] = _int(value, key, source)
-    value, source = pick("measure_budget_s", "AFS_MEASURE_BUDGET_S")
-    if value is not None:
-        try:
-            changes["measure_budget_s"] = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{source}: measure_budget_s must be a number of seconds,"
-                              f" got {value!r}") from None
-        if changes["measure_budget_s"] <= 0:
-            raise ConfigError(f"{source}: measure_budget_s must be positive, got {value!r}")
     value, source = pick("loop_steps", "AFS_LOOP_STEPS")
     if value is not None:
         changes["loop_steps"] = _int(value, "loop_steps", source, minimum=0)
-    value, source = pick("loop_budget_s", "AFS_LOOP_BUDGET_S")
-    if value is not None:
-        try:
-            changes["loop_budget_s"] = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{source}: loop_budget_s must be a number of seconds,"
-                              f" got {value!r}") from None
-        if not math.isfinite(changes["loop_budget_s"]) or changes["loop_budget_s"] < 0:
-            raise ConfigError(f"{source}: loop_budget_s must not be negative, got {value!r}")
-    value, source = pick("batch_min_mean_ms", "AFS_BATCH_MIN_MEAN_MS")
-    if value is not None:
-        try:
-            changes["batch_min_mean_ms"] = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{source}: batch_min_mean_ms must be a number of milliseconds,"
-                              f" got {value!r}") from None
-        if not math.isfinite(changes["batch_min_mean_ms"]) or changes["batch_min_mean_ms"] < 0:
-            raise ConfigError(f"{source}: batch_min_mean_ms must not be negative, got {value!r}")
-    value, source = pick("unused_index_window_s", "AFS_UNUSED_INDEX_WINDOW_S")
-    if value is not None:
-        try:
-            changes["unused_index_window_s"] = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{source}: unused_index_window_s must be a number of seconds,"
-                              f" got {value!r}") from None
-        if not math.isfinite(changes["unused_index_window_s"]) or changes["unused_index_window_s"] < 0:
-            raise ConfigError(f"{source}: unused_index_window_s must not be negative, got {value!r}")
+    for key, env_name, unit, positive in (
+        ("measure_budget_s", "AFS_MEASURE_BUDGET_S", "seconds", True),
+        ("loop_budget_s", "AFS_LOOP_BUDGET_S", "seconds", False),
+        ("batch_min_mean_ms", "AFS_BATCH_MIN_MEAN_MS", "milliseconds", False),
+        ("unused_index_window_s", "AFS_UNUSED_INDEX_WINDOW_S", "seconds", False),
+    ):
+        value, source = pick(key, env_name)
+        if value is not None:
+            changes[key] = _number(value, key, source, unit, positive)
     value, source = pick("slow_baseline_cap_s", "AFS_SLOW_BASELINE_CAP_S")
     if value is not None:
         changes["slow_baseline_cap_s"] = float(_int(value, "slow_baseline_cap_s", source))
