@@ -143,30 +143,76 @@ def _num(value: Any) -> float:
         return 0.0
 
 
-def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
+def _estimated_executions(node: Mapping[str, Any], child: Mapping[str, Any], executions: float,
+                          scanned_per_loop: float) -> float:
+    """How often the planner expects `child` of `node` to run, when the plan was not run: the
+    inner side of a nested loop once per outer row, a SubPlan once per row of the node it is
+    attached to (per row scanned when it sits in the node's filter), anything else as its parent."""
+    relationship = child.get("Parent Relationship")
+    if relationship == "SubPlan":
+        name = str(child.get("Subplan Name") or "")
+        if name.startswith("hashed "):
+            return executions  # hashed once, probed per row
+        in_filter = bool(name) and any(name in str(node.get(k) or "") for k in ("Filter", "Join Filter"))
+        return executions * max(scanned_per_loop if in_filter else _num(node.get("Plan Rows")), 1.0)
+    if relationship == "Inner" and node.get("Node Type") == "Nested Loop":
+        outer = next((c for c in node.get("Plans") or () if isinstance(c, Mapping)
+                      and c.get("Parent Relationship") == "Outer"), None)
+        return executions * max(_num(outer.get("Plan Rows")) if outer else 1.0, 1.0)
+    return executions
+
+
+def plan_nodes(plan: Mapping[str, Any], *, reltuples: Mapping[str, float] | None = None,
+               execution_ms: float = 0.0) -> tuple[PlanNode, ...]:
     """The plan's nodes, parents before children (accepts the node or its {"Plan": …} wrapper).
 
     Rows are multiplied by loops (EXPLAIN prints per-loop averages); under Gather the
-    time of a node is divided by the number of processes sharing it."""
+    time of a node is divided by the number of processes sharing it.
+
+    A plan that was not run (EXPLAIN without ANALYZE; `PlanNode.analyzed` False) gets the
+    planner's own figures instead: rows = Plan Rows over the estimated executions (a nested loop's
+    inner side once per outer row, a SubPlan once per row of its node), rows removed by a Seq Scan's
+    filter = the relation's `reltuples` (by relation name) less the rows it returns, and times in
+    proportion to the costs, the whole plan taking `execution_ms` (0: no times)."""
     root = plan.get("Plan", plan) if isinstance(plan.get("Plan"), Mapping) else plan
     if not root or "Node Type" not in root:
         return ()
+    tuples = reltuples or {}
+    root_cost = _num(root.get("Total Cost"))
+    ms_per_cost = execution_ms / root_cost if root_cost > 0 and execution_ms > 0 else 0.0
 
-    def visit(node: Mapping[str, Any], processes: float, depth: int) -> list[PlanNode]:
+    def visit(node: Mapping[str, Any], processes: float, depth: int, executions: float) -> list[PlanNode]:
         children = [c for c in node.get("Plans") or () if isinstance(c, Mapping)]
         node_type = str(node.get("Node Type", "?"))
         inner = processes
         if node_type in ("Gather", "Gather Merge"):
             inner = _num(node.get("Workers Launched", node.get("Workers Planned", 0))) + 1
-        kids = [visit(c, inner, depth + 1) for c in children]
-        loops = _num(node.get("Actual Loops", 1)) or 1.0
-        total = _num(node.get("Actual Total Time")) * loops / max(processes, 1.0)
+        run = "Actual Loops" in node
+        scanned_per_loop = _num(node.get("Plan Rows"))
+        if run:
+            loops = _num(node.get("Actual Loops", 1)) or 1.0
+            total = _num(node.get("Actual Total Time")) * loops / max(processes, 1.0)
+            rows = _num(node.get("Actual Rows")) * loops
+            removed = (_num(node.get("Rows Removed by Filter"))
+                       + _num(node.get("Rows Removed by Index Recheck"))) * loops
+        else:  # the planner's estimates: per loop, over the executions it expects
+            loops = max(executions, 1.0) * max(processes, 1.0)
+            total = _num(node.get("Total Cost")) * max(executions, 1.0) * ms_per_cost
+            rows = _num(node.get("Plan Rows")) * loops
+            relation = node.get("Relation Name")
+            removed = 0.0
+            if node_type == "Seq Scan" and node.get("Filter") and str(relation) in tuples:
+                whole = float(tuples[str(relation)])
+                removed = max(0.0, whole * max(executions, 1.0) - rows)
+                scanned_per_loop = max(scanned_per_loop, whole / max(processes, 1.0))
+        kids = [visit(c, inner, depth + 1,
+                      executions if run else _estimated_executions(node, c, max(executions, 1.0),
+                                                                   scanned_per_loop))
+                for c in children]
         kids_ms = sum(k[0].total_ms for k in kids if k)
         index_name = node.get("Index Name")
         if index_name is None and node_type == "Bitmap Heap Scan":
             index_name = next((n.index_name for k in kids for n in k if n.index_name), None)
-        removed = (_num(node.get("Rows Removed by Filter"))
-                   + _num(node.get("Rows Removed by Index Recheck"))) * loops
         # a parallel node's leader reports its own sort/hash; each worker its own, in "Workers"
         processes_of = [node, *(w for w in node.get("Workers") or () if isinstance(w, Mapping))]
         sort_kb = max(_num(p.get("Sort Space Used")) for p in processes_of)
@@ -178,7 +224,7 @@ def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
             relation=node.get("Relation Name"),
             index_name=str(index_name) if index_name else None,
             filter=node.get("Filter"),
-            rows=_num(node.get("Actual Rows")) * loops,
+            rows=rows,
             removed=removed,
             loops=loops,
             total_ms=total,
@@ -196,14 +242,14 @@ def plan_nodes(plan: Mapping[str, Any]) -> tuple[PlanNode, ...]:
                                  *(_num(p.get("HashAgg Batches")) for p in processes_of))),
             peak_memory_kb=max(_num(p.get("Peak Memory Usage")) for p in processes_of),
             disk_kb=max(_num(p.get("Disk Usage")) for p in processes_of),
-            analyzed="Actual Loops" in node,
+            analyzed=run,
             subplan=str(node["Subplan Name"]) if node.get("Subplan Name") else None,
             plan_width=_num(node.get("Plan Width")),
             group_key=tuple(str(k) for k in node.get("Group Key") or ()),
         )
         return [me, *(n for k in kids for n in k)]
 
-    return tuple(visit(root, 1.0, 0))
+    return tuple(visit(root, 1.0, 0, 1.0))
 
 
 def plan_insights(nodes: Sequence[PlanNode], execution_ms: float, *, large_rows: float) -> list[str]:
@@ -213,14 +259,15 @@ def plan_insights(nodes: Sequence[PlanNode], execution_ms: float, *, large_rows:
     scans = sorted((n for n in nodes if n.is_scan), key=lambda n: -n.scanned)
     for n in scans[:3]:
         loops = f" over {fmt_count(n.loops)} loops" if n.loops > 1 and n.node_type != "Seq Scan" else ""
+        guess = "" if n.analyzed else " (estimated: the plan was not run)"
         if n.removed > 0 and n.scanned > 0:
             what = f" (Filter: {shorten(n.filter, 90)})" if n.filter else ""
             out.append(f"{n.label} removes {fmt_count(n.removed)} rows to return {fmt_count(n.rows)} "
-                       f"({fmt_pct(n.rows / n.scanned)}){loops}{what}")
+                       f"({fmt_pct(n.rows / n.scanned)}){loops}{what}{guess}")
         elif n.node_type == "Seq Scan" and n.rows >= large_rows:
-            out.append(f"Seq Scan on {n.relation} reads all {fmt_count(n.rows)} rows")
+            out.append(f"Seq Scan on {n.relation} reads all {fmt_count(n.rows)} rows{guess}")
         elif n.index_name:
-            out.append(f"{n.label} returns {fmt_count(n.rows)} rows{loops}")
+            out.append(f"{n.label} returns {fmt_count(n.rows)} rows{loops}{guess}")
     for n in nodes:
         if n.node_type in ("Sort", "Incremental Sort") and n.sort_key:
             where = f"on disk, {fmt_count(n.sort_space_kb)} kB" if n.sort_on_disk else "in memory"
@@ -231,8 +278,12 @@ def plan_insights(nodes: Sequence[PlanNode], execution_ms: float, *, large_rows:
     if timed and execution_ms > 0:
         top = max(timed, key=lambda n: n.self_ms)
         share = min(1.0, top.self_ms / execution_ms)
-        out.append(f"Most time goes to {top.label}: {fmt_ms(top.self_ms)} of {fmt_ms(execution_ms)} "
-                   f"({fmt_pct(share)})")
+        if top.analyzed:
+            out.append(f"Most time goes to {top.label}: {fmt_ms(top.self_ms)} of {fmt_ms(execution_ms)} "
+                       f"({fmt_pct(share)})")
+        else:
+            out.append(f"Most of the estimated cost goes to {top.label} ({fmt_pct(share)}; the plan was "
+                       f"not run, {fmt_ms(execution_ms)} is a lower bound of the time)")
     elif execution_ms > 0:
         out.append(f"Execution time {fmt_ms(execution_ms)}")
     return out

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from sqlglot import exp
+
 from afs.errors import InputError
 from afs.models import (
     AnalysisContext,
@@ -148,6 +150,15 @@ class OperatorTerm:
 
 
 # -- evidence: the plan, the statistics and the query, indexed by table ---------------------
+def _reltuples(ctx: AnalysisContext) -> dict[str, float]:
+    """Each table's row count (reltuples) by the relation name EXPLAIN prints (bare, unquoted):
+    what a Seq Scan of a plan that was not run visits."""
+    found: dict[str, float] = {}
+    for name, info in ctx.tables.items():
+        found.setdefault(name.rsplit(".", 1)[-1].strip('"'), float(max(info.rows, 0)))
+    return found
+
+
 class Evidence:
     """Everything a strategist looks at, organised by table."""
 
@@ -160,7 +171,8 @@ class Evidence:
         self.resolver = Resolver(ctx, self.query)
         self.shape = (query_shape(self.query, self.resolver) if self.query is not None
                       else QueryShape(tree=None))
-        self.nodes = plan_nodes(ctx.plan)
+        # a plan that was not run (a slow query) reads the planner's estimates (afs.pg.plan)
+        self.nodes = plan_nodes(ctx.plan, reltuples=_reltuples(ctx), execution_ms=ctx.execution_ms)
         self._uses: dict[str, list[ColumnUse]] = {}
         for use in ctx.features.columns:
             table = (self.resolver.table_key(use.table) if use.table
@@ -211,9 +223,30 @@ class Evidence:
     def seq_scanned(self, table: str) -> bool:
         return any(n.node_type == "Seq Scan" for n in self.scans(table))
 
+    @property
+    def analysed(self) -> bool:
+        """EXPLAIN ran the plan (actual rows, loops, times); False: the planner's estimates only
+        (a query slower than the statement timeout, `AnalysisContext.slow`)."""
+        return bool(self.nodes) and self.nodes[0].analyzed
+
+    def aggregated_columns(self, table: str) -> list[str]:
+        """The columns of `table` the query reads inside an aggregate function."""
+        if self.query is None or self.query.tree is None:
+            return []
+        found: list[str] = []
+        for agg in self.query.tree.find_all(exp.AggFunc):
+            for column in agg.find_all(exp.Column):
+                if column.name and column.name not in found and (
+                        self.resolver.table_key(self.query.table_of(column, self.ctx.tables)) == table):
+                    found.append(column.name)
+        return found
+
     def observed_fraction(self, table: str) -> float | None:
-        """rows / (rows + removed) of the Seq Scans of `table` that filter."""
+        """rows / (rows + removed) of the Seq Scans of `table` that filter (of a plan that was not
+        run, those the planner runs least often: a SubPlan's scans filter on their outer row)."""
         seq = [n for n in self.scans(table) if n.node_type == "Seq Scan" and n.filter]
+        if seq and not self.analysed:
+            seq = [n for n in seq if n.loops == min(m.loops for m in seq)]
         scanned = sum(n.scanned for n in seq)
         return sum(n.rows for n in seq) / scanned if scanned else None
 

@@ -68,6 +68,7 @@ from afs.models import (
     RiskLevel,
     TableInfo,
 )
+from afs.pg.bottleneck import bottlenecks
 from afs.pg.names import ident, index_name, qualified, quote_literal, relation_name, schema_and_relation
 from afs.pg.opclasses import IndexKind, brin_fits, catalog_type, support_key
 from afs.pg.plan import fmt_count, fmt_ms, fmt_pct
@@ -98,6 +99,7 @@ JOIN_MAX_FRACTION: Final = 0.1  # a nested loop over an index beats a hash join 
 PARTIAL_MAX_FREQ: Final = 0.2  # a constant this rare is worth a partial index …
 PARTIAL_MAX_DISTINCT: Final = 50  # … on a low-cardinality (enum-like) column
 INCLUDE_MAX_COLUMNS: Final = 3
+MAX_SUBPLAN_KEY: Final = 4  # key columns of the index on a SubPlan's correlation columns
 INCLUDE_MAX_TEXT_WIDTH: Final = 16  # avg bytes (pg_stats avg_width) of a text narrow enough to INCLUDE
 MIN_IMPROVEMENT: Final = 10.0  # percent: the consensus gate; less is not worth proposing
 MAX_CANDIDATES: Final = 4  # the first choice and up to three alternatives (the agent caps it too)
@@ -1151,9 +1153,47 @@ def _norm_target(text: str) -> str:
 # catalog's kind serves, ORDER BY a distance LIMIT n (nearest neighbours), the ORDER BY … LIMIT
 # trap.
 # The design sparing the most row visits wins (the first of equals, in this order).
+def _subplan_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
+    """A plan that was not run (a slow query): a SubPlan the planner expects to run once per outer
+    row, scanning `table` each time, gets the index on its correlation columns (afs.pg.bottleneck),
+    with the columns the query aggregates from `table` as INCLUDE (an index-only scan per run).
+    The row visits it spares are the planner's: the scan's estimated rows, over its executions.
+    (An analysed plan leaves this to the loop, which reads the plan the first design leaves.)"""
+    if ev.analysed:
+        return []
+    info = ev.table(table)
+    if info is None:
+        return []
+    out: list[IndexDesign] = []
+    for neck in bottlenecks(ev.ctx.plan, False):
+        if neck.kind != "subplan_per_row" or ev.resolver.table_key(neck.table) != table:
+            continue
+        key = [c for c in dict.fromkeys(neck.columns) if ev.resolver.has_column(table, c)][:MAX_SUBPLAN_KEY]
+        if not key or covering_index(info, key) is not None:
+            continue
+        looped = [n for n in ev.scans(table) if n.loops > 1]
+        if not looped:
+            continue
+        visits = sum(n.scanned for n in looped)
+        found = sum(n.rows for n in looped)
+        extra = [c for c in ev.aggregated_columns(table) if c not in key]
+        include = tuple(extra) if len(extra) <= INCLUDE_MAX_COLUMNS and all(
+            (t := column_type(info, c)) is not None and not any(w in t for w in WIDE_TYPES)
+            for c in extra) else ()
+        loops = max(n.loops for n in looped)
+        note = (f"{neck.detail}: the planner expects ~{fmt_count(loops)} runs of a scan of {table} "
+                f"(~{fmt_count(visits)} row visits, estimated: the plan was not run); an index on "
+                f"({', '.join(key)}) makes each run a lookup of ~{fmt_count(found / loops)} rows")
+        notes.append(note)
+        out.append(IndexDesign(table=table, key=tuple(KeyColumn(c) for c in key), kind="filter",
+                               fraction=min(1.0, found / max(visits, 1.0)), benefit=visits - found,
+                               include=include, reasons=(note,)))
+    return out
+
+
 DESIGN_RULES: Final[tuple[DesignRule, ...]] = (
     _filter_designs, _join_designs, _indexable_designs, _trigram_designs, _operator_designs,
-    _nearest_designs, _order_limit_designs)
+    _nearest_designs, _order_limit_designs, _subplan_designs)
 
 
 # -- sets of indexes: one proposal, several CREATE INDEX ---------------------------------------

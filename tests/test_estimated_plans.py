@@ -1,0 +1,103 @@
+"""Plans that are read, not run (issue 25 item 2): a query slower than the statement timeout gets
+the plan of EXPLAIN without ANALYZE (`AnalysisContext.slow`), and the strategists still propose
+from the planner's estimates: a SubPlan's executions, the rows a filter removes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+
+from afs.analysis import gather_context, source_table_stats
+from afs.brains.strategists import analyze, propose
+from afs.db import Connection, open_connection
+from afs.models import AnalysisContext
+from afs.pg.plan import plan_nodes, plan_of
+from afs.query.features import extract_features
+from afs.sandbox.server import SandboxServer
+
+SCHEMA = """
+CREATE TABLE readings (id bigint PRIMARY KEY, sensor_id int NOT NULL, value int NOT NULL,
+                       note text NOT NULL);
+INSERT INTO readings SELECT g, (g::bigint * 7919) % 4000, (g::bigint * 104729) % 1000, 'n' || g
+    FROM generate_series(1, 200000) g;
+CREATE TABLE calls (id bigint PRIMARY KEY, caller int NOT NULL, seconds int NOT NULL, note text NOT NULL);
+INSERT INTO calls SELECT g, (g::bigint * 7919) % 50000, g % 600, repeat('x', 30)
+    FROM generate_series(1, 300000) g;
+VACUUM ANALYZE
+"""
+CORRELATED = ("SELECT r.id, r.value FROM readings r WHERE r.value > "
+              "(SELECT avg(r2.value) FROM readings r2 WHERE r2.sensor_id = r.sensor_id)")
+FILTERED = "SELECT id, seconds FROM calls WHERE caller = 4242"
+
+
+@pytest.fixture
+async def db(sandbox: SandboxServer) -> AsyncIterator[str]:
+    name = "afs_estimated_" + os.urandom(3).hex()
+    async with open_connection(sandbox.dsn()) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    try:
+        async with open_connection(sandbox.dsn(name)) as conn:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    await conn.execute(statement)
+        yield sandbox.dsn(name)
+    finally:
+        async with open_connection(sandbox.dsn()) as admin:
+            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+async def context(conn: Connection, query: str) -> AnalysisContext:
+    features = extract_features(query)
+    stats = await source_table_stats(conn, features.tables)
+    return await gather_context(conn, task_id="t-estimated", task_type="query_optimization", query=query,
+                                features=features, source_stats=stats)
+
+
+def created(agent: str, ctx: AnalysisContext) -> list[str]:
+    proposals = propose(agent, ctx, analyze(agent, ctx))
+    return [c for p in proposals for c in p.sql_commands if c.startswith("CREATE INDEX")]
+
+
+def key_of(command: str) -> str:
+    """`CREATE INDEX … ON t (a, b) INCLUDE (c)` → `t (a, b)`."""
+    return command.split(" ON ", 1)[1].split(" INCLUDE")[0].split(" WHERE")[0]
+
+
+async def test_a_correlated_subquery_too_slow_to_run_gets_the_index_on_its_key(db: str) -> None:
+    async with open_connection(db) as conn:
+        await conn.execute("SET statement_timeout = '300ms'")  # the baseline runs for minutes
+        ctx = await context(conn, CORRELATED)
+    assert ctx.slow and "Actual Loops" not in ctx.plan
+    nodes = plan_nodes(ctx.plan, reltuples={"readings": ctx.tables["readings"].rows},
+                       execution_ms=ctx.execution_ms)
+    inner = next(n for n in nodes if n.relation == "readings" and n.depth > 1)
+    assert not inner.analyzed and inner.loops >= 100_000  # once per outer row, as planned
+    insights = analyze("gemini25pro", ctx).insights
+    assert any("estimated" in line for line in insights), insights
+    keys = [key_of(c) for c in created("gemini25pro", ctx)]
+    assert keys and keys[0] == "readings (sensor_id)", keys  # the correlation key first
+    assert "INCLUDE (value)" in created("gemini25pro", ctx)[0]  # and the column it aggregates
+
+
+async def test_a_selective_filter_read_from_the_estimated_plan_gets_its_index(db: str) -> None:
+    async with open_connection(db) as conn:
+        analysed = await context(conn, FILTERED)
+        estimated = plan_of(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {FILTERED}"))
+    assert not analysed.slow and "Actual Loops" in analysed.plan
+    # what afs.analysis does for a query slower than the statement timeout: the plain EXPLAIN,
+    # the timeout as a lower bound of the time
+    slow = dataclasses.replace(analysed, plan=estimated, slow=True, execution_ms=200.0)
+    scan = next(n for n in plan_nodes(slow.plan, reltuples={"calls": slow.tables["calls"].rows},
+                                      execution_ms=slow.execution_ms) if n.relation == "calls")
+    assert not scan.analyzed and scan.removed > 250_000 and scan.rows < 100
+    assert scan.self_ms > 0  # in proportion to its share of the cost
+    for agent in ("gemini25pro", "gemini25flash", "gemini20flash"):
+        today = created(agent, analysed)
+        assert today and all(key_of(c) == "calls (caller)" for c in today), today
+        assert created(agent, slow) == today  # the estimates lead to the same designs
+    insights = analyze("gemini25pro", slow).insights
+    assert any("estimated" in line and "calls" in line for line in insights), insights
+    assert not any("estimated" in line for line in analyze("gemini25pro", analysed).insights)
