@@ -94,6 +94,20 @@ async def test_a_selective_filter_read_from_the_estimated_plan_gets_its_index(db
                                       execution_ms=slow.execution_ms) if n.relation == "calls")
     assert not scan.analyzed and scan.removed > 250_000 and scan.rows < 100
     assert scan.self_ms > 0  # in proportion to its share of the cost
+    # a nested loop's inner side runs once per outer row; below a Materialize, once
+    inner = {"Node Type": "Seq Scan", "Parent Relationship": "Inner", "Relation Name": "calls",
+             "Plan Rows": 300_000, "Total Cost": 5_000.0}
+    loop = {"Node Type": "Nested Loop", "Plan Rows": 20, "Total Cost": 50_000.0, "Plans": [
+        {"Node Type": "Seq Scan", "Parent Relationship": "Outer", "Relation Name": "readings",
+         "Filter": "(id < 10)", "Plan Rows": 10, "Total Cost": 4_000.0}, inner]}
+    by_relation = {n.relation: n for n in plan_nodes(loop, reltuples={"readings": 200_000})}
+    assert by_relation["calls"].loops == 10 and by_relation["calls"].rows == 3_000_000
+    assert by_relation["readings"].removed == 200_000 - 10
+    materialized = {**loop, "Plans": [loop["Plans"][0], {
+        "Node Type": "Materialize", "Parent Relationship": "Inner", "Plan Rows": 300_000,
+        "Total Cost": 6_000.0, "Plans": [{**inner, "Parent Relationship": "Outer"}]}]}
+    by_type = {n.relation or n.node_type: n for n in plan_nodes(materialized)}
+    assert by_type["Materialize"].loops == 10 and by_type["calls"].loops == 1
     for agent in ("gemini25pro", "gemini25flash", "gemini20flash"):
         today = created(agent, analysed)
         assert today and all(key_of(c) == "calls (caller)" for c in today), today

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -181,7 +182,8 @@ def plan_nodes(plan: Mapping[str, Any], *, reltuples: Mapping[str, float] | None
     root_cost = _num(root.get("Total Cost"))
     ms_per_cost = execution_ms / root_cost if root_cost > 0 and execution_ms > 0 else 0.0
 
-    def visit(node: Mapping[str, Any], processes: float, depth: int, executions: float) -> list[PlanNode]:
+    def visit(node: Mapping[str, Any], processes: float, depth: int, executions: float,
+              started: float, ceiling: float) -> list[PlanNode]:
         children = [c for c in node.get("Plans") or () if isinstance(c, Mapping)]
         node_type = str(node.get("Node Type", "?"))
         inner = processes
@@ -197,7 +199,8 @@ def plan_nodes(plan: Mapping[str, Any], *, reltuples: Mapping[str, float] | None
                        + _num(node.get("Rows Removed by Index Recheck"))) * loops
         else:  # the planner's estimates: per loop, over the executions it expects
             loops = max(executions, 1.0) * max(processes, 1.0)
-            total = _num(node.get("Total Cost")) * max(executions, 1.0) * ms_per_cost
+            # a rescan costs the planner less than a first run: never more than the node above
+            total = min(ceiling, _num(node.get("Total Cost")) * max(executions, 1.0) * ms_per_cost)
             rows = _num(node.get("Plan Rows")) * loops
             relation = node.get("Relation Name")
             removed = 0.0
@@ -205,9 +208,11 @@ def plan_nodes(plan: Mapping[str, Any], *, reltuples: Mapping[str, float] | None
                 whole = float(tuples[str(relation)])
                 removed = max(0.0, whole * max(executions, 1.0) - rows)
                 scanned_per_loop = max(scanned_per_loop, whole / max(processes, 1.0))
+        # a Materialize keeps its child's rows: rescanned, it reads them again without running it
         kids = [visit(c, inner, depth + 1,
-                      executions if run else _estimated_executions(node, c, max(executions, 1.0),
-                                                                   scanned_per_loop))
+                      executions if run else started if node_type == "Materialize"
+                      else _estimated_executions(node, c, max(executions, 1.0), scanned_per_loop),
+                      executions, total)
                 for c in children]
         kids_ms = sum(k[0].total_ms for k in kids if k)
         index_name = node.get("Index Name")
@@ -249,7 +254,7 @@ def plan_nodes(plan: Mapping[str, Any], *, reltuples: Mapping[str, float] | None
         )
         return [me, *(n for k in kids for n in k)]
 
-    return tuple(visit(root, 1.0, 0, 1.0))
+    return tuple(visit(root, 1.0, 0, 1.0, 1.0, math.inf))
 
 
 def plan_insights(nodes: Sequence[PlanNode], execution_ms: float, *, large_rows: float) -> list[str]:
