@@ -31,6 +31,17 @@ VACUUM ANALYZE
 CORRELATED = ("SELECT r.id, r.value FROM readings r WHERE r.value > "
               "(SELECT avg(r2.value) FROM readings r2 WHERE r2.sensor_id = r.sensor_id)")
 FILTERED = "SELECT id, seconds FROM calls WHERE caller = 4242"
+RANGES = """
+CREATE TABLE blocks (id integer PRIMARY KEY, low bigint NOT NULL, high bigint NOT NULL, region text NOT NULL);
+CREATE TABLE hits (id bigint PRIMARY KEY, point bigint NOT NULL, at timestamp NOT NULL);
+INSERT INTO blocks SELECT i, (i - 1) * 1000::bigint, i * 1000::bigint - 1, 'r' || (i % 40)
+    FROM generate_series(1, 2000) i;
+INSERT INTO hits SELECT i, (i::bigint * 7919) % 2000000, timestamp '2024-01-01' + i * interval '1 minute'
+    FROM generate_series(1, 20000) i;
+VACUUM ANALYZE
+"""
+RANGE_JOIN = ("SELECT b.region, count(*) FROM hits h JOIN blocks b ON h.point BETWEEN b.low AND b.high "
+              "GROUP BY b.region")
 
 
 @pytest.fixture
@@ -115,3 +126,17 @@ async def test_a_selective_filter_read_from_the_estimated_plan_gets_its_index(db
     insights = analyze("gemini25pro", slow).insights
     assert any("estimated" in line and "calls" in line for line in insights), insights
     assert not any("estimated" in line for line in analyze("gemini25pro", analysed).insights)
+
+
+async def test_a_join_by_a_range_too_slow_to_run_gets_the_index_on_the_point(db: str) -> None:
+    async with open_connection(db) as conn:
+        for statement in RANGES.split(";"):
+            if statement.strip():
+                await conn.execute(statement)
+        await conn.execute("SET statement_timeout = '100ms'")  # every pair: seconds
+        ctx = await context(conn, RANGE_JOIN)
+    assert ctx.slow
+    commands = created("gemini25pro", ctx)
+    assert commands and key_of(commands[0]) == "hits (point)", commands
+    insights = analyze("gemini25pro", ctx).insights
+    assert any("row pairs (estimated" in line for line in insights), insights

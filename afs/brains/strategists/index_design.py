@@ -33,7 +33,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from sqlglot import exp
 
@@ -71,7 +71,7 @@ from afs.models import (
 from afs.pg.bottleneck import bottlenecks
 from afs.pg.names import ident, index_name, qualified, quote_literal, relation_name, schema_and_relation
 from afs.pg.opclasses import IndexKind, brin_fits, catalog_type, support_key
-from afs.pg.plan import fmt_count, fmt_ms, fmt_pct
+from afs.pg.plan import fmt_count, fmt_ms, fmt_pct, shorten
 from afs.pg.stats import (
     DEFAULT_CONTAIN_SEL,
     DEFAULT_EQ_SEL,
@@ -1191,9 +1191,62 @@ def _subplan_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDe
     return out
 
 
+_RANGE_TERM: Final = re.compile(r"\(?(\w+)\.(\w+)\)?(?:::[\w ]+)?\s*(>=|<=|>|<)\s*\(?(\w+)\.(\w+)\)?")
+_FLIPPED: Final = {">=": "<=", "<=": ">=", ">": "<", "<": ">"}
+
+
+def _range_join_pairs(plan: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """(Join Filter, pairs it compares) of every nested loop that joins by a filter: its outer
+    rows times its inner side's rows per loop, actual where EXPLAIN ran it, else estimated."""
+
+    def rows(n: Mapping[str, Any], per_loop: bool) -> float:
+        if "Actual Rows" in n:
+            return float(n["Actual Rows"]) * (1.0 if per_loop else float(n.get("Actual Loops") or 1))
+        return float(n.get("Plan Rows") or 0)
+
+    found: list[tuple[str, float]] = []
+    stack: list[Mapping[str, Any]] = [plan]
+    while stack:
+        node = stack.pop()
+        kids = [c for c in node.get("Plans") or () if isinstance(c, Mapping)]
+        stack.extend(kids)
+        if node.get("Node Type") == "Nested Loop" and node.get("Join Filter") and len(kids) == 2:
+            found.append((str(node["Join Filter"]), rows(kids[0], False) * rows(kids[1], True)))
+    return found
+
+
+def _range_join_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDesign]:
+    """A nested loop that joins by a range (`a.x >= b.lo AND a.x <= b.hi`, a BETWEEN) compares
+    every pair of rows: an index on the column bounded from both sides by the other table's
+    columns turns each row of the other table into one range scan of `table`."""
+    info = ev.table(table)
+    if info is None or float(info.rows) < SMALL_TABLE_ROWS:
+        return []
+    out: list[IndexDesign] = []
+    for condition, pairs in _range_join_pairs(ev.ctx.plan):
+        bounds: dict[str, set[str]] = {}
+        for qa, ca, op, qb, cb in _RANGE_TERM.findall(condition):
+            for (q, c), (oq, oc), o in (((qa, ca), (qb, cb), op), ((qb, cb), (qa, ca), _FLIPPED[op])):
+                mine, theirs = ev.resolver.table_of(q, c), ev.resolver.table_of(oq, oc)
+                if mine == table and theirs not in (None, table) and ev.resolver.has_column(table, c):
+                    bounds.setdefault(c, set()).add("lower" if o in (">=", ">") else "upper")
+        for column, sides in bounds.items():
+            if sides != {"lower", "upper"} or covering_index(info, [], [column]) is not None:
+                continue
+            rows = float(max(info.rows, 1))
+            estimated = "" if ev.analysed else " (estimated: the plan was not run)"
+            note = (f"a nested loop compares ~{fmt_count(pairs)} row pairs{estimated} to join by a range on "
+                    f"{table}.{column} ({shorten(condition, 90)}): an index on {column} makes each row of "
+                    "the other side one range scan")
+            notes.append(note)
+            out.append(IndexDesign(table=table, key=(KeyColumn(column),), kind="join",
+                                   fraction=min(1.0, 1.0 / rows), benefit=pairs - rows, reasons=(note,)))
+    return out
+
+
 DESIGN_RULES: Final[tuple[DesignRule, ...]] = (
     _filter_designs, _join_designs, _indexable_designs, _trigram_designs, _operator_designs,
-    _nearest_designs, _order_limit_designs, _subplan_designs)
+    _nearest_designs, _order_limit_designs, _subplan_designs, _range_join_designs)
 
 
 # -- sets of indexes: one proposal, several CREATE INDEX ---------------------------------------
