@@ -140,3 +140,16 @@ async def test_a_join_by_a_range_too_slow_to_run_gets_the_index_on_the_point(db:
     assert commands and key_of(commands[0]) == "hits (point)", commands
     insights = analyze("gemini25pro", ctx).insights
     assert any("row pairs (estimated" in line for line in insights), insights
+
+
+async def test_a_not_in_subquery_too_big_to_hash_gets_work_mem_from_the_estimated_plan(db: str) -> None:
+    query = "SELECT count(*) FROM calls WHERE caller NOT IN (SELECT sensor_id FROM readings)"
+    async with open_connection(db) as conn:
+        await conn.execute("SET work_mem = '1MB'")  # too small to hash 200,000 rows
+        await conn.execute("SET statement_timeout = '200ms'")  # 300,000 rescans: minutes
+        ctx = await context(conn, query)
+    assert ctx.slow
+    proposals = propose("gemini25flash", ctx, analyze("gemini25flash", ctx))
+    fix = next((p for p in proposals if p.settings and p.settings[0][0] == "work_mem"), None)
+    assert fix is not None, [p.rationale for p in proposals]
+    assert "SubPlan" in fix.rationale and "estimated" in fix.rationale, fix.rationale

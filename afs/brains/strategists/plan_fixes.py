@@ -222,6 +222,9 @@ def _spilled_kb(node: PlanNode) -> float | None:
     return None
 
 
+ESTIMATED_NOTE: Final = " (estimated from the costs: the plan was not run, the time is a lower bound)"
+
+
 def _unhashed_subplan_kb(node: PlanNode) -> float | None:
     """The work_mem (kB) a subquery of `x IN (SELECT …)` / `NOT IN` needs to be hashed; None
     unless the plan rescans it per outer row because it was too big to hash.
@@ -229,9 +232,8 @@ def _unhashed_subplan_kb(node: PlanNode) -> float | None:
     PostgreSQL hashes such a subquery only when rows × (width + tuple header) fits in work_mem ×
     hash_mem_multiplier (subselect.c, subplan_is_hashable); otherwise every outer row scans the
     materialized result again, and the query is quadratic."""
-    if (node.subplan is None or not node.subplan.startswith("SubPlan") or node.loops < 2
-            or not node.analyzed):
-        return None
+    if node.subplan is None or not node.subplan.startswith("SubPlan") or node.loops < 2:
+        return None  # (loops: the planner's expected executions where the plan was not run)
     per_loop = node.plan_rows / max(node.loops, 1.0)
     if per_loop < SMALL_TABLE_ROWS:
         return None
@@ -293,7 +295,9 @@ def _subplan_work_mem(ev: Evidence, agent: AgentKey,
         f"{node.subplan} (a subquery of IN / NOT IN) returns ~{fmt_count(per_loop)} rows and is not "
         f"hashed: PostgreSQL hashes it only when it fits in work_mem × hash_mem_multiplier, so each of "
         f"{fmt_count(node.loops)} outer rows scans its materialized result again; that takes "
-        f"{fmt_ms(node.total_ms)} of {fmt_ms(total)} ({fmt_pct(share)}). With work_mem = {mb}MB (about "
+        f"{fmt_ms(node.total_ms)} of {fmt_ms(total)} ({fmt_pct(share)})"
+        f"{'' if node.analyzed else ESTIMATED_NOTE}"
+        f". With work_mem = {mb}MB (about "
         f"{WORK_MEM_FACTOR:g}× the ~{fmt_count(needed_kb)} kB the planner reckons it needs, up to the "
         "next power of two) the planner can hash it once (a hashed SubPlan) and probe it per row. "
         f"Recommended per role (ALTER ROLE <role> SET work_mem = '{mb}MB') or per query (SET LOCAL "
