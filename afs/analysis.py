@@ -20,7 +20,7 @@ The catalog's answer for the index kind (issue 25 item 7, `operator_support`): t
 query uses, resolved by PostgreSQL (a temporary view of the query), the operator classes that
 serve them (pg_amop, pg_opclass, pg_am; those of installed extensions and of the trusted ones a
 proposal may create), and the expressions of its WHERE clause that PostgreSQL accepts as index
-keys; all in a fork, in one transaction rolled back. afs.pg.opclasses chooses among them.
+keys; all in a fork, in one transaction rolled back. afs.query.opclasses chooses among them.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from afs.models import (
     TaskType,
 )
 from afs.pg.names import ident, qualified
-from afs.pg.opclasses import catalog_type, support_key, where_terms
 from afs.pg.plan import explained, plan_of
 from afs.query.features import extract_features
+from afs.query.opclasses import catalog_type, support_key, where_terms
 from afs.query.text import select_text
 from afs.safety.statements import ALLOWED_EXTENSIONS
 
@@ -199,7 +199,7 @@ WHERE a.attrelid = %s::regclass AND a.attnum = 1
 async def index_expressions(conn: Connection, query: str,
                             tables: Mapping[str, TableInfo],
                             aliases: Mapping[str, str]) -> dict[tuple[str, str], tuple[str, str]]:
-    """The WHERE clause's expressions of one column (afs.pg.opclasses.where_terms) that
+    """The WHERE clause's expressions of one column (afs.query.opclasses.where_terms) that
     PostgreSQL accepts as an index key, with their types: each is indexed on an empty copy of its
     table (a temporary table, inside the caller's transaction), which PostgreSQL refuses for an
     expression that is not immutable (`created::date` of a timestamptz, `to_tsvector(body)`).

@@ -153,7 +153,7 @@ class TableInfo:
 @dataclass(frozen=True)
 class OperatorSupport:
     """One operator class that can serve one operator the query uses, from the fork's catalog
-    (pg_amop, pg_opclass, pg_am; afs.analysis.operator_support reads it, afs.pg.opclasses
+    (pg_amop, pg_opclass, pg_am; afs.analysis.operator_support reads it, afs.query.opclasses
     chooses among them)."""
 
     operator: str  # pg_operator.oprname: "=", "@>", "~~", "&&", …
@@ -195,7 +195,7 @@ class AnalysisContext:
     # operators the query filters, joins and sorts with, resolved as PostgreSQL resolved them
     # (afs.analysis.operator_support). Empty: the catalog was not read.
     operator_classes: Mapping[str, tuple[OperatorSupport, ...]] = field(default_factory=dict)
-    # (table, expression as afs.pg.opclasses.where_terms prints it) → (its type, the key as
+    # (table, expression as afs.query.opclasses.where_terms prints it) → (its type, the key as
     # pg_get_indexdef prints it), for the expressions of one column the WHERE clause compares that
     # PostgreSQL accepts as an index key (immutable: it built an index on an empty copy of the
     # table); an expression not here is not indexable. Read with operator_classes.

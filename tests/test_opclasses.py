@@ -1,9 +1,9 @@
-"""afs.pg.opclasses (pure): the index kind chosen among the operator classes the catalog lists."""
+"""afs.query.opclasses (pure): the index kind chosen among the operator classes the catalog lists."""
 
 from __future__ import annotations
 
 from afs.models import OperatorSupport
-from afs.pg.opclasses import (
+from afs.query.opclasses import (
     brin_fits,
     catalog_type,
     choose,

@@ -30,11 +30,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from afs.pg.names import RESERVED
-from afs.pg.plan import fmt_count, fmt_pct, shorten
+from afs.pg.plan import RawNode as _Node
+from afs.pg.plan import fmt_count, fmt_pct, nodes_below, raw_tree, shorten
 
 __all__ = ["Bottleneck", "BottleneckKind", "bottlenecks", "condition_names"]
 
@@ -92,25 +93,10 @@ def condition_names(condition: str) -> Iterator[tuple[str | None, str]]:
         yield (_unquote(qualifier) if qualifier else None), _unquote(name)
 
 
-# -- the plan as a tree -----------------------------------------------------------------------
-@dataclass
-class _Node:
-    raw: Mapping[str, Any]
-    parent: _Node | None
-    processes: float  # the processes sharing this node's time (under Gather)
-    children: list[_Node] = field(default_factory=list)
-
-    @property
-    def type(self) -> str:
-        return str(self.raw.get("Node Type", "?"))
-
-    @property
-    def loops(self) -> float:
-        return _num(self.raw.get("Actual Loops", 1)) or 1.0
-
-    def own_names(self) -> set[str]:
-        names = {str(self.raw[k]) for k in ("Alias", "Relation Name") if self.raw.get(k)}
-        return {_unquote(n) if n.startswith('"') else n for n in names}
+# -- the plan as a tree (afs.pg.plan.raw_tree) -------------------------------------------------
+def _own_names(node: _Node) -> set[str]:
+    names = {str(node.raw[k]) for k in ("Alias", "Relation Name") if node.raw.get(k)}
+    return {_unquote(n) if n.startswith('"') else n for n in names}
 
 
 def _num(value: Any) -> float:
@@ -118,21 +104,6 @@ def _num(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return 0.0
-
-
-def _tree(raw: Mapping[str, Any], parent: _Node | None = None, processes: float = 1.0) -> _Node:
-    node = _Node(raw, parent, processes)
-    inner = processes
-    if node.type in ("Gather", "Gather Merge"):
-        inner = _num(raw.get("Workers Launched", raw.get("Workers Planned", 0))) + 1
-    node.children = [_tree(c, node, inner) for c in raw.get("Plans") or () if isinstance(c, Mapping)]
-    return node
-
-
-def _walk(node: _Node) -> Iterator[_Node]:
-    yield node
-    for child in node.children:
-        yield from _walk(child)
 
 
 class _Costs:
@@ -192,7 +163,7 @@ def _relation(node: _Node) -> str | None:
 def _own_columns(node: _Node, keys: tuple[str, ...], of: _Node | None = None) -> tuple[str, ...]:
     """The columns of `node`'s relation named in `of`'s (default: `node`'s) conditions `keys`."""
     source = of or node
-    mine = node.own_names()
+    mine = _own_names(node)
     single = of is None  # unqualified names in a scan's own conditions are its own
     found: list[str] = []
     for key in keys:
@@ -299,7 +270,7 @@ def _subplan(node: _Node, costs: _Costs) -> Bottleneck | None:
         return None
     total = costs.inclusive(node) * (1.0 if costs.analysed else runs)
     share = costs.share(total)
-    scans = [n for n in _walk(node) if n.type in _SCANS]
+    scans = [n for n in nodes_below(node) if n.type in _SCANS]
     if not scans:
         return None
     costliest = max(scans, key=costs.inclusive)
@@ -344,19 +315,19 @@ def bottlenecks(plan: Mapping[str, Any], analysed: bool) -> tuple[Bottleneck, ..
     if not raw or "Node Type" not in raw:
         return ()
     analysed = analysed and "Actual Total Time" in raw
-    root = _tree(raw)
+    root = raw_tree(raw)
     costs = _Costs(root, analysed)
     text = json.dumps(raw)
     found: list[Bottleneck] = []
     inside: set[int] = set()  # the nodes of a subplan reported as one
-    for node in _walk(root):
+    for node in nodes_below(root):
         if id(node) in inside:
             continue
         found_here: Bottleneck | None = None
         if _is_subplan(node) and not _hashed(node, text):
             found_here = _subplan(node, costs)
             if found_here is not None:
-                inside |= {id(n) for n in _walk(node)}
+                inside |= {id(n) for n in nodes_below(node)}
         elif node.type in _SCANS:
             found_here = _scan(node, costs)
         elif node.type in ("Sort", "Incremental Sort", "Hash", "Aggregate"):

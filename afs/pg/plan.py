@@ -294,18 +294,35 @@ def plan_insights(nodes: Sequence[PlanNode], execution_ms: float, *, large_rows:
     return out
 
 
-# -- the plan as text, for a prompt ------------------------------------------------------------
-# Works on the raw JSON nodes (EXPLAIN's own per-loop numbers), not on PlanNode.
+# -- the plan as a tree of its raw JSON nodes ---------------------------------------------------
+# EXPLAIN's own per-loop numbers, not PlanNode: the plan as text for a prompt (below) and the
+# bottlenecks (afs.pg.bottleneck) read it.
 @dataclass
-class _RawNode:
+class RawNode:
+    """One node of EXPLAIN's JSON, with its parent, its children and the processes sharing its
+    time (the workers a Gather above it launched, plus the leader)."""
+
     raw: Mapping[str, Any]
-    children: list[_RawNode]
-    parent: _RawNode | None
+    children: list[RawNode]
+    parent: RawNode | None
+    processes: float = 1.0
+
+    @property
+    def type(self) -> str:
+        return str(self.raw.get("Node Type", "?"))
+
+    @property
+    def loops(self) -> float:
+        return _num(self.raw.get("Actual Loops", 1)) or 1.0
 
 
-def _raw_tree(raw: Mapping[str, Any], parent: _RawNode | None = None) -> _RawNode:
-    node = _RawNode(raw, [], parent)
-    node.children = [_raw_tree(c, node) for c in raw.get("Plans") or () if isinstance(c, Mapping)]
+def raw_tree(raw: Mapping[str, Any], parent: RawNode | None = None, processes: float = 1.0) -> RawNode:
+    """The tree of `raw` (a plan's JSON node) and everything below it."""
+    node = RawNode(raw, [], parent, processes)
+    inner = processes
+    if node.type in ("Gather", "Gather Merge"):
+        inner = _num(raw.get("Workers Launched", raw.get("Workers Planned", 0))) + 1
+    node.children = [raw_tree(c, node, inner) for c in raw.get("Plans") or () if isinstance(c, Mapping)]
     return node
 
 
@@ -319,7 +336,7 @@ def _inclusive(raw: Mapping[str, Any]) -> float:
         return 0.0
 
 
-def _self_cost(node: _RawNode) -> float:
+def _self_cost(node: RawNode) -> float:
     return max(0.0, _inclusive(node.raw) - sum(_inclusive(c.raw) for c in node.children))
 
 
@@ -328,8 +345,21 @@ def _raw_label(raw: Mapping[str, Any]) -> str:
     return f"{raw.get('Node Type', '?')}{f' on {relation}' if relation else ''}"
 
 
-def _walk(node: _RawNode) -> list[_RawNode]:
-    return [node, *(n for c in node.children for n in _walk(c))]
+def _walk(node: RawNode) -> list[RawNode]:
+    """`node` and every node below it, parents before children, in the plan's order (iterative:
+    a deep plan does not recurse)."""
+    out: list[RawNode] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        out.append(current)
+        stack.extend(reversed(current.children))
+    return out
+
+
+def nodes_below(node: RawNode) -> list[RawNode]:
+    """`node` and every node below it (the one walker over a plan's tree)."""
+    return _walk(node)
 
 
 def _fmt_number(value: Any) -> str:
@@ -387,7 +417,7 @@ def plan_line(raw: Mapping[str, Any], max_chars: int | None = None) -> str:
     return f"{label} ({', '.join(numbers)})" + ("; " + "; ".join(facts) if facts else "")
 
 
-def _lines(node: _RawNode, kept: set[int], max_chars: int | None, depth: int = 0) -> list[str]:
+def _lines(node: RawNode, kept: set[int], max_chars: int | None, depth: int = 0) -> list[str]:
     out = [("  " * depth) + ("-> " if depth else "") + plan_line(node.raw, max_chars)]
     for child in node.children:
         if id(child) in kept:
@@ -410,7 +440,7 @@ def plan_text(plan: Mapping[str, Any], budget_tokens: int = PLAN_TOKEN_BUDGET) -
     shortens long conditions, then keeps the top node alone, cut.
     """
     budget = budget_tokens * CHARS_PER_TOKEN
-    root = _raw_tree(plan)
+    root = raw_tree(plan)
     nodes = _walk(root)
 
     def size(lines: list[str]) -> int:
@@ -424,7 +454,7 @@ def plan_text(plan: Mapping[str, Any], budget_tokens: int = PLAN_TOKEN_BUDGET) -
     def keeping(count: int, max_chars: int | None) -> list[str]:
         kept: set[int] = set()
         for node in ranked[:count]:
-            walker: _RawNode | None = node
+            walker: RawNode | None = node
             while walker is not None and id(walker) not in kept:
                 kept.add(id(walker))
                 walker = walker.parent

@@ -30,9 +30,9 @@ from afs.models import (
     RiskLevel,
     TableInfo,
 )
-from afs.pg.opclasses import IndexKind, WhereTerm, catalog_type, choose, order_terms, supports, where_terms
 from afs.pg.plan import PlanNode, plan_insights, plan_nodes
 from afs.pg.stats import DEFAULT_RANGE_SEL, range_fraction
+from afs.query.opclasses import IndexKind, WhereTerm, catalog_type, choose, order_terms, supports, where_terms
 from afs.query.query import Query
 from afs.query.shape import IndexablePredicate, QueryShape, Resolver, query_shape
 
@@ -315,7 +315,7 @@ class Evidence:
     def catalog_kind(self, needs: Iterable[tuple[str, str | None]], *,
                      methods: Iterable[str] | None = None, ordered: bool = False,
                      purpose: str = "search") -> IndexKind | None:
-        """The index kind the fork's catalog says serves `needs` (afs.pg.opclasses.choose)."""
+        """The index kind the fork's catalog says serves `needs` (afs.query.opclasses.choose)."""
         return choose(self.ctx.operator_classes, needs, methods=methods, ordered=ordered, purpose=purpose)
 
     def catalog_serves(self, operator: str, left_type: str | None, method: str,

@@ -12,7 +12,7 @@ and the composite that springs the ORDER BY … LIMIT trap.
 
 The kind of each index (method and operator class) is the catalog's answer: the classes the
 fork's catalog lists for the operators the query uses (AnalysisContext.operator_classes, read
-by afs.analysis), chosen by afs.pg.opclasses (`Evidence.catalog_kind`); an extension's class is
+by afs.analysis), chosen by afs.query.opclasses (`Evidence.catalog_kind`); an extension's class is
 proposed with CREATE EXTENSION only when the extension is not installed and afs.safety lets a
 proposal create it. A context without the catalog (built by hand) keeps PostgreSQL's built-in
 classes: the pattern classes, jsonb_path_ops for `@>` alone, pg_trgm's gin_trgm_ops.
@@ -70,7 +70,6 @@ from afs.models import (
 )
 from afs.pg.bottleneck import bottlenecks
 from afs.pg.names import ident, index_name, qualified, quote_literal, relation_name, schema_and_relation
-from afs.pg.opclasses import IndexKind, brin_fits, catalog_type, support_key
 from afs.pg.plan import fmt_count, fmt_ms, fmt_pct, shorten
 from afs.pg.stats import (
     DEFAULT_CONTAIN_SEL,
@@ -91,6 +90,7 @@ from afs.pg.stats import (
     prefix_fraction,
     value_matches,
 )
+from afs.query.opclasses import IndexKind, brin_fits, catalog_type, support_key
 from afs.query.shape import Disjunction, IndexablePredicate
 
 MIN_BENEFIT_ROWS: Final = 1_000  # an index must spare at least this many row visits
@@ -507,7 +507,7 @@ COMPARISONS: Final = ("<", "<=", ">", ">=", "=")  # what a range or BETWEEN reso
 
 def _brin_design(ev: Evidence, table: str, rng: RangeChoice, fraction: float) -> IndexDesign | None:
     """A range too large for a B-tree, on a column in physical order: BRIN, when the catalog
-    has a BRIN class for the comparisons the query makes on it (afs.pg.opclasses.brin_fits)."""
+    has a BRIN class for the comparisons the query makes on it (afs.query.opclasses.brin_fits)."""
     info = ev.table(table)
     data_type = column_type(info, rng.column) if info else None
     if info is None or data_type is None or rng.opclass is not None or not ev.catalog_read:
@@ -1038,7 +1038,7 @@ def _operator_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexD
     operator the catalog says an index serves, and no B-tree does: full text (`@@`), overlap
     and containment of ranges and geometric types (`&&`, `@>`, `<@`), network inclusion (`<<`),
     and whatever an installed extension's classes serve. One index per column or expression,
-    of the kind `afs.pg.opclasses.choose` picks for all the operators the query applies to it.
+    of the kind `afs.query.opclasses.choose` picks for all the operators the query applies to it.
     The terms the other rules read (jsonb and array tests, LIKE) are theirs."""
     info = ev.table(table)
     if info is None or not ev.catalog_read:

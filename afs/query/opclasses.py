@@ -24,7 +24,7 @@ extensions and of the trusted ones that could be created). Among them:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -34,6 +34,7 @@ from pglast.enums import A_Expr_Kind, BoolExprType
 from pglast.stream import RawStream
 
 from afs.models import OperatorSupport
+from afs.query.text import walk
 
 # the order of preference of the access methods (module docstring); others come after them
 METHOD_ORDER: Final = ("btree", "gin", "gist", "spgist", "hash")
@@ -176,26 +177,12 @@ class WhereTerm:
     shown: str  # the term as written
 
 
-def _nodes(tree: Any) -> Iterator[Any]:
-    """Every node under `tree`, without recursing (afs.query.text.walk, which this room cannot
-    import)."""
-    pending = [tree]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, pg_ast.Node):
-            yield value
-            slots: Any = getattr(type(value), "__slots__")  # noqa: B009 - the stubs do not declare it
-            pending.extend(getattr(value, name, None) for name in slots)
-        elif isinstance(value, tuple | list):
-            pending.extend(value)
-
-
 def _unqualified(node: Any) -> Any:
     """A copy of an expression with its column references unqualified (an index key names the
     columns of its table alone)."""
     select: Any = pglast.parse_sql(f"SELECT {RawStream()(node)}")[0].stmt
     copy = select.targetList[0].val
-    for ref in _nodes(copy):
+    for ref in walk(copy):
         if isinstance(ref, pg_ast.ColumnRef) and ref.fields and len(ref.fields) > 1:
             ref.fields = ref.fields[-1:]
     return copy
@@ -236,9 +223,9 @@ def _operator_terms(terms: list[Any]) -> tuple[WhereTerm, ...]:
                 or not term.name or len(term.name) != 1 or term.lexpr is None or term.rexpr is None):
             continue
         if any(isinstance(n, pg_ast.ColumnRef | pg_ast.SubLink | pg_ast.ParamRef)
-               for n in _nodes(term.rexpr)):
+               for n in walk(term.rexpr)):
             continue  # not a constant
-        left = list(_nodes(term.lexpr))
+        left = list(walk(term.lexpr))
         refs = [n for n in left if isinstance(n, pg_ast.ColumnRef)]
         if len(refs) != 1 or any(isinstance(n, pg_ast.SubLink | pg_ast.ParamRef) for n in left):
             continue
