@@ -117,7 +117,8 @@ def test_an_index_scan_that_visits_the_heap(db: str) -> None:
     found = bottlenecks(plan(db, query, True, "SET enable_seqscan = off"), True)
     heap = [b for b in found if b.kind == "heap_fetch"]
     assert heap and heap[0].table == "orders" and heap[0].columns == ("status",)
-    assert heap[0].node in ("Index Scan", "Bitmap Heap Scan") and heap[0].share > 0.3
+    # its share is of a measured time (17 % to 60 % seen, by the cache's state): not asserted
+    assert heap[0].node in ("Index Scan", "Bitmap Heap Scan") and 0 < heap[0].share <= 1
 
 
 def test_rows_that_go_out_whole_are_the_result() -> None:
