@@ -105,10 +105,10 @@ async def test_the_monitor_json_and_pages_over_http(nursery: trio.Nursery, setti
 
         assert (await http.get("/v1/audit")).json() == {"entries": []}
         async with open_store(store_db) as store:
-            row = await audit.record(store, task_id=task["id"], action="apply", approver="ann",
-                                     target="postgresql://ann:pw@db/x", tier="online",
-                                     sql=["CREATE INDEX ON orders (user_id)"], result="refused",
-                                     detail="a test row")
+            row = await audit.record(store, audit.AuditEntry(
+                task_id=task["id"], action="apply", approver="ann", target="postgresql://ann:pw@db/x",
+                tier="online", sql=("CREATE INDEX ON orders (user_id)",), result="refused",
+                detail="a test row"))
         entries = (await http.get(f"/v1/audit?task={task['id']}")).json()["entries"]
         assert [(e["id"], e["approver"], e["result"]) for e in entries] == [(row, "ann", "refused")]
         assert "pw" not in entries[0]["target"]
@@ -369,9 +369,10 @@ async def test_a_browser_submits_the_readme_query_and_watches_the_squad(
         sql = report["winner"]["sql_commands"][0]
         batch_id = await seed_batch(store_db, task_id, sql)
         async with open_store(store_db) as store:
-            await audit.record(store, task_id=task_id, action="apply", approver="ann", target="db",
-                               tier="online", sql=[sql], result="applied", detail="in the browser test",
-                               rollback_sql=report["winner"]["rollback_commands"])
+            await audit.record(store, audit.AuditEntry(
+                task_id=task_id, action="apply", approver="ann", target="db", tier="online", sql=(sql,),
+                result="applied", detail="in the browser test",
+                rollback_sql=tuple(report["winner"]["rollback_commands"])))
         await page.goto(f"{url}/batches")
         assert batch_id in await page.wait_for("document.querySelector('table.batches')?.textContent")
         await page.goto(f"{url}/batches/{batch_id}")

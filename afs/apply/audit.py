@@ -7,7 +7,8 @@ with its task id), or a verified index drop ("drop_index": no task, `subject` th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -20,16 +21,36 @@ _COLUMNS = ("id, task_id, action, approver, at, target, tier, sql_commands, resu
             " rollback_sql, verification, kind, subject")
 
 
-async def record(store: Store, *, task_id: str | None, action: str, approver: str, target: str, tier: str,
-                 sql: Sequence[str], result: str, detail: str = "", duration_s: float = 0.0,
-                 rollback_sql: Sequence[str] = (), verification: dict[str, Any] | None = None,
-                 kind: str = "winner", subject: str | None = None) -> int:
+@dataclass(frozen=True)
+class AuditEntry:
+    """What one audit row records: an apply or a rollback (`action`) of a task's winner or of an
+    index drop (`kind`, `subject`), who approved it, where (`target`, scrubbed when stored), the
+    statements and their undo, and how it ended (`result`, `detail`, `duration_s`)."""
+
+    action: str  # "apply" | "rollback"
+    approver: str
+    target: str
+    tier: str
+    sql: tuple[str, ...]
+    result: str  # "applied" | "failed" | "refused" | "rolled_back"
+    task_id: str | None  # None: an index drop (no task)
+    detail: str = ""
+    duration_s: float = 0.0
+    rollback_sql: tuple[str, ...] = ()
+    verification: Mapping[str, Any] | None = None
+    kind: str = "winner"  # "winner" | "drop_index"
+    subject: str | None = None  # the dropped index (kind "drop_index")
+
+
+async def record(store: Store, entry: AuditEntry) -> int:
+    """Add the entry to the audit log; its row id."""
     row_id: int = await store.conn.fetchval(
         "INSERT INTO afs_store.audit (task_id, action, approver, target, tier, sql_commands, result, detail,"
         " duration_s, rollback_sql, verification, kind, subject)"
         " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-        (task_id, action, approver, scrub(target), tier, Jsonb(list(sql)), result, scrub(detail), duration_s,
-         Jsonb(list(rollback_sql)), Jsonb(verification or {}), kind, subject))
+        (entry.task_id, entry.action, entry.approver, scrub(entry.target), entry.tier, Jsonb(list(entry.sql)),
+         entry.result, scrub(entry.detail), entry.duration_s, Jsonb(list(entry.rollback_sql)),
+         Jsonb(dict(entry.verification or {})), entry.kind, entry.subject))
     return row_id
 
 

@@ -24,7 +24,7 @@ rollback of an applied drop and checks the index is back and valid.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
@@ -212,25 +212,24 @@ async def apply_drop(store: Store, plan: DropPlan, target_dsn: str, approver: st
     """Drop the approved index; every outcome (applied, failed, refused) is audited."""
     if not approver.strip():
         raise InputError("an approver is needed (--approver NAME)")
-    common: dict[str, Any] = {"task_id": None, "kind": KIND, "subject": plan.index, "approver": approver,
-                              "target": target_dsn, "tier": "T2", "sql": [plan.sql],
-                              "rollback_sql": [plan.rollback]}
+    refused = audit.AuditEntry(task_id=None, kind=KIND, subject=plan.index, action="apply", approver=approver,
+                               target=target_dsn, tier="T2", sql=(plan.sql,), rollback_sql=(plan.rollback,),
+                               result="refused")
     try:
         outcome = await run_drop(plan, target_dsn, progress)
     except InputError as exc:
-        await audit.record(store, action="apply", result="refused", detail=str(exc), **common)
+        await audit.record(store, replace(refused, detail=str(exc)))
         raise
     except AfsError as exc:
-        await audit.record(store, action="apply", result="failed", detail=str(exc), **common)
+        await audit.record(store, replace(refused, result="failed", detail=str(exc)))
         raise
     except trio.Cancelled:
         with trio.CancelScope(shield=True):
-            await audit.record(store, action="apply", result="failed", detail="interrupted", **common)
+            await audit.record(store, replace(refused, result="failed", detail="interrupted"))
         raise
-    row_id = await audit.record(store, action="apply", result=outcome.result, detail=outcome.detail,
-                                duration_s=outcome.duration_s,
-                                verification={"definition": plan.definition, "why": plan.kind,
-                                              "reason": plan.reason}, **common)
+    row_id = await audit.record(store, replace(
+        refused, result=outcome.result, detail=outcome.detail, duration_s=outcome.duration_s,
+        verification={"definition": plan.definition, "why": plan.kind, "reason": plan.reason}))
     row = await audit.entry(store, row_id)
     assert row is not None
     return row
@@ -267,10 +266,10 @@ async def rollback_drop(store: Store, row_id: int, target_dsn: str, approver: st
             outcome.detail += f"; but {row['subject']} is {'not valid' if valid is False else 'missing'}"
         else:
             outcome.detail += f"; {row['subject']} is back and valid"
-    new_id = await audit.record(store, task_id=None, kind=KIND, subject=row["subject"], action="rollback",
-                                approver=approver, target=target_dsn, tier=row["tier"],
-                                sql=outcome.executed or statements, result=outcome.result,
-                                detail=outcome.detail, duration_s=outcome.duration_s)
+    new_id = await audit.record(store, audit.AuditEntry(
+        task_id=None, kind=KIND, subject=row["subject"], action="rollback", approver=approver,
+        target=target_dsn, tier=row["tier"], sql=tuple(outcome.executed or statements), result=outcome.result,
+        detail=outcome.detail, duration_s=outcome.duration_s))
     entry = await audit.entry(store, new_id)
     assert entry is not None
     return entry

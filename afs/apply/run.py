@@ -10,6 +10,7 @@ run only what was approved, and record every attempt in the audit log.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -53,9 +54,10 @@ async def prepare_apply(store: Store, plan: ApplyPlan, target_dsn: str, approver
         await not_applied(store, plan.task_id)
         return await prepare(plan, target_dsn)
     except InputError as exc:
-        await audit.record(store, task_id=plan.task_id, action="apply", approver=approver, target=target_dsn,
-                           tier=plan.tier, sql=[s.sql for s in plan.steps], result="refused", detail=str(exc),
-                           rollback_sql=plan.rollback)
+        await audit.record(store, audit.AuditEntry(
+            task_id=plan.task_id, action="apply", approver=approver, target=target_dsn, tier=plan.tier,
+            sql=tuple(s.sql for s in plan.steps), result="refused", detail=str(exc),
+            rollback_sql=plan.rollback))
         raise
 
 
@@ -68,8 +70,9 @@ async def apply_winner(store: Store, plan: ApplyPlan, target_dsn: str, approver:
     """
     if not approver.strip():
         raise InputError("an approver is needed (--approver NAME)")
-    common = {"task_id": plan.task_id, "approver": approver, "target": target_dsn, "tier": plan.tier,
-              "sql": [s.sql for s in plan.steps], "rollback_sql": list(plan.rollback)}
+    refused = audit.AuditEntry(task_id=plan.task_id, action="apply", approver=approver, target=target_dsn,
+                               tier=plan.tier, sql=tuple(s.sql for s in plan.steps),
+                               rollback_sql=plan.rollback, result="refused")
     try:
         if not plan.applicable:
             raise InputError(f"the winner of task {plan.task_id} is {plan.kind} ({plan.tier}): "
@@ -78,22 +81,20 @@ async def apply_winner(store: Store, plan: ApplyPlan, target_dsn: str, approver:
         pre = await verdict.snapshot(target_dsn, plan)  # pg_stat_statements before the build
         outcome = await apply_plan(plan, target_dsn, plan.verify_query, progress)
     except InputError as exc:
-        await audit.record(store, action="apply", result="refused", detail=str(exc), **common)  # type: ignore[arg-type]
+        await audit.record(store, replace(refused, detail=str(exc)))
         raise
     except AfsError as exc:  # the target failed (connection, a statement): nothing is left applied
-        await audit.record(store, action="apply", result="failed", detail=str(exc), **common)  # type: ignore[arg-type]
+        await audit.record(store, replace(refused, result="failed", detail=str(exc)))
         raise
     except trio.Cancelled:
         with trio.CancelScope(shield=True):
-            await audit.record(store, action="apply", result="failed", detail="interrupted: rolled back",
-                               **common)  # type: ignore[arg-type]
+            await audit.record(store, replace(refused, result="failed", detail="interrupted: rolled back"))
         raise
-    common |= {"sql": outcome.planned, "rollback_sql": outcome.rollback}  # as run on this target
     if outcome.result == "applied":  # what a later `afs audit --check` compares (afs.apply.verdict)
         outcome.verification["promise"] = await verdict.promise_at_apply(target_dsn, plan, pre)
-    row_id = await audit.record(store, action="apply", result=outcome.result, detail=outcome.detail,
-                                duration_s=outcome.duration_s, verification=outcome.verification,
-                                **common)  # type: ignore[arg-type]
+    row_id = await audit.record(store, replace(  # the statements as run on this target
+        refused, sql=tuple(outcome.planned), rollback_sql=tuple(outcome.rollback), result=outcome.result,
+        detail=outcome.detail, duration_s=outcome.duration_s, verification=outcome.verification))
     return (await audit.entries(store, plan.task_id, limit=1))[0] | {"id": row_id}
 
 
@@ -109,7 +110,8 @@ async def rollback_task(store: Store, task_id: str, target_dsn: str, approver: s
                          f"{scrub(target_dsn)}: a rollback runs where the apply ran")
     statements = list(previous["rollback_sql"])
     outcome = await run_rollback(statements, target_dsn, progress)
-    await audit.record(store, task_id=task_id, action="rollback", approver=approver, target=target_dsn,
-                       tier=previous["tier"], sql=outcome.executed or statements, result=outcome.result,
-                       detail=outcome.detail, duration_s=outcome.duration_s)
+    await audit.record(store, audit.AuditEntry(
+        task_id=task_id, action="rollback", approver=approver, target=target_dsn, tier=previous["tier"],
+        sql=tuple(outcome.executed or statements), result=outcome.result, detail=outcome.detail,
+        duration_s=outcome.duration_s))
     return (await audit.entries(store, task_id, limit=1))[0]

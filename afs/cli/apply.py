@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -72,11 +73,10 @@ async def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
             return EXIT_OK
         approver = await _approve(args, f"apply {len(plan.steps)} statement(s) to {scrub(target)}?")
         if approver is None:
-            await apply_audit.record(store, task_id=plan.task_id, action="apply",
-                                     approver=args.approver or "-", target=target, tier=plan.tier,
-                                     sql=[s.sql for s in plan.steps],
-                                     result="refused", detail="not approved at the terminal",
-                                     rollback_sql=plan.rollback)
+            await apply_audit.record(store, apply_audit.AuditEntry(
+                task_id=plan.task_id, action="apply", approver=args.approver or "-", target=target,
+                tier=plan.tier, sql=tuple(s.sql for s in plan.steps), result="refused",
+                detail="not approved at the terminal", rollback_sql=plan.rollback))
             emit(args, {"plan": plan.public(), "applied": False}, "not applied: not approved")
             return EXIT_FAILED
         row = await apply_winner(store, plan, target, approver, progress)
@@ -128,9 +128,9 @@ async def _apply_drop(args: argparse.Namespace, settings: Settings) -> int:
 
     dsn = args.dsn if args.dsn is not None else settings.target_dsn
     target = dsn if dsn is not None else dsn_for(settings, settings.demo_database)
-    refused = {"task_id": None, "kind": "drop_index", "subject": args.drop_index, "action": "apply",
-               "approver": args.approver or "-", "target": target, "tier": "T2",
-               "sql": [f"DROP INDEX CONCURRENTLY {args.drop_index}"], "result": "refused"}
+    refused = apply_audit.AuditEntry(task_id=None, kind="drop_index", subject=args.drop_index, action="apply",
+                                     approver=args.approver or "-", target=target, tier="T2",
+                                     sql=(f"DROP INDEX CONCURRENTLY {args.drop_index}",), result="refused")
     await start_sandbox(SandboxServer(settings))
     async with open_task_store(settings) as store:
         async with sandbox_stop_reported(settings), open_forks(settings) as forks:
@@ -140,7 +140,7 @@ async def _apply_drop(args: argparse.Namespace, settings: Settings) -> int:
                 try:  # here: an error that crosses the fork client's nursery comes out in a group
                     plan = await plan_drop(conn, forks, source, settings, args.drop_index, progress=progress)
                 except InputError as exc:  # refused: audited, nothing touched
-                    await apply_audit.record(store, detail=str(exc), **refused)
+                    await apply_audit.record(store, replace(refused, detail=str(exc)))
                     raise
         progress_done()
         if not args.json:
@@ -148,9 +148,9 @@ async def _apply_drop(args: argparse.Namespace, settings: Settings) -> int:
             print(f"target: {scrub(target)}")
         approver = await _approve(args, f"drop index {plan.index} on {scrub(target)}?")
         if approver is None:
-            await apply_audit.record(store, detail="not approved at the terminal",
-                                     **(refused | {"subject": plan.index, "sql": [plan.sql],
-                                                   "rollback_sql": [plan.rollback]}))
+            await apply_audit.record(store, replace(
+                refused, detail="not approved at the terminal", subject=plan.index, sql=(plan.sql,),
+                rollback_sql=(plan.rollback,)))
             emit(args, {"plan": plan.public(), "applied": False}, "not applied: not approved")
             return EXIT_FAILED
         row = await apply_drop(store, plan, target, approver, progress)
