@@ -39,6 +39,7 @@ from afs.bench import (
     TaskMeasurements,
     benchmark,
     measure_before,
+    past_timeout_check,
     planner_cost,
     result_of,
     undo,
@@ -341,8 +342,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                     shared.slow_family.update(slow_originals(timed, outcome))
                     # still with the proposal in place: check its rows for the members skipped
                     exact = all(v.exact for v in (*suite[:1], *(candidate_suite or ())[:1]))
-                    return with_known_slow(outcome, await _result_checks(conn, known, shared.slow_family,
-                                                                         exact))
+                    return with_known_slow(outcome, await _result_checks(
+                        conn, known, shared.slow_family, exact, job.measuring.statement_timeout_ms))
 
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
@@ -683,12 +684,21 @@ class _Loop:
                 why = result.note if result is not None else "the fork's state is unknown after it"
                 self.steps.append(LoopStep(n, extended, motive, None, False, f"not measured: {why}"))
                 return self._stop(f"step {n} could not be measured")
-            kept = result.benchmark.equivalent and not result.benchmark.answer_cache and beats(previous, new)
+            # a step may not add a problem with other values (slower for one) the step before had not
+            family = result.benchmark.family_problem if not result.benchmark.answer_cache else None
+            if current is not None and current.benchmark is not None and current.benchmark.family_problem:
+                family = None
+            kept = (result.benchmark.equivalent and not result.benchmark.answer_cache and not family
+                    and beats(previous, new))
             if not kept:
                 cache = result.benchmark.answer_cache
                 than = f"step {n - 1}" if current is not None else "the query as given"
-                why = ("it changes the query's results" if not result.benchmark.equivalent
+                unproven = next((f"{c.note} ({c.label})" for c in result.benchmark.parameter_checks
+                                 if c.note.startswith("not proven")), None)
+                why = (unproven if unproven
+                       else "it changes the query's results" if not result.benchmark.equivalent
                        else f"an answer cache: {cache}" if cache
+                       else f"for other values: {family}" if family
                        else f"not faster than {than} beyond the noise ({fmt_ms(previous.median_ms)} → "
                             f"{fmt_ms(new.median_ms)})")
                 self.steps.append(LoopStep(n, extended, motive, new.median_ms, False, why))
@@ -932,7 +942,8 @@ def _best(state: _Progress) -> AgentOutcome:
     if best.benchmark.answer_cache:
         return state.outcome("rejected", f"not an optimization: {best.benchmark.answer_cache}",
                              best.benchmark)
-    unproven = [m.note for m in best.benchmark.measurements if m.note.startswith("not proven")]
+    unproven = [m.note for m in best.benchmark.measurements if m.note.startswith("not proven")] + [
+        f"{c.note} ({c.label})" for c in best.benchmark.parameter_checks if c.note.startswith("not proven")]
     if unproven:
         return state.outcome("rejected", f"the rewrite is {unproven[0]}", best.benchmark)
     if not best.benchmark.equivalent:
@@ -996,7 +1007,7 @@ def with_known_slow(outcome: BenchmarkOutcome, checks: Sequence[ParameterCheck])
 
 
 async def _result_checks(conn: Connection, known: Sequence[FamilyQuery], readable: Mapping[str, bool],
-                         exact: bool) -> tuple[ParameterCheck, ...]:
+                         exact: bool, timeout_ms: int) -> tuple[ParameterCheck, ...]:
     """Rows of the original and of the proposal's query (in place) for members whose original
     is known to run past the statement timeout: compared, not timed (timing the original would
     only wait for the timeout again). Rows are read in whatever plan is fastest now."""
@@ -1010,9 +1021,15 @@ async def _result_checks(conn: Connection, known: Sequence[FamilyQuery], readabl
             continue
         try:
             before = await result_of(conn, QueryVariant("baseline", member.baseline_sql, False, exact), False)
-            after = await result_of(conn, QueryVariant("baseline", member.candidate_sql, False, exact), False)
         except StatementTimeout:
             checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False, note=unchecked))
+            continue
+        try:
+            after = await result_of(conn, QueryVariant("baseline", member.candidate_sql, False, exact), False)
+        except StatementTimeout:  # costs this value (not proven faster), a rewrite stays unproven
+            checks.append(past_timeout_check(
+                member.label, rewrite=member.candidate_sql != member.baseline_sql,
+                statement_timeout_ms=timeout_ms, original_finished=False, rows=before.rows))
             continue
         equivalent = before.rows == after.rows and (not exact or before.checksum == after.checksum)
         differ = "" if equivalent else f"; results differ: {before.rows} rows before, {after.rows} after"

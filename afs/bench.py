@@ -733,6 +733,35 @@ def _pristine_baseline(proposal: OptimizationProposal, hidden: tuple[str, ...] |
     return not proposal.sql_commands
 
 
+PAST_TIMEOUT = "the proposal's query exceeds the statement timeout for these values"
+
+
+def past_timeout_check(label: str, *, rewrite: bool, statement_timeout_ms: int, original_finished: bool,
+                       rows: int = 0, baseline: Timing | None = None, equivalent: bool | None = None,
+                       differ: str = "") -> ParameterCheck:
+    """The check of one other parameter value where the proposal's query (its rows or its
+    timing) ran past the statement timeout: the value costs the design, the step does not fail.
+
+    Its time counts as at least the timeout (a lower bound); it is slower than the original
+    when the original finished within the timeout (`original_finished`), else not proven
+    faster. Its rows: `equivalent` when they were compared; else (None) a rewrite stays
+    unproven (not equivalent: it can never win), while an index or a setting runs the same
+    query, whose rows do not depend on the plan.
+    """
+    ms = float(statement_timeout_ms)
+    cost = Timing(median_ms=ms, spread_ms=0.0, runs=1, buffers=0, lower_bound=True, min_ms=ms, max_ms=ms)
+    if equivalent is not None:
+        note = f"not timed: {PAST_TIMEOUT}" + differ
+    elif rewrite:
+        equivalent = False
+        note = f"not proven: {PAST_TIMEOUT}, so its rows cannot be compared with the original's"
+    else:
+        equivalent = True
+        note = f"rows not read: {PAST_TIMEOUT} (the same query: its rows do not depend on the plan)"
+    return ParameterCheck(label=label, equivalent=equivalent, slower=original_finished, baseline=baseline,
+                          optimized=cost, rows=rows, note=note)
+
+
 def _slow_note(sample: Sample, finished: bool, statement_timeout_ms: int) -> str:
     """How the baseline of a query past the statement timeout was measured."""
     seconds = f"{sample.ms / 1000:.3g}"
@@ -1004,7 +1033,16 @@ async def benchmark(
                                               " for these values"))
             continue
         other = QueryVariant("baseline", member.candidate_sql, family_ordered, family_exact)
-        after = await checked(other, family_ordered, unchanged_after)
+        known_before = family_before.get(member.label) or (
+            memo.baselines.get(member.baseline_sql) if memo is not None else None)
+        try:
+            after = await checked(other, family_ordered, unchanged_after)
+        except StatementTimeout:  # costs this value; the design's other figures stand
+            checks.append(past_timeout_check(
+                member.label, rewrite=member.candidate_sql != member.baseline_sql,
+                statement_timeout_ms=statement_timeout_ms, original_finished=True, rows=member_before.rows,
+                baseline=timing(known_before) if known_before else None))
+            continue
         equivalent = (member_before.rows == after.rows
                       and (not family_exact or member_before.checksum == after.checksum))
         try:
@@ -1021,7 +1059,14 @@ async def benchmark(
                 await sides.candidate(member.candidate_sql)
                 slow_side, slower = "the original", False
             except StatementTimeout:
-                slow_side, slower = "the proposal's query", True
+                differ = ("" if equivalent else f"; results differ: {member_before.rows} rows before, "
+                          f"{after.rows} after")
+                checks.append(past_timeout_check(
+                    member.label, rewrite=member.candidate_sql != member.baseline_sql,
+                    statement_timeout_ms=statement_timeout_ms, original_finished=True,
+                    rows=member_before.rows, baseline=timing(known_before) if known_before else None,
+                    equivalent=equivalent, differ=differ))
+                continue
             checks.append(ParameterCheck(
                 label=member.label, equivalent=equivalent, slower=slower, rows=member_before.rows,
                 note=f"not timed: {slow_side} exceeds the statement timeout for these values"
