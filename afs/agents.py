@@ -88,7 +88,7 @@ from afs.models import (
     ValidationResult,
 )
 from afs.params.family import ParameterSet, apply_parameters, baked_literals, parameter_sets, stored_rows
-from afs.pg.bottleneck import bottlenecks
+from afs.pg.bottleneck import Bottleneck, bottlenecks
 from afs.pg.names import quote_literal
 from afs.pg.plan import fmt_ms, plan_of
 from afs.query.query import Query
@@ -101,6 +101,7 @@ AS_FAST_MS = 0.3  # … or one within 0.3 ms of its time (below that, timings ar
 LOOP_SHARE_OF_TIME_LEFT = 0.5  # the loop takes at most this share of the agent's time left
 LOOP_STARTS = 3  # measured designs the loop tries to extend, the best first
 LOOP_CLEAR_RATIO = 1.5  # a step this many times faster that reads fewer buffers gains (`beats`)
+LOOP_ALTERNATIVES = 2  # other bottlenecks a loop step asks about when another agent measures its design
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,11 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             enter("propose")
             t0 = trio.current_time()
             with trio.fail_after(limits.model):
-                proposals = tuple(await brain.propose(agent, ctx, state.analysis))[:job.measuring.candidates]
+                everything = tuple(await brain.propose(agent, ctx, state.analysis))
+            # the designs beyond the screening budget: measured only in a slot whose design
+            # another agent measures, when no screened design is left (the squad searches)
+            screened = job.measuring.candidates
+            proposals, beyond = everything[:screened], list(everything[screened:])
             if not proposals:
                 thinking.cancel_scope.cancel()  # nothing to measure against it
                 events.emit("proposal_submitted", agent=agent, fork=state.fork,
@@ -380,6 +385,23 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                                       baseline_cost=baseline_cost, benchmark=outcome, note=note)
         return tried[rank]
 
+    async def admit_beyond() -> list[int]:
+        """The next design beyond the screening budget that nobody measures, admitted (its rank)."""
+        while beyond:
+            extra = beyond.pop(0)
+            if shared.taken(agent, extra) is not None:
+                continue
+            new_rank = max([*tried, *by_rank], default=0) + 1
+            extra_validation, extra_suite, refused = await _admit(conn, extra)
+            if refused is not None:
+                tried[new_rank] = CandidateResult(extra, "rejected", new_rank, extra_validation, note=refused)
+                continue
+            if extra_validation.rollback_commands:
+                extra = dataclasses.replace(extra, rollback_commands=extra_validation.rollback_commands)
+            by_rank[new_rank] = (extra, extra_validation, extra_suite)
+            return [new_rank]
+        return []
+
     queue = list(chosen)
     deferred: list[int] = []  # designs another agent measures: their measurement is taken last
     while queue and not in_place.unknown:
@@ -395,6 +417,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
         owner = shared.taken(agent, proposal)
         if owner is not None:
             deferred.append(rank)
+            if not spares:
+                spares.extend(await admit_beyond())
             if spares:
                 queue.append(spares.pop(0))
                 events.emit("measurement_pooled", agent=agent, fork=state.fork, rank=rank,
@@ -434,7 +458,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     if _loops(job, brain) and not in_place.unknown:
         assert isinstance(brain, RefiningBrain)
-        loop = _Loop(job, ctx, state, brain, in_place, events, enter, measure_design, tried, by_rank)
+        loop = _Loop(job, ctx, state, brain, in_place, events, enter, measure_design, tried, by_rank,
+                     taken=functools.partial(shared.taken, agent))
         # within its budget, and within half the time the agent has left: what it measured
         # so far must still be reported
         left = trio.current_effective_deadline() - trio.current_time()
@@ -586,6 +611,8 @@ class _Loop:
     measure: MeasureDesign
     tried: dict[int, CandidateResult]
     by_rank: dict[int, tuple[OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None]]
+    # the other agent that measures a design already (TaskMeasurements.taken), if any
+    taken: Callable[[OptimizationProposal], AgentKey | None] = lambda _: None
     steps: list[LoopStep] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)  # of the steps measured
     final: int | None = None  # the rank of the last kept step
@@ -662,6 +689,8 @@ class _Loop:
                 return self._stop("the brain has no next design" + (f" for {top.detail}" if top else ""))
             if any(TaskMeasurements.key(s.proposal) == TaskMeasurements.key(extended) for s in self.steps):
                 return self._stop("the brain's next design was tried already")
+            if self.taken(extended) is not None:  # the squad searches: another bottleneck, if any
+                extended = await self._elsewhere(design, plan, necks, top, extended)
             # the plan node it answers: the bottleneck its rationale names, else the costliest
             motive = next((b.detail for b in necks if b.detail in extended.rationale),
                           top.detail if top else None)
@@ -713,6 +742,30 @@ class _Loop:
             self.events.emit("loop_step", agent=agent, fork=self.state.fork, step=n, rank=rank,
                              motivated_by=motive, median_ms=new.median_ms)
         self._stop(f"{budget.loop_steps} loop steps taken (loop_steps)")
+
+    async def _elsewhere(self, design: OptimizationProposal, plan: Mapping[str, Any],
+                         necks: Sequence[Bottleneck], top: Bottleneck | None,
+                         extended: OptimizationProposal) -> OptimizationProposal:
+        """Another agent measures `extended` already (the same best design, the same
+        bottleneck): the extension for the next bottleneck of the plan that nobody measures
+        (at most LOOP_ALTERNATIVES more questions to the brain), else `extended` itself (its
+        measurement is then shared). The agent that measures it follows the costliest line."""
+        assert self.state.analysis is not None
+        seen = {TaskMeasurements.key(extended), *(TaskMeasurements.key(s.proposal) for s in self.steps)}
+        others = [b for b in necks if b != top and b.kind != "rows_returned"][:LOOP_ALTERNATIVES]
+        for neck in others:
+            other = None
+            with trio.move_on_after(self.job.timeouts.model):
+                other = await self.brain.refine(self.state.agent, self.ctx, self.state.analysis, design,
+                                                plan, neck, tuple(self.steps))
+            if other is None or TaskMeasurements.key(other) in seen:
+                continue
+            seen.add(TaskMeasurements.key(other))
+            if self.taken(other) is None:
+                self.events.emit("loop_steered", agent=self.state.agent, fork=self.state.fork,
+                                 measured_by=self.taken(extended), bottleneck=neck.detail)
+                return other
+        return extended
 
     def record(self) -> None:
         """The chain on the last kept step's result (with the step after it that was not kept)."""
