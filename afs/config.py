@@ -7,7 +7,10 @@ environment wins over the file; the file wins over the defaults below.
 Every default is declared here once, as a named constant or a frozen policy that the rooms
 below take whole: `Timeouts` (per-phase limits), `Measuring` (`Settings.measuring`: runs, stop
 rule, budget, candidates, parameter sets, the long baseline run), `Quantiles` (histogram
-positions of other values), `GeminiSettings`. The process environment is read here
+positions of other values), `ForkLimits` (`Settings.fork_limits`), `RoutingDefaults` (what
+routing_rules.yaml leaves out), `Leasing` (workers' leases and polling), `DemoWorkload`,
+`GeminiSettings`. No `DEFAULT_*` is a default in a signature below this module
+(tests/test_no_defaults_below_config.py). The process environment is read here
 (`load_settings`, `process_environment`); `Settings.environment` keeps it for the model SDK's
 credentials and child processes.
 
@@ -216,6 +219,63 @@ class Measuring:
         if self.adaptive and self.large_effect > 0:
             return max(1, min(self.large_effect_runs, self.min_runs))
         return self.min_runs
+
+
+# a batch fills a statement's `$n` with its own values and as many others as the query family
+# draws (afs.params.fill; afs.batch.job.BatchOptions.sets)
+BATCH_PARAMETER_SETS: Final = 1 + DEFAULT_PARAMETER_SETS
+
+
+@dataclass(frozen=True)
+class ForkLimits:
+    """What a fork may consume, set on its role when it is made (afs.forks.limits), passed whole:
+    `Settings.fork_limits`."""
+
+    temp_file_limit_mb: int = DEFAULT_FORK_TEMP_FILE_LIMIT_MB
+    max_growth_mb: int = DEFAULT_FORK_MAX_GROWTH_MB
+    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
+
+
+@dataclass(frozen=True)
+class RoutingDefaults:
+    """What routing_rules.yaml may leave out (afs.router): the agent a task gets when no rule
+    selects one, and the capacity (an agent with `soft_limit` tasks or more is kept with a note,
+    one with `hard_limit` or more is skipped)."""
+
+    default_agent: str = "gemini25flash"  # an afs.models.AgentKey
+    soft_limit: int = 2
+    hard_limit: int = 3
+
+
+ROUTING_DEFAULTS: Final = RoutingDefaults()
+
+
+@dataclass(frozen=True)
+class Leasing:
+    """How a worker holds the tasks it runs and looks for more (afs.service.worker): its lease on
+    a task, renewed every min(lease_s / 3, 0.5) s (a worker that stops renewing it is taken for
+    dead once it runs out), and how often an idle worker looks at the queue. `afs worker --lease
+    --poll` and `afs serve --lease` over it."""
+
+    lease_s: float = 30.0
+    poll_s: float = 0.5
+
+
+LEASING: Final = Leasing()
+
+
+@dataclass(frozen=True)
+class DemoWorkload:
+    """How the demo shop's workload runs (afs.sandbox.workload): for `duration_s` seconds, from
+    `clients` connections, its values drawn with `seed`. `afs sandbox workload --duration
+    --clients --seed` over it."""
+
+    duration_s: float = 60.0
+    clients: int = 4
+    seed: int = 1
+
+
+DEMO_WORKLOAD: Final = DemoWorkload()
 
 
 TEMPLATE_SUFFIX = "_template"
@@ -526,6 +586,13 @@ class Settings:
             return preferred
         digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
         return Path("/tmp") / f"afs-{digest}"
+
+    @property
+    def fork_limits(self) -> ForkLimits:
+        """What each fork may consume, as these settings say."""
+        return ForkLimits(temp_file_limit_mb=self.fork_temp_file_limit_mb,
+                          max_growth_mb=self.fork_max_growth_mb,
+                          statement_timeout_ms=self.statement_timeout_ms)
 
     @property
     def measuring(self) -> Measuring:

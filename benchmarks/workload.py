@@ -35,7 +35,7 @@ from harness import with_sandbox
 
 from afs.batch.indexes import new_index_write_costs, review_indexes
 from afs.batch.statements import read_counters
-from afs.config import Settings
+from afs.config import DemoWorkload, Settings
 from afs.db import Connection, open_connection
 from afs.sandbox.demo import PLANTED_INDEXES
 from afs.sandbox.forks import open_forks
@@ -107,7 +107,7 @@ async def measure(settings: Settings, server: SandboxServer, args: argparse.Name
     dsn = server.dsn(database)
     planted = await plant_indexes(dsn, server.dsn(), database)
     progress(f"planted: {', '.join(planted) or 'already there'}; the workload runs {args.duration:g} s")
-    ran = await run_workload(dsn, duration_s=args.duration, reset=True, progress=progress)
+    ran = await run_workload(dsn, DemoWorkload(duration_s=args.duration), reset=True, progress=progress)
     async with open_forks(settings) as forks, open_connection(dsn) as target:
         review = await review_indexes(target, forks, database, settings, min_window_s=0, progress=progress)
         protected = {str(r[0]) for r in await target.fetchall(

@@ -35,7 +35,7 @@ import harness
 from harness import with_sandbox
 from pglast import parse_sql
 
-from afs.config import Settings
+from afs.config import DemoWorkload, Settings
 from afs.db import open_connection
 from afs.errors import AfsError
 from afs.sandbox.seeding import ensure_demo
@@ -120,7 +120,7 @@ async def budgeted(settings: Settings, server: SandboxServer, args: argparse.Nam
     dsn = server.dsn(settings.demo_database)
     planted = await plant_indexes(dsn, server.dsn(), settings.demo_database)
     progress(f"planted: {', '.join(planted) or 'already there'}; the workload runs {args.duration:g} s")
-    await run_workload(dsn, duration_s=args.duration, reset=True, progress=progress)
+    await run_workload(dsn, DemoWorkload(duration_s=args.duration), reset=True, progress=progress)
     out = Path(tempfile.mkdtemp(prefix="afs-migration-")) / "migration"
     progress(f"afs batch --max-storage {args.max_storage} --emit {out}")
     code, doc = await afs(settings, "batch", "--provider", "heuristic", "--top", str(args.top), "--runs", "3",

@@ -12,7 +12,7 @@ import pytest
 from afs.batch.fill import fill_statement
 from afs.batch.job import BatchOptions, run_batch
 from afs.batch.statements import read_workload, select_workload, why_not
-from afs.config import Settings
+from afs.config import BATCH_PARAMETER_SETS, Settings
 from afs.db import open_connection
 from afs.errors import InputError
 from afs.forks.provider import LocalForkProvider
@@ -89,9 +89,10 @@ async def test_parameters_are_filled_from_pg_stats_and_the_filled_queries_plan(w
             assert rows, pset.label
             assert pset.values[2].strip("'") in ("new", "paid", "sent")  # a common value of state
         assert len({s.query for s in filled.sets}) == len(filled.sets)
-        bad = await fill_statement(conn, "SELECT id FROM shop_orders WHERE id + $1 = 3")
+        bad = await fill_statement(conn, "SELECT id FROM shop_orders WHERE id + $1 = 3", BATCH_PARAMETER_SETS)
         assert bad.sets == () and bad.reason is not None and "$1" in bad.reason
-        unplanned = await fill_statement(conn, "SELECT id FROM shop_orders WHERE nothing = $1")
+        unplanned = await fill_statement(conn, "SELECT id FROM shop_orders WHERE nothing = $1",
+                                         BATCH_PARAMETER_SETS)
         # the catalog check resolves it before it is planned (afs.target.on_target): either says why
         assert unplanned.sets == () and "GENERIC_PLAN" not in (unplanned.reason or "x") and \
             "nothing" in (unplanned.reason or "") and ("does not plan" in (unplanned.reason or "")
@@ -197,13 +198,14 @@ def test_fill_takes_common_values_for_equalities_and_percentiles_for_ranges() ->
 
 
 def test_fill_says_which_parameter_cannot_be_filled() -> None:
-    assert fill("SELECT id FROM t WHERE other = $1", {"t": _table()}).reason == \
+    assert fill("SELECT id FROM t WHERE other = $1", {"t": _table()}, BATCH_PARAMETER_SETS).reason == \
         "$1: cannot tell which table's column other it is"
     no_stats = TableInfo(name="u", rows=1, size_mb=0, columns=(ColumnInfo("v", "text"),), indexes=())
-    assert "u.v has no statistics" in (fill("SELECT v FROM u WHERE v = $1", {"u": no_stats}).reason or "")
-    reason = fill("SELECT id FROM t WHERE lower(kind) = $1", {"t": _table()}).reason
+    reason = fill("SELECT v FROM u WHERE v = $1", {"u": no_stats}, BATCH_PARAMETER_SETS).reason
+    assert "u.v has no statistics" in (reason or "")
+    reason = fill("SELECT id FROM t WHERE lower(kind) = $1", {"t": _table()}, BATCH_PARAMETER_SETS).reason
     assert reason is not None and "$1" in reason and "not a column" in reason
-    reason = fill("SELECT id FROM t WHERE coalesce($1, 0) > 3", {"t": _table()}).reason
+    reason = fill("SELECT id FROM t WHERE coalesce($1, 0) > 3", {"t": _table()}, BATCH_PARAMETER_SETS).reason
     assert reason is not None and "$1" in reason
 
 

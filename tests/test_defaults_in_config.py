@@ -19,10 +19,12 @@ import pytest
 import afs
 import afs.errors
 from afs.agents import AgentJob
+from afs.batch.job import BatchOptions
 from afs.bench import StopRule, TaskMeasurements
 from afs.brains import Squad, StrategistBrain
 from afs.config import (
     ADMIN_STATEMENT_TIMEOUT_MS,
+    BATCH_PARAMETER_SETS,
     DEFAULT_PARAMETER_SETS,
     PARAMETER_QUANTILES,
     Measuring,
@@ -82,14 +84,14 @@ def test_no_default_is_declared_again_below_config(module: str) -> None:
 
 
 def test_the_parameter_sets_have_one_source() -> None:
-    """2 other sets in the query family, the statement's own and 2 others in a batch."""
-    assert family.DEFAULT_COUNT == DEFAULT_PARAMETER_SETS
-    assert fill.DEFAULT_SETS == 1 + DEFAULT_PARAMETER_SETS
-    for module, name in ((family, "DEFAULT_COUNT"), (fill, "DEFAULT_SETS")):
-        tree = ast.parse(Path(module.__file__ or "").read_text())
-        (value,) = [n.value for n in tree.body if isinstance(n, ast.Assign)
-                    and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
-        assert "DEFAULT_PARAMETER_SETS" in _names(value), f"{module.__name__}.{name} is a literal"
+    """2 other sets in the query family, the statement's own and 2 others in a batch: both
+    counts are their callers' (the family's from `Measuring.parameter_sets`, a batch's from
+    BATCH_PARAMETER_SETS), neither a default of the pure functions."""
+    assert Measuring().parameter_sets == DEFAULT_PARAMETER_SETS
+    assert BATCH_PARAMETER_SETS == 1 + DEFAULT_PARAMETER_SETS
+    assert BatchOptions().sets == BATCH_PARAMETER_SETS
+    for function in (family.parameter_sets, fill.fill):
+        assert inspect.signature(function).parameters["count"].default is inspect.Parameter.empty
 
 
 def test_the_histogram_positions_of_other_values_have_one_source() -> None:

@@ -155,9 +155,9 @@ def test_limit_select_list_and_function_arguments_are_left_alone() -> None:
     assert applied == query.replace("'paid'", "'completed'")  # the rest kept as written
     # no filter literal at all
     no_filter = "SELECT date_trunc('month', created_at), 1 FROM orders LIMIT 3"
-    assert parameter_sets(Query.read(no_filter), TABLES) == ()
+    assert parameter_sets(Query.read(no_filter), TABLES, 2) == ()
     join_only = "SELECT count(*) FROM orders o JOIN users u ON u.id = o.user_id"
-    assert parameter_sets(Query.read(join_only), TABLES) == ()
+    assert parameter_sets(Query.read(join_only), TABLES, 2) == ()
 
 
 def test_like_takes_the_start_of_another_value() -> None:
@@ -257,7 +257,7 @@ def test_a_number_without_statistics_is_scaled_a_string_is_not() -> None:
 
 def test_bad_input() -> None:
     with pytest.raises(InputError):
-        parameter_sets(Query.read("DELETE FROM orders WHERE status = 'paid'"), TABLES)
+        parameter_sets(Query.read("DELETE FROM orders WHERE status = 'paid'"), TABLES, 2)
     bad = ParameterSet("injection", (Substitution(None, "5", "5; DROP TABLE orders"),))
     with pytest.raises(InputError, match="not a literal"):
         apply_parameters("SELECT 1 FROM orders HAVING count(*) > 5", bad)

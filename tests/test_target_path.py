@@ -27,7 +27,7 @@ from afs.apply import apply_winner, audit, load_plan
 from afs.apply.target import prepare as apply_prepare
 from afs.batch.fill import fill_statement
 from afs.batch.job import BatchOptions, run_batch
-from afs.config import Settings
+from afs.config import BATCH_PARAMETER_SETS, Settings
 from afs.db import open_connection
 from afs.errors import DatabaseError, InputError, UnsafeSqlError
 from afs.models import (
@@ -178,7 +178,7 @@ async def test_filling_a_planted_statement_refuses_it_before_any_plan(planted: T
     async with open_connection(planted.dsn) as conn:
         for query in ("SELECT id FROM orders WHERE user_id = public.bump() AND id > $1",
                       "SELECT id FROM orders WHERE user_id = public.bump()"):
-            filled = await fill_statement(conn, query)
+            filled = await fill_statement(conn, query, BATCH_PARAMETER_SETS)
             assert filled.sets == () and filled.reason and "not built in" in filled.reason
     assert planted.untouched(sandbox)
 

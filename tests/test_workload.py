@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from afs.batch.statements import read_workload
-from afs.config import Settings
+from afs.config import DemoWorkload, Settings
 from afs.db import open_connection
 from afs.errors import InputError
 from afs.sandbox.server import SandboxServer
@@ -49,7 +49,7 @@ async def test_a_short_workload_fills_pg_stat_statements_and_the_slow_shapes_ran
     with psycopg.connect(dsn) as conn:
         before = conn.execute("SELECT count(*), sum(total_amount) FROM orders").fetchone()
     lines: list[str] = []
-    report = await run_workload(dsn, duration_s=3, clients=3, seed=7, progress=lines.append)
+    report = await run_workload(dsn, DemoWorkload(duration_s=3, clients=3, seed=7), progress=lines.append)
     assert report.errors == 0 and report.statements > 0 and not report.interrupted
     assert 2.5 < report.seconds < 30
     assert lines and all("statements" in line and "/s" in line for line in lines)  # once a second
@@ -79,9 +79,9 @@ async def test_a_short_workload_fills_pg_stat_statements_and_the_slow_shapes_ran
 async def test_the_workload_refuses_bad_options(sandbox: SandboxServer, settings: Settings) -> None:
     dsn = sandbox.dsn(settings.demo_database)
     with pytest.raises(InputError, match="--duration"):
-        await run_workload(dsn, duration_s=0)
+        await run_workload(dsn, DemoWorkload(duration_s=0))
     with pytest.raises(InputError, match="--clients"):
-        await run_workload(dsn, duration_s=1, clients=0)
+        await run_workload(dsn, DemoWorkload(duration_s=1, clients=0))
 
 
 def test_ids_are_skewed_like_the_demo_data_and_the_mix_is_mostly_fast() -> None:

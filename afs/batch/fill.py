@@ -20,7 +20,7 @@ from afs.batch.statements import relations
 from afs.db import Connection
 from afs.errors import DatabaseError, InputError, UnsafeSqlError
 from afs.models import TableInfo
-from afs.params.fill import DEFAULT_SETS, Filled, fill, typed_parameters
+from afs.params.fill import Filled, fill, typed_parameters
 from afs.target import check_on_target, generic_plan, on_target, plan_only
 
 
@@ -38,7 +38,7 @@ async def read_tables(conn: Connection, query: str) -> dict[str, TableInfo]:
     return tables
 
 
-async def fill_statement(conn: Connection, query: str, count: int = DEFAULT_SETS) -> Filled:
+async def fill_statement(conn: Connection, query: str, count: int) -> Filled:
     """Screen (the target's checks, then EXPLAIN (GENERIC_PLAN)), fill from pg_stats, EXPLAIN
     each filled query; every plan through `afs.target.on_target`. A statement the checks
     refuse is a Filled with the reason, never planned."""

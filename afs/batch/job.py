@@ -42,13 +42,12 @@ from afs.batch.statements import (
     select_workload,
     workload_of,
 )
-from afs.config import Settings
+from afs.config import BATCH_PARAMETER_SETS, Settings
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, InputError, ServiceError
 from afs.events import Sink
 from afs.models import StatementParameters, TaskResult
 from afs.optimize import new_task_id
-from afs.params.fill import DEFAULT_SETS
 from afs.sandbox.importer import origin_of
 from afs.service.client import ServiceClient
 from afs.service.runner import Runtime, run_task
@@ -68,7 +67,7 @@ class BatchOptions:
     provider: str = "auto"
     runs: int = 5
     recent_days: float = 7.0
-    sets: int = DEFAULT_SETS
+    sets: int = BATCH_PARAMETER_SETS
     since: str | None = None  # --since as given: a duration (24h, 7d) or an ISO timestamp
     max_storage_mb: float | None = None  # --max-storage: one set chosen under it (afs.batch.budget)
     max_spend_usd: float | None = None  # one spending cap for the batch's model calls (--max-spend)

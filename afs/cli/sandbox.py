@@ -20,7 +20,7 @@ import trio
 from afs.cli.commands import DSN_PASSWORDS, add_command, add_top
 from afs.cli.output import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, emit, progress, progress_done
 from afs.cli.shared import start_sandbox
-from afs.config import Settings, parse_cow_size
+from afs.config import DEMO_WORKLOAD, DemoWorkload, Settings, parse_cow_size
 from afs.db import open_connection
 from afs.errors import InputError
 from afs.sandbox.server import SandboxServer
@@ -291,8 +291,8 @@ async def cmd_sandbox_workload(args: argparse.Namespace, settings: Settings) -> 
         progress(f"planted the demo's indexes to review (`afs indexes`): {', '.join(planted)}")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(on_ctrl_c)
-        report = await run_workload(server.dsn(settings.demo_database), duration_s=args.duration,
-                                    clients=args.clients, seed=args.seed, reset=args.reset,
+        plan = DemoWorkload(duration_s=args.duration, clients=args.clients, seed=args.seed)
+        report = await run_workload(server.dsn(settings.demo_database), plan, reset=args.reset,
                                     progress=progress, stop=stop)
         nursery.cancel_scope.cancel()
     progress_done()
@@ -345,11 +345,12 @@ def add_commands(commands: Any) -> None:
         "an aggregate that wants a covering index, a created_at::date cast), and a few writes, each "
         "rolled back so the demo data stays as seeded. Progress each second on stderr, a summary at the "
         "end; Ctrl-C stops early (exit 130, with the summary). Then: `afs batch --top 5`.")
-    workload.add_argument("--duration", type=float, default=60.0, metavar="S",
-                          help="seconds to run (default: 60)")
-    workload.add_argument("--clients", type=int, default=4, metavar="N",
-                          help="concurrent connections (default: 4)")
-    workload.add_argument("--seed", type=int, default=1, help="seed of the values drawn (default: 1)")
+    workload.add_argument("--duration", type=float, default=DEMO_WORKLOAD.duration_s, metavar="S",
+                          help=f"seconds to run (default: {DEMO_WORKLOAD.duration_s:g})")
+    workload.add_argument("--clients", type=int, default=DEMO_WORKLOAD.clients, metavar="N",
+                          help=f"concurrent connections (default: {DEMO_WORKLOAD.clients})")
+    workload.add_argument("--seed", type=int, default=DEMO_WORKLOAD.seed,
+                          help=f"seed of the values drawn (default: {DEMO_WORKLOAD.seed})")
     workload.add_argument("--reset", action="store_true",
                           help="forget the demo database's pg_stat_statements entries first")
     reclaim = sub(sandbox_cmds, "reclaim", "give disk space back: list the copies (imports, the demo "

@@ -65,7 +65,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from afs.config import DEFAULT_PARAMETER_SETS, PARAMETER_QUANTILES
+from afs.config import PARAMETER_QUANTILES
 from afs.errors import InputError
 from afs.models import ColumnStats, ParameterSet, Substitution, TableInfo
 from afs.pg.names import quote_literal
@@ -81,7 +81,6 @@ __all__ = [
     "parameter_sets",
 ]
 
-DEFAULT_COUNT = DEFAULT_PARAMETER_SETS  # parameter sets drawn per query (afs.config)
 # Histogram positions a range or a bound moves to, in order of preference.
 QUANTILES = PARAMETER_QUANTILES.moves  # afs.config
 SCALE_FACTORS = ("0.5", "2", "0.25", "4", "0.1", "10")  # thresholds not tied to a column
@@ -91,9 +90,9 @@ STEPS = (1, -1, 2, -2, 3, -3)  # integer equalities not tied to a column; range 
 # -- public API -----------------------------------------------------------------------
 
 
-def parameter_sets(query: Query, tables: Mapping[str, TableInfo],
-                   count: int = DEFAULT_COUNT) -> tuple[ParameterSet, ...]:
-    """Up to `count` other parameter sets for `query`, each different from the original.
+def parameter_sets(query: Query, tables: Mapping[str, TableInfo], count: int) -> tuple[ParameterSet, ...]:
+    """Up to `count` other parameter sets for `query`, each different from the original
+    (`Measuring.parameter_sets`: the agents pass their settings' policy).
 
     `tables` maps table names as the query uses them to their TableInfo (with the
     pg_stats of the compared columns). Fewer sets only when the query has no filter

@@ -32,7 +32,7 @@ from pglast import ast, enums, parse_sql
 from pglast.parser import ParseError, scan
 from sqlglot import exp
 
-from afs.config import DEFAULT_PARAMETER_SETS, PARAMETER_QUANTILES
+from afs.config import PARAMETER_QUANTILES
 from afs.errors import InputError
 from afs.models import ColumnStats, ParameterSet, StatementParameters, Substitution, TableInfo
 from afs.pg.names import sql_literal
@@ -40,7 +40,6 @@ from afs.pg.stats import common_values, quantile
 from afs.query.query import Query
 from afs.query.text import walk
 
-DEFAULT_SETS = 1 + DEFAULT_PARAMETER_SETS  # the statement's own values, then the others (afs.config)
 LOWER, UPPER = PARAMETER_QUANTILES.lower, PARAMETER_QUANTILES.upper  # afs.config
 LIMIT_VALUE, OFFSET_VALUE = "100", "0"
 _ROLES = {"=": "eq", "<>": "eq", "!=": "eq", ">": "lower", ">=": "lower", "<": "upper", "<=": "upper"}
@@ -243,8 +242,9 @@ def substitute(query: str, values: Mapping[int, str]) -> str:
     return "".join(out)
 
 
-def fill(query: str, tables: Mapping[str, TableInfo], count: int = DEFAULT_SETS) -> Filled:
-    """Up to `count` parameter sets for `query` (pure); a Filled with a reason when it cannot."""
+def fill(query: str, tables: Mapping[str, TableInfo], count: int) -> Filled:
+    """Up to `count` parameter sets for `query` (pure): the statement's own values, then others
+    (a batch's: afs.config.BATCH_PARAMETER_SETS); a Filled with a reason when it cannot."""
     try:
         found = slots(query, tables)
         if not found:

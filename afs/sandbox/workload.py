@@ -1,13 +1,14 @@
 """The demo shop's own workload: something for pg_stat_statements to rank.
 
-    report = await run_workload(dsn, duration_s=60, clients=4, seed=1, progress=print)
+    report = await run_workload(dsn, DemoWorkload(duration_s=60, clients=4, seed=1), progress=print)
 
 `clients` connections run a mix of the shop's statements against the demo
-database for `duration_s` seconds. Every value is a bind parameter (psycopg
-sends them apart from the text), so pg_stat_statements normalises each shape
-to one entry with $1 … $n, as it would for an application. Ids are drawn the
-way the demo data is skewed (`demo.USER_SKEW`: a few customers place most
-orders), so the hot rows are the ones the data makes hot.
+database for `duration_s` seconds (`afs.config.DemoWorkload`, passed whole).
+Every value is a bind parameter (psycopg sends them apart from the text), so
+pg_stat_statements normalises each shape to one entry with $1 … $n, as it
+would for an application. Ids are drawn the way the demo data is skewed
+(`demo.USER_SKEW`: a few customers place most orders), so the hot rows are the
+ones the data makes hot.
 
 The mix (`SHAPES`) is mostly fast OLTP lookups by primary key, plus four
 deliberately slow shapes, each missing what would make it fast:
@@ -42,6 +43,7 @@ import psycopg
 import trio
 from psycopg.types.numeric import Int8
 
+from afs.config import DEMO_WORKLOAD, DemoWorkload
 from afs.db import Connection, open_connection
 from afs.errors import DatabaseError, InputError
 from afs.sandbox.demo import (
@@ -53,9 +55,6 @@ from afs.sandbox.demo import (
     USER_SKEW,
 )
 
-DEFAULT_DURATION_S = 60.0
-DEFAULT_CLIENTS = 4
-DEFAULT_SEED = 1
 STATEMENT_TIMEOUT_MS = 10_000  # a slow shape at a large scale must not hold a client forever
 MAX_ERRORS_IN_A_ROW = 20  # a client that fails this often in a row stops the workload
 PROGRESS_EVERY_S = 1.0
@@ -301,14 +300,15 @@ async def _report_progress(counts: _Counts, started: float, duration_s: float,
         last, last_at = done, now
 
 
-async def run_workload(dsn: str, *, duration_s: float = DEFAULT_DURATION_S,
-                       clients: int = DEFAULT_CLIENTS, seed: int = DEFAULT_SEED,
-                       reset: bool = False, progress: Callable[[str], None] = lambda message: None,
+async def run_workload(dsn: str, plan: DemoWorkload = DEMO_WORKLOAD, *, reset: bool = False,
+                       progress: Callable[[str], None] = lambda message: None,
                        stop: trio.Event | None = None) -> WorkloadReport:
-    """Run the mix for `duration_s` (or until `stop` is set); the summary of what ran.
+    """Run the mix for `plan.duration_s` (or until `stop` is set) from `plan.clients`
+    connections, its values drawn with `plan.seed`; the summary of what ran.
 
     The database's pg_stat_statements entries are reset first with `reset`, and when the
     extension is created now (they hold the demo data's seeding, nobody's workload)."""
+    duration_s, clients, seed = plan.duration_s, plan.clients, plan.seed
     if duration_s <= 0:
         raise InputError(f"--duration must be positive, got {duration_s:g}")
     if clients < 1:
