@@ -11,6 +11,8 @@ to one task:
    more is kept with a note; when every candidate is skipped the decision is `waiting`,
    listing the agents it waits for.
 
+What the file leaves out (`default_agent`, `capacity`) is afs.config.ROUTING_DEFAULTS.
+
 A condition is `{field, operator, value}` or `{all: [...]}` / `{any: [...]}`. Fields:
 `metadata.priority`, `task.type`, `stats.max_table_rows` and `features.<name>` for the
 QueryFeatures fields with plain values (numbers, flags, text, table and alias names).
@@ -26,15 +28,12 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
-from afs.config import safe_yaml
+from afs.config import ROUTING_DEFAULTS, safe_yaml
 from afs.consensus import check_weights
 from afs.errors import InputError, RulesError
 from afs.models import AGENT_PREFERENCE, AGENTS, AgentKey, Priority, QueryFeatures, RoutingDecision, TaskType
 
 RULES_FILE = "routing_rules.yaml"
-DEFAULT_AGENT: AgentKey = "gemini25flash"
-DEFAULT_SOFT_LIMIT = 2
-DEFAULT_HARD_LIMIT = 3
 
 Action = Literal["assign", "include", "ensure"]
 ACTIONS: tuple[Action, ...] = ("assign", "include", "ensure")
@@ -80,13 +79,13 @@ class Rule:
 
 @dataclass(frozen=True)
 class RuleSet:
-    """A validated rules file."""
+    """A validated rules file (what it leaves out: afs.config.ROUTING_DEFAULTS)."""
 
     source: str  # the file, for messages
     rules: tuple[Rule, ...]  # in the order they are applied
-    soft_limit: int = DEFAULT_SOFT_LIMIT
-    hard_limit: int = DEFAULT_HARD_LIMIT
-    default_agent: AgentKey = DEFAULT_AGENT
+    soft_limit: int
+    hard_limit: int
+    default_agent: AgentKey
     weights: Mapping[str, Any] | None = None  # consensus_weights as written; None: the defaults
 
 
@@ -212,7 +211,7 @@ def load_rules(path: Path | None = None) -> RuleSet:
         soft, hard = _capacity(data.get("capacity", {}))
     except _Invalid as exc:
         raise RulesError(f"{source}: {exc}") from None
-    default_agent = data.get("default_agent", DEFAULT_AGENT)
+    default_agent = data.get("default_agent", ROUTING_DEFAULTS.default_agent)
     if default_agent not in AGENTS:
         raise RulesError(f"{source}: default_agent: unknown agent {default_agent!r}"
                          f" (known: {', '.join(AGENTS)})")
@@ -361,7 +360,8 @@ def _capacity(raw: object) -> tuple[int, int]:
     unknown = sorted(str(key) for key in raw if key not in ("soft_limit", "hard_limit"))
     if unknown:
         raise _Invalid(f"capacity: unknown key {unknown[0]!r}")
-    soft, hard = raw.get("soft_limit", DEFAULT_SOFT_LIMIT), raw.get("hard_limit", DEFAULT_HARD_LIMIT)
+    soft = raw.get("soft_limit", ROUTING_DEFAULTS.soft_limit)
+    hard = raw.get("hard_limit", ROUTING_DEFAULTS.hard_limit)
     for key, value in (("soft_limit", soft), ("hard_limit", hard)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise _Invalid(f"capacity: {key} must be a positive integer, got {value!r}")

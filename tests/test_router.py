@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from afs.config import ROUTING_DEFAULTS
 from afs.errors import InputError, RulesError
 from afs.models import RoutingDecision
 from afs.query.features import extract_features
-from afs.router import DEFAULT_AGENT, RULES_FILE, RuleSet, consensus_weights, load_rules, route
+from afs.router import RULES_FILE, RuleSet, consensus_weights, load_rules, route
 
 REPO_RULES = Path(__file__).resolve().parent.parent / RULES_FILE
 ALL = ("gemini25pro", "gemini25flash", "gemini20flash")
@@ -150,7 +151,7 @@ routing_rules:
 
 def test_no_rule_applies_falls_back_to_the_default_agent(tmp_path: Path) -> None:
     rules = load_rules(write(tmp_path, ONLY_INDEX_TASKS))
-    assert rules.default_agent == DEFAULT_AGENT
+    assert rules.default_agent == ROUTING_DEFAULTS.default_agent == "gemini25flash"
     decision = decide(rules)
     assert decision.agents == ("gemini25flash",) and not decision.waiting
     assert decision.rationale == (
