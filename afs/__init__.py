@@ -33,6 +33,7 @@ I/O edges
     sandbox/    the embedded PostgreSQL (pg_ctl), demo data, imports, copy-on-write, workload
     brains/     Brain, Squad; strategists/ (offline rules over one query); gemini/ (the model)
     bench       the measuring loop in a fork
+    replay      statements replayed in a fork with and without some indexes, rolled back
     store/      the task store in PostgreSQL: tasks, events, results, leases
 workflow
     agents      one agent: fork → analyse → propose → validate → benchmark

@@ -30,11 +30,17 @@ Ours on top of the original rules:
   `significant` and its improvement is positive. The proposal is conclusive when the suite's
   "baseline" query (the query as the user wrote it) beats the noise, or when more than half of
   all its measurements do; otherwise it is inconclusive;
-* the write cost of a new index on a write-heavy table: for index types (index, partial_index,
-  composite_index) the risk score loses min(15, 10 × writes_per_read), where writes_per_read is
+* the write cost of a new index, measured where it can be: when the task was given the
+  workload's writes of the indexed tables and their rates (the batch's, afs.replay), the fork
+  replayed them with and without the new indexes (`BenchmarkOutcome.write_cost`), and the risk
+  score loses min(15, 15 × the writes' extra ms a day ÷ the read ms saved a day: the query as
+  given, before − after, × its calls a day), nothing when the cost is within the noise. Else,
+  on a write-heavy table: for index types (index, partial_index, composite_index) the risk
+  score loses min(15, 10 × writes_per_read), where writes_per_read is
   the largest `outcome.writes_per_read` (measured on the source) of the tables the proposal
   indexes, as the validator read them (`afs.safety.creates`; 0 when unknown). It is applied
   after the original risk clamp and clamped to 0–100 again, so it counts in the risk gate too;
+  the rationale says which of the two was used, with its figures;
 * a materialized view is stale until refreshed and each refresh costs its build time, measured
   in the fork (`BenchmarkOutcome.apply_s`): complexity −min(20, 2 per second);
 * performance is scored on the average improvement over the suite AND the other parameter
@@ -103,6 +109,7 @@ from afs.models import (
     OptimizationProposal,
     ScoreBreakdown,
     ValidationResult,
+    WriteCost,
 )
 from afs.safety import Change, creates
 
@@ -261,15 +268,64 @@ RANGES: Mapping[str, tuple[float, float]] = MappingProxyType(
 
 # -- adjustments: (candidate) -> Adjustment | None ------------------------------------------
 def index_write_cost(candidate: Candidate) -> Adjustment | None:
-    """A new index slows every write: risk −min(15, 10 × writes_per_read) for index types."""
+    """A new index slows every write. Measured where it can be (`measured_write_cost`: the
+    workload's writes replayed in the fork, per day, against the read time saved per day);
+    otherwise by the source's ratio: risk −min(15, 10 × writes_per_read) for index types."""
+    measured = measured_write_cost(candidate)
+    if measured is not None:
+        return measured
     writes = candidate.writes_per_read
     if candidate.proposal.proposal_type not in INDEX_TYPES or writes <= 0:
         return None
     penalty = min(WRITE_COST_MAX, WRITE_COST_PER_WRITE_PER_READ * writes)
     return Adjustment(
         "risk", -penalty,
-        f"risk −{_num(penalty)} for the write cost of a new index ({_num(writes)} writes per read)",
+        f"risk −{_num(penalty)} for the write cost of a new index ({_num(writes)} writes per read,"
+        f" the source's ratio: {_unmeasured(candidate.benchmark.write_cost)})",
     )
+
+
+def _unmeasured(cost: WriteCost | None) -> str:
+    """Why a measured write cost was not used (the ratio was)."""
+    if cost is None:
+        return "no write cost measured in the fork"
+    if cost.statements == 0:
+        return "no write replayed in the fork" + (f": {cost.note}" if cost.note else "")
+    return ("the write cost measured in the fork has no rate a day "
+            f"({cost.ms_per_write:.4f} ms a write; the statistics' window is unknown)")
+
+
+def read_ms_saved_per_day(candidate: Candidate) -> float | None:
+    """The query as given, measured before and after, times its observed calls a day (the
+    task's WriteWorkload.reads_per_day); None when either is unknown."""
+    cost, m = candidate.benchmark.write_cost, query_as_given(candidate.benchmark)
+    if cost is None or cost.reads_per_day is None or m is None:
+        return None
+    return (m.baseline.median_ms - m.optimized.median_ms) * cost.reads_per_day
+
+
+def measured_write_cost(candidate: Candidate) -> Adjustment | None:
+    """The write cost measured in the fork, per day at the observed rate, against the read time
+    the proposal saves per day: risk −min(15, 15 × cost ÷ saving) (an index whose writes cost
+    as much as its reads save loses all 15). A cost within the noise (no write's two sides
+    apart) or not above zero deducts nothing, and says so. None when there is no such
+    measurement with both rates (then the ratio decides: `index_write_cost`)."""
+    cost = candidate.benchmark.write_cost
+    saved = read_ms_saved_per_day(candidate)
+    if cost is None or cost.ms_per_day is None or saved is None or cost.statements == 0:
+        return None
+    figures = (f"measured in the fork: {cost.ms_per_write:.4f} ms more per write × "
+               f"{_num(cost.writes_per_day or 0.0)} writes a day = {_num(cost.ms_per_day)} ms a day, against "
+               f"{_num(saved)} ms a day saved on the reads ({_num(cost.reads_per_day or 0.0)} calls a day)")
+    if not cost.significant or cost.ms_per_day <= 0:
+        why = "within the noise" if not cost.significant else "no extra time"
+        return Adjustment("risk", 0.0,
+                          f"no risk deducted for the write cost of a new index ({why}; {figures})")
+    share = cost.ms_per_day / saved if saved > 0 else math.inf
+    penalty = min(WRITE_COST_MAX, WRITE_COST_MAX * share)
+    part = f"{_num(100 * share)} % of the reads' saving" if saved > 0 else "more than the reads save"
+    return Adjustment("risk", -penalty,
+                      f"risk −{_num(penalty)} for the write cost of a new index ({figures}: {part})")
 
 
 def refresh_cost(candidate: Candidate) -> Adjustment | None:

@@ -321,6 +321,29 @@ class ParameterSet:
 
 
 @dataclass(frozen=True)
+class WorkloadWrite:
+    """One INSERT, UPDATE or DELETE of the workload on a table the task's query reads, filled
+    with values (the batch's, `afs.batch.replay`): what a new index's write cost is measured on."""
+
+    statement: str  # $1 … $n, as pg_stat_statements stores it
+    query: str  # filled with `values`: what the fork runs (rolled back)
+    table: str  # the table it writes
+    calls: int  # in the window the statistics cover
+    per_day: float | None  # calls a day at the observed rate (None: the window is unknown)
+    values: tuple[tuple[int, str], ...] = ()  # $n → SQL literal (the fill)
+
+
+@dataclass(frozen=True)
+class WriteWorkload:
+    """What the task's statement shares its tables with: the workload's writes of them and the
+    statement's own observed rate (reads a day), so that a new index's measured write cost can
+    be set against the read time it saves (afs.consensus.index_write_cost)."""
+
+    writes: tuple[WorkloadWrite, ...] = ()
+    reads_per_day: float | None = None  # the statement's calls a day at the observed rate
+
+
+@dataclass(frozen=True)
 class StatementParameters:
     """A task's explicit parameter sets: a normalised statement and the values it was filled
     with. The first set is the query the suite times (the task's query); each proposal is
@@ -328,6 +351,7 @@ class StatementParameters:
 
     statement: str  # $1 … $n, as pg_stat_statements stores it
     sets: tuple[ParameterSet, ...]
+    workload: WriteWorkload | None = None  # the writes of the tables it reads (the batch's; afs.task checks)
 
     @property
     def measured_on(self) -> str:
@@ -365,6 +389,20 @@ class ParameterCheck:
 
 
 @dataclass(frozen=True)
+class WriteCost:
+    """What a proposal's new indexes cost the workload's writes, measured in the fork: each write
+    replayed with the indexes and with them dropped (rolled back), `afs.replay.fork_write_cost`."""
+
+    ms_per_write: float  # extra time per write with the indexes (calls-weighted; may be noise)
+    writes_per_day: float | None  # the replayed writes' calls a day at the observed rate
+    ms_per_day: float | None  # ms_per_write at that rate (None: the rate is unknown)
+    reads_per_day: float | None  # the task's statement's calls a day (WriteWorkload.reads_per_day)
+    significant: bool  # some write's two sides apart beyond the noise (afs.bench.significant)
+    statements: int  # write statements replayed
+    note: str = ""  # what was not replayed, and why
+
+
+@dataclass(frozen=True)
 class BenchmarkOutcome:
     measurements: tuple[Measurement, ...]
     storage_before_mb: float
@@ -374,6 +412,7 @@ class BenchmarkOutcome:
     answer_cache: str | None = None  # why the proposal only serves today's literals, if it does
     apply_s: float = 0.0  # measured time to apply the proposal (an index or view build = its refresh cost)
     baseline_lower_bound: bool = False  # the baseline exceeded the statement timeout: a lower bound
+    write_cost: WriteCost | None = None  # a new index's cost to the workload's writes, when replayed
 
     @property
     def storage_delta_mb(self) -> float:

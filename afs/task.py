@@ -16,6 +16,12 @@ anything is stored, forked or started. (The request itself is afs.optimize.TaskR
         safety    afs.safety.check_query: one read-only SELECT
         features  afs.query.features.extract_features, reading at least one table
 
+    check_workload(workload, tables) -> WriteWorkload   the workload's writes a task is given
+              (StatementParameters.workload, the batch's): at most MAX_WORKLOAD_WRITES, each
+              one INSERT, UPDATE or DELETE of a table the query reads (`check_write`: no WITH,
+              no call the safety check refuses), filled and as normalised, rates finite and
+              not negative. The fork checks the statement it runs again (afs.replay).
+
 CPU-bound: a query at the size limit takes a second or two to read. Trio code calls
 `read_query` in a worker thread (`trio.to_thread.run_sync`), never on the event loop: the
 command line before it starts anything, the service under a CapacityLimiter of its own so
@@ -25,20 +31,29 @@ that parsing never holds up its other routes. The service also bounds the body i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Collection, Mapping
 from typing import get_args
+
+from pglast import ast
 
 from afs.consensus import check_weights
 from afs.errors import InputError
-from afs.models import Priority, Provider, QueryFeatures, TaskType
+from afs.models import Priority, Provider, QueryFeatures, TaskType, WorkloadWrite, WriteWorkload
+from afs.params.fill import substitute, typed_parameters
+from afs.pg.names import relation_key
 from afs.query.features import extract_features
 from afs.query.text import check_input
 from afs.safety import check_query
+from afs.safety.query import _side_effect_problem
+from afs.safety.tree import _parse_one, _Refused
 
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 TASK_TYPES: tuple[str, ...] = get_args(TaskType)
 PROVIDERS: tuple[str, ...] = get_args(Provider)
 MAX_RUNS = 50  # measured runs per suite query and side that a task may ask for
+MAX_WORKLOAD_WRITES = 10  # write statements a task replays for a new index's write cost, at most
+MAX_VALUE_BYTES = 4096  # one filled value of a write ($n → SQL literal), at most
 
 
 def check_choice(value: object, allowed: tuple[str, ...], what: str) -> str:
@@ -108,3 +123,73 @@ def read_query(sql: str) -> tuple[str, QueryFeatures]:
         raise InputError("the query reads no table: there is nothing to optimize")
     return query, features
 
+
+
+def check_write(sql: str, what: str = "the write") -> str:
+    """The table one INSERT, UPDATE or DELETE writes (as the catalog prints it), or InputError:
+    not one such statement, a data-modifying WITH, or a call or name the safety check refuses
+    (a function with side effects, a system relation, another database)."""
+    check_text(sql, what)
+    check_input(sql, allow_parameters=True)
+    try:
+        _, stmt = _parse_one(sql, what="query")
+    except _Refused as exc:
+        raise InputError(f"{what}: {exc.reason}") from None
+    if not isinstance(stmt, (ast.InsertStmt, ast.UpdateStmt, ast.DeleteStmt)) or stmt.relation is None:
+        raise InputError(f"{what}: one INSERT, UPDATE or DELETE, got {type(stmt).__name__}")
+    if stmt.withClause:
+        raise InputError(f"{what}: a write with WITH is not replayed")
+    problem = _side_effect_problem(stmt)
+    if problem:
+        raise InputError(f"{what}: {problem}")
+    rel = stmt.relation
+    return relation_key(*(p for p in (rel.schemaname, rel.relname) if p))
+
+
+def _rate(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+            or value < 0:
+        raise InputError(f"{what}: a finite number of 0 or more, or null, got {value!r}")
+    return float(value)
+
+
+def _bare(table: str) -> str:
+    return table.lower().rsplit(".", 1)[-1].strip('"')
+
+
+def check_workload(workload: WriteWorkload | None, tables: Collection[str]) -> WriteWorkload | None:
+    """The workload's writes a task is given, checked (InputError naming the write otherwise):
+    at most MAX_WORKLOAD_WRITES; each one INSERT, UPDATE or DELETE (`check_write`) of one of
+    `tables` (the query's), its normalised statement and its filled query writing the same
+    table, the statement with its values substituted too; calls and rates not negative."""
+    if workload is None:
+        return None
+    if len(workload.writes) > MAX_WORKLOAD_WRITES:
+        raise InputError(f"workload: at most {MAX_WORKLOAD_WRITES} writes, got {len(workload.writes)}")
+    _rate(workload.reads_per_day, "workload.reads_per_day")
+    read = {_bare(t) for t in tables}
+    for n, write in enumerate(workload.writes, 1):
+        what = f"workload write {n}"
+        if not isinstance(write, WorkloadWrite):
+            raise InputError(f"{what}: expected {{statement, query, table, calls, per_day, values}}")
+        table = check_write(write.query, what)
+        if check_write(write.statement, what) != table:
+            raise InputError(f"{what}: its statement and its filled query write different tables")
+        if _bare(table) not in read:
+            raise InputError(f"{what}: writes {table}, which the query does not read")
+        if not isinstance(write.calls, int) or isinstance(write.calls, bool) or write.calls < 0:
+            raise InputError(f"{what}: calls must be an integer of 0 or more, got {write.calls!r}")
+        _rate(write.per_day, f"{what}: per_day")
+        for number, literal in write.values:
+            if not isinstance(number, int) or number < 1 or not isinstance(literal, str) \
+                    or len(literal.encode("utf-8", "replace")) > MAX_VALUE_BYTES:
+                raise InputError(f"{what}: values are $n → an SQL literal of at most {MAX_VALUE_BYTES} bytes")
+        try:
+            filled = substitute(typed_parameters(write.statement), dict(write.values))
+        except KeyError as exc:
+            raise InputError(f"{what}: its values fill no ${exc.args[0]} of its statement") from None
+        if check_write(filled, what) != table:
+            raise InputError(f"{what}: its statement with its values writes another table")
+    return workload

@@ -17,6 +17,7 @@ from afs.consensus import (
     SCORERS,
     SURVIVOR_GATES,
     WEIGHTS,
+    WRITE_COST_MAX,
     Candidate,
     check_weights,
     clearly_faster,
@@ -25,6 +26,7 @@ from afs.consensus import (
     index_write_cost,
     is_conclusive,
     normalize_ddl,
+    read_ms_saved_per_day,
     refresh_cost,
     score,
     score_complexity,
@@ -44,6 +46,7 @@ from afs.models import (
     SuiteName,
     Timing,
     ValidationResult,
+    WriteCost,
 )
 
 SUITE: tuple[SuiteName, ...] = ("baseline", "limit", "filter", "sort")
@@ -219,8 +222,8 @@ def test_write_cost_reads_the_indexed_table_as_the_validator_does() -> None:
 def test_write_cost_lowers_the_risk_score_and_is_explained() -> None:
     decision = decide([outcome(writes_per_read=0.8, risk="low", rollback=False)])
     assert decision.scores["gemini25pro"].risk == 87
-    assert any("risk −8 for the write cost of a new index (0.8 writes per read)" in line
-               for line in decision.rationale)
+    assert any("risk −8 for the write cost of a new index (0.8 writes per read, the source's ratio:"
+               " no write cost measured in the fork)" in line for line in decision.rationale)
 
 
 def test_write_cost_counts_in_the_risk_gate() -> None:
@@ -756,3 +759,75 @@ def test_a_capped_baseline_is_said_to_be_a_lower_bound_in_numbers() -> None:
     capped = outcome(measurements=sampled((8.1, 8.2, 8.4), before=(60_000.0,), lower_bound=True))
     first = decide([capped]).rationale[0]
     assert "the query as given ≥ 60 s (lower bound) → 8.2 ms (≥ 7,317×)" in first, first
+
+
+# -- the write cost measured in the fork (BenchmarkOutcome.write_cost), else the ratio ------------
+# the factory's query as given: 1000 ms → 50 ms (95 % faster), so 950 ms saved per call
+SAVED_MS = 950.0
+
+
+def cost(ms_per_day: float | None, *, reads_per_day: float | None = 100.0, significant: bool = True,
+         statements: int = 2, writes_per_day: float | None = 5000.0) -> WriteCost:
+    per_write = 0.0 if ms_per_day is None or not writes_per_day else ms_per_day / writes_per_day
+    return WriteCost(ms_per_write=per_write, writes_per_day=writes_per_day, ms_per_day=ms_per_day,
+                     reads_per_day=reads_per_day, significant=significant, statements=statements)
+
+
+def with_cost(write_cost: WriteCost | None, **kwargs: object) -> AgentOutcome:
+    o = outcome(**kwargs)  # type: ignore[arg-type]
+    assert o.benchmark is not None
+    return dataclasses.replace(o, benchmark=dataclasses.replace(o.benchmark, write_cost=write_cost))
+
+
+def candidate_of(o: AgentOutcome) -> Candidate:
+    assert o.proposal and o.validation and o.benchmark
+    return Candidate(o, o.proposal, o.validation, o.benchmark)
+
+
+@pytest.mark.parametrize(("share", "delta"), [(0.5, -7.5), (0.2, -3.0), (1.0, -15.0), (4.0, -15.0)])
+def test_the_measured_cost_is_weighed_against_the_reads_saved_a_day(share: float, delta: float) -> None:
+    saved_a_day = SAVED_MS * 100.0
+    c = candidate_of(with_cost(cost(share * saved_a_day), writes_per_read=0.8))
+    assert read_ms_saved_per_day(c) == pytest.approx(saved_a_day)
+    adjustment = index_write_cost(c)
+    assert adjustment is not None and adjustment.criterion == "risk"
+    assert adjustment.delta == pytest.approx(delta)
+    # the measured figures, not the ratio (0.8 writes per read would have cost 8)
+    assert "measured in the fork" in adjustment.reason and "writes per read" not in adjustment.reason
+    assert f"{share * saved_a_day:g} ms a day" in adjustment.reason.replace(",", "")
+    assert "95000 ms a day saved on the reads (100 calls a day)" in adjustment.reason
+
+
+def test_a_cost_within_the_noise_or_not_above_zero_deducts_nothing_and_says_so() -> None:
+    for write_cost, words in ((cost(50_000.0, significant=False), "within the noise"),
+                              (cost(-10.0), "no extra time")):
+        adjustment = index_write_cost(candidate_of(with_cost(write_cost, writes_per_read=4.0)))
+        assert adjustment is not None and adjustment.delta == 0.0
+        assert words in adjustment.reason and "measured in the fork" in adjustment.reason
+
+
+def test_the_ratio_decides_without_a_measurement_with_both_rates_and_says_why() -> None:
+    cases = {
+        "no write cost measured in the fork": None,
+        "has no rate a day": cost(None, writes_per_day=None),
+        "no write replayed in the fork": dataclasses.replace(cost(10.0), statements=0),
+    }
+    for why, write_cost in cases.items():
+        adjustment = index_write_cost(candidate_of(with_cost(write_cost, writes_per_read=0.5)))
+        assert adjustment is not None and adjustment.delta == -5, why
+        assert "0.5 writes per read, the source's ratio" in adjustment.reason and why in adjustment.reason
+    # no observed rate of the reads: the saving a day is unknown, the ratio decides
+    unrated = candidate_of(with_cost(cost(10.0, reads_per_day=None), writes_per_read=0.5))
+    assert read_ms_saved_per_day(unrated) is None
+    adjustment = index_write_cost(unrated)
+    assert adjustment is not None and adjustment.delta == -5
+
+
+def test_the_measured_cost_counts_in_the_risk_score_and_the_rationale() -> None:
+    plain = decide([outcome()]).scores["gemini25pro"].risk
+    heavy = decide([with_cost(cost(10 * SAVED_MS * 100.0), writes_per_read=0.1)])
+    assert heavy.scores["gemini25pro"].risk == plain - WRITE_COST_MAX
+    assert any("gemini25pro: risk −15 for the write cost of a new index (measured in the fork" in line
+               for line in heavy.rationale)
+    light = decide([with_cost(cost(0.1 * SAVED_MS * 100.0), writes_per_read=4.0)])
+    assert light.scores["gemini25pro"].risk == plain - 1.5  # not the ratio's −15

@@ -14,16 +14,17 @@ that name the table, each filled with values:
              fork, an integer column of a unique index an INSERT or UPDATE writes takes a
              value past the column's largest, so that the write does not collide
 
-In the fork, a run of a statement is one transaction that is always rolled back: the index
-dropped in it (the side "without"), then the statement under EXPLAIN (ANALYZE, TIMING OFF)
-`repeats` times (a write inside a savepoint rolled back each time, so an INSERT never meets
-its own earlier row), and the run's figure is the mean execution time per call. A fast
-statement is repeated until a run takes about `RUN_TARGET_MS`, so a write of 30 µs is not
-timed in the noise of one call. The two sides alternate run by run (drift hits both alike),
-as long as `afs.bench.stop_reason` leaves the verdict open; `afs.bench.significant` decides.
-A write's cost is an estimate rather than a verdict: `WRITE_PAIRS` pairs of runs at least (the
-settings' run count when larger), each pair back to back, and the figure is the median of the
-pairs' differences (drift between pairs cancels out).
+In the fork (afs.replay, where an agent measures a proposal's new indexes the same way), a run
+of a statement is one transaction that is always rolled back: the index dropped in it (the side
+"without"), then the statement under EXPLAIN (ANALYZE, TIMING OFF) `repeats` times (a write
+inside a savepoint rolled back each time, so an INSERT never meets its own earlier row), and
+the run's figure is the mean execution time per call. A fast statement is repeated until a run
+takes about `RUN_TARGET_MS`, so a write of 30 µs is not timed in the noise of one call. The two
+sides alternate run by run (drift hits both alike), as long as `afs.bench.stop_reason` leaves
+the verdict open; `afs.bench.significant` decides. A write's cost is an estimate rather than a
+verdict: `WRITE_PAIRS` pairs of runs at least (the settings' run count when larger), each pair
+back to back, and the figure is the median of the pairs' differences (drift between pairs
+cancels out).
 
 A read whose plan is the same with and without the index (its node types, relations and
 indexes) is not timed: the planner's choice does not depend on an index it does not use.
@@ -35,50 +36,36 @@ user's database is only read (catalog, pg_stats, EXPLAIN through `on_target`).
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-import psycopg
 from pglast import ast, enums, parse_sql
 from pglast.parser import ParseError
 
 from afs.batch.fill import fill_statement, read_tables
 from afs.batch.statements import Counters, relations, why_not
-from afs.bench import Sample, StopRule, significant, stop_reason, timing
-from afs.db import Connection, translate
-from afs.errors import DatabaseError
-from afs.models import TableInfo, Timing
+from afs.db import Connection
+from afs.models import TableInfo
 from afs.params.fill import CannotFill, Slot, substitute, typed_parameters, values_for
-from afs.pg.names import quote_ident, quote_qualified, relation_key
-from afs.pg.plan import explained, plan_of
+from afs.pg.names import relation_key
 from afs.query.text import walk
+from afs.replay import (  # the runs in the fork (below the batch: an agent measures with them too)
+    DAY_S,
+    Kind,
+    Replayed,
+    WorkStatement,
+    _param,
+    per_day,
+    replay,
+    replay_one,
+)
 
-Kind = Literal["read", "write"]
-RUN_TARGET_MS = 20.0  # a run of a fast statement repeats it until it takes about this long
-WRITE_RUN_TARGET_MS = 50.0  # a write's run: its cost is a few µs in a call of tens
-WRITE_PAIRS = 7  # pairs of runs of a write, at least (the estimate is the median of their differences)
-MAX_REPEATS = 1000  # calls of a statement in one run, at most
+__all__ = ["DAY_S", "NotReplayed", "Replayed", "TableWorkload", "WorkStatement", "fill_write", "per_day",
+           "replay", "replay_one", "table_oids", "table_workload", "window_seconds", "write_cost",
+           "write_slots", "write_target"]  # the runs in the fork are afs.replay's
 MAX_STATEMENTS = 20  # statements of a table replayed, at most (by total time)
-DAY_S = 86_400.0
-_INTEGERS = {"smallint", "integer", "bigint", "int2", "int4", "int8"}
 _ROLES = {"=": "eq", "<>": "eq", "!=": "eq", ">": "lower", ">=": "lower", "<": "upper", "<=": "upper"}
-
-
-@dataclass(frozen=True)
-class WorkStatement:
-    """One statement of the workload, filled: what the replay runs."""
-
-    queryid: int | None
-    statement: str  # as pg_stat_statements keeps it ($1 … $n)
-    query: str  # filled with values
-    kind: Kind
-    table: str  # the table written (a write), or the first of the tables it names that was asked for
-    calls: int
-    total_ms: float
-    values: tuple[tuple[int, str], ...] = ()  # a write's $n → SQL literal (the fill)
 
 
 @dataclass(frozen=True)
@@ -92,44 +79,6 @@ class TableWorkload:
     statements: tuple[WorkStatement, ...]
     not_replayed: tuple[NotReplayed, ...]
     window_s: float | None  # what the calls cover (pg_stat_statements' reset to now); None: unknown
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """A statement with and without the index."""
-
-    statement: WorkStatement
-    with_index: Timing | None  # None: not timed (the same plan either way)
-    without_index: Timing | None
-    plan_changed: bool
-    significant: bool  # the two sides' runs apart (afs.bench.significant)
-    repeats: int  # calls per run
-    note: str = ""
-    paired_ms: float | None = None  # a write's: the median of the runs' differences (without − with)
-
-    @property
-    def delta_ms(self) -> float:
-        """Per call, without the index minus with it (a read slower without: > 0; a write
-        faster without: < 0, from the pairs of runs, each pair measured back to back)."""
-        if self.paired_ms is not None:
-            return self.paired_ms
-        if self.with_index is None or self.without_index is None:
-            return 0.0
-        return self.without_index.median_ms - self.with_index.median_ms
-
-    @property
-    def slower_without(self) -> bool:
-        return self.statement.kind == "read" and self.significant and self.delta_ms > 0
-
-    def public(self) -> dict[str, Any]:
-        return {"statement": self.statement.statement, "measured_as": self.statement.query,
-                "kind": self.statement.kind, "calls": self.statement.calls,
-                "with_ms": None if self.with_index is None else self.with_index.median_ms,
-                "without_ms": None if self.without_index is None else self.without_index.median_ms,
-                "runs": 0 if self.with_index is None else self.with_index.runs,
-                "repeats": self.repeats, "plan_changed": self.plan_changed,
-                "delta_ms": round(self.delta_ms, 5),  # without − with, per call
-                "significant": self.significant, "note": self.note}
 
 
 # -- the workload of some tables (pure parts) ------------------------------------------------
@@ -149,12 +98,6 @@ def write_target(query: str) -> str | None:
     if rel is None:
         return None
     return relation_key(*(p for p in (rel.schemaname, rel.relname) if p))
-
-
-def _param(node: object) -> int | None:
-    while isinstance(node, ast.TypeCast):
-        node = node.arg
-    return node.number if isinstance(node, ast.ParamRef) else None
 
 
 def _column_name(node: object) -> str | None:
@@ -303,161 +246,6 @@ def _is_select(text: str) -> bool:
 
 def _as_select(table: str) -> str:
     return f"SELECT FROM {table}"
-
-
-# -- in the fork ---------------------------------------------------------------------------------
-def _shape(node: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (node.get("Node Type"), node.get("Relation Name"), node.get("Index Name"),
-            tuple(_shape(child) for child in node.get("Plans", ())))
-
-
-def _drops(cur: psycopg.Cursor[Any], drop: Sequence[str]) -> None:
-    for name in drop:
-        cur.execute(f"DROP INDEX {quote_qualified(name)}")
-
-
-def _plan_sync(raw: psycopg.Connection[Any], sql: str, drop: Sequence[str]) -> tuple[Any, ...]:
-    with raw.cursor() as cur:
-        cur.execute("BEGIN")
-        try:
-            _drops(cur, drop)
-            cur.execute(f"EXPLAIN (FORMAT JSON) {sql}")
-            row = cur.fetchone()
-            assert row is not None
-            return _shape(plan_of(row[0]))
-        finally:
-            raw.execute("ROLLBACK")
-
-
-def _unique_keys(raw: psycopg.Connection[Any], table: str) -> list[list[tuple[str, bool]]]:
-    """The key columns of each unique index of `table`, in order: (name, is an integer)."""
-    rows = raw.execute(
-        "SELECT i.indexrelid, a.attname, format_type(a.atttypid, NULL) = ANY(%s)"
-        " FROM pg_index i"
-        " CROSS JOIN LATERAL unnest(i.indkey[0:i.indnkeyatts - 1]) WITH ORDINALITY k(attnum, n)"
-        " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
-        " WHERE i.indrelid = to_regclass(%s) AND i.indisunique ORDER BY i.indexrelid, k.n",
-        (sorted(_INTEGERS), table)).fetchall()
-    keys: dict[int, list[tuple[str, bool]]] = {}
-    for oid, name, integer in rows:
-        keys.setdefault(int(oid), []).append((str(name), bool(integer)))
-    return list(keys.values())
-
-
-def _fresh_keys(raw: psycopg.Connection[Any], work: WorkStatement) -> str:
-    """A write whose values would collide with a row in a unique key it writes whole: the key's
-    last integer column written past the column's largest value (the others, a foreign key
-    among them, keep the values filled from the statistics)."""
-    if work.kind != "write":
-        return work.query
-    stmt = parse_sql(typed_parameters(work.statement))[0].stmt
-    written: dict[int, str] = {}
-    if isinstance(stmt, ast.InsertStmt):
-        names = [str(c.name) for c in stmt.cols or ()]
-        for row in getattr(stmt.selectStmt, "valuesLists", None) or ():
-            for n, item in enumerate(row):
-                number = _param(item)
-                if number is not None and n < len(names):
-                    written.setdefault(number, names[n])
-    elif isinstance(stmt, ast.UpdateStmt):
-        for target in stmt.targetList or ():
-            number = _param(target.val)
-            if number is not None:
-                written.setdefault(number, str(target.name))
-    by_column = {c: n for n, c in written.items()}
-    fresh: dict[int, str] = {}
-    for key in _unique_keys(raw, work.table):
-        if all(name in by_column for name, _ in key):
-            last = [name for name, integer in key if integer]
-            if last:
-                fresh[by_column[last[-1]]] = last[-1]
-    if not fresh:
-        return work.query
-    values = dict(work.values)
-    for number, column in fresh.items():
-        top = raw.execute(f"SELECT max({quote_ident(column)}) FROM {quote_qualified(work.table)}").fetchone()
-        values[number] = str(int(top[0] or 0) + 1 + number) if top is not None else "1"
-    return substitute(typed_parameters(work.statement), values)
-
-
-def _run_sync(raw: psycopg.Connection[Any], sql: str, drop: Sequence[str], repeats: int,
-              write: bool) -> float:
-    """One run: BEGIN; the drops; `repeats` calls (a write in a savepoint each); ROLLBACK.
-    The mean execution time per call (ms)."""
-    with raw.cursor() as cur:
-        cur.execute("BEGIN")
-        try:
-            _drops(cur, drop)
-            total = 0.0
-            for _ in range(repeats):
-                if write:
-                    cur.execute("SAVEPOINT afs_replay")
-                cur.execute(f"EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) {sql}")
-                row = cur.fetchone()
-                assert row is not None
-                total += explained(row[0])[1]
-                if write:
-                    cur.execute("ROLLBACK TO SAVEPOINT afs_replay")
-            return total / repeats
-        finally:
-            raw.execute("ROLLBACK")
-
-
-async def _call(conn: Connection, fn: Any, *args: Any) -> Any:
-    def work(raw: psycopg.Connection[Any]) -> Any:
-        try:
-            return fn(raw, *args)
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
-    return await conn.run(work)
-
-
-async def replay_one(conn: Connection, work: WorkStatement, drop: Sequence[str], rule: StopRule,
-                     *, base: Sequence[str] = (), with_plan_check: bool = True) -> Replayed:
-    """`work` in the fork with the indexes in `drop` there and dropped, alternating; `base`:
-    indexes dropped on both sides (drops already decided: the candidates judged together)."""
-    drop = (*base, *drop)
-    try:
-        query = await _call(conn, _fresh_keys, work)
-        changed = True
-        if work.kind == "read" and with_plan_check:
-            changed = await _call(conn, _plan_sync, query, base) != await _call(conn, _plan_sync, query, drop)
-            if not changed:
-                return Replayed(work, None, None, False, False, 0,
-                                "the same plan without the index: not timed")
-        write = work.kind == "write"
-        first = await _call(conn, _run_sync, query, base, 1, write)
-        target_ms = WRITE_RUN_TARGET_MS if write else RUN_TARGET_MS
-        repeats = max(1, min(MAX_REPEATS, math.ceil(target_ms / max(first, 0.001))))
-        with_index: list[Sample] = []
-        without: list[Sample] = []
-        while True:
-            with_index.append(Sample(await _call(conn, _run_sync, query, base, repeats, write), 0))
-            without.append(Sample(await _call(conn, _run_sync, query, drop, repeats, write), 0))
-            if write:  # an estimate, not only a verdict: a fixed number of pairs (never "overlap")
-                if len(with_index) >= max(rule.max_runs, WRITE_PAIRS):
-                    break
-            elif stop_reason([s.ms for s in with_index], [s.ms for s in without], rule) is not None:
-                break
-    except DatabaseError as exc:
-        return Replayed(work, None, None, False, False, 0,
-                        f"not replayed in the fork: {str(exc).splitlines()[0]}")
-    paired = (statistics.median(b.ms - a.ms for a, b in zip(with_index, without, strict=True))
-              if write else None)
-    return Replayed(work, timing(with_index), timing(without), changed,
-                    significant(with_index, without), repeats, paired_ms=paired)
-
-
-async def replay(conn: Connection, statements: Sequence[WorkStatement], drop: Sequence[str],
-                 rule: StopRule, base: Sequence[str] = ()) -> list[Replayed]:
-    """Every statement with and without the indexes in `drop` (`base` dropped on both sides),
-    one after another (one fork connection: the runs of one statement must not overlap)."""
-    return [await replay_one(conn, work, drop, rule, base=base) for work in statements]
-
-
-def per_day(calls: int, window_s: float | None) -> float | None:
-    """Calls a day at the observed rate; None when the window is unknown."""
-    return None if window_s is None or window_s <= 0 else calls * DAY_S / window_s
 
 
 def write_cost(replayed: Sequence[Replayed], window_s: float | None) -> dict[str, Any]:
