@@ -312,10 +312,19 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     async def measure_design(rank: int, proposal: OptimizationProposal, validation: ValidationResult,
                              candidate_suite: tuple[QueryVariant, ...] | None,
+                             must_beat: Timing | None = None,
                              members: tuple[FamilyQuery, ...] | None = None) -> CandidateResult | None:
         """One design measured (or its measurement taken from the agent that measures it):
-        its result, also in `tried`; None when the fork's state is unknown after it."""
+        its result, also in `tried`; None when the fork's state is unknown after it.
+        `must_beat`: a loop step's step before: measured slower than it (not `beats`) on the
+        query as given, the step is measured no further (that measurement is not shared)."""
         measured_here = False
+        short = False
+
+        def enough(new: Timing) -> bool:
+            nonlocal short
+            short = must_beat is not None and not beats(must_beat, new)
+            return not short
         if members is None:
             members = await members_for(proposal)
 
@@ -334,9 +343,11 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                     outcome = await benchmark(
                         conn, suite, proposal, policy=job.measuring, candidate_suite=candidate_suite,
                         tables=job.features.tables, skipped=state.skipped, family=timed,
-                        known_slow=ctx.slow, reuse=reuse)
+                        known_slow=ctx.slow, reuse=reuse, enough=enough)
                     in_place.proposal = proposal  # the benchmark leaves it applied
                     await rows_kept()
+                    if short:  # not the whole measurement: not for another agent to take
+                        raise _Short(outcome)
                     if baseline_cost is not None and proposal.proposal_type != "partitioning":
                         # the planner's cost with the proposal in place, for the record (and
                         # for an agent that screens the same design later)
@@ -362,6 +373,12 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
         try:
             # (no checkpoint since the caller asked `shared.taken`: the claim is this call's)
             outcome, measured_by = await shared.measure(agent, proposal, measure, waiting)
+        except _Short as stopped:
+            tried[rank] = CandidateResult(
+                proposal, "measured", rank, validation, baseline_cost=baseline_cost,
+                planner_cost=costs.get(rank, shared.screened(proposal)), benchmark=stopped.outcome,
+                note="measured on the query as given only: not faster than the step before")
+            return tried[rank]
         except (ProposalFailedError, DatabaseError) as exc:
             tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                           planner_cost=costs.get(rank), baseline_cost=baseline_cost,
@@ -424,7 +441,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                 events.emit("measurement_pooled", agent=agent, fork=state.fork, rank=rank,
                             measured_by=owner, instead=queue[-1])
             continue
-        result = await measure_design(rank, proposal, validation, candidate_suite, members)
+        result = await measure_design(rank, proposal, validation, candidate_suite, members=members)
         if result is None:
             break
         if result.status != "measured" or result.benchmark is None:
@@ -477,8 +494,16 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
 
 # -- the loop: the best design, the plan with it in place, the next design ------------------------
-MeasureDesign = Callable[[int, OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None],
-                         Awaitable[CandidateResult | None]]
+MeasureDesign = Callable[[int, OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None,
+                          Timing | None], Awaitable[CandidateResult | None]]
+
+
+class _Short(Exception):
+    """A loop step's measurement that stopped after the query as given (afs.bench `enough`)."""
+
+    def __init__(self, outcome: BenchmarkOutcome) -> None:
+        super().__init__("measured on the query as given only")
+        self.outcome = outcome
 
 
 @dataclass
@@ -704,7 +729,7 @@ class _Loop:
                 extended = dataclasses.replace(extended, rollback_commands=validation.rollback_commands)
             rank = max([*self.tried, *self.by_rank], default=0) + 1
             self.by_rank[rank] = (extended, validation, candidate_suite)
-            result = await self.measure(rank, extended, validation, candidate_suite)
+            result = await self.measure(rank, extended, validation, candidate_suite, previous)
             self.ranks.append(rank)
             new = query_timing(result.benchmark) if result is not None else None
             if previous is None and result is not None:  # the first design: against the query as given

@@ -733,6 +733,7 @@ def _pristine_baseline(proposal: OptimizationProposal, hidden: tuple[str, ...] |
     return not proposal.sql_commands
 
 
+NOT_FURTHER = "the other queries and values: not measured (the query as given was not fast enough)"
 PAST_TIMEOUT = "the proposal's query exceeds the statement timeout for these values"
 
 
@@ -802,6 +803,7 @@ async def benchmark(
     family: Sequence[FamilyQuery] = (),
     known_slow: bool = False,
     reuse: Reuse | None = None,
+    enough: Callable[[Timing], bool] | None = None,
 ) -> BenchmarkOutcome:
     """Measure `suite` before and `candidate_suite` (default: the same) after the proposal.
 
@@ -817,7 +819,9 @@ async def benchmark(
     analysis timed out too), it goes to the long run at once and the other variants are left
     out. `reuse`: what earlier measurements of the task found (see the module's notes; its
     results and baseline runs only when measuring is adaptive, `policy.adaptive`), updated with
-    what this one finds.
+    what this one finds. `enough`: asked with the proposal's time on the query as given, once
+    measured; False ends the measurement there (the other queries and values are not
+    measured, `skipped` says so): an agent's loop step that cannot be kept, whatever they show.
     """
     rule = StopRule.of(policy)
     family_rule = StopRule.of(policy, policy.family_runs)
@@ -1015,6 +1019,13 @@ async def benchmark(
             name=variant.name, baseline=base_timing, optimized=cand_timing, rows=before.rows,
             equivalent=equivalent, significant=significant(measured.baseline, measured.candidate),
             note=note, stopped=measured.stopped))
+        if enough is not None and variant.name == "baseline" and not enough(cand_timing):
+            delta = max(0.0, relations_after - relations_before)
+            return BenchmarkOutcome(
+                measurements=tuple(measurements), storage_before_mb=round(storage_before / MB, 2),
+                storage_after_mb=round((storage_before + delta) / MB, 2),
+                skipped=(*skipped, *missing, NOT_FURTHER), apply_s=round(apply_s, 3),
+                baseline_lower_bound=bool(slow_baseline))
 
     checks: list[ParameterCheck] = []
     answer_cache: str | None = None

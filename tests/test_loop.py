@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from afs.bench import NOT_FURTHER
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
 from afs.db import open_connection
@@ -157,6 +158,10 @@ async def test_a_step_that_does_not_gain_is_not_kept(
     # measured like any other candidate, and not the agent's proposal
     tried = [c for c in outcome.candidates if "loop_useless" in " ".join(c.proposal.sql_commands)]
     assert len(tried) == 1 and tried[0].status == "measured" and "not kept" in tried[0].note
+    # not faster than the step before on the query as given: measured no further than that
+    assert tried[0].benchmark is not None and NOT_FURTHER in tried[0].benchmark.skipped
+    assert [m.name for m in tried[0].benchmark.measurements] == ["baseline"]
+    assert not tried[0].benchmark.parameter_checks
     assert outcome.proposal is not None and "loop_useless" not in " ".join(outcome.proposal.sql_commands)
     assert candidate.proposal == first.proposal
     assert "step 2" in render_text(result) and "not kept" in render_text(result)
