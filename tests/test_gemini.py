@@ -35,6 +35,7 @@ from google.genai import errors as genai_errors
 
 from afs.analysis import gather_context, table_info
 from afs.brains.gemini.brain import (
+    Asking,
     GeminiBrain,
     analysis_prompt,
     check_models,
@@ -644,7 +645,7 @@ async def open_brain(base_url: str = "http://fake.invalid", transport: httpx.Asy
     credentials = Credentials(api_key=KEY, base_url=base_url, source="GOOGLE_API_KEY")
     options.setdefault("policy", STEADY)
     async with open_gemini_client(credentials, transport=transport) as client:
-        yield GeminiBrain(client, gemini, **options)
+        yield GeminiBrain(client, gemini, Asking(**options))
 
 
 async def test_good_json(fake: FakeGemini, base_url: str) -> None:

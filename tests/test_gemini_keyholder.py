@@ -27,7 +27,14 @@ import trio
 import trio.testing
 from google import genai
 
-from afs.brains.gemini.brain import MODEL_BUDGET, GeminiBrain, check_models, proposal_prompt, spend_bound
+from afs.brains.gemini.brain import (
+    MODEL_BUDGET,
+    Asking,
+    GeminiBrain,
+    check_models,
+    proposal_prompt,
+    spend_bound,
+)
 from afs.brains.gemini.client import (
     SPEND_CAP,
     ZERO_QUOTA,
@@ -71,7 +78,8 @@ async def open_brain(fake: FakeGemini, gemini: GeminiSettings | None = None,
     credentials = credentials or Credentials(api_key=KEY, base_url="http://fake.invalid",
                                              source="GOOGLE_API_KEY")
     async with open_gemini_client(credentials, transport=fake.transport()) as client:
-        yield GeminiBrain(client, gemini or GeminiSettings(), policy=STEADY, **options)
+        meter = options.pop("meter", None)
+        yield GeminiBrain(client, gemini or GeminiSettings(), Asking(policy=STEADY, **options), meter)
 
 
 # -- 1. defaults among GA models; every current model has its entry; a missing one is said ---------
@@ -281,7 +289,7 @@ async def test_streaming_over_the_loopback_server() -> None:
     with serve_fake_gemini(fake) as base_url:
         credentials = Credentials(api_key=KEY, base_url=base_url, source="GOOGLE_API_KEY")
         async with open_gemini_client(credentials) as client:
-            brain = GeminiBrain(client, STREAMING, policy=STEADY)
+            brain = GeminiBrain(client, STREAMING, Asking(policy=STEADY))
             result = await brain.analyze("gemini25pro", issue_context())
     assert result.confidence == 0.85
 

@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 
 from afs.brains import RefiningBrain
-from afs.brains.gemini.brain import GeminiBrain, open_gemini_squad, refine_prompt, unused_indexes
+from afs.brains.gemini.brain import (
+    Asking,
+    GeminiBrain,
+    Measured,
+    open_gemini_squad,
+    refine_prompt,
+    unused_indexes,
+)
 from afs.brains.gemini.client import Credentials, RetryPolicy, open_gemini_client
 from afs.brains.gemini.parsing import parse_proposals
 from afs.config import GeminiSettings, ModelBudget, Settings
@@ -72,7 +79,7 @@ def base_url(fake: FakeGemini) -> Iterator[str]:
 async def open_brain(base_url: str, gemini: GeminiSettings | None = None) -> AsyncIterator[GeminiBrain]:
     credentials = Credentials(api_key=KEY, base_url=base_url, source="GOOGLE_API_KEY")
     async with open_gemini_client(credentials) as client:
-        yield GeminiBrain(client, gemini or GeminiSettings(), policy=RetryPolicy(jitter=False))
+        yield GeminiBrain(client, gemini or GeminiSettings(), Asking(policy=RetryPolicy(jitter=False)))
 
 
 def _roles(request: FakeRequest) -> list[str]:
@@ -216,8 +223,8 @@ def test_the_refine_prompt_says_an_estimated_plan_is_one() -> None:
     (current,) = parse_proposals("gemini25pro", json.dumps({"candidates": [PROPOSAL]}))[0]
     estimated = {"Node Type": "Seq Scan", "Relation Name": "orders", "Alias": "o", "Total Cost": 9e6,
                  "Plan Rows": 10, "Plan Width": 16, "Filter": "(user_id = 42)"}
-    text = refine_prompt(issue_context(), current, estimated, None, (LoopStep(1, current, None, None, True),),
-                         step=1)
+    text = refine_prompt(issue_context(), Measured(current, estimated, None,
+                                                   (LoopStep(1, current, None, None, True),), step=1))
     assert "estimated: EXPLAIN without running it" in text and "(none found)" in text
 
 

@@ -60,9 +60,10 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib import resources
 from string import Template
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import httpx
 import structlog
@@ -75,6 +76,7 @@ from afs.brains.gemini.client import (
     CallStats,
     Credentials,
     GeminiClient,
+    ModelRequest,
     RetryPolicy,
     SpendMeter,
     Turn,
@@ -397,13 +399,27 @@ def _step_line(step: LoopStep) -> dict[str, Any]:
             "kept": step.kept, "note": step.note}
 
 
-def refine_prompt(ctx: AnalysisContext, current: OptimizationProposal, after_plan: Mapping[str, Any],
-                  bottleneck: Bottleneck | None, steps: Sequence[LoopStep], step: int,
-                  plan_budget_tokens: int = PLAN_TOKEN_BUDGET, withheld: Withheld | None = None) -> str:
-    """The loop's next user turn: what `current` (step `step`) measured, as data."""
+@dataclass(frozen=True)
+class Measured:
+    """What the agent's loop measured of the design in place, for its next turn (refine): the
+    design (`current`, step `step`), the query's plan with it in place, its costliest node, and
+    every step so far."""
+
+    current: OptimizationProposal
+    after_plan: Mapping[str, Any]
+    bottleneck: Bottleneck | None
+    steps: Sequence[LoopStep]
+    step: int
+
+
+def refine_prompt(ctx: AnalysisContext, measured: Measured, plan_budget_tokens: int = PLAN_TOKEN_BUDGET,
+                  withheld: Withheld | None = None) -> str:
+    """The loop's next user turn: what the design in place measured, as data."""
     def hide(text: str) -> str:
         return text if withheld is None else withheld.mask(text)
 
+    current, after_plan, bottleneck = measured.current, measured.after_plan, measured.bottleneck
+    steps, step = measured.steps, measured.step
     shown = current if withheld is None else withheld.withhold_proposal(current)
     plan, note = plan_text(after_plan, plan_budget_tokens)
     timed = [{"step": s.step, "median_ms": round(s.median_ms, 3), "kept": s.kept}
@@ -510,27 +526,64 @@ def flag_new_syntax(proposals: Sequence[OptimizationProposal],
     return tuple(flagged)
 
 
+@dataclass(frozen=True)
+class Asking:
+    """How a `GeminiBrain` asks, passed whole: the model phase every question fits in
+    (`Timeouts.model`), a call timeout overriding each model's own (tests; None: the model's
+    `call_timeout_s`), the retries, the plan's token budget in a prompt, and how many candidates
+    a proposal asks for (`Settings.candidates`)."""
+
+    model_phase_s: float = Timeouts().model
+    call_timeout_s: float | None = None
+    policy: RetryPolicy = DEFAULT_RETRY
+    plan_budget_tokens: int = PLAN_TOKEN_BUDGET
+    max_candidates: int = MAX_CANDIDATES
+
+
+@dataclass(frozen=True)
+class Question(Generic[T]):
+    """What one question of `GeminiBrain._ask` expects back: its purpose (the call records'),
+    the JSON schema of the answer, the parser of its text, the judge of a parsed answer (why it
+    is refused, or None), and what masks withheld values in the reasons sent back."""
+
+    purpose: str
+    schema: Mapping[str, Any]
+    parse: Callable[[str], tuple[T, list[str]]]
+    judge: Callable[[T], str | None] | None = None
+    hide: Callable[[str], str] | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """Who asks and which model answers, for the usage and the call records: the agent, the
+    question's purpose, the model configured for the agent and its settings."""
+
+    agent: AgentKey
+    purpose: str
+    model: str
+    settings: ModelSettings
+
+
 class GeminiBrain:
     """Gemini models as the agents' brains; `usage[agent]` sums tokens and estimated cost.
 
     The model of each agent and its generation settings come from `GeminiSettings` (afs.config).
-    Each call's timeout is the model's `call_timeout_s`, within the model phase (`model_phase_s`);
-    `call_timeout_s` here overrides it (tests).
+    Each call's timeout is the model's `call_timeout_s`, within the model phase
+    (`asking.model_phase_s`); `asking.call_timeout_s` overrides it (tests).
     """
 
     name = "gemini"
 
-    def __init__(self, client: GeminiClient, gemini: GeminiSettings | None = None, *,
-                 model_phase_s: float = Timeouts().model, call_timeout_s: float | None = None,
-                 policy: RetryPolicy = DEFAULT_RETRY, plan_budget_tokens: int = PLAN_TOKEN_BUDGET,
-                 max_candidates: int = MAX_CANDIDATES, meter: SpendMeter | None = None) -> None:
+    def __init__(self, client: GeminiClient, gemini: GeminiSettings | None = None,
+                 asking: Asking | None = None, meter: SpendMeter | None = None) -> None:
+        asking = asking if asking is not None else Asking()
         self.client = client
-        self.max_candidates = max_candidates
+        self.max_candidates = asking.max_candidates
         self.gemini = gemini or GeminiSettings()
-        self.model_phase_s = model_phase_s
-        self.call_timeout_s = call_timeout_s
-        self.policy = policy
-        self.plan_budget_tokens = plan_budget_tokens
+        self.model_phase_s = asking.model_phase_s
+        self.call_timeout_s = asking.call_timeout_s
+        self.policy = asking.policy
+        self.plan_budget_tokens = asking.plan_budget_tokens
         self.usage: dict[AgentKey, dict[str, Any]] = {}
         # each agent's conversation as the model last saw it (its last answer included): the
         # proposal's, then the loop's turns (refine)
@@ -556,7 +609,7 @@ class GeminiBrain:
     async def analyze(self, agent: AgentKey, ctx: AnalysisContext) -> AnalysisResult:
         ctx, withheld = self.shown(ctx)
         turns: list[Turn] = [("user", analysis_prompt(agent, ctx, self.plan_budget_tokens, withheld))]
-        return await self._ask(agent, "analyze", turns, ANALYSIS_SCHEMA, parse_analysis)
+        return await self._ask(agent, Question("analyze", ANALYSIS_SCHEMA, parse_analysis), turns)
 
     async def propose(self, agent: AgentKey, ctx: AnalysisContext,
                       analysis: AnalysisResult) -> tuple[OptimizationProposal, ...]:
@@ -573,11 +626,10 @@ class GeminiBrain:
         parse = functools.partial(parse_proposals, agent, max_candidates=self.max_candidates)
         source = source_version(ctx)
         conversation: list[Turn] = []
-        proposals = await self._ask(agent, "propose", turns, proposal_schema(self.max_candidates),
-                                    _filled(parse, withheld),
-                                    judge=functools.partial(refusals, source=source),
-                                    hide=None if withheld is None else withheld.mask,
-                                    transcript=conversation)
+        question = Question("propose", proposal_schema(self.max_candidates), _filled(parse, withheld),
+                            judge=functools.partial(refusals, source=source),
+                            hide=None if withheld is None else withheld.mask)
+        proposals = await self._ask(agent, question, turns, transcript=conversation)
         if conversation:  # the loop (refine) goes on with this conversation
             self.conversations[agent] = conversation
         return flag_new_syntax(proposals, source)
@@ -606,15 +658,15 @@ class GeminiBrain:
                                          self.max_candidates, withheld)),
                 ("model", json.dumps({"candidates": [candidate_json(said)]}))]
         step = max((s.step for s in steps if s.kept), default=len(steps) or 1)
-        turns.append(("user", refine_prompt(shown, current, after_plan, bottleneck, steps, step,
+        turns.append(("user", refine_prompt(shown, Measured(current, after_plan, bottleneck, steps, step),
                                             self.plan_budget_tokens, withheld)))
         source = source_version(shown)
         conversation: list[Turn] = []
+        question = Question("refine", proposal_schema(1),
+                            _filled(functools.partial(parse_proposals, agent, max_candidates=1), withheld),
+                            judge=functools.partial(refusals, source=source), hide=hide)
         try:
-            answer = await self._ask(
-                agent, "refine", turns, proposal_schema(1),
-                _filled(functools.partial(parse_proposals, agent, max_candidates=1), withheld),
-                judge=functools.partial(refusals, source=source), hide=hide, transcript=conversation)
+            answer = await self._ask(agent, question, turns, transcript=conversation)
         except ModelError as exc:  # the conversation ends; the measured steps stand
             log.warning("model_refine_stopped", agent=agent, step=step + 1, error=str(exc), code=exc.code)
             return None
@@ -644,11 +696,11 @@ class GeminiBrain:
             ("user", prompt_template("revise").substitute(reason=data("result check", why))),
         ]
         source = source_version(ctx)
-        revised = flag_new_syntax(await self._ask(
-            agent, "revise", turns, proposal_schema(self.max_candidates),
-            _filled(functools.partial(parse_proposals, agent), withheld),
-            judge=functools.partial(refusals, source=source),
-            hide=None if withheld is None else withheld.mask), source)
+        question = Question("revise", proposal_schema(self.max_candidates),
+                            _filled(functools.partial(parse_proposals, agent), withheld),
+                            judge=functools.partial(refusals, source=source),
+                            hide=None if withheld is None else withheld.mask)
+        revised = flag_new_syntax(await self._ask(agent, question, turns), source)
         rewrite = next((p for p in revised if p.rewritten_query is not None), None)
         if rewrite is None:
             return None
@@ -661,16 +713,13 @@ class GeminiBrain:
         report next to the proposal; never a change to a measurement or a score)."""
         agents = [o.agent for o in outcomes]
         turns: list[Turn] = [("user", review_prompt(query, outcomes, self.gemini.send_values))]
-        return await self._ask(reviewer, "review", turns, review_schema(agents),
-                               functools.partial(parse_review, reviewer, agents))
+        return await self._ask(reviewer, Question("review", review_schema(agents),
+                                                  functools.partial(parse_review, reviewer, agents)), turns)
 
-    async def _ask(self, agent: AgentKey, purpose: str, turns: list[Turn], schema: Mapping[str, Any],
-                   parse: Callable[[str], tuple[T, list[str]]],
-                   judge: Callable[[T], str | None] | None = None,
-                   hide: Callable[[str], str] | None = None,
+    async def _ask(self, agent: AgentKey, question: Question[T], turns: list[Turn],
                    transcript: list[Turn] | None = None) -> T:
-        """One question; unusable answers (and, with `judge`, refused ones) go back with the
-        reason, MAX_REPROMPTS times at most in all.
+        """One question; unusable answers (and, with the question's `judge`, refused ones) go
+        back with the reason, MAX_REPROMPTS times at most in all.
 
         Each call has its model's own limit (`call_timeout_s`), and all of them the question's
         budget (the model phase, less a second so that this returns before the agent's limit
@@ -678,15 +727,17 @@ class GeminiBrain:
         the refused candidates already in hand (the agent reports them) instead of losing them.
         `transcript`, when given, receives the conversation as the model saw it, its last
         answer included (the loop's next turn goes on from there)."""
+        purpose, parse, judge, hide = question.purpose, question.parse, question.judge, question.hide
         model = self.model_of(agent)
         settings = self.gemini.settings_of(model)
+        call = Call(agent, purpose, model, settings)
         deadline = trio.current_time() + max(self.model_phase_s - PHASE_MARGIN_S, self.model_phase_s / 2)
         system = prompt_template(f"system_{agent}").template + "\n" + prompt_template("data_rule").template
         kept: list[T] = []  # the refused answer of the round before, to return if time runs out
         for reprompts in range(MAX_REPROMPTS + 1):
             spent = self.budget_spent(agent)
             if spent is not None:
-                self._stopped(agent, model, settings, f"its model budget is spent: {spent}")
+                self._stopped(call, f"its model budget is spent: {spent}")
                 if kept:
                     log.warning("model_reprompt_cut", agent=agent, model=model, purpose=purpose,
                                 error=f"model budget spent: {spent}", kept="the refused candidates")
@@ -700,16 +751,14 @@ class GeminiBrain:
             outcome = "answered"
             with trio.move_on_after(max(left, 0.0)) as budget:
                 try:
-                    reply = await self.client.generate_json(model=model, system=system, turns=turns,
-                                                            schema=schema, settings=settings,
-                                                            call_timeout_s=timeout, policy=self.policy,
-                                                            stats=stats, meter=self.meter,
-                                                            stall_s=STREAM_STALL_S if self.gemini.stream
-                                                            else None)
+                    request = ModelRequest(model, system, turns, question.schema, settings, timeout,
+                                           STREAM_STALL_S if self.gemini.stream else None)
+                    reply = await self.client.generate_json(request, policy=self.policy, stats=stats,
+                                                            meter=self.meter)
                 except ModelError as exc:
                     outcome = exc.code or ("error" if exc.status is None else str(exc.status))
                     if exc.code == SPEND_CAP:
-                        self._stopped(agent, model, settings, f"the spending cap: {exc}")
+                        self._stopped(call, f"the spending cap: {exc}")
                     if kept and (exc.retryable or exc.code == SPEND_CAP):
                         log.warning("model_reprompt_cut", agent=agent, model=model, purpose=purpose,
                                     error=str(exc), kept="the refused candidates")
@@ -719,9 +768,8 @@ class GeminiBrain:
                     outcome = "cancelled"
                     raise
                 finally:
-                    cost = self._record(agent, model, settings, stats, reprompts > 0,
-                                        trio.current_time() - started)
-                    self._call_record(agent, model, purpose, settings, stats, cost, outcome)
+                    cost = self._record(call, stats, reprompts > 0, trio.current_time() - started)
+                    self._call_record(call, stats, cost, outcome)
             if budget.cancelled_caught:
                 if kept:
                     log.warning("model_reprompt_cut", agent=agent, model=model, purpose=purpose,
@@ -775,27 +823,27 @@ class GeminiBrain:
             return None
         return self.gemini.budget.spent(entry["calls"], entry["total_tokens"], entry["seconds"])
 
-    def _entry(self, agent: AgentKey, model: str, settings: ModelSettings) -> dict[str, Any]:
+    def _entry(self, call: Call) -> dict[str, Any]:
         """`usage[agent]`, made at the agent's first call (the fields of `ModelUsage`)."""
-        return self.usage.setdefault(agent, {
-            "model": model, "model_version": None, "model_stage": settings.stage, "retirement": None,
-            "prompt_tokens": 0, "output_tokens": 0, "thinking_tokens": 0, "cached_tokens": 0,
-            "total_tokens": 0, "estimated_cost_usd": 0.0, "calls": 0, "attempts": 0, "retries": 0,
+        return self.usage.setdefault(call.agent, {
+            "model": call.model, "model_version": None, "model_stage": call.settings.stage,
+            "retirement": None, "prompt_tokens": 0, "output_tokens": 0, "thinking_tokens": 0,
+            "cached_tokens": 0, "total_tokens": 0, "estimated_cost_usd": 0.0, "calls": 0, "attempts": 0,
+            "retries": 0,
             "failed_attempts": 0, "timeouts": 0, "reprompts": 0, "refusals_reprompted": 0,
             "seconds": 0.0, "stopped": None})
 
-    def _stopped(self, agent: AgentKey, model: str, settings: ModelSettings, why: str) -> None:
+    def _stopped(self, call: Call, why: str) -> None:
         """Record why the agent's model calls stop (the budget or the spending cap): the report
         states it."""
-        entry = self._entry(agent, model, settings)
+        entry = self._entry(call)
         if entry["stopped"] is None:
             entry["stopped"] = why
-            log.warning("model_calls_stopped", agent=agent, model=model, reason=why)
+            log.warning("model_calls_stopped", agent=call.agent, model=call.model, reason=why)
 
-    def _record(self, agent: AgentKey, model: str, settings: ModelSettings, stats: CallStats,
-                reprompt: bool, seconds: float = 0.0) -> float | None:
+    def _record(self, call: Call, stats: CallStats, reprompt: bool, seconds: float = 0.0) -> float | None:
         """Add one call (answered or not) to `usage[agent]`; returns its estimated cost."""
-        entry = self._entry(agent, model, settings)
+        entry = self._entry(call)
         entry["seconds"] = round(entry["seconds"] + max(seconds, 0.0), 3)
         if stats.model_version:
             entry["model_version"] = stats.model_version  # what answered, as the API says
@@ -822,9 +870,9 @@ class GeminiBrain:
             entry["estimated_cost_usd"] = round(entry["estimated_cost_usd"] + cost, 6)
         return None if cost is None else round(cost, 6)
 
-    def _call_record(self, agent: AgentKey, model: str, purpose: str, settings: ModelSettings,
-                     stats: CallStats, cost: float | None, outcome: str) -> None:
+    def _call_record(self, call: Call, stats: CallStats, cost: float | None, outcome: str) -> None:
         """One call in `calls`: who asked, which model was configured and which answered."""
+        agent, model, purpose, settings = call.agent, call.model, call.purpose, call.settings
         answered = stats.model_version
         rerouted = bool(answered) and not _same_model(model, answered or "")
         if rerouted:
@@ -992,8 +1040,8 @@ async def open_gemini_squad(settings: Settings, credentials: Credentials, env: M
     async with open_gemini_client(credentials, transport=transport, google_auth=google_auth) as client:
         gemini = settings.gemini
         warnings = await check_models(client, gemini)
-        brain = GeminiBrain(client, gemini, model_phase_s=settings.timeouts.model,
-                            max_candidates=settings.candidates, meter=meter)
+        brain = GeminiBrain(client, gemini, Asking(model_phase_s=settings.timeouts.model,
+                                                   max_candidates=settings.candidates), meter=meter)
         note = (f"Gemini models via {credentials.describe()}: "
                 + ", ".join(f"{agent} = {gemini.model_of(agent)}" for agent in AGENTS))
         note += ("; values from your database are sent (send_values)" if gemini.send_values else

@@ -349,6 +349,21 @@ _FILTERED: Final = frozenset({"SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII
 
 
 @dataclass(frozen=True)
+class ModelRequest:
+    """One question to a model, as `generate_json` sends it: the model and its generation
+    settings, the system prompt, the conversation, the JSON schema of the answer, and how long
+    an attempt may wait (`call_timeout_s`; with `stall_s` the answer is streamed)."""
+
+    model: str
+    system: str
+    turns: Sequence[Turn]
+    schema: Mapping[str, Any]
+    settings: ModelSettings
+    call_timeout_s: float  # the wait for the answer (streamed: for its first chunk)
+    stall_s: float | None  # streamed: the longest wait for the next chunk; None: not streamed
+
+
+@dataclass(frozen=True)
 class ModelReply:
     text: str
     usage: Usage  # of the answered attempt
@@ -418,25 +433,25 @@ class GeminiClient:
 
                 await trio.to_thread.run_sync(auth.refresh, Request(), abandon_on_cancel=True)
 
-    async def generate_json(self, *, model: str, system: str, turns: Sequence[Turn],
-                            schema: Mapping[str, Any], settings: ModelSettings, call_timeout_s: float,
-                            policy: RetryPolicy = DEFAULT_RETRY,
-                            stats: CallStats | None = None, meter: SpendMeter | None = None,
-                            stall_s: float | None = None) -> ModelReply:
-        """Ask `model` for JSON matching `schema`; retries per `policy`; raises ModelError.
+    async def generate_json(self, request: ModelRequest, *, policy: RetryPolicy = DEFAULT_RETRY,
+                            stats: CallStats | None = None, meter: SpendMeter | None = None) -> ModelReply:
+        """Ask the request's model for JSON matching its schema; retries per `policy`; raises
+        ModelError.
 
         `stats` (when given) counts every attempt, answered or not, their tokens and cost, and
         the model version that answered. `meter` is checked before every attempt and charged
-        after every answered one. With `stall_s`, the answer is streamed
+        after every answered one. With the request's `stall_s`, the answer is streamed
         (`streamGenerateContent`): `call_timeout_s` bounds the wait for its first chunk (the
         thinking), `stall_s` each wait for the next, so an answer that keeps coming is not cut
         by one wall clock; a stalled stream counts as a timed-out attempt.
         """
+        model, settings = request.model, request.settings
+        call_timeout_s, stall_s = request.call_timeout_s, request.stall_s
         stats = stats if stats is not None else CallStats()
-        config = generation_config(system, schema, settings,
+        config = generation_config(request.system, request.schema, settings,
                                    store=None if self.credentials.vertexai else False)
         contents: list[types.ContentUnion] = [
-            types.Content(role=role, parts=[types.Part(text=text)]) for role, text in turns]
+            types.Content(role=role, parts=[types.Part(text=text)]) for role, text in request.turns]
         secret = self.credentials.api_key
         for attempt in range(1, policy.attempts + 1):
             if meter is not None:
