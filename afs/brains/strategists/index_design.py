@@ -102,7 +102,8 @@ INCLUDE_MAX_COLUMNS: Final = 3
 MAX_SUBPLAN_KEY: Final = 4  # key columns of the index on a SubPlan's correlation columns
 INCLUDE_MAX_TEXT_WIDTH: Final = 16  # avg bytes (pg_stats avg_width) of a text narrow enough to INCLUDE
 MIN_IMPROVEMENT: Final = 10.0  # percent: the consensus gate; less is not worth proposing
-MAX_CANDIDATES: Final = 4  # the first choice and up to three alternatives (the agent caps it too)
+MAX_CANDIDATES: Final = 8  # the first choice and alternatives; an agent screens Measuring.candidates of
+# them, the rest go to measuring slots whose design another agent of the squad measures (afs.agents)
 TRAP_REMOVED_RATIO: Final = 10.0  # an index walk in sort order that filters this many rows per row kept
 SET_EXTRA_SHARE: Final = 0.2  # a set of indexes leads when the tables it adds take this share of the time
 SET_EXTRA_ROWS: Final = 0.25  # … or visit this share of the rows the best single design's table does
