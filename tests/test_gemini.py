@@ -37,12 +37,15 @@ from afs.analysis import gather_context, table_info
 from afs.brains.gemini.brain import (
     Asking,
     GeminiBrain,
+    Measured,
     analysis_prompt,
     check_models,
     context_fields,
     open_gemini_squad,
     prompt_template,
     proposal_prompt,
+    refine_prompt,
+    review_prompt,
 )
 from afs.brains.gemini.client import (
     NO_CREDENTIALS,
@@ -66,6 +69,7 @@ from afs.brains.gemini.parsing import (
     proposal_type_of,
     repair_json,
 )
+from afs.brains.gemini.withheld import withhold
 from afs.config import (
     DEFAULT_GEMINI_MODELS,
     MODEL_SETTINGS,
@@ -87,6 +91,7 @@ from afs.models import (
     ColumnInfo,
     ColumnStats,
     IndexInfo,
+    LoopStep,
     ReviewFlag,
     TableInfo,
 )
@@ -94,6 +99,7 @@ from afs.optimize import TaskRequest, optimize
 from afs.pg.plan import plan_text
 from afs.query.features import extract_features
 from afs.query.query import Query
+from afs.query.text import PARSES
 from afs.report import render_text, to_json
 from afs.router import consensus_weights, load_rules
 from afs.safety import validate_candidate
@@ -508,6 +514,24 @@ def test_a_keyset_rewrite_is_given_the_last_key_of_the_previous_page() -> None:
     prompt = proposal_prompt("gemini25pro", ctx, analysis)
     assert ("the row just before the page is <data label=\"values\">\"('2024-03-01 10:00:00+00', 4711, "
             "'O''Hara')\"</data>") in prompt
+
+
+@pytest.mark.parametrize("send_values", [True, False])
+def test_the_prompts_never_read_the_query_again(send_values: bool) -> None:
+    """Issue 24: the prompts show the task's query as it is (values withheld by PostgreSQL's
+    scanner, not a parse): building every prompt of a conversation reads it with sqlglot 0 times."""
+    text = QUERY.replace("42", "4217")  # a text nobody read before, so any reading of it counts
+    ctx = dataclasses.replace(issue_context(), query=text)
+    shown, withheld = (ctx, None) if send_values else withhold(ctx)
+    analysis = AnalysisResult(("the insight",), ("the action",), 0.8)
+    (current,) = parse_proposals("gemini25pro", json.dumps({"candidates": [PROPOSAL]}))[0]
+    measured = Measured(current, ISSUE_PLAN, None, (LoopStep(1, current, None, None, True),), 1)
+    prompts = [analysis_prompt("gemini25pro", shown, withheld=withheld),
+               proposal_prompt("gemini25pro", shown, analysis, withheld=withheld),
+               refine_prompt(shown, measured, withheld=withheld),
+               review_prompt(text, (), send_values)]
+    assert ("4217" in prompts[0]) is send_values and ("4217" in prompts[3]) is send_values
+    assert PARSES[text] == 0
 
 
 def wide_plan(cheap_nodes: int) -> dict[str, Any]:
