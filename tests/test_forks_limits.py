@@ -8,11 +8,11 @@ import pytest
 import trio
 
 from afs.bench import apply
-from afs.config import Settings
+from afs.config import ForkLimits, Settings
 from afs.db import open_connection
 from afs.errors import DatabaseError, ForkLimitError, ProposalFailedError
 from afs.forks.client import open_fork_client
-from afs.forks.limits import ForkLimits, check_growth
+from afs.forks.limits import check_growth
 from afs.forks.provider import LocalForkProvider
 from afs.models import EstimatedImpact, OptimizationProposal
 from afs.sandbox.server import SandboxServer

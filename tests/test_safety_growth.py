@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from afs.config import ForkLimits
 from afs.db import open_connection
 from afs.errors import ForkLimitError
-from afs.forks.limits import ForkLimits, check_growth
+from afs.forks.limits import check_growth
 from afs.forks.provider import LocalForkProvider
 from afs.safety import writes_from_query
 from afs.sandbox.server import SandboxServer

@@ -361,7 +361,8 @@ async def test_a_worker_reaches_forks_over_streamable_http_with_a_token(
     from afs.forks.client import open_fork_client
     from afs.forks.server import serve_http
 
-    (url,) = [u for u in await nursery.start(serve_http, provider, 600, "127.0.0.1:0", "f0rks")
+    served = settings.with_(fork_ttl_seconds=600)  # the fork server's own settings
+    (url,) = [u for u in await nursery.start(serve_http, provider, served, "127.0.0.1:0", "f0rks")
               if u.startswith("http://127.0.0.1")]
     remote = settings.with_(fork_server_url=url, fork_server_token="f0rks",
                             fork_server_command=("false",),  # no local fork server to fall back on

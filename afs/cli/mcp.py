@@ -16,7 +16,6 @@ from afs.cli.commands import DSN_PASSWORDS, add_command, add_top
 from afs.cli.output import EXIT_INTERRUPTED, EXIT_OK
 from afs.config import Settings
 from afs.forks import server as mcp_server
-from afs.forks.limits import ForkLimits
 from afs.forks.provider import LocalForkProvider
 from afs.forks.token import ensure_token
 from afs.sandbox.server import SandboxServer
@@ -37,15 +36,14 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
         sandbox = SandboxServer(settings)
         sandbox.start()
         admin_dsn = sandbox.dsn()
-    provider = LocalForkProvider(admin_dsn, limits=ForkLimits.from_settings(settings),
+    provider = LocalForkProvider(admin_dsn, limits=settings.fork_limits,
                                  public_address=args.public_address, spares=settings.fork_spares)
     for source in args.register:
         trio.run(provider.register_source, source, "registered")
     if args.http:
         async def serve_http() -> None:
             async with trio.open_nursery() as nursery:
-                urls = await nursery.start(mcp_server.serve_http, provider, settings.fork_ttl_seconds,
-                                           args.http, token, settings.fork_gc_interval_s)
+                urls = await nursery.start(mcp_server.serve_http, provider, settings, args.http, token)
                 where = ("AFS_FORK_SERVER_TOKEN" if settings.fork_server_token
                          else f"{settings.fork_server_token_file}, which AFS reads on this machine; "
                               "elsewhere set AFS_FORK_SERVER_TOKEN to it")
@@ -57,7 +55,7 @@ def cmd_mcp_serve(args: argparse.Namespace, settings: Settings) -> int:
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED
         return EXIT_OK
-    mcp_server.run(provider, settings.fork_ttl_seconds, settings.fork_gc_interval_s)
+    mcp_server.run(provider, settings)
     return EXIT_OK
 
 

@@ -17,14 +17,8 @@ the running statements of a fork that grew past its cap anyway (`enforce_limits`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
-from afs.config import (
-    DEFAULT_FORK_MAX_GROWTH_MB,
-    DEFAULT_FORK_TEMP_FILE_LIMIT_MB,
-    DEFAULT_STATEMENT_TIMEOUT_MS,
-    Settings,
-)
+from afs.config import ForkLimits
 from afs.db import Connection
 from afs.errors import DatabaseError, ForkLimitError
 from afs.pg.names import quote_ident, quote_literal
@@ -34,31 +28,20 @@ GROWTH_SETTING = "afs.max_growth_mb"
 IDLE_IN_TRANSACTION_MS = 10 * 60 * 1000
 
 
-@dataclass(frozen=True)
-class ForkLimits:
-    temp_file_limit_mb: int = DEFAULT_FORK_TEMP_FILE_LIMIT_MB
-    max_growth_mb: int = DEFAULT_FORK_MAX_GROWTH_MB
-    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ForkLimits:
-        return cls(temp_file_limit_mb=settings.fork_temp_file_limit_mb,
-                   max_growth_mb=settings.fork_max_growth_mb,
-                   statement_timeout_ms=settings.statement_timeout_ms)
-
-    def role_settings(self) -> dict[str, str]:
-        return {
-            "temp_file_limit": f"{self.temp_file_limit_mb}MB",
-            "statement_timeout": str(self.statement_timeout_ms),
-            "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
-            GROWTH_SETTING: str(self.max_growth_mb),
-        }
+def role_settings(limits: ForkLimits) -> dict[str, str]:
+    """The settings a fork's role gets for `limits` (afs.config.ForkLimits: `Settings.fork_limits`)."""
+    return {
+        "temp_file_limit": f"{limits.temp_file_limit_mb}MB",
+        "statement_timeout": str(limits.statement_timeout_ms),
+        "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
+        GROWTH_SETTING: str(limits.max_growth_mb),
+    }
 
 
 async def apply_role_limits(conn: Connection, role: str, limits: ForkLimits) -> None:
     """Set the limits on the fork's role (as the admin: temp_file_limit is superuser-only)."""
     await conn.execute(";".join(f"ALTER ROLE {quote_ident(role)} SET {name} = {quote_literal(value)}"
-                                for name, value in limits.role_settings().items()))  # one round trip
+                                for name, value in role_settings(limits).items()))  # one round trip
 
 
 async def check_growth(conn: Connection, sql: str) -> None:

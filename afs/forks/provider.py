@@ -45,7 +45,7 @@ import trio
 from psycopg import conninfo
 
 from afs.conditions import carry_settings
-from afs.config import ADMIN_STATEMENT_TIMEOUT_MS
+from afs.config import ADMIN_STATEMENT_TIMEOUT_MS, ForkLimits
 from afs.db import OWN_SERVER_MARK, Connection, open_connection
 from afs.errors import (
     DatabaseError,
@@ -54,7 +54,7 @@ from afs.errors import (
     InputError,
     UnknownServiceError,
 )
-from afs.forks.limits import ForkLimits, apply_role_limits
+from afs.forks.limits import apply_role_limits
 from afs.forks.naming import FORK_PREFIX, InvalidForkName, random_fork_name, validate_fork_name
 from afs.locks import advisory_lock
 from afs.pg.names import quote_ident, quote_literal

@@ -22,7 +22,7 @@ import trio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from afs.config import DEFAULT_FORK_GC_INTERVAL_S
+from afs.config import Settings
 from afs.errors import AfsError, ConfigError
 from afs.forks.provider import LocalForkProvider
 
@@ -149,15 +149,14 @@ async def keep_spares(provider: LocalForkProvider) -> None:
 
 
 @asynccontextmanager
-async def running(provider: LocalForkProvider,
-                  gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> AsyncIterator[None]:
+async def running(provider: LocalForkProvider, settings: Settings) -> AsyncIterator[None]:
     """A fork server's own work, around the block that serves: garbage collected once
-    first, then every `gc_interval_s` seconds; forks past their growth cap stopped; spares
+    first, then every `settings.fork_gc_interval_s` seconds; forks past their growth cap stopped; spares
     topped up. (The stdio and HTTP servers here, and a fork server in the client's own
     process, `afs.sandbox.forks`.)"""
     await collect(provider)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(collect_periodically, provider, gc_interval_s)
+        nursery.start_soon(collect_periodically, provider, settings.fork_gc_interval_s)
         nursery.start_soon(enforce_limits_periodically, provider, LIMITS_INTERVAL_S)
         nursery.start_soon(keep_spares, provider)
         try:
@@ -166,23 +165,22 @@ async def running(provider: LocalForkProvider,
             nursery.cancel_scope.cancel()
 
 
-async def serve_stdio(provider: LocalForkProvider, default_ttl_seconds: int,
-                      gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
+async def serve_stdio(provider: LocalForkProvider, settings: Settings) -> None:
     """Collect garbage, then serve MCP over stdin/stdout until the client goes away,
-    collecting expired forks every `gc_interval_s` seconds meanwhile."""
-    async with running(provider, gc_interval_s):
-        await build_server(provider, default_ttl_seconds).run_stdio_async()
+    collecting expired forks every `settings.fork_gc_interval_s` seconds meanwhile (forks
+    live `settings.fork_ttl_seconds` unless asked otherwise)."""
+    async with running(provider, settings):
+        await build_server(provider, settings.fork_ttl_seconds).run_stdio_async()
 
 
-def run(provider: LocalForkProvider, default_ttl_seconds: int,
-        gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S) -> None:
-    anyio.run(serve_stdio, provider, default_ttl_seconds, gc_interval_s, backend="trio")
+def run(provider: LocalForkProvider, settings: Settings) -> None:
+    anyio.run(serve_stdio, provider, settings, backend="trio")
 
 
-async def serve_http(provider: LocalForkProvider, default_ttl_seconds: int, bind: str,
-                     token: str, gc_interval_s: float = DEFAULT_FORK_GC_INTERVAL_S,
+async def serve_http(provider: LocalForkProvider, settings: Settings, bind: str, token: str,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve MCP over streamable HTTP at `bind` (path /mcp) until cancelled; reports the URLs.
+    """Serve MCP over streamable HTTP at `bind` (path /mcp) until cancelled; reports the URLs
+    (the fork lifetime and garbage collection: `settings`, as `serve_stdio`).
 
     Every request must carry `token` as a bearer token (compared in constant time), on
     loopback too: any local process can reach loopback.
@@ -196,13 +194,13 @@ async def serve_http(provider: LocalForkProvider, default_ttl_seconds: int, bind
         raise ConfigError("the fork server over HTTP needs a token (AFS_FORK_SERVER_TOKEN, or the one "
                           "afs.forks.token keeps in AFS_HOME)")
     host, _ = check_bind(bind, token)
-    app: Any = build_server(provider, default_ttl_seconds).streamable_http_app(host=host)
+    app: Any = build_server(provider, settings.fork_ttl_seconds).streamable_http_app(host=host)
     config = Config()
     config.bind = [bind]
     config.accesslog = None
     config.errorlog = None
     never = trio.Event()
-    async with running(provider, gc_interval_s), trio.open_nursery() as nursery:
+    async with running(provider, settings), trio.open_nursery() as nursery:
         urls: list[str] = await nursery.start(functools.partial(
             hypercorn.trio.serve, require_token(app, token), config,
             shutdown_trigger=never.wait))

@@ -22,7 +22,6 @@ import trio
 
 from afs.config import Settings, default_fork_server_command
 from afs.forks.client import ForkClient, open_fork_client
-from afs.forks.limits import ForkLimits
 from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server, running
 from afs.sandbox.server import SandboxServer
@@ -51,8 +50,7 @@ async def open_forks(settings: Settings) -> AsyncIterator[ForkClient]:
         return
     sandbox = SandboxServer(settings)
     await trio.to_thread.run_sync(sandbox.start)
-    provider = LocalForkProvider(sandbox.dsn(), limits=ForkLimits.from_settings(settings),
-                                 spares=settings.fork_spares)
-    async with running(provider, settings.fork_gc_interval_s), \
+    provider = LocalForkProvider(sandbox.dsn(), limits=settings.fork_limits, spares=settings.fork_spares)
+    async with running(provider, settings), \
             open_fork_client(settings, build_server(provider, settings.fork_ttl_seconds)) as client:
         yield client
