@@ -86,6 +86,7 @@ from afs.models import (
     Timing,
     UserConditions,
     ValidationResult,
+    WriteWorkload,
 )
 from afs.params.family import ParameterSet, apply_parameters, baked_literals, parameter_sets, stored_rows
 from afs.pg.bottleneck import Bottleneck, bottlenecks
@@ -93,6 +94,7 @@ from afs.pg.names import quote_literal
 from afs.pg.plan import fmt_ms, plan_of
 from afs.query.query import Query
 from afs.query.text import check_input
+from afs.replay import with_write_cost
 from afs.safety import check_query, creates, proposal_references, validate_candidate
 from afs.suite import build_suite
 
@@ -120,6 +122,7 @@ class AgentJob:
     source_server: Mapping[str, str] = field(default_factory=dict)  # AnalysisContext.source_server
     source_imported: bool = False
     conditions: UserConditions | None = None  # the user's server: settings forks take, its plan
+    workload: WriteWorkload | None = None  # the writes of its tables (the batch's): new indexes' cost
 
 
 @dataclass
@@ -356,6 +359,8 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                                 planner_cost, conn, proposal.rewritten_query or job.query, proposal,
                                 applied=True))
                     shared.slow_family.update(slow_originals(timed, outcome))
+                    # issue 28: a new index's cost to the task's writes, replayed with it in place
+                    outcome = await with_write_cost(conn, outcome, proposal, job.workload, job.measuring)
                     # still with the proposal in place: check its rows for the members skipped
                     exact = all(v.exact for v in (*suite[:1], *(candidate_suite or ())[:1]))
                     return with_known_slow(outcome, await _result_checks(

@@ -298,7 +298,11 @@ def _unmeasured(cost: WriteCost | None) -> str:
 def read_ms_saved_per_day(candidate: Candidate) -> float | None:
     """The query as given, measured before and after, times its observed calls a day (the
     task's WriteWorkload.reads_per_day); None when either is unknown."""
-    cost, m = candidate.benchmark.write_cost, query_as_given(candidate.benchmark)
+    return read_ms_saved_per_day_of(candidate.benchmark)
+
+
+def read_ms_saved_per_day_of(benchmark: BenchmarkOutcome) -> float | None:
+    cost, m = benchmark.write_cost, query_as_given(benchmark)
     if cost is None or cost.reads_per_day is None or m is None:
         return None
     return (m.baseline.median_ms - m.optimized.median_ms) * cost.reads_per_day

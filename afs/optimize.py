@@ -235,7 +235,8 @@ async def optimize(
                    features=features, source=source, source_stats=stats,
                    source_server=facts, source_imported=imported, conditions=conditions,
                    timeouts=settings.timeouts, measuring=measuring,
-                   given_sets=request.parameters.others if request.parameters else ())
+                   given_sets=request.parameters.others if request.parameters else (),
+                   workload=request.parameters.workload if request.parameters else None)
     outcomes: dict[AgentKey, AgentOutcome] = {}
     bench_limiter = trio.CapacityLimiter(1)  # benchmark phases never overlap on one server
     shared = TaskMeasurements()  # identical proposals are measured once

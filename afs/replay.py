@@ -54,6 +54,7 @@ RUN_TARGET_MS = 20.0  # a run of a fast statement repeats it until it takes abou
 WRITE_RUN_TARGET_MS = 50.0  # a write's run: its cost is a few µs in a call of tens
 WRITE_PAIRS = 7  # pairs of runs of a write, at least (the estimate is the median of their differences)
 MAX_REPEATS = 1000  # calls of a statement in one run, at most
+TIME_LEFT_SHARE = 0.5  # of the time its caller has left, what an agent's replay of writes may start in
 DAY_S = 86_400.0
 _INTEGERS = {"smallint", "integer", "bigint", "int2", "int4", "int8"}
 
@@ -331,7 +332,8 @@ async def fork_write_cost(conn: Connection, proposal: OptimizationProposal,
     if not writes:
         return None
     rule = StopRule.of(policy)
-    deadline = trio.current_time() + policy.budget_s
+    now = trio.current_time()  # new statements start within the budget and half the time left
+    deadline = now + min(policy.budget_s, TIME_LEFT_SHARE * (trio.current_effective_deadline() - now))
     replayed: list[tuple[Replayed, float | None]] = []
     left: list[str] = []
     for write in writes:
@@ -342,7 +344,7 @@ async def fork_write_cost(conn: Connection, proposal: OptimizationProposal,
                              write.values)
         replayed.append((await replay_one(conn, work, tuple(names), rule), write.per_day))
     failed = [r.note for r, _ in replayed if r.with_index is None and r.note]
-    notes = ([f"{len(left)} write(s) not replayed: the measuring budget ({policy.budget_s:g} s) ran out"]
+    notes = ([f"{len(left)} write(s) not replayed: the measuring budget ran out"]
              if left else []) + failed[:1]
     return measured_cost(replayed, workload.reads_per_day, "; ".join(notes))
 

@@ -16,7 +16,7 @@ from pglast import ast, enums, parse_sql
 from pglast.parser import ParseError
 from pglast.stream import RawStream
 
-from afs.consensus import query_as_given
+from afs.consensus import query_as_given, read_ms_saved_per_day_of
 from afs.models import (
     AGENTS,
     AgentOutcome,
@@ -29,6 +29,7 @@ from afs.models import (
     SettingGap,
     TaskResult,
     UserConditions,
+    WriteCost,
 )
 from afs.safety import creates, settings_sql
 
@@ -196,6 +197,7 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
         "family_problem": b.family_problem if b else None,
         "baseline_lower_bound": b.baseline_lower_bound if b else False,
         "apply_s": b.apply_s if b else None,
+        "write_cost": write_cost_record(b.write_cost, read_ms_saved_per_day_of(b)) if b else None,
         "candidates": [_candidate(c) for c in o.candidates],
         # the loop's chain that led to the agent's proposal (empty: no step after the first)
         "chain": next((_chain(c.chain) for c in o.candidates if c.proposal == p and c.chain), []),
@@ -210,6 +212,30 @@ def _proposal(o: AgentOutcome, result: TaskResult) -> dict[str, Any]:
         "usage": o.usage.record() if o.usage else {},
         "plan_check": _plan_check(o.plan_check),
     }
+
+
+def write_cost_record(cost: WriteCost | None, saved_ms_per_day: float | None) -> dict[str, Any] | None:
+    """A proposal's measured write cost as the JSON keeps it (None when none was measured)."""
+    if cost is None:
+        return None
+    return {"ms_per_write": cost.ms_per_write, "writes_per_day": cost.writes_per_day,
+            "ms_per_day": cost.ms_per_day, "reads_per_day": cost.reads_per_day,
+            "read_ms_saved_per_day": None if saved_ms_per_day is None else round(saved_ms_per_day, 2),
+            "significant": cost.significant, "statements": cost.statements, "note": cost.note}
+
+
+def write_cost_text(w: Mapping[str, Any]) -> str:
+    """One line: what the new indexes cost the writes, per write and per day, against the reads."""
+    if not w["statements"]:
+        return "  write cost: no write replayed in the fork" + (f" ({w['note']})" if w["note"] else "")
+    per_day = (f" × {w['writes_per_day']:g} writes a day = {w['ms_per_day']:g} ms a day"
+               if w["ms_per_day"] is not None else " (no rate a day: the statistics' window is unknown)")
+    against = (f", against {w['read_ms_saved_per_day']:g} ms a day saved on the reads"
+               if w["read_ms_saved_per_day"] is not None else "")
+    return (f"  write cost (measured in the fork, {w['statements']} write statement(s) replayed):"
+            f" {w['ms_per_write']:.4f} ms more per write{per_day}{against}"
+            + ("" if w["significant"] else "; within the noise")
+            + (f" ({w['note']})" if w["note"] else ""))
 
 
 def _gap(g: SettingGap) -> dict[str, Any]:
@@ -551,6 +577,8 @@ def render_text(result: TaskResult) -> str:
         if p["storage_mb"] is not None:
             out.append(f"  storage: +{p['storage_mb']} MB (touched tables {p['storage_before_mb']} MB"
                        f" → {p['storage_after_mb']} MB)")
+        if p["write_cost"]:
+            out.append(write_cost_text(p["write_cost"]))
         if len(p["candidates"]) > 1 or any(c["status"] != "measured" for c in p["candidates"]):
             out.append(f"  candidates tried ({len(p['candidates'])}):")
             for c in p["candidates"]:

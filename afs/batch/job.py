@@ -21,6 +21,7 @@ $AFS_HOME/reports/batch-ID.md and .json.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -32,10 +33,12 @@ import trio
 from psycopg.types.json import Jsonb
 
 from afs.batch.fill import fill_statement
+from afs.batch.replay import per_day, table_oids, table_workload, window_seconds
 from afs.batch.report import Entry, build_report, index_key, outcome, render_markdown
 from afs.batch.statements import (
     Counters,
     Snapshot,
+    Statement,
     parse_since,
     read_counters,
     relations,
@@ -46,7 +49,7 @@ from afs.config import BATCH_PARAMETER_SETS, Settings
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, InputError, ServiceError
 from afs.events import Sink
-from afs.models import StatementParameters, TaskResult
+from afs.models import StatementParameters, TaskResult, WorkloadWrite, WriteWorkload
 from afs.optimize import new_task_id
 from afs.sandbox.importer import origin_of
 from afs.service.client import ServiceClient
@@ -54,6 +57,7 @@ from afs.service.runner import Runtime, run_task
 from afs.store import Store
 from afs.store.codec import decode, encode
 from afs.store.migrations import SCHEMA
+from afs.task import MAX_WORKLOAD_WRITES, check_workload
 
 REUSABLE = ("completed", "no_improvement")
 
@@ -158,6 +162,46 @@ async def stored_batch(store: Store, batch_id: str) -> tuple[dict[str, Any] | No
 def _index_tables(entry: Entry) -> list[str]:
     keys = [index_key(sql) for sql in (entry.winner or {}).get("sql_commands", [])]
     return [k.table for k in keys if k is not None]
+
+
+async def task_workloads(target: Connection, counters: Counters, statements: Sequence[Statement],
+                         period_s: float) -> dict[int, WriteWorkload]:
+    """By queryid: the workload's writes of the tables each statement reads (filled as the batch
+    fills them, afs.batch.replay; at most MAX_WORKLOAD_WRITES, by total time; each checked as
+    the API checks a task's, afs.task.check_workload, a write refused left out) with their calls
+    a day, and the statement's own calls a day. What its task measures a new index's write cost
+    on, in the agent's fork (afs.replay); a statement with no such write gets none."""
+    read = {st.queryid: relations(st.query) for st in statements}
+    window = window_seconds(counters)
+    names = sorted({t for tables in read.values() for t in tables})
+    if not names:
+        return {}
+    work = await table_workload(target, counters, names, reads=False)
+    oids = await table_oids(target, names)
+    out: dict[int, WriteWorkload] = {}
+    for st in statements:
+        mine = dict.fromkeys(oid for t in read[st.queryid] if (oid := oids.get(t)) in work)
+        writes = sorted((w for oid in mine if oid is not None for w in work[oid].statements
+                         if w.kind == "write"), key=lambda w: -w.total_ms)
+        given: list[WorkloadWrite] = []
+        for w in writes:
+            one = WorkloadWrite(w.statement, w.query, w.table, w.calls, per_day(w.calls, window), w.values)
+            try:
+                check_workload(WriteWorkload((one,)), read[st.queryid])
+            except InputError:
+                continue
+            given.append(one)
+        if given:
+            out[st.queryid] = WriteWorkload(tuple(given[:MAX_WORKLOAD_WRITES]), per_day(st.calls, period_s))
+    return out
+
+
+def with_workload(parameters: StatementParameters | None,
+                  workload: WriteWorkload | None) -> StatementParameters | None:
+    """A task's parameter sets carrying its statement's workload of writes (when both exist)."""
+    if parameters is None or workload is None:
+        return parameters
+    return dataclasses.replace(parameters, workload=workload)
 
 
 async def snapshot_before(store: Store, origin: str, at: datetime) -> Snapshot | None:
@@ -360,6 +404,8 @@ async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: s
             progress(f"filling the parameters of statement {st.queryid}")
             planned.append((st, await fill_statement(target, st.query, options.sets),
                             await schema_hash(target, st.query)))
+        progress("filling the writes of the tables the statements read (for new indexes' write costs)")
+        task_writes = await task_workloads(target, counters, workload.statements, workload.period_s)
     batch_id = new_task_id()
     created = datetime.now(UTC)
     await store.conn.execute(
@@ -382,7 +428,8 @@ async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: s
                 entry.status, entry.task_id, entry.reused_from = "reused", earlier, earlier
                 result = await store.result(earlier)
             else:
-                todo.append((len(entries), NewTask(entry.filled_query, filled.parameters(),
+                given = with_workload(filled.parameters(), task_writes.get(st.queryid))
+                todo.append((len(entries), NewTask(entry.filled_query, given,
                                                    f"statement {n}/{len(planned)} ({st.queryid})")))
         entries.append(entry)
         results.append(result)

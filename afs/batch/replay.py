@@ -193,16 +193,19 @@ def window_seconds(counters: Counters) -> float | None:
 
 
 async def table_workload(target: Connection, counters: Counters, tables: Sequence[str], *,
-                         limit: int = MAX_STATEMENTS) -> dict[int, TableWorkload]:
+                         limit: int = MAX_STATEMENTS, reads: bool = True) -> dict[int, TableWorkload]:
     """The filled statements of pg_stat_statements that name each of `tables` (by oid).
 
-    Reads are filled and planned through `on_target`; writes filled from pg_stats (pure)."""
+    Reads are filled and planned through `on_target` (none without `reads`); writes filled
+    from pg_stats (pure)."""
     wanted = {oid: name for name, oid in (await table_oids(target, tables)).items() if oid is not None}
     found: dict[int, list[WorkStatement]] = {oid: [] for oid in wanted}
     missed: dict[int, list[NotReplayed]] = {oid: [] for oid in wanted}
     known: dict[str, int | None] = {}
     for queryid, text, calls, total, _mean, _rows in counters.rows:  # by total time
         written = write_target(text)
+        if written is None and not reads:
+            continue
         try:
             if written is None and not _is_select(text):
                 continue  # DDL, utility statements: not the workload's reads or writes

@@ -53,6 +53,7 @@ from afs.task import (
     TASK_TYPES,
     check_choice,
     check_runs,
+    check_workload,
     read_query,
     read_weights,
 )
@@ -154,6 +155,11 @@ def parse_parameters(data: Any, query: str) -> StatementParameters:
             raise FieldError("parameters", f"set {n + 1}: {exc}") from None
         if placed is None:
             raise FieldError("parameters", f"set {n + 1}: a substitution's literal is not in the query")
+    if parsed.workload is not None:  # the writes a new index's cost is measured on (afs.task)
+        try:
+            check_workload(parsed.workload, read_query(query)[1].tables)
+        except InputError as exc:
+            raise FieldError("parameters", str(exc)) from None
     return parsed
 
 
