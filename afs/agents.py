@@ -38,6 +38,7 @@ from afs.bench import (
     Reuse,
     TaskMeasurements,
     benchmark,
+    hideable_indexes,
     measure_before,
     past_timeout_check,
     planner_cost,
@@ -315,12 +316,14 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     async def measure_design(rank: int, proposal: OptimizationProposal, validation: ValidationResult,
                              candidate_suite: tuple[QueryVariant, ...] | None,
-                             must_beat: Timing | None = None,
+                             must_beat: Timing | None = None, held: tuple[str, ...] = (),
+                             held_s: float = 0.0,
                              members: tuple[FamilyQuery, ...] | None = None) -> CandidateResult | None:
         """One design measured (or its measurement taken from the agent that measures it):
         its result, also in `tried`; None when the fork's state is unknown after it.
         `must_beat`: a loop step's step before: measured slower than it (not `beats`) on the
-        query as given, the step is measured no further (that measurement is not shared)."""
+        query as given, the step is measured no further (that measurement is not shared).
+        `held`: its leading index builds, in place in the fork already (`afs.bench.benchmark`)."""
         measured_here = False
         short = False
 
@@ -346,7 +349,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                     outcome = await benchmark(
                         conn, suite, proposal, policy=job.measuring, candidate_suite=candidate_suite,
                         tables=job.features.tables, skipped=state.skipped, family=timed,
-                        known_slow=ctx.slow, reuse=reuse, enough=enough)
+                        known_slow=ctx.slow, reuse=reuse, enough=enough, held=held, held_s=held_s)
                     in_place.proposal = proposal  # the benchmark leaves it applied
                     await rows_kept()
                     if short:  # not the whole measurement: not for another agent to take
@@ -370,7 +373,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
             enter("waiting for a shared measurement")
 
-        if not await in_place.clear():  # the fork as analysed before the next design
+        if not held and not await in_place.clear():  # the fork as analysed before the next design
             events.emit("agent_phase", agent=agent, fork=state.fork, phase="undo failed",
                         error=in_place.error)
             return None
@@ -500,7 +503,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
 # -- the loop: the best design, the plan with it in place, the next design ------------------------
 MeasureDesign = Callable[[int, OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None,
-                          Timing | None], Awaitable[CandidateResult | None]]
+                          Timing | None, tuple[str, ...], float], Awaitable[CandidateResult | None]]
 
 
 class _Short(Exception):
@@ -724,9 +727,13 @@ class _Loop:
             # the plan node it answers: the bottleneck its rationale names, else the costliest
             motive = next((b.detail for b in necks if b.detail in extended.rationale),
                           top.detail if top else None)
-            if not await self.in_place.clear():  # the extended design holds the current one
-                return self._stop(f"undoing step {n - 1} failed: {self.in_place.error}")
-            validation, candidate_suite, refused = await _admit(conn, extended)
+            held = self._held(current, extended)
+            if held:  # only its new indexes are built: admitted with the ones it extends in place
+                validation, candidate_suite, refused = await _admit_extension(conn, extended, len(held))
+            else:
+                if not await self.in_place.clear():  # the extended design holds the current one
+                    return self._stop(f"undoing step {n - 1} failed: {self.in_place.error}")
+                validation, candidate_suite, refused = await _admit(conn, extended)
             if refused is not None:
                 self.steps.append(LoopStep(n, extended, motive, None, False, refused))
                 return self._stop(f"step {n} was refused")
@@ -734,7 +741,8 @@ class _Loop:
                 extended = dataclasses.replace(extended, rollback_commands=validation.rollback_commands)
             rank = max([*self.tried, *self.by_rank], default=0) + 1
             self.by_rank[rank] = (extended, validation, candidate_suite)
-            result = await self.measure(rank, extended, validation, candidate_suite, previous)
+            held_s = current.benchmark.apply_s if held and current is not None and current.benchmark else 0.0
+            result = await self.measure(rank, extended, validation, candidate_suite, previous, held, held_s)
             self.ranks.append(rank)
             new = query_timing(result.benchmark) if result is not None else None
             if previous is None and result is not None:  # the first design: against the query as given
@@ -772,6 +780,21 @@ class _Loop:
             self.events.emit("loop_step", agent=agent, fork=self.state.fork, step=n, rank=rank,
                              motivated_by=motive, median_ms=new.median_ms)
         self._stop(f"{budget.loop_steps} loop steps taken (loop_steps)")
+
+    def _held(self, current: CandidateResult | None, extended: OptimizationProposal) -> tuple[str, ...]:
+        """The commands of the design in place that `extended` starts with, when it only adds
+        indexes to it (both index builds only, no rewrite or setting, the query not past the
+        statement timeout): they stay in place and are not built again; else ()."""
+        if current is None or current.benchmark is None or self.ctx.slow or self.in_place.proposal is None:
+            return ()
+        design = current.proposal
+        if (TaskMeasurements.key(self.in_place.proposal) != TaskMeasurements.key(design)
+                or not design.sql_commands or extended.rewritten_query is not None or extended.settings
+                or design.settings or extended.sql_commands[:len(design.sql_commands)] != design.sql_commands
+                or len(extended.sql_commands) <= len(design.sql_commands)
+                or hideable_indexes(extended) is None or hideable_indexes(design) is None):
+            return ()
+        return tuple(design.sql_commands)
 
     async def _elsewhere(self, design: OptimizationProposal, plan: Mapping[str, Any],
                          necks: Sequence[Bottleneck], top: Bottleneck | None,
@@ -859,6 +882,19 @@ async def _undone(conn: Connection, proposal: OptimizationProposal) -> bool:
     except ProposalFailedError:
         return False
     return True
+
+
+async def _admit_extension(conn: Connection, extended: OptimizationProposal, held: int
+                           ) -> tuple[ValidationResult, tuple[QueryVariant, ...] | None, str | None]:
+    """`_admit` for a design whose first `held` commands are in place in the fork already:
+    the whole design's structure, and the fork's catalog for its new statements only (the
+    objects in place were admitted with the design they belong to)."""
+    validation = validate_candidate(extended)
+    if not validation.is_valid:
+        return await _admit(conn, extended)  # refused the same way, with its reasons
+    added = dataclasses.replace(extended, sql_commands=extended.sql_commands[held:], rollback_commands=())
+    _, _, refused = await _admit(conn, added)
+    return validation, None, refused
 
 
 async def _admit(conn: Connection, proposal: OptimizationProposal

@@ -804,6 +804,8 @@ async def benchmark(
     known_slow: bool = False,
     reuse: Reuse | None = None,
     enough: Callable[[Timing], bool] | None = None,
+    held: Sequence[str] = (),
+    held_s: float = 0.0,
 ) -> BenchmarkOutcome:
     """Measure `suite` before and `candidate_suite` (default: the same) after the proposal.
 
@@ -822,6 +824,9 @@ async def benchmark(
     what this one finds. `enough`: asked with the proposal's time on the query as given, once
     measured; False ends the measurement there (the other queries and values are not
     measured, `skipped` says so): an agent's loop step that cannot be kept, whatever they show.
+    `held`: the proposal's leading commands, index builds already applied in the fork (the
+    design a loop step extends, left in place; `held_s` their build time): not built again,
+    their size and build time still count; the baseline hides them with the new indexes.
     """
     rule = StopRule.of(policy)
     family_rule = StopRule.of(policy, policy.family_runs)
@@ -832,10 +837,17 @@ async def benchmark(
     pairs = [(v, candidates[v.name]) for v in suite if v.name in candidates]
     missing = [f"{v.name}: no equivalent query on the proposal's objects" for v in suite
                if v.name not in candidates]
+    hidden = hideable_indexes(proposal)
+    held_names = hideable_indexes(dataclasses.replace(proposal, sql_commands=tuple(held))) if held else ()
+    if held and (hidden is None or held_names is None or proposal.rewritten_query is not None
+                 or tuple(proposal.sql_commands[:len(held)]) != tuple(held)):
+        raise ProposalFailedError("only leading index builds of the proposal can be held in place")
     storage_before = float(await conn.fetchval(_TABLES_SIZE, (list(tables),)))
     relations_before = float(await conn.fetchval(_USER_RELATIONS_SIZE))
+    if held_names:  # as if the held indexes were not built yet
+        held_size = float(await conn.fetchval(_TABLES_SIZE, (list(held_names),)))
+        storage_before, relations_before = storage_before - held_size, relations_before - held_size
 
-    hidden = hideable_indexes(proposal)
     rewrite = proposal.rewritten_query is not None
     settings = proposal.settings
     # A rewrite may order ties differently: compare its results as multisets.
@@ -932,7 +944,8 @@ async def benchmark(
                 if member.label in family_before:
                     memo.baselines[member.baseline_sql] = tuple(family_before[member.label])
 
-    apply_s = await apply(conn, proposal)
+    building = dataclasses.replace(proposal, sql_commands=proposal.sql_commands[len(held):])
+    apply_s = held_s + await apply(conn, building)
     relations_after = float(await conn.fetchval(_USER_RELATIONS_SIZE))
 
     async def plain(sql: str) -> Sample:

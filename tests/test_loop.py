@@ -119,6 +119,12 @@ async def test_the_loop_adds_the_index_the_plan_with_the_first_one_still_lacks(
         assert after.median_ms < before.median_ms
     assert kept[-1].median_ms is not None and chain[0].median_ms is not None
     assert kept[-1].median_ms * 2 < chain[0].median_ms
+    # a step that only adds indexes keeps those of the step before in place (not built again),
+    # and still counts them: its storage holds theirs and its own
+    by_design = {c.proposal.sql_commands: c for o in result.outcomes for c in o.candidates if c.benchmark}
+    first_mb = by_design[kept[0].proposal.sql_commands].benchmark.storage_delta_mb  # type: ignore[union-attr]
+    second_mb = by_design[kept[1].proposal.sql_commands].benchmark.storage_delta_mb  # type: ignore[union-attr]
+    assert second_mb > first_mb > 0, (first_mb, second_mb)
     for step in chain:
         assert step.kept or step.note  # a step not kept says why
     doc = to_json(result)
