@@ -52,7 +52,7 @@ PRIORITIES: tuple[str, ...] = get_args(Priority)
 TASK_TYPES: tuple[str, ...] = get_args(TaskType)
 PROVIDERS: tuple[str, ...] = get_args(Provider)
 MAX_RUNS = 50  # measured runs per suite query and side that a task may ask for
-MAX_WORKLOAD_WRITES = 10  # write statements a task replays for a new index's write cost, at most
+MAX_WORKLOAD_WRITES = 5  # write statements a task replays per measured design, at most (~1 s each)
 MAX_VALUE_BYTES = 4096  # one filled value of a write ($n → SQL literal), at most
 
 
@@ -177,6 +177,8 @@ def check_workload(workload: WriteWorkload | None, tables: Collection[str]) -> W
         table = check_write(write.query, what)
         if check_write(write.statement, what) != table:
             raise InputError(f"{what}: its statement and its filled query write different tables")
+        if _bare(write.table) != _bare(table):
+            raise InputError(f"{what}: its table is {write.table!r}, but it writes {table}")
         if _bare(table) not in read:
             raise InputError(f"{what}: writes {table}, which the query does not read")
         if not isinstance(write.calls, int) or isinstance(write.calls, bool) or write.calls < 0:

@@ -11,6 +11,7 @@ from afs.errors import InputError
 from afs.models import (
     EstimatedImpact,
     OptimizationProposal,
+    ParameterSet,
     StatementParameters,
     Timing,
     WorkloadWrite,
@@ -40,12 +41,14 @@ def test_a_valid_workload_passes_and_travels_through_the_store_codec() -> None:
     (dataclasses.replace(INSERT, query="DELETE FROM orders; DROP TABLE orders"), "several statements"),
     (dataclasses.replace(INSERT, query="UPDATE orders SET note = pg_read_file('/etc/x')"), "pg_read_file"),
     (dataclasses.replace(INSERT, query="DELETE FROM pg_catalog.pg_class"), "system"),
-    (dataclasses.replace(INSERT, query="DELETE FROM payments", statement="DELETE FROM payments"),
+    (dataclasses.replace(INSERT, query="DELETE FROM payments", statement="DELETE FROM payments",
+                         table="payments"),
      "does not read"),
     (dataclasses.replace(INSERT, statement="DELETE FROM users WHERE id = $1"), "different tables"),
     (dataclasses.replace(INSERT, values=((1, "7); DROP TABLE orders; --"), (2, "'a'"))),
      "several statements"),
     (dataclasses.replace(INSERT, values=((1, "7"),)), "fill no $2"),
+    (dataclasses.replace(INSERT, table="users"), "its table is 'users'"),
     (dataclasses.replace(INSERT, calls=-1), "calls"),
     (dataclasses.replace(INSERT, per_day=float("inf")), "per_day"),
     (dataclasses.replace(INSERT, query="DELETE FROM orders WHERE note = '\0'"), "NUL"),
@@ -89,3 +92,18 @@ def test_only_the_indexes_a_proposal_names_can_be_dropped_by_name() -> None:
         estimated_impact=EstimatedImpact(1.0, 1.0, "low", "low"),
         sql_commands=("CREATE INDEX ix_status ON public.orders (status)", "CREATE INDEX ON orders (note)"))
     assert new_index_names(proposal) == {"public.ix_status": "public.orders"}
+
+
+def test_the_api_checks_a_submitted_workload_and_takes_a_good_one() -> None:
+    from afs.service.api import FieldError, parse_parameters
+
+    query = "SELECT id FROM orders WHERE user_id = 7"
+    params = StatementParameters("SELECT id FROM orders WHERE user_id = $1",
+                                 (ParameterSet("user_id = 7", query=query),),
+                                 WriteWorkload((INSERT,), reads_per_day=10.0))
+    assert parse_parameters(encode(params), query).workload == params.workload
+    dropping = dataclasses.replace(INSERT, query="DROP TABLE orders")
+    bad = dataclasses.replace(params, workload=WriteWorkload((dropping,)))
+    with pytest.raises(FieldError, match="workload write 1") as caught:
+        parse_parameters(encode(bad), query)
+    assert caught.value.field == "parameters"
