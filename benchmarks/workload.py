@@ -33,7 +33,7 @@ import harness
 import trio
 from harness import with_sandbox
 
-from afs.batch.indexes import new_index_write_costs, review_indexes
+from afs.batch.indexes import Verifying, new_index_write_costs, review_indexes
 from afs.batch.statements import read_counters
 from afs.config import DemoWorkload, Settings
 from afs.db import Connection, open_connection
@@ -109,14 +109,14 @@ async def measure(settings: Settings, server: SandboxServer, args: argparse.Name
     progress(f"planted: {', '.join(planted) or 'already there'}; the workload runs {args.duration:g} s")
     ran = await run_workload(dsn, DemoWorkload(duration_s=args.duration), reset=True, progress=progress)
     async with open_forks(settings) as forks, open_connection(dsn) as target:
-        review = await review_indexes(target, forks, database, settings, min_window_s=0, progress=progress)
+        at = Verifying(target, forks, database, settings, progress)
+        review = await review_indexes(at, min_window_s=0)
         protected = {str(r[0]) for r in await target.fetchall(
             "SELECT indexrelid::regclass::text FROM pg_index i WHERE i.indisunique OR i.indisprimary"
             " OR EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)")}
         counters = await read_counters(target)
         progress(f"the write cost of {NEW_INDEX}, replayed")
-        costs = await new_index_write_costs(target, forks, database, settings, [NEW_INDEX], counters,
-                                            progress=progress)
+        costs = await new_index_write_costs(at, [NEW_INDEX], counters)
         progress("the same, measured directly")
         direct = await direct_cost(forks, database, settings)
     return {"workload": {"statements": ran.statements, "seconds": ran.seconds}, "review": review,

@@ -13,6 +13,7 @@ import trio
 from psycopg.types.numeric import Int8
 
 from afs.apply.drop import DropPlan, check_drop, dropped_name, plan_drop
+from afs.batch.indexes import Verifying
 from afs.config import Settings
 from afs.db import open_connection
 from afs.errors import InputError, UnsafeSqlError
@@ -149,14 +150,14 @@ async def test_only_a_drop_the_review_advises_now(planted: str, sandbox: Sandbox
     async with open_connection(sandbox.dsn(planted)) as conn:
         # t_a: no scan since the reset, but the window is minutes, not the 7 days asked: kept
         with pytest.raises(InputError, match="the index review keeps"):
-            await plan_drop(conn, forks, planted, settings, "public.t_a")
+            await plan_drop(Verifying(conn, forks, planted, settings), "public.t_a")
         # with any window, the replay finds the read that needs it: still kept
         with pytest.raises(InputError, match="got slower without it"):
-            await plan_drop(conn, forks, planted, settings, "public.t_a", min_window_s=0)
+            await plan_drop(Verifying(conn, forks, planted, settings), "public.t_a", min_window_s=0)
         # t_b, the one of the twins kept: not a duplicate; unused over too short a window: kept
         with pytest.raises(InputError, match="the index review keeps"):
-            await plan_drop(conn, forks, planted, settings, "public.t_b")
-        plan = await plan_drop(conn, forks, planted, settings, "public.t_b_twin")
+            await plan_drop(Verifying(conn, forks, planted, settings), "public.t_b")
+        plan = await plan_drop(Verifying(conn, forks, planted, settings), "public.t_b_twin")
         assert plan.sql == 'DROP INDEX CONCURRENTLY "public"."t_b_twin"'
         await check_drop(conn, plan)  # the target's catalog accepts it as judged
         # replaced since it was judged (another oid, another definition): refused

@@ -18,6 +18,7 @@ from psycopg.types.numeric import Int8
 from afs.batch.indexes import (
     IndexFacts,
     StatsWindow,
+    Verifying,
     candidates,
     new_index_write_costs,
     read_indexes,
@@ -87,7 +88,7 @@ async def test_review_finds_verifies_and_never_proposes_protected(
         planted: str, sandbox: SandboxServer, forks: ForkClient, settings: Settings,
         no_leaked_forks: None) -> None:
     async with open_connection(sandbox.dsn(planted)) as target:
-        doc = await review_indexes(target, forks, planted, settings, min_window_s=0)
+        doc = await review_indexes(Verifying(target, forks, planted, settings), min_window_s=0)
     advice = _by_index(doc)
     # planted: a duplicate (t_b_twin of t_b), a redundant prefix (t_c of t_c_b), unused ones
     assert advice["t_b_twin"]["kind"] == "duplicate" and advice["t_b_twin"]["verdict"] == "drop"
@@ -115,7 +116,7 @@ async def test_review_finds_verifies_and_never_proposes_protected(
 async def test_short_window_keeps_unused(planted: str, sandbox: SandboxServer, forks: ForkClient,
                                          settings: Settings, no_leaked_forks: None) -> None:
     async with open_connection(sandbox.dsn(planted)) as target:
-        doc = await review_indexes(target, forks, planted, settings, min_window_s=30 * 86_400)
+        doc = await review_indexes(Verifying(target, forks, planted, settings), min_window_s=30 * 86_400)
     advice = _by_index(doc)
     assert advice["t_c_b"]["verdict"] == "keep" and "too short" in advice["t_c_b"]["reason"]
     assert advice["t_b_twin"]["verdict"] == "drop"  # a duplicate needs no window
@@ -126,7 +127,7 @@ async def test_new_index_write_cost_is_measured(planted: str, sandbox: SandboxSe
     sql = "CREATE INDEX ON t (c, a, b)"
     async with open_connection(sandbox.dsn(planted)) as target:
         counters = await read_counters(target)
-        costs = await new_index_write_costs(target, forks, planted, settings, [sql], counters)
+        costs = await new_index_write_costs(Verifying(target, forks, planted, settings), [sql], counters)
     cost = costs[sql]
     # an estimate of a few µs: its sign is the benchmark's to check (benchmarks/workload.py, against
     # direct inserts); here, a figure from runs that happened, and never a "significant" saving
@@ -228,7 +229,7 @@ async def test_an_index_missing_from_the_copy_is_kept(planted: str, sandbox: San
         conn.execute("CREATE INDEX t_late ON t (b, a)")
     try:
         async with open_connection(sandbox.dsn(planted)) as target:
-            doc = await review_indexes(target, forks, planted, settings, min_window_s=0)
+            doc = await review_indexes(Verifying(target, forks, planted, settings), min_window_s=0)
         late = _by_index(doc)["t_late"]
         assert late["verdict"] == "keep" and "older than the database" in late["reason"]
     finally:
@@ -251,7 +252,8 @@ async def test_a_replicas_scans_count(planted: str, sandbox: SandboxServer, fork
             conn.execute("SELECT b FROM t ORDER BY b DESC LIMIT 1").fetchall()
         async with open_connection(sandbox.dsn(planted)) as target, \
                 open_connection(sandbox.dsn(name)) as replica:
-            doc = await review_indexes(target, forks, planted, settings, min_window_s=0, replicas=[replica])
+            doc = await review_indexes(Verifying(target, forks, planted, settings), min_window_s=0,
+                                       replicas=[replica])
         advice = _by_index(doc)
         assert "t_b_desc" not in advice and doc["replicas"] == 1
         assert advice["t_c_b"]["kind"] == "unused" and advice["t_c_b"]["verdict"] == "drop"  # any window: 0s

@@ -1,6 +1,6 @@
 """A verified index drop applied like a winner: `afs apply --drop-index SCHEMA.NAME`.
 
-    plan = await plan_drop(target, forks, source, settings, "public.orders_twin")  # verified now
+    plan = await plan_drop(Verifying(target, forks, source, settings), "public.orders_twin")  # verified now
     row = await apply_drop(store, plan, target_dsn, approver="me")                  # audited
     row = await rollback_drop(store, row["id"], target_dsn, approver="me")          # recreated
 
@@ -34,8 +34,7 @@ from pglast.enums import DropBehavior, ObjectType
 from afs.apply import audit
 from afs.apply.resolve import same_database
 from afs.apply.target import Progress, _try_lock, _unlock, run_rollback
-from afs.batch.indexes import IndexFacts, read_indexes, review_indexes
-from afs.config import Settings
+from afs.batch.indexes import IndexFacts, Verifying, read_indexes, review_indexes
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, InputError, UnsafeSqlError, scrub
 from afs.pg.names import quote_ident
@@ -126,14 +125,13 @@ async def eligible(conn: Connection, name: str) -> IndexFacts:
     return facts
 
 
-async def plan_drop(conn: Connection, forks: Any, source: str, settings: Settings, name: str, *,
-                    min_window_s: float | None = None, progress: Progress = _quiet) -> DropPlan:
-    """The drop of `name`, judged on the target (`conn`) and verified in a fork of `source`, its
-    copy in the sandbox, now; InputError when the review does not advise dropping it."""
-    facts = await eligible(conn, name)
-    doc = await review_indexes(conn, forks, source, settings, only=facts.oid, progress=progress,
-                               min_window_s=settings.unused_index_window_s if min_window_s is None
-                               else min_window_s)
+async def plan_drop(at: Verifying, name: str, *, min_window_s: float | None = None) -> DropPlan:
+    """The drop of `name`, judged on the target (`at.target`) and verified in a fork of
+    `at.source`, its copy in the sandbox, now; InputError when the review does not advise
+    dropping it."""
+    facts = await eligible(at.target, name)
+    doc = await review_indexes(at, only=facts.oid, min_window_s=at.settings.unused_index_window_s
+                               if min_window_s is None else min_window_s)
     advice = next((a for a in doc["advice"] if a["index"] == facts.qualified), None)
     if advice is None:
         raise InputError(f"{facts.qualified} is not unused, a duplicate nor redundant: the index review "

@@ -1,6 +1,6 @@
 """The index review: indexes worth dropping, verified in a fork.
 
-    review = await review_indexes(target, forks, source, settings, min_window_s=7 * 86_400)
+    review = await review_indexes(Verifying(target, forks, source, settings), min_window_s=7 * 86_400)
     review["advice"]     # [{"index", "table", "verdict": "drop" | "keep", "kind", "reason", …}]
 
 What is a candidate (read from the catalog of the user's database: pg_index, pg_class,
@@ -40,7 +40,7 @@ outside the window, statements it could not fill.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -68,6 +68,24 @@ from afs.sandbox.server import dsn_for
 MB = 1048576.0
 UNUSED_MIN_WINDOW_S = DEFAULT_UNUSED_INDEX_WINDOW_S  # unused for less long: kept (afs.config; --min-window)
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Verifying:
+    """Where an index is judged and verified, passed whole: the target database (its catalog,
+    statistics and pg_stat_statements are read, nothing runs there), the fork client and
+    `source` (the target's copy in the sandbox) a fork is made of, the settings (measuring)
+    and what is told each step."""
+
+    target: Connection
+    forks: Any
+    source: str
+    settings: Settings
+    progress: Callable[[str], None] = _quiet
 
 
 @dataclass(frozen=True)
@@ -338,14 +356,14 @@ def with_replicas(indexes: Sequence[IndexFacts], window: StatsWindow,
     return out, StatsWindow(reset, window.now)
 
 
-async def review_indexes(target: Connection, forks: Any, source: str, settings: Settings, *,
-                         min_window_s: float = UNUSED_MIN_WINDOW_S, counters: Counters | None = None,
-                         replicas: Sequence[Connection] = (), only: int | None = None,
-                         progress: Any = lambda message: None) -> dict[str, Any]:
+async def review_indexes(at: Verifying, *, min_window_s: float = UNUSED_MIN_WINDOW_S,
+                         counters: Counters | None = None, replicas: Sequence[Connection] = (),
+                         only: int | None = None) -> dict[str, Any]:
     """The index review of the target: candidates from its catalog, each verified in one fork
     of `source` (its copy in the sandbox) with the table's statements replayed. `replicas`:
     standbys whose index scans count too (an index a replica's reads use is not unused).
     `only`: the one index (its oid) to judge and verify (`afs apply --drop-index`)."""
+    target, forks, source, settings, progress = at.target, at.forks, at.source, at.settings, at.progress
     indexes = await read_indexes(target)
     window = await read_window(target)
     if replicas:
@@ -387,12 +405,12 @@ async def review_indexes(target: Connection, forks: Any, source: str, settings: 
 
 
 # -- the batch: write costs of the winners' new indexes, and the review -------------------------
-async def new_index_write_costs(target: Connection, forks: Any, source: str, settings: Settings,
-                                creates: Sequence[str], counters: Counters,
-                                progress: Any = lambda message: None) -> dict[str, dict[str, Any]]:
+async def new_index_write_costs(at: Verifying, creates: Sequence[str],
+                                counters: Counters) -> dict[str, dict[str, Any]]:
     """For each CREATE INDEX (by its SQL, validated again), the table's write statements replayed
     in a fork with the index built and with it dropped (inside a rolled-back transaction):
     {"ms_per_write", "ms_per_day", "writes_per_day", "measured", …} by the statement."""
+    target, forks, source, settings, progress = at.target, at.forks, at.source, at.settings, at.progress
     new: dict[str, NewIndex] = {}
     for sql in dict.fromkeys(creates):
         if not validate_proposal((sql,), "index").is_valid:
@@ -448,8 +466,8 @@ async def batch_workload_review(doc: dict[str, Any], settings: Settings, *, targ
             if fork_source is None:
                 doc["index_review"] = {"error": f"no copy of {source} in the sandbox to verify in"}
                 return
-            costs = await new_index_write_costs(target, forks, fork_source, settings, creates, counters,
-                                                progress=progress) if creates else {}
+            at = Verifying(target, forks, fork_source, settings, progress)
+            costs = await new_index_write_costs(at, creates, counters) if creates else {}
             for e in doc.get("statements", ()):
                 mine = [costs[s] for s in (e.get("winner") or {}).get("sql_commands", ()) if s in costs]
                 if mine:
@@ -461,9 +479,8 @@ async def batch_workload_review(doc: dict[str, Any], settings: Settings, *, targ
                     index["net_ms_saved_per_day"] = net_saving(index.get("saved_ms_per_day"),
                                                                index["write_cost"])
             progress("the index review: unused, duplicate and redundant indexes, verified in a fork")
-            doc["index_review"] = await review_indexes(target, forks, fork_source, settings,
-                                                       min_window_s=settings.unused_index_window_s,
-                                                       counters=counters, progress=progress)
+            doc["index_review"] = await review_indexes(at, min_window_s=settings.unused_index_window_s,
+                                                       counters=counters)
     except AfsError as exc:
         doc["index_review"] = {"error": str(exc).splitlines()[0]}
 

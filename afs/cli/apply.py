@@ -119,7 +119,7 @@ async def _apply_drop(args: argparse.Namespace, settings: Settings) -> int:
     """`afs apply --drop-index`: the index judged and verified on the target now, shown, approved,
     dropped CONCURRENTLY and audited (afs.apply.drop)."""
     from afs.apply.drop import apply_drop, plan_drop, render_drop
-    from afs.batch.indexes import sandbox_copy
+    from afs.batch.indexes import Verifying, sandbox_copy
     from afs.cli.shared import sandbox_stop_reported, start_sandbox
     from afs.db import open_connection
     from afs.sandbox.forks import open_forks
@@ -138,7 +138,8 @@ async def _apply_drop(args: argparse.Namespace, settings: Settings) -> int:
                 forks, settings.demo_database, dsn)  # none: the usual message (import it first)
             async with open_connection(target) as conn:
                 try:  # here: an error that crosses the fork client's nursery comes out in a group
-                    plan = await plan_drop(conn, forks, source, settings, args.drop_index, progress=progress)
+                    at = Verifying(conn, forks, source, settings, progress)
+                    plan = await plan_drop(at, args.drop_index)
                 except InputError as exc:  # refused: audited, nothing touched
                     await apply_audit.record(store, replace(refused, detail=str(exc)))
                     raise

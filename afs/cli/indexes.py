@@ -9,7 +9,7 @@ import contextlib
 import shlex
 from typing import Any
 
-from afs.batch.indexes import review_indexes, sandbox_copy
+from afs.batch.indexes import Verifying, review_indexes, sandbox_copy
 from afs.batch.statements import parse_duration
 from afs.cli.commands import DSN_PASSWORDS, add_top
 from afs.cli.output import EXIT_OK, emit, progress, progress_done
@@ -47,8 +47,8 @@ async def cmd_indexes(args: argparse.Namespace, settings: Settings) -> int:
             forks, settings.demo_database, dsn)  # none: the usual message (import it first)
         async with open_connection(target) as conn, contextlib.AsyncExitStack() as stack:
             replicas = [await stack.enter_async_context(open_connection(r)) for r in args.replica or ()]
-            doc = await review_indexes(conn, forks, source, settings, min_window_s=window,
-                                       replicas=replicas, progress=progress)
+            doc = await review_indexes(Verifying(conn, forks, source, settings, progress),
+                                       min_window_s=window, replicas=replicas)
     progress_done()
     emit(args, doc, render_review(doc))
     return EXIT_OK
