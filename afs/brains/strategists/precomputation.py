@@ -247,13 +247,14 @@ def _materialize(tree: exp.Expr | None, column_types: ColumnTypes | None = None)
                 and term.find(exp.Subquery, exp.Select, exp.AggFunc, exp.Window) is None)
 
     literal_terms = [t for t in terms if _has_literal(t)]
+    split = _Split(core, items, names, order, limit, offset, one_table)
     if not simple and (literal_terms or (having is not None and _has_literal(having.this))):
         if not (plain_group or group is None) or distinct is not None or core.find(exp.Window) is not None:
             return ("a literal filter on a query with DISTINCT, windows or grouping sets "
                     "cannot move out of the view")
-        return _regroup(core, items, names, group_exprs, order, limit, offset, one_table, column_types)
+        return _regroup(split, group_exprs, column_types)
     if not all(on_group_keys(t) for t in literal_terms):
-        return _regroup(core, items, names, group_exprs, order, limit, offset, one_table, column_types)
+        return _regroup(split, group_exprs, column_types)
 
     moved: list[exp.Expr] = []
     filter_columns: list[str] = []
@@ -408,12 +409,27 @@ def _partial(unit: exp.Expr, column_types: ColumnTypes | None) -> _Partial | str
     return f"{label} cannot be re-aggregated from the view's groups"
 
 
-def _regroup(core: exp.Select, items: Sequence[exp.Expr], names: Sequence[str],
-             group_exprs: Sequence[exp.Expr], order: exp.Order | None, limit: exp.Expr | None,
-             offset: exp.Expr | None, one_table: bool,
+@dataclass(frozen=True)
+class _Split:
+    """The query as `_materialize` takes it apart: `core` (the query without ORDER BY, LIMIT and
+    OFFSET), its output items and their names, the parts taken off, and whether it reads one
+    table (no join: column keys compare without their table)."""
+
+    core: exp.Select
+    items: Sequence[exp.Expr]
+    names: Sequence[str]
+    order: exp.Order | None
+    limit: exp.Expr | None
+    offset: exp.Expr | None
+    one_table: bool
+
+
+def _regroup(split: _Split, group_exprs: Sequence[exp.Expr],
              column_types: ColumnTypes | None) -> MaterializedView | str:
     """The view grouped by the query's keys and every column its literal filters test; the
-    rewrite filters it and re-aggregates. `core` is the query without ORDER BY / LIMIT."""
+    rewrite filters it and re-aggregates."""
+    core, items, names, one_table = split.core, split.items, split.names, split.one_table
+    order, limit, offset = split.order, split.limit, split.offset
     where = core.args.get("where")
     keep: list[exp.Expr] = []
     moved: list[exp.Expr] = []
