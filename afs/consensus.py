@@ -34,7 +34,8 @@ Ours on top of the original rules:
   workload's writes of the indexed tables and their rates (the batch's, afs.replay), the fork
   replayed them with and without the new indexes (`BenchmarkOutcome.write_cost`), and the risk
   score loses min(15, 15 × the writes' extra ms a day ÷ the read ms saved a day: the query as
-  given, before − after, × its calls a day), nothing when the cost is within the noise. Else,
+  given, before − after, × its calls a day; the replay's estimate, said to be within the noise
+  when no write's runs were apart), nothing when the cost is not above zero. Else,
   on a write-heavy table: for index types (index, partial_index, composite_index) the risk
   score loses min(15, 10 × writes_per_read), where writes_per_read is
   the largest `outcome.writes_per_read` (measured on the source) of the tables the proposal
@@ -311,25 +312,26 @@ def read_ms_saved_per_day_of(benchmark: BenchmarkOutcome) -> float | None:
 def measured_write_cost(candidate: Candidate) -> Adjustment | None:
     """The write cost measured in the fork, per day at the observed rate, against the read time
     the proposal saves per day: risk −min(15, 15 × cost ÷ saving) (an index whose writes cost
-    as much as its reads save loses all 15). A cost within the noise (no write's two sides
-    apart) or not above zero deducts nothing, and says so. None when there is no such
-    measurement with both rates (then the ratio decides: `index_write_cost`)."""
+    as much as its reads save loses all 15). The cost is the replay's estimate (the median of
+    paired runs' differences) even when no write's runs were apart (the rationale then says it
+    is within the noise): as the batch nets it. A cost not above zero deducts nothing. None when
+    there is no such measurement with both rates (the ratio decides: `index_write_cost`)."""
     cost = candidate.benchmark.write_cost
     saved = read_ms_saved_per_day(candidate)
     if cost is None or cost.ms_per_day is None or saved is None or cost.statements == 0:
         return None
+    noise = "" if cost.significant else "; an estimate within the noise"
     figures = (f"measured in the fork: {cost.ms_per_write:.4f} ms more per write × "
                f"{_num(cost.writes_per_day or 0.0)} writes a day = {_num(cost.ms_per_day)} ms a day, against "
                f"{_num(saved)} ms a day saved on the reads ({_num(cost.reads_per_day or 0.0)} calls a day)")
-    if not cost.significant or cost.ms_per_day <= 0:
-        why = "within the noise" if not cost.significant else "no extra time"
+    if cost.ms_per_day <= 0:
         return Adjustment("risk", 0.0,
-                          f"no risk deducted for the write cost of a new index ({why}; {figures})")
+                          f"no risk deducted for the write cost of a new index ({figures}{noise})")
     share = cost.ms_per_day / saved if saved > 0 else math.inf
     penalty = min(WRITE_COST_MAX, WRITE_COST_MAX * share)
     part = f"{_num(100 * share)} % of the reads' saving" if saved > 0 else "more than the reads save"
     return Adjustment("risk", -penalty,
-                      f"risk −{_num(penalty)} for the write cost of a new index ({figures}: {part})")
+                      f"risk −{_num(penalty)} for the write cost of a new index ({figures}: {part}{noise})")
 
 
 def refresh_cost(candidate: Candidate) -> Adjustment | None:

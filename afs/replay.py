@@ -342,7 +342,8 @@ async def fork_write_cost(conn: Connection, proposal: OptimizationProposal,
             continue
         work = WorkStatement(None, write.statement, write.query, "write", write.table, write.calls, 0.0,
                              write.values)
-        replayed.append((await replay_one(conn, work, tuple(names), rule), write.per_day))
+        mine = tuple(name for name, table in names.items() if _bare(table) == _bare(write.table))
+        replayed.append((await replay_one(conn, work, mine, rule), write.per_day))
     failed = [r.note for r, _ in replayed if r.with_index is None and r.note]
     notes = ([f"{len(left)} write(s) not replayed: the measuring budget ran out"]
              if left else []) + failed[:1]

@@ -798,12 +798,14 @@ def test_the_measured_cost_is_weighed_against_the_reads_saved_a_day(share: float
     assert "95000 ms a day saved on the reads (100 calls a day)" in adjustment.reason
 
 
-def test_a_cost_within_the_noise_or_not_above_zero_deducts_nothing_and_says_so() -> None:
-    for write_cost, words in ((cost(50_000.0, significant=False), "within the noise"),
-                              (cost(-10.0), "no extra time")):
-        adjustment = index_write_cost(candidate_of(with_cost(write_cost, writes_per_read=4.0)))
+def test_a_cost_within_the_noise_is_still_the_estimate_and_one_not_above_zero_deducts_nothing() -> None:
+    noisy = index_write_cost(candidate_of(with_cost(cost(0.5 * SAVED_MS * 100.0, significant=False),
+                                                    writes_per_read=4.0)))
+    assert noisy is not None and noisy.delta == pytest.approx(-7.5) and "within the noise" in noisy.reason
+    for ms_per_day in (0.0, -10.0):
+        adjustment = index_write_cost(candidate_of(with_cost(cost(ms_per_day), writes_per_read=4.0)))
         assert adjustment is not None and adjustment.delta == 0.0
-        assert words in adjustment.reason and "measured in the fork" in adjustment.reason
+        assert "no risk deducted" in adjustment.reason and "measured in the fork" in adjustment.reason
 
 
 def test_the_ratio_decides_without_a_measurement_with_both_rates_and_says_why() -> None:
