@@ -170,13 +170,14 @@ async def task_workloads(target: Connection, counters: Counters, statements: Seq
     fills them, afs.batch.replay; at most MAX_WORKLOAD_WRITES, by total time; each checked as
     the API checks a task's, afs.task.check_workload, a write refused left out) with their calls
     a day, and the statement's own calls a day. What its task measures a new index's write cost
-    on, in the agent's fork (afs.replay); a statement with no such write gets none."""
+    on, in the agent's fork (afs.replay); a statement with no such write gets none. Each table's
+    writes are filled up to twice the bound (the costliest first: pg_stat_statements' order)."""
     read = {st.queryid: relations(st.query) for st in statements}
     window = window_seconds(counters)
     names = sorted({t for tables in read.values() for t in tables})
     if not names:
         return {}
-    work = await table_workload(target, counters, names, reads=False)
+    work = await table_workload(target, counters, names, reads=False, limit=2 * MAX_WORKLOAD_WRITES)
     oids = await table_oids(target, names)
     out: dict[int, WriteWorkload] = {}
     for st in statements:
@@ -405,7 +406,11 @@ async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: s
             planned.append((st, await fill_statement(target, st.query, options.sets),
                             await schema_hash(target, st.query)))
         progress("filling the writes of the tables the statements read (for new indexes' write costs)")
-        task_writes = await task_workloads(target, counters, workload.statements, workload.period_s)
+        try:
+            task_writes = await task_workloads(target, counters, workload.statements, workload.period_s)
+        except AfsError as exc:  # the tasks weigh the source's writes per read instead
+            progress(f"the writes could not be filled: {str(exc).splitlines()[0]}")
+            task_writes = {}
     batch_id = new_task_id()
     created = datetime.now(UTC)
     await store.conn.execute(
