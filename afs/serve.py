@@ -27,7 +27,7 @@ from afs.apply.api import OPENAPI_PATH as APPLY_PATH
 from afs.apply.api import apply_routes
 from afs.asgi import check_bind
 from afs.batch.schedule import run_schedules
-from afs.config import Settings
+from afs.config import Leasing, Settings
 from afs.errors import InputError
 from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer
@@ -70,16 +70,17 @@ async def run_service(settings: Settings, *, bind: str, workers: int, lease_s: f
         for _ in range(workers):
             nursery.start_soon(_one_worker, settings, url, lease_s)
         if not workers:  # the workers are elsewhere: this server still recovers their dead tasks
-            nursery.start_soon(run_recovery, settings, url, lease_s)
+            nursery.start_soon(run_recovery, settings, url, Leasing(lease_s=lease_s))
         await nursery.start(run_schedules, settings, url)  # `afs schedule`: the stored schedules' batches
         log.info("service_started", urls=urls, workers=workers)
         task_status.started(urls)
 
 
 async def _one_worker(settings: Settings, url: str, lease_s: float) -> None:
-    async with relayed_cancellation() as work, open_runtime(settings, url, lease_s=lease_s) as rt:
+    leasing = Leasing(lease_s=lease_s)
+    async with relayed_cancellation() as work, open_runtime(settings, url, leasing=leasing) as rt:
         with work:  # stopping the server gives the worker's task back, its forks destroyed
-            await run_worker(rt, worker_name("serve"))
+            await run_worker(rt, worker_name("serve"), poll_s=leasing.poll_s)
 
 
 async def serve(settings: Settings, *, bind: str, workers: int, lease_s: float) -> None:

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from afs.asgi import check_bind
-from afs.config import Settings
+from afs.config import Leasing, Settings
 from afs.errors import AfsError, ConfigError
 from afs.forks.provider import LocalForkProvider
 from afs.models import TaskResult
@@ -277,7 +277,7 @@ async def test_a_worker_killed_mid_task_is_recovered_and_another_finishes_it(
             left = [f["name"] for f in (await provider.list_services())["forks"] if task.id in f["name"]]
             assert left, "the killed worker's forks should still exist before recovery"
 
-            async with open_runtime(settings, store_db, lease_s=2) as rt:
+            async with open_runtime(settings, store_db, leasing=Leasing(lease_s=2)) as rt:
                 with trio.fail_after(180):
                     assert await run_worker(rt, "rescuer", poll_s=0.1, max_tasks=1) == 1
         finally:
@@ -376,7 +376,7 @@ async def test_a_worker_reaches_forks_over_streamable_http_with_a_token(
         task = await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
                                   task_type="query_optimization", priority="normal",
                                   provider="heuristic", weights=None, runs=1)
-        async with open_runtime(remote, store_db, lease_s=10) as rt:
+        async with open_runtime(remote, store_db, leasing=Leasing(lease_s=10)) as rt:
             with trio.fail_after(120):
                 assert await run_worker(rt, "remote", poll_s=0.1, max_tasks=1) == 1
         done = await store.get(task.id)

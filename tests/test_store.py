@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from afs.config import Settings
+from afs.config import Leasing, Settings
 from afs.db import open_connection
 from afs.errors import DatabaseError, InputError, UnknownTaskError
 from afs.events import Event
@@ -301,7 +301,8 @@ async def test_afs_optimize_killed_mid_task_leaves_it_interrupted(settings: Sett
     # its lease runs out (30 s): here at once
     await store.conn.execute("UPDATE afs_store.tasks SET lease_expires_at = now() - interval '1 second'"
                              " WHERE id = %s", (task.id,))
-    async with open_runtime(settings, store_db, lease_s=5) as rt:  # what `afs serve` and workers run
+    # what `afs serve` and workers run
+    async with open_runtime(settings, store_db, leasing=Leasing(lease_s=5)) as rt:
         assert await recover(rt, "serve-1") == [(task.id, "interrupted")]
         assert await rt.store.claim("serve-1", rt.lease_s) is None
     history = await trio.run_process([sys.executable, "-m", "afs", "history", "--status", "interrupted",

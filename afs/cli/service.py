@@ -15,7 +15,7 @@ import trio
 from afs.cli.commands import add_top
 from afs.cli.output import EXIT_FAILED, EXIT_OK, emit
 from afs.cli.shared import open_task_store, print_finished, sandbox_stop_reported
-from afs.config import Settings
+from afs.config import LEASING, Leasing, Settings
 from afs.errors import InputError
 from afs.sandbox.server import SandboxServer
 from afs.store import store_url
@@ -115,6 +115,7 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.lease <= 0 or args.poll <= 0:
         raise InputError("--lease and --poll must be positive numbers of seconds")
+    leasing = Leasing(lease_s=args.lease, poll_s=args.poll)
     name = args.name or worker_name()
     sandboxed = settings.store_url is None or not settings.source_server_url
     if sandboxed:
@@ -123,9 +124,9 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     ran = 0
     stopped = "the sandbox stopped under the worker; start it with `afs sandbox up` and the worker again"
     async with sandbox_stop_reported(settings, sandboxed, stopped), relayed_cancellation() as work, \
-            open_runtime(settings, store_url(settings), lease_s=args.lease) as rt:
+            open_runtime(settings, store_url(settings), leasing=leasing) as rt:
         with work:  # Ctrl-C: the task goes back to the queue, its forks destroyed
-            ran = await run_worker(rt, name, poll_s=args.poll, max_tasks=args.max_tasks)
+            ran = await run_worker(rt, name, poll_s=leasing.poll_s, max_tasks=args.max_tasks)
     emit(args, {"worker": name, "tasks": ran}, f"worker {name} ran {ran} task(s)")
     return EXIT_OK
 
@@ -156,9 +157,9 @@ def add_commands(commands: Any) -> None:
                         help="only put it back in the queue, for a worker")
     worker = add_top(commands, "worker", cmd_worker)
     worker.add_argument("--name", help="worker name (default: host, pid and a random suffix)")
-    worker.add_argument("--lease", type=float, default=30.0, metavar="S",
-                        help="lease length; renewed every min(S/3, 0.5) s (default 30)")
-    worker.add_argument("--poll", type=float, default=0.5, metavar="S", help="queue poll interval")
+    worker.add_argument("--lease", type=float, default=LEASING.lease_s, metavar="S",
+                        help=f"lease length; renewed every min(S/3, 0.5) s (default {LEASING.lease_s:g})")
+    worker.add_argument("--poll", type=float, default=LEASING.poll_s, metavar="S", help="queue poll interval")
     worker.add_argument("--max-tasks", type=int, metavar="N", help="stop after N tasks")
     serve = add_top(commands, "serve", cmd_serve, json_flag=False)
     serve.add_argument("--bind", default="127.0.0.1:8470", metavar="HOST:PORT",
@@ -167,6 +168,6 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("--workers", type=int, default=1, metavar="N",
                        help="in-process workers (default 1; 0 = the API, and recovery of the tasks of "
                             "dead workers elsewhere)")
-    serve.add_argument("--lease", type=float, default=30.0, metavar="S", help="the workers' lease")
+    serve.add_argument("--lease", type=float, default=LEASING.lease_s, metavar="S", help="the workers' lease")
 
 

@@ -1,7 +1,7 @@
 """Workers: take queued tasks from the store, run them, recover the tasks of dead workers.
 
-    async with open_runtime(settings, store_url) as rt:
-        await run_worker(rt, "worker-1", stop=stop_event)
+    async with open_runtime(settings, store_url, leasing=LEASING) as rt:
+        await run_worker(rt, "worker-1", poll_s=LEASING.poll_s, stop=stop_event)
 
 Claiming is `FOR UPDATE SKIP LOCKED`, so any number of workers on any number of
 machines share one queue. A worker that dies stops renewing its lease; the next
@@ -21,18 +21,17 @@ from contextlib import asynccontextmanager
 import structlog
 import trio
 
-from afs.config import Settings
+from afs.config import LEASING, Leasing, Settings
 from afs.errors import AfsError
 from afs.optimize import AgentPool, new_task_id
 from afs.router import load_rules
 from afs.sandbox.forks import open_forks
 from afs.service.pool import StorePool
-from afs.service.runner import DEFAULT_LEASE_S, Runtime, collect_forks, relayed_cancellation, run_task
+from afs.service.runner import Runtime, collect_forks, relayed_cancellation, run_task
 from afs.store import open_store
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_POLL_S = 0.5
 RECOVER_EVERY_MAX_S = 5.0  # a server without workers looks for expired leases at least this often
 RECOVERY_RETRY_S = 30.0  # ... and tries again this late when it cannot reach the store or fork server
 
@@ -43,12 +42,14 @@ def worker_name(label: str = "worker") -> str:
 
 @asynccontextmanager
 async def open_runtime(settings: Settings, store_url: str, *, pool: AgentPool | None = None,
-                       lease_s: float = DEFAULT_LEASE_S) -> AsyncIterator[Runtime]:
-    """A store connection and a fork server session, for one worker; the agents' capacity is
-    counted across every worker on the store unless `pool` says otherwise."""
+                       leasing: Leasing = LEASING) -> AsyncIterator[Runtime]:
+    """A store connection and a fork server session, for one worker holding its tasks for
+    `leasing.lease_s` (afs.config.Leasing); the agents' capacity is counted across every worker
+    on the store unless `pool` says otherwise."""
     rules = load_rules(settings.routing_rules)
     async with open_store(store_url) as store, open_forks(settings) as forks:
-        yield Runtime(settings, store, forks, rules, pool=pool or StorePool(store), lease_s=lease_s)
+        yield Runtime(settings, store, forks, rules, pool=pool or StorePool(store),
+                      lease_s=leasing.lease_s)
 
 
 async def recover(rt: Runtime, worker: str) -> list[tuple[str, str]]:
@@ -72,9 +73,10 @@ async def recover(rt: Runtime, worker: str) -> list[tuple[str, str]]:
     return settled
 
 
-async def run_worker(rt: Runtime, name: str, *, stop: trio.Event | None = None,
-                     poll_s: float = DEFAULT_POLL_S, max_tasks: int | None = None) -> int:
-    """Take and run tasks until `stop` is set (or `max_tasks` ran); returns how many ran."""
+async def run_worker(rt: Runtime, name: str, *, poll_s: float, stop: trio.Event | None = None,
+                     max_tasks: int | None = None) -> int:
+    """Take and run tasks until `stop` is set (or `max_tasks` ran), looking at the queue every
+    `poll_s` while it is empty (`Leasing.poll_s`); returns how many ran."""
     stop = stop or trio.Event()
     ran = 0
     log.info("worker_started", worker=name)
@@ -107,14 +109,14 @@ async def run_recoverer(rt: Runtime, name: str, *, every_s: float | None = None,
             await stop.wait()
 
 
-async def run_recovery(settings: Settings, store_url: str, lease_s: float = DEFAULT_LEASE_S) -> None:
+async def run_recovery(settings: Settings, store_url: str, leasing: Leasing) -> None:
     """`afs serve --workers 0`: a store connection and a fork server session for recovery only,
     until cancelled; when either cannot be opened, it says so and tries again later."""
     name = worker_name("serve-recovery")
     while True:
         try:
             async with relayed_cancellation() as work, open_runtime(settings, store_url,
-                                                                    lease_s=lease_s) as rt:
+                                                                    leasing=leasing) as rt:
                 with work:
                     await run_recoverer(rt, name)
             return
