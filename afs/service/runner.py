@@ -20,7 +20,7 @@ import trio
 from psycopg import conninfo
 
 from afs.brains.choose import open_squad
-from afs.config import Settings
+from afs.config import LEASING, Settings
 from afs.errors import AfsError, ConfigError, InputError
 from afs.events import Emitter, Sink, log_sink
 from afs.forks.client import ForkClient
@@ -33,7 +33,6 @@ from afs.store import Store, TaskRecord
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_LEASE_S = 30.0
 CLEANUP_S = 15.0
 
 
@@ -46,7 +45,7 @@ class Runtime:
     forks: ForkClient
     rules: RuleSet
     pool: AgentPool = field(default_factory=AgentPool)
-    lease_s: float = DEFAULT_LEASE_S
+    lease_s: float = LEASING.lease_s  # afs.config.Leasing
     # one spending cap shared by the tasks this runtime runs (a batch's: afs.brains.gemini.client.
     # SpendMeter); None: each task's squad has its own (gemini.max_spend_usd)
     meter: Any = None

@@ -1,0 +1,163 @@
+"""No default is declared below afs.config (issue 24): pure checks over the source, no server.
+
+A default is a constant or a frozen policy of afs.config, passed whole (as `Timeouts` is):
+below config no signature or dataclass field defaults to a `DEFAULT_*` name (nor to a module
+constant that only renames one), and no room reads an environment variable's value (passing
+the environment whole to a child process, psql or pg_ctl, is fine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import afs
+from afs.cli import build_parser
+from afs.config import DEMO_WORKLOAD, LEASING, ForkLimits, Settings
+
+PACKAGE = Path(afs.__file__).parent
+
+# PostgreSQL's own selectivity guesses (DEFAULT_EQ_SEL, …), not our defaults
+POSTGRES_CONSTANTS = "pg/stats.py"
+
+# What is left, each in a room outside this change (module, the DEFAULT_* or its alias):
+# a new entry needs a reason as good as these; a fixed one should leave the list.
+KNOWN = {
+    # every connection's statement timeout; open_connection has ~100 callers (the next step)
+    ("db.py", "DEFAULT_STATEMENT_TIMEOUT_MS"),
+    # a trio.CapacityLimiter shared by all database threads: process state, not a setting
+    ("db.py", "DEFAULT_LIMITER"),
+    # a schedule's time zone when none is given (`afs schedule add --timezone`)
+    ("batch/schedule.py", "DEFAULT_TIMEZONE"),
+    # the index review's window: an alias of config.DEFAULT_UNUSED_INDEX_WINDOW_S as a default
+    ("batch/indexes.py", "UNUSED_MIN_WINDOW_S"),
+    # the model client's retry policy (a frozen RetryPolicy of its own)
+    ("brains/gemini/client.py", "DEFAULT_RETRY"),
+    ("brains/gemini/brain.py", "DEFAULT_RETRY"),
+}
+
+
+def _sources() -> Iterator[tuple[str, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        if module != "config.py":
+            yield module, ast.parse(path.read_text(), module)
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Every name `node` mentions, `X` and `config.X` alike."""
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+            if isinstance(n, ast.Name | ast.Attribute)}
+
+
+def _aliases(tree: ast.Module) -> set[str]:
+    """The module's constants that only rename a DEFAULT_* (`DEFAULT_COUNT = DEFAULT_SETS`,
+    `UNUSED_MIN_WINDOW_S = DEFAULT_UNUSED_INDEX_WINDOW_S`), transitively."""
+    assigned = [(t.id, node.value) for node in tree.body if isinstance(node, ast.Assign | ast.AnnAssign)
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(t, ast.Name) and node.value is not None]
+    tainted: set[str] = set()
+    while True:
+        more = {name for name, value in assigned
+                if any(n.startswith("DEFAULT_") or n in tainted for n in _names(value))} - tainted
+        if not more:
+            return tainted
+        tainted |= more
+
+
+def _defaults(tree: ast.Module) -> Iterator[tuple[str, ast.expr]]:
+    """(where, default) for every signature default and every dataclass field's default."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            where = getattr(node, "name", "lambda")
+            for default in (*node.args.defaults, *node.args.kw_defaults):
+                if default is not None:
+                    yield where, default
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and item.value is not None:
+                    yield f"{node.name}.{ast.unparse(item.target)}", item.value
+
+
+def defaults_below_config() -> dict[tuple[str, str], list[str]]:
+    """(module, name) → where: a DEFAULT_* (or a module constant renaming one) as a default."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for module, tree in _sources():
+        if module == POSTGRES_CONSTANTS:
+            continue
+        aliases = _aliases(tree)
+        for where, default in _defaults(tree):
+            for name in _names(default):
+                if name.startswith("DEFAULT_") or name in aliases:
+                    found.setdefault((module, name), []).append(where)
+    return found
+
+
+def test_no_signature_below_config_defaults_to_a_default_of_its_own() -> None:
+    found = defaults_below_config()
+    unknown = {key: where for key, where in found.items() if key not in KNOWN}
+    assert not unknown, ("a default declared below afs.config (make it a constant or a frozen policy "
+                         f"there, passed whole): {unknown}")
+
+
+def test_the_check_sees_a_default_a_signature_or_a_field_hides() -> None:
+    """The check itself: a DEFAULT_* in a signature, a field, a keyword-only default or behind
+    an alias is found; a policy passed whole is not."""
+    tree = ast.parse(
+        "DEFAULT_CLIENTS = 4\n"
+        "COUNT = DEFAULT_PARAMETER_SETS\n"
+        "SETS = 1 + COUNT\n"
+        "def a(x=DEFAULT_CLIENTS): ...\n"
+        "async def b(*, y=config.DEFAULT_SEED): ...\n"
+        "def c(z=SETS): ...\n"
+        "class D:\n    w: int = DEFAULT_RUNS\n"
+        "def e(plan=DEMO_WORKLOAD, leasing=LEASING): ...\n")
+    assert _aliases(tree) == {"COUNT", "SETS"}
+    seen = {(where, name) for where, default in _defaults(tree) for name in _names(default)
+            if name.startswith("DEFAULT_") or name in _aliases(tree)}
+    assert seen == {("a", "DEFAULT_CLIENTS"), ("b", "DEFAULT_SEED"), ("c", "SETS"), ("D.w", "DEFAULT_RUNS")}
+
+
+def test_the_environment_is_only_passed_through_below_config() -> None:
+    """os.environ below config goes whole to a child process (a call's argument); nothing reads
+    a variable's value from it (os.environ[...], .get, `in`, os.getenv)."""
+    reads = []
+    for module, tree in _sources():
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os":
+                if node.attr in ("getenv", "getenvb", "environb"):
+                    reads.append(f"{module}:{node.lineno} os.{node.attr}")
+                elif node.attr == "environ":
+                    parent = parents.get(node)
+                    while isinstance(parent, ast.IfExp):  # dict(os.environ if env is None else env)
+                        parent = parents.get(parent)
+                    if not (isinstance(parent, ast.Call) and node not in (parent.func,)):
+                        reads.append(f"{module}:{node.lineno} os.environ")
+            elif isinstance(node, ast.ImportFrom) and node.module == "os":
+                reads.extend(f"{module}:{node.lineno} from os import {a.name}" for a in node.names
+                             if a.name in ("environ", "getenv", "environb", "getenvb"))
+    assert not reads, f"the environment read below afs.config: {reads}"
+
+
+def _option(parser: argparse.ArgumentParser, *path: str) -> dict[str, object]:
+    for name in path:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return {a.dest: a.default for a in parser._actions}
+
+
+def test_the_policies_are_configs_and_the_cli_reads_them(tmp_path: Path) -> None:
+    parser = build_parser()
+    workload = _option(parser, "sandbox", "workload")
+    assert (workload["duration"], workload["clients"], workload["seed"]) == (
+        DEMO_WORKLOAD.duration_s, DEMO_WORKLOAD.clients, DEMO_WORKLOAD.seed) == (60.0, 4, 1)
+    worker, serve = _option(parser, "worker"), _option(parser, "serve")
+    assert (worker["lease"], worker["poll"], serve["lease"]) == (LEASING.lease_s, LEASING.poll_s,
+                                                                 LEASING.lease_s) == (30.0, 0.5, 30.0)
+    settings = Settings(home=tmp_path)
+    assert settings.fork_limits == ForkLimits()  # one set of defaults
+    tight = settings.with_(fork_max_growth_mb=20, fork_temp_file_limit_mb=1, statement_timeout_ms=500)
+    assert tight.fork_limits == ForkLimits(temp_file_limit_mb=1, max_growth_mb=20, statement_timeout_ms=500)
