@@ -9,10 +9,10 @@ below take whole: `Timeouts` (per-phase limits), `Measuring` (`Settings.measurin
 rule, budget, candidates, parameter sets, the long baseline run), `Quantiles` (histogram
 positions of other values), `ForkLimits` (`Settings.fork_limits`), `RoutingDefaults` (what
 routing_rules.yaml leaves out), `Leasing` (workers' leases and polling), `DemoWorkload`,
-`GeminiSettings`. No `DEFAULT_*` is a default in a signature below this module
-(tests/test_no_defaults_below_config.py). The process environment is read here
-(`load_settings`, `process_environment`); `Settings.environment` keeps it for the model SDK's
-credentials and child processes.
+`GeminiSettings`. No `DEFAULT_*` is a default in a signature or a field below this module
+(tests/test_no_defaults_below_config.py holds it and lists what is left). The process
+environment is read here (`load_settings`, `process_environment`); `Settings.environment`
+keeps it for the model SDK's credentials and child processes.
 
 Environment:
     AFS_HOME                  state directory (default ~/.afs)
