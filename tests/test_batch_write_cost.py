@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from afs.batch.fill import fill_statement
-from afs.batch.job import task_workloads, with_workload
+from afs.batch.job import task_workloads, task_write_cost, with_workload
 from afs.batch.statements import Counters, Statement
 from afs.config import Settings
 from afs.db import open_connection
@@ -73,3 +73,5 @@ async def test_a_task_given_writes_is_judged_on_their_measured_cost(
     shown = to_json(result)["proposals"][0]["write_cost"]
     assert shown["ms_per_write"] == cost.ms_per_write and shown["statements"] == cost.statements
     assert "write cost (measured in the fork" in render_text(result)
+    # and the batch keeps it with the winner, as its task measured it
+    assert task_write_cost(result) == shown

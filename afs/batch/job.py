@@ -46,11 +46,13 @@ from afs.batch.statements import (
     workload_of,
 )
 from afs.config import BATCH_PARAMETER_SETS, Settings
+from afs.consensus import read_ms_saved_per_day_of
 from afs.db import Connection, open_connection
 from afs.errors import AfsError, InputError, ServiceError
 from afs.events import Sink
 from afs.models import StatementParameters, TaskResult, WorkloadWrite, WriteWorkload
 from afs.optimize import new_task_id
+from afs.report import write_cost_record
 from afs.sandbox.importer import origin_of
 from afs.service.client import ServiceClient
 from afs.service.runner import Runtime, run_task
@@ -195,6 +197,18 @@ async def task_workloads(target: Connection, counters: Counters, statements: Seq
         if given:
             out[st.queryid] = WriteWorkload(tuple(given[:MAX_WORKLOAD_WRITES]), per_day(st.calls, period_s))
     return out
+
+
+def task_write_cost(result: TaskResult | None) -> dict[str, Any] | None:
+    """The winner's write cost as its task measured it in the agent's fork (what the consensus
+    weighed: afs.consensus.index_write_cost), for the batch's JSON; None when it measured none."""
+    decision = None if result is None else result.decision
+    if result is None or decision is None or not decision.winner:
+        return None
+    chosen = next((o for o in result.outcomes if o.agent == decision.winner), None)
+    if chosen is None or chosen.benchmark is None or chosen.benchmark.write_cost is None:
+        return None
+    return write_cost_record(chosen.benchmark.write_cost, read_ms_saved_per_day_of(chosen.benchmark))
 
 
 def with_workload(parameters: StatementParameters | None,
@@ -444,6 +458,9 @@ async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: s
         results[index] = ran.result
     for n, ((st, _, schema), entry) in enumerate(zip(planned, entries, strict=True)):
         entries[n] = outcome(entry, results[n], workload.period_s)
+        in_task, won = task_write_cost(results[n]), entries[n].winner
+        if in_task is not None and won is not None:
+            won["write_cost_in_task"] = in_task  # as the consensus weighed it (afs.replay in the fork)
         await store.conn.execute(
             f"INSERT INTO {SCHEMA}.batch_statements (batch_id, queryid, origin, query, schema_hash, task_id,"
             " status) VALUES (%s, %s, %s, %s, %s, %s, %s)",
