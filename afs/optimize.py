@@ -108,6 +108,18 @@ class AgentPool:
         await self._changed.wait()
 
 
+@dataclass(frozen=True)
+class Crew:
+    """What works on a task, passed whole: the fork client, the squad of brains, the routing
+    rules, and the agent pool that counts the agents' load across concurrent tasks (None: a pool
+    of this task's own)."""
+
+    forks: ForkClient
+    squad: Squad
+    rules: RuleSet
+    pool: AgentPool | None = None
+
+
 async def _review(squad: Squad, query: str, outcomes: Sequence[AgentOutcome], limit_s: float,
                   events: Emitter) -> tuple[ReviewFlag, ...]:
     """The squad's reviewer, when routed, looks at the other agents' measured proposals before
@@ -192,16 +204,15 @@ async def optimize(
     *,
     source: str,
     source_dsn: str,
-    forks: ForkClient,
-    squad: Squad,
-    rules: RuleSet,
+    crew: Crew,
     events: Emitter,
-    pool: AgentPool | None = None,
 ) -> TaskResult:
-    """Run one task; returns its result (a failed task is a result, not an exception).
+    """Run one task on `source` (read at `source_dsn`, forked by `crew.forks`); returns its
+    result (a failed task is a result, not an exception).
 
     Raises InputError (and subclasses) for bad input, before any fork is made.
     """
+    forks, squad, rules = crew.forks, crew.squad, crew.rules
     started = trio.current_time()
     task_id = events.task_id
     query, features, stats = await prepare(request, source_dsn)
@@ -210,7 +221,7 @@ async def optimize(
     # the source's plan settings, plan and tables now: forks take them, the report compares
     conditions = await task_conditions(forks, source, source_dsn, query, features.tables,
                                        settings.application_role, service)
-    pool = pool or AgentPool()
+    pool = crew.pool or AgentPool()
     max_rows = max((table.rows for table in stats.values()), default=0)
 
     def choose(load: Mapping[AgentKey, int]) -> RoutingDecision:

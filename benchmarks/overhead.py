@@ -84,7 +84,7 @@ from afs.config import DEFAULT_RUNS, Settings
 from afs.db import Connection, open_connection
 from afs.events import Emitter
 from afs.models import TaskResult
-from afs.optimize import TaskRequest, new_task_id, optimize
+from afs.optimize import Crew, TaskRequest, new_task_id, optimize
 from afs.router import load_rules
 from afs.sandbox.forks import open_forks
 from afs.sandbox.seeding import ensure_demo
@@ -169,8 +169,9 @@ async def one_task(settings: Settings, server: SandboxServer, admin: Connection,
     async with open_forks(settings) as client:
         opened = trio.current_time()
         result = await optimize(settings, TaskRequest(query=query, runs=runs, sequential=sequential),
-                                source=source, source_dsn=server.dsn(source), forks=client,
-                                squad=squad, rules=load_rules(settings.routing_rules),
+                                source=source, source_dsn=server.dsn(source),
+                                crew=Crew(forks=client, squad=squad,
+                                          rules=load_rules(settings.routing_rules)),
                                 events=events)
         finished = trio.current_time()
     ended = trio.current_time()

@@ -59,7 +59,7 @@ from afs.errors import AfsError
 from afs.events import Emitter, Event, log_sink
 from afs.forks.client import ForkClient
 from afs.models import AgentKey, AgentOutcome, TaskResult
-from afs.optimize import TaskRequest, new_task_id, optimize
+from afs.optimize import Crew, TaskRequest, new_task_id, optimize
 from afs.router import load_rules
 from afs.sandbox.forks import open_forks
 from afs.sandbox.seeding import ensure_demo
@@ -186,8 +186,8 @@ async def measure(settings: Settings, server: SandboxServer, args: argparse.Name
             try:
                 timeline.started = trio.current_time()
                 result = await optimize(settings, request, source=source,
-                                        source_dsn=server.dsn(source), forks=client, squad=squad,
-                                        rules=rules, events=emitter)
+                                        source_dsn=server.dsn(source),
+                                        crew=Crew(forks=client, squad=squad, rules=rules), events=emitter)
                 results.append((result, trio.current_time() - timeline.started))
             finally:
                 await remove_leftover_forks(client, emitter.task_id)

@@ -105,7 +105,7 @@ from afs.forks.client import ForkClient
 from afs.forks.naming import random_fork_name
 from afs.forks.provider import LocalForkProvider, quote_ident
 from afs.models import AGENTS, AgentOutcome, OptimizationProposal, TaskResult
-from afs.optimize import TaskRequest, new_task_id, optimize
+from afs.optimize import Crew, TaskRequest, new_task_id, optimize
 from afs.pg.settings import alter_database_sql
 from afs.router import load_rules
 from afs.sandbox.forks import open_forks
@@ -254,7 +254,7 @@ async def run_afs(settings: Settings, server: SandboxServer, client: ForkClient,
     try:
         result: TaskResult = await optimize(
             settings, TaskRequest(query=query, runs=runs), source=db, source_dsn=server.dsn(db),
-            forks=client, squad=squad, rules=rules, events=emitter)
+            crew=Crew(forks=client, squad=squad, rules=rules), events=emitter)
     except AfsError as exc:
         run.status, run.error = "failed", str(exc)
         return run

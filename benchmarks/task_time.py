@@ -53,7 +53,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
     from afs.config import load_settings
     from afs.errors import AfsError
     from afs.events import Emitter
-    from afs.optimize import TaskRequest, new_task_id, optimize
+    from afs.optimize import Crew, TaskRequest, new_task_id, optimize
     from afs.router import load_rules
     from afs.sandbox.forks import open_forks
     from afs.sandbox.server import SandboxServer
@@ -69,7 +69,8 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
         try:
             request = TaskRequest(query=args.query, runs=args.afs_runs or settings.runs)
             result = await optimize(settings, request, source=args.db, source_dsn=server.dsn(args.db),
-                                    forks=client, squad=squad, rules=load_rules(settings.routing_rules),
+                                    crew=Crew(forks=client, squad=squad,
+                                              rules=load_rules(settings.routing_rules)),
                                     events=emitter)
         except AfsError as exc:
             out.update(seconds=time.monotonic() - started, status="failed", error=str(exc)[:300],

@@ -15,7 +15,7 @@ from afs.db import open_connection
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import AgentKey, ColumnInfo, ColumnStats, EstimatedImpact, OptimizationProposal, TableInfo
-from afs.optimize import TaskRequest, new_task_id, optimize
+from afs.optimize import Crew, TaskRequest, new_task_id, optimize
 from afs.params.family import apply_parameters
 from afs.params.fill import fill
 from afs.report import render_text, to_json
@@ -102,7 +102,7 @@ async def test_a_rewrite_that_returns_other_rows_for_one_of_the_tasks_sets_is_re
                   agents=("gemini20flash",))
     result = await optimize(settings, TaskRequest(query=first.query, runs=2, parameters=given),
                             source=settings.demo_database, source_dsn=sandbox.dsn(settings.demo_database),
-                            forks=forks, squad=squad, rules=load_rules(None),
+                            crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
                             events=Emitter("t" + os.urandom(3).hex()))
     (agent,) = result.outcomes
     assert agent.status == "rejected" and agent.error and "changes query results" in agent.error

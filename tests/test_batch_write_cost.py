@@ -18,7 +18,7 @@ from afs.db import open_connection
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import EstimatedImpact, OptimizationProposal
-from afs.optimize import Squad, TaskRequest, optimize
+from afs.optimize import Crew, Squad, TaskRequest, optimize
 from afs.report import render_text, to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -56,8 +56,8 @@ async def test_a_task_given_writes_is_judged_on_their_measured_cost(
     squad = Squad(brain_for=lambda _: brain, provider="scripted", agents=("gemini25pro",))
     request = TaskRequest(query=parameters.sets[0].query, runs=3, parameters=parameters)
     result = await optimize(settings, request, source="afs_demo", source_dsn=sandbox.dsn("afs_demo"),
-                            forks=forks, squad=squad,
-                            rules=load_rules(None), events=Emitter("w" + os.urandom(3).hex()))
+                            crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                            events=Emitter("w" + os.urandom(3).hex()))
     (outcome,) = result.outcomes
     assert outcome.benchmark is not None, outcome.error
     cost = outcome.benchmark.write_cost

@@ -38,7 +38,7 @@ from afs.models import (
     Timing,
     ValidationResult,
 )
-from afs.optimize import Squad, TaskRequest, optimize
+from afs.optimize import Crew, Squad, TaskRequest, optimize
 from afs.report import render_text, to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -227,8 +227,8 @@ async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, que
     events = Emitter("c" + os.urandom(3).hex())
     squad = Squad(brain_for=lambda _: brain, provider="scripted", agents=(agent,))
     return await optimize(settings, TaskRequest(query=query, runs=3), source="afs_demo",
-                          source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                          rules=load_rules(None), events=events)
+                          source_dsn=sandbox.dsn("afs_demo"),
+                          crew=Crew(forks=forks, squad=squad, rules=load_rules(None)), events=events)
 
 
 PENDING = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending' AND o.user_id = 42"

@@ -29,7 +29,7 @@ from afs.errors import DatabaseError, UnsafeSqlError
 from afs.events import Emitter
 from afs.forks.client import Fork, ForkClient
 from afs.models import EstimatedImpact, OptimizationProposal, UnsafeStatement
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.router import load_rules
 from afs.safety import check_query, proposal_references, query_references, validate_candidate
 from afs.sandbox.server import SandboxServer
@@ -349,8 +349,8 @@ async def test_the_users_query_in_attribute_notation_is_refused_before_it_is_pla
                   agents=("gemini25pro",))
     with pytest.raises(UnsafeSqlError) as caught:
         await optimize(settings, TaskRequest(query="SELECT id, status FROM orders WHERE id = (42).doubled"),
-                       source="afs_demo", source_dsn=planted_source, forks=forks, squad=squad,
-                       rules=load_rules(None), events=events)
+                       source="afs_demo", source_dsn=planted_source,
+                       crew=Crew(forks=forks, squad=squad, rules=load_rules(None)), events=events)
     assert "calls public.doubled(), which is not built in" in caught.value.reason
     assert "planted function ran" not in str(caught.value)
     assert not [e for e in events.history if e.kind == "fork_created"]

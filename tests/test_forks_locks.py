@@ -21,7 +21,7 @@ from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
 from afs.locks import connection_lock_path, hold_file_lock, is_locked, server_lock
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.router import load_rules
 from afs.sandbox.seeding import ensure_demo
 from afs.sandbox.server import SandboxServer
@@ -78,8 +78,9 @@ async def test_no_benchmark_runs_while_another_process_measures_on_the_server(
                 async def run() -> None:
                     results.append(await optimize(
                         settings, TaskRequest(query=query, runs=3), source="afs_demo",
-                        source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                        rules=load_rules(None), events=Emitter("lock" + os.urandom(2).hex())))
+                        source_dsn=sandbox.dsn("afs_demo"),
+                        crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                        events=Emitter("lock" + os.urandom(2).hex())))
 
                 nursery.start_soon(run)
                 await trio.sleep(8)

@@ -95,7 +95,7 @@ from afs.models import (
     ReviewFlag,
     TableInfo,
 )
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.pg.plan import plan_text
 from afs.query.features import extract_features
 from afs.query.query import Query
@@ -1026,8 +1026,9 @@ async def test_a_model_proposal_is_validated_and_measured(
     async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
         squad = dataclasses.replace(squad, agents=("gemini25pro",))
         result = await optimize(settings, TaskRequest(query=QUERY, runs=3), source="afs_demo",
-                                source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                                rules=load_rules(None), events=Emitter("g1"))
+                                source_dsn=sandbox.dsn("afs_demo"),
+                                crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                                events=Emitter("g1"))
     [outcome] = result.outcomes
     assert outcome.status == "ok", outcome.error
     assert outcome.proposal is not None and outcome.proposal.sql_commands[0] == INDEX_SQL
@@ -1058,8 +1059,9 @@ async def test_a_failing_model_fails_its_agent_with_the_reason(
     async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
         squad = dataclasses.replace(squad, agents=("gemini25pro",))
         result = await optimize(settings, TaskRequest(query=QUERY, runs=3), source="afs_demo",
-                                source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                                rules=load_rules(None), events=Emitter("g2"))
+                                source_dsn=sandbox.dsn("afs_demo"),
+                                crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                                events=Emitter("g2"))
     [outcome] = result.outcomes
     assert outcome.status == "failed" and "check the API key" in (outcome.error or "")
     assert result.status == "failed" and "gemini25pro" in (result.error or "")
@@ -1369,8 +1371,9 @@ async def test_several_candidates_with_a_rewrite_without_ddl_are_measured(
     async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
         squad = dataclasses.replace(squad, agents=("gemini25flash",))
         result = await optimize(settings, TaskRequest(query=QUERY, runs=3), source="afs_demo",
-                                source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                                rules=load_rules(None), events=Emitter("g3"))
+                                source_dsn=sandbox.dsn("afs_demo"),
+                                crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                                events=Emitter("g3"))
     [outcome] = result.outcomes
     assert outcome.status == "ok", outcome.error
     by_type = {c.proposal.proposal_type: c for c in outcome.candidates}
@@ -1447,8 +1450,9 @@ async def test_an_import_records_its_servers_version_and_the_prompt_names_it(
         async with open_gemini_squad(settings, credentials, {}, transport=fake.transport()) as squad:
             squad = dataclasses.replace(squad, agents=("gemini25flash",))
             await optimize(settings, TaskRequest(query=QUERY, runs=3), source=copy,
-                           source_dsn=sandbox.dsn(copy), forks=forks, squad=squad,
-                           rules=load_rules(None), events=Emitter("g-import"))
+                           source_dsn=sandbox.dsn(copy),
+                           crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                           events=Emitter("g-import"))
         measured_on = version.split()[0]
         assert any(f"source server: PostgreSQL 15.4 (imported); plans measured on PostgreSQL {measured_on}"
                    in r.prompt for r in fake.requests)
@@ -1521,8 +1525,8 @@ async def test_a_rewrite_that_fails_the_result_check_is_revised_and_measured(
         squad = dataclasses.replace(squad, agents=("gemini25pro",))
         events = Emitter("g4")
         result = await optimize(settings, TaskRequest(query=QUERY, runs=3), source="afs_demo",
-                                source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                                rules=load_rules(None), events=events)
+                                source_dsn=sandbox.dsn("afs_demo"),
+                                crew=Crew(forks=forks, squad=squad, rules=load_rules(None)), events=events)
     [outcome] = result.outcomes
     first, revised = outcome.candidates
     assert first.benchmark is not None and not first.benchmark.equivalent
@@ -1569,8 +1573,8 @@ async def test_the_reviewer_flags_a_measured_proposal_without_changing_the_conse
         squad = dataclasses.replace(squad, agents=("gemini25pro", "gemini25flash"))
         events = Emitter("g5")
         result = await optimize(settings, TaskRequest(query=QUERY, runs=3), source="afs_demo",
-                                source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                                rules=load_rules(None), events=events)
+                                source_dsn=sandbox.dsn("afs_demo"),
+                                crew=Crew(forks=forks, squad=squad, rules=load_rules(None)), events=events)
     assert result.review == (ReviewFlag("gemini25flash", "gemini25pro",
                                         "orders is written often: the index slows every insert"),)
     # a flag is shown, never scored: the consensus is what the measurements alone give

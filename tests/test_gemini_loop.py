@@ -33,7 +33,7 @@ from afs.config import GeminiSettings, ModelBudget, Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import LoopStep, OptimizationProposal
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.pg.bottleneck import Bottleneck
 from afs.router import load_rules
 from afs.safety import validate_candidate
@@ -263,8 +263,9 @@ async def test_the_agent_measures_the_design_the_conversation_extends(
         async with open_gemini_squad(settings.with_(measured=1), credentials, {}) as squad:
             squad = dataclasses.replace(squad, agents=("gemini25pro",))
             result = await optimize(settings.with_(measured=1), TaskRequest(query=QUERY, runs=3),
-                                    source="afs_demo", source_dsn=sandbox.dsn("afs_demo"), forks=forks,
-                                    squad=squad, rules=load_rules(None), events=Emitter("loop1"))
+                                    source="afs_demo", source_dsn=sandbox.dsn("afs_demo"),
+                                    crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                                    events=Emitter("loop1"))
     [outcome] = result.outcomes
     assert outcome.status == "ok", outcome.error
     turns = [r for r in fake.requests if r.prompt.startswith("MEASURED RESULT")]

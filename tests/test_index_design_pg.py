@@ -14,7 +14,7 @@ from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.models import AgentOutcome, TaskResult
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.report import to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -41,8 +41,9 @@ async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, sou
     squad = Squad(brain_for=lambda _: StrategistBrain(), provider="heuristic", agents=("gemini25pro",))
     result = await optimize(settings.with_(measured=2, parameter_sets=1),
                             TaskRequest(query=query, runs=3), source=source,
-                            source_dsn=sandbox.dsn(source), forks=forks, squad=squad,
-                            rules=load_rules(None), events=Emitter("x" + os.urandom(3).hex()))
+                            source_dsn=sandbox.dsn(source),
+                            crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                            events=Emitter("x" + os.urandom(3).hex()))
     (outcome,) = result.outcomes
     return result, outcome
 

@@ -21,7 +21,7 @@ from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
 from afs.models import AgentKey, EstimatedImpact, OptimizationProposal
-from afs.optimize import TaskRequest, optimize, prepare, read_input
+from afs.optimize import Crew, TaskRequest, optimize, prepare, read_input
 from afs.params.family import apply_parameters, parameter_sets
 from afs.query.features import extract_features
 from afs.query.query import Query
@@ -192,8 +192,9 @@ async def test_optimize_refuses_before_any_fork(settings: Settings, sandbox: San
     events = Emitter("bad-input")
     with pytest.raises(InputError):
         await optimize(settings, TaskRequest(query=query), source="afs_demo",
-                       source_dsn=sandbox.dsn("afs_demo"), forks=forks,
-                       squad=_squad({"gemini25pro": StrategistBrain()}), rules=load_rules(None),
+                       source_dsn=sandbox.dsn("afs_demo"),
+                       crew=Crew(forks=forks, squad=_squad({"gemini25pro": StrategistBrain()}),
+                                 rules=load_rules(None)),
                        events=events)
     assert not [e for e in events.history if e.kind == "fork_created"]
 
@@ -212,9 +213,11 @@ async def test_a_rewrite_too_deep_to_read_is_rejected_and_the_squad_goes_on(
     events = Emitter("deep-rewrite")
     result = await optimize(
         settings, TaskRequest(query=query, runs=1), source="afs_demo",
-        source_dsn=sandbox.dsn("afs_demo"), forks=forks,
-        squad=_squad({"gemini25pro": ScriptedBrain(deep), "gemini20flash": StrategistBrain()}),
-        rules=load_rules(None), events=events)
+        source_dsn=sandbox.dsn("afs_demo"),
+        crew=Crew(forks=forks,
+                  squad=_squad({"gemini25pro": ScriptedBrain(deep), "gemini20flash": StrategistBrain()}),
+                  rules=load_rules(None)),
+        events=events)
     by_agent = {o.agent: o for o in result.outcomes}
     assert by_agent["gemini25pro"].status == "rejected"
     assert "nests too deeply" in (by_agent["gemini25pro"].error or "")
@@ -325,8 +328,9 @@ async def test_agents_see_through_views_to_their_tables(
     async with Client(build_server(provider)) as client:
         result = await optimize(
             settings, TaskRequest(query=query, runs=3), source=cases_db,
-            source_dsn=sandbox.dsn(cases_db), forks=ForkClient(client),
-            squad=_squad({"gemini25pro": StrategistBrain()}), rules=load_rules(None),
+            source_dsn=sandbox.dsn(cases_db),
+            crew=Crew(forks=ForkClient(client), squad=_squad({"gemini25pro": StrategistBrain()}),
+                      rules=load_rules(None)),
             events=Emitter("views"))
     (outcome,) = result.outcomes
     assert outcome.status == "ok", outcome.error

@@ -28,7 +28,7 @@ from afs.models import (
     OptimizationProposal,
     TaskResult,
 )
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.pg.bottleneck import Bottleneck
 from afs.report import render_text, to_json
 from afs.router import load_rules
@@ -88,8 +88,9 @@ async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, sou
     squad = Squad(brain_for=lambda _: thinker, provider="heuristic", agents=agents)
     return await optimize(settings.with_(**{"parameter_sets": 1, **changes}),
                           TaskRequest(query=query, runs=5), source=source,
-                          source_dsn=sandbox.dsn(source), forks=forks, squad=squad,
-                          rules=load_rules(None), events=Emitter("l" + os.urandom(3).hex()))
+                          source_dsn=sandbox.dsn(source),
+                          crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                          events=Emitter("l" + os.urandom(3).hex()))
 
 
 def chained(result: TaskResult) -> list[CandidateResult]:

@@ -14,7 +14,7 @@ from afs.config import Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import AgentKey, TaskResult
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.report import to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -33,8 +33,9 @@ async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient,
     # one measuring slot each and no loop: what is measured is what the slots went to
     return await optimize(settings.with_(measured=1, parameter_sets=1, loop_steps=0),
                           TaskRequest(query=PENDING, runs=3), source="afs_demo",
-                          source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                          rules=load_rules(None), events=Emitter("q" + os.urandom(3).hex()))
+                          source_dsn=sandbox.dsn("afs_demo"),
+                          crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                          events=Emitter("q" + os.urandom(3).hex()))
 
 
 def distinct_measured(result: TaskResult) -> set[object]:

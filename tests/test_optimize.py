@@ -27,7 +27,7 @@ from afs.models import (
     OptimizationProposal,
     TaskResult,
 )
-from afs.optimize import AgentPool, TaskRequest, optimize
+from afs.optimize import AgentPool, Crew, TaskRequest, optimize
 from afs.report import to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -50,8 +50,9 @@ async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, que
               the_squad: Squad | None = None, **request: object) -> tuple[TaskResult, Emitter]:
     events = Emitter("t" + os.urandom(3).hex())
     result = await optimize(settings, TaskRequest(**{"query": query, "runs": 3, **request}),  # type: ignore[arg-type]
-                            source="afs_demo", source_dsn=sandbox.dsn("afs_demo"), forks=forks,
-                            squad=the_squad or squad(), rules=load_rules(None), events=events)
+                            source="afs_demo", source_dsn=sandbox.dsn("afs_demo"),
+                            crew=Crew(forks=forks, squad=the_squad or squad(), rules=load_rules(None)),
+                            events=events)
     return result, events
 
 
@@ -176,8 +177,8 @@ async def test_bad_input_is_refused_before_any_fork(settings: Settings, sandbox:
     events = Emitter("bad")
     with pytest.raises(InputError, match=fragment):
         await optimize(settings, TaskRequest(query=query), source="afs_demo",
-                       source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad(),
-                       rules=load_rules(None), events=events)
+                       source_dsn=sandbox.dsn("afs_demo"),
+                       crew=Crew(forks=forks, squad=squad(), rules=load_rules(None)), events=events)
     assert not [e for e in events.history if e.kind == "fork_created"]
 
 
@@ -223,8 +224,8 @@ async def test_a_task_waits_for_agents_when_all_are_at_capacity(
     async def task() -> None:
         results.append(await optimize(
             settings, TaskRequest(query="SELECT id FROM users WHERE id = 1", runs=1),
-            source="afs_demo", source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad(),
-            rules=load_rules(None), events=events, pool=pool))
+            source="afs_demo", source_dsn=sandbox.dsn("afs_demo"),
+            crew=Crew(forks=forks, squad=squad(), rules=load_rules(None), pool=pool), events=events))
 
     async with trio.open_nursery() as nursery:
         with pool.assigned(busy * 3):  # three running tasks on every agent: the hard limit

@@ -12,7 +12,7 @@ from afs.config import Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import AgentKey, CandidateResult, TaskResult
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.report import to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -26,8 +26,8 @@ async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, que
     brain = StrategistBrain()
     squad = Squad(brain_for=lambda _: brain, provider="heuristic", agents=(agent,))
     return await optimize(settings, TaskRequest(query=query, runs=3), source="afs_demo",
-                          source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                          rules=load_rules(None), events=events)
+                          source_dsn=sandbox.dsn("afs_demo"),
+                          crew=Crew(forks=forks, squad=squad, rules=load_rules(None)), events=events)
 
 
 def measured(result: TaskResult, proposal_type: str) -> CandidateResult:

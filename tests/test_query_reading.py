@@ -17,7 +17,7 @@ from afs.config import Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import AnalysisContext, ColumnInfo, ColumnStats, TableInfo
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.params import family
 from afs.params.family import apply_parameters, parameter_sets
 from afs.params.fill import fill, slots
@@ -76,8 +76,9 @@ async def test_a_three_agent_task_reads_its_query_a_handful_of_times(
                   agents=("gemini25pro", "gemini25flash", "gemini20flash"))
     before = sum(PARSES.values())
     result = await optimize(settings, TaskRequest(query=query, runs=3), source="afs_demo",
-                            source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                            rules=load_rules(None), events=Emitter("t" + marker))
+                            source_dsn=sandbox.dsn("afs_demo"),
+                            crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                            events=Emitter("t" + marker))
     assert len(result.outcomes) == 3 and result.status == "completed", result.error
     assert 1 <= PARSES[query] <= 3, PARSES[query]
     shared = Query.read(query).tree  # the one reading: every reader left it as it was

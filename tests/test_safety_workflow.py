@@ -15,7 +15,7 @@ from afs.errors import UnsafeSqlError
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import AgentKey, EstimatedImpact, OptimizationProposal, ProposalType, TaskResult
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
 from afs.testing import ScriptedBrain
@@ -34,8 +34,8 @@ async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient, que
     events = Emitter("s" + os.urandom(3).hex())
     squad = Squad(brain_for=lambda _: brain, provider="scripted", agents=("gemini25pro",))
     return await optimize(settings, TaskRequest(query=query, runs=3), source="afs_demo",
-                          source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                          rules=load_rules(None), events=events)
+                          source_dsn=sandbox.dsn("afs_demo"),
+                          crew=Crew(forks=forks, squad=squad, rules=load_rules(None)), events=events)
 
 
 QUERY = "SELECT id, status FROM orders WHERE user_id = 42"

@@ -12,7 +12,7 @@ from afs.config import Settings, Timeouts
 from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import EstimatedImpact, OptimizationProposal
-from afs.optimize import Squad, TaskRequest, optimize
+from afs.optimize import Crew, Squad, TaskRequest, optimize
 from afs.report import render_text, to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -45,8 +45,9 @@ async def test_a_query_slower_than_the_agents_time_is_measured_against_a_lower_b
     squad = Squad(brain_for=lambda _agent: ScriptedBrain(index_on_the_correlation_key),
                   provider="scripted", agents=("gemini25pro",))
     result = await optimize(tight, TaskRequest(query=SLOWER_THAN_THE_AGENT, runs=3), source="afs_demo",
-                            source_dsn=sandbox.dsn("afs_demo"), forks=forks, squad=squad,
-                            rules=load_rules(None), events=Emitter("s" + os.urandom(3).hex()))
+                            source_dsn=sandbox.dsn("afs_demo"),
+                            crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
+                            events=Emitter("s" + os.urandom(3).hex()))
     text = render_text(result)
     assert result.status == "completed", text
     (outcome,) = result.outcomes

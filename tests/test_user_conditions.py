@@ -26,7 +26,7 @@ from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.models import AgentKey, EstimatedImpact, OptimizationProposal, TableState
-from afs.optimize import TaskRequest, optimize
+from afs.optimize import Crew, TaskRequest, optimize
 from afs.pg.plan import plan_of, plan_shape, shape_differences
 from afs.pg.settings import alter_database_sql, carry, is_plan_setting, overlay, server_gaps
 from afs.report import render_text, to_json
@@ -251,7 +251,7 @@ async def _optimize(settings: Settings, forks: ForkClient, user_dsn: str, query:
     brain = ScriptedBrain(script)
     squad = Squad(brain_for=lambda agent: brain, provider="scripted", agents=("gemini20flash",))
     result = await optimize(settings, TaskRequest(query=query, runs=3), source=USER_DB,
-                            source_dsn=user_dsn, forks=forks, squad=squad, rules=load_rules(None),
+                            source_dsn=user_dsn, crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
                             events=events)
     text = render_text(result)
     print(f"\n$ afs optimize --dsn <user's server> --query {query!r}\n{text}")  # the figures

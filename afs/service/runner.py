@@ -25,7 +25,7 @@ from afs.errors import AfsError, ConfigError, InputError
 from afs.events import Emitter, Sink, log_sink
 from afs.forks.client import ForkClient
 from afs.models import TaskResult
-from afs.optimize import AgentPool, TaskRequest, optimize
+from afs.optimize import AgentPool, Crew, TaskRequest, optimize
 from afs.router import RuleSet
 from afs.sandbox.importer import sandbox_source
 from afs.sandbox.server import dsn_for
@@ -80,8 +80,8 @@ async def _optimize(rt: Runtime, task: TaskRecord, events: Emitter,
     async with open_squad(task.provider, rt.settings, rt.settings.environment, meter=rt.meter) as squad:
         return await optimize(rt.settings, request, source=source,
                               source_dsn=direct_dsn or source_dsn(rt.settings, source),
-                              forks=rt.forks, squad=squad,
-                              rules=rt.rules, events=events, pool=rt.pool)
+                              crew=Crew(forks=rt.forks, squad=squad, rules=rt.rules, pool=rt.pool),
+                              events=events)
 
 
 @asynccontextmanager
