@@ -46,7 +46,7 @@ from afs.models import BenchmarkOutcome, OptimizationProposal, Timing, WriteCost
 from afs.params.fill import substitute, typed_parameters
 from afs.pg.names import quote_ident, quote_qualified
 from afs.pg.plan import explained, plan_of
-from afs.safety import creates
+from afs.safety import NewIndex, creates, validate_commands
 from afs.task import check_workload
 
 Kind = Literal["read", "write"]
@@ -292,8 +292,37 @@ def write_cost(replayed: Sequence[Replayed], window_s: float | None) -> dict[str
 def new_index_names(proposal: OptimizationProposal) -> dict[str, str]:
     """The proposal's new indexes that it names, by name (as its CREATE INDEX writes it, the
     table's schema before it when given): the table each is on. An index the statement leaves
-    unnamed is not here (PostgreSQL picks its name: nothing can drop it by a known name)."""
+    unnamed is not here (PostgreSQL picks its name: `new_indexes_in_fork` finds it)."""
     return {index.name: index.table for index in creates(proposal).indexes if index.name}
+
+
+_INDEXES_ON = ("SELECT n.nspname || '.' || c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+               " JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+               " WHERE i.indrelid = to_regclass(%s) ORDER BY i.indexrelid DESC")
+
+
+def _made_alike(index: NewIndex) -> tuple[Any, ...]:
+    """What an index's definition as the catalog prints it shares with the statement that made
+    it (its WHERE is printed with casts: only whether there is one)."""
+    return index.keys, index.method, bool(index.where), index.include, index.unique
+
+
+async def new_indexes_in_fork(conn: Connection, proposal: OptimizationProposal) -> dict[str, str]:
+    """The proposal's new indexes in the fork, applied: name → table. A named one as its
+    statement names it (`new_index_names`); one left unnamed (PostgreSQL picks the name) found in
+    the fork's catalog: the newest index on its table made alike (keys, method, INCLUDE,
+    uniqueness, partial or not); none found, it is left out."""
+    found = new_index_names(proposal)
+    for index in creates(proposal).indexes:
+        if index.name:
+            continue
+        for name, definition in await conn.fetchall(_INDEXES_ON, (index.table,)):
+            made = validate_commands((str(definition),), "index").creates.commands
+            if (str(name) not in found and len(made) == 1 and isinstance(made[0], NewIndex)
+                    and _made_alike(made[0]) == _made_alike(index)):
+                found[str(name)] = index.table
+                break
+    return found
 
 
 def _bare(table: str) -> str:
@@ -321,10 +350,12 @@ async def fork_write_cost(conn: Connection, proposal: OptimizationProposal,
                           workload: WriteWorkload | None, policy: Measuring) -> WriteCost | None:
     """With `proposal` applied in the fork `conn`: each of the workload's writes of a table it
     indexes replayed with its new indexes and with them dropped (rolled back each run), within
-    the policy's measuring budget. None when the proposal names no new index or the task has no
-    write of its tables (the consensus then weighs the source's writes per read instead)."""
-    names = new_index_names(proposal)
-    if workload is None or not names or not workload.writes:
+    the policy's measuring budget. None when the proposal makes no index found in the fork or
+    the task has no write of its tables (the consensus then weighs the source's writes per read)."""
+    if workload is None or not workload.writes or not creates(proposal).indexes:
+        return None
+    names = await new_indexes_in_fork(conn, proposal)
+    if not names:
         return None
     tables = {_bare(t) for t in names.values()}
     check_workload(workload, tables | {_bare(w.table) for w in workload.writes})  # again: what runs here

@@ -51,7 +51,7 @@ async def test_a_task_given_writes_is_judged_on_their_measured_cost(
     assert parameters is not None and parameters.workload == workload
 
     brain = ScriptedBrain(lambda agent: OptimizationProposal(
-        agent=agent, proposal_type="index", sql_commands=("CREATE INDEX wc_user ON orders (user_id)",),
+        agent=agent, proposal_type="index", sql_commands=("CREATE INDEX ON orders (user_id)",),
         rollback_commands=(), rationale="test", estimated_impact=EstimatedImpact(50, 1, "low", "low")))
     squad = Squad(brain_for=lambda _: brain, provider="scripted", agents=("gemini25pro",))
     request = TaskRequest(query=parameters.sets[0].query, runs=3, parameters=parameters)
