@@ -621,6 +621,22 @@ async def after_plan(conn: Connection, sql: str, proposal: OptimizationProposal,
     raise AssertionError("unreachable: the estimated plan does not run the query")
 
 
+def held_commands(design: OptimizationProposal, in_place: OptimizationProposal | None,
+                  extended: OptimizationProposal) -> tuple[str, ...]:
+    """The commands of `design`, in place in the fork, that `extended` starts with, when it only
+    adds indexes to it (both index builds only, no rewrite or setting, none of its indexes
+    replaced): they stay in place and are not built again (afs.bench.benchmark's `held`); else
+    () (pure). The loop does not hold them for a query past the statement timeout either."""
+    key = TaskMeasurements.key
+    n = len(design.sql_commands)
+    if (in_place is None or key(in_place) != key(design) or not n
+            or extended.rewritten_query is not None or extended.settings or design.settings
+            or extended.sql_commands[:n] != design.sql_commands or len(extended.sql_commands) <= n
+            or hideable_indexes(extended) is None or hideable_indexes(design) is None):
+        return ()
+    return tuple(design.sql_commands)
+
+
 def _loopable(c: CandidateResult) -> bool:
     return (c.status == "measured" and c.benchmark is not None and c.benchmark.equivalent
             and not c.benchmark.answer_cache and query_timing(c.benchmark) is not None)
@@ -782,19 +798,9 @@ class _Loop:
         self._stop(f"{budget.loop_steps} loop steps taken (loop_steps)")
 
     def _held(self, current: CandidateResult | None, extended: OptimizationProposal) -> tuple[str, ...]:
-        """The commands of the design in place that `extended` starts with, when it only adds
-        indexes to it (both index builds only, no rewrite or setting, the query not past the
-        statement timeout): they stay in place and are not built again; else ()."""
-        if current is None or current.benchmark is None or self.ctx.slow or self.in_place.proposal is None:
+        if current is None or current.benchmark is None or self.ctx.slow:
             return ()
-        design = current.proposal
-        if (TaskMeasurements.key(self.in_place.proposal) != TaskMeasurements.key(design)
-                or not design.sql_commands or extended.rewritten_query is not None or extended.settings
-                or design.settings or extended.sql_commands[:len(design.sql_commands)] != design.sql_commands
-                or len(extended.sql_commands) <= len(design.sql_commands)
-                or hideable_indexes(extended) is None or hideable_indexes(design) is None):
-            return ()
-        return tuple(design.sql_commands)
+        return held_commands(current.proposal, self.in_place.proposal, extended)
 
     async def _elsewhere(self, design: OptimizationProposal, plan: Mapping[str, Any],
                          necks: Sequence[Bottleneck], top: Bottleneck | None,
