@@ -104,6 +104,7 @@ AS_FAST_MS = 0.3  # … or one within 0.3 ms of its time (below that, timings ar
 LOOP_SHARE_OF_TIME_LEFT = 0.5  # the loop takes at most this share of the agent's time left
 LOOP_STARTS = 3  # measured designs the loop tries to extend, the best first
 LOOP_CLEAR_RATIO = 1.5  # a step this many times faster that reads fewer buffers gains (`beats`)
+PLAN_AHEAD_MS = 1000.0  # a design this fast on the query as given has its after-plan read while in place
 LOOP_ALTERNATIVES = 2  # other bottlenecks a loop step asks about when another agent measures its design
 
 
@@ -307,6 +308,9 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
 
     by_rank = {rank: (proposal, validation, cs) for rank, proposal, validation, cs in checked}
     in_place = _InPlace(conn)
+    # the loop's after-plans, read while each design measured here was in place (by its key):
+    # the loop need not build a design again only to read its plan
+    plans: dict[Any, tuple[dict[str, Any], bool]] = {}
 
     async def members_for(proposal: OptimizationProposal) -> tuple[FamilyQuery, ...]:
         members = await trio.to_thread.run_sync(_family_for, job.query, family, proposal)
@@ -354,6 +358,11 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
                     await rows_kept()
                     if short:  # not the whole measurement: not for another agent to take
                         raise _Short(outcome)
+                    now = query_timing(outcome)
+                    if (_loops(job, brain) and not ctx.slow and now is not None
+                            and now.median_ms <= PLAN_AHEAD_MS):
+                        plans[TaskMeasurements.key(proposal)] = await after_plan(
+                            conn, proposal.rewritten_query or job.query, proposal, False)
                     if baseline_cost is not None and proposal.proposal_type != "partitioning":
                         # the planner's cost with the proposal in place, for the record (and
                         # for an agent that screens the same design later)
@@ -484,7 +493,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
     if _loops(job, brain) and not in_place.unknown:
         assert isinstance(brain, RefiningBrain)
         loop = _Loop(job, ctx, state, brain, in_place, events, enter, measure_design, tried, by_rank,
-                     taken=functools.partial(shared.taken, agent))
+                     taken=functools.partial(shared.taken, agent), plans=plans)
         # within its budget, and within half the time the agent has left: what it measured
         # so far must still be reported
         left = trio.current_effective_deadline() - trio.current_time()
@@ -662,6 +671,8 @@ class _Loop:
     by_rank: dict[int, tuple[OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None]]
     # the other agent that measures a design already (TaskMeasurements.taken), if any
     taken: Callable[[OptimizationProposal], AgentKey | None] = lambda _: None
+    # after-plans read while a design was in place for its measurement (by TaskMeasurements.key)
+    plans: Mapping[Any, tuple[dict[str, Any], bool]] = field(default_factory=dict)
     steps: list[LoopStep] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)  # of the steps measured
     final: int | None = None  # the rank of the last kept step
@@ -712,14 +723,19 @@ class _Loop:
                 plan, analysed = self.ctx.plan, not self.ctx.slow and "Actual Total Time" in self.ctx.plan
             else:
                 design = current.proposal
-                if not await self.in_place.put(design):
-                    return self._stop(f"step {n - 1} could not be put in place again: {self.in_place.error}")
                 previous = query_timing(current.benchmark)
                 assert previous is not None
-                estimate_only = self.ctx.slow and (previous.lower_bound or previous.median_ms * 2
-                                                   > budget.statement_timeout_ms)
-                plan, analysed = await after_plan(conn, design.rewritten_query or self.job.query, design,
-                                                  estimate_only)
+                read = self.plans.get(TaskMeasurements.key(design))
+                if read is not None:  # read while it was in place for its measurement
+                    plan, analysed = read
+                else:
+                    if not await self.in_place.put(design):
+                        return self._stop(f"step {n - 1} could not be put in place again: "
+                                          f"{self.in_place.error}")
+                    estimate_only = self.ctx.slow and (previous.lower_bound or previous.median_ms * 2
+                                                       > budget.statement_timeout_ms)
+                    plan, analysed = await after_plan(conn, design.rewritten_query or self.job.query, design,
+                                                      estimate_only)
             necks = await trio.to_thread.run_sync(bottlenecks, plan, analysed)
             top = necks[0] if necks else None
             if top is not None and top.kind == "rows_returned":
