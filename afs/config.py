@@ -9,10 +9,11 @@ below take whole: `Timeouts` (per-phase limits), `Measuring` (`Settings.measurin
 rule, budget, candidates, parameter sets, the long baseline run), `Quantiles` (histogram
 positions of other values), `ForkLimits` (`Settings.fork_limits`), `RoutingDefaults` (what
 routing_rules.yaml leaves out), `Leasing` (workers' leases and polling), `DemoWorkload`,
-`GeminiSettings`. No `DEFAULT_*` is a default in a signature or a field below this module
-(tests/test_no_defaults_below_config.py holds it and lists what is left). The process
-environment is read here (`load_settings`, `process_environment`); `Settings.environment`
-keeps it for the model SDK's credentials and child processes.
+`Connecting` (afs.db's connections), `GeminiSettings`. No `DEFAULT_*` is a default in a
+signature or a field below this module (tests/test_no_defaults_below_config.py holds it and
+lists what is left). The process environment is read here (`load_settings`,
+`process_environment`); `Settings.environment` keeps it for the model SDK's credentials and
+child processes.
 
 Environment:
     AFS_HOME                  state directory (default ~/.afs)
@@ -276,6 +277,23 @@ class DemoWorkload:
 
 
 DEMO_WORKLOAD: Final = DemoWorkload()
+
+
+@dataclass(frozen=True)
+class Connecting:
+    """How AFS talks to PostgreSQL (afs.db): the server-side statement timeout of a connection
+    whose caller names none, how long opening one may take, and how many threads may talk to
+    PostgreSQL at once, process-wide (one trio.CapacityLimiter, afs.db.DATABASE_THREADS)."""
+
+    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
+    connect_timeout_s: int = 10
+    threads: int = 16
+
+
+CONNECTING: Final = Connecting()
+# the IANA time zone a schedule's cron expression is read in when none is given
+# (afs.batch.schedule.add_schedule; `afs schedule add --tz`)
+SCHEDULE_TIMEZONE: Final = "UTC"
 
 
 TEMPLATE_SUFFIX = "_template"

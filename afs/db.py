@@ -6,10 +6,13 @@ connection, with a `CapacityLimiter`. Trio cannot interrupt a thread, so when
 the caller is cancelled the running statement is cancelled on the server
 (`cancel_safe`) until the worker returns; the connection stays usable. Every
 connection also carries a server-side `statement_timeout`: the last line of
-defence.
+defence (its caller's, or `afs.config.Connecting`'s when it names none).
 
     async with open_connection(dsn, statement_timeout_ms=30_000) as conn:
         rows = await conn.fetchall("SELECT ...", params)
+
+The defaults are `afs.config.CONNECTING`'s; `DATABASE_THREADS` is process state: the one
+limiter every database thread of the process shares (`Connecting.threads` of them at once).
 """
 
 from __future__ import annotations
@@ -28,14 +31,14 @@ import trio
 from psycopg import conninfo, pq
 from psycopg.pq import TransactionStatus
 
-from afs.config import DEFAULT_STATEMENT_TIMEOUT_MS, user_libpq_environment
+from afs.config import CONNECTING, user_libpq_environment
 from afs.errors import DatabaseError, InputError, StatementTimeout, scrub
 
 T = TypeVar("T")
 
-# Threads that may talk to PostgreSQL at once, process-wide.
-DEFAULT_LIMITER = trio.CapacityLimiter(16)
-CONNECT_TIMEOUT_S = 10
+# Process state, not a setting: the threads that may talk to PostgreSQL at once, shared by
+# every connection of the process (how many: afs.config.Connecting.threads).
+DATABASE_THREADS = trio.CapacityLimiter(CONNECTING.threads)
 _CANCEL_POLL_S = 0.05
 
 
@@ -120,7 +123,7 @@ def resolve_dsn(dsn: str, env: Mapping[str, str] | None = None) -> str:
     return conninfo.make_conninfo("", **params)
 
 
-def connect_sync(dsn: str, statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+def connect_sync(dsn: str, statement_timeout_ms: int = CONNECTING.statement_timeout_ms,
                  autocommit: bool = True) -> psycopg.Connection[Any]:
     """Open a blocking connection with a server-side statement_timeout. A user's DSN is first
     completed from the user's libpq variables (`resolve_dsn`)."""
@@ -130,7 +133,7 @@ def connect_sync(dsn: str, statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT
         return psycopg.connect(
             resolved,
             autocommit=autocommit,
-            connect_timeout=CONNECT_TIMEOUT_S,
+            connect_timeout=CONNECTING.connect_timeout_s,
             # the DSN's own options first; then AFS's, which win:
             # standard_conforming_strings: the server reads strings as pglast checked them
             options=" ".join(filter(None, (str(own), f"-c statement_timeout={int(statement_timeout_ms)}",
@@ -144,7 +147,7 @@ def connect_sync(dsn: str, statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT
 async def run_in_thread(
     conn: psycopg.Connection[Any],
     fn: Callable[[psycopg.Connection[Any]], T],
-    limiter: trio.CapacityLimiter = DEFAULT_LIMITER,
+    limiter: trio.CapacityLimiter = DATABASE_THREADS,
 ) -> T:
     """Run `fn(conn)` in a worker thread; if trio cancels us, cancel it on the server.
 
@@ -249,8 +252,8 @@ def _execute(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] | No
 @asynccontextmanager
 async def open_connection(
     dsn: str,
-    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
-    limiter: trio.CapacityLimiter = DEFAULT_LIMITER,
+    statement_timeout_ms: int = CONNECTING.statement_timeout_ms,
+    limiter: trio.CapacityLimiter = DATABASE_THREADS,
 ) -> AsyncIterator[Connection]:
     """Open a connection for trio code; closed on exit, even when cancelled."""
     raw = await trio.to_thread.run_sync(connect_sync, dsn, statement_timeout_ms, limiter=limiter)

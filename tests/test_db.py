@@ -7,6 +7,7 @@ import time
 import pytest
 import trio
 
+from afs.config import CONNECTING
 from afs.db import open_connection
 from afs.errors import DatabaseError, StatementTimeout
 from afs.sandbox.server import SandboxServer
@@ -52,6 +53,12 @@ async def test_statement_timeout_is_enforced_by_the_server(sandbox: SandboxServe
         with pytest.raises(StatementTimeout, match="statement timeout"):
             await conn.execute("SELECT pg_sleep(2)")
         assert await conn.fetchval("SELECT 1") == 1
+
+
+async def test_a_connection_whose_caller_names_no_timeout_has_configs(sandbox: SandboxServer) -> None:
+    async with open_connection(sandbox.dsn()) as conn:
+        shown = await conn.fetchval("SELECT setting::int FROM pg_settings WHERE name = 'statement_timeout'")
+    assert shown == CONNECTING.statement_timeout_ms == 60_000
 
 
 async def test_errors_are_translated_with_sqlstate(sandbox: SandboxServer) -> None:

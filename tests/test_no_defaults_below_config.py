@@ -10,12 +10,23 @@ from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
 import afs
+from afs.batch.schedule import add_schedule
 from afs.cli import build_parser
-from afs.config import DEMO_WORKLOAD, LEASING, ForkLimits, Settings
+from afs.config import (
+    CONNECTING,
+    DEFAULT_STATEMENT_TIMEOUT_MS,
+    DEMO_WORKLOAD,
+    LEASING,
+    SCHEDULE_TIMEZONE,
+    ForkLimits,
+    Settings,
+)
+from afs.db import DATABASE_THREADS, connect_sync, open_connection, run_in_thread
 
 PACKAGE = Path(afs.__file__).parent
 
@@ -25,12 +36,6 @@ POSTGRES_CONSTANTS = "pg/stats.py"
 # What is left, each in a room outside this change (module, the DEFAULT_* or its alias):
 # a new entry needs a reason as good as these; a fixed one should leave the list.
 KNOWN = {
-    # every connection's statement timeout; open_connection has ~100 callers (the next step)
-    ("db.py", "DEFAULT_STATEMENT_TIMEOUT_MS"),
-    # a trio.CapacityLimiter shared by all database threads: process state, not a setting
-    ("db.py", "DEFAULT_LIMITER"),
-    # a schedule's time zone when none is given (`afs schedule add --timezone`)
-    ("batch/schedule.py", "DEFAULT_TIMEZONE"),
     # the index review's window: an alias of config.DEFAULT_UNUSED_INDEX_WINDOW_S as a default
     ("batch/indexes.py", "UNUSED_MIN_WINDOW_S"),
     # the model client's retry policy (a frozen RetryPolicy of its own)
@@ -161,3 +166,19 @@ def test_the_policies_are_configs_and_the_cli_reads_them(tmp_path: Path) -> None
     assert settings.fork_limits == ForkLimits()  # one set of defaults
     tight = settings.with_(fork_max_growth_mb=20, fork_temp_file_limit_mb=1, statement_timeout_ms=500)
     assert tight.fork_limits == ForkLimits(temp_file_limit_mb=1, max_growth_mb=20, statement_timeout_ms=500)
+
+
+def _default(fn: object, parameter: str) -> object:
+    return inspect.signature(fn).parameters[parameter].default  # type: ignore[arg-type]
+
+
+def test_connections_and_schedules_take_configs_defaults() -> None:
+    """afs.db's defaults are config.CONNECTING's, the same values as before; its limiter is the
+    one process-wide DATABASE_THREADS; a schedule's zone is config's, as `afs schedule add`'s."""
+    timeouts = {_default(f, "statement_timeout_ms") for f in (open_connection, connect_sync)}
+    assert timeouts == {CONNECTING.statement_timeout_ms} == {DEFAULT_STATEMENT_TIMEOUT_MS} == {60_000}
+    assert _default(open_connection, "limiter") is _default(run_in_thread, "limiter") is DATABASE_THREADS
+    assert DATABASE_THREADS.total_tokens == CONNECTING.threads == 16
+    assert CONNECTING.connect_timeout_s == 10
+    schedule = _option(build_parser(), "schedule", "add")
+    assert _default(add_schedule, "timezone") == schedule["tz"] == SCHEDULE_TIMEZONE == "UTC"

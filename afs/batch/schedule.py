@@ -5,11 +5,12 @@
     schedule = await add_schedule(store, dsn=None, cron="0 3 * * *", timezone="UTC", options=...)
     await Scheduler(store, run, now=clock).run_forever()              # in afs serve's nursery
 
-Time. A cron expression is read in the schedule's own IANA time zone (UTC unless
-`--tz` says otherwise), stored with it; due times are stored in UTC. Across a daylight
-saving change: a time the clocks skip runs when they jump (02:30 on the night Paris
-goes from 02:00 to 03:00 runs at 03:00); a time they repeat runs once, the first time,
-unless the hour field is a wildcard (`*/30 * * * *` is every half hour of real time).
+Time. A cron expression is read in the schedule's own IANA time zone
+(`afs.config.SCHEDULE_TIMEZONE`, UTC, unless `--tz` says otherwise), stored with it;
+due times are stored in UTC. Across a daylight saving change: a time the clocks skip
+runs when they jump (02:30 on the night Paris goes from 02:00 to 03:00 runs at 03:00);
+a time they repeat runs once, the first time, unless the hour field is a wildcard
+(`*/30 * * * *` is every half hour of real time).
 
 Runs. A schedule is due when its `next_run_at` has passed. Starting a run takes a
 PostgreSQL advisory lock on the schedule (session-level, on the scheduler's store
@@ -40,7 +41,7 @@ from psycopg.types.json import Jsonb
 
 from afs.batch.job import BatchOptions, run_batch_here
 from afs.batch.statements import parse_duration
-from afs.config import Settings
+from afs.config import SCHEDULE_TIMEZONE, Settings
 from afs.errors import AfsError, InputError, scrub
 from afs.optimize import new_task_id
 from afs.sandbox.importer import origin_of
@@ -49,7 +50,6 @@ from afs.store.migrations import SCHEDULE_LOCK_KEY, SCHEMA
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_TIMEZONE = "UTC"
 POLL_S = 30.0  # a schedule added meanwhile is noticed within this
 CRON_FIELDS = ("minute", "hour", "day of month", "month", "day of week")
 KEYWORDS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
@@ -150,7 +150,7 @@ def _schedule(row: tuple[Any, ...]) -> Schedule:
     return Schedule(row[0], row[1], row[2], row[3], row[4], options_of(row[5]), row[6], row[7])
 
 
-async def add_schedule(store: Store, *, dsn: str | None, cron: str, timezone: str = DEFAULT_TIMEZONE,
+async def add_schedule(store: Store, *, dsn: str | None, cron: str, timezone: str = SCHEDULE_TIMEZONE,
                        options: BatchOptions, origin: str, now: datetime | None = None) -> Schedule:
     """Check and store a schedule; its first run is the first due time after `now`."""
     cron = check_cron(cron)
