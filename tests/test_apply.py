@@ -40,7 +40,7 @@ from afs.models import (
 )
 from afs.optimize import new_task_id
 from afs.sandbox.server import SandboxServer, dsn_for
-from afs.store import Store, open_store
+from afs.store import Store, TaskSubmission, open_store
 
 QUERY = "SELECT id, total FROM orders WHERE user_id = 42 ORDER BY created_at DESC"
 AGENT = "gemini25pro"
@@ -70,9 +70,10 @@ def result_with(task_id: str, sql: tuple[str, ...], ptype: str = "index", *, que
 
 async def stored(store: Store, sql: tuple[str, ...], ptype: str = "index", **kwargs: object) -> str:
     task_id = new_task_id()
-    await store.submit(task_id=task_id, query=str(kwargs.get("query", QUERY)), source="afs_demo", dsn=None,
-                       task_type="query_optimization", priority="normal", provider="heuristic", weights=None,
-                       runs=2, worker="t", lease_s=30)
+    await store.submit(TaskSubmission(task_id=task_id, query=str(kwargs.get("query", QUERY)),
+                                      source="afs_demo", dsn=None, task_type="query_optimization",
+                                      priority="normal", provider="heuristic", weights=None, runs=2),
+                       worker="t", lease_s=30)
     result = result_with(task_id, sql, ptype, **kwargs)  # type: ignore[arg-type]
     assert await store.finish(task_id, "t", status=result.status, result=result)
     return task_id
@@ -380,9 +381,9 @@ async def test_post_apply_needs_an_approver_applies_and_refuses_a_second_time(
     from afs.serve import run_service
 
     task_id = new_task_id()  # a task on the target (its DSN stored without the password)
-    await store.submit(task_id=task_id, query=QUERY, source="afs_demo", dsn=target,
-                       task_type="query_optimization", priority="normal", provider="heuristic", weights=None,
-                       runs=2, worker="t", lease_s=30)
+    await store.submit(TaskSubmission(task_id=task_id, query=QUERY, source="afs_demo", dsn=target,
+                                      task_type="query_optimization", priority="normal", provider="heuristic",
+                                      weights=None, runs=2), worker="t", lease_s=30)
     assert await store.finish(task_id, "t", status="completed", result=result_with(
         task_id, ("CREATE INDEX ix_api ON orders (user_id, created_at)",)))
     urls = await nursery.start(partial(run_service, settings.with_(store_url=store_db, service_token="tok"),

@@ -32,7 +32,7 @@ from afs.models import (
 )
 from afs.optimize import new_task_id
 from afs.sandbox.server import SandboxServer, dsn_for
-from afs.store import Store, open_store
+from afs.store import Store, TaskSubmission, open_store
 from afs.testing import run_afs_async
 
 QUERY = "SELECT id, total FROM orders WHERE user_id = {u} ORDER BY created_at DESC"
@@ -135,9 +135,9 @@ async def test_an_index_dropped_behind_afs_back_is_flagged_by_the_next_check(
     _calls(target, 30, 1)  # the workload before the apply: a sequential scan each
     task_id = new_task_id()
     query = QUERY.format(u=42)
-    await store.submit(task_id=task_id, query=query, source="afs_demo", dsn=None,
-                       task_type="query_optimization", priority="normal", provider="heuristic",
-                       weights=None, runs=2, worker="t", lease_s=30)
+    await store.submit(TaskSubmission(task_id=task_id, query=query, source="afs_demo", dsn=None,
+                               task_type="query_optimization", priority="normal", provider="heuristic",
+                               weights=None, runs=2), worker="t", lease_s=30)
     assert await store.finish(task_id, "t", status="completed", result=_result(task_id, query))
     row = await apply_winner(store, await load_plan(store, task_id), target, approver="alice")
     assert row["result"] == "applied", row["detail"]

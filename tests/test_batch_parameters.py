@@ -21,7 +21,7 @@ from afs.params.fill import fill
 from afs.report import render_text, to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
-from afs.store import open_store
+from afs.store import TaskSubmission, open_store
 from afs.testing import ScriptedBrain
 
 STATEMENT = "SELECT o.id, o.total_amount FROM orders o WHERE o.user_id = $1 ORDER BY o.id"
@@ -64,17 +64,19 @@ async def test_a_tasks_stored_input_round_trips_its_sets(store_db: str, sandbox:
     given = filled.parameters()
     assert given is not None and len(given.sets) == 3
     async with open_store(store_db) as store:
-        task = await store.submit(task_id=new_task_id(), query=given.sets[0].query, source="afs_demo",
-                                  dsn=None, task_type="query_optimization", priority="normal",
-                                  provider="heuristic", weights=None, runs=1, parameters=given)
+        task = await store.submit(TaskSubmission(task_id=new_task_id(), query=given.sets[0].query,
+                                                 source="afs_demo", dsn=None, task_type="query_optimization",
+                                                 priority="normal", provider="heuristic", weights=None,
+                                                 runs=1, parameters=given))
         assert task.parameters == given
         assert (await store.get(task.id)).parameters == given
         claimed = await store.claim("w", 30.0)
         assert claimed is not None and claimed.id == task.id and claimed.parameters == given
         assert task.public()["parameters"]["sets"][1]["values"] == {"1": given.sets[1].values[1]}
-        plain = await store.submit(task_id=new_task_id(), query="SELECT 1 FROM users", source="afs_demo",
-                                   dsn=None, task_type="query_optimization", priority="normal",
-                                   provider="heuristic", weights=None, runs=1)
+        plain = await store.submit(TaskSubmission(task_id=new_task_id(), query="SELECT 1 FROM users",
+                                                  source="afs_demo", dsn=None, task_type="query_optimization",
+                                                  priority="normal", provider="heuristic", weights=None,
+                                                  runs=1))
         assert (await store.get(plain.id)).parameters is None
 
 

@@ -35,7 +35,7 @@ from afs.events import Event
 from afs.forks.naming import fork_name
 from afs.optimize import new_task_id
 from afs.serve import run_service
-from afs.store import open_store
+from afs.store import TaskSubmission, open_store
 from afs.web import OPENAPI_PATHS
 
 README_QUERY = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending'"
@@ -398,9 +398,9 @@ async def test_a_browser_shows_every_event_whatever_its_kind(
         pytest.skip(f"no Chromium found (looked for {', '.join(BROWSERS)}): apt-get install chromium")
     task_id, agent = new_task_id(), "gemini25flash"
     async with open_store(store_db) as store:
-        await store.submit(task_id=task_id, query=README_QUERY, source="afs_demo", dsn=None,
-                           task_type="query_optimization", priority="normal", provider="heuristic",
-                           weights=None, runs=1, worker="w", lease_s=600)
+        await store.submit(TaskSubmission(task_id=task_id, query=README_QUERY, source="afs_demo", dsn=None,
+                                   task_type="query_optimization", priority="normal", provider="heuristic",
+                                   weights=None, runs=1), worker="w", lease_s=600)
         await store.append_events([Event("agents_assigned", task_id, data={"agents": [agent]}),
                                    Event("agent_phase", task_id, agent, data={"phase": "fork"})], worker="w")
         url = await start(nursery, settings, store_db, workers=0)

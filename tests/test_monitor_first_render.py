@@ -19,7 +19,7 @@ from afs.config import Settings
 from afs.events import Event
 from afs.forks.naming import fork_name
 from afs.optimize import new_task_id
-from afs.store import open_store
+from afs.store import TaskSubmission, open_store
 from afs.web.pages import lanes, own_fork
 
 PRO, FLASH = "gemini25pro", "gemini25flash"
@@ -52,9 +52,10 @@ async def test_the_task_page_and_the_list_carry_their_data_without_javascript(
         nursery: trio.Nursery, settings: Settings, store_db: str) -> None:
     task_id = new_task_id()
     async with open_store(store_db) as store:
-        await store.submit(task_id=task_id, query="SELECT id FROM orders WHERE user_id = 42",
-                           source="afs_demo", dsn=None, task_type="query_optimization", priority="normal",
-                           provider="heuristic", weights=None, runs=1, worker="w", lease_s=30)
+        await store.submit(TaskSubmission(task_id=task_id, query="SELECT id FROM orders WHERE user_id = 42",
+                                   source="afs_demo", dsn=None, task_type="query_optimization",
+                                   priority="normal", provider="heuristic", weights=None, runs=1),
+                           worker="w", lease_s=30)
         await store.append_events(events_of(task_id), worker="w")
         assert await store.finish(task_id, "w", status="completed", result=result_with(
             task_id, ("CREATE INDEX ix_first ON orders (user_id)",)))

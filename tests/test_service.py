@@ -30,7 +30,7 @@ from afs.serve import run_service
 from afs.service.api import EventStreamResponse
 from afs.service.client import parse_sse
 from afs.service.worker import open_runtime, run_worker
-from afs.store import open_store
+from afs.store import TaskSubmission, open_store
 from afs.store.codec import decode
 from afs.testing import run_afs_async
 from afs.web import OPENAPI_PATHS as WEB_PATHS
@@ -255,9 +255,9 @@ async def test_optimize_with_server_and_show_give_the_same_report(
 async def test_a_worker_killed_mid_task_is_recovered_and_another_finishes_it(
         settings: Settings, store_db: str, sandbox: SandboxServer, provider: LocalForkProvider) -> None:
     async with open_store(store_db) as store:
-        task = await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
-                                  task_type="query_optimization", priority="high", provider="heuristic",
-                                  weights=None, runs=2)
+        task = await store.submit(TaskSubmission(task_id=new_task_id(), query=QUERY, source="afs_demo",
+                                                 dsn=None, task_type="query_optimization", priority="high",
+                                                 provider="heuristic", weights=None, runs=2))
         worker = await trio.lowlevel.open_process(
             [sys.executable, "-m", "afs", "worker", "--name", "doomed", "--lease", "2", "--poll", "0.1"],
             env={**os.environ, "AFS_STORE_URL": store_db}, stdout=subprocess.DEVNULL,
@@ -308,9 +308,9 @@ async def test_a_worker_killed_mid_task_is_recovered_and_another_finishes_it(
 async def test_resume_runs_a_cancelled_task_again(settings: Settings, store_db: str,
                                                   sandbox: SandboxServer) -> None:
     async with open_store(store_db) as store:
-        task = await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
-                                  task_type="query_optimization", priority="normal",
-                                  provider="heuristic", weights=None, runs=1)
+        task = await store.submit(TaskSubmission(task_id=new_task_id(), query=QUERY, source="afs_demo",
+                                                 dsn=None, task_type="query_optimization", priority="normal",
+                                                 provider="heuristic", weights=None, runs=1))
         await store.cancel(task.id)
         resumed = await afs("resume", task.id, "--json", store_db=store_db)
         assert resumed.returncode == 0, resumed.stderr.decode()
@@ -323,9 +323,9 @@ async def test_resume_runs_a_cancelled_task_again(settings: Settings, store_db: 
 async def test_ctrl_c_on_a_worker_gives_its_task_back(store_db: str, sandbox: SandboxServer,
                                                       provider: LocalForkProvider) -> None:
     async with open_store(store_db) as store:
-        task = await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
-                                  task_type="query_optimization", priority="high", provider="heuristic",
-                                  weights=None, runs=2)
+        task = await store.submit(TaskSubmission(task_id=new_task_id(), query=QUERY, source="afs_demo",
+                                                 dsn=None, task_type="query_optimization", priority="high",
+                                                 provider="heuristic", weights=None, runs=2))
         worker = await trio.lowlevel.open_process(
             [sys.executable, "-m", "afs", "worker", "--name", "polite", "--poll", "0.1"],
             env={**os.environ, "AFS_STORE_URL": store_db}, stdout=subprocess.DEVNULL,
@@ -373,9 +373,9 @@ async def test_a_worker_reaches_forks_over_streamable_http_with_a_token(
         async with open_fork_client(settings.with_(fork_server_url=url, fork_server_token="wrong")) as c:
             await c.list_services()
     async with open_store(store_db) as store:
-        task = await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
-                                  task_type="query_optimization", priority="normal",
-                                  provider="heuristic", weights=None, runs=1)
+        task = await store.submit(TaskSubmission(task_id=new_task_id(), query=QUERY, source="afs_demo",
+                                                 dsn=None, task_type="query_optimization", priority="normal",
+                                                 provider="heuristic", weights=None, runs=1))
         async with open_runtime(remote, store_db, leasing=Leasing(lease_s=10)) as rt:
             with trio.fail_after(120):
                 assert await run_worker(rt, "remote", poll_s=0.1, max_tasks=1) == 1
@@ -386,9 +386,9 @@ async def test_a_worker_reaches_forks_over_streamable_http_with_a_token(
 
 
 async def submitted(store: Any, priority: str = "normal") -> Any:
-    return await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
-                              task_type="query_optimization", priority=priority, provider="heuristic",
-                              weights=None, runs=1)
+    return await store.submit(TaskSubmission(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
+                                             task_type="query_optimization", priority=priority,
+                                             provider="heuristic", weights=None, runs=1))
 
 
 async def test_an_appended_event_wakes_the_listeners_of_its_task_only(store_db: str) -> None:

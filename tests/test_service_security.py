@@ -43,7 +43,7 @@ from afs.models import (
 from afs.optimize import new_task_id
 from afs.sandbox.server import SandboxServer
 from afs.serve import run_service
-from afs.store import Store, open_store
+from afs.store import Store, TaskSubmission, open_store
 
 QUERY = "SELECT id, total FROM orders WHERE user_id = 42 ORDER BY created_at DESC"
 TOKEN = "s3cret-token"
@@ -157,8 +157,9 @@ async def stored(store: Store, *, source: str | None, dsn: str | None = None,
                  sql: str = "CREATE INDEX ix_sec ON orders (user_id, created_at)") -> str:
     """A completed task with an index winner, as a worker records it."""
     task_id = new_task_id()
-    await store.submit(task_id=task_id, query=QUERY, source=source, dsn=dsn, task_type="query_optimization",
-                       priority="normal", provider="heuristic", weights=None, runs=1, worker="t", lease_s=30)
+    await store.submit(TaskSubmission(task_id=task_id, query=QUERY, source=source, dsn=dsn,
+                               task_type="query_optimization", priority="normal", provider="heuristic",
+                               weights=None, runs=1), worker="t", lease_s=30)
     assert await store.finish(task_id, "t", status="completed",
                               result=result_with(task_id, source or "afs_demo", sql))
     return task_id

@@ -28,7 +28,7 @@ from afs.sandbox.server import SandboxServer
 from afs.service.pool import StorePool
 from afs.service.runner import Runtime, run_task
 from afs.service.worker import open_runtime, recover
-from afs.store import Store, open_store
+from afs.store import Store, TaskSubmission, open_store
 from afs.store.codec import decode, encode
 from afs.store.migrations import MIGRATIONS
 
@@ -43,9 +43,9 @@ async def store(store_db: str) -> AsyncIterator[Store]:
 
 
 async def submit(store: Store, priority: str = "normal", **extra: object) -> str:
-    task = await store.submit(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
-                              task_type="query_optimization", priority=priority,
-                              provider="heuristic", weights=None, runs=2, **extra)  # type: ignore[arg-type]
+    task = await store.submit(TaskSubmission(task_id=new_task_id(), query=QUERY, source="afs_demo", dsn=None,
+                                      task_type="query_optimization", priority=priority, provider="heuristic",
+                                      weights=None, runs=2), **extra)  # type: ignore[arg-type]
     return task.id
 
 

@@ -45,7 +45,7 @@ from afs.models import (
 from afs.optimize import TaskRequest, new_task_id, prepare
 from afs.sandbox.server import SandboxServer, dsn_for
 from afs.service.worker import open_runtime, worker_name
-from afs.store import Store, open_store
+from afs.store import Store, TaskSubmission, open_store
 from afs.target import TARGET_ROLE, _read_only, generic_plan, on_target, plan_only, target_role
 
 PLANTED = "SELECT id, total FROM orders WHERE user_id = public.bump()"
@@ -130,9 +130,9 @@ async def stored(store: Store, sql: tuple[str, ...], ptype: str = "index", *, qu
                  rewritten: str | None = None) -> str:
     """A completed task whose winner is `sql` (the shapes `afs optimize` records)."""
     task_id = new_task_id()
-    await store.submit(task_id=task_id, query=query, source="afs_demo", dsn=None,
-                       task_type="query_optimization", priority="normal", provider="heuristic",
-                       weights=None, runs=2, worker="t", lease_s=30)
+    await store.submit(TaskSubmission(task_id=task_id, query=query, source="afs_demo", dsn=None,
+                               task_type="query_optimization", priority="normal", provider="heuristic",
+                               weights=None, runs=2), worker="t", lease_s=30)
     timing = Measurement("baseline", Timing(40.0, 1.0, 5, 900), Timing(0.5, 0.1, 5, 4), 20, True, True)
     proposal = OptimizationProposal(
         agent="gemini25pro", proposal_type=ptype, sql_commands=sql,  # type: ignore[arg-type]

@@ -56,7 +56,7 @@ from afs.report import write_cost_record
 from afs.sandbox.importer import origin_of
 from afs.service.client import ServiceClient
 from afs.service.runner import Runtime, run_task
-from afs.store import Store
+from afs.store import Store, TaskSubmission
 from afs.store.codec import decode, encode
 from afs.store.migrations import SCHEMA
 from afs.task import MAX_WORKLOAD_WRITES, check_workload
@@ -261,10 +261,10 @@ async def run_batch(rt: Runtime, *, target_dsn: str, source: str, task_dsn: str 
         for new in tasks:
             progress(f"{new.label}: optimizing")
             task = await rt.store.submit(
-                task_id=new_task_id(), query=new.query, source=source, dsn=task_dsn,
-                task_type="query_optimization", priority="normal", provider=options.provider,
-                weights=None, runs=options.runs, worker=worker, lease_s=rt.lease_s,
-                parameters=new.parameters)
+                TaskSubmission(task_id=new_task_id(), query=new.query, source=source, dsn=task_dsn,
+                               task_type="query_optimization", priority="normal", provider=options.provider,
+                               weights=None, runs=options.runs, parameters=new.parameters),
+                worker=worker, lease_s=rt.lease_s)
             finished = await run_task(rt, task, worker, sinks=sinks, on_interrupt="cancel")
             ran.append(Ran(task.id, finished.status, finished.error, finished.result))
         return ran

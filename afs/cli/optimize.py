@@ -31,7 +31,7 @@ from afs.models import Priority, Provider, TaskResult, TaskType
 from afs.query.text import MAX_QUERY_BYTES
 from afs.sandbox.server import SandboxServer
 from afs.service.client import ServiceClient
-from afs.store import store_url
+from afs.store import TaskSubmission, store_url
 from afs.store.codec import decode
 from afs.task import check_runs, read_query, read_weights
 
@@ -131,9 +131,9 @@ async def cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
             else:  # another fork server: the database itself is read, and forked there
                 source, direct_dsn = await _served_source(rt.forks, args.dsn), args.dsn
             task = await rt.store.submit(
-                task_id=new_task_id(), query=args.query, source=source, dsn=args.dsn,
-                task_type=args.type, priority=args.priority, provider=args.provider, weights=weights,
-                runs=runs, worker=worker, lease_s=rt.lease_s)
+                TaskSubmission(task_id=new_task_id(), query=args.query, source=source, dsn=args.dsn,
+                               task_type=args.type, priority=args.priority, provider=args.provider,
+                               weights=weights, runs=runs), worker=worker, lease_s=rt.lease_s)
             async with display.running():
                 finished = await run_task(rt, task, worker, sinks=(display.sink,), on_interrupt="cancel",
                                           direct_dsn=direct_dsn)

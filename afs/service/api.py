@@ -44,7 +44,7 @@ from afs.config import Settings
 from afs.errors import AfsError, InputError, UnknownTaskError
 from afs.models import StatementParameters
 from afs.optimize import new_task_id
-from afs.store import Store
+from afs.store import Store, TaskSubmission
 from afs.store.store import STATUSES
 from afs.task import (
     MAX_RUNS,
@@ -180,7 +180,7 @@ def build_app(store: Store, settings: Settings, token: str | None, hosts: tuple[
             return _error(exc.status, str(exc), exc.field)
         if fields["source"] is None and fields["dsn"] is None:
             fields["source"] = settings.demo_database
-        task = await store.submit(task_id=new_task_id(), **fields)
+        task = await store.submit(TaskSubmission(task_id=new_task_id(), **fields))
         return JSONResponse({"task": task.public(), "events": f"/v1/tasks/{task.id}/events"},
                             status_code=201, headers={"Location": f"/v1/tasks/{task.id}"})
 

@@ -8,6 +8,6 @@ The store lives in the sandbox server's `postgres` database by default, or in
 the team's own database named by AFS_STORE_URL (`store_url` in settings.yaml).
 """
 
-from afs.store.store import TERMINAL, Store, StoredEvent, TaskRecord, open_store, store_url
+from afs.store.store import TERMINAL, Store, StoredEvent, TaskRecord, TaskSubmission, open_store, store_url
 
-__all__ = ["TERMINAL", "Store", "StoredEvent", "TaskRecord", "open_store", "store_url"]
+__all__ = ["TERMINAL", "Store", "StoredEvent", "TaskRecord", "TaskSubmission", "open_store", "store_url"]

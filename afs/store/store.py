@@ -1,7 +1,7 @@
 """The task store: tasks, their events and everything their reports show, in PostgreSQL.
 
     async with open_store(url) as store:         # migrations applied on open
-        task = await store.submit(request, source="afs_demo", provider="heuristic")
+        task = await store.submit(TaskSubmission(task_id, query, "afs_demo", None, ...))
         task = await store.claim("worker-1", lease_s=30)      # FOR UPDATE SKIP LOCKED
         async with store.recording() as sink:                  # events, as they happen
             ...Emitter(task.id, sinks=(log_sink, sink))...
@@ -53,6 +53,25 @@ _COLUMNS = ("id, status, query, source, dsn, task_type, priority, provider, weig
 _T_COLUMNS = ", ".join("t." + c.strip() for c in _COLUMNS.split(","))
 _QUEUE_ORDER = "CASE priority WHEN 'high' THEN 0 WHEN 'normal' THEN 1 ELSE 2 END, created_at"
 Heartbeat = Literal["ok", "cancel", "lost"]
+
+
+@dataclass(frozen=True)
+class TaskSubmission:
+    """A task as it is queued (`Store.submit`): its id, the query and where it runs (a sandbox
+    database `source`, or the `dsn` whose sandbox copy it finds; stored without its password),
+    what was asked (type, priority, provider, consensus weights, runs) and the parameter sets
+    every proposal is measured on (the first is `query`'s values; None: the query's own)."""
+
+    task_id: str
+    query: str
+    source: str | None
+    dsn: str | None
+    task_type: str
+    priority: str
+    provider: str
+    weights: Mapping[str, float] | None
+    runs: int
+    parameters: StatementParameters | None = None
 
 
 @dataclass(frozen=True)
@@ -202,17 +221,17 @@ class Store:
         return result
 
     # -- the queue ---------------------------------------------------------------------
-    async def submit(self, *, task_id: str, query: str, source: str | None, dsn: str | None,
-                     task_type: str, priority: str, provider: str,
-                     weights: Mapping[str, float] | None, runs: int,
-                     max_attempts: int = 2, worker: str | None = None,
-                     lease_s: float = 30.0, parameters: StatementParameters | None = None) -> TaskRecord:
+    async def submit(self, new: TaskSubmission, *, max_attempts: int = 2, worker: str | None = None,
+                     lease_s: float = 30.0) -> TaskRecord:
         """Queue a task; with `worker`, that worker holds it at once: a task run in the process
         that submits it (`in_process`), interrupted rather than re-queued if that process dies.
 
         A `dsn` is stored without its password: it only finds the database's sandbox copy.
-        `parameters`: the sets every proposal is measured on (the first is `query`'s values).
         """
+        task_id, query, source, dsn = new.task_id, new.query, new.source, new.dsn
+        task_type, priority, provider, weights = new.task_type, new.priority, new.provider, new.weights
+        runs, parameters = new.runs, new.parameters
+
         def insert(cur: psycopg.Cursor[Any]) -> TaskRecord:
             cur.execute(
                 f"INSERT INTO {SCHEMA}.tasks (id, status, query, source, dsn, task_type, priority,"
