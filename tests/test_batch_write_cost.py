@@ -11,7 +11,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from afs.batch.fill import fill_statement
-from afs.batch.job import task_workloads, task_write_cost, with_workload
+from afs.batch.indexes import Verifying, new_index_write_costs
+from afs.batch.job import task_workloads, task_write_cost, task_write_statements, with_workload
+from afs.batch.report import in_task_words
 from afs.batch.statements import Counters, Statement
 from afs.config import Settings
 from afs.db import open_connection
@@ -75,3 +77,15 @@ async def test_a_task_given_writes_is_judged_on_their_measured_cost(
     assert "write cost (measured in the fork" in render_text(result)
     # and the batch keeps it with the winner, as its task measured it
     assert task_write_cost(result) == shown
+    # the batch's report says the consensus weighed it, and the batch takes it for the same index
+    # on the same writes instead of replaying them again (no fork: no_leaked_forks sees none left)
+    in_task = {**shown, "writes": task_write_statements(result)}
+    assert sorted(in_task["writes"]) == [INSERT, UPDATE]
+    assert "the consensus weighed it" in in_task_words(in_task)
+    print(in_task_words(in_task))  # the batch report's line (pytest -s)
+    sql = "CREATE INDEX ON orders (user_id)"
+    async with open_connection(sandbox.dsn("afs_demo")) as target:
+        costs = await new_index_write_costs(Verifying(target, forks, "afs_demo", settings), [sql], counters,
+                                            measured={sql: in_task})
+    assert costs[sql]["source"] == "task" and costs[sql]["writes"] == 2
+    assert costs[sql]["ms_per_write"] == round(cost.ms_per_write, 4)

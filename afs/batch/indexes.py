@@ -50,6 +50,7 @@ from afs.batch.replay import (
     Replayed,
     TableWorkload,
     replay,
+    table_oids,
     table_workload,
     write_cost,
 )
@@ -405,11 +406,50 @@ async def review_indexes(at: Verifying, *, min_window_s: float = UNUSED_MIN_WIND
 
 
 # -- the batch: write costs of the winners' new indexes, and the review -------------------------
-async def new_index_write_costs(at: Verifying, creates: Sequence[str],
-                                counters: Counters) -> dict[str, dict[str, Any]]:
+def task_offers(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The write costs the batch's tasks measured that may stand for the batch's own replay
+    (pure), by the index's SQL: a winner of this batch (not one reused from an earlier batch)
+    whose only command is that one CREATE INDEX, whose task replayed every write it was given on
+    the index's table (no note: none left out, none failed), and whose index is not a merged one
+    (serving several statements, or standing in for others: the batch replays those)."""
+    merged = {i["sql"] for i in doc.get("indexes", ())
+              if len(i.get("statements") or ()) > 1 or i.get("replaces")}
+    offers: dict[str, Mapping[str, Any]] = {}
+    for e in doc.get("statements", ()):
+        winner = e.get("winner") or {}
+        in_task, commands = winner.get("write_cost_in_task"), winner.get("sql_commands") or []
+        if (e.get("status") == "reused" or not in_task or len(commands) != 1 or commands[0] in merged
+                or not in_task.get("statements") or in_task.get("note") or not in_task.get("writes")):
+            continue
+        offers[commands[0]] = in_task
+    return offers
+
+
+def task_figure(offer: Mapping[str, Any], writes: Sequence[str]) -> dict[str, Any] | None:
+    """A task's measured write cost in the batch's form (`write_cost`, "source": "task") when it
+    was measured on the writes the batch would replay for the index's table (`writes`, their
+    statements): as many write statements replayed as the batch has, each one given to the task
+    (then those are the ones it replayed: it replays only its index's table's). None otherwise."""
+    given = set(offer.get("writes") or ())
+    if not writes or len(set(writes)) != len(writes) or offer.get("statements") != len(writes) \
+            or not set(writes) <= given:
+        return None
+    per_day, rate = offer.get("ms_per_day"), offer.get("writes_per_day")
+    return {"ms_per_write": round(float(offer["ms_per_write"]), 4),
+            "writes_per_day": None if rate is None else round(float(rate), 1),
+            "ms_per_day": None if per_day is None else round(float(per_day), 1),
+            "measured": [], "significant": bool(offer.get("significant")), "writes": len(writes),
+            "source": "task"}
+
+
+async def new_index_write_costs(at: Verifying, creates: Sequence[str], counters: Counters, *,
+                                measured: Mapping[str, Mapping[str, Any]] | None = None,
+                                ) -> dict[str, dict[str, Any]]:
     """For each CREATE INDEX (by its SQL, validated again), the table's write statements replayed
     in a fork with the index built and with it dropped (inside a rolled-back transaction):
-    {"ms_per_write", "ms_per_day", "writes_per_day", "measured", …} by the statement."""
+    {"ms_per_write", "ms_per_day", "writes_per_day", "measured", "source": "batch", …} by the
+    statement. `measured`: what the tasks measured (`task_offers`), taken instead of a replay
+    where it covers the same writes (`task_figure`, "source": "task"); no fork when all are."""
     target, forks, source, settings, progress = at.target, at.forks, at.source, at.settings, at.progress
     new: dict[str, NewIndex] = {}
     for sql in dict.fromkeys(creates):
@@ -420,9 +460,23 @@ async def new_index_write_costs(at: Verifying, creates: Sequence[str],
             new[sql] = commands[0]
     if not new:
         return {}
-    workloads = await table_workload(target, counters, sorted({n.table for n in new.values()}))
-    rule = StopRule.of(settings.measuring)
+    tables = sorted({n.table for n in new.values()})
+    workloads = await table_workload(target, counters, tables)
     out: dict[str, dict[str, Any]] = {}
+    if measured:
+        oids = await table_oids(target, tables)
+        for sql, index in new.items():
+            work = workloads.get(oids.get(index.table) or 0)
+            texts = [s.statement for s in (work.statements if work else ()) if s.kind == "write"]
+            figure = task_figure(measured[sql], texts) if sql in measured else None
+            if figure is not None:
+                progress(f"write cost of {sql}: as its task measured it ({len(texts)} write statement(s), "
+                         "the ones the batch would replay)")
+                out[sql] = figure
+    new = {sql: index for sql, index in new.items() if sql not in out}
+    if not new:
+        return out
+    rule = StopRule.of(settings.measuring)
     async with forks.open_fork(source) as fork, open_connection(
             fork.dsn, settings.measuring.statement_timeout_ms) as conn:
         for sql, index in new.items():
@@ -441,7 +495,7 @@ async def new_index_write_costs(at: Verifying, creates: Sequence[str],
             cost = write_cost(replayed, work.window_s if work else None)
             if not writes:
                 cost["note"] = "no write statement of this table in pg_stat_statements: no write cost seen"
-            out[sql] = cost
+            out[sql] = {**cost, "source": "batch"}
     return out
 
 
@@ -467,7 +521,8 @@ async def batch_workload_review(doc: dict[str, Any], settings: Settings, *, targ
                 doc["index_review"] = {"error": f"no copy of {source} in the sandbox to verify in"}
                 return
             at = Verifying(target, forks, fork_source, settings, progress)
-            costs = await new_index_write_costs(at, creates, counters) if creates else {}
+            costs = (await new_index_write_costs(at, creates, counters, measured=task_offers(doc))
+                     if creates else {})
             for e in doc.get("statements", ()):
                 mine = [costs[s] for s in (e.get("winner") or {}).get("sql_commands", ()) if s in costs]
                 if mine:
@@ -511,4 +566,6 @@ def combined_cost(costs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "writes_per_day": max(rates) if rates else None,
             "significant": any(c["significant"] for c in costs),
             "measured": [m for c in costs for m in c["measured"]],
+            # where each figure comes from: "batch" (its replay) or "task" (its task's, the same writes)
+            "source": " + ".join(sorted({str(c.get("source", "batch")) for c in costs})),
             "note": "; ".join(c["note"] for c in costs if c.get("note")) or None}

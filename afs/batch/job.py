@@ -211,6 +211,14 @@ def task_write_cost(result: TaskResult | None) -> dict[str, Any] | None:
     return write_cost_record(chosen.benchmark.write_cost, read_ms_saved_per_day_of(chosen.benchmark))
 
 
+def task_write_statements(result: TaskResult | None) -> list[str]:
+    """The write statements (pg_stat_statements' text) a task was given for its write cost: those
+    on its new index's table are what it replayed (the batch reuses the figure when they are the
+    ones it would replay: afs.batch.indexes.task_figure)."""
+    workload = None if result is None or result.parameters is None else result.parameters.workload
+    return [] if workload is None else [w.statement for w in workload.writes]
+
+
 def with_workload(parameters: StatementParameters | None,
                   workload: WriteWorkload | None) -> StatementParameters | None:
     """A task's parameter sets carrying its statement's workload of writes (when both exist)."""
@@ -461,6 +469,7 @@ async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: s
         in_task, won = task_write_cost(results[n]), entries[n].winner
         if in_task is not None and won is not None:
             won["write_cost_in_task"] = in_task  # as the consensus weighed it (afs.replay in the fork)
+            in_task["writes"] = task_write_statements(results[n])  # what it was given (afs.batch.indexes)
         await store.conn.execute(
             f"INSERT INTO {SCHEMA}.batch_statements (batch_id, queryid, origin, query, schema_hash, task_id,"
             " status) VALUES (%s, %s, %s, %s, %s, %s, %s)",

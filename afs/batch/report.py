@@ -386,22 +386,62 @@ def _net_words(net: float | None, write_cost: Mapping[str, Any]) -> str:
     return f"; net {_duration(max(net, 0.0))} a day saved"
 
 
+def consensus_weighed(in_task: Mapping[str, Any]) -> bool:
+    """Whether the consensus weighed a task's measured write cost (`write_cost_in_task`, as
+    afs.consensus.measured_write_cost does: a write replayed, and both rates a day known, the
+    writes' and the read time saved); otherwise it weighed the source's writes per read."""
+    return (bool(in_task.get("statements")) and in_task.get("ms_per_day") is not None
+            and in_task.get("read_ms_saved_per_day") is not None)
+
+
+def _small(ms: float) -> str:
+    """A time a day that may be a few ms (the demo's): in ms below a second."""
+    return f"{ms:.1f} ms" if abs(ms) < 1000 else _duration(ms)
+
+
+def in_task_words(in_task: Mapping[str, Any]) -> str:
+    """One line: the write cost a winner's task measured in its agent's fork, and whether the
+    consensus used it (pure)."""
+    if not in_task.get("statements"):
+        return ("its task replayed no write: the consensus used the source's writes per read"
+                + (f" ({in_task['note']})" if in_task.get("note") else ""))
+    per_day = in_task.get("ms_per_day")
+    words = (f"in its task's fork: {in_task['ms_per_write']:.4f} ms more per write"
+             + ("" if per_day is None else f", {_small(per_day)} a day")
+             + f" ({in_task['statements']} write statement(s)"
+             + ("" if in_task.get("significant") else ", within the noise") + ")")
+    if consensus_weighed(in_task):
+        return words + (f"; the consensus weighed it against {_small(in_task['read_ms_saved_per_day'])}"
+                        " a day saved on the reads")
+    why = "no rate a day for the writes" if per_day is None else "no rate a day for the reads"
+    return words + f"; the consensus used the source's writes per read instead ({why})"
+
+
 def workload_lines(doc: Mapping[str, Any]) -> list[str]:
     """The report's lines of the new indexes' measured write costs and of the index review
     (afs.batch.indexes.batch_workload_review), as Markdown; none when the batch has neither."""
     out: list[str] = []
-    costs = [(e["queryid"], e["write_cost"], e.get("net_ms_saved_per_day"))
-             for e in doc.get("statements", ()) if e.get("write_cost")]
+    costs = [(e["queryid"], e.get("write_cost"), e.get("net_ms_saved_per_day"),
+              (e.get("winner") or {}).get("write_cost_in_task"))
+             for e in doc.get("statements", ())
+             if e.get("write_cost") or (e.get("winner") or {}).get("write_cost_in_task")]
     if costs:
         out += ["## What the new indexes cost the writes (measured in a fork)", ""]
-        for queryid, cost, net in costs:
-            per_day = cost.get("ms_per_day")
-            out.append(f"- winner of {queryid}: {cost['ms_per_write']:.4f} ms more per write"
-                       + ("" if per_day is None else f", {_duration(per_day)} a day at "
-                          f"{cost['writes_per_day']:.0f} writes a day")
-                       + ("" if cost.get("significant") else " (within the noise)")
-                       + _net_words(net, cost)
-                       + (f" — {cost['note']}" if cost.get("note") else ""))
+        for queryid, cost, net, in_task in costs:
+            if not cost:
+                out.append(f"- winner of {queryid}: not replayed by the batch")
+            else:
+                per_day = cost.get("ms_per_day")
+                out.append(f"- winner of {queryid}: {cost['ms_per_write']:.4f} ms more per write"
+                           + ("" if per_day is None else f", {_duration(per_day)} a day at "
+                              f"{cost['writes_per_day']:.0f} writes a day")
+                           + ("" if cost.get("significant") else " (within the noise)")
+                           + _net_words(net, cost)
+                           + (" (as its task measured it: the same writes, not replayed again)"
+                              if cost.get("source") == "task" else "")
+                           + (f" — {cost['note']}" if cost.get("note") else ""))
+            if in_task:
+                out.append(f"  - {in_task_words(in_task)}")
         out.append("")
     review = doc.get("index_review")
     if review:
