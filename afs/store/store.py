@@ -246,9 +246,9 @@ class Store:
                  worker is not None, None if parameters is None else Jsonb(encode(parameters)),
                  worker is not None))
             task = _task(_one(cur))
-            _event(cur, task.id, "task_queued", data={"priority": priority, "type": task_type})
+            _event(cur, Event("task_queued", task.id, data={"priority": priority, "type": task_type}))
             if worker is not None:
-                _event(cur, task.id, "task_started", data={"worker": worker, "attempt": 1})
+                _event(cur, Event("task_started", task.id, data={"worker": worker, "attempt": 1}))
             return task
         task: TaskRecord = await self._tx(insert)
         return task
@@ -271,7 +271,7 @@ class Store:
             if row is None:
                 return None
             task = _task(row)
-            _event(cur, task.id, "task_started", data={"worker": worker, "attempt": task.attempts})
+            _event(cur, Event("task_started", task.id, data={"worker": worker, "attempt": task.attempts}))
             return task
         task: TaskRecord | None = await self._tx(take)
         return task
@@ -306,7 +306,7 @@ class Store:
                 " WHERE id = %s",
                 (status, error, None if result is None else Jsonb(encode(result)),
                  None if result is None else Jsonb(to_json(result)), task_id))
-            _event(cur, task_id, "task_finished", data={"status": status, "error": error})
+            _event(cur, Event("task_finished", task_id, data={"status": status, "error": error}))
             return True
         done: bool = await self._tx(write)
         return done
@@ -322,11 +322,11 @@ class Store:
                 cur.execute(f"UPDATE {SCHEMA}.tasks SET status = 'cancelled', finished_at = now(),"
                             " updated_at = now(), error = 'cancelled before it started' WHERE id = %s",
                             (task_id,))
-                _event(cur, task_id, "task_finished", data={"status": "cancelled"})
+                _event(cur, Event("task_finished", task_id, data={"status": "cancelled"}))
             elif row[0] in ("running", "recovering"):
                 cur.execute(f"UPDATE {SCHEMA}.tasks SET cancel_requested = true, updated_at = now()"
                             " WHERE id = %s", (task_id,))
-                _event(cur, task_id, "cancel_requested")
+                _event(cur, Event("cancel_requested", task_id))
             cur.execute(f"SELECT {_COLUMNS} FROM {SCHEMA}.tasks WHERE id = %s", (task_id,))
             return _task(_one(cur))
         task: TaskRecord = await self._tx(mark)
@@ -346,7 +346,7 @@ class Store:
             tasks = []
             for row in cur.fetchall():
                 task = _task(row[1:])
-                _event(cur, task.id, "lease_expired", data={"worker": row[0], "recovered_by": worker})
+                _event(cur, Event("lease_expired", task.id, data={"worker": row[0], "recovered_by": worker}))
                 tasks.append((task, row[0]))
             return tasks
         tasks: list[tuple[TaskRecord, str | None]] = await self._tx(take)
@@ -372,7 +372,7 @@ class Store:
                 return "lost"
             cur.execute(f"DELETE FROM {SCHEMA}.agent_assignments WHERE task_id = %s", (task_id,))
             kind = "task_requeued" if row[0] == "queued" else "task_finished"
-            _event(cur, task_id, kind, data={"status": row[0], "reason": reason})
+            _event(cur, Event(kind, task_id, data={"status": row[0], "reason": reason}))
             return str(row[0])
         status: str = await self._tx(settle)
         return status
@@ -387,8 +387,8 @@ class Store:
                         (task_id, worker))
             row = cur.fetchone()
             if row is not None:
-                _event(cur, task_id, "task_requeued" if row[0] == "queued" else "task_finished",
-                       data={"status": row[0], "reason": reason})
+                _event(cur, Event("task_requeued" if row[0] == "queued" else "task_finished", task_id,
+                                  data={"status": row[0], "reason": reason}))
             return row is not None
         done: bool = await self._tx(back)
         return done
@@ -411,7 +411,7 @@ class Store:
             task = _task(_one(cur))
             for table in ("consensus_decisions", "agent_executions"):
                 cur.execute(f"DELETE FROM {SCHEMA}.{table} WHERE task_id = %s", (task_id,))
-            _event(cur, task_id, "task_requeued", data={"reason": "resumed"})
+            _event(cur, Event("task_requeued", task_id, data={"reason": "resumed"}))
             return task
         task: TaskRecord = await self._tx(back)
         return task
@@ -452,7 +452,7 @@ class Store:
     async def append_events(self, events: Sequence[Event], worker: str | None = None) -> None:
         def insert(cur: psycopg.Cursor[Any]) -> None:
             for e in events:
-                _event(cur, e.task_id, e.kind, e.agent, e.fork, e.duration_s, e.data)
+                _event(cur, e)
                 if e.kind == "fork_created" and e.fork:
                     cur.execute(f"INSERT INTO {SCHEMA}.forks (name, task_id, agent, worker)"
                                 " VALUES (%s, %s, %s, %s) ON CONFLICT (name) DO NOTHING",
@@ -607,12 +607,12 @@ def _one(cur: psycopg.Cursor[Any]) -> Sequence[Any]:
     return row
 
 
-def _event(cur: psycopg.Cursor[Any], task_id: str, kind: str, agent: str | None = None,
-           fork: str | None = None, duration_s: float | None = None,
-           data: Mapping[str, Any] | None = None) -> None:
+def _event(cur: psycopg.Cursor[Any], event: Event) -> None:
+    """Add the event to the task's log (in the transaction of `cur`)."""
     cur.execute(f"INSERT INTO {SCHEMA}.events (task_id, kind, agent, fork, duration_s, data)"
                 " VALUES (%s, %s, %s, %s, %s, %s)",
-                (task_id, kind, agent, fork, duration_s, Jsonb(encode(dict(data or {})))))
+                (event.task_id, event.kind, event.agent, event.fork, event.duration_s,
+                 Jsonb(encode(dict(event.data or {})))))
 
 
 def _rows_of(result: TaskResult) -> Iterator[tuple[str, tuple[Any, ...]]]:

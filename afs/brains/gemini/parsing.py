@@ -24,6 +24,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from afs.errors import ModelOutputError, UnsafeSqlError
@@ -297,8 +298,25 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _bounded(data: Mapping[str, Any], key: str, low: float, high: float, default: float,
-             warnings: list[str], prefix: str = "") -> float:
+@dataclass(frozen=True)
+class _Range:
+    """What a number of the answer may be (`low` to `high`), and what stands for a missing one."""
+
+    low: float
+    high: float
+    default: float
+
+
+_CONFIDENCE: Final = _Range(0.0, 1.0, UNCERTAIN)
+_IMPROVEMENT_PCT: Final = _Range(0.0, 100.0, 0.0)
+_STORAGE_MB: Final = _Range(0.0, math.inf, 0.0)
+
+
+def _bounded(data: Mapping[str, Any], key: str, bounds: _Range, warnings: list[str],
+             prefix: str = "") -> float:
+    """The number `data[key]`, clamped into `bounds` (its default when missing or not a number),
+    each repair said in `warnings`."""
+    low, high, default = bounds.low, bounds.high, bounds.default
     raw = data.get(key)
     value = _number(raw)
     if value is None:
@@ -327,7 +345,7 @@ def parse_analysis(text: str) -> tuple[AnalysisResult, list[str]]:
         warnings.append("proposed_actions missing: the insights are used instead, confidence 0.5")
         actions, confidence = list(insights), UNCERTAIN
     else:
-        confidence = _bounded(data, "confidence", 0.0, 1.0, UNCERTAIN, warnings)
+        confidence = _bounded(data, "confidence", _CONFIDENCE, warnings)
     metadata = data.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         warnings.append(f"metadata: expected an object, got {type(metadata).__name__}; dropped")
@@ -521,9 +539,9 @@ def _candidate(agent: AgentKey, data: Mapping[str, Any],
         warnings.append("estimated_impact missing or not an object: neutral estimates assumed")
         impact = {}
     estimate = EstimatedImpact(
-        query_time_improvement=_bounded(impact, "query_time_improvement", 0.0, 100.0, 0.0, warnings,
+        query_time_improvement=_bounded(impact, "query_time_improvement", _IMPROVEMENT_PCT, warnings,
                                         "estimated_impact."),
-        storage_overhead_mb=_bounded(impact, "storage_overhead_mb", 0.0, math.inf, 0.0, warnings,
+        storage_overhead_mb=_bounded(impact, "storage_overhead_mb", _STORAGE_MB, warnings,
                                      "estimated_impact."),
         complexity=_level(impact, "complexity", warnings),
         risk=_level(impact, "risk", warnings),
