@@ -17,6 +17,7 @@ from psycopg.types.numeric import Int8
 
 from afs.batch import budget
 from afs.batch.budget import Item, candidates, choose, measure_set, parse_size
+from afs.batch.indexes import Verifying
 from afs.batch.report import Entry, build_report
 from afs.batch.statements import read_counters
 from afs.config import Settings
@@ -174,7 +175,7 @@ async def test_the_chosen_set_is_measured_together_in_one_fork(
     assert [i.key for i in choice.chosen] == [items[0].key, items[1].key]
     async with open_connection(sandbox.dsn(workload_db)) as target:
         counters = await read_counters(target)
-        doc = await measure_set(target, forks, workload_db, settings, choice, counters)
+        doc = await measure_set(Verifying(target, forks, workload_db, settings), choice, counters)
     measured = doc["measured"]
     by_kind = {s["kind"]: s for s in measured["statements"] if s["with_ms"] is not None}
     reads = [s for s in measured["statements"] if s["kind"] == "read" and s["with_ms"] is not None]

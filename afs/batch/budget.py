@@ -3,7 +3,7 @@ then measured together in one fork.
 
     items = candidates(doc)                          # the batch's merged indexes, its verified drops
     chosen = choose(items, parse_size("2GB"))        # pure: the largest net saving that fits
-    doc["chosen_set"] = await measure_set(target, forks, source, settings, chosen, counters)
+    doc["chosen_set"] = await measure_set(Verifying(target, forks, source, settings), chosen, counters)
 
 An item is a change with a storage size and a measured net saving per day:
 
@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from afs.batch.indexes import Verifying
 from afs.batch.replay import Replayed, per_day, replay, table_workload
 from afs.batch.statements import Counters
 from afs.bench import StopRule
@@ -306,9 +307,9 @@ _INDEXES_OF = ("SELECT i.indexrelid, n.nspname || '.' || c.relname FROM pg_index
                " WHERE i.indrelid = to_regclass(%s)")
 
 
-async def measure_set(target: Any, forks: Any, source: str, settings: Settings, choice: Choice,
-                      counters: Counters, progress: Any = lambda message: None) -> dict[str, Any]:
-    """`choice` measured together in one fork of `source`; the chosen set's JSON with it."""
+async def measure_set(at: Verifying, choice: Choice, counters: Counters) -> dict[str, Any]:
+    """`choice` measured together in one fork of `at.source`; the chosen set's JSON with it."""
+    target, forks, source, settings, progress = at.target, at.forks, at.source, at.settings, at.progress
     doc = choice.public()
     creates = [i for i in choice.chosen if i.kind == "create"]
     drops = [i for i in choice.chosen if i.kind == "drop"]
@@ -436,6 +437,7 @@ async def chosen_set(doc: Mapping[str, Any], settings: Settings, *, target_dsn: 
             if fork_source is None:
                 return choice.public() | {"measured": {
                     "total_ms_per_day": None, "error": f"no copy of {source} in the sandbox to measure in"}}
-            return await measure_set(target, forks, fork_source, settings, choice, counters, progress)
+            at = Verifying(target, forks, fork_source, settings, progress)
+            return await measure_set(at, choice, counters)
     except AfsError as exc:
         return choice.public() | {"measured": {"total_ms_per_day": None, "error": str(exc).splitlines()[0]}}
