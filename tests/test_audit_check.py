@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from afs.apply import apply_winner, audit, load_plan
-from afs.apply.verdict import Counter, Window, check_applied, judge, slower_p, t_sf, window
+from afs.apply.verdict import Counter, Observed, Window, check_applied, judge, slower_p, t_sf, window
 from afs.config import Settings
 from afs.models import (
     AgentOutcome,
@@ -70,16 +70,18 @@ def test_a_slowdown_beyond_the_noise_is_a_regression_and_noise_is_not() -> None:
         return Window("s", "e", n, mean, sd * sd, 1.0)
 
     before, after_fix = w(10.0, 1.0, 200), w(0.5, 0.1, 200)
-    slow_again = judge(1, "q", True, before, after_fix, w(10.0, 1.0, 50), 0.01)
+    slow_again = judge(Observed(1, "q", True, before, after_fix, w(10.0, 1.0, 50)), 0.01)
     assert slow_again.verdict == "regression" and "right after the apply" in slow_again.reason
-    worse = judge(2, "insert", False, w(1.0, 0.2, 300), None, w(1.6, 0.3, 300), 0.01)
+    worse = judge(Observed(2, "insert", False, w(1.0, 0.2, 300), None, w(1.6, 0.3, 300)), 0.01)
     assert worse.verdict == "regression" and "before the apply" in worse.reason
-    noisy = judge(3, "q", True, w(10.0, 8.0, 10), None, w(13.0, 8.0, 10), 0.01)  # 30 % slower, all noise
+    # 30 % slower, all noise
+    noisy = judge(Observed(3, "q", True, w(10.0, 8.0, 10), None, w(13.0, 8.0, 10)), 0.01)
     assert noisy.verdict == "same" and slower_p(w(13.0, 8.0, 10), w(10.0, 8.0, 10)) > 0.2
-    tiny = judge(4, "q", True, w(10.0, 0.01, 10**6), None, w(10.2, 0.01, 10**6), 0.01)  # 2 %: significant
+    # 2 %: significant
+    tiny = judge(Observed(4, "q", True, w(10.0, 0.01, 10**6), None, w(10.2, 0.01, 10**6)), 0.01)
     assert tiny.verdict == "same"  # but below the least slowdown that counts
-    assert judge(5, "q", True, before, None, w(0.5, 0.1, 200), 0.01).verdict == "faster"
-    assert judge(6, "q", True, before, None, w(0.5, 0.1, 2), 0.01).verdict == "too_few_calls"
+    assert judge(Observed(5, "q", True, before, None, w(0.5, 0.1, 200)), 0.01).verdict == "faster"
+    assert judge(Observed(6, "q", True, before, None, w(0.5, 0.1, 2)), 0.01).verdict == "too_few_calls"
 
 
 # -- on the embedded PostgreSQL ---------------------------------------------------------------

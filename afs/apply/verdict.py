@@ -226,10 +226,25 @@ class Judged:
                 "recent": self.recent and self.recent.public()}
 
 
-def judge(queryid: int, query: str, own: bool, before: Window | None, reference: Window | None,
-          recent: Window | None, alpha: float) -> Judged:
+@dataclass(frozen=True)
+class Observed:
+    """One statement as a check sees it: its queryid and text, whether the change serves it
+    (`own`), and its windows of calls: before the apply, right after it (the reference: the
+    apply to the last check) and since the last check (or the apply)."""
+
+    queryid: int
+    query: str
+    own: bool
+    before: Window | None
+    reference: Window | None
+    recent: Window | None
+
+
+def judge(seen: Observed, alpha: float) -> Judged:
     """One statement's verdict from its windows (`alpha`: per comparison, corrected already)."""
-    parts = dict(queryid=queryid, query=query, own=own, before=before, reference=reference, recent=recent)
+    before, reference, recent = seen.before, seen.reference, seen.recent
+    parts = dict(queryid=seen.queryid, query=seen.query, own=seen.own, before=before, reference=reference,
+                 recent=recent)
     if recent is None or recent.calls < MIN_CALLS:
         got, since = (0, "the last check") if recent is None else (recent.calls, recent.start)
         return Judged(verdict="too_few_calls", reason=f"{got} call(s) since {since}"
@@ -315,7 +330,7 @@ def compare(promise: Mapping[str, Any], now: Reading, *, audit_id: int, task_id:
             start, start_counter = now.stats_reset, None
         recent = window(current, start_counter, start, now.at) if current else None
         reference = window(cp, a, applied.at, last.at) if (cp and last and not reset_since) else None
-        judged.append(judge(q, queries.get(q, ""), q in owns, w_before, reference, recent, alpha))
+        judged.append(judge(Observed(q, queries.get(q, ""), q in owns, w_before, reference, recent), alpha))
         if current is not None and recent is not None and recent.calls >= MIN_CALLS:
             checkpoint[q] = current
     regressions = [j for j in judged if j.verdict == "regression"]
