@@ -98,10 +98,11 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import random as _random
 import re
 import shlex
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
@@ -294,6 +295,7 @@ CONNECTING: Final = Connecting()
 # the IANA time zone a schedule's cron expression is read in when none is given
 # (afs.batch.schedule.add_schedule; `afs schedule add --tz`)
 SCHEDULE_TIMEZONE: Final = "UTC"
+SCHEDULE_POLL_S: Final = 30.0  # a schedule added meanwhile is noticed within this (afs serve's scheduler)
 
 
 TEMPLATE_SUFFIX = "_template"
@@ -528,6 +530,46 @@ class GeminiSettings:
     def setting_names(agent: str) -> str:
         """Where a person changes the model of `agent`."""
         return f"gemini.models.{agent} in settings.yaml or {ENV_GEMINI_MODEL_PREFIX}{agent.upper()}"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Attempts and waits of the model client's `generate_json` (the seed's "Retry Strategy").
+
+    Waits have full jitter (a uniform draw from 0 to the cap of the attempt): the agents share
+    one key, and without jitter they retry in lockstep and hit the rate limit together again.
+    A call that timed out is retried once at most: a second slow answer will not be faster.
+    """
+
+    attempts: int = 4
+    backoff_s: tuple[float, ...] = (1.0, 2.0, 4.0)  # caps before the 2nd, 3rd, 4th attempt
+    max_wait_s: float = 60.0  # a longer Retry-After ends the retries at once
+    jitter: bool = True
+    max_timeouts: int = 2  # attempts that may time out: the first and its one retry
+    random: Callable[[], float] = field(default=_random.random, compare=False, repr=False)
+
+    def backoff(self, attempt: int) -> float:
+        """The wait after failed attempt number `attempt` (1-based)."""
+        cap = self.backoff_s[min(attempt, len(self.backoff_s)) - 1]
+        return cap * self.random() if self.jitter else cap
+
+
+MODEL_RETRY: Final = RetryPolicy()
+PLAN_TOKEN_BUDGET: Final = 4000  # the plan in a prompt, in tokens (afs.pg.plan.plan_text)
+
+
+@dataclass(frozen=True)
+class Asking:
+    """How a `GeminiBrain` asks, passed whole: the model phase every question fits in
+    (`Timeouts.model`), a call timeout overriding each model's own (tests; None: the model's
+    `call_timeout_s`), the retries, the plan's token budget in a prompt, and how many candidates
+    a proposal asks for (`Settings.candidates`)."""
+
+    model_phase_s: float = Timeouts().model
+    call_timeout_s: float | None = None
+    policy: RetryPolicy = MODEL_RETRY
+    plan_budget_tokens: int = PLAN_TOKEN_BUDGET
+    max_candidates: int = DEFAULT_CANDIDATES
 
 
 def default_fork_server_command() -> tuple[str, ...]:

@@ -146,12 +146,11 @@ def test_model_usage_is_a_typed_record() -> None:
 
 def test_the_index_reviews_window_is_one_setting(tmp_path: Path) -> None:
     # `afs indexes`, `afs batch` and `afs apply --drop-index` judge "unused" over one window
-    from afs.batch.indexes import UNUSED_MIN_WINDOW_S
-    from afs.config import ConfigError, load_settings
+    from afs.config import DEFAULT_UNUSED_INDEX_WINDOW_S, ConfigError, load_settings
     from afs.errors import InputError
 
     home = {"AFS_HOME": str(tmp_path)}
-    assert load_settings(home).unused_index_window_s == UNUSED_MIN_WINDOW_S == 7 * 86_400
+    assert load_settings(home).unused_index_window_s == DEFAULT_UNUSED_INDEX_WINDOW_S == 7 * 86_400
     assert load_settings({**home, "AFS_UNUSED_INDEX_WINDOW_S": "0"}).unused_index_window_s == 0
     for bad in ("a week", "-1", "nan"):
         with pytest.raises(ConfigError, match="unused_index_window_s"):

@@ -15,16 +15,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import afs
-from afs.batch.schedule import add_schedule
+from afs.batch.indexes import review_indexes
+from afs.batch.schedule import Scheduler, add_schedule
+from afs.brains.gemini.brain import GeminiBrain
+from afs.brains.gemini.client import GeminiClient
 from afs.cli import build_parser
 from afs.config import (
     CONNECTING,
+    DEFAULT_CANDIDATES,
     DEFAULT_STATEMENT_TIMEOUT_MS,
     DEMO_WORKLOAD,
     LEASING,
+    MODEL_RETRY,
+    PLAN_TOKEN_BUDGET,
+    SCHEDULE_POLL_S,
     SCHEDULE_TIMEZONE,
+    Asking,
     ForkLimits,
+    RetryPolicy,
     Settings,
+    Timeouts,
 )
 from afs.db import DATABASE_THREADS, connect_sync, open_connection, run_in_thread
 
@@ -34,14 +44,8 @@ PACKAGE = Path(afs.__file__).parent
 POSTGRES_CONSTANTS = "pg/stats.py"
 
 # What is left, each in a room outside this change (module, the DEFAULT_* or its alias):
-# a new entry needs a reason as good as these; a fixed one should leave the list.
-KNOWN = {
-    # the index review's window: an alias of config.DEFAULT_UNUSED_INDEX_WINDOW_S as a default
-    ("batch/indexes.py", "UNUSED_MIN_WINDOW_S"),
-    # the model client's retry policy (a frozen RetryPolicy of its own)
-    ("brains/gemini/client.py", "DEFAULT_RETRY"),
-    ("brains/gemini/brain.py", "DEFAULT_RETRY"),
-}
+# a new entry needs a reason as good as the ones that were here; a fixed one leaves the list.
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _sources() -> Iterator[tuple[str, ast.Module]]:
@@ -182,3 +186,18 @@ def test_connections_and_schedules_take_configs_defaults() -> None:
     assert CONNECTING.connect_timeout_s == 10
     schedule = _option(build_parser(), "schedule", "add")
     assert _default(add_schedule, "timezone") == schedule["tz"] == SCHEDULE_TIMEZONE == "UTC"
+
+
+def test_the_model_clients_retries_and_how_the_brain_asks_are_configs() -> None:
+    """The Gemini client's retries and how the brain asks are config's frozen policies, with the
+    values they had below it; a schedule polls at config's interval; the index review's window
+    is its caller's (the settings', `--min-window`), with no default of its own."""
+    assert _default(GeminiClient.generate_json, "policy") is _default(GeminiClient.check_model, "policy") \
+        is MODEL_RETRY == RetryPolicy(attempts=4, backoff_s=(1.0, 2.0, 4.0), max_wait_s=60.0, jitter=True,
+                                      max_timeouts=2)
+    assert Asking() == Asking(model_phase_s=Timeouts().model, call_timeout_s=None, policy=MODEL_RETRY,
+                              plan_budget_tokens=PLAN_TOKEN_BUDGET, max_candidates=DEFAULT_CANDIDATES)
+    assert (Asking().model_phase_s, Asking().plan_budget_tokens, Asking().max_candidates) == (120.0, 4000, 4)
+    assert _default(GeminiBrain, "asking") is None  # None: Asking(), config's
+    assert _default(Scheduler.run_forever, "poll_s") == SCHEDULE_POLL_S == 30.0
+    assert _default(review_indexes, "min_window_s") is inspect.Parameter.empty

@@ -57,7 +57,7 @@ from afs.batch.replay import (
 from afs.batch.report import net_saving
 from afs.batch.statements import Counters, read_counters
 from afs.bench import StopRule
-from afs.config import DEFAULT_UNUSED_INDEX_WINDOW_S, Settings
+from afs.config import Settings
 from afs.db import Connection, open_connection
 from afs.errors import AfsError
 from afs.pg.names import quote_ident, quote_qualified
@@ -67,7 +67,6 @@ from afs.sandbox.importer import imported_copy, origin_of
 from afs.sandbox.server import dsn_for
 
 MB = 1048576.0
-UNUSED_MIN_WINDOW_S = DEFAULT_UNUSED_INDEX_WINDOW_S  # unused for less long: kept (afs.config; --min-window)
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
 
 
@@ -357,7 +356,7 @@ def with_replicas(indexes: Sequence[IndexFacts], window: StatsWindow,
     return out, StatsWindow(reset, window.now)
 
 
-async def review_indexes(at: Verifying, *, min_window_s: float = UNUSED_MIN_WINDOW_S,
+async def review_indexes(at: Verifying, *, min_window_s: float,
                          counters: Counters | None = None, replicas: Sequence[Connection] = (),
                          only: int | None = None) -> dict[str, Any]:
     """The index review of the target: candidates from its catalog, each verified in one fork

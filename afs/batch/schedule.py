@@ -41,7 +41,7 @@ from psycopg.types.json import Jsonb
 
 from afs.batch.job import BatchOptions, run_batch_here
 from afs.batch.statements import parse_duration
-from afs.config import SCHEDULE_TIMEZONE, Settings
+from afs.config import SCHEDULE_POLL_S, SCHEDULE_TIMEZONE, Settings
 from afs.errors import AfsError, InputError, scrub
 from afs.optimize import new_task_id
 from afs.sandbox.importer import origin_of
@@ -50,7 +50,6 @@ from afs.store.migrations import SCHEDULE_LOCK_KEY, SCHEMA
 
 log = structlog.get_logger(__name__)
 
-POLL_S = 30.0  # a schedule added meanwhile is noticed within this
 CRON_FIELDS = ("minute", "hour", "day of month", "month", "day of week")
 KEYWORDS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 MAX_COUNTED = 10_000  # missed due times counted, at most
@@ -330,11 +329,11 @@ class Scheduler:
     async def seconds_to_next(self) -> float:
         soonest = await self.store.conn.fetchval(f"SELECT min(next_run_at) FROM {SCHEMA}.schedules")
         if soonest is None:
-            return POLL_S
+            return SCHEDULE_POLL_S
         seconds: float = (soonest - self.now()).total_seconds()
-        return max(0.0, min(POLL_S, seconds))
+        return max(0.0, min(SCHEDULE_POLL_S, seconds))
 
-    async def run_forever(self, poll_s: float = POLL_S,
+    async def run_forever(self, poll_s: float = SCHEDULE_POLL_S,
                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start due schedules as they come due, each run in its own task, until cancelled."""
         async with trio.open_nursery() as nursery:

@@ -17,7 +17,7 @@ from afs.cli.commands import DSN_PASSWORDS, add_command, add_top
 from afs.cli.optimize import usd
 from afs.cli.output import EXIT_FAILED, EXIT_OK, emit, progress, progress_done, say
 from afs.cli.shared import open_task_store, sandbox_stop_reported, start_sandbox
-from afs.config import Settings
+from afs.config import SCHEDULE_TIMEZONE, Settings
 from afs.errors import ConfigError, InputError
 from afs.models import Provider
 from afs.sandbox.seeding import ensure_demo
@@ -279,10 +279,10 @@ def add_schedule_commands(commands: Any) -> None:
     add.add_argument("--cron", required=True, metavar="EXPR",
                      help='five fields, minute hour day-of-month month day-of-week, e.g. "0 3 * * *" '
                           "(or @daily, @hourly, …)")
-    add.add_argument("--tz", default="UTC", metavar="ZONE",
+    add.add_argument("--tz", default=SCHEDULE_TIMEZONE, metavar="ZONE",
                      help="the IANA time zone the expression is read in, e.g. Europe/Paris (default "
-                          "UTC); across a daylight saving change a skipped time runs when the clocks "
-                          "jump, a repeated one runs once")
+                          f"{SCHEDULE_TIMEZONE}); across a daylight saving change a skipped time runs "
+                          "when the clocks jump, a repeated one runs once")
     add.add_argument("--top", type=int, default=10, metavar="N", help="statements to optimize (default 10)")
     add.add_argument("--min-calls", type=int, default=1, metavar="C", help="as for `afs batch`")
     add.add_argument("--min-ms", "--min-mean-ms", dest="min_mean_ms", type=float, metavar="M",

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-PLAN_TOKEN_BUDGET: Final = 4000  # the plan in a prompt, in tokens
+from afs.config import PLAN_TOKEN_BUDGET
+
 CHARS_PER_TOKEN: Final = 4  # the usual estimate for English and JSON
 MAX_PLAN_STRING_CHARS: Final = 300  # a plan's Filter or Index Cond, when even one node is too long
 

@@ -71,13 +71,11 @@ import trio
 
 from afs.brains import Squad
 from afs.brains.gemini.client import (
-    DEFAULT_RETRY,
     SPEND_CAP,
     CallStats,
     Credentials,
     GeminiClient,
     ModelRequest,
-    RetryPolicy,
     SpendMeter,
     Turn,
     open_gemini_client,
@@ -97,10 +95,11 @@ from afs.brains.gemini.withheld import Withheld, withhold
 from afs.config import (
     DEFAULT_GEMINI_MODELS,
     GEMINI_DEFAULTS_CHOSEN,
+    PLAN_TOKEN_BUDGET,
+    Asking,
     GeminiSettings,
     ModelSettings,
     Settings,
-    Timeouts,
 )
 from afs.errors import ConfigError, ModelError, ModelOutputError, UnsafeSqlError
 from afs.models import (
@@ -116,7 +115,7 @@ from afs.models import (
     TableInfo,
 )
 from afs.pg.bottleneck import Bottleneck
-from afs.pg.plan import PLAN_TOKEN_BUDGET, plan_text
+from afs.pg.plan import plan_text
 from afs.safety import check_query, creates, settings_sql, validate_candidate
 
 log = structlog.get_logger("afs.gemini")
@@ -524,20 +523,6 @@ def flag_new_syntax(proposals: Sequence[OptimizationProposal],
         flagged.append(proposal if reason is None else dataclasses.replace(
             proposal, rationale=f"Cannot be applied as it is: {reason}. {proposal.rationale}"))
     return tuple(flagged)
-
-
-@dataclass(frozen=True)
-class Asking:
-    """How a `GeminiBrain` asks, passed whole: the model phase every question fits in
-    (`Timeouts.model`), a call timeout overriding each model's own (tests; None: the model's
-    `call_timeout_s`), the retries, the plan's token budget in a prompt, and how many candidates
-    a proposal asks for (`Settings.candidates`)."""
-
-    model_phase_s: float = Timeouts().model
-    call_timeout_s: float | None = None
-    policy: RetryPolicy = DEFAULT_RETRY
-    plan_budget_tokens: int = PLAN_TOKEN_BUDGET
-    max_candidates: int = MAX_CANDIDATES
 
 
 @dataclass(frozen=True)

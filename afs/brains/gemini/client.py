@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import email.utils
 import json
-import random as _random
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,7 +49,14 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from pydantic import ValidationError
 
-from afs.config import ENV_GEMINI_MODEL_PREFIX, MODEL_SETTINGS, THINKING_LEVELS, ModelSettings
+from afs.config import (
+    ENV_GEMINI_MODEL_PREFIX,
+    MODEL_RETRY,
+    MODEL_SETTINGS,
+    THINKING_LEVELS,
+    ModelSettings,
+    RetryPolicy,
+)
 from afs.errors import ConfigError, ModelError
 
 log = structlog.get_logger("afs.gemini")
@@ -236,29 +242,6 @@ def _clean(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Attempts and waits of `generate_json` (the seed's "Retry Strategy").
-
-    Waits have full jitter (a uniform draw from 0 to the cap of the attempt): the agents share
-    one key, and without jitter they retry in lockstep and hit the rate limit together again.
-    A call that timed out is retried once at most: a second slow answer will not be faster.
-    """
-
-    attempts: int = 4
-    backoff_s: tuple[float, ...] = (1.0, 2.0, 4.0)  # caps before the 2nd, 3rd, 4th attempt
-    max_wait_s: float = 60.0  # a longer Retry-After ends the retries at once
-    jitter: bool = True
-    max_timeouts: int = 2  # attempts that may time out: the first and its one retry
-    random: Callable[[], float] = field(default=_random.random, compare=False, repr=False)
-
-    def backoff(self, attempt: int) -> float:
-        """The wait after failed attempt number `attempt` (1-based)."""
-        cap = self.backoff_s[min(attempt, len(self.backoff_s)) - 1]
-        return cap * self.random() if self.jitter else cap
-
-
-DEFAULT_RETRY: Final = RetryPolicy()
 # 408 and 429, and every 5xx but 501 (Not Implemented will not change on a retry)
 RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -433,7 +416,7 @@ class GeminiClient:
 
                 await trio.to_thread.run_sync(auth.refresh, Request(), abandon_on_cancel=True)
 
-    async def generate_json(self, request: ModelRequest, *, policy: RetryPolicy = DEFAULT_RETRY,
+    async def generate_json(self, request: ModelRequest, *, policy: RetryPolicy = MODEL_RETRY,
                             stats: CallStats | None = None, meter: SpendMeter | None = None) -> ModelReply:
         """Ask the request's model for JSON matching its schema; retries per `policy`; raises
         ModelError.
@@ -540,7 +523,7 @@ class GeminiClient:
             model_status=next((c.model_status for c in reversed(chunks) if c.model_status), None),
             sdk_http_response=last.sdk_http_response)
 
-    async def check_model(self, model: str, policy: RetryPolicy = DEFAULT_RETRY,
+    async def check_model(self, model: str, policy: RetryPolicy = MODEL_RETRY,
                           timeout_s: float = 30.0) -> types.Model | None:
         """`models.get`: the model's description; None when the API has no such model (404).
 
