@@ -48,6 +48,9 @@ def passwords() -> list[tuple[str, str, str]]:
     return found
 
 
+SPECIAL_IDS = [f"special-{n}" for n in range(len(SPECIAL))]  # the same in every pytest worker
+
+
 def _unquoted(value: str) -> str:
     """libpq's unquoted value: a backslash escapes the next character (white space, quotes)."""
     return "".join("\\" + c if c in " \t\\'" else c for c in value)
@@ -81,7 +84,9 @@ CASES = [(form, head, tail, key)
          for form in forms(password, key)]
 
 
-@pytest.mark.parametrize(("dsn", "head", "tail", "key"), CASES)
+# the ids are the cases' places, not their random passwords: every pytest worker collects the same tests
+@pytest.mark.parametrize(("dsn", "head", "tail", "key"), CASES,
+                         ids=[f"{c[3]}-{n}" for n, c in enumerate(CASES)])
 def test_scrub_leaves_no_password_in_any_form_libpq_reads(dsn: str, head: str, tail: str, key: str) -> None:
     parsed = conninfo_to_dict(dsn)
     assert head in str(parsed[key]) and tail in str(parsed[key])  # the form is what libpq reads
@@ -97,7 +102,7 @@ def test_scrub_leaves_no_password_in_any_form_libpq_reads(dsn: str, head: str, t
             assert head not in out and tail not in out, out
 
 
-@pytest.mark.parametrize(("password", "head", "tail"), passwords())
+@pytest.mark.parametrize(("password", "head", "tail"), passwords(), ids=SPECIAL_IDS)
 def test_scrub_hides_passwords_in_uris_of_any_scheme_spelling(password: str, head: str, tail: str) -> None:
     encoded = quote(password, safe="")
     for scheme in ("postgresql", "postgres", "POSTGRESQL", "PostgreS", "pgsql", "jdbc:postgresql"):
@@ -132,7 +137,7 @@ def afs_cli(home: Path | None, *args: str | bytes, stdin: bytes = b"") -> subpro
     return run_afs(*args, home=home, stdin=stdin, timeout=120)
 
 
-@pytest.mark.parametrize(("password", "head", "tail"), passwords())
+@pytest.mark.parametrize(("password", "head", "tail"), passwords(), ids=SPECIAL_IDS)
 def test_psql_is_given_the_password_in_its_environment(password: str, head: str, tail: str) -> None:
     for dsn in forms(password):
         argv, env = psql_invocation("/usr/bin/psql", dsn, {"PATH": "/usr/bin"})
