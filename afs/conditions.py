@@ -308,14 +308,12 @@ def visibility_gap(table: TableState) -> str | None:
             + ("more often in the forks)" if theirs < mine else "less often in the forks)"))
 
 
-async def task_conditions(forks: Any, source: str, source_dsn: str, query: str,
-                          tables: Sequence[str], application_role: str | None,
-                          service: Mapping[str, Any] | None = None) -> UserConditions:
-    """`read_conditions` for a task on `source` (a fork client's service): the copy's record
-    from the fork server's catalog (`service`, when the caller has it already). What cannot be
-    read is a note, not a failed task."""
+async def task_conditions(service: Mapping[str, Any], source_dsn: str, query: str,
+                          tables: Sequence[str], application_role: str | None) -> UserConditions:
+    """`read_conditions` for a task on a source read at `source_dsn`, `service` its record in
+    the fork server's catalog (a fork client's `get`: the copy's state). What cannot be read is
+    a note, not a failed task."""
     try:
-        recorded = (service if service is not None else await forks.get(source)).get("copy_state")
-        return await read_conditions(source_dsn, query, tables, recorded, application_role)
+        return await read_conditions(source_dsn, query, tables, service.get("copy_state"), application_role)
     except AfsError as exc:
         return UserConditions(notes=(f"the user's conditions could not be read: {exc}",))

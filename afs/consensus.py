@@ -529,7 +529,7 @@ def decide(outcomes: Sequence[AgentOutcome], weights: Mapping[str, float] | None
     winner = ranked[0] if ranked and not scores[ranked[0].agent].disqualified else None
     agreeing = _agreeing(winner, outcomes)
     confidence, why_confident = _confidence(winner, ranked, scores, agreeing)
-    rationale = _rationale(outcomes, winner, ranked, scores, used, adjustments, agreeing, why_confident)
+    rationale = _rationale(outcomes, winner, _Ranked(ranked, scores, used, adjustments), why_confident)
     return ConsensusDecision(
         winner=winner.agent if winner else None,
         scores=MappingProxyType(scores),
@@ -662,10 +662,20 @@ _TYPE_WORDS: Mapping[str, str] = MappingProxyType({
 })
 
 
-def _rationale(outcomes: Sequence[AgentOutcome], winner: Candidate | None, ranked: Sequence[Candidate],
-               scores: Mapping[AgentKey, ScoreBreakdown], weights: Mapping[str, float],
-               adjustments: Mapping[AgentKey, Sequence[Adjustment]], agreeing: Sequence[AgentKey],
+@dataclass(frozen=True)
+class _Ranked:
+    """What the rationale explains, passed whole: the measured candidates in rank order, their
+    score breakdowns, the weights they were scored with and each one's adjustments."""
+
+    candidates: Sequence[Candidate]
+    scores: Mapping[AgentKey, ScoreBreakdown]
+    weights: Mapping[str, float]
+    adjustments: Mapping[AgentKey, Sequence[Adjustment]]
+
+
+def _rationale(outcomes: Sequence[AgentOutcome], winner: Candidate | None, judged: _Ranked,
                why_confident: str) -> tuple[str, ...]:
+    ranked, scores, weights = judged.candidates, judged.scores, judged.weights
     lines: list[str] = []
     if winner is not None:
         lines.append(_winner_sentence(winner, ranked, scores, weights))
@@ -679,7 +689,7 @@ def _rationale(outcomes: Sequence[AgentOutcome], winner: Candidate | None, ranke
         if c is not winner:
             lines.append(_loser_sentence(c, winner, ranked, scores, weights))
     for c in ranked:
-        lines.extend(f"{c.agent}: {a.reason}." for a in adjustments[c.agent])
+        lines.extend(f"{c.agent}: {a.reason}." for a in judged.adjustments[c.agent])
     scored = {c.agent for c in ranked}
     lines.extend(_unscored_sentence(o) for o in outcomes if o.agent not in scored)
     if why_confident:

@@ -219,8 +219,7 @@ async def optimize(
     service = await forks.get(source)  # asked once: the server's facts and the copy's state
     facts, imported = await source_server(forks, source, source_dsn, service)
     # the source's plan settings, plan and tables now: forks take them, the report compares
-    conditions = await task_conditions(forks, source, source_dsn, query, features.tables,
-                                       settings.application_role, service)
+    conditions = await task_conditions(service, source_dsn, query, features.tables, settings.application_role)
     pool = crew.pool or AgentPool()
     max_rows = max((table.rows for table in stats.values()), default=0)
 

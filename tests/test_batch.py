@@ -12,6 +12,7 @@ import pytest
 
 from afs.batch.job import BatchOptions, run_batch, stored_batch
 from afs.batch.report import Entry, build_report, merge_indexes, render_markdown
+from afs.batch.statements import BatchTarget
 from afs.config import Settings
 from afs.sandbox.server import SandboxServer
 from afs.service.worker import open_runtime, worker_name
@@ -53,7 +54,7 @@ async def _batch_on_the_demo(settings: Settings, store_db: str, sandbox: Sandbox
     options = BatchOptions(top=2, min_calls=5, provider="heuristic", runs=1)
     target = sandbox.dsn(settings.demo_database)
     async with open_runtime(settings, store_db) as rt:
-        doc = await run_batch(rt, target_dsn=target, source=settings.demo_database, task_dsn=None,
+        doc = await run_batch(rt, BatchTarget(target, settings.demo_database, None),
                               options=options, worker=worker_name("batch"))
         statements = doc["statements"]
         assert [s["calls"] for s in statements] == [40, 5]  # ranked by total time, this database only
@@ -75,7 +76,7 @@ async def _batch_on_the_demo(settings: Settings, store_db: str, sandbox: Sandbox
         stored, markdown = await stored_batch(rt.store, doc["id"])
         assert stored == json.loads(json.dumps(doc)) and markdown == report.read_text()
 
-        again = await run_batch(rt, target_dsn=target, source=settings.demo_database, task_dsn=None,
+        again = await run_batch(rt, BatchTarget(target, settings.demo_database, None),
                                 options=options, worker=worker_name("batch"))
         reused = [s for s in again["statements"] if s["status"] == "reused"]
         assert {s["task_id"] for s in reused} == {s["task_id"] for s in statements
@@ -83,7 +84,7 @@ async def _batch_on_the_demo(settings: Settings, store_db: str, sandbox: Sandbox
         assert reused and reused[0]["winner"] == next(
             s for s in statements if s["task_id"] == reused[0]["task_id"])["winner"]
         count = len(await rt.store.tasks(limit=100))
-        forced = await run_batch(rt, target_dsn=target, source=settings.demo_database, task_dsn=None,
+        forced = await run_batch(rt, BatchTarget(target, settings.demo_database, None),
                                  options=BatchOptions(top=1, min_calls=5, provider="heuristic", runs=1,
                                                       force=True), worker=worker_name("batch"))
         assert forced["statements"][0]["task_id"] not in task_ids

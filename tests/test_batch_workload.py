@@ -11,7 +11,7 @@ import pytest
 
 from afs.batch.fill import fill_statement
 from afs.batch.job import BatchOptions, run_batch
-from afs.batch.statements import read_workload, select_workload, why_not
+from afs.batch.statements import BatchTarget, read_workload, select_workload, why_not
 from afs.config import BATCH_PARAMETER_SETS, Settings
 from afs.db import open_connection
 from afs.errors import InputError
@@ -125,7 +125,7 @@ async def test_a_batch_on_a_dsn_runs_its_tasks_on_the_databases_copy_in_the_sand
         async with open_runtime(settings, store_db) as rt:
             source = await sandbox_source(rt.forks, settings.demo_database, workload_db)
             assert source == copy
-            doc = await run_batch(rt, target_dsn=workload_db, source=source, task_dsn=workload_db,
+            doc = await run_batch(rt, BatchTarget(workload_db, source, workload_db),
                                   options=BatchOptions(top=1, min_calls=10, provider="heuristic", runs=1),
                                   worker=worker_name("batch"))
             [entry] = doc["statements"]

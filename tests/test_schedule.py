@@ -20,6 +20,7 @@ import trio
 
 from afs.batch.job import BatchOptions, snapshot_before, store_snapshot, stored_batch
 from afs.batch.schedule import (
+    Cron,
     Scheduler,
     Started,
     add_schedule,
@@ -171,7 +172,7 @@ async def test_missed_runs_coalesce_to_one_run(store_db: str) -> None:
             called.set()
             return batch_id
 
-        hourly = await add_schedule(store, dsn=None, cron="0 * * * *", options=BatchOptions(top=1),
+        hourly = await add_schedule(store, dsn=None, when=Cron("0 * * * *"), options=BatchOptions(top=1),
                                     origin="sandbox/afs_demo", now=clock())
         assert hourly.next_run_at == utc(2026, 11, 23, 9)
         scheduler = Scheduler(store, run, now=clock)
@@ -211,7 +212,7 @@ async def test_two_schedulers_on_one_store_never_start_a_run_twice(store_db: str
             await release.wait()
             return batch_id
 
-        nightly = await add_schedule(one, dsn=None, cron="*/5 * * * *", options=BatchOptions(top=1),
+        nightly = await add_schedule(one, dsn=None, when=Cron("*/5 * * * *"), options=BatchOptions(top=1),
                                      origin="sandbox/afs_demo", now=clock())
         first, second = Scheduler(one, slow_run, now=clock), Scheduler(two, slow_run, now=clock)
         clock.at = utc(2026, 11, 23, 3, 0, 30)
@@ -305,7 +306,7 @@ async def test_a_scheduled_run_makes_a_batch_and_the_list_shows_it(settings: Set
     clock = Clock(utc(2026, 11, 23, 2, 0))
     async with open_store(store_db) as store:
         options = BatchOptions(top=1, min_calls=5, provider="heuristic", runs=1, since="24h")
-        schedule = await add_schedule(store, dsn=None, cron="0 3 * * *", timezone=PARIS, options=options,
+        schedule = await add_schedule(store, dsn=None, when=Cron("0 3 * * *", PARIS), options=options,
                                       origin="sandbox/afs_demo", now=clock())
         assert schedule.next_run_at == utc(2026, 11, 23, 2, 0) + timedelta(days=1)  # 03:00 Paris
         clock.at = utc(2026, 11, 24, 2, 0, 5)

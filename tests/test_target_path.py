@@ -27,6 +27,7 @@ from afs.apply import apply_winner, audit, load_plan
 from afs.apply.target import prepare as apply_prepare
 from afs.batch.fill import fill_statement
 from afs.batch.job import BatchOptions, run_batch
+from afs.batch.statements import BatchTarget
 from afs.config import BATCH_PARAMETER_SETS, Settings
 from afs.db import open_connection
 from afs.errors import DatabaseError, InputError, UnsafeSqlError
@@ -161,7 +162,7 @@ async def test_a_batch_skips_a_planted_function_instead_of_running_it_as_the_bat
         planted: Target, sandbox: SandboxServer, settings: Settings, store_db: str) -> None:
     """The issue's escalation: before, the batch EXPLAINed both statements as the superuser."""
     async with open_runtime(settings, store_db) as rt:
-        doc = await run_batch(rt, target_dsn=planted.dsn, source=settings.demo_database, task_dsn=None,
+        doc = await run_batch(rt, BatchTarget(planted.dsn, settings.demo_database, None),
                               options=BatchOptions(top=5, provider="heuristic", runs=1),
                               worker=worker_name("batch"))
     assert planted.untouched(sandbox)

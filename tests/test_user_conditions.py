@@ -311,7 +311,7 @@ async def test_a_function_planted_in_the_user_database_is_not_called(
         conn.execute("CREATE FUNCTION public.pg_relation_size(oid) RETURNS bigint LANGUAGE plpgsql"
                      " AS $$BEGIN RAISE EXCEPTION 'planted function ran'; END$$")
     try:
-        conditions = await task_conditions(forks, USER_DB, user_dsn, NOT_IN, ("a", "b"), None)
+        conditions = await task_conditions(await forks.get(USER_DB), user_dsn, NOT_IN, ("a", "b"), None)
         assert not any("could not" in note for note in conditions.notes), conditions.notes
         assert {t.name for t in conditions.tables} == {"public.a", "public.b"}
     finally:
@@ -325,7 +325,7 @@ async def test_a_stale_copy_and_another_visibility_are_named(
     # (c stays grown: the next test refreshes the copy)
     with psycopg.connect(user_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO c SELECT g, 1000 + g FROM generate_series(1, 100000) g")
-    conditions = await task_conditions(forks, USER_DB, user_dsn, STALE, ("c", "a"), None)
+    conditions = await task_conditions(await forks.get(USER_DB), user_dsn, STALE, ("c", "a"), None)
     assert conditions.imported_at
     assert any(line.startswith("public.c: ") for line in conditions.stale), conditions.stale
     assert not any(line.startswith("public.a: ") for line in conditions.stale)
@@ -381,9 +381,9 @@ async def test_refresh_brings_a_stale_copy_up_to_date(
         await import_database(sandbox, user_dsn, "uc_nothing", refresh=True)
     with pytest.raises(InputError, match="--refresh"):
         await import_database(sandbox, user_dsn, imported)
-    assert (await task_conditions(forks, USER_DB, user_dsn, STALE, ("c",), None)).stale
+    assert (await task_conditions(await forks.get(USER_DB), user_dsn, STALE, ("c",), None)).stale
     await import_database(sandbox, user_dsn, imported, refresh=True)
-    conditions = await task_conditions(forks, USER_DB, user_dsn, STALE, ("c",), None)
+    conditions = await task_conditions(await forks.get(USER_DB), user_dsn, STALE, ("c",), None)
     assert not conditions.stale, conditions.stale
     fork = await provider.fork(imported)
     try:

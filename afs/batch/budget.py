@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from afs.batch.indexes import Verifying
 from afs.batch.replay import Replayed, per_day, replay, table_workload
-from afs.batch.statements import Counters
+from afs.batch.statements import BatchTarget, Counters
 from afs.bench import StopRule
 from afs.config import Settings
 from afs.db import open_connection
@@ -419,9 +419,8 @@ def render(chosen: Mapping[str, Any]) -> list[str]:
 
 
 
-async def chosen_set(doc: Mapping[str, Any], settings: Settings, *, target_dsn: str, source: str,
-                     counters: Counters, budget_mb: float,
-                     progress: Any = lambda message: None) -> dict[str, Any]:
+async def chosen_set(doc: Mapping[str, Any], settings: Settings, *, on: BatchTarget, counters: Counters,
+                     budget_mb: float, progress: Any = lambda message: None) -> dict[str, Any]:
     """The batch's `chosen_set`: the items of its report chosen under `budget_mb`, measured
     together in one fork of the target's copy in the sandbox (the fork source found as the
     index review finds it). The target is only read (catalog, pg_stats, EXPLAIN). A failure
@@ -429,6 +428,7 @@ async def chosen_set(doc: Mapping[str, Any], settings: Settings, *, target_dsn: 
     from afs.sandbox.forks import open_forks  # the MCP SDK: only for a budgeted batch
     from afs.sandbox.importer import imported_copy
 
+    target_dsn, source = on.dsn, on.source
     choice = choose(candidates(doc), budget_mb)
     try:
         async with open_forks(settings) as forks, open_connection(target_dsn) as target:

@@ -1,8 +1,8 @@
 """The batch job: the target's costliest statements, each a stored task, one report.
 
-    doc = await run_batch(rt, target_dsn=dsn, source="afs_demo", task_dsn=None,
-                          options=BatchOptions(top=5))            # tasks run here, in turn
-    doc = await run_batch_on_server(store, settings, client, target_dsn=dsn, task_dsn=None,
+    doc = await run_batch(rt, BatchTarget(dsn, source="afs_demo"), options=BatchOptions(top=5),
+                          worker="batch")                         # tasks run here, in turn
+    doc = await run_batch_on_server(store, settings, client, dsn=dsn,
                                     options=BatchOptions(top=5))  # by `afs serve`'s workers
 
 Statements come from the target (read-only: pg_stat_statements, pg_stats, EXPLAIN, every
@@ -36,6 +36,7 @@ from afs.batch.fill import fill_statement
 from afs.batch.replay import per_day, table_oids, table_workload, window_seconds
 from afs.batch.report import Entry, build_report, index_key, outcome, render_markdown
 from afs.batch.statements import (
+    BatchTarget,
     Counters,
     Snapshot,
     Statement,
@@ -260,25 +261,26 @@ async def store_snapshot(store: Store, origin: str, counters: Counters, batch_id
     await store.conn.run(write)
 
 
-async def run_batch(rt: Runtime, *, target_dsn: str, source: str, task_dsn: str | None,
-                    options: BatchOptions, worker: str, sinks: tuple[Sink, ...] = (),
+async def run_batch(rt: Runtime, target: BatchTarget, *, options: BatchOptions, worker: str,
+                    sinks: tuple[Sink, ...] = (),
                     progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
-    """A batch whose tasks this worker runs, one after another."""
+    """A batch on `target` whose tasks this worker runs, one after another."""
     async def run_here(tasks: Sequence[NewTask]) -> list[Ran]:
         ran = []
         for new in tasks:
             progress(f"{new.label}: optimizing")
             task = await rt.store.submit(
-                TaskSubmission(task_id=new_task_id(), query=new.query, source=source, dsn=task_dsn,
-                               task_type="query_optimization", priority="normal", provider=options.provider,
-                               weights=None, runs=options.runs, parameters=new.parameters),
+                TaskSubmission(task_id=new_task_id(), query=new.query, source=target.source,
+                               dsn=target.task_dsn, task_type="query_optimization", priority="normal",
+                               provider=options.provider, weights=None, runs=options.runs,
+                               parameters=new.parameters),
                 worker=worker, lease_s=rt.lease_s)
             finished = await run_task(rt, task, worker, sinks=sinks, on_interrupt="cancel")
             ran.append(Ran(task.id, finished.status, finished.error, finished.result))
         return ran
 
-    return await _batch(rt.store, rt.settings, target_dsn=target_dsn, source=source, options=options,
-                        run_tasks=run_here, progress=progress)
+    return await _batch(rt.store, rt.settings, on=target, options=options, run_tasks=run_here,
+                        progress=progress)
 
 
 async def run_batch_here(settings: Settings, store_url: str, *, dsn: str | None, options: BatchOptions,
@@ -299,7 +301,7 @@ async def run_batch_here(settings: Settings, store_url: str, *, dsn: str | None,
         with work:
             rt.meter = batch_meter(options)  # one spending cap for every task of the batch
             source = await sandbox_source(rt.forks, settings.demo_database, dsn)
-            doc = await run_batch(rt, target_dsn=target, source=source, task_dsn=dsn, options=options,
+            doc = await run_batch(rt, BatchTarget(target, source, dsn), options=options,
                                   worker=worker_name("batch"), sinks=sinks, progress=progress)
     if doc is None:  # cancelled: the cancellation goes on at this checkpoint
         await trio.lowlevel.checkpoint()
@@ -319,11 +321,14 @@ def batch_meter(options: BatchOptions) -> Any:
 
 
 async def run_batch_on_server(store: Store, settings: Settings, client: ServiceClient, *,
-                              target_dsn: str, task_dsn: str | None, options: BatchOptions,
+                              dsn: str | None, options: BatchOptions,
                               progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
-    """A batch whose tasks `afs serve` runs (its workers, in parallel); this process reads the
-    target, waits for every task (following its events) and writes the report. The server
-    must share this process's task store (checked first: the report links its tasks)."""
+    """A batch on `dsn` (default: the sandbox's demo database) whose tasks `afs serve` runs (its
+    workers, in parallel); this process reads the target, waits for every task (following its
+    events) and writes the report. The server must share this process's task store (checked
+    first: the report links its tasks)."""
+    from afs.sandbox.server import dsn_for
+
     health = await client.health()
     ours = await store.identity()
     if health.get("store") != ours:
@@ -334,15 +339,16 @@ async def run_batch_on_server(store: Store, settings: Settings, client: ServiceC
                          "(an older version): upgrade it, or run the batch without --server")
     body: dict[str, Any] = {"priority": "normal", "type": "query_optimization",
                             "provider": options.provider, "runs": options.runs}
-    if task_dsn is not None:
-        body["dsn"] = task_dsn
-    source = origin_of(task_dsn) if task_dsn else settings.demo_database
+    if dsn is not None:
+        body["dsn"] = dsn
+    target = BatchTarget(dsn if dsn is not None else dsn_for(settings, settings.demo_database),
+                         origin_of(dsn) if dsn else settings.demo_database, dsn)
 
     async def run_there(tasks: Sequence[NewTask]) -> list[Ran]:
         return await run_on_server(client, tasks, body, progress)
 
-    return await _batch(store, settings, target_dsn=target_dsn, source=source, options=options,
-                        run_tasks=run_there, progress=progress)
+    return await _batch(store, settings, on=target, options=options, run_tasks=run_there,
+                        progress=progress)
 
 
 async def run_on_server(client: ServiceClient, tasks: Sequence[NewTask], body: dict[str, Any],
@@ -411,10 +417,11 @@ def phase_of(event: dict[str, Any]) -> str:
     return f"{who}{str(event.get('kind', '')).replace('_', ' ')}"
 
 
-async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: str, options: BatchOptions,
+async def _batch(store: Store, settings: Settings, *, on: BatchTarget, options: BatchOptions,
                  run_tasks: RunTasks, progress: Callable[[str], None]) -> dict[str, Any]:
     """Read and fill the workload, reuse recent results, run the rest (`run_tasks`), report."""
     options.check()
+    target_dsn, source = on.dsn, on.source
     origin = origin_of(target_dsn)
     async with open_connection(target_dsn) as target:
         counters = await read_counters(target)
@@ -496,9 +503,8 @@ async def _batch(store: Store, settings: Settings, *, target_dsn: str, source: s
     if options.max_storage_mb is not None:  # one set under the budget, measured together (issue 28)
         from afs.batch.budget import chosen_set
 
-        doc["chosen_set"] = await chosen_set(doc, settings, target_dsn=target_dsn, source=source,
-                                             counters=counters, budget_mb=options.max_storage_mb,
-                                             progress=progress)
+        doc["chosen_set"] = await chosen_set(doc, settings, on=on, counters=counters,
+                                             budget_mb=options.max_storage_mb, progress=progress)
     markdown = render_markdown(doc)
     reports = settings.home / "reports"
     reports.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     check_cron("0 3 * * *"); zone = check_zone("Europe/Paris")       # InputError naming the field
     next_run("0 3 * * *", "Europe/Paris", after=now)                  # the next due time, in UTC
-    schedule = await add_schedule(store, dsn=None, cron="0 3 * * *", timezone="UTC", options=...)
+    schedule = await add_schedule(store, dsn=None, when=Cron("0 3 * * *", "UTC"), options=...)
     await Scheduler(store, run, now=clock).run_forever()              # in afs serve's nursery
 
 Time. A cron expression is read in the schedule's own IANA time zone
@@ -118,6 +118,15 @@ def due_between(cron: str, timezone: str, start: datetime, end: datetime) -> int
 
 # -- the stored schedules --------------------------------------------------------------------
 @dataclass(frozen=True)
+class Cron:
+    """When a schedule runs, passed whole: a cron expression (five fields, or @daily, …) read in
+    an IANA time zone (config's SCHEDULE_TIMEZONE unless one is given: `afs schedule add --tz`)."""
+
+    expression: str
+    timezone: str = SCHEDULE_TIMEZONE
+
+
+@dataclass(frozen=True)
 class Schedule:
     id: str
     dsn: str | None  # None: the sandbox's demo database
@@ -149,10 +158,10 @@ def _schedule(row: tuple[Any, ...]) -> Schedule:
     return Schedule(row[0], row[1], row[2], row[3], row[4], options_of(row[5]), row[6], row[7])
 
 
-async def add_schedule(store: Store, *, dsn: str | None, cron: str, timezone: str = SCHEDULE_TIMEZONE,
-                       options: BatchOptions, origin: str, now: datetime | None = None) -> Schedule:
+async def add_schedule(store: Store, *, dsn: str | None, when: Cron, options: BatchOptions, origin: str,
+                       now: datetime | None = None) -> Schedule:
     """Check and store a schedule; its first run is the first due time after `now`."""
-    cron = check_cron(cron)
+    cron, timezone = check_cron(when.expression), when.timezone
     check_zone(timezone)
     options.check()
     if options.since is not None and parse_duration(options.since) is None:

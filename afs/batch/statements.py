@@ -45,6 +45,17 @@ MIN_VERSION = (1, 8)  # total_exec_time, mean_exec_time (PostgreSQL 13)
 
 
 @dataclass(frozen=True)
+class BatchTarget:
+    """Where a batch works, passed whole: the database whose statements it reads (`dsn`, only
+    read), its copy in the sandbox that forks are made of (`source`), and the DSN each of its
+    tasks records (`task_dsn`; None: the sandbox's demo database)."""
+
+    dsn: str
+    source: str
+    task_dsn: str | None = None
+
+
+@dataclass(frozen=True)
 class Statement:
     queryid: int
     query: str  # normalised: constants are $1 … $n

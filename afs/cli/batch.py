@@ -12,7 +12,15 @@ from afs.batch.budget import parse_size
 from afs.batch.emit import check_directory, emit_migration
 from afs.batch.job import BatchOptions, batches, run_batch_here, run_batch_on_server, stored_batch
 from afs.batch.report import render_markdown
-from afs.batch.schedule import add_schedule, check_cron, check_zone, describe, remove_schedule, schedules
+from afs.batch.schedule import (
+    Cron,
+    add_schedule,
+    check_cron,
+    check_zone,
+    describe,
+    remove_schedule,
+    schedules,
+)
 from afs.cli.commands import DSN_PASSWORDS, add_command, add_top
 from afs.cli.optimize import usd
 from afs.cli.output import EXIT_FAILED, EXIT_OK, emit, progress, progress_done, say
@@ -143,12 +151,10 @@ def _dry_run(args: argparse.Namespace, settings: Settings, options: Any) -> int:
 
 async def _batch_remote(args: argparse.Namespace, settings: Settings, options: Any) -> dict[str, Any]:
     """The tasks to `afs serve` at --server; the target read, and the report written, here."""
-    target = args.dsn if args.dsn is not None else dsn_for(settings, settings.demo_database)
     async with open_task_store(settings) as store, \
             ServiceClient(args.server, settings.service_token) as client:
-        doc: dict[str, Any] = await run_batch_on_server(store, settings, client, target_dsn=target,
-                                                        task_dsn=args.dsn, options=options,
-                                                        progress=progress)
+        doc: dict[str, Any] = await run_batch_on_server(store, settings, client, dsn=args.dsn,
+                                                        options=options, progress=progress)
     return doc
 
 
@@ -242,7 +248,7 @@ async def cmd_schedule_add(args: argparse.Namespace, settings: Settings) -> int:
     options = _batch_options(args, settings)
     options.check()
     async with open_task_store(settings) as store:
-        added = await add_schedule(store, dsn=args.dsn, cron=args.cron, timezone=args.tz, options=options,
+        added = await add_schedule(store, dsn=args.dsn, when=Cron(args.cron, args.tz), options=options,
                                    origin=f"sandbox/{settings.demo_database}")
         doc = next(d for d in await schedules(store) if d["id"] == added.id)
     emit(args, doc, f"schedule {added.id} added; `afs serve` runs it\n{describe(doc)}")

@@ -182,6 +182,20 @@ class GcReport:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class _NewFork:
+    """A fork about to be made, passed whole: the service it copies (`parent`: a source or a
+    fork) and that service's template database, its name and its role's password, its lifetime
+    and its owner (host, pid, process start; all None: only the TTL applies)."""
+
+    parent: str
+    template: str
+    name: str
+    password: str
+    ttl_seconds: int
+    owner: tuple[str | None, int | None, float | None]
+
+
 def _process_start(pid: int) -> float | None:
     try:
         return float(psutil.Process(pid).create_time())
@@ -394,10 +408,9 @@ class LocalForkProvider:
                                        (name, name)):
                     raise InputError(f"a fork named {name!r} exists already")
                 spares = self.spares > 0 and template != service_id  # a source's fork: spares serve it
-                if not (spares and await self._claim_spare(conn, service_id, template, name, password,
-                                                           ttl_seconds, owner)):
-                    await self._create(conn, service_id, template, name, password, ttl_seconds,
-                                       owner, state="ready")
+                new = _NewFork(service_id, template, name, password, ttl_seconds, owner)
+                if not (spares and await self._claim_spare(conn, new)):
+                    await self._create(conn, new, state="ready")
                 fork = (await self._forks(conn, name))[0]
             if spares:  # after the claim: the top-up counts what is left
                 self._spare_sources.add(service_id)
@@ -449,21 +462,21 @@ class LocalForkProvider:
                     await self._quiet()
                     name = validate_name(random_fork_name(SPARE_LABEL))
                     password = secrets.token_urlsafe(24)
-                    await self._create(conn, source, template, name, password, SPARE_TTL_S,
-                                       (None, None, None), state="spare")
+                    await self._create(conn, _NewFork(source, template, name, password, SPARE_TTL_S,
+                                                      (None, None, None)), state="spare")
                     await self._verify(name, password)
                     made.append(name)
         return made
 
-    async def _claim_spare(self, conn: Connection, source: str, template: str, name: str,
-                           password: str, ttl_seconds: int,
-                           owner: tuple[str | None, int | None, float | None]) -> bool:
-        """Turn a fresh spare of `source` into the fork `name`, in one transaction; False
-        when there is none (or forks copy here)."""
+    async def _claim_spare(self, conn: Connection, new: _NewFork) -> bool:
+        """Turn a fresh spare of `new.parent` (a source) into the fork `new.name`, in one
+        transaction; False when there is none (or forks copy here)."""
         if not await _forks_clone(conn):
             return False
+        source, template, name, password, ttl_seconds = (new.parent, new.template, new.name,
+                                                          new.password, new.ttl_seconds)
         ident = quote_ident(name)
-        owner_host, owner_pid, owner_started = owner
+        owner_host, owner_pid, owner_started = new.owner
         async with advisory_lock(conn, TEMPLATE_LOCK + template, shared=True):  # not mid-refresh
             await conn.execute("BEGIN")
             try:
@@ -499,11 +512,11 @@ class LocalForkProvider:
         for (name,) in rows:
             await self._remove(conn, name)
 
-    async def _create(self, conn: Connection, parent: str, template: str, name: str,
-                      password: str, ttl_seconds: int,
-                      owner: tuple[str | None, int | None, float | None], state: str) -> None:
+    async def _create(self, conn: Connection, new: _NewFork, state: str) -> None:
         """Catalog row first, then role and database; everything removed again on failure."""
-        owner_host, owner_pid, owner_started = owner
+        parent, template, name, password, ttl_seconds = (new.parent, new.template, new.name,
+                                                          new.password, new.ttl_seconds)
+        owner_host, owner_pid, owner_started = new.owner
         inserted = await conn.fetchval(
             "INSERT INTO afs.forks (name, parent, role_password, owner_host, owner_pid,"
             " owner_started, ttl_seconds, expires_at)"
