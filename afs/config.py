@@ -9,7 +9,8 @@ below take whole: `Timeouts` (per-phase limits), `Measuring` (`Settings.measurin
 rule, budget, candidates, parameter sets, the long baseline run), `Quantiles` (histogram
 positions of other values), `ForkLimits` (`Settings.fork_limits`), `RoutingDefaults` (what
 routing_rules.yaml leaves out), `Leasing` (workers' leases and polling), `DemoWorkload`,
-`Connecting` (afs.db's connections), `GeminiSettings`. No `DEFAULT_*` is a default in a
+`Connecting` (afs.db's connections), `GeminiSettings`, `RetryPolicy` (`MODEL_RETRY`: the model
+client's retries), `Asking` (how the Gemini brain asks). No `DEFAULT_*` is a default in a
 signature or a field below this module (tests/test_no_defaults_below_config.py holds it and
 lists what is left). The process environment is read here (`load_settings`,
 `process_environment`); `Settings.environment` keeps it for the model SDK's credentials and
@@ -570,6 +571,9 @@ class Asking:
     policy: RetryPolicy = MODEL_RETRY
     plan_budget_tokens: int = PLAN_TOKEN_BUDGET
     max_candidates: int = DEFAULT_CANDIDATES
+
+
+ASKING: Final = Asking()
 
 
 def default_fork_server_command() -> tuple[str, ...]:

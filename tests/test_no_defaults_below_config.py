@@ -20,8 +20,10 @@ from afs.batch.indexes import review_indexes
 from afs.batch.schedule import Cron, Scheduler
 from afs.brains.gemini.brain import GeminiBrain
 from afs.brains.gemini.client import GeminiClient
+from afs.brains.gemini.parsing import MAX_CANDIDATES
 from afs.cli import build_parser
 from afs.config import (
+    ASKING,
     CONNECTING,
     DEFAULT_CANDIDATES,
     DEFAULT_STATEMENT_TIMEOUT_MS,
@@ -199,7 +201,8 @@ def test_the_model_clients_retries_and_how_the_brain_asks_are_configs() -> None:
     assert Asking() == Asking(model_phase_s=Timeouts().model, call_timeout_s=None, policy=MODEL_RETRY,
                               plan_budget_tokens=PLAN_TOKEN_BUDGET, max_candidates=DEFAULT_CANDIDATES)
     assert (Asking().model_phase_s, Asking().plan_budget_tokens, Asking().max_candidates) == (120.0, 4000, 4)
-    assert _default(GeminiBrain, "asking") is None  # None: Asking(), config's
+    assert _default(GeminiBrain, "asking") is None  # None: config's ASKING
+    assert Asking() == ASKING and MAX_CANDIDATES == ASKING.max_candidates == DEFAULT_CANDIDATES
     assert _default(Scheduler.run_forever, "poll_s") == SCHEDULE_POLL_S == 30.0
     assert _default(review_indexes, "min_window_s") is inspect.Parameter.empty
 

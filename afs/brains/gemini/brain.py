@@ -93,6 +93,7 @@ from afs.brains.gemini.parsing import (
 from afs.brains.gemini.syntax import major_of, too_new
 from afs.brains.gemini.withheld import Withheld, withhold
 from afs.config import (
+    ASKING,
     DEFAULT_GEMINI_MODELS,
     GEMINI_DEFAULTS_CHOSEN,
     PLAN_TOKEN_BUDGET,
@@ -561,7 +562,7 @@ class GeminiBrain:
 
     def __init__(self, client: GeminiClient, gemini: GeminiSettings | None = None,
                  asking: Asking | None = None, meter: SpendMeter | None = None) -> None:
-        asking = asking if asking is not None else Asking()
+        asking = asking if asking is not None else ASKING
         self.client = client
         self.max_candidates = asking.max_candidates
         self.gemini = gemini or GeminiSettings()

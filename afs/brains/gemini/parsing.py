@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
+from afs.config import ASKING
 from afs.errors import ModelOutputError, UnsafeSqlError
 from afs.models import (
     PROPOSAL_TYPES,
@@ -60,7 +61,7 @@ ANALYSIS_SCHEMA: Final[Mapping[str, Any]] = {
     },
     "required": ["insights", "proposed_actions", "confidence"],
 }
-MAX_CANDIDATES: Final = 4  # candidate designs asked for in one answer, by default (settings.candidates)
+MAX_CANDIDATES: Final = ASKING.max_candidates  # candidate designs asked for in one answer, by default
 WORK_MEM: Final = "work_mem"  # the one per-query setting offered to the models
 # The reasoning fields come before the SQL fields: a model that does not think writes its reasons
 # first, then the SQL that follows from them. Guidance lives in the descriptions (the prompts
