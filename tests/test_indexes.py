@@ -134,7 +134,9 @@ async def test_new_index_write_cost_is_measured(planted: str, sandbox: SandboxSe
     assert math.isfinite(cost["ms_per_write"])
     assert cost["ms_per_write"] > 0 or not cost["significant"]
     assert cost["writes_per_day"] and cost["writes_per_day"] > 0
-    assert cost["ms_per_day"] == pytest.approx(cost["ms_per_write"] * cost["writes_per_day"], rel=0.01)
+    # ms_per_write is shown to 4 decimals, ms_per_day computed before that rounding: within it
+    slack = 0.00005 * cost["writes_per_day"] + 0.05
+    assert cost["ms_per_day"] == pytest.approx(cost["ms_per_write"] * cost["writes_per_day"], abs=slack)
     assert cost["measured"] and cost["measured"][0]["statement"].startswith("INSERT INTO t")
     # the index was built in the fork only
     async with open_connection(sandbox.dsn(planted)) as target:
