@@ -59,6 +59,7 @@ from afs.replay import (  # the runs in the fork (below the batch: an agent meas
     per_day,
     replay,
     replay_one,
+    write_cost,
 )
 
 __all__ = ["DAY_S", "NotReplayed", "Replayed", "TableWorkload", "WorkStatement", "fill_write", "per_day",
@@ -249,18 +250,3 @@ def _is_select(text: str) -> bool:
 
 def _as_select(table: str) -> str:
     return f"SELECT FROM {table}"
-
-
-def write_cost(replayed: Sequence[Replayed], window_s: float | None) -> dict[str, Any]:
-    """What an index costs the writes (the writes' extra time with it, per call and per day)."""
-    writes = [r for r in replayed if r.statement.kind == "write" and r.with_index is not None]
-    calls = sum(r.statement.calls for r in writes)
-    extra = [(-r.delta_ms, r.statement.calls) for r in writes]  # with minus without: the index's cost
-    ms_per_write = sum(e * c for e, c in extra) / calls if calls else 0.0
-    days = per_day(calls, window_s)
-    return {"ms_per_write": round(ms_per_write, 4),
-            "writes_per_day": None if days is None else round(days, 1),
-            "ms_per_day": None if days is None else round(ms_per_write * days, 1),
-            "measured": [r.public() for r in writes],
-            "significant": any(r.significant for r in writes),
-            "writes": len(writes)}
