@@ -289,6 +289,15 @@ def write_cost(replayed: Sequence[Replayed], window_s: float | None) -> dict[str
 
 
 # -- a proposal's new indexes against the writes a task was given (an agent's fork) -------------
+def net_saving(saved_ms_per_day: float | None, write_cost: Mapping[str, Any] | None) -> float | None:
+    """Read time saved a day minus the measured write cost a day of the new indexes (issue 28: the
+    whole workload, not the one statement); None without both figures. A write cost within the
+    noise counts as measured (its estimate, possibly ~0), not as nothing."""
+    if saved_ms_per_day is None or not write_cost or write_cost.get("ms_per_day") is None:
+        return None
+    return round(saved_ms_per_day - float(write_cost["ms_per_day"]), 1)
+
+
 def new_index_names(proposal: OptimizationProposal) -> dict[str, str]:
     """The proposal's new indexes that it names, by name (as its CREATE INDEX writes it, the
     table's schema before it when given): the table each is on. An index the statement leaves

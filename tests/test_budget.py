@@ -189,7 +189,8 @@ async def test_the_chosen_set_is_measured_together_in_one_fork(
 
 
 def test_the_net_saving_weighs_the_measured_write_cost_against_the_reads() -> None:
-    from afs.batch.report import net_saving, workload_lines
+    from afs.batch.report import workload_lines
+    from afs.replay import net_saving
 
     costly = {"ms_per_write": 0.05, "ms_per_day": 9000.0, "writes_per_day": 180000, "significant": True}
     cheap = {**costly, "ms_per_day": 100.0}

@@ -54,13 +54,13 @@ from afs.batch.replay import (
     table_workload,
     write_cost,
 )
-from afs.batch.report import net_saving
 from afs.batch.statements import Counters, read_counters
 from afs.bench import StopRule
 from afs.config import Settings
 from afs.db import Connection, open_connection
 from afs.errors import AfsError
 from afs.pg.names import quote_ident, quote_qualified
+from afs.replay import net_saving
 from afs.safety import NewIndex, validate_commands, validate_proposal
 from afs.sandbox.forks import open_forks
 from afs.sandbox.importer import imported_copy, origin_of

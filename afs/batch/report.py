@@ -19,14 +19,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from afs.batch.budget import render as render_set
 from afs.errors import InputError
 from afs.models import ParameterSet, StatementParameters, Substitution, TaskResult
 from afs.params.family import apply_parameters
 from afs.params.fill import substitute
+from afs.replay import DAY_S
 from afs.report import model_spend
 from afs.safety import NewIndex, validate_commands
 
-DAY_S = 86_400.0
 SHORT_PERIOD_S = 3_600.0
 
 
@@ -357,8 +358,6 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
                    f"{', '.join(str(q) for q in spend['capped'])}" if spend.get("capped") else "") + ".", ""]
     out += workload_lines(doc)  # issue 28: the new indexes' write costs, the index review
     if doc.get("chosen_set"):  # `--max-storage` (afs.batch.budget)
-        from afs.batch.budget import render as render_set
-
         out += render_set(doc["chosen_set"])
     out += [
             "## Unsolved", ""]
@@ -367,15 +366,6 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     for u in doc["unsolved"]:
         out.append(f"- {u['queryid']}: `{_short(u['query'])}` — {u['status']}: {u['reason'] or '-'}")
     return "\n".join(out) + "\n"
-
-
-def net_saving(saved_ms_per_day: float | None, write_cost: Mapping[str, Any] | None) -> float | None:
-    """Read time saved a day minus the measured write cost a day of the new indexes (issue 28: the
-    whole workload, not the one statement); None without both figures. A write cost within the
-    noise counts as measured (its estimate, possibly ~0), not as nothing."""
-    if saved_ms_per_day is None or not write_cost or write_cost.get("ms_per_day") is None:
-        return None
-    return round(saved_ms_per_day - float(write_cost["ms_per_day"]), 1)
 
 
 def _net_words(net: float | None, write_cost: Mapping[str, Any]) -> str:
