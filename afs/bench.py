@@ -1042,7 +1042,14 @@ async def benchmark(
 
     checks: list[ParameterCheck] = []
     answer_cache: str | None = None
+    slower_past_timeout: str | None = None  # a value where the proposal ran past the timeout
     for member in family:
+        if slower_past_timeout is not None and member.candidate_sql is not None:
+            # slower than the original for one value already: it cannot win (the family gate),
+            # and each more value could wait for the statement timeout again
+            missing.append(f"{member.label}: not measured: the proposal is slower than the original"
+                           f" past the statement timeout for {slower_past_timeout} already")
+            continue
         if member.candidate_sql is None:
             answer_cache = answer_cache or (
                 f"it cannot answer the query for {member.label}: what it reads is a cache of "
@@ -1066,6 +1073,7 @@ async def benchmark(
                 member.label, rewrite=member.candidate_sql != member.baseline_sql,
                 statement_timeout_ms=statement_timeout_ms, original_finished=True, rows=member_before.rows,
                 baseline=timing(known_before) if known_before else None))
+            slower_past_timeout = member.label
             continue
         equivalent = (member_before.rows == after.rows
                       and (not family_exact or member_before.checksum == after.checksum))
@@ -1090,6 +1098,7 @@ async def benchmark(
                     statement_timeout_ms=statement_timeout_ms, original_finished=True,
                     rows=member_before.rows, baseline=timing(known_before) if known_before else None,
                     equivalent=equivalent, differ=differ))
+                slower_past_timeout = member.label
                 continue
             checks.append(ParameterCheck(
                 label=member.label, equivalent=equivalent, slower=slower, rows=member_before.rows,
