@@ -53,7 +53,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
     from afs.config import load_settings
     from afs.errors import AfsError
     from afs.events import Emitter
-    from afs.optimize import Crew, TaskRequest, new_task_id, optimize
+    from afs.optimize import TaskRequest, new_task_id, optimize
     from afs.router import load_rules
     from afs.sandbox.forks import open_forks
     from afs.sandbox.server import SandboxServer
@@ -68,10 +68,14 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
         started = time.monotonic()
         try:
             request = TaskRequest(query=args.query, runs=args.afs_runs or settings.runs)
+            rules = load_rules(settings.routing_rules)
+            try:  # the agents' crew is one argument since 9b15a7b; an older checkout takes three
+                from afs.optimize import Crew  # type: ignore[attr-defined, unused-ignore]
+                crew: dict[str, Any] = {"crew": Crew(forks=client, squad=squad, rules=rules)}
+            except ImportError:
+                crew = {"forks": client, "squad": squad, "rules": rules}
             result = await optimize(settings, request, source=args.db, source_dsn=server.dsn(args.db),
-                                    crew=Crew(forks=client, squad=squad,
-                                              rules=load_rules(settings.routing_rules)),
-                                    events=emitter)
+                                    events=emitter, **crew)
         except AfsError as exc:
             out.update(seconds=time.monotonic() - started, status="failed", error=str(exc)[:300],
                        winner=None, sql=[])
