@@ -42,7 +42,6 @@ from afs.models import (
     IndexInfo,
     OperatorSupport,
     QueryFeatures,
-    QueryVariant,
     TableInfo,
     TaskType,
 )
@@ -400,9 +399,9 @@ async def gather_context(
     query: str,
     features: QueryFeatures,
     source_stats: Mapping[str, SourceStats],
-    suite: tuple[QueryVariant, ...] = (),
 ) -> AnalysisContext:
-    """Run the analysis queries in the fork and build the agent's context.
+    """Run the analysis queries in the fork and build the agent's context (its suite empty:
+    the caller builds the suite from what this finds).
 
     A query that runs past the statement timeout gets a plain EXPLAIN (estimates only)
     and the timeout as its execution time, a lower bound (`AnalysisContext.slow`).
@@ -427,7 +426,7 @@ async def gather_context(
     except DatabaseError:  # the strategists then keep to PostgreSQL's built-in classes
         catalog = CatalogAnswer({}, {})
     return AnalysisContext(task_id=task_id, task_type=task_type, query=query, features=features,
-                           plan=plan, execution_ms=execution_ms, tables=tables, suite=suite,
+                           plan=plan, execution_ms=execution_ms, tables=tables, suite=(),
                            slow=slow, server=server, operator_classes=catalog.operator_classes,
                            index_expressions=catalog.index_expressions)
 

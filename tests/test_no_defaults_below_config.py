@@ -229,8 +229,6 @@ MANY_PARAMETERS = {
     ("testing.py", "reply_stream"): "a fake streamed answer's keyword options",
     ("testing.py", "run_afs"): "mirrors subprocess.run's keyword options",
     ("testing.py", "FakeGemini.__init__"): "the fake server's keyword options",
-    # its one caller in afs is afs/agents.py, being restructured now: it changes with it
-    ("analysis.py", "gather_context"): "called by agents.py, being restructured (TaskMeasurements)",
 }
 
 
