@@ -127,6 +127,18 @@ class AgentJob:
     workload: WriteWorkload | None = None  # the writes of its tables (the batch's): new indexes' cost
 
 
+@dataclass(frozen=True)
+class _InFork:
+    """One agent at work in its fork: the fork's connection, the task, the agent's progress, the
+    task's benchmark slot and its events (what travels together into `_measure_before`)."""
+
+    conn: Connection
+    job: AgentJob
+    state: _Progress
+    bench_limiter: trio.CapacityLimiter
+    events: Emitter
+
+
 @dataclass
 class _Progress:
     """What one agent has got so far (kept for the failure record)."""
@@ -226,7 +238,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             # the first agent of the task measures the queries before any change meanwhile
             if job.measuring.adaptive and not ctx.slow and shared.claim_before():
                 thinking.start_soon(functools.partial(
-                    _measure_before, conn, job, ctx, family, reuse, bench_limiter, events, state))
+                    _measure_before, _InFork(conn, job, state, bench_limiter, events), ctx, family, reuse))
             with trio.fail_after(limits.model):
                 state.analysis = await brain.analyze(agent, ctx)
             events.emit("analysis_completed", agent=agent, fork=state.fork,
@@ -463,8 +475,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             break
         if result.status != "measured" or result.benchmark is None:
             continue
-        revised = await _revise_rewrite(brain, agent, ctx, state, proposal, result.benchmark, limits.model,
-                                        events)
+        revised = await _revise_rewrite(brain, ctx, state, result, limits.model, events)
         if revised is not None:  # measured next, as one more candidate (at most once per agent)
             new_rank = max([*tried, *by_rank]) + 1
             revised_validation, revised_suite, refused = await _admit(conn, revised)
@@ -857,12 +868,12 @@ class _Loop:
         self.state.superseded |= {r for r in self.ranks if r != self.final}
 
 
-async def _measure_before(conn: Connection, job: AgentJob, ctx: AnalysisContext,
-                          family: Sequence[ParameterSet], reuse: Reuse,
-                          bench_limiter: trio.CapacityLimiter, events: Emitter, state: _Progress) -> None:
+async def _measure_before(fork: _InFork, ctx: AnalysisContext, family: Sequence[ParameterSet],
+                          reuse: Reuse) -> None:
     """The suite and the query with other values as they run before any change, measured in
     the benchmark slot while the model writes the proposals (`afs.bench.measure_before`).
     Its own failure costs nothing but the head start: the benchmarks measure what it missed."""
+    conn, job, state, bench_limiter, events = fork.conn, fork.job, fork.state, fork.bench_limiter, fork.events
     others = [sql for pset in family if (sql := apply_parameters(job.query, pset)) is not None]
     async with bench_limiter, server_lock(conn, "benchmark"):
         t0 = trio.current_time()
@@ -958,13 +969,13 @@ def result_check_failure(outcome: BenchmarkOutcome) -> str | None:
             + (f" ({counts} from the rewrite)" if counts else ""))
 
 
-async def _revise_rewrite(brain: Brain, agent: AgentKey, ctx: AnalysisContext, state: _Progress,
-                          proposal: OptimizationProposal, outcome: BenchmarkOutcome, limit_s: float,
-                          events: Emitter) -> OptimizationProposal | None:
-    """The brain's correction of a rewrite that returned other rows (a `RevisingBrain` only, once
-    per agent, within the model time limit); None otherwise. A failed model call costs only the
-    revision: the agent goes on with what it has measured."""
-    reason = result_check_failure(outcome)
+async def _revise_rewrite(brain: Brain, ctx: AnalysisContext, state: _Progress, result: CandidateResult,
+                          limit_s: float, events: Emitter) -> OptimizationProposal | None:
+    """The brain's correction of a measured rewrite (`result`) that returned other rows (a
+    `RevisingBrain` only, once per agent, within the model time limit); None otherwise. A failed
+    model call costs only the revision: the agent goes on with what it has measured."""
+    agent, proposal = state.agent, result.proposal
+    reason = None if result.benchmark is None else result_check_failure(result.benchmark)
     if (reason is None or proposal.rewritten_query is None or not isinstance(brain, RevisingBrain)
             or state.analysis is None or state.revisions >= MAX_REWRITE_REVISIONS):
         return None
