@@ -130,7 +130,7 @@ class AgentJob:
 @dataclass(frozen=True)
 class _InFork:
     """One agent at work in its fork: the fork's connection, the task, the agent's progress, the
-    task's benchmark slot and its events (what travels together into `_measure_before`)."""
+    task's benchmark slot and its events (what travels together into `_work_in_fork`)."""
 
     conn: Connection
     job: AgentJob
@@ -204,8 +204,8 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
                             events.emit("plan_compared", agent=agent, fork=fork.name,
                                         matches=state.plan_check.matches,
                                         differences=list(state.plan_check.differences))
-                        outcome = await _work_in_fork(conn, job, state, brain, bench_limiter,
-                                                      events, enter, shared or TaskMeasurements())
+                        outcome = await _work_in_fork(_InFork(conn, job, state, bench_limiter, events),
+                                                      brain, enter, shared or TaskMeasurements())
                 closing = trio.current_time()
             # how long closing the fork took (its delete through the fork server)
             enter("done", fork_closed_s=round(trio.current_time() - closing, 3))
@@ -222,9 +222,9 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
     return state.outcome("failed", reason)
 
 
-async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain: Brain,
-                        bench_limiter: trio.CapacityLimiter, events: Emitter,
-                        enter: Callable[[str], None], shared: TaskMeasurements) -> AgentOutcome:
+async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None],
+                        shared: TaskMeasurements) -> AgentOutcome:
+    conn, job, state, bench_limiter, events = fork.conn, fork.job, fork.state, fork.bench_limiter, fork.events
     agent, limits = state.agent, job.timeouts
     enter("analysis")
     t0 = trio.current_time()
@@ -238,7 +238,7 @@ async def _work_in_fork(conn: Connection, job: AgentJob, state: _Progress, brain
             # the first agent of the task measures the queries before any change meanwhile
             if job.measuring.adaptive and not ctx.slow and shared.claim_before():
                 thinking.start_soon(functools.partial(
-                    _measure_before, _InFork(conn, job, state, bench_limiter, events), ctx, family, reuse))
+                    _measure_before, fork, ctx, family, reuse))
             with trio.fail_after(limits.model):
                 state.analysis = await brain.analyze(agent, ctx)
             events.emit("analysis_completed", agent=agent, fork=state.fork,

@@ -213,7 +213,6 @@ MAX_PARAMETERS = 6
 MANY_PARAMETERS = {
     # being restructured by another change of issue 24 now (the measuring loop and one agent)
     ("agents.py", "run_agent"): "agents.py is being restructured (TaskMeasurements)",
-    ("agents.py", "_work_in_fork"): "agents.py is being restructured (TaskMeasurements)",
     ("agents.py", "_work_in_fork.measure_design"): "agents.py is being restructured (TaskMeasurements)",
     ("bench.py", "_measure"): "bench.py is being restructured (the measuring policy)",
     ("bench.py", "past_timeout_check"): "bench.py is being restructured (the measuring policy)",
