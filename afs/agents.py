@@ -1180,8 +1180,7 @@ async def _result_checks(conn: Connection, known: Sequence[FamilyQuery], readabl
             after = await result_of(conn, QueryVariant("baseline", member.candidate_sql, False, exact), False)
         except StatementTimeout:  # costs this value (not proven faster), a rewrite stays unproven
             checks.append(past_timeout_check(
-                member.label, rewrite=member.candidate_sql != member.baseline_sql,
-                statement_timeout_ms=timeout_ms, original_finished=False, rows=before.rows))
+                member, statement_timeout_ms=timeout_ms, original_finished=False, rows=before.rows))
             continue
         equivalent = before.rows == after.rows and (not exact or before.checksum == after.checksum)
         differ = "" if equivalent else f"; results differ: {before.rows} rows before, {after.rows} after"

@@ -737,18 +737,30 @@ NOT_FURTHER = "the other queries and values: not measured (the query as given wa
 PAST_TIMEOUT = "the proposal's query exceeds the statement timeout for these values"
 
 
-def past_timeout_check(label: str, *, rewrite: bool, statement_timeout_ms: int, original_finished: bool,
-                       rows: int = 0, baseline: Timing | None = None, equivalent: bool | None = None,
-                       differ: str = "") -> ParameterCheck:
-    """The check of one other parameter value where the proposal's query (its rows or its
-    timing) ran past the statement timeout: the value costs the design, the step does not fail.
+@dataclass(frozen=True)
+class RowsCompared:
+    """The proposal's rows for one other value, compared with the original's before its timing
+    ran past the statement timeout (`past_timeout_check`)."""
+
+    equivalent: bool
+    differ: str  # "" when equivalent, else how the results differ ("; results differ: …")
+
+
+def past_timeout_check(member: FamilyQuery, *, statement_timeout_ms: int, original_finished: bool,
+                       rows: int = 0, baseline: Timing | None = None,
+                       compared: RowsCompared | None = None) -> ParameterCheck:
+    """The check of one other parameter value (`member`) where the proposal's query (its rows or
+    its timing) ran past the statement timeout: the value costs the design, the step does not fail.
 
     Its time counts as at least the timeout (a lower bound); it is slower than the original
     when the original finished within the timeout (`original_finished`), else not proven
-    faster. Its rows: `equivalent` when they were compared; else (None) a rewrite stays
-    unproven (not equivalent: it can never win), while an index or a setting runs the same
-    query, whose rows do not depend on the plan.
+    faster. Its rows: as `compared` when they were; else (None) a rewrite (the member's query
+    changed) stays unproven (not equivalent: it can never win), while an index or a setting runs
+    the same query, whose rows do not depend on the plan.
     """
+    label, rewrite = member.label, member.candidate_sql != member.baseline_sql
+    equivalent = None if compared is None else compared.equivalent
+    differ = "" if compared is None else compared.differ
     ms = float(statement_timeout_ms)
     cost = Timing(median_ms=ms, spread_ms=0.0, runs=1, buffers=0, lower_bound=True, min_ms=ms, max_ms=ms)
     if equivalent is not None:
@@ -1070,9 +1082,8 @@ async def benchmark(
             after = await checked(other, family_ordered, unchanged_after)
         except StatementTimeout:  # costs this value; the design's other figures stand
             checks.append(past_timeout_check(
-                member.label, rewrite=member.candidate_sql != member.baseline_sql,
-                statement_timeout_ms=statement_timeout_ms, original_finished=True, rows=member_before.rows,
-                baseline=timing(known_before) if known_before else None))
+                member, statement_timeout_ms=statement_timeout_ms, original_finished=True,
+                rows=member_before.rows, baseline=timing(known_before) if known_before else None))
             slower_past_timeout = member.label
             continue
         equivalent = (member_before.rows == after.rows
@@ -1094,10 +1105,9 @@ async def benchmark(
                 differ = ("" if equivalent else f"; results differ: {member_before.rows} rows before, "
                           f"{after.rows} after")
                 checks.append(past_timeout_check(
-                    member.label, rewrite=member.candidate_sql != member.baseline_sql,
-                    statement_timeout_ms=statement_timeout_ms, original_finished=True,
+                    member, statement_timeout_ms=statement_timeout_ms, original_finished=True,
                     rows=member_before.rows, baseline=timing(known_before) if known_before else None,
-                    equivalent=equivalent, differ=differ))
+                    compared=RowsCompared(equivalent, differ)))
                 slower_past_timeout = member.label
                 continue
             checks.append(ParameterCheck(

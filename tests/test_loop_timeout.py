@@ -6,10 +6,11 @@ and which indexes a loop step keeps in place rather than building them again."""
 from __future__ import annotations
 
 from afs.agents import held_commands, remaining_time
-from afs.bench import past_timeout_check
+from afs.bench import RowsCompared, past_timeout_check
 from afs.models import (
     BenchmarkOutcome,
     EstimatedImpact,
+    FamilyQuery,
     Measurement,
     OptimizationProposal,
     ParameterCheck,
@@ -31,8 +32,9 @@ def _outcome(*checks: ParameterCheck) -> BenchmarkOutcome:
 
 
 def test_an_index_past_the_timeout_for_one_value_costs_that_value_at_least_the_timeout() -> None:
-    check = past_timeout_check("hired_on = 2020-01-01", rewrite=False, statement_timeout_ms=TIMEOUT_MS,
-                               original_finished=True, rows=9000, baseline=_timing(3000.0))
+    check = past_timeout_check(FamilyQuery("hired_on = 2020-01-01", "SELECT 1", "SELECT 1"),
+                               statement_timeout_ms=TIMEOUT_MS, original_finished=True, rows=9000,
+                               baseline=_timing(3000.0))
     assert check.optimized is not None and check.optimized.lower_bound
     assert check.optimized.median_ms == TIMEOUT_MS
     # the same query: its rows do not depend on the plan; slower than the original that finished
@@ -46,8 +48,8 @@ def test_an_index_past_the_timeout_for_one_value_costs_that_value_at_least_the_t
 
 
 def test_a_rewrite_whose_rows_could_not_be_read_stays_unproven() -> None:
-    check = past_timeout_check("hired_on = 2020-01-01", rewrite=True, statement_timeout_ms=TIMEOUT_MS,
-                               original_finished=False)
+    check = past_timeout_check(FamilyQuery("hired_on = 2020-01-01", "SELECT 1", "SELECT 2"),
+                               statement_timeout_ms=TIMEOUT_MS, original_finished=False)
     assert not check.equivalent and not check.slower  # the original ran past the timeout as well
     assert check.note.startswith("not proven")
     outcome = _outcome(check)
@@ -56,11 +58,12 @@ def test_a_rewrite_whose_rows_could_not_be_read_stays_unproven() -> None:
 
 
 def test_rows_compared_before_the_timing_timed_out_keep_their_verdict() -> None:
-    same = past_timeout_check("v", rewrite=True, statement_timeout_ms=TIMEOUT_MS, original_finished=True,
-                              equivalent=True)
+    same = past_timeout_check(FamilyQuery("v", "SELECT 1", "SELECT 2"), statement_timeout_ms=TIMEOUT_MS,
+                              original_finished=True, compared=RowsCompared(True, ""))
     assert same.equivalent and same.slower and same.note.startswith("not timed")
-    differ = past_timeout_check("v", rewrite=False, statement_timeout_ms=TIMEOUT_MS, original_finished=True,
-                                equivalent=False, differ="; results differ: 3 rows before, 2 after")
+    differ = past_timeout_check(FamilyQuery("v", "SELECT 1", "SELECT 1"), statement_timeout_ms=TIMEOUT_MS,
+                                original_finished=True,
+                                compared=RowsCompared(False, "; results differ: 3 rows before, 2 after"))
     assert not differ.equivalent and differ.note.endswith("2 after")
 
 
