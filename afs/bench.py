@@ -400,16 +400,30 @@ class Figure:
     reused: int = 0
 
 
+@dataclass(frozen=True)
+class Runners:
+    """One run of each side of a figure (`_measure`): the query before the change, the query after it."""
+
+    baseline: Callable[[], Awaitable[Sample]]
+    candidate: Callable[[], Awaitable[Sample]]
+
+
+@dataclass(frozen=True)
+class Warm:
+    """Which sides of a figure ran already in this fork (a side that did not gets a warm-up run)."""
+
+    baseline: bool
+    candidate: bool
+
+
 async def _measure(
-    run_baseline: Callable[[], Awaitable[Sample]],
-    run_candidate: Callable[[], Awaitable[Sample]],
+    runners: Runners,
     rule: StopRule,
     budget: Budget,
     *,
     prior: Sequence[Sample] = (),
     drift: Drift | None = None,
-    warm_baseline: bool = False,
-    warm_candidate: bool = False,
+    warm: Warm,
 ) -> Figure:
     """One figure: against `prior` (baseline runs reused, see the module's notes) when given,
     else baseline and candidate alternately until `stop_reason` says stop. A side that is
@@ -417,6 +431,8 @@ async def _measure(
     made against a prior of at least `min_runs` runs. A shorter prior (`runs_ahead`) stands
     alone only for a large effect (`large_effect`); otherwise it is topped up with fresh runs
     to `min_runs` before any other verdict."""
+    run_baseline, run_candidate = runners.baseline, runners.candidate
+    warm_baseline, warm_candidate = warm.baseline, warm.candidate
     started, allowance = trio.current_time(), budget.allowance()
     drift = drift if drift is not None else Drift()
 
@@ -989,11 +1005,11 @@ async def benchmark(
         """One interleaved figure, reusing the task's baseline runs where they hold."""
         prior = (memo.baselines.get(baseline_sql, ()) if memo is not None and sides.pristine else ())
         measured = await _measure(
-            functools.partial(sides.baseline, baseline_sql),
-            functools.partial(sides.candidate, candidate_sql), stop, budget, prior=prior, drift=drift,
-            warm_baseline=warm(baseline_sql),
+            Runners(functools.partial(sides.baseline, baseline_sql),
+                    functools.partial(sides.candidate, candidate_sql)),
+            stop, budget, prior=prior, drift=drift,
             # settings change the plan: the checksum run (without them) warmed other pages
-            warm_candidate=warm(candidate_sql) and not settings)
+            warm=Warm(baseline=warm(baseline_sql), candidate=warm(candidate_sql) and not settings))
         if memo is not None:
             memo.warm.update((baseline_sql, candidate_sql))
             if sides.pristine and len(measured.baseline) > measured.reused:  # fresh runs to keep

@@ -12,8 +12,10 @@ from afs.bench import (
     Drift,
     Result,
     Reuse,
+    Runners,
     Sample,
     StopRule,
+    Warm,
     _agrees,
     _far_apart,
     _measure,
@@ -228,8 +230,8 @@ async def test_after_drift_the_runs_that_found_it_are_the_first_pair() -> None:
         order.append("c")
         return Sample(next(candidate_ms), 0)
 
-    figure = await _measure(run_baseline, run_candidate, RULE, Budget(60.0, 1),
-                            prior=samples(990.0, 1000.0, 1010.0), warm_baseline=True, warm_candidate=True)
+    figure = await _measure(Runners(run_baseline, run_candidate), RULE, Budget(60.0, 1),
+                            prior=samples(990.0, 1000.0, 1010.0), warm=Warm(True, True))
     assert [s.ms for s in figure.baseline] == [1490.0, 1510.0, 1505.0]
     assert [s.ms for s in figure.candidate] == [1400.0, 1460.0, 1560.0]
     assert figure.stopped == "overlap" and figure.reused == 0
@@ -256,18 +258,18 @@ class Runs:
 async def test_one_fresh_baseline_run_vouches_for_the_candidates_other_figures() -> None:
     drift, prior = Drift(), samples(990.0, 1000.0, 1010.0)
     first = Runs([1005.0], [400.0, 410.0, 405.0])  # close (2.5x): one fresh run, which agrees
-    one = await _measure(first.baseline, first.candidate, RULE, Budget(60.0, 2), prior=prior,
-                         drift=drift, warm_baseline=True, warm_candidate=True)
+    one = await _measure(Runners(first.baseline, first.candidate), RULE, Budget(60.0, 2), prior=prior,
+                         drift=drift, warm=Warm(True, True))
     assert drift.held is True and first.order == ["c", "b", "c", "c"]
     assert one.reused == 3 and len(one.baseline) == 4 and one.stopped == "separated"
     second = Runs([], [395.0, 400.0, 402.0])  # the next close figure: no baseline run at all
-    two = await _measure(second.baseline, second.candidate, RULE, Budget(60.0, 1), prior=prior,
-                         drift=drift, warm_baseline=True, warm_candidate=True)
+    two = await _measure(Runners(second.baseline, second.candidate), RULE, Budget(60.0, 1), prior=prior,
+                         drift=drift, warm=Warm(True, True))
     assert second.order == ["c", "c", "c"] and two.reused == 3 and two.stopped == "separated"
     # without the shared check, the second figure would have made its own fresh run
     alone = Runs([1000.0], [395.0, 400.0, 402.0])
-    await _measure(alone.baseline, alone.candidate, RULE, Budget(60.0, 1), prior=prior,
-                   warm_baseline=True, warm_candidate=True)
+    await _measure(Runners(alone.baseline, alone.candidate), RULE, Budget(60.0, 1), prior=prior,
+                   warm=Warm(True, True))
     assert alone.order.count("b") == 1
 
 
@@ -275,15 +277,15 @@ async def test_one_noisy_fresh_run_is_not_drift() -> None:
     drift, prior = Drift(), samples(990.0, 1000.0, 1010.0)
     # the first fresh run is off (1300 ms), the second agrees: noise, not drift
     first = Runs([1300.0, 1002.0], [400.0, 410.0, 405.0])
-    one = await _measure(first.baseline, first.candidate, RULE, Budget(60.0, 2), prior=prior,
-                         drift=drift, warm_baseline=True, warm_candidate=True)
+    one = await _measure(Runners(first.baseline, first.candidate), RULE, Budget(60.0, 2), prior=prior,
+                         drift=drift, warm=Warm(True, True))
     assert drift.held is True and first.order == ["c", "b", "b", "c", "c"]
     assert one.reused == 3 and [s.ms for s in one.baseline[3:]] == [1300.0, 1002.0]
     assert one.stopped == "separated"
     assert "2 fresh runs, the last of which agreed" in _reuse_note(one)
     second = Runs([], [395.0, 400.0, 402.0])  # the candidate's next close figure stands on the reused runs
-    two = await _measure(second.baseline, second.candidate, RULE, Budget(60.0, 1), prior=prior,
-                         drift=drift, warm_baseline=True, warm_candidate=True)
+    two = await _measure(Runners(second.baseline, second.candidate), RULE, Budget(60.0, 1), prior=prior,
+                         drift=drift, warm=Warm(True, True))
     assert second.order == ["c", "c", "c"] and two.reused == 3
 
 
@@ -328,8 +330,8 @@ def runs_with_buffers(baseline: list[tuple[float, int]], candidate: list[tuple[f
 async def test_one_baseline_run_ahead_settles_a_large_effect() -> None:
     prior = (Sample(2700.0, 250_000),)  # Measuring.runs_ahead: one run before any candidate
     runs = runs_with_buffers([], [(1.0, 40), (1.1, 40), (0.9, 40)])
-    figure = await _measure(runs.baseline, runs.candidate, RULE, Budget(60.0, 1), prior=prior,
-                            warm_baseline=False, warm_candidate=True)
+    figure = await _measure(Runners(runs.baseline, runs.candidate), RULE, Budget(60.0, 1), prior=prior,
+                            warm=Warm(False, True))
     assert runs.order == ["c", "c", "c"]  # no baseline run: not even a warm-up
     assert figure.stopped == "large" and figure.reused == 1 and len(figure.baseline) == 1
 
@@ -340,15 +342,15 @@ async def test_a_small_effect_tops_the_baseline_up_to_the_minimum() -> None:
     prior = (Sample(1000.0, 5000),)
     runs = runs_with_buffers([(1000.0, 5000), (990.0, 5000), (1010.0, 5000)],
                              [(400.0, 100), (410.0, 100), (405.0, 100)])
-    figure = await _measure(runs.baseline, runs.candidate, RULE, Budget(60.0, 1), prior=prior,
-                            warm_baseline=False, warm_candidate=True)
+    figure = await _measure(Runners(runs.baseline, runs.candidate), RULE, Budget(60.0, 1), prior=prior,
+                            warm=Warm(False, True))
     assert runs.order == ["c", "b", "b", "b", "c", "c"]
     assert len(figure.baseline) == 3 and figure.reused == 1 and figure.stopped == "separated"
     # a large effect whose buffers do not agree (the same pages, read faster) is measured as a small one
     same_pages = runs_with_buffers([(1000.0, 5000), (990.0, 5000), (1010.0, 5000)],
                                    [(10.0, 5000), (11.0, 5000), (10.5, 5000)])
-    figure = await _measure(same_pages.baseline, same_pages.candidate, RULE, Budget(60.0, 1),
-                            prior=prior, warm_baseline=True, warm_candidate=True)
+    figure = await _measure(Runners(same_pages.baseline, same_pages.candidate), RULE, Budget(60.0, 1),
+                            prior=prior, warm=Warm(True, True))
     assert len(figure.baseline) == 3 and figure.stopped == "separated"
 
 
@@ -357,8 +359,8 @@ async def test_a_large_effect_that_does_not_last_is_topped_up() -> None:
     # the first candidate run is 100x faster, the second only 2x: the baseline is topped up
     runs = runs_with_buffers([(1000.0, 5000), (1005.0, 5000)],
                              [(10.0, 100), (500.0, 100), (11.0, 100), (12.0, 100), (10.0, 100)])
-    figure = await _measure(runs.baseline, runs.candidate, RULE, Budget(60.0, 1), prior=prior,
-                            warm_baseline=True, warm_candidate=True)
+    figure = await _measure(Runners(runs.baseline, runs.candidate), RULE, Budget(60.0, 1), prior=prior,
+                            warm=Warm(True, True))
     assert runs.order[:4] == ["c", "c", "b", "b"]
     assert len(figure.baseline) == 3 and figure.stopped != "large"
 
@@ -367,13 +369,13 @@ async def test_after_drift_every_later_figure_of_the_candidate_is_measured_afres
     drift, prior = Drift(), samples(990.0, 1000.0, 1010.0)
     # both fresh runs disagree: the machine has drifted
     first = Runs([1500.0, 1490.0, 1510.0, 1505.0], [400.0, 410.0, 405.0])
-    measured = await _measure(first.baseline, first.candidate, RULE, Budget(60.0, 2), prior=prior,
-                              drift=drift, warm_baseline=True, warm_candidate=True)
+    measured = await _measure(Runners(first.baseline, first.candidate), RULE, Budget(60.0, 2), prior=prior,
+                              drift=drift, warm=Warm(True, True))
     assert drift.held is False and measured.reused == 0
     assert [s.ms for s in measured.baseline] == [1490.0, 1510.0, 1505.0]
     second = Runs([1500.0, 1495.0, 1505.0], [1.0, 1.1, 1.2])  # far apart, yet the reused runs are stale
-    two = await _measure(second.baseline, second.candidate, RULE, Budget(60.0, 1), prior=prior,
-                         drift=drift, warm_baseline=True, warm_candidate=True)
+    two = await _measure(Runners(second.baseline, second.candidate), RULE, Budget(60.0, 1), prior=prior,
+                         drift=drift, warm=Warm(True, True))
     assert two.reused == 0 and [s.ms for s in two.baseline] == [1500.0, 1495.0, 1505.0]
     assert second.order == ["b", "c", "c", "b", "b", "c"]
 
