@@ -332,14 +332,13 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
 
     async def measure_design(rank: int, proposal: OptimizationProposal, validation: ValidationResult,
                              candidate_suite: tuple[QueryVariant, ...] | None,
-                             must_beat: Timing | None = None, held: tuple[str, ...] = (),
-                             held_s: float = 0.0,
+                             step: _StepBefore | None = None,
                              members: tuple[FamilyQuery, ...] | None = None) -> CandidateResult | None:
         """One design measured (or its measurement taken from the agent that measures it):
         its result, also in `tried`; None when the fork's state is unknown after it.
-        `must_beat`: a loop step's step before: measured slower than it (not `beats`) on the
-        query as given, the step is measured no further (that measurement is not shared).
-        `held`: its leading index builds, in place in the fork already (`afs.bench.benchmark`)."""
+        `step`: a loop step's, what its step before leaves it (`_StepBefore`)."""
+        must_beat, held, held_s = ((step.must_beat, step.held, step.held_s) if step is not None
+                                   else (None, (), 0.0))
         measured_here = False
         short = False
 
@@ -522,8 +521,20 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
 
 
 # -- the loop: the best design, the plan with it in place, the next design ------------------------
+@dataclass(frozen=True)
+class _StepBefore:
+    """What a loop step's measurement takes from its step before. `must_beat`: the step before's
+    timing: measured slower than it (not `beats`) on the query as given, the step is measured no
+    further (that measurement is not shared). `held`: the step's leading index builds, in place in
+    the fork already, and `held_s` the time they took (`afs.bench.benchmark`)."""
+
+    must_beat: Timing | None
+    held: tuple[str, ...]
+    held_s: float
+
+
 MeasureDesign = Callable[[int, OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None,
-                          Timing | None, tuple[str, ...], float], Awaitable[CandidateResult | None]]
+                          _StepBefore], Awaitable[CandidateResult | None]]
 
 
 class _Short(Exception):
@@ -785,7 +796,8 @@ class _Loop:
             rank = max([*self.tried, *self.by_rank], default=0) + 1
             self.by_rank[rank] = (extended, validation, candidate_suite)
             held_s = current.benchmark.apply_s if held and current is not None and current.benchmark else 0.0
-            result = await self.measure(rank, extended, validation, candidate_suite, previous, held, held_s)
+            result = await self.measure(rank, extended, validation, candidate_suite,
+                                        _StepBefore(previous, held, held_s))
             self.ranks.append(rank)
             new = query_timing(result.benchmark) if result is not None else None
             if previous is None and result is not None:  # the first design: against the query as given
