@@ -334,10 +334,6 @@ async def new_indexes_in_fork(conn: Connection, proposal: OptimizationProposal) 
     return found
 
 
-def _bare(table: str) -> str:
-    return table.lower().rsplit(".", 1)[-1].strip('"')
-
-
 def measured_cost(replayed: Sequence[tuple[Replayed, float | None]], reads_per_day: float | None,
                   note: str = "") -> WriteCost:
     """The writes' extra time with the indexes (pure), from each replayed write and its observed
@@ -366,9 +362,12 @@ async def fork_write_cost(conn: Connection, proposal: OptimizationProposal,
     names = await new_indexes_in_fork(conn, proposal)
     if not names:
         return None
-    tables = {_bare(t) for t in names.values()}
-    check_workload(workload, tables | {_bare(w.table) for w in workload.writes})  # again: what runs here
-    writes = [w for w in workload.writes if _bare(w.table) in tables]
+    check_workload(workload, {w.table for w in workload.writes})  # again, the statements: what runs here
+    # which relation a name means is the fork's to say (its search_path), not the text's last part
+    oids = {t: await conn.fetchval("SELECT to_regclass(%s)::oid", (t,))
+            for t in {*names.values(), *(w.table for w in workload.writes)}}
+    indexed = {oids[t] for t in names.values()} - {None}
+    writes = [w for w in workload.writes if oids[w.table] in indexed]
     if not writes:
         return None
     rule = StopRule.of(policy)
@@ -382,7 +381,7 @@ async def fork_write_cost(conn: Connection, proposal: OptimizationProposal,
             continue
         work = WorkStatement(None, write.statement, write.query, "write", write.table, write.calls, 0.0,
                              write.values)
-        mine = tuple(name for name, table in names.items() if _bare(table) == _bare(write.table))
+        mine = tuple(name for name, table in names.items() if oids[table] == oids[write.table])
         replayed.append((await replay_one(conn, work, mine, rule), write.per_day))
     failed = [r.note for r, _ in replayed if r.with_index is None and r.note]
     notes = ([f"{len(left)} write(s) not replayed: the measuring budget ran out"]
