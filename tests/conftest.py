@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -121,3 +121,30 @@ def own_home() -> Iterator[Path]:
             SandboxServer(load_settings({"AFS_HOME": str(home)})).destroy()
         finally:
             shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def scratch_database(sandbox: SandboxServer) -> Iterator[Callable[[str, str], str]]:
+    """make(prefix, schema) → the DSN of a new database in the sandbox with `schema` run in it
+    (statements split on ';'); every database made is dropped after the test, whatever happens."""
+    import psycopg
+
+    made: list[str] = []
+
+    def make(prefix: str, schema: str) -> str:
+        name = prefix + os.urandom(3).hex()
+        with psycopg.connect(sandbox.dsn(), autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {name}")
+        made.append(name)
+        with psycopg.connect(sandbox.dsn(name), autocommit=True) as conn:
+            for statement in schema.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        return sandbox.dsn(name)
+
+    try:
+        yield make
+    finally:
+        with psycopg.connect(sandbox.dsn(), autocommit=True) as admin:
+            for name in made:
+                admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -5,8 +5,7 @@ from the planner's estimates: a SubPlan's executions, the rows a filter removes.
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 import pytest
 
@@ -16,7 +15,6 @@ from afs.db import Connection, open_connection
 from afs.models import AnalysisContext
 from afs.pg.plan import plan_nodes, plan_of
 from afs.query.features import extract_features
-from afs.sandbox.server import SandboxServer
 
 SCHEMA = """
 CREATE TABLE readings (id bigint PRIMARY KEY, sensor_id int NOT NULL, value int NOT NULL,
@@ -45,19 +43,8 @@ RANGE_JOIN = ("SELECT b.region, count(*) FROM hits h JOIN blocks b ON h.point BE
 
 
 @pytest.fixture
-async def db(sandbox: SandboxServer) -> AsyncIterator[str]:
-    name = "afs_estimated_" + os.urandom(3).hex()
-    async with open_connection(sandbox.dsn()) as admin:
-        await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        async with open_connection(sandbox.dsn(name)) as conn:
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    await conn.execute(statement)
-        yield sandbox.dsn(name)
-    finally:
-        async with open_connection(sandbox.dsn()) as admin:
-            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+def db(scratch_database: Callable[[str, str], str]) -> str:
+    return scratch_database("afs_estimated_", SCHEMA)
 
 
 async def context(conn: Connection, query: str) -> AnalysisContext:

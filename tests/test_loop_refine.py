@@ -3,8 +3,7 @@ PostgreSQL, and the loop's rule for keeping a step (afs.agents.beats)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from afs.db import Connection, open_connection
 from afs.models import AnalysisContext, EstimatedImpact, OptimizationProposal, Timing
 from afs.pg.bottleneck import bottlenecks
 from afs.query.features import extract_features
-from afs.sandbox.server import SandboxServer
 
 SCHEMA = """
 CREATE TABLE customers (id bigint PRIMARY KEY, region int NOT NULL, name text NOT NULL);
@@ -31,19 +29,8 @@ VACUUM ANALYZE
 
 
 @pytest.fixture
-async def db(sandbox: SandboxServer) -> AsyncIterator[str]:
-    name = "afs_refine_" + os.urandom(3).hex()
-    async with open_connection(sandbox.dsn()) as admin:
-        await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        async with open_connection(sandbox.dsn(name)) as conn:
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    await conn.execute(statement)
-        yield sandbox.dsn(name)
-    finally:
-        async with open_connection(sandbox.dsn()) as admin:
-            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+def db(scratch_database: Callable[[str, str], str]) -> str:
+    return scratch_database("afs_refine_", SCHEMA)
 
 
 async def context(conn: Connection, query: str) -> AnalysisContext:
