@@ -35,7 +35,9 @@ import trio
 from afs.analysis import SourceStats, explain_analyze, gather_context
 from afs.bench import (
     MIN_EFFECT,
+    Earlier,
     Reuse,
+    Suites,
     TaskMeasurements,
     benchmark,
     hideable_indexes,
@@ -362,9 +364,11 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
                 with trio.fail_after(limits.benchmark + job.measuring.slow_cap_s):
                     rows_kept = await _rows_kept(conn, proposal)
                     outcome = await benchmark(
-                        conn, suite, proposal, policy=job.measuring, candidate_suite=candidate_suite,
-                        tables=job.features.tables, skipped=state.skipped, family=timed,
-                        known_slow=ctx.slow, reuse=reuse, enough=enough, held=held, held_s=held_s)
+                        conn, Suites(suite, job.features.tables, candidate_suite=candidate_suite,
+                                     skipped=state.skipped, family=timed),
+                        proposal, policy=job.measuring,
+                        earlier=Earlier(known_slow=ctx.slow, reuse=reuse, enough=enough, held=held,
+                                        held_s=held_s))
                     in_place.proposal = proposal  # the benchmark leaves it applied
                     await rows_kept()
                     if short:  # not the whole measurement: not for another agent to take

@@ -819,23 +819,47 @@ def _timings(figure: Figure) -> tuple[Timing, Timing]:
     return base, timing(figure.candidate)
 
 
+@dataclass(frozen=True)
+class Suites:
+    """What one benchmark measures (`benchmark`): the suite before the change, the candidate's
+    suite after it (None: the same), the tables whose size counts, what is known skipped
+    already, and the query with other parameter values."""
+
+    suite: Sequence[QueryVariant]
+    tables: Sequence[str]
+    candidate_suite: Sequence[QueryVariant] | None = None
+    skipped: Sequence[str] = ()
+    family: Sequence[FamilyQuery] = ()
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """What a task's earlier measurements lend one benchmark (`benchmark`): the query as given
+    known past the statement timeout, the runs and results to reuse, and a loop step's own:
+    when to stop (`enough`) and the index builds its step before holds in place (`held`, built
+    in `held_s`)."""
+
+    known_slow: bool = False
+    reuse: Reuse | None = None
+    enough: Callable[[Timing], bool] | None = None
+    held: Sequence[str] = ()
+    held_s: float = 0.0
+
+
+NOTHING_EARLIER = Earlier()  # a benchmark on its own
+
+
 async def benchmark(
     conn: Connection,
-    suite: Sequence[QueryVariant],
+    suites: Suites,
     proposal: OptimizationProposal,
     *,
     policy: Measuring,
-    candidate_suite: Sequence[QueryVariant] | None = None,
-    tables: Sequence[str],
-    skipped: Sequence[str] = (),
-    family: Sequence[FamilyQuery] = (),
-    known_slow: bool = False,
-    reuse: Reuse | None = None,
-    enough: Callable[[Timing], bool] | None = None,
-    held: Sequence[str] = (),
-    held_s: float = 0.0,
+    earlier: Earlier = NOTHING_EARLIER,
 ) -> BenchmarkOutcome:
-    """Measure `suite` before and `candidate_suite` (default: the same) after the proposal.
+    """Measure `suite` before and `candidate_suite` (default: the same) after the proposal
+    (`suites`, with `tables`, `skipped` and `family`; what `earlier` lends: `known_slow`, `reuse`,
+    `enough`, `held`, `held_s`).
 
     Each suite query runs at least `policy.min_runs` and at most `policy.runs` times a side
     (see `stop_reason`), all of them within `policy.budget_s` seconds of query time.
@@ -856,6 +880,10 @@ async def benchmark(
     design a loop step extends, left in place; `held_s` their build time): not built again,
     their size and build time still count; the baseline hides them with the new indexes.
     """
+    suite, candidate_suite, tables, skipped, family = (
+        suites.suite, suites.candidate_suite, suites.tables, suites.skipped, suites.family)
+    known_slow, reuse, enough, held, held_s = (
+        earlier.known_slow, earlier.reuse, earlier.enough, earlier.held, earlier.held_s)
     rule = StopRule.of(policy)
     family_rule = StopRule.of(policy, policy.family_runs)
     memo = reuse if rule.min_runs < rule.max_runs else None

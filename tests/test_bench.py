@@ -10,11 +10,13 @@ import pytest
 from afs.bench import (
     Budget,
     Drift,
+    Earlier,
     Result,
     Reuse,
     Runners,
     Sample,
     StopRule,
+    Suites,
     Warm,
     _agrees,
     _far_apart,
@@ -409,8 +411,8 @@ async def measure_index(conn: Connection, sql: str, index_sql: str, name: str,
                         policy: Measuring) -> Measurement:
     """One benchmark of one index proposal, the index dropped afterwards (the next attempt starts clean)."""
     try:
-        outcome = await benchmark(conn, suite(sql), index_proposal(index_sql.format(name=name)),
-                                  tables=("orders",), policy=policy)
+        outcome = await benchmark(conn, Suites(suite(sql), ("orders",)),
+                                  index_proposal(index_sql.format(name=name)), policy=policy)
     finally:
         await conn.execute(f"DROP INDEX IF EXISTS {name}")
     (m,) = outcome.measurements
@@ -451,14 +453,14 @@ async def test_a_useless_index_stops_within_the_noise_or_at_the_maximum(fork_con
 
 @pytest.mark.usefixtures("no_leaked_forks")
 async def test_the_budget_and_the_fixed_count(fork_conn: Connection) -> None:
-    tiny = await benchmark(fork_conn, suite(SLOW_SCAN),
+    tiny = await benchmark(fork_conn, Suites(suite(SLOW_SCAN), ("orders",)),
                            index_proposal("CREATE INDEX bench_o1 ON orders (status)"),
-                           tables=("orders",), policy=Measuring(runs=5, min_runs=3, budget_s=0.001))
+                           policy=Measuring(runs=5, min_runs=3, budget_s=0.001))
     (m,) = tiny.measurements
     assert m.stopped == "budget" and m.baseline.runs == m.optimized.runs == 1
-    fixed = await benchmark(fork_conn, suite(QUERY),
+    fixed = await benchmark(fork_conn, Suites(suite(QUERY), ("orders",)),
                             index_proposal("CREATE INDEX bench_o2 ON orders (user_id)"),
-                            tables=("orders",), policy=Measuring(runs=4, min_runs=4))
+                            policy=Measuring(runs=4, min_runs=4))
     (m,) = fixed.measurements
     assert m.baseline.runs == m.optimized.runs == 4 and m.significant
 
@@ -466,17 +468,17 @@ async def test_the_budget_and_the_fixed_count(fork_conn: Connection) -> None:
 @pytest.mark.usefixtures("no_leaked_forks")
 async def test_a_later_candidate_reuses_the_baseline_runs_of_the_task(fork_conn: Connection) -> None:
     reuse = Reuse()
-    first = await benchmark(fork_conn, suite(SLOW_SCAN),
+    first = await benchmark(fork_conn, Suites(suite(SLOW_SCAN), ("orders",)),
                             index_proposal("CREATE INDEX bench_r1 ON orders (status)"),
-                            tables=("orders",), policy=ADAPTIVE, reuse=reuse.for_fork())
+                            policy=ADAPTIVE, earlier=Earlier(reuse=reuse.for_fork()))
     (m,) = first.measurements
     assert m.baseline.reused == 0 and SLOW_SCAN in reuse.baselines
     assert len(reuse.baselines[SLOW_SCAN]) == m.baseline.runs
     kept = [s.ms for s in reuse.baselines[SLOW_SCAN]]
     # an index that makes the scan 3x faster or more: reused runs, no fresh baseline run
     faster = "CREATE INDEX bench_r2 ON orders (total_amount)"
-    second = await benchmark(fork_conn, suite(SLOW_SCAN), index_proposal(faster),
-                             tables=("orders",), policy=ADAPTIVE, reuse=reuse.for_fork())
+    second = await benchmark(fork_conn, Suites(suite(SLOW_SCAN), ("orders",)), index_proposal(faster),
+                             policy=ADAPTIVE, earlier=Earlier(reuse=reuse.for_fork()))
     (m,) = second.measurements
     if m.baseline.reused:
         assert m.baseline.runs >= m.baseline.reused and "reused from an earlier measurement" in m.note
@@ -493,12 +495,12 @@ async def test_a_later_candidate_reuses_the_baseline_runs_of_the_task(fork_conn:
 async def test_a_close_candidate_gets_a_fresh_baseline_run(fork_conn: Connection) -> None:
     reuse = Reuse()
     useless = "CREATE INDEX bench_c1 ON orders (shipping_country)"
-    await benchmark(fork_conn, suite(SLOW_SCAN), index_proposal(useless), tables=("orders",),
-                    policy=ADAPTIVE, reuse=reuse)
+    await benchmark(fork_conn, Suites(suite(SLOW_SCAN), ("orders",)), index_proposal(useless),
+                    policy=ADAPTIVE, earlier=Earlier(reuse=reuse))
     kept = reuse.baselines[SLOW_SCAN]
-    second = await benchmark(fork_conn, suite(SLOW_SCAN),
+    second = await benchmark(fork_conn, Suites(suite(SLOW_SCAN), ("orders",)),
                              index_proposal("CREATE INDEX bench_c2 ON orders (shipping_country)"),
-                             tables=("orders",), policy=ADAPTIVE, reuse=reuse)
+                             policy=ADAPTIVE, earlier=Earlier(reuse=reuse))
     (m,) = second.measurements
     if m.baseline.reused:  # a fresh run (the first, or a second) agreed and they joined the reused ones
         fresh = m.baseline.runs - m.baseline.reused
@@ -513,20 +515,20 @@ async def test_a_close_candidate_gets_a_fresh_baseline_run(fork_conn: Connection
 async def test_results_before_the_change_are_taken_from_the_task(fork_conn: Connection) -> None:
     reuse = Reuse()
     proposal = index_proposal("CREATE INDEX bench_k1 ON orders (user_id)")
-    await benchmark(fork_conn, suite(QUERY), proposal, tables=("orders",), policy=ADAPTIVE,
-                    reuse=reuse)
+    await benchmark(fork_conn, Suites(suite(QUERY), ("orders",)), proposal, policy=ADAPTIVE,
+                    earlier=Earlier(reuse=reuse))
     (key,) = [k for k in reuse.results if k.endswith(QUERY)]
     assert QUERY in reuse.warm
     # what the task knows is what counts: a different record shows up as different rows
     reuse.results[key] = Result(rows=reuse.results[key].rows + 1, checksum="x")
-    second = await benchmark(fork_conn, suite(QUERY),
+    second = await benchmark(fork_conn, Suites(suite(QUERY), ("orders",)),
                              index_proposal("CREATE INDEX bench_k2 ON orders (user_id)"),
-                             tables=("orders",), policy=ADAPTIVE, reuse=reuse)
+                             policy=ADAPTIVE, earlier=Earlier(reuse=reuse))
     assert not second.measurements[0].equivalent
     # a fixed run count measures everything afresh, as before adaptive measurement
-    fixed = await benchmark(fork_conn, suite(QUERY),
+    fixed = await benchmark(fork_conn, Suites(suite(QUERY), ("orders",)),
                             index_proposal("CREATE INDEX bench_k3 ON orders (user_id)"),
-                            tables=("orders",), policy=Measuring(runs=3, min_runs=3), reuse=reuse)
+                            policy=Measuring(runs=3, min_runs=3), earlier=Earlier(reuse=reuse))
     (m,) = fixed.measurements
     assert m.equivalent and m.baseline.reused == 0 and m.baseline.runs == 3
 
@@ -548,8 +550,9 @@ async def test_a_rewrite_after_an_index_takes_the_multiset_result_of_the_task(fo
     reuse = Reuse()
     ordered_query = "SELECT id, total_amount FROM orders WHERE user_id = 42 ORDER BY id"
     variant = QueryVariant("baseline", ordered_query, ordered=True, exact=True)
-    await benchmark(fork_conn, (variant,), index_proposal("CREATE INDEX bench_m1 ON orders (user_id)"),
-                    tables=("orders",), policy=ADAPTIVE, reuse=reuse.for_fork())
+    await benchmark(fork_conn, Suites((variant,), ("orders",)),
+                    index_proposal("CREATE INDEX bench_m1 ON orders (user_id)"),
+                    policy=ADAPTIVE, earlier=Earlier(reuse=reuse.for_fork()))
     keys = [k for k in reuse.results if k.endswith(ordered_query)]
     assert len(keys) == 2  # in order and as a multiset, from the one run before the change
     # what the task holds is what a rewrite's rows are compared with (as a multiset)
@@ -560,8 +563,8 @@ async def test_a_rewrite_after_an_index_takes_the_multiset_result_of_the_task(fo
         rationale="test", estimated_impact=EstimatedImpact(50, 1, "low", "low"),
         rewritten_query="SELECT id, total_amount FROM orders WHERE user_id = 42 ORDER BY id + 0")
     candidate = QueryVariant("baseline", rewrite.rewritten_query or "", ordered=True, exact=True)
-    outcome = await benchmark(fork_conn, (variant,), rewrite, candidate_suite=(candidate,),
-                              tables=("orders",), policy=ADAPTIVE, reuse=reuse.for_fork())
+    outcome = await benchmark(fork_conn, Suites((variant,), ("orders",), candidate_suite=(candidate,)),
+                              rewrite, policy=ADAPTIVE, earlier=Earlier(reuse=reuse.for_fork()))
     assert not outcome.measurements[0].equivalent
 
 
@@ -578,8 +581,8 @@ async def test_the_queries_before_any_change_are_measured_ahead_for_the_task(for
     kept = reuse.baselines[query.sql]
     # the first candidate stands on those runs (an index 100x faster needs no fresh one) ...
     index = index_proposal("CREATE INDEX bench_b1 ON orders (user_id)")
-    outcome = await benchmark(fork_conn, (query,), index, tables=("orders",), policy=ADAPTIVE,
-                              reuse=reuse)
+    outcome = await benchmark(fork_conn, Suites((query,), ("orders",)), index, policy=ADAPTIVE,
+                              earlier=Earlier(reuse=reuse))
     (m,) = outcome.measurements
     assert m.baseline.reused == 3 and m.baseline.runs == 3 and m.optimized.runs == 3 and m.significant
     assert m.baseline.min_ms == round(min(s.ms for s in kept), 3)
@@ -587,8 +590,8 @@ async def test_the_queries_before_any_change_are_measured_ahead_for_the_task(for
     key = f"True:{query.sql}"
     reuse.results[key] = Result(rows=reuse.results[key].rows + 1, checksum="x")
     index = index_proposal("CREATE INDEX bench_b2 ON orders (user_id)")
-    again = await benchmark(fork_conn, (query,), index, tables=("orders",), policy=ADAPTIVE,
-                            reuse=reuse)
+    again = await benchmark(fork_conn, Suites((query,), ("orders",)), index, policy=ADAPTIVE,
+                            earlier=Earlier(reuse=reuse))
     assert not again.measurements[0].equivalent
 
 
@@ -615,7 +618,8 @@ async def test_one_run_ahead_settles_an_obvious_index(fork_conn: Connection) -> 
     query = QueryVariant("baseline", "SELECT id FROM orders WHERE user_id = 42 ORDER BY id", True, True)
     assert await measure_before(fork_conn, (query,), (), reuse, runs=ADAPTIVE.runs_ahead) == 1
     index = index_proposal("CREATE INDEX bench_ahead ON orders (user_id)")
-    outcome = await benchmark(fork_conn, (query,), index, tables=("orders",), policy=ADAPTIVE, reuse=reuse)
+    outcome = await benchmark(fork_conn, Suites((query,), ("orders",)), index, policy=ADAPTIVE,
+                              earlier=Earlier(reuse=reuse))
     (m,) = outcome.measurements
     assert m.equivalent and m.significant and m.stopped == "large"
     assert (m.baseline.runs, m.baseline.reused, m.optimized.runs) == (1, 1, 3)

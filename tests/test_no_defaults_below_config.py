@@ -213,7 +213,6 @@ MAX_PARAMETERS = 6
 MANY_PARAMETERS = {
     # being restructured by another change of issue 24 now (the measuring loop and one agent)
     ("agents.py", "run_agent"): "agents.py is being restructured (TaskMeasurements)",
-    ("bench.py", "benchmark"): "bench.py is being restructured (the measuring policy)",
     # the loop's protocol: an agent's refinement sees what it measured, one argument each
     ("brains/__init__.py", "RefiningBrain.refine"): "the RefiningBrain protocol's signature",
     ("brains/__init__.py", "StrategistBrain.refine"): "implements RefiningBrain.refine",
