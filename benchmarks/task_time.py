@@ -21,6 +21,15 @@ It uses the configured AFS_HOME and starts the sandbox if needed (stopping it on
 started it); both checkouts use that one sandbox. `--json` prints {"cases", "median_old_s",
 "median_new_s", "ratio_new_vs_old", "details"} as the last line; the goal of issue 25 is
 ratio_new_vs_old ≤ 1.2.
+
+One given query instead of the corpus, N paired runs (the order alternating from pair to
+pair, a sync of the disks before each run), each side in its own AFS_HOME if given:
+
+    AFS_HOME=... python benchmarks/task_time.py --old-python PY --query SQL [--db afs_demo]
+                 [--repeat 5] [--old-home DIR] [--new-home DIR]
+
+A side's home must hold the database (seed it with that checkout's `afs sandbox up`); its
+sandbox, if not running, is started by the task and left running (`afs sandbox down`).
 """
 
 from __future__ import annotations
@@ -92,11 +101,13 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
 
 # -- the parent ------------------------------------------------------------------------------
 async def run_child(python: str, db: str, query: str, afs_runs: int | None,
-                    statement_timeout_ms: int | None) -> dict[str, Any]:
+                    statement_timeout_ms: int | None, home: str | None = None) -> dict[str, Any]:
     command = [python, str(HERE / "task_time.py"), "--child", "--db", db, "--query", query]
     if afs_runs:
         command += ["--afs-runs", str(afs_runs)]
     env = dict(os.environ)
+    if home is not None:
+        env["AFS_HOME"] = home
     if statement_timeout_ms is not None:
         env["AFS_STATEMENT_TIMEOUT_MS"] = str(statement_timeout_ms)
         env["AFS_SLOW_BASELINE_CAP_S"] = str(max(1, round(statement_timeout_ms / 1000)))
@@ -144,6 +155,24 @@ async def measure(settings: Any, server: Any, cases: Sequence[Any], args: argpar
     return details
 
 
+async def measure_query(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """`--repeat` paired runs of the one `--query` on `--db`, old and new in turn."""
+    sides = {"old": args.old_python, "new": args.new_python}
+    homes = {"old": args.old_home, "new": args.new_home}
+    details = []
+    for number in range(1, args.repeat + 1):
+        entry: dict[str, Any] = {"case": f"run {number}"}
+        for side in ("old", "new") if number % 2 else ("new", "old"):
+            await trio.to_thread.run_sync(os.sync)  # the last run's fork copies are on disk, not in this one
+            run = await run_child(sides[side], args.db, args.query, args.afs_runs, None, homes[side])
+            entry[side] = run
+            progress(f"run {number}: {side} ({run.get('afs', sides[side])}): {run.get('status')} in"
+                     f" {_s(run.get('seconds'))} s, winner {run.get('winner')} {run.get('sql')}"
+                     + (f", error {run.get('error')}" if run.get("error") else ""))
+        details.append(entry)
+    return details
+
+
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -160,8 +189,9 @@ def summary(details: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def report(data: dict[str, Any], args: argparse.Namespace) -> None:
-    print(f"AFS's task time per quality case, scale {args.scale:g}: old = {args.old_python},"
-          f" new = {args.new_python}")
+    what = (f"on {args.db}, {args.repeat} paired runs" if args.query
+            else f"per quality case, scale {args.scale:g}")
+    print(f"AFS's task time {what}: old = {args.old_python}, new = {args.new_python}")
     print(f"{'case':<28} {'old s':>8} {'new s':>8} {'new/old':>8}  winners (old | new)")
     for d in data["details"]:
         old, new = d.get("old", {}), d.get("new", {})
@@ -171,30 +201,48 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> None:
               f"  {old.get('winner') or old.get('status')} | {new.get('winner') or new.get('status')}")
     print(f"cases {data['cases']}, median task old {data['median_old_s']} s, new {data['median_new_s']} s,"
           f" new/old {data['ratio_new_vs_old']} (goal ≤ 1.2)")
+    ratios = [d["new"]["seconds"] / d["old"]["seconds"] for d in data["details"]
+              if d.get("old", {}).get("seconds") and d.get("new", {}).get("seconds") is not None]
+    same = sum(1 for d in data["details"] if _same_winner(d.get("old", {}), d.get("new", {})))
+    if ratios:
+        print(f"median of the runs' new/old {statistics.median(ratios):.3f};"
+              f" same winner and SQL in {same} of {len(data['details'])}")
+
+
+def _same_winner(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    return bool(old.get("winner")) and all(old.get(key) == new.get(key) for key in ("winner", "sql"))
 
 
 async def parent(args: argparse.Namespace, settings: Any) -> int:
     import harness
     import quality
 
-    cases = quality.select_cases(args)
-    details = await harness.with_sandbox(settings, lambda server: measure(settings, server, cases, args),
-                                         progress)
+    cases = [] if args.query else quality.select_cases(args)
+    expected = args.repeat if args.query else len(cases)
+    details = await harness.with_sandbox(
+        settings, lambda server: (measure_query(args) if args.query
+                                   else measure(settings, server, cases, args)),
+        progress)
     if details is None:
         return harness.EXIT_INTERRUPTED
     data = summary(details)
     report(data, args)
     if args.json:
         print(json.dumps(data, default=str))
-    return EXIT_OK if data["cases"] == len(cases) else EXIT_FAILED
+    return EXIT_OK if data["cases"] == expected else EXIT_FAILED
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="AFS's task time on the quality corpus under two checkouts (two venvs), case by case.")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--db", help=argparse.SUPPRESS)
-    parser.add_argument("--query", help=argparse.SUPPRESS)
+    parser.add_argument("--query", metavar="SQL",
+                        help="time this query instead of the quality corpus (--repeat paired runs)")
+    parser.add_argument("--db", metavar="NAME", help="with --query: the sandbox database (default afs_demo)")
+    parser.add_argument("--repeat", type=int, default=5, metavar="N",
+                        help="with --query: paired runs, the order alternating (default 5)")
+    parser.add_argument("--old-home", metavar="DIR", help="AFS_HOME of the old side (default: AFS_HOME)")
+    parser.add_argument("--new-home", metavar="DIR", help="AFS_HOME of the new side (default: AFS_HOME)")
     parser.add_argument("--old-python", metavar="PATH", help="the interpreter of the old checkout's venv")
     parser.add_argument("--new-python", metavar="PATH", default=sys.executable,
                         help="the interpreter of the new checkout's venv (default: this one)")
@@ -215,8 +263,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"not an executable interpreter: {python}")
     if args.scale is None:
         args.scale = 0.05 if args.quick else 1.0
-    if args.scale <= 0 or (args.afs_runs is not None and args.afs_runs < 1):
-        parser.error("--scale and --afs-runs must be positive")
+    if args.scale <= 0 or args.repeat < 1 or (args.afs_runs is not None and args.afs_runs < 1):
+        parser.error("--scale, --repeat and --afs-runs must be positive")
+    if args.query is not None and (args.case or args.quick):
+        parser.error("--query times one query: not with --case or --quick")
+    if args.query is not None and not args.query.strip():
+        parser.error("--query is empty")
+    args.db = args.db or "afs_demo"
     return args
 
 
