@@ -172,10 +172,21 @@ class _Progress:
             writes_per_read=dict(self.writes_per_read), plan_check=self.plan_check)
 
 
-async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain: Brain,
-                    bench_limiter: trio.CapacityLimiter, events: Emitter,
-                    shared: TaskMeasurements | None = None) -> AgentOutcome:
+@dataclass(frozen=True)
+class TaskCommon:
+    """What a task's agents have in common, passed whole to each `run_agent`: the fork client,
+    the task's benchmark slot (its phases never overlap on one server), its events, and what its
+    measurements share (identical proposals are measured once)."""
+
+    forks: ForkClient
+    bench_limiter: trio.CapacityLimiter
+    events: Emitter
+    measurements: TaskMeasurements = field(default_factory=TaskMeasurements)
+
+
+async def run_agent(agent: AgentKey, job: AgentJob, *, brain: Brain, common: TaskCommon) -> AgentOutcome:
     """The whole workflow of one agent; expected failures are returned, not raised."""
+    forks, bench_limiter, events = common.forks, common.bench_limiter, common.events
     state = _Progress(agent=agent, started=trio.current_time())
     limits = job.timeouts
 
@@ -207,7 +218,7 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, forks: ForkClient, brain:
                                         matches=state.plan_check.matches,
                                         differences=list(state.plan_check.differences))
                         outcome = await _work_in_fork(_InFork(conn, job, state, bench_limiter, events),
-                                                      brain, enter, shared or TaskMeasurements())
+                                                      brain, enter, common.measurements)
                 closing = trio.current_time()
             # how long closing the fork took (its delete through the fork server)
             enter("done", fork_closed_s=round(trio.current_time() - closing, 3))

@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 import trio
 
-from afs.agents import AgentJob, run_agent
+from afs.agents import AgentJob, TaskCommon, run_agent
 from afs.analysis import SourceStats, server_facts, source_table_stats, view_definitions
 from afs.bench import TaskMeasurements
 from afs.brains import ReviewingBrain, Squad
@@ -253,8 +253,8 @@ async def optimize(
 
     async def one(agent: AgentKey) -> None:
         with structlog.contextvars.bound_contextvars(task_id=task_id, agent=agent):  # every log line
-            outcome = await run_agent(agent, job, forks=forks, brain=squad.brain_for(agent),
-                                      bench_limiter=bench_limiter, events=events, shared=shared)
+            outcome = await run_agent(agent, job, brain=squad.brain_for(agent),
+                                      common=TaskCommon(forks, bench_limiter, events, shared))
         outcomes[agent] = dataclasses.replace(outcome, usage=_usage(squad, agent))
 
     try:

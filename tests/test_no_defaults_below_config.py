@@ -211,8 +211,6 @@ MAX_PARAMETERS = 6
 # Functions over six parameters that stay, each with its reason (module, qualified name): a new
 # entry needs a reason as good as these; a fixed one leaves the list (the test says so).
 MANY_PARAMETERS = {
-    # being restructured by another change of issue 24 now (the measuring loop and one agent)
-    ("agents.py", "run_agent"): "agents.py is being restructured (TaskMeasurements)",
     # the loop's protocol: an agent's refinement sees what it measured, one argument each
     ("brains/__init__.py", "RefiningBrain.refine"): "the RefiningBrain protocol's signature",
     ("brains/__init__.py", "StrategistBrain.refine"): "implements RefiningBrain.refine",
