@@ -16,7 +16,7 @@ from mcp import Client
 from afs.brains import Squad, StrategistBrain
 from afs.config import Settings
 from afs.db import open_connection
-from afs.events import Emitter
+from afs.events import Emitter, Event, log_sink
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
@@ -72,6 +72,13 @@ async def test_no_benchmark_runs_while_another_process_measures_on_the_server(
         async with Client(build_server(provider)) as mcp_client:
             forks = ForkClient(mcp_client)
             results = []
+            waiting = trio.Event()
+
+            def on_event(event: Event) -> None:
+                if (event.kind, event.data.get("phase")) == ("agent_phase", "waiting for the benchmark slot"):
+                    waiting.set()
+
+            events = Emitter("lock" + os.urandom(2).hex(), sinks=(log_sink, on_event))
             async with trio.open_nursery() as nursery, server_lock(conn, "benchmark"):
                 assert is_locked(path)
 
@@ -79,11 +86,14 @@ async def test_no_benchmark_runs_while_another_process_measures_on_the_server(
                     results.append(await optimize(
                         settings, TaskRequest(query=query, runs=3), source="afs_demo",
                         source_dsn=sandbox.dsn("afs_demo"),
-                        crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
-                        events=Emitter("lock" + os.urandom(2).hex())))
+                        crew=Crew(forks=forks, squad=squad, rules=load_rules(None)), events=events))
 
                 nursery.start_soon(run)
-                await trio.sleep(8)
+                # the lock is held from the moment the agent waits for the slot (a fixed sleep
+                # from the start left a slow machine's fork and analysis too little of it)
+                with trio.fail_after(120):
+                    await waiting.wait()
+                await trio.sleep(3)
                 assert not results  # still waiting for the slot
     (outcome,) = results[0].outcomes
     assert outcome.status == "ok", outcome.error
