@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from afs.brains import RefiningBrain
+from afs.brains import RefiningBrain, StepSeen
 from afs.brains.gemini.brain import (
     Asking,
     GeminiBrain,
@@ -106,8 +106,8 @@ async def test_the_loops_turn_carries_the_earlier_turns_and_the_measured_figures
         analysis = await brain.analyze("gemini25pro", issue_context())
         (current,) = await brain.propose("gemini25pro", issue_context(), analysis)
         steps: tuple[LoopStep, ...] = (LoopStep(1, current, None, 3.2, True),)
-        extended = await brain.refine("gemini25pro", issue_context(), analysis, current, AFTER_PLAN,
-                                      NECK, steps)
+        extended = await brain.refine("gemini25pro", issue_context(), analysis,
+                                      StepSeen(current, AFTER_PLAN, NECK, steps))
         assert extended is not None
         # the model's next design, parsed like a proposal, naming the node that led to it
         assert extended.sql_commands == (COVERING_SQL, "ANALYZE orders")
@@ -115,8 +115,8 @@ async def test_the_loops_turn_carries_the_earlier_turns_and_the_measured_figures
         steps += (LoopStep(2, extended, NECK.detail, 0.9, True),)
         after = plan_node("Index Only Scan", ms=0.9, rows=10, Relation_Name="orders", Alias="o",
                           Index_Name="orders_user_status_created_cov_idx", Heap_Fetches=0)
-        assert await brain.refine("gemini25pro", issue_context(), analysis, extended, after, None,
-                                  steps) is None  # nothing more to remove: the conversation ends
+        assert await brain.refine("gemini25pro", issue_context(), analysis,
+                                  StepSeen(extended, after, None, steps)) is None  # nothing more to remove
     proposed, first, second = fake.requests[1:]
     # the loop's turn goes on from the proposal's conversation, every earlier turn as it was
     assert _roles(first) == ["user", "model", "user", "model", "user"]
@@ -153,8 +153,7 @@ async def test_an_index_the_planner_ignored_and_the_earlier_steps_are_said(
         refused = dataclasses.replace(current, sql_commands=("CREATE INDEX x ON orders (status)",))
         steps = (LoopStep(1, current, None, 170.0, True),
                  LoopStep(2, refused, "Seq Scan on orders", 171.0, False, "not faster than step 1"))
-        await brain.refine("gemini25pro", issue_context(), ANALYZED, current, ignored,
-                           None, steps)
+        await brain.refine("gemini25pro", issue_context(), ANALYZED, StepSeen(current, ignored, None, steps))
     turn = fake.requests[-1].prompt
     assert '<data label="unused indexes">' in turn and INDEX_SQL in turn
     assert "not faster than step 1" in turn and "CREATE INDEX x ON orders (status)" in turn
@@ -166,8 +165,8 @@ async def test_a_hostile_answer_is_sent_back_then_refused_by_the_validator(
                 *[reply_json({"candidates": [HOSTILE]}) for _ in range(3)])
     async with open_brain(base_url) as brain:
         current = await _first_step(brain)
-        extended = await brain.refine("gemini25pro", issue_context(), ANALYZED, current,
-                                      AFTER_PLAN, NECK, (LoopStep(1, current, None, 3.2, True),))
+        extended = await brain.refine("gemini25pro", issue_context(), ANALYZED, StepSeen(
+            current, AFTER_PLAN, NECK, (LoopStep(1, current, None, 3.2, True),)))
     assert extended is not None and "DROP TABLE orders" in extended.sql_commands
     assert not validate_candidate(extended).is_valid  # the agent refuses it, as any other
     asked = fake.requests[2:]
@@ -182,12 +181,12 @@ async def test_the_model_budget_ends_the_conversation(fake: FakeGemini, base_url
     async with open_brain(base_url, GeminiSettings(budget=ModelBudget(turns=3))) as brain:
         current = await _first_step(brain)
         steps: tuple[LoopStep, ...] = (LoopStep(1, current, None, 3.2, True),)
-        extended = await brain.refine("gemini25pro", issue_context(), ANALYZED, current,
-                                      AFTER_PLAN, NECK, steps)
+        extended = await brain.refine("gemini25pro", issue_context(), ANALYZED,
+                                      StepSeen(current, AFTER_PLAN, NECK, steps))
         assert extended is not None  # the third turn fits
         steps += (LoopStep(2, extended, NECK.detail, 0.9, True),)
-        assert await brain.refine("gemini25pro", issue_context(), ANALYZED, extended,
-                                  AFTER_PLAN, None, steps) is None
+        assert await brain.refine("gemini25pro", issue_context(), ANALYZED,
+                                  StepSeen(extended, AFTER_PLAN, None, steps)) is None
     assert len(fake.requests) == 3 and fake.pending == 1  # no fourth call was made
     usage = brain.usage_of("gemini25pro")
     assert usage is not None and usage.calls == 3
@@ -199,8 +198,8 @@ async def test_without_values_the_loops_turn_withholds_the_literals(fake: FakeGe
                 reply_json({"candidates": [COVERING]}))
     async with open_brain(base_url, GeminiSettings(send_values=False)) as brain:
         current = await _first_step(brain)
-        await brain.refine("gemini25pro", issue_context(), ANALYZED, current,
-                           AFTER_PLAN, NECK, (LoopStep(1, current, None, 3.2, True),))
+        await brain.refine("gemini25pro", issue_context(), ANALYZED, StepSeen(
+            current, AFTER_PLAN, NECK, (LoopStep(1, current, None, 3.2, True),)))
     turn = fake.requests[-1].prompt
     assert "Index Scan using orders_user_status_created_idx" in turn
     assert "'pending'" not in turn and "user_id = 42" not in turn  # placeholders, as in the proposal
@@ -211,8 +210,8 @@ async def test_a_loop_without_our_proposal_starts_from_the_design_in_place(
     fake.script(reply_json({"candidates": [COVERING]}))
     (current,) = parse_proposals("gemini25pro", json.dumps({"candidates": [PROPOSAL]}))[0]
     async with open_brain(base_url) as brain:
-        extended = await brain.refine("gemini25pro", issue_context(), ANALYZED, current,
-                                      AFTER_PLAN, NECK, (LoopStep(1, current, None, 3.2, True),))
+        extended = await brain.refine("gemini25pro", issue_context(), ANALYZED, StepSeen(
+            current, AFTER_PLAN, NECK, (LoopStep(1, current, None, 3.2, True),)))
     assert extended is not None and extended.sql_commands[0] == COVERING_SQL
     [request] = fake.requests
     assert _roles(request) == ["user", "model", "user", "model", "user"]

@@ -7,13 +7,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import pytest
 
 from afs.bench import NOT_FURTHER
-from afs.brains import Squad, StrategistBrain
+from afs.brains import Squad, StepSeen, StrategistBrain
 from afs.config import Settings
 from afs.db import open_connection
 from afs.events import Emitter
@@ -24,12 +23,10 @@ from afs.models import (
     AnalysisContext,
     AnalysisResult,
     CandidateResult,
-    LoopStep,
     OptimizationProposal,
     TaskResult,
 )
 from afs.optimize import Crew, TaskRequest, optimize
-from afs.pg.bottleneck import Bottleneck
 from afs.report import render_text, to_json
 from afs.router import load_rules
 from afs.sandbox.server import SandboxServer
@@ -138,9 +135,9 @@ class UselessSecondStep(StrategistBrain):
     """The offline strategists, whose loop adds an index the query cannot use (once)."""
 
     async def refine(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
-                     current: OptimizationProposal, after_plan: Mapping[str, Any],
-                     bottleneck: Bottleneck | None, steps: Sequence[LoopStep]) -> OptimizationProposal | None:
-        if len(steps) > 1:
+                     seen: StepSeen) -> OptimizationProposal | None:
+        current = seen.current
+        if len(seen.steps) > 1:
             return None
         return dataclasses.replace(
             current,

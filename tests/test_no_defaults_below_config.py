@@ -211,10 +211,6 @@ MAX_PARAMETERS = 6
 # Functions over six parameters that stay, each with its reason (module, qualified name): a new
 # entry needs a reason as good as these; a fixed one leaves the list (the test says so).
 MANY_PARAMETERS = {
-    # the loop's protocol: an agent's refinement sees what it measured, one argument each
-    ("brains/__init__.py", "RefiningBrain.refine"): "the RefiningBrain protocol's signature",
-    ("brains/__init__.py", "StrategistBrain.refine"): "implements RefiningBrain.refine",
-    ("brains/gemini/brain.py", "GeminiBrain.refine"): "implements RefiningBrain.refine",
     # the fakes' knobs and the CLI in a subprocess: keyword options with defaults, as
     # subprocess.run's, each one a test's to set
     ("testing.py", "reply_stream"): "a fake streamed answer's keyword options",

@@ -6,9 +6,6 @@
     ReviewingBrain  a brain that can review the other agents' measured proposals (models)
     RefiningBrain   a brain that extends a measured design to remove the bottleneck the plan
                     with it in place shows (the agent's loop, afs.agents)
-    VaryingBrain    a brain that offers other forms of a design of the squad (covering or
-                    plain, another column order, partial or full): for a measuring slot a
-                    shared measurement frees (afs.agents)
     StrategistBrain the offline strategists (`afs.brains.strategists`, pure rules over the
                     plan, the statistics and the query)
     SlowBrain       another brain behind a fixed latency per call (benchmarks, demos)
@@ -32,7 +29,6 @@ import trio
 from afs.brains import strategists
 from afs.brains.strategists.refine import refine_design
 from afs.brains.strategists.rewrites import rewrite_proposals
-from afs.brains.strategists.variants import design_variants
 from afs.models import (
     AgentKey,
     AgentOutcome,
@@ -80,29 +76,27 @@ class ReviewingBrain(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class StepSeen:
+    """What a step of the agent's loop shows the brain (`RefiningBrain.refine`): the measured
+    design in place (`current`), the query's plan with it in place, the plan node to remove
+    (None: none found), and every step so far."""
+
+    current: OptimizationProposal
+    after_plan: Mapping[str, Any]
+    bottleneck: Bottleneck | None
+    steps: Sequence[LoopStep]
+
+
 @runtime_checkable
 class RefiningBrain(Protocol):
     """A brain that reads the plan of the query with its measured design in place, and extends
     the design to remove what it shows (the agent's loop, afs.agents)."""
 
     async def refine(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
-                     current: OptimizationProposal, after_plan: Mapping[str, Any],
-                     bottleneck: Bottleneck | None, steps: Sequence[LoopStep]
-                     ) -> OptimizationProposal | None:
-        """The next design: `current` extended (its statements plus more) to remove what
-        `after_plan` (the query's plan with `current` in place) shows; None to stop."""
-        ...
-
-
-@runtime_checkable
-class VaryingBrain(Protocol):
-    """A brain that offers other forms of a design the squad has, for a measuring slot that
-    another agent's measurement of the same design frees (afs.agents: the squad searches)."""
-
-    async def variants(self, agent: AgentKey, ctx: AnalysisContext,
-                       design: OptimizationProposal) -> Sequence[OptimizationProposal]:
-        """Other forms of `design` the query motivates (each screened and measured like any
-        candidate); () for none."""
+                     seen: StepSeen) -> OptimizationProposal | None:
+        """The next design: `seen.current` extended (its statements plus more) to remove what
+        `seen.after_plan` (the query's plan with `current` in place) shows; None to stop."""
         ...
 
 
@@ -122,16 +116,10 @@ class StrategistBrain:
             lambda: interleave(strategists.propose(agent, ctx, analysis), rewrite_proposals(agent, ctx)))
 
     async def refine(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
-                     current: OptimizationProposal, after_plan: Mapping[str, Any],
-                     bottleneck: Bottleneck | None, steps: Sequence[LoopStep]
-                     ) -> OptimizationProposal | None:
+                     seen: StepSeen) -> OptimizationProposal | None:
         del analysis  # the strategists read the plan, the statistics and the query again
         return await trio.to_thread.run_sync(
-            lambda: refine_design(agent, ctx, current, after_plan, bottleneck, steps))
-
-    async def variants(self, agent: AgentKey, ctx: AnalysisContext,
-                       design: OptimizationProposal) -> Sequence[OptimizationProposal]:
-        return await trio.to_thread.run_sync(lambda: design_variants(agent, ctx, design))
+            lambda: refine_design(agent, ctx, seen.current, seen.after_plan, seen.bottleneck, seen.steps))
 
 
 def interleave(specialised: Sequence[OptimizationProposal],

@@ -69,7 +69,7 @@ import httpx
 import structlog
 import trio
 
-from afs.brains import Squad
+from afs.brains import Squad, StepSeen
 from afs.brains.gemini.client import (
     SPEND_CAP,
     CallStats,
@@ -621,9 +621,7 @@ class GeminiBrain:
         return flag_new_syntax(proposals, source)
 
     async def refine(self, agent: AgentKey, ctx: AnalysisContext, analysis: AnalysisResult,
-                     current: OptimizationProposal, after_plan: Mapping[str, Any],
-                     bottleneck: Bottleneck | None, steps: Sequence[LoopStep]
-                     ) -> OptimizationProposal | None:
+                     seen: StepSeen) -> OptimizationProposal | None:
         """The loop's next design as the next turn of the agent's conversation (a
         `RefiningBrain`): the measured result of `current` (the plan with it in place in the
         compact form of the prompts, the times of every step, refusals, apply errors, the
@@ -632,6 +630,7 @@ class GeminiBrain:
         answer is parsed like a proposal (the agent validates and measures it). None when the
         model sees nothing more to remove, or when the agent's model budget, the spending cap
         or an unusable answer ends the conversation (said in the usage and the log)."""
+        current, after_plan, bottleneck, steps = seen.current, seen.after_plan, seen.bottleneck, seen.steps
         shown, withheld = self.shown(ctx)
         hide = withheld.mask if withheld is not None else None
         turns = list(self.conversations.get(agent) or ())
