@@ -12,7 +12,13 @@ The workflow is the same for every agent (the seed's agent contract):
 
 The squad searches rather than repeats: a design another agent of the task measures already
 does not take a measuring slot (its measurement is taken afterwards, `TaskMeasurements.taken`);
-the slot goes to the agent's next design.
+the slot goes to the agent's next design, and once its own are spent, to a design of the squad
+nobody measures: another agent's candidate (every agent offers its candidates to the task's
+pool, `TaskMeasurements.offered`), else a variant of the squad's designs its brain makes (a
+`VaryingBrain`: covering or plain, another column order, partial or full). Those are admitted,
+screened with the planner and measured like the agent's own, and only where the planner expects
+a gain (`expects_gain`); the agent's measuring budget stays Measuring.measured.
+
 
 The brain is a `Brain`: an offline strategist (`StrategistBrain`) or a model.
 Expected failures come back as data (`AgentOutcome(status="failed")`); only
@@ -48,7 +54,7 @@ from afs.bench import (
     undo,
 )
 from afs.bench import apply as apply_proposal
-from afs.brains import Brain, RefiningBrain, RevisingBrain, StepSeen
+from afs.brains import Brain, RefiningBrain, RevisingBrain, StepSeen, VaryingBrain
 from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
 from afs.conditions import carry_into_fork, check_plan
@@ -108,6 +114,7 @@ LOOP_STARTS = 3  # measured designs the loop tries to extend, the best first
 LOOP_CLEAR_RATIO = 1.5  # a step this many times faster that reads fewer buffers gains (`beats`)
 PLAN_AHEAD_MS = 1000.0  # a design this fast on the query as given has its after-plan read while in place
 LOOP_ALTERNATIVES = 2  # other bottlenecks a loop step asks about when another agent measures its design
+PROMISING_COST = 0.9  # a design of the squad costing at most this share of the query's is expected to gain
 
 
 @dataclass(frozen=True)
@@ -261,6 +268,7 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
             t0 = trio.current_time()
             with trio.fail_after(limits.model):
                 everything = tuple(await brain.propose(agent, ctx, state.analysis))
+            offer(shared.offered, everything)  # the squad's pool: for slots shared measurements free
             # the designs beyond the screening budget: measured only in a slot whose design
             # another agent measures, when no screened design is left (the squad searches)
             screened = job.measuring.candidates
@@ -462,6 +470,77 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
             return [new_rank]
         return []
 
+    passed: set[Any] = set()  # designs of the squad refused here, or the planner expects nothing of
+    variants_of: dict[Any, tuple[OptimizationProposal, ...]] = {}  # by the key of the design varied
+
+    async def admit_from_squad() -> list[int]:
+        """When the agent's own designs are spent, a design of the squad nobody measures: another
+        agent's candidate (`pooled`), else a variant its brain makes of the squad's designs (a
+        VaryingBrain). At most Measuring.candidates of them are admitted here and screened with
+        the planner, and the one it expects most of is measured; never one it expects no gain
+        from (`expects_gain`). Its rank ([] when there is none). The fork holds no design now."""
+        nonlocal baseline_cost
+        key, limit = TaskMeasurements.key, max(1, job.measuring.candidates)
+        mine = {key(c.proposal) for c in tried.values()} | {key(p) for p, _, _ in by_rank.values()}
+
+        def free(design: OptimizationProposal) -> bool:
+            k = key(design)
+            return k not in mine and k not in passed and shared.taken(agent, design) is None
+
+        pool = pooled(shared.offered)
+        for source in ("pool", "variants"):
+            if source == "pool":
+                options = squad_options(pool, free, limit)
+            else:
+                if not isinstance(brain, VaryingBrain):
+                    return []
+                found: list[OptimizationProposal] = []
+                for design in pool:
+                    if key(design) not in variants_of:
+                        variants_of[key(design)] = tuple(await brain.variants(agent, ctx, design))
+                    found.extend(variants_of[key(design)])
+                    if len(squad_options(found, free, limit)) >= limit:
+                        break
+                options = squad_options(found, free, limit)
+            if not options:
+                continue
+            if baseline_cost is None:
+                baseline_cost = await planner_cost(conn, job.query)
+            screened: list[tuple[float, OptimizationProposal, ValidationResult,
+                                 tuple[QueryVariant, ...] | None]] = []
+            for option in options:
+                if option.proposal_type == "partitioning":  # too slow to try for a spare slot
+                    passed.add(key(option))
+                    continue
+                if option.agent != agent:
+                    option = dataclasses.replace(option, agent=agent, rationale=(
+                        f"A design of {option.agent}, measured here in a slot a shared measurement "
+                        f"freed. {option.rationale}"))
+                validation, candidate_suite, refused = await _admit(conn, option)
+                if refused is not None:
+                    passed.add(key(option))
+                    continue
+                if validation.rollback_commands:
+                    option = dataclasses.replace(option, rollback_commands=validation.rollback_commands)
+                try:
+                    cost = await shared.screen(option, functools.partial(
+                        planner_cost, conn, option.rewritten_query or job.query, option))
+                except ProposalFailedError:
+                    passed.add(key(option))
+                    continue
+                if not expects_gain(cost, baseline_cost):
+                    passed.add(key(option))
+                    continue
+                screened.append((cost, option, validation, candidate_suite))
+            if screened:
+                cost, option, validation, candidate_suite = min(screened, key=lambda s: s[0])
+                new_rank = max([*tried, *by_rank], default=0) + 1
+                by_rank[new_rank], costs[new_rank] = (option, validation, candidate_suite), cost
+                events.emit("squad_design", agent=agent, fork=state.fork, rank=new_rank, source=source,
+                            planner_cost=cost, baseline_cost=baseline_cost)
+                return [new_rank]
+        return []
+
     queue = list(chosen)
     deferred: list[int] = []  # designs another agent measures: their measurement is taken last
     while queue and not in_place.unknown:
@@ -479,6 +558,8 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
             deferred.append(rank)
             if not spares:
                 spares.extend(await admit_beyond())
+            if not spares:  # the agent's own designs are spent: one of the squad's nobody measures
+                spares.extend(await admit_from_squad())
             if spares:
                 queue.append(spares.pop(0))
                 events.emit("measurement_pooled", agent=agent, fork=state.fork, rank=rank,
@@ -1015,6 +1096,45 @@ async def _revise_rewrite(brain: Brain, ctx: AnalysisContext, state: _Progress, 
         except AfsError as exc:
             events.emit("rewrite_revision_failed", agent=agent, fork=state.fork, error=str(exc))
     return revised
+
+
+def offer(offered: dict[Any, tuple[int, OptimizationProposal]],
+          proposals: Sequence[OptimizationProposal]) -> None:
+    """An agent's candidates into the squad's pool (`TaskMeasurements.offered`): each design
+    once, under the rank it has in the first agent's list that proposes it."""
+    for rank, proposal in enumerate(proposals, 1):
+        offered.setdefault(TaskMeasurements.key(proposal), (rank, proposal))
+
+
+def pooled(offered: Mapping[Any, tuple[int, OptimizationProposal]]) -> list[OptimizationProposal]:
+    """The squad's designs, every agent's first choice before any agent's second (then in the
+    order they were offered)."""
+    order = sorted(enumerate(offered.values()), key=lambda entry: (entry[1][0], entry[0]))
+    return [proposal for _, (_, proposal) in order]
+
+
+def squad_options(designs: Sequence[OptimizationProposal], free: Callable[[OptimizationProposal], bool],
+                  limit: int) -> list[OptimizationProposal]:
+    """The first `limit` of `designs` that are `free` (nobody measures them, the agent has not
+    tried them), each design once (`TaskMeasurements.key`)."""
+    seen: set[Any] = set()
+    options: list[OptimizationProposal] = []
+    for design in designs:
+        k = TaskMeasurements.key(design)
+        if k in seen or not free(design):
+            continue
+        seen.add(k)
+        options.append(design)
+        if len(options) >= limit:
+            break
+    return options
+
+
+def expects_gain(cost: float | None, baseline_cost: float | None) -> bool:
+    """Whether the planner expects a design of the squad to gain: its cost with the design in
+    place at most 90 % of the query's as it is (as `choose_for_measurement` calls promising).
+    A spare slot never goes to a design the planner expects nothing of, or cannot judge."""
+    return cost is not None and baseline_cost is not None and cost < PROMISING_COST * baseline_cost
 
 
 def choose_for_measurement(candidates: Sequence[tuple[int, float | None, bool]],

@@ -600,6 +600,10 @@ class TaskMeasurements:
         # would wait for that timeout again for nothing
         self.slow_family: dict[str, bool] = {}
         self._before_claimed = False
+        # every agent's candidate designs as it proposed them, by design: (its rank in that
+        # agent's list, the design). A measuring slot that a shared measurement frees goes to
+        # one of them nobody measures, or to a variant of them (afs.agents: the squad searches)
+        self.offered: dict[ProposalKey, tuple[int, OptimizationProposal]] = {}
 
     def claim_before(self) -> bool:
         """True for the first agent to ask: it measures the queries before any change

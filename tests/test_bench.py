@@ -570,21 +570,30 @@ async def test_a_rewrite_after_an_index_takes_the_multiset_result_of_the_task(fo
 
 @pytest.mark.usefixtures("no_leaked_forks")
 async def test_the_queries_before_any_change_are_measured_ahead_for_the_task(fork_conn: Connection) -> None:
-    reuse = Reuse()
     query = QueryVariant("baseline", "SELECT id FROM orders WHERE user_id = 42 ORDER BY id", True, True)
     other = "SELECT id FROM orders WHERE user_id = 43 ORDER BY id"
-    assert await measure_before(fork_conn, (query,), (other,), reuse, runs=3) == 2
-    assert len(reuse.baselines[query.sql]) == len(reuse.baselines[other]) == 3
-    assert set(reuse.results) == {f"{o}:{sql}" for o in (True, False) for sql in (query.sql, other)}
-    assert {query.sql, other} <= reuse.warm
-    assert await measure_before(fork_conn, (query,), (other,), reuse, runs=3) == 0  # measured already
-    kept = reuse.baselines[query.sql]
-    # the first candidate stands on those runs (an index 100x faster needs no fresh one) ...
-    index = index_proposal("CREATE INDEX bench_b1 ON orders (user_id)")
-    outcome = await benchmark(fork_conn, Suites((query,), ("orders",)), index, policy=ADAPTIVE,
-                              earlier=Earlier(reuse=reuse))
-    (m,) = outcome.measurements
-    assert m.baseline.reused == 3 and m.baseline.runs == 3 and m.optimized.runs == 3 and m.significant
+    # how many runs the candidate gets is the stopping rule's: three attempts, as above (a burst
+    # in one of its ~0.03 ms runs hides the 100x margin and costs a fresh baseline run)
+    attempts = []
+    for _attempt in range(3):
+        reuse = Reuse()
+        assert await measure_before(fork_conn, (query,), (other,), reuse, runs=3) == 2
+        assert len(reuse.baselines[query.sql]) == len(reuse.baselines[other]) == 3
+        assert set(reuse.results) == {f"{o}:{sql}" for o in (True, False) for sql in (query.sql, other)}
+        assert {query.sql, other} <= reuse.warm
+        assert await measure_before(fork_conn, (query,), (other,), reuse, runs=3) == 0  # measured already
+        kept = reuse.baselines[query.sql]
+        # the first candidate stands on those runs (an index 100x faster needs no fresh one) ...
+        index = index_proposal("CREATE INDEX bench_b1 ON orders (user_id)")
+        outcome = await benchmark(fork_conn, Suites((query,), ("orders",)), index, policy=ADAPTIVE,
+                                  earlier=Earlier(reuse=reuse))
+        (m,) = outcome.measurements
+        assert m.equivalent
+        attempts.append((m.significant, m.baseline.reused, m.baseline.runs, m.optimized.runs))
+        if attempts[-1] == (True, 3, 3, 3):
+            break
+        await fork_conn.execute("DROP INDEX bench_b1")  # the next attempt measures before it again
+    assert attempts[-1] == (True, 3, 3, 3), attempts
     assert m.baseline.min_ms == round(min(s.ms for s in kept), 3)
     # ... and on the rows found ahead: a different record shows as different rows
     key = f"True:{query.sql}"
@@ -614,13 +623,20 @@ async def test_one_run_ahead_settles_an_obvious_index(fork_conn: Connection) -> 
     # the default policy measures one run ahead; an index ~100x faster that reads a few pages
     # instead of the table stands on it, with the candidate's three runs
     assert ADAPTIVE.runs_ahead == 1 and Measuring(runs=5, min_runs=5).runs_ahead == 5
-    reuse = Reuse()
     query = QueryVariant("baseline", "SELECT id FROM orders WHERE user_id = 42 ORDER BY id", True, True)
-    assert await measure_before(fork_conn, (query,), (), reuse, runs=ADAPTIVE.runs_ahead) == 1
-    index = index_proposal("CREATE INDEX bench_ahead ON orders (user_id)")
-    outcome = await benchmark(fork_conn, Suites((query,), ("orders",)), index, policy=ADAPTIVE,
-                              earlier=Earlier(reuse=reuse))
-    (m,) = outcome.measurements
-    assert m.equivalent and m.significant and m.stopped == "large"
-    assert (m.baseline.runs, m.baseline.reused, m.optimized.runs) == (1, 1, 3)
+    # three attempts, as above: a burst in one candidate run hides the margin of that attempt
+    attempts = []
+    for _attempt in range(3):
+        reuse = Reuse()
+        assert await measure_before(fork_conn, (query,), (), reuse, runs=ADAPTIVE.runs_ahead) == 1
+        index = index_proposal("CREATE INDEX bench_ahead ON orders (user_id)")
+        outcome = await benchmark(fork_conn, Suites((query,), ("orders",)), index, policy=ADAPTIVE,
+                                  earlier=Earlier(reuse=reuse))
+        (m,) = outcome.measurements
+        assert m.equivalent
+        attempts.append((m.significant, m.stopped, m.baseline.runs, m.baseline.reused, m.optimized.runs))
+        if attempts[-1] == (True, "large", 1, 1, 3):
+            break
+        await fork_conn.execute("DROP INDEX bench_ahead")  # the next attempt measures before it again
+    assert attempts[-1] == (True, "large", 1, 1, 3), attempts
     assert m.optimized.buffers * 2 <= m.baseline.buffers

@@ -6,6 +6,9 @@
     ReviewingBrain  a brain that can review the other agents' measured proposals (models)
     RefiningBrain   a brain that extends a measured design to remove the bottleneck the plan
                     with it in place shows (the agent's loop, afs.agents)
+    VaryingBrain    a brain that offers other forms of a design of the squad (covering or
+                    plain, another column order, partial or full): for a measuring slot a
+                    shared measurement frees (afs.agents)
     StrategistBrain the offline strategists (`afs.brains.strategists`, pure rules over the
                     plan, the statistics and the query)
     SlowBrain       another brain behind a fixed latency per call (benchmarks, demos)
@@ -29,6 +32,7 @@ import trio
 from afs.brains import strategists
 from afs.brains.strategists.refine import refine_design
 from afs.brains.strategists.rewrites import rewrite_proposals
+from afs.brains.strategists.variants import design_variants
 from afs.models import (
     AgentKey,
     AgentOutcome,
@@ -100,6 +104,18 @@ class RefiningBrain(Protocol):
         ...
 
 
+@runtime_checkable
+class VaryingBrain(Protocol):
+    """A brain that offers other forms of a design the squad has, for a measuring slot that
+    another agent's measurement of the same design frees (afs.agents: the squad searches)."""
+
+    async def variants(self, agent: AgentKey, ctx: AnalysisContext,
+                       design: OptimizationProposal) -> Sequence[OptimizationProposal]:
+        """Other forms of `design` the query motivates (each screened and measured like any
+        candidate); () for none."""
+        ...
+
+
 class StrategistBrain:
     """The offline strategists: rules over the plan and the statistics."""
 
@@ -120,6 +136,10 @@ class StrategistBrain:
         del analysis  # the strategists read the plan, the statistics and the query again
         return await trio.to_thread.run_sync(
             lambda: refine_design(agent, ctx, seen.current, seen.after_plan, seen.bottleneck, seen.steps))
+
+    async def variants(self, agent: AgentKey, ctx: AnalysisContext,
+                       design: OptimizationProposal) -> Sequence[OptimizationProposal]:
+        return await trio.to_thread.run_sync(lambda: design_variants(agent, ctx, design))
 
 
 def interleave(specialised: Sequence[OptimizationProposal],

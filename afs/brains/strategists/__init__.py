@@ -14,6 +14,9 @@ One strategist per specialisation of the seed (`AGENTS` in models.py), one modul
                                        work_mem for a sort or hash that spilled to disk
     (every agent)  refine.py           the loop's next step: the measured design plus the
                                        index that removes the bottleneck of its after-plan
+    (every agent)  variants.py         other forms of a design of the squad (covering or
+                                       plain, another column order, partial or full), for
+                                       a measuring slot a shared measurement frees
     (shared)       evidence.py         Evidence (the plan, the statistics and the query,
                                        by table), Decision, covering_index, estimates
 

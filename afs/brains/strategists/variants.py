@@ -1,0 +1,166 @@
+"""Other forms of a design the squad has (pure): what an agent measures in a slot that another
+agent's measurement of its own design frees (afs.agents), once no other agent's candidate is left.
+
+Each index of a design that is a set of plain B-trees (columns, no expressions or operator
+classes, nothing but CREATE INDEX) is varied the ways the query motivates, the others kept:
+
+    covering / plain   INCLUDE the other columns the query reads from the table (narrow ones,
+                       as the index designer carries them), or the same key without INCLUDE
+    column order       the key's leading columns the query compares by equality (or joins on),
+                       each of the others leading once
+    partial / full     a key column the query compares with a constant as the index's WHERE
+                       (the rest of the key stays), or a partial index's WHERE column as the
+                       first key column instead (the index then serves every value of it)
+
+Each variant is built by the index designer's own `_set_proposal` (name, rollback, size,
+rationale) and none is an index the table has already (`covering_index`). Nothing here says a
+variant is worth measuring: the agent screens it with the planner and measures it only where
+the planner expects a gain, like any candidate (afs.agents).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Final
+
+from afs.brains.strategists.evidence import Evidence, covering_index
+from afs.brains.strategists.index_design import (
+    EQUALITY_OPS,
+    IndexDesign,
+    KeyColumn,
+    _include_columns,
+    _selectivity_note,
+    _set_proposal,
+)
+from afs.models import AgentKey, AnalysisContext, OptimizationProposal
+from afs.safety import creates
+from afs.safety.creates import NewIndex
+
+__all__ = ["MAX_VARIANTS", "design_variants"]
+
+MAX_VARIANTS: Final = 6  # variants of one design, at most
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.replace('"', "").lower().split())
+
+
+def _as_design(ev: Evidence, index: NewIndex) -> IndexDesign | None:
+    """The index as an IndexDesign, when rebuilding it from its parts gives the same index (a
+    B-tree on plain columns, ascending or descending: no expression, operator class or UNIQUE);
+    else None."""
+    table = ev.resolver.table_key(index.table)
+    if table is None or ev.table(table) is None or index.method != "btree" or index.unique:
+        return None
+    keys = [KeyColumn(k[:-len(" DESC")], desc=True) if k.endswith(" DESC") else KeyColumn(k)
+            for k in index.keys]
+    if not keys or tuple(k.name for k in keys) != index.columns:
+        return None
+    design = IndexDesign(table=table, key=tuple(keys), kind="filter",
+                         fraction=1.0, benefit=0.0, include=tuple(index.include),
+                         where=index.where or None)
+    _, _, on = index.canonical.partition(" ON ")
+    rebuilt = f"{index.table}{design.clauses(design.include)}"
+    return design if on and _norm(on) == _norm(rebuilt) else None
+
+
+def _equality_columns(ev: Evidence, table: str) -> list[str]:
+    """The columns of `table` the query compares by equality (or joins on), in the query's order."""
+    found = [u.column for u in ev.uses(table, "equality", "join")
+             if u.role == "join" or (u.operator or "=").upper() in EQUALITY_OPS]
+    return list(dict.fromkeys(found))
+
+
+def _constant_column(ev: Evidence, table: str, where: str) -> str | None:
+    """The column whose constant predicate of the query `where` is (a partial index's WHERE)."""
+    return next((column for (t, column), predicate in ev.shape.constant_predicates.items()
+                 if t == table and _norm(predicate) == _norm(where)), None)
+
+
+def _forms(ev: Evidence, design: IndexDesign) -> list[tuple[IndexDesign, str]]:
+    """The other forms of one index the query motivates, each with what changed."""
+    table, columns, keys = design.table, list(design.columns), list(design.key)
+    forms: list[tuple[IndexDesign, str]] = []
+    where_column = _constant_column(ev, table, design.where) if design.where else None
+    if design.include:
+        forms.append((dataclasses.replace(design, include=()), "the same key without INCLUDE (smaller)"))
+    else:
+        taken = {*columns, *([where_column] if where_column else [])}
+        include = _include_columns(ev, table, taken)
+        if include:
+            forms.append((dataclasses.replace(design, include=include),
+                          f"INCLUDE ({', '.join(include)}) for an index-only scan"))
+    equal = _equality_columns(ev, table)
+    lead = 0
+    while lead < len(columns) and columns[lead] in equal:
+        lead += 1
+    for i in range(1, lead):  # each other equality column of the leading run leads once
+        order = (keys[i], *keys[:i], *keys[i + 1:])
+        forms.append((dataclasses.replace(design, key=order),
+                      f"{columns[i]} first (the query compares {', '.join(columns[:lead])} by equality)"))
+    if design.where is None:
+        for column in columns:
+            predicate = ev.shape.constant_predicates.get((table, column))
+            rest = tuple(k for k in keys if k.name != column)
+            if predicate and rest:
+                forms.append((dataclasses.replace(design, key=rest, where=predicate),
+                              f"partial: WHERE {predicate} instead of {column} in the key"))
+    elif where_column is not None and where_column not in columns:
+        forms.append((dataclasses.replace(design, key=(KeyColumn(where_column), *design.key), where=None),
+                      f"{where_column} as the first key column instead of WHERE {design.where} "
+                      "(every value of it)"))
+    return forms
+
+
+def _fraction(ev: Evidence, design: IndexDesign) -> tuple[float, float]:
+    """The share of the table's rows the index leads to (its equality columns' and WHERE's
+    selectivities, pg_stats), and the share a partial index keeps."""
+    uses = {u.column: u for u in ev.uses(design.table, "equality")
+            if (u.operator or "=").upper() in EQUALITY_OPS}
+    where_column = _constant_column(ev, design.table, design.where) if design.where else None
+    where_fraction = 1.0
+    if where_column is not None and where_column in uses:
+        where_fraction, _ = _selectivity_note(ev, design.table, uses[where_column])
+    keyed = [_selectivity_note(ev, design.table, uses[c])[0] for c in design.columns if c in uses]
+    return min(1.0, math.prod(keyed) * where_fraction), where_fraction
+
+
+def design_variants(agent: AgentKey, ctx: AnalysisContext,
+                    proposal: OptimizationProposal) -> tuple[OptimizationProposal, ...]:
+    """Other forms of `proposal`'s indexes (module docstring), at most MAX_VARIANTS; () for a
+    design that is not a set of plain B-trees (a rewrite, a setting, a view, an expression)."""
+    if proposal.rewritten_query is not None or proposal.settings or not proposal.sql_commands:
+        return ()
+    made = creates(proposal)
+    indexes = made.indexes
+    if not made.complete or len(indexes) != len(proposal.sql_commands):
+        return ()  # something else than index builds (ANALYZE, an extension, a view …)
+    ev = Evidence(ctx)
+    designs = [_as_design(ev, index) for index in indexes]
+    if any(d is None for d in designs):
+        return ()
+    plain = [d for d in designs if d is not None]
+    seen = {tuple(_norm(c) for c in sorted(index.canonical for index in indexes))}
+    found: list[OptimizationProposal] = []
+    for i, design in enumerate(plain):
+        for form, change in _forms(ev, design):
+            info = ev.table(form.table)
+            assert info is not None
+            if not form.include and covering_index(info, (), form.columns, form.where) is not None:
+                continue  # the table has this index already
+            fraction, where_fraction = _fraction(ev, form)
+            form = dataclasses.replace(form, fraction=fraction, where_fraction=where_fraction, reasons=(
+                f"A variant of a design of the squad ({', '.join(d.describe() for d in plain)}): "
+                f"{change} on {form.table}.",))
+            others = [d for j, d in enumerate(plain) if j != i]
+            variant = _set_proposal(agent, ev, [*others[:i], form, *others[i:]],
+                                    proposal.estimated_impact.query_time_improvement)
+            key = tuple(sorted(_norm(new.canonical) for new in creates(variant).indexes))
+            if key in seen:
+                continue
+            seen.add(key)
+            found.append(variant)
+            if len(found) >= MAX_VARIANTS:
+                return tuple(found)
+    return tuple(found)
