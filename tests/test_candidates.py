@@ -357,13 +357,15 @@ async def test_a_work_mem_setting_is_measured_per_query(settings: Settings, sand
 @pytest.mark.usefixtures("no_leaked_forks")
 async def test_a_query_past_the_statement_timeout_is_still_optimized(
         settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
-    # a correlated subquery: one scan of orders per user (about 0.5 s at the small scale)
-    slow_query = ("SELECT count(*) AS n FROM users u WHERE u.id <= 200"
+    # a correlated subquery: one scan of orders per user, 1,000 users: past the 200 ms statement
+    # timeout on any machine (1.6 s where 2,000 took 3.3 s; 200 users, 0.33 s there, were within
+    # 2x of it), while the rewrite groups orders once (~10 ms)
+    slow_query = ("SELECT count(*) AS n FROM users u WHERE u.id <= 1000"
                   " AND (SELECT count(*) FROM orders o WHERE o.user_id = u.id) > 5")
     join = ScriptedBrain(lambda agent: proposal(
         agent, "query_rewrite", rewrite=(
             "SELECT count(*) AS n FROM users u JOIN (SELECT user_id, count(*) AS c FROM orders"
-            " GROUP BY user_id) s ON s.user_id = u.id WHERE u.id <= 200 AND s.c > 5")))
+            " GROUP BY user_id) s ON s.user_id = u.id WHERE u.id <= 1000 AND s.c > 5")))
     tight = settings.with_(statement_timeout_ms=200, slow_baseline_cap_s=60.0)
     result = await run(tight, sandbox, forks, slow_query, join)
     (outcome,) = result.outcomes
