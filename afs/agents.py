@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,16 +41,22 @@ import trio
 from afs.analysis import SourceStats, explain_analyze, gather_context
 from afs.bench import (
     MIN_EFFECT,
+    Contest,
     Earlier,
     Reuse,
+    Runners,
     Suites,
     TaskMeasurements,
     benchmark,
+    contest,
     hideable_indexes,
+    hiding,
     measure_before,
     past_timeout_check,
     planner_cost,
     result_of,
+    run_design,
+    timing,
     undo,
 )
 from afs.bench import apply as apply_proposal
@@ -613,7 +619,65 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
     state.candidates = tuple(tried[r] for r in sorted(tried))
     if not state.candidates:  # nothing proposed, and the loop found nothing either
         return state.outcome("ok")
-    return _best(state)
+    slower = frozenset[int]() if in_place.unknown else await _settle(fork, shared, in_place)
+    return _best(state, slower)
+
+
+CONTEST_SHARE_OF_TIME_LEFT = 0.5  # a head-to-head takes at most this share of the agent's time left
+
+
+async def _settle(fork: _InFork, shared: TaskMeasurements, in_place: _InPlace) -> frozenset[int]:
+    """The agent's two best designs head to head when their measurements do not tell them
+    apart and complexity points would (`tie_to_settle`): both in place in this fork, each run
+    with the other's objects hidden, pair by pair (afs.bench.contest), once per task
+    (`TaskMeasurements.settle`). Returns the ranks of the design measured slower (none when
+    neither is faster beyond the noise: the score decides, as before); both candidates' notes
+    say what was found."""
+    conn, job, state = fork.conn, fork.job, fork.state
+    measured = [c for c in state.candidates if c.status == "measured" and c.benchmark is not None
+                and c.rank not in state.superseded and not c.benchmark.answer_cache]
+    pair = tie_to_settle(state.agent, measured, state.writes_per_read)
+    if pair is None:
+        return frozenset()
+    first, second = pair
+    key = TaskMeasurements.key
+
+    async def run(a: OptimizationProposal, b: OptimizationProposal) -> Contest:
+        hide_a, hide_b = hiding(a), hiding(b)
+        assert hide_a is not None and hide_b is not None
+        async with fork.bench_limiter, server_lock(conn, "benchmark"):
+            if not await in_place.put(a):
+                raise ProposalFailedError(f"applying a design for the head-to-head failed: {in_place.error}")
+            in_place.unknown = True  # both in place, only one recorded: nothing more is measured here
+            await apply_proposal(conn, b)
+            return await contest(Runners(
+                functools.partial(run_design, conn, a, hide_b, a.rewritten_query or job.query),
+                functools.partial(run_design, conn, b, hide_a, b.rewritten_query or job.query)),
+                job.measuring)
+
+    left = trio.current_effective_deadline() - trio.current_time()
+    with trio.move_on_after(CONTEST_SHARE_OF_TIME_LEFT * left):
+        try:
+            found = await shared.settle(first.proposal, second.proposal, run)
+        except (ProposalFailedError, DatabaseError) as exc:
+            fork.events.emit("candidates_contested", agent=state.agent, fork=state.fork,
+                             ranks=[first.rank, second.rank], error=str(exc))
+            return frozenset()
+        a, b = timing(found.first), timing(found.second)
+        fork.events.emit("candidates_contested", agent=state.agent, fork=state.fork,
+                         ranks=[first.rank, second.rank], ms=[a.median_ms, b.median_ms],
+                         pairs=len(found.first), faster=found.faster)
+        notes = {first.rank: contest_note(found, True, second.rank),
+                 second.rank: contest_note(found, False, first.rank)}
+        state.candidates = tuple(
+            dataclasses.replace(c, note="; ".join(n for n in (c.note, notes[c.rank]) if n))
+            if c.rank in notes else c for c in state.candidates)
+        if found.faster is None:
+            return frozenset()
+        loser = second if found.faster == "first" else first
+        return frozenset(c.rank for c in measured if key(c.proposal) == key(loser.proposal))
+    return frozenset()
+
 
 
 # -- the loop: the best design, the plan with it in place, the next design ------------------------
@@ -1186,7 +1250,7 @@ def as_fast(candidate: tuple[float, float], fastest: tuple[float, float]) -> boo
 
 
 def best_candidate(agent: AgentKey, measured: Sequence[CandidateResult],
-                   writes_per_read: Mapping[str, float]) -> CandidateResult:
+                   writes_per_read: Mapping[str, float], slower: Collection[int] = ()) -> CandidateResult:
     """The best of an agent's measured candidates (at least one).
 
     Speed first, then the score consensus gives: the consensus performance score is in
@@ -1194,7 +1258,46 @@ def best_candidate(agent: AgentKey, measured: Sequence[CandidateResult],
     candidate was measured the same way in the same fork, so among those that qualify (same
     rows, not disqualified) the ones as fast as the fastest (`as_fast`) are preferred, and
     among them the best score (storage, complexity, risk) wins, then the brain's order.
+    `slower`: the ranks of candidates measured slower head to head (`tie_to_settle`) than
+    another as fast: they are not as fast as the fastest.
     """
+    return _ranked(agent, measured, writes_per_read, slower)[0][0]
+
+
+def tie_to_settle(agent: AgentKey, measured: Sequence[CandidateResult],
+                  writes_per_read: Mapping[str, float]) -> tuple[CandidateResult, CandidateResult] | None:
+    """The two best of an agent's candidates when their measurements do not tell them apart
+    and the score would (pure): both qualify and are as fast as the fastest (`as_fast`), they
+    are two designs, the one the score prefers was not measured faster beyond the noise on the
+    query as given (every run faster, medians MIN_EFFECT apart), neither runs within AS_FAST_MS
+    (sub-millisecond noise), and both can be in place in one fork, each hidden from the other's
+    runs (`afs.bench.hiding`). Each was measured against its own baseline runs, possibly
+    minutes and another fork apart: a busy server's drift between them can reach 2x
+    (afs.bench), so complexity points would decide a real difference by chance. None when there
+    is nothing to settle."""
+    contenders = _ranked(agent, measured, writes_per_read, ())[1]
+    if not contenders:
+        return None
+    first, key = contenders[0], TaskMeasurements.key
+    second = next((c for c in contenders[1:] if key(c.proposal) != key(first.proposal)), None)
+    if second is None:
+        return None
+    a, b = query_timing(first.benchmark), query_timing(second.benchmark)
+    if a is None or b is None or max(a.median_ms, b.median_ms) <= AS_FAST_MS:
+        return None
+    fastest_b = b.min_ms if b.min_ms is not None else b.median_ms - b.spread_ms
+    slowest_a = a.max_ms if a.max_ms is not None else a.median_ms + a.spread_ms
+    if slowest_a < fastest_b and b.median_ms - a.median_ms >= MIN_EFFECT * b.median_ms:
+        return None  # the score's choice is measured faster already
+    if hiding(first.proposal) is None or hiding(second.proposal) is None:
+        return None
+    return first, second
+
+
+def _ranked(agent: AgentKey, measured: Sequence[CandidateResult], writes_per_read: Mapping[str, float],
+            slower: Collection[int]) -> tuple[list[CandidateResult], list[CandidateResult]]:
+    """The candidates best first (`best_candidate`), and those of them that qualify and are as
+    fast as the fastest (the ones the score decides between)."""
     breakdowns: dict[int, ScoreBreakdown] = {}
     times: dict[int, tuple[float, float]] = {}
     for c in measured:
@@ -1211,14 +1314,28 @@ def best_candidate(agent: AgentKey, measured: Sequence[CandidateResult],
     def key(c: CandidateResult) -> tuple[bool, bool, bool, float, int]:
         assert c.benchmark is not None
         breakdown = breakdowns[c.rank]
-        slow = fastest is not None and not as_fast(times[c.rank], fastest)
+        slow = c.rank in slower or (fastest is not None and not as_fast(times[c.rank], fastest))
         return (not c.benchmark.equivalent, bool(breakdown.disqualified), slow, -breakdown.total, c.rank)
 
-    return min(measured, key=key)
+    order = sorted(measured, key=key)
+    return order, [c for c in order if not any(key(c)[:3])]
 
 
-def _best(state: _Progress) -> AgentOutcome:
-    """The agent's outcome: its best measured candidate (`best_candidate`)."""
+def contest_note(found: Contest, first: bool, other: int) -> str:
+    """What a head-to-head found, said of one of its two designs (pure)."""
+    mine, theirs = (found.first, found.second) if first else (found.second, found.first)
+    if found.faster is None:
+        verdict = f"not apart from #{other} head to head"
+    else:
+        won = (found.faster == "first") == first
+        verdict = f"{'faster' if won else 'slower'} than #{other} head to head"
+    return (f"{verdict} in one fork: {fmt_ms(timing(mine).median_ms)} against"
+            f" {fmt_ms(timing(theirs).median_ms)} ms ({len(found.first)} pairs of runs)")
+
+
+def _best(state: _Progress, slower: frozenset[int] = frozenset()) -> AgentOutcome:
+    """The agent's outcome: its best measured candidate (`best_candidate`; `slower`: the ranks
+    measured slower head to head, `_settle`)."""
     measured = [c for c in state.candidates if c.status == "measured" and c.benchmark is not None]
     measured = [c for c in measured if c.rank not in state.superseded] or measured
     if not measured:
@@ -1228,7 +1345,7 @@ def _best(state: _Progress) -> AgentOutcome:
         return state.outcome(status, first.note or "no candidate could be measured")
     # an answer cache cannot win: the best of the others does, if there is one
     real = [c for c in measured if not (c.benchmark and c.benchmark.answer_cache)] or measured
-    best = best_candidate(state.agent, real, state.writes_per_read)
+    best = best_candidate(state.agent, real, state.writes_per_read, slower)
     assert best.benchmark is not None
     state.proposal, state.validation = best.proposal, best.validation
     state.measured_by = state.shared_by.get(best.rank)

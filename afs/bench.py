@@ -7,8 +7,12 @@ then measured runs of server-side execution time and shared buffers
 Where it can, baseline and candidate alternate run by run so drift hits both
 alike: a proposal made only of named CREATE INDEX statements is hidden for a
 baseline run inside a rolled-back transaction (`BEGIN; DROP INDEX …; <query>;
-ROLLBACK`); a rewrite alternates with the original query. Otherwise (e.g.
-partitioning) the baseline runs before the change and the candidate after.
+ROLLBACK`), and so is one made of CREATE STATISTICS and ANALYZE
+(`hideable_statistics`: `DROP STATISTICS …`; the planner then plans without them,
+on the column statistics the ANALYZE left, which both sides share); a rewrite
+alternates with the original query. Otherwise (e.g. partitioning) the baseline runs
+before the change and the candidate after: minutes of drift on a busy server lie
+between the two, enough to hide a 20 % effect or fake one.
 
 Significance: with N runs per side, a difference is called real only when the
 two samples do not overlap at all (every candidate run faster than every
@@ -115,7 +119,7 @@ from afs.models import (
 )
 from afs.pg.names import quote_qualified
 from afs.pg.plan import explained, plan_of, shared_buffers
-from afs.safety import Change, NewIndex, creates
+from afs.safety import Change, NewIndex, NewStatistics, creates
 from afs.suite import result_checksum_sql, result_checksums_sql
 
 MB = 1048576.0
@@ -379,6 +383,21 @@ def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:
     return tuple(names) or None
 
 
+def hideable_statistics(proposal: OptimizationProposal) -> tuple[str, ...] | None:
+    """Names of the extended statistics the proposal creates, if it creates nothing else (its
+    other commands ANALYZE): a baseline run drops them in a rolled-back transaction (pure)."""
+    created = creates(proposal)
+    if not created.complete:
+        return None
+    names: list[str] = []
+    for fact in created.commands:
+        if isinstance(fact, NewStatistics):
+            names.append(fact.name)
+        elif not (isinstance(fact, Change) and fact.kind == "analyze"):
+            return None
+    return tuple(names) or None
+
+
 @dataclass
 class Drift:
     """What the fresh baseline runs of a close candidate found, once per candidate's measurement:
@@ -593,6 +612,7 @@ class TaskMeasurements:
         self._measurements: dict[ProposalKey, _Once[BenchmarkOutcome]] = {}
         self._screenings: dict[ProposalKey, _Once[float]] = {}
         self._analysis: dict[None, _Once[tuple[AnalysisContext, tuple[str, ...]]]] = {}
+        self._contests: dict[frozenset[ProposalKey], _Once[Contest]] = {}  # `settle`
         # results, baseline runs and long runs of the queries before any change, for every fork
         self.reuse = Reuse()
         # the query with other values (a family member's original) known to exceed the
@@ -657,6 +677,22 @@ class TaskMeasurements:
         if entry.done.is_set() and entry.value is None:
             return None
         return entry.owner
+
+    async def settle(self, first: OptimizationProposal, second: OptimizationProposal,
+                     run: Callable[[OptimizationProposal, OptimizationProposal], Awaitable[Contest]]
+                     ) -> Contest:
+        """Two designs measured head to head (`run`: `contest` in the caller's fork), once per
+        task: the first agent to ask runs it, the others take its verdict (every fork of a task
+        starts with the same data). If that agent fails before it is done, the next one runs it.
+        Every agent runs the two in the same order; the contest returned is in the caller's."""
+        swap = repr(self.key(second)) < repr(self.key(first))
+        a, b = (second, first) if swap else (first, second)
+        key = frozenset((self.key(first), self.key(second)))
+        value, _ = await _once(self._contests, key, functools.partial(run, a, b))
+        if not swap:
+            return value
+        faster: ContestSide | None = {"first": "second", "second": "first", None: None}[value.faster]
+        return Contest(value.second, value.first, faster, value.stopped)
 
 
 
@@ -979,7 +1015,8 @@ async def benchmark(
         except StatementTimeout:
             family_before_results[member.label] = None
 
-    sequential = hidden is None and not rewrite and not settings
+    hidden_statistics = hideable_statistics(proposal) if hidden is None else None
+    sequential = hidden is None and hidden_statistics is None and not rewrite and not settings
     timed_family = [m for m in family if m.candidate_sql is not None]
     budget = Budget(policy.budget_s, (len(pairs) + len(timed_family)) * (2 if sequential else 1))
     sequential_baseline: dict[str, list[Sample]] = {}
@@ -1018,12 +1055,20 @@ async def benchmark(
         assert hidden is not None
         return await _run_without(conn, hidden, sql)
 
+    async def without_new_statistics(sql: str) -> Sample:
+        assert hidden_statistics is not None
+        return await _run_without_statistics(conn, hidden_statistics, sql)
+
     run_candidate = with_settings if settings else plain
     pristine = _pristine_baseline(proposal, hidden)
     if hidden is not None:
         sides = _Sides(without_new_indexes, run_candidate, True,
                        "interleaved; baseline with the new indexes hidden in a rolled-back transaction",
                        pristine)
+    elif hidden_statistics is not None:
+        # not pristine: the proposal's ANALYZE drew new column statistics for both sides
+        sides = _Sides(without_new_statistics, run_candidate, True,
+                       "interleaved; baseline with the new statistics hidden in a rolled-back transaction")
     elif rewrite or settings:
         sides = _Sides(plain, run_candidate, True,
                        "interleaved; original query against the "
@@ -1185,6 +1230,18 @@ async def benchmark(
     )
 
 
+async def _run_without_statistics(conn: Connection, names: Sequence[str], sql: str) -> Sample:
+    """One run with the extended statistics `names` dropped inside a transaction that is rolled back."""
+    await conn.execute("BEGIN")
+    try:
+        for name in names:
+            await conn.execute(f"DROP STATISTICS {quote_qualified(name)}")
+        return await run_once(conn, sql)
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+
+
 async def _run_without(conn: Connection, indexes: Sequence[str], sql: str) -> Sample:
     """One run with `indexes` dropped inside a transaction that is rolled back."""
     await conn.execute("BEGIN")
@@ -1195,3 +1252,107 @@ async def _run_without(conn: Connection, indexes: Sequence[str], sql: str) -> Sa
     finally:
         with trio.CancelScope(shield=True):
             await conn.execute("ROLLBACK")
+
+# -- two designs head to head --------------------------------------------------------------
+# pairs of runs, every one won by the same design, that settle a contest: by chance 2^-7 =
+# 0.008, the false-alarm rate of the margin rule (`stop_reason`)
+CONTEST_PAIRS = 7
+
+ContestSide = Literal["first", "second"]
+
+
+@dataclass(frozen=True)
+class Contest:
+    """Two designs measured head to head in one fork (`contest`): their runs of the query as
+    given, pair by pair (each pair's order alternating), which one is faster (None: neither
+    beyond the noise), and why the runs stopped."""
+
+    first: tuple[Sample, ...]
+    second: tuple[Sample, ...]
+    faster: ContestSide | None
+    stopped: StopReason
+
+
+def contest_verdict(first: Sequence[float], second: Sequence[float], rule: StopRule,
+                    out_of_time: bool = False) -> tuple[StopReason | None, ContestSide | None]:
+    """Whether a head-to-head stops now, and which design is faster (pure; times in ms, pair
+    by pair). Paired, because the two runs of a pair are adjacent in time: drift between pairs
+    (a busy two-core server) does not count against the verdict as it does for two samples.
+
+    A design is faster when it won every pair and the medians are at least MIN_EFFECT apart:
+    after CONTEST_PAIRS pairs, or after `rule.min_runs` when the samples are separated with
+    the margin of `stop_reason`. A pair won by each side ends it without a verdict ("overlap":
+    it can no longer be every pair); so does `rule.max_runs` pairs or the budget."""
+    n = min(len(first), len(second))
+    if n == 0:
+        return None, None
+    a, b = list(first[:n]), list(second[:n])
+    if not (all(x < y for x, y in zip(a, b, strict=True)) or all(y < x for x, y in zip(a, b, strict=True))):
+        return "overlap", None
+    side: ContestSide = "first" if a[0] < b[0] else "second"
+    ma, mb = statistics.median(a), statistics.median(b)
+    apart = abs(ma - mb) >= MIN_EFFECT * max(ma, mb)
+    if n >= min(rule.min_runs, rule.max_runs) and stop_reason(b, a, rule) == "separated":
+        return "separated", side
+    if n >= CONTEST_PAIRS and apart:
+        return "separated", side
+    if n >= rule.max_runs:
+        return "max_runs", None
+    if out_of_time:
+        return "budget", None
+    return None, None
+
+
+def hiding(proposal: OptimizationProposal) -> tuple[str, ...] | None:
+    """The statements that hide what the proposal creates inside a transaction (pure): none for
+    a rewrite or settings (it creates nothing), DROP INDEX for indexes, DROP STATISTICS for
+    extended statistics; None when something else is created (it cannot be hidden)."""
+    if not proposal.sql_commands:
+        return ()
+    indexes = hideable_indexes(proposal)
+    if indexes is not None:
+        return tuple(f"DROP INDEX {quote_qualified(name)}" for name in indexes)
+    stats = hideable_statistics(proposal)
+    if stats is not None:
+        return tuple(f"DROP STATISTICS {quote_qualified(name)}" for name in stats)
+    return None
+
+
+async def run_design(conn: Connection, proposal: OptimizationProposal, hide: Sequence[str],
+                     sql: str) -> Sample:
+    """One run of `sql` as the proposal would run it, in a transaction that is rolled back: the
+    other design's objects hidden (`hide`, from `hiding`) and its settings SET LOCAL."""
+    await conn.execute("BEGIN")
+    try:
+        for statement in hide:
+            await conn.execute(statement)
+        for name, value in proposal.settings:
+            await conn.execute(f"SET LOCAL {name} = {_setting_literal(value)}")
+        return await run_once(conn, sql)
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+
+
+async def contest(runners: Runners, policy: Measuring) -> Contest:
+    """Two designs in place in one fork, head to head: a warm-up each, then pairs of runs (the
+    order alternating pair by pair) until `contest_verdict` stops: at most twice the policy's
+    runs (and at least CONTEST_PAIRS), within the policy's budget of query time.
+    `runners.baseline` runs the first design, `runners.candidate` the second."""
+    rule = StopRule(min_runs=policy.min_runs, max_runs=max(CONTEST_PAIRS, 2 * policy.runs))
+    started = trio.current_time()
+    await runners.baseline()
+    await runners.candidate()
+    first: list[Sample] = []
+    second: list[Sample] = []
+    while True:
+        if len(first) % 2 == 0:
+            first.append(await runners.baseline())
+            second.append(await runners.candidate())
+        else:
+            second.append(await runners.candidate())
+            first.append(await runners.baseline())
+        reason, faster = contest_verdict([s.ms for s in first], [s.ms for s in second], rule,
+                                         trio.current_time() - started >= policy.budget_s)
+        if reason is not None:
+            return Contest(tuple(first), tuple(second), faster, reason)

@@ -1,0 +1,191 @@
+"""Two designs as fast as each other by their own measurements are measured head to head before
+complexity points decide (issue 25, item 5: where the effect is small, keep measuring); extended
+statistics are measured interleaved, hidden for the baseline runs, not before and after."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+
+from afs.agents import best_candidate, contest_note, tie_to_settle
+from afs.bench import (
+    CONTEST_PAIRS,
+    Contest,
+    Sample,
+    StopRule,
+    Suites,
+    TaskMeasurements,
+    benchmark,
+    contest_verdict,
+    hideable_statistics,
+    hiding,
+)
+from afs.config import Measuring
+from afs.db import Connection, open_connection
+from afs.forks.provider import LocalForkProvider
+from afs.models import (
+    BenchmarkOutcome,
+    CandidateResult,
+    EstimatedImpact,
+    Measurement,
+    OptimizationProposal,
+    ProposalType,
+    QueryVariant,
+    Timing,
+    ValidationResult,
+)
+
+RULE = StopRule(min_runs=3, max_runs=10)
+QUERY = "SELECT c.id FROM customers c WHERE c.id NOT IN (SELECT o.customer_id FROM orders o)"
+REWRITE = "SELECT c.id FROM customers c WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.customer_id = c.id)"
+
+
+def proposal(ptype: ProposalType, *sql: str, rewrite: str | None = None,
+             settings: tuple[tuple[str, str], ...] = ()) -> OptimizationProposal:
+    return OptimizationProposal(agent="gemini25pro", proposal_type=ptype, sql_commands=sql,
+                                rollback_commands=(), rationale="test",
+                                estimated_impact=EstimatedImpact(50, 1, "low", "low"),
+                                rewritten_query=rewrite, settings=settings)
+
+
+def measured(rank: int, design: OptimizationProposal, runs_ms: tuple[float, float, float]) -> CandidateResult:
+    """A design measured on three suite queries, 3000 ms before; `runs_ms` after (min, median, max)."""
+    low, mid, high = runs_ms
+    figures = tuple(Measurement(name, Timing(3000.0, 100.0, 3, 9000, min_ms=2900.0, max_ms=3100.0),
+                                Timing(mid, (high - low) / 2, 3, 9000, min_ms=low, max_ms=high), 10,
+                                equivalent=True, significant=True) for name in ("baseline", "limit", "sort"))
+    return CandidateResult(design, "measured", rank, ValidationResult(True, "low", 1.0),
+                           benchmark=BenchmarkOutcome(figures, 100.0, 100.0))
+
+
+SETTING = proposal("settings", settings=(("work_mem", "64MB"),))
+REWRITTEN = proposal("query_rewrite", rewrite=REWRITE)
+
+
+# -- which two designs are settled head to head (pure) ----------------------------------------
+def test_two_designs_as_fast_as_each_other_are_settled_head_to_head_not_by_complexity() -> None:
+    # a setting (complexity 90) and a rewrite (85), 289 and 285 ms against the same baseline:
+    # as fast as each other, so the score alone would pick the setting
+    setting = measured(1, SETTING, (250.0, 289.0, 330.0))
+    rewrite = measured(2, REWRITTEN, (240.0, 285.0, 320.0))
+    assert best_candidate("gemini25pro", [setting, rewrite], {}).rank == 1
+    pair = tie_to_settle("gemini25pro", [setting, rewrite], {})
+    assert pair is not None and {c.rank for c in pair} == {1, 2} and pair[0].rank == 1
+    # measured slower head to head: the other one is kept, whatever the points
+    assert best_candidate("gemini25pro", [setting, rewrite], {}, slower={1}).rank == 2
+
+
+def test_nothing_to_settle_when_the_measurements_already_tell_the_designs_apart() -> None:
+    setting = measured(1, SETTING, (280.0, 289.0, 300.0))
+    # many times faster: not as fast as each other, speed decides already
+    assert tie_to_settle("gemini25pro", [setting, measured(2, REWRITTEN, (20.0, 25.0, 30.0))], {}) is None
+    # the score's choice measured faster beyond the noise (every run, 5 %): nothing to settle
+    assert tie_to_settle("gemini25pro", [setting, measured(2, REWRITTEN, (305.0, 310.0, 315.0))], {}) is None
+    # one design alone, twice (another agent's measurement of the same design)
+    assert tie_to_settle("gemini25pro", [setting, measured(2, SETTING, (250.0, 280.0, 300.0))], {}) is None
+    # sub-millisecond times are noise (as `as_fast` says)
+    fast = proposal("index", "CREATE INDEX a ON orders (customer_id)")
+    assert tie_to_settle("gemini25pro", [measured(1, fast, (0.02, 0.03, 0.04)),
+                                         measured(2, REWRITTEN, (0.02, 0.03, 0.05))], {}) is None
+    # a design that cannot be hidden in a transaction (a materialized view) is not contested
+    view = proposal("materialized_view", "CREATE MATERIALIZED VIEW v AS SELECT 1 AS x",
+                    rewrite="SELECT x FROM v")
+    assert tie_to_settle("gemini25pro", [measured(1, view, (250.0, 289.0, 330.0)),
+                                         measured(2, REWRITTEN, (240.0, 285.0, 320.0))], {}) is None
+
+
+def test_what_hides_a_design_inside_a_transaction() -> None:
+    assert hiding(SETTING) == () and hiding(REWRITTEN) == ()
+    assert hiding(proposal("index", "CREATE INDEX a ON orders (customer_id)")) == ('DROP INDEX "a"',)
+    stats = proposal("statistics", "CREATE STATISTICS s1 (ndistinct) ON city, zip FROM addresses",
+                     "ANALYZE addresses")
+    assert hideable_statistics(stats) == ("s1",)
+    assert hiding(stats) == ('DROP STATISTICS "s1"',)
+    assert hiding(proposal("materialized_view", "CREATE MATERIALIZED VIEW v AS SELECT 1 AS x")) is None
+    mixed = proposal("statistics", "CREATE STATISTICS s1 ON city, zip FROM addresses",
+                     "CREATE INDEX a ON addresses (city)")
+    assert hideable_statistics(mixed) is None
+
+
+# -- the verdict of a head-to-head (pure) -------------------------------------------------------
+def test_every_pair_won_by_one_design_settles_it_after_seven_pairs() -> None:
+    # paired runs drift together (a busy server): 425 vs 210 ms with runs from 200 to 800 ms
+    slow = [425.0, 800.0, 430.0, 610.0, 390.0, 700.0, 455.0]
+    fast = [210.0, 760.0, 200.0, 330.0, 250.0, 520.0, 300.0]
+    for n in range(1, CONTEST_PAIRS):
+        assert contest_verdict(slow[:n], fast[:n], RULE) == (None, None)
+    assert contest_verdict(slow, fast, RULE) == ("separated", "second")
+    assert contest_verdict(fast, slow, RULE) == ("separated", "first")
+
+
+def test_a_pair_won_by_each_design_ends_the_contest_without_a_verdict() -> None:
+    assert contest_verdict([300.0, 280.0, 310.0], [290.0, 295.0, 300.0], RULE) == ("overlap", None)
+    # every pair one way but the medians within 5 %: no verdict, up to the maximum of pairs
+    a, b = [100.0 + i for i in range(10)], [101.0 + i for i in range(10)]
+    assert contest_verdict(a[:9], b[:9], RULE) == (None, None)
+    assert contest_verdict(a, b, RULE) == ("max_runs", None)
+    assert contest_verdict(a[:4], b[:4], RULE, out_of_time=True) == ("budget", None)
+
+
+def test_a_clear_margin_settles_it_at_the_minimum() -> None:
+    assert contest_verdict([100.0, 101.0, 99.0], [50.0, 51.0, 49.0], RULE) == ("separated", "second")
+
+
+def test_the_note_says_which_design_won_and_by_how_much() -> None:
+    found = Contest(tuple(Sample(ms, 1) for ms in (425.0, 430.0, 420.0)),
+                    tuple(Sample(ms, 1) for ms in (210.0, 200.0, 220.0)), "second", "separated")
+    assert contest_note(found, True, 2).startswith("slower than #2 head to head in one fork: 425")
+    assert contest_note(found, False, 1).startswith("faster than #1 head to head")
+
+
+async def test_a_contest_runs_once_per_task_and_each_agent_reads_it_in_its_own_order() -> None:
+    shared, runs = TaskMeasurements(), []
+
+    async def run(a: OptimizationProposal, b: OptimizationProposal) -> Contest:
+        runs.append((a, b))
+        await trio.sleep(0.01)
+        faster = "first" if a is REWRITTEN else "second"
+        mine, theirs = (Sample(200.0, 1),), (Sample(400.0, 1),)
+        return Contest(mine if a is REWRITTEN else theirs, theirs if a is REWRITTEN else mine,
+                       faster, "separated")  # type: ignore[arg-type]
+
+    found: dict[str, Contest] = {}
+
+    async def ask(name: str, first: OptimizationProposal, second: OptimizationProposal) -> None:
+        found[name] = await shared.settle(first, second, run)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask, "one", SETTING, REWRITTEN)
+        nursery.start_soon(ask, "two", REWRITTEN, SETTING)
+    assert len(runs) == 1
+    assert found["one"].faster == "second" and found["one"].second[0].ms == 200.0
+    assert found["two"].faster == "first" and found["two"].first[0].ms == 200.0
+
+
+# -- extended statistics measured interleaved, in a real fork --------------------------------------
+@pytest.fixture
+async def fork_conn(provider: LocalForkProvider) -> AsyncIterator[Connection]:
+    fork = await provider.fork("afs_demo", ttl_seconds=600)
+    try:
+        async with open_connection(fork.dsn) as conn:
+            yield conn
+    finally:
+        await provider.delete(fork.name)
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_extended_statistics_are_measured_interleaved_with_the_baseline(fork_conn: Connection) -> None:
+    sql = "SELECT status, shipping_country, count(*) FROM orders GROUP BY status, shipping_country"
+    stats = proposal("statistics", "CREATE STATISTICS h2h_orders_status_country (ndistinct)"
+                                   " ON status, shipping_country FROM orders", "ANALYZE orders")
+    outcome = await benchmark(fork_conn, Suites((QueryVariant("baseline", sql, ordered=False, exact=True),),
+                                                ("orders",)),
+                              stats, policy=Measuring(runs=3, min_runs=3))
+    (m,) = outcome.measurements
+    assert m.equivalent and m.baseline.runs == m.optimized.runs
+    assert m.note.startswith("interleaved; baseline with the new statistics hidden"), m.note
+    # the statistics stay in place after the measurement (the rolled-back drops hid them only)
+    assert await fork_conn.fetchval(
+        "SELECT count(*) FROM pg_statistic_ext WHERE stxname = 'h2h_orders_status_country'") == 1
