@@ -8,8 +8,8 @@ the Vertex AI path for it), scripted per test with a queue of `FakeReply`:
 a JSON body or a status code, headers (Retry-After), a delay. It records every
 `generateContent` request it receives in `requests`, and every `models.get` in
 `lookups`: that one answers from the model list, not the script (any model
-exists, except those named in `retired`, which get the 404 of a shut-down model).
-Like the real API, every answer names the `modelVersion` that produced it
+exists, except those named in `FakeModels.retired`, which get the 404 of a shut-down
+model). Like the real API, every answer names the `modelVersion` that produced it
 (`versions[model]`, else the model's own name; `routed` sends a retired name to
 another model, as Google re-routes) and, for a model in `stages`, its
 `modelStatus` (stage, retirement time, message). `reply_zero_quota(model)` is the
@@ -138,11 +138,26 @@ def reply_text(text: str, *, prompt_tokens: int = 1000, output_tokens: int = 200
     return FakeReply(body=body, delay_s=delay_s)
 
 
-def reply_stream(text: str, *, pieces: int = 3, gap_s: float = 0.0, first_s: float = 0.0,
-                 stall_s: float = 0.0, prompt_tokens: int = 1000, output_tokens: int = 200) -> FakeReply:
-    """A streamed answer: `text` in `pieces` chunks, the first after `first_s` (thinking), the
-    others `gap_s` apart; `stall_s` > 0 holds the last chunk back that long (a stalled stream).
-    The last chunk carries the finish reason and the usage, as the API's does."""
+@dataclass(frozen=True)
+class Pacing:
+    """How a streamed answer (`reply_stream`) arrives: in `pieces` chunks, the first after
+    `first_s` (thinking), the others `gap_s` apart; `stall_s` > 0 holds the last chunk back that
+    long (a stalled stream)."""
+
+    pieces: int = 3
+    first_s: float = 0.0
+    gap_s: float = 0.0
+    stall_s: float = 0.0
+
+
+AT_ONCE = Pacing()  # three chunks, no waits
+
+
+def reply_stream(text: str, pacing: Pacing = AT_ONCE, *, prompt_tokens: int = 1000,
+                 output_tokens: int = 200) -> FakeReply:
+    """A streamed answer: `text` in chunks, as `pacing` says. The last chunk carries the finish
+    reason and the usage, as the API's does."""
+    pieces, gap_s, first_s, stall_s = pacing.pieces, pacing.gap_s, pacing.first_s, pacing.stall_s
     size = max(1, -(-len(text) // pieces))
     parts = [text[i:i + size] for i in range(0, len(text), size)] or [""]
     events = []
@@ -239,6 +254,21 @@ def reply_error(status: int, message: str = "", *, retry_after: str | float | No
 Responder = Callable[[FakeRequest], FakeReply]
 
 
+@dataclass(frozen=True)
+class FakeModels:
+    """What `FakeGemini` says of the models it serves: the `retired` ones (models.get answers
+    404), the modelVersion each one's answers name (`versions`, else its own name), its
+    modelStatus (`stages`), and a retired name another model answers for (`routed`)."""
+
+    retired: Iterable[str] = ()
+    versions: Mapping[str, str] = field(default_factory=dict)
+    stages: Mapping[str, FakeStage] = field(default_factory=dict)
+    routed: Mapping[str, str] = field(default_factory=dict)
+
+
+EVERY_MODEL_CURRENT = FakeModels()  # any model exists and answers in its own name
+
+
 class FakeGemini:
     """A scripted Gemini API: replies are taken from the queue, then from `fallback`.
 
@@ -247,17 +277,15 @@ class FakeGemini:
     """
 
     def __init__(self, *replies: FakeReply, fallback: Responder | None = None,
-                 api_key: str | None = None, retired: Iterable[str] = (),
-                 versions: Mapping[str, str] | None = None, stages: Mapping[str, FakeStage] | None = None,
-                 routed: Mapping[str, str] | None = None) -> None:
+                 api_key: str | None = None, models: FakeModels = EVERY_MODEL_CURRENT) -> None:
         self._queue: deque[FakeReply] = deque(replies)
         self._lock = threading.Lock()
         self.fallback = fallback
         self.api_key = api_key
-        self.retired = set(retired)
-        self.versions = dict(versions or {})  # model → the modelVersion its answers name
-        self.stages = dict(stages or {})  # model → its modelStatus
-        self.routed = dict(routed or {})  # a retired name → the model that answers in its place
+        self.retired = set(models.retired)
+        self.versions = dict(models.versions)  # model → the modelVersion its answers name
+        self.stages = dict(models.stages)  # model → its modelStatus
+        self.routed = dict(models.routed)  # a retired name → the model that answers in its place
         self.requests: list[FakeRequest] = []
         self.lookups: list[str] = []  # the models asked for with models.get, in order
 
@@ -479,12 +507,26 @@ def _checked(args: Sequence[str | bytes], done: subprocess.CompletedProcess[Any]
     return done
 
 
+@dataclass(frozen=True)
+class Child:
+    """How `run_afs` runs its process: what it reads on stdin, how long it may take, and the
+    (non-root) uid and gid it runs as (through setpriv; None: this process's)."""
+
+    stdin: bytes | str | None = None
+    timeout_s: float = 300.0
+    as_user: int | None = None
+
+
+AS_IS = Child()  # no input, five minutes, as this user
+
+
 def run_afs(*args: str | bytes, env: Mapping[str, str] | None = None, home: Path | str | None = None,
-            stdin: bytes | str | None = None, text: bool = False, check: bool = False,
-            timeout: float = 300.0, as_user: int | None = None) -> subprocess.CompletedProcess[Any]:
+            text: bool = False, check: bool = False,
+            child: Child = AS_IS) -> subprocess.CompletedProcess[Any]:
     """Run `afs ARGS` to its end, its output captured (str with `text`, else bytes). `env`,
     `home`: as afs_environment; `check`: AssertionError with its stderr unless it exits 0;
-    `as_user`: as that (non-root) uid and gid, through setpriv."""
+    `child`: its input, time limit and user (`Child`)."""
+    stdin, timeout, as_user = child.stdin, child.timeout_s, child.as_user
     command = afs_command(*args)
     if as_user is not None:
         command = ["setpriv", f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups", *command]

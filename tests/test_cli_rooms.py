@@ -21,7 +21,7 @@ from afs.models import Priority, Provider, TaskType
 from afs.sandbox.forks import in_process, uses_the_sandbox
 from afs.service.api import OPENAPI, FieldError, parse_submission
 from afs.task import MAX_RUNS, PRIORITIES, PROVIDERS, TASK_TYPES
-from afs.testing import run_afs
+from afs.testing import Child, run_afs
 
 QUERY = "SELECT id FROM orders WHERE user_id = 42"
 
@@ -56,7 +56,7 @@ def test_the_command_line_refuses_what_the_api_refuses_for_the_same_reason(
     assert api.value.field == field
     # --server: nothing here would start; a task that passes the check would then fail to connect
     cli = run_afs("optimize", "--query", QUERY, flag, given, "--server", "http://127.0.0.1:9",
-                  "--json", home=tmp_path, timeout=120)
+                  "--json", home=tmp_path, child=Child(timeout_s=120))
     assert cli.returncode == 2, cli.stderr
     error = json.loads(cli.stdout)["error"]
     assert error.startswith(f"{flag}: ") and str(api.value).startswith(f"{field}: ")
@@ -81,7 +81,7 @@ def test_a_fork_server_url_and_a_dsn_need_a_task_store_of_their_own(tmp_path: Pa
     """The command line asks the one predicate: with AFS_FORK_SERVER_URL and --dsn the sandbox
     serves nothing, so the task store must be named; refused before anything starts."""
     done = run_afs("optimize", "--provider", "heuristic", "--dsn", "postgresql://app@127.0.0.1:9/shop",
-                   "--query", QUERY, home=tmp_path, timeout=120,
+                   "--query", QUERY, home=tmp_path, child=Child(timeout_s=120),
                    env={"PATH": "/usr/bin:/bin", "AFS_FORK_SERVER_URL": "http://127.0.0.1:9/mcp"})
     assert done.returncode == 2, done.stderr
     assert b"AFS_STORE_URL" in done.stderr

@@ -108,6 +108,7 @@ from afs.sandbox.server import SandboxServer
 from afs.suite import build_suite
 from afs.testing import (
     FakeGemini,
+    FakeModels,
     FakeReply,
     FakeRequest,
     reply_blocked,
@@ -1160,7 +1161,7 @@ async def test_every_configured_model_is_checked() -> None:
 
 
 async def test_a_retired_model_is_refused_before_any_fork_exists(settings: Settings) -> None:
-    fake = FakeGemini(api_key=KEY, retired={"gemini-2.0-flash"})
+    fake = FakeGemini(api_key=KEY, models=FakeModels(retired={"gemini-2.0-flash"}))
     settings = settings.with_(gemini=GeminiSettings(models={**DEFAULT_GEMINI_MODELS,
                                                             "gemini20flash": "gemini-2.0-flash"}))
     credentials = Credentials(api_key=KEY, base_url="http://fake.invalid", source="GOOGLE_API_KEY")
@@ -1176,7 +1177,7 @@ async def test_a_retired_model_is_refused_before_any_fork_exists(settings: Setti
 
 
 async def test_cli_refuses_a_retired_model_with_exit_2(tmp_path: Path) -> None:
-    fake = FakeGemini(api_key=KEY, retired={"gemini-2.5-pro"})
+    fake = FakeGemini(api_key=KEY, models=FakeModels(retired={"gemini-2.5-pro"}))
     with serve_fake_gemini(fake) as url:
         result = await _afs(_cli_env(GOOGLE_API_KEY=KEY, AFS_GEMINI_BASE_URL=url, AFS_HOME=str(tmp_path),
                                      AFS_GEMINI_MODEL_GEMINI25PRO="gemini-2.5-pro"),

@@ -58,7 +58,9 @@ from afs.models import AgentOutcome, AnalysisResult, ModelUsage, RoutingDecision
 from afs.report import agent_label, render_text, to_json
 from afs.testing import (
     FakeGemini,
+    FakeModels,
     FakeStage,
+    Pacing,
     reply_json,
     reply_stream,
     reply_text,
@@ -115,10 +117,9 @@ async def test_a_model_without_an_entry_is_a_warning_before_any_call() -> None:
 
 # -- 2. stage, retirement and the version that answered, per call; warnings before forks ----------
 async def test_each_call_records_the_version_and_stage_that_answered() -> None:
-    fake = FakeGemini(reply_json(ANALYSIS), api_key=KEY,
-                      versions={"gemini-3.8-flash": "gemini-3.8-flash-002"},
-                      stages={"gemini-3.8-flash": FakeStage("DEPRECATED", "2027-03-01T00:00:00Z",
-                                                            "moving to gemini-4")})
+    fake = FakeGemini(reply_json(ANALYSIS), api_key=KEY, models=FakeModels(
+        versions={"gemini-3.8-flash": "gemini-3.8-flash-002"},
+        stages={"gemini-3.8-flash": FakeStage("DEPRECATED", "2027-03-01T00:00:00Z", "moving to gemini-4")}))
     async with open_brain(fake) as brain:
         await brain.analyze("gemini25pro", issue_context())
     [call] = brain.calls
@@ -130,7 +131,8 @@ async def test_each_call_records_the_version_and_stage_that_answered() -> None:
 
 
 async def test_a_retired_name_answered_by_another_model_is_recorded_as_rerouted() -> None:
-    fake = FakeGemini(reply_json(ANALYSIS), api_key=KEY, routed={"gemini-2.5-pro": "gemini-3.8-flash"})
+    fake = FakeGemini(reply_json(ANALYSIS), api_key=KEY,
+                      models=FakeModels(routed={"gemini-2.5-pro": "gemini-3.8-flash"}))
     gemini = GeminiSettings(models={**DEFAULT_GEMINI_MODELS, "gemini25pro": "gemini-2.5-pro"})
     async with open_brain(fake, gemini) as brain:
         await brain.analyze("gemini25pro", issue_context())
@@ -266,7 +268,7 @@ STREAMING = GeminiSettings(stream=True)
 async def test_a_streamed_answer_that_keeps_coming_is_not_cut(autojump_clock: trio.testing.MockClock) -> None:
     """50 s of thinking, then four chunks 20 s apart: 110 s in all, past the 100 s a call of
     gemini-3.8-flash may take, inside the phase; the stream is never still for 30 s."""
-    fake = FakeGemini(reply_stream(json.dumps(ANALYSIS), pieces=4, first_s=50, gap_s=20), api_key=KEY)
+    fake = FakeGemini(reply_stream(json.dumps(ANALYSIS), Pacing(pieces=4, first_s=50, gap_s=20)), api_key=KEY)
     async with open_brain(fake, STREAMING) as brain:
         result = await brain.analyze("gemini25pro", issue_context())
     assert result.insights == tuple(ANALYSIS["insights"]) and trio.current_time() == pytest.approx(110)
@@ -276,7 +278,7 @@ async def test_a_streamed_answer_that_keeps_coming_is_not_cut(autojump_clock: tr
 
 
 async def test_a_stalled_stream_is_a_timed_out_attempt(autojump_clock: trio.testing.MockClock) -> None:
-    fake = FakeGemini(reply_stream(json.dumps(ANALYSIS), pieces=3, first_s=5, gap_s=1, stall_s=40),
+    fake = FakeGemini(reply_stream(json.dumps(ANALYSIS), Pacing(pieces=3, first_s=5, gap_s=1, stall_s=40)),
                       reply_json(ANALYSIS), api_key=KEY)
     async with open_brain(fake, STREAMING) as brain:
         await brain.analyze("gemini25pro", issue_context())
@@ -285,7 +287,7 @@ async def test_a_stalled_stream_is_a_timed_out_attempt(autojump_clock: trio.test
 
 
 async def test_streaming_over_the_loopback_server() -> None:
-    fake = FakeGemini(reply_stream(json.dumps(ANALYSIS), pieces=5), api_key=KEY)
+    fake = FakeGemini(reply_stream(json.dumps(ANALYSIS), Pacing(pieces=5)), api_key=KEY)
     with serve_fake_gemini(fake) as base_url:
         credentials = Credentials(api_key=KEY, base_url=base_url, source="GOOGLE_API_KEY")
         async with open_gemini_client(credentials) as client:
@@ -500,8 +502,9 @@ _ = httpx  # the transport type of open_gemini_client
 # -- 2 and 11. the report: who answered, tokens, cost; the task's total ----------------------------
 async def test_the_report_names_the_model_that_answered_its_tokens_and_the_total_cost() -> None:
     fake = FakeGemini(reply_json(ANALYSIS), reply_json({"candidates": [PROPOSAL]}), api_key=KEY,
-                      versions={"gemini-3.8-flash": "gemini-3.8-flash-002"},
-                      stages={"gemini-3.8-flash": FakeStage("DEPRECATED", "2027-03-01T00:00:00Z")})
+                      models=FakeModels(
+                          versions={"gemini-3.8-flash": "gemini-3.8-flash-002"},
+                          stages={"gemini-3.8-flash": FakeStage("DEPRECATED", "2027-03-01T00:00:00Z")}))
     async with open_brain(fake) as brain:
         analysis = await brain.analyze("gemini25pro", issue_context())
         await brain.propose("gemini25pro", issue_context(), analysis)

@@ -32,7 +32,7 @@ from afs.safety import check_query
 from afs.sandbox.server import SandboxServer
 from afs.suite import build_suite
 from afs.target import TARGET_ROLE, _read_only, plan_only
-from afs.testing import ScriptedBrain, run_afs
+from afs.testing import Child, ScriptedBrain, run_afs
 
 NESTED_50 = "SELECT id FROM orders WHERE " + "(" * 50 + "id = 1" + ")" * 50
 PARAMETERISED = "SELECT id FROM orders WHERE user_id = $1 AND status = $2"
@@ -160,7 +160,7 @@ def test_query_shape_reads_a_where_of_thousands_of_terms() -> None:
 
 # -- the command line -------------------------------------------------------------------
 def afs_cli(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return run_afs(*args, home=home, timeout=120)
+    return run_afs(*args, home=home, child=Child(timeout_s=120))
 
 
 @pytest.mark.parametrize(("query", "message"), [

@@ -18,12 +18,12 @@ import trio
 from afs.config import load_settings
 from afs.forks.provider import LocalForkProvider
 from afs.sandbox.server import SandboxServer
-from afs.testing import run_afs
+from afs.testing import Child, run_afs
 
 
 def afs(*args: str, home: Path | None = None, check: bool = True,
         timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return run_afs(*args, home=home, check=check, timeout=timeout, text=True)
+    return run_afs(*args, home=home, check=check, child=Child(timeout_s=timeout), text=True)
 
 
 def test_status_json_points_at_the_demo_database(sandbox: SandboxServer) -> None:

@@ -33,7 +33,7 @@ from afs.forks.client import open_fork_client
 from afs.forks.provider import LocalForkProvider
 from afs.forks.token import ensure_token, read_token
 from afs.sandbox.server import SandboxServer
-from afs.testing import run_afs
+from afs.testing import Child, run_afs
 
 SPECIAL = ["", " ", "'", "\\", "\\'", "@", "/", ":", "%", "%40", "&", "=", "?", "#", " x=y ", "é",
            "'; host=evil", "\"", "\t"]
@@ -134,7 +134,7 @@ def test_scrub_keeps_what_holds_no_password() -> None:
 
 # -- passwords never on a command line --------------------------------------------------------
 def afs_cli(home: Path | None, *args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    return run_afs(*args, home=home, stdin=stdin, timeout=120)
+    return run_afs(*args, home=home, child=Child(stdin=stdin, timeout_s=120))
 
 
 @pytest.mark.parametrize(("password", "head", "tail"), passwords(), ids=SPECIAL_IDS)

@@ -19,13 +19,13 @@ from afs.db import open_connection
 from afs.errors import ConfigError
 from afs.sandbox.server import SandboxServer
 from afs.sandbox.storage import CowImage, CowUnavailable, fork_method
-from afs.testing import run_afs
+from afs.testing import Child, run_afs
 
 
 def afs(*args: str, home: Path, user: int | None = None,
         check: bool = True) -> subprocess.CompletedProcess[str]:
     # user: the same command as another (non-root) user
-    return run_afs(*args, env={**os.environ, "AFS_SCALE": "small"}, home=home, as_user=user,
+    return run_afs(*args, env={**os.environ, "AFS_SCALE": "small"}, home=home, child=Child(as_user=user),
                    check=check, text=True)
 
 
