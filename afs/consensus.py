@@ -73,6 +73,12 @@ Ours on top of the original rules:
   qualified one, however fast. Runs without their extremes recorded (results stored before
   Timing.min_ms) never count as clearly faster. The rationale says why in numbers: the
   query's time before and after, the ratio, and the rival's time;
+* before an agent hands its best design to consensus, two of its designs that only the score
+  would tell apart (as fast as each other by their own measurements, each against its own
+  baseline runs, possibly minutes and a fork apart) were measured head to head in one fork
+  (afs.agents.tie_to_settle, afs.bench.contest: paired runs, every pair won and the medians
+  5 % apart); the slower one is no longer as fast, so the seed's complexity points decide only
+  where the head-to-head found no difference either (the candidates' notes say which);
 * agreement between agents on equivalent DDL raises the confidence. DDL is compared as the set
   of statements the validator read (`ddl_signature`, ANALYZE left out), so `CREATE INDEX a ON
   orders (user_id)` ≡ `create index concurrently b on orders(user_id)`. Any other outcome with
