@@ -62,7 +62,8 @@ async def test_a_query_slower_than_the_agents_time_is_measured_against_a_lower_b
     # its cap depends on the machine's speed (3.3 s on one, past the cap on another)
     seconds = f"{baseline.baseline.median_ms / 1000:.3g}"
     assert (baseline.note.startswith(f"baseline ≥ {seconds} s (lower bound)")
-            or baseline.note.endswith(f"baseline is one run of {seconds} s under a longer cap")), baseline.note
+            or baseline.note.endswith(f"baseline is one run of {seconds} s under a longer cap")), \
+        baseline.note
     assert "exceeds the statement timeout (1 s)" in baseline.note
     assert result.decision is not None and result.decision.winner == "gemini25pro"
     assert "(lower bound) →" in result.decision.rationale[0], result.decision.rationale
