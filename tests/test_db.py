@@ -20,7 +20,9 @@ async def test_trio_cancel_stops_the_statement_on_the_server(sandbox: SandboxSer
             await conn.execute("SELECT pg_sleep(10)")
         elapsed = time.monotonic() - started
         assert scope.cancelled_caught
-        assert elapsed < 3, f"cancellation took {elapsed:.2f} s"
+        # not cancelled, the statement would take its 10 s; a cancel request is a new connection
+        # to the server (a backend started), which a loaded machine may take a second or more for
+        assert elapsed < 7, f"cancellation took {elapsed:.2f} s"
         # the connection is idle and usable afterwards
         assert await conn.fetchval("SELECT 41 + 1") == 42
         # nothing is still running on the server for us
