@@ -48,7 +48,9 @@ from afs.bench import (
     Suites,
     TaskMeasurements,
     benchmark,
+    capped,
     contest,
+    family_cap_ms,
     hideable_indexes,
     hiding,
     measure_before,
@@ -416,7 +418,8 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
                     # still with the proposal in place: check its rows for the members skipped
                     exact = all(v.exact for v in (*suite[:1], *(candidate_suite or ())[:1]))
                     return with_known_slow(outcome, await _result_checks(
-                        conn, known, shared.slow_family, exact, job.measuring.statement_timeout_ms))
+                        conn, known, reuse, exact, job.measuring.statement_timeout_ms,
+                        family_cap_ms(job.measuring, len(suite) + len(members))))
 
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
@@ -1052,7 +1055,9 @@ async def _measure_before(fork: _InFork, ctx: AnalysisContext, family: Sequence[
         events.emit("baseline_measuring", agent=state.agent, fork=state.fork)
         try:
             with trio.fail_after(job.timeouts.benchmark):
-                measured = await measure_before(conn, ctx.suite, others, reuse, job.measuring.runs_ahead)
+                measured = await measure_before(
+                    conn, ctx.suite, others, reuse, job.measuring.runs_ahead,
+                    family_cap=family_cap_ms(job.measuring, len(ctx.suite) + len(others)))
         except (DatabaseError, trio.TooSlowError) as exc:
             events.emit("baseline_measured", agent=state.agent, fork=state.fork,
                         duration_s=trio.current_time() - t0, queries=0, error=str(exc) or "timed out")
@@ -1422,26 +1427,34 @@ def with_known_slow(outcome: BenchmarkOutcome, checks: Sequence[ParameterCheck])
     return dataclasses.replace(outcome, parameter_checks=(*outcome.parameter_checks, *checks))
 
 
-async def _result_checks(conn: Connection, known: Sequence[FamilyQuery], readable: Mapping[str, bool],
-                         exact: bool, timeout_ms: int) -> tuple[ParameterCheck, ...]:
+async def _result_checks(conn: Connection, known: Sequence[FamilyQuery], reuse: Reuse,
+                         exact: bool, timeout_ms: int, cap_ms: int | None) -> tuple[ParameterCheck, ...]:
     """Rows of the original and of the proposal's query (in place) for members whose original
-    is known to run past the statement timeout: compared, not timed (timing the original would
-    only wait for the timeout again). Rows are read in whatever plan is fastest now."""
+    is known to run past the statement timeout or its share of the budget (`reuse.slow_family`,
+    `cap_ms`: afs.bench.family_cap_ms): compared, not timed (timing the original would only
+    wait for the timeout again). The original's rows are the task's (`reuse`) when they were
+    read; the proposal's are read under `cap_ms`, in whatever plan is fastest now."""
     checks: list[ParameterCheck] = []
     found = " (found with an earlier proposal of this task)"
     unchecked = f"not checked: {SLOW_ORIGINAL} for these values{found}"
     for member in known:
         assert member.candidate_sql is not None
-        if not readable.get(member.baseline_sql, True):
+        if not reuse.slow_family.get(member.baseline_sql, True):
             checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False, note=unchecked))
             continue
+        before = reuse.result_before(member.baseline_sql, False)
         try:
-            before = await result_of(conn, QueryVariant("baseline", member.baseline_sql, False, exact), False)
+            async with capped(conn, cap_ms):
+                if before is None:
+                    before = await result_of(conn, QueryVariant("baseline", member.baseline_sql, False,
+                                                                exact), False)
         except StatementTimeout:
             checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False, note=unchecked))
             continue
         try:
-            after = await result_of(conn, QueryVariant("baseline", member.candidate_sql, False, exact), False)
+            async with capped(conn, cap_ms):
+                after = await result_of(conn, QueryVariant("baseline", member.candidate_sql, False, exact),
+                                        False)
         except StatementTimeout:  # costs this value (not proven faster), a rewrite stays unproven
             checks.append(past_timeout_check(
                 member, statement_timeout_ms=timeout_ms, original_finished=False, rows=before.rows))

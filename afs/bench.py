@@ -91,11 +91,12 @@ screening and the analysis before any change run once, and the `Reuse` records a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import statistics
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -308,9 +309,17 @@ class Reuse:
     # the one run of a query past the statement timeout under the long cap (by _result_key), for
     # every proposal of the task, measuring adaptive or not: it is paid once per task
     slow_runs: dict[str, tuple[Result | None, Sample]] = field(default_factory=dict)
+    # the queries with other values whose original runs past its cap (`family_cap_ms`) before
+    # any change (sql -> whether its rows could still be read): each later proposal would wait
+    # for the cap again for nothing (TaskMeasurements.slow_family is this record)
+    slow_family: dict[str, bool] = field(default_factory=dict)
 
     def for_fork(self) -> Reuse:
-        return Reuse(self.results, self.baselines, set(), self.slow_runs)
+        return Reuse(self.results, self.baselines, set(), self.slow_runs, self.slow_family)
+
+    def result_before(self, sql: str, ordered: bool) -> Result | None:
+        """The query's rows and checksum before any change, if they were read in this task."""
+        return self.results.get(_result_key(sql, ordered))
 
 
 def _result_key(sql: str, ordered: bool) -> str:
@@ -332,29 +341,69 @@ def _agrees(prior: Sequence[Sample], ms: float) -> bool:
 
 
 async def measure_before(conn: Connection, suite: Sequence[QueryVariant], family: Sequence[str],
-                         reuse: Reuse, runs: int) -> int:
+                         reuse: Reuse, runs: int, *, family_cap: int | None = None) -> int:
     """The task's queries as they run before any change, measured while the brains still
     think (adaptive measurement): each suite query's and each other-values query's (`family`)
     result, with both checksums where the order counts, and `runs` runs of it
     (`Measuring.runs_ahead`), into `reuse`.
     The candidates' benchmarks then find them there as their reused baseline runs (see the
     module's notes: a close candidate still gets its fresh baseline run). A query measured
-    already in the task is skipped; the first one past the statement timeout ends it (the
-    benchmark runs such a query once under its longer cap). Returns how many were measured."""
+    already in the task is skipped; the first suite query past the statement timeout ends it
+    (the benchmark runs such a query once under its longer cap). A query with other values
+    runs under `family_cap` ms (`family_cap_ms`; None: the statement timeout alone): one past
+    it goes to `reuse.slow_family`, once per task, and the next value is measured. Returns how
+    many were measured."""
     ordered, exact = (suite[0].ordered, suite[0].exact) if suite else (False, True)
     queries = [*suite, *(QueryVariant("baseline", sql, ordered, exact) for sql in family)]
+    members = set(family) - {v.sql for v in suite}
     measured = 0
     for variant in queries:
-        if variant.sql in reuse.baselines:
+        if variant.sql in reuse.baselines or variant.sql in reuse.slow_family:
             continue
+        member = variant.sql in members
+        read = False
         try:
-            await _results_before(conn, variant, reuse)  # its run warms the query up
-            samples = [await run_once(conn, variant.sql) for _ in range(runs)]
+            async with capped(conn, family_cap if member else None):
+                await _results_before(conn, variant, reuse)  # its run warms the query up
+                read = True
+                samples = [await run_once(conn, variant.sql) for _ in range(runs)]
         except StatementTimeout:
-            return measured
+            if not member:
+                return measured
+            reuse.slow_family[variant.sql] = read
+            continue
         reuse.baselines[variant.sql] = tuple(samples)
         measured += 1
     return measured
+
+
+def family_cap_ms(policy: Measuring, figures: int) -> int | None:
+    """The statement timeout of a run of the query with other values before any change (pure):
+    the share of the measuring budget one of a candidate's `figures` has (`policy.budget_s`
+    over them), below the statement timeout; None where that is no less. A value whose
+    original alone takes longer cannot be measured within the budget: every proposal of the
+    task would pay for its runs (one proposal spent minutes on two such values) to learn
+    nothing it can keep, so it is left unchecked like one past the statement timeout."""
+    share = int(policy.budget_s * 1000 / max(1, figures))
+    if policy.statement_timeout_ms and share >= policy.statement_timeout_ms:
+        return None
+    return max(1, share)
+
+
+@contextlib.asynccontextmanager
+async def capped(conn: Connection, cap_ms: int | None) -> AsyncIterator[None]:
+    """The statements inside under a statement timeout of `cap_ms` (None: as they are), in a
+    transaction rolled back afterwards (they only read)."""
+    if cap_ms is None:
+        yield
+        return
+    await conn.execute("BEGIN")
+    try:
+        await conn.execute(f"SET LOCAL statement_timeout = {int(cap_ms)}")
+        yield
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
 
 
 async def _results_before(conn: Connection, variant: QueryVariant, reuse: Reuse) -> None:
@@ -419,6 +468,17 @@ class Figure:
     reused: int = 0
 
 
+def settled(figure: Figure, rule: StopRule) -> bool:
+    """Whether a figure's samples carry a verdict (pure): always, unless the budget stopped it
+    before both sides had `rule.min_runs` runs (one run of a slow query may spend its share);
+    then only when every candidate run is REUSE_FACTOR times apart from every baseline run
+    (`_far_apart`: further than drift and one noisy run go), not on one run 5 % off."""
+    least = min(rule.min_runs, rule.max_runs)
+    if figure.stopped != "budget" or min(len(figure.baseline), len(figure.candidate)) >= least:
+        return True
+    return all(_far_apart(figure.baseline, s.ms) for s in figure.candidate)
+
+
 @dataclass(frozen=True)
 class Runners:
     """One run of each side of a figure (`_measure`): the query before the change, the query after it."""
@@ -468,6 +528,14 @@ async def _measure(
             least = min(rule.min_runs, rule.max_runs)
             while True:
                 candidate.append(await run_candidate())
+                if out_of_time():
+                    # its share of the budget is spent (one run of a slow query can take it
+                    # all): no fresh baseline run more, for a drift check or a top-up; the
+                    # verdict rests on the runs made (`settled` says whether it is one)
+                    baseline = [*prior, *fresh]
+                    reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule,
+                                         True, large_effect(baseline, candidate, rule))
+                    return Figure(baseline, candidate, reason or "budget", len(prior))
                 if (drift.held is None and len(prior) >= least
                         and not _far_apart(prior, candidate[-1].ms)):
                     if not warmed:
@@ -618,7 +686,7 @@ class TaskMeasurements:
         # the query with other values (a family member's original) known to exceed the
         # statement timeout (sql -> whether its rows could still be read): each later proposal
         # would wait for that timeout again for nothing
-        self.slow_family: dict[str, bool] = {}
+        self.slow_family: dict[str, bool] = self.reuse.slow_family  # measure_before adds to it
         self._before_claimed = False
         # every agent's candidate designs as it proposed them, by design: (its rank in that
         # agent's list, the design). A measuring slot that a shared measurement frees goes to
@@ -1006,14 +1074,23 @@ async def benchmark(
     family_ordered = bool(pairs) and ordered.get(pairs[0][0].name, False)
     family_exact = bool(pairs) and pairs[0][0].exact and pairs[0][1].exact
     family_before_results: dict[str, Result | None] = {}
+    # a value's original runs under its share of the budget (`family_cap_ms`); one known past
+    # it in this task (`measure_before`, an earlier proposal) is not run again
+    family_cap = family_cap_ms(policy, len(pairs) + sum(m.candidate_sql is not None for m in family))
     for member in family:
         if member.candidate_sql is None:
             continue
         probe = QueryVariant("baseline", member.baseline_sql, family_ordered, family_exact)
+        if reuse is not None and member.baseline_sql in reuse.slow_family:
+            family_before_results[member.label] = None
+            continue
         try:
-            family_before_results[member.label] = await checked(probe, family_ordered, True)
+            async with capped(conn, family_cap):
+                family_before_results[member.label] = await checked(probe, family_ordered, True)
         except StatementTimeout:
             family_before_results[member.label] = None
+            if reuse is not None:
+                reuse.slow_family[member.baseline_sql] = False
 
     hidden_statistics = hideable_statistics(proposal) if hidden is None else None
     sequential = hidden is None and hidden_statistics is None and not rewrite and not settings
@@ -1164,9 +1241,11 @@ async def benchmark(
             continue
         member_before = family_before_results[member.label]
         if member_before is None:
+            cap_note = ("" if family_cap is None
+                        else f" (here {family_cap / 1000:g} s: a value's share of the budget)")
             checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False,
                                          note="not checked: the original exceeds the statement timeout"
-                                              " for these values"))
+                                              " for these values" + cap_note))
             continue
         other = QueryVariant("baseline", member.candidate_sql, family_ordered, family_exact)
         known_before = family_before.get(member.label) or (
@@ -1210,7 +1289,9 @@ async def benchmark(
                         f"{after.rows} after")))
             continue
         b, c = _timings(measured)
-        slower = significant(measured.baseline, measured.candidate) and c.median_ms > b.median_ms
+        # a value the budget cut short is called slower only far beyond the noise (`settled`)
+        slower = (significant(measured.baseline, measured.candidate) and c.median_ms > b.median_ms
+                  and settled(measured, family_rule))
         checks.append(ParameterCheck(
             label=member.label, equivalent=equivalent, slower=slower, baseline=b, optimized=c,
             rows=member_before.rows,
