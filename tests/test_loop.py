@@ -151,13 +151,20 @@ PENDING = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending'
 
 async def test_a_step_that_does_not_gain_is_not_kept(
         settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
-    # a fixed count of runs a side: two measurements of the same plan are not told apart
-    result = await run(settings, sandbox, forks, "afs_demo", PENDING, brain=UselessSecondStep(),
-                       measured=1, min_runs=5)
-    (outcome,) = result.outcomes
-    (candidate,) = chained(result)
-    first, second = candidate.chain
-    assert first.kept and not second.kept and "beyond the noise" in second.note, second
+    # a fixed count of runs a side: two measurements of the same plan are not told apart. They
+    # are two measurements of a ~0.03 ms query seconds apart, not interleaved: drift on a loaded
+    # machine may still separate them (rarely), so up to three tasks; a rule that keeps a step
+    # that does not gain keeps it in all three
+    for _attempt in range(3):
+        result = await run(settings, sandbox, forks, "afs_demo", PENDING, brain=UselessSecondStep(),
+                           measured=1, min_runs=5)
+        (outcome,) = result.outcomes
+        (candidate,) = chained(result)
+        first, second = candidate.chain
+        assert first.kept, first
+        if not second.kept:
+            break
+    assert not second.kept and "beyond the noise" in second.note, second
     assert "loop_useless" in second.proposal.sql_commands[-1] and second.median_ms is not None
     # measured like any other candidate, and not the agent's proposal
     tried = [c for c in outcome.candidates if "loop_useless" in " ".join(c.proposal.sql_commands)]
