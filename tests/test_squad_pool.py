@@ -33,7 +33,7 @@ from afs.report import to_json
 from afs.router import load_rules
 from afs.safety import validate_candidate
 from afs.sandbox.server import SandboxServer
-from tests.test_index_design import ctx_of, orders, plan_node, seq
+from tests.test_index_design import ctx_of, docs_ctx, orders, plan_node, seq, support, with_catalog
 
 
 def design(*commands: str, agent: AgentKey = "gemini25pro",
@@ -80,8 +80,10 @@ def test_a_key_with_a_constant_varies_to_its_partial_form_and_the_covering_one_t
     covering = design("CREATE INDEX i ON orders (user_id, country, created_at) INCLUDE (id)")
     assert made(design_variants("gemini25pro", ctx, covering)) == {
         "CREATE INDEX ON orders (user_id, country, created_at)",  # plain
+        "CREATE INDEX ON orders (user_id, country, created_at, id)",  # INCLUDE as key columns
         "CREATE INDEX ON orders (country, user_id, created_at) INCLUDE (id)",  # the other equality first
-        "CREATE INDEX ON orders (country, created_at) INCLUDE (id) WHERE user_id = 7",  # partial forms
+        # the partial form for the rare value of an enum-like column (14 values), not for user_id
+        # (50,000 values: an index for the query's literal only)
         "CREATE INDEX ON orders (user_id, created_at) INCLUDE (id) WHERE country = 'IS'"}
     # never more than MAX_VARIANTS, never the design itself
     assert len(design_variants("gemini25pro", ctx, covering)) <= MAX_VARIANTS
@@ -97,13 +99,29 @@ def test_a_set_varies_one_index_at_a_time_and_keeps_the_others() -> None:
     assert all(any("(user_id)" in c for c in v.sql_commands) for v in found)
 
 
+def test_an_index_of_another_kind_varies_to_the_other_kinds_the_catalog_has_for_its_operator() -> None:
+    trigram = design("CREATE INDEX i ON docs USING gin (title gin_trgm_ops)")
+    ctx = with_catalog(docs_ctx("title LIKE '%beef42%'"),
+                       support("~~", "text", "gin", "gin_trgm_ops", extension="pg_trgm"),
+                       support("~~", "text", "gist", "gist_trgm_ops", extension="pg_trgm"),
+                       support("=", "text", "btree", "text_ops", default=True))
+    found = design_variants("gemini25pro", ctx, trigram)
+    assert made(found) == {"CREATE INDEX ON docs USING gist (title gist_trgm_ops)"}
+    assert "gist (gist_trgm_ops) instead of gin (gin_trgm_ops)" in found[0].rationale
+    # without the catalog, or when nothing else serves the operator: nothing
+    assert design_variants("gemini25pro", docs_ctx("title LIKE '%beef42%'"), trigram) == ()
+    only = with_catalog(docs_ctx("title LIKE '%beef42%'"),
+                        support("~~", "text", "gin", "gin_trgm_ops", extension="pg_trgm"))
+    assert design_variants("gemini25pro", only, trigram) == ()
+
+
 @pytest.mark.parametrize("proposal", [
     design("CREATE INDEX i ON orders (lower(country))"),  # an expression
     design("CREATE INDEX i ON orders (country text_pattern_ops)"),  # an operator class
-    design("CREATE INDEX i ON orders USING gin (payload)"),  # not a B-tree
+    design("CREATE INDEX i ON orders USING gin (payload)"),  # no catalog says what serves the query
     design("CREATE INDEX i ON orders (created_at)", rewrite="SELECT 1"),  # a rewrite
     design("CREATE INDEX i ON orders (created_at)", "ANALYZE orders"),  # not only index builds
-], ids=["expression", "opclass", "gin", "rewrite", "analyze"])
+], ids=["expression", "opclass", "gin-without-catalog", "rewrite", "analyze"])
 def test_what_cannot_be_rebuilt_from_its_parts_is_not_varied(proposal: OptimizationProposal) -> None:
     assert design_variants("gemini25pro", pending_ctx(), proposal) == ()
 

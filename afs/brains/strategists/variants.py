@@ -5,12 +5,20 @@ Each index of a design that is a set of plain B-trees (columns, no expressions o
 classes, nothing but CREATE INDEX) is varied the ways the query motivates, the others kept:
 
     covering / plain   INCLUDE the other columns the query reads from the table (narrow ones,
-                       as the index designer carries them), or the same key without INCLUDE
+                       as the index designer carries them), or the same key without INCLUDE, or
+                       its INCLUDE columns as trailing key columns instead (at most
+                       MAX_SUBPLAN_KEY key columns)
     column order       the key's leading columns the query compares by equality (or joins on),
                        each of the others leading once
-    partial / full     a key column the query compares with a constant as the index's WHERE
-                       (the rest of the key stays), or a partial index's WHERE column as the
-                       first key column instead (the index then serves every value of it)
+    partial / full     a key column the query compares with a rare constant of an enum-like
+                       column (the index designer's rule: PARTIAL_MAX_DISTINCT, PARTIAL_MAX_FREQ)
+                       as the index's WHERE (the rest of the key stays), or a partial index's
+                       WHERE column as the first key column instead (every value of it)
+
+An index of another access method on one plain column (GIN, GiST, SP-GiST, hash) is varied by
+its kind: every other (method, operator class) the fork's catalog has that serves all the
+operators the query applies to that column (afs.query.opclasses.candidates: pg_amop,
+pg_opclass, those of trusted extensions too), e.g. GiST for a GIN trigram index.
 
 Each variant is built by the index designer's own `_set_proposal` (name, rollback, size,
 rationale) and none is an index the table has already (`covering_index`). Nothing here says a
@@ -27,6 +35,9 @@ from typing import Final
 from afs.brains.strategists.evidence import Evidence, covering_index
 from afs.brains.strategists.index_design import (
     EQUALITY_OPS,
+    MAX_SUBPLAN_KEY,
+    PARTIAL_MAX_DISTINCT,
+    PARTIAL_MAX_FREQ,
     IndexDesign,
     KeyColumn,
     _include_columns,
@@ -34,8 +45,10 @@ from afs.brains.strategists.index_design import (
     _set_proposal,
 )
 from afs.models import AgentKey, AnalysisContext, OptimizationProposal
+from afs.pg.stats import column_type, distinct_values
+from afs.query.opclasses import IndexKind, candidates, catalog_type
 from afs.safety import creates
-from afs.safety.creates import NewIndex
+from afs.safety.creates import Change, NewIndex
 
 __all__ = ["MAX_VARIANTS", "design_variants"]
 
@@ -65,6 +78,54 @@ def _as_design(ev: Evidence, index: NewIndex) -> IndexDesign | None:
     return design if on and _norm(on) == _norm(rebuilt) else None
 
 
+def _needs(ev: Evidence, table: str, column: str) -> list[tuple[str, str | None]]:
+    """The (operator, type) pairs the query applies to `column` of `table` itself (its WHERE
+    terms with a symbolic operator, LIKE and ILIKE)."""
+    info = ev.table(table)
+    data_type = column_type(info, column) if info is not None else None
+    shown = catalog_type(data_type) if data_type else None
+    needs = [(t.operator, t.data_type or shown) for t in ev.operator_terms
+             if t.table == table and t.column == column and t.expression is None]
+    needs += [("~~", shown) for t, c, _ in sorted(ev.shape.like_terms) if (t, c) == (table, column)]
+    needs += [("~~*", shown) for t, c, _ in sorted(ev.shape.ilike_terms) if (t, c) == (table, column)]
+    return list(dict.fromkeys(needs))
+
+
+def _kind_design(ev: Evidence, index: NewIndex, kind: IndexKind) -> IndexDesign | None:
+    table = ev.resolver.table_key(index.table)
+    if table is None or len(index.columns) != 1 or index.include:
+        return None
+    return IndexDesign(table=table, key=(KeyColumn(index.columns[0], opclass=kind.opclass),),
+                       kind="filter", fraction=1.0, benefit=0.0, where=index.where or None,
+                       method=kind.method, extension=kind.extension)
+
+
+def _kinds(ev: Evidence, index: NewIndex) -> tuple[IndexDesign | None, list[tuple[IndexDesign, str]]]:
+    """An index of one plain column that is not a B-tree: the index as an IndexDesign (its kind
+    found among those the catalog has for the query's operators on the column, rebuilt to the
+    same index), and the other kinds that serve them all; (None, []) when it cannot be rebuilt."""
+    table = ev.resolver.table_key(index.table)
+    if (table is None or not ev.catalog_read or index.unique or len(index.columns) != 1
+            or index.keys != index.columns or index.include):
+        return None, []
+    needs = _needs(ev, table, index.columns[0])
+    kinds = candidates(ev.ctx.operator_classes, needs) if needs else []
+    _, _, on = index.canonical.partition(" ON ")
+    current = None
+    for kind in kinds:
+        design = _kind_design(ev, index, dataclasses.replace(kind, extension=None))
+        if design is not None and _norm(on) == _norm(f"{index.table}{design.clauses(())}"):
+            current = kind
+    if current is None:
+        return None, []
+    base = _kind_design(ev, index, dataclasses.replace(current, extension=None))
+    forms = [(design, f"{kind.named} instead of {current.named} (the catalog's classes for "
+                      f"{', '.join(op for op, _ in needs)} on {index.columns[0]})")
+             for kind in kinds if (kind.method, kind.opclass) != (current.method, current.opclass)
+             and (design := _kind_design(ev, index, kind)) is not None]
+    return base, forms
+
+
 def _equality_columns(ev: Evidence, table: str) -> list[str]:
     """The columns of `table` the query compares by equality (or joins on), in the query's order."""
     found = [u.column for u in ev.uses(table, "equality", "join")
@@ -78,6 +139,24 @@ def _constant_column(ev: Evidence, table: str, where: str) -> str | None:
                  if t == table and _norm(predicate) == _norm(where)), None)
 
 
+def _partial_worthy(ev: Evidence, table: str, column: str) -> bool:
+    """Whether the query's constant on `column` is one the index designer makes a partial
+    index's WHERE of: a rare value (PARTIAL_MAX_FREQ) of an enum-like column (at most
+    PARTIAL_MAX_DISTINCT values), or IS NULL; a constant of a column of many values would make
+    an index for the query's literal only."""
+    info = ev.table(table)
+    use = next((u for u in ev.uses(table, "equality") if u.column == column
+                and (u.operator or "=").upper() in EQUALITY_OPS), None)
+    if info is None or use is None:
+        return False
+    selectivity, _ = _selectivity_note(ev, table, use)
+    stats = ev.stats(table, column)
+    distinct = distinct_values(stats, float(max(info.rows, 1))) if stats else None
+    enum_like = (use.operator or "=").upper() in ("IS NULL", "IS") or (
+        distinct is not None and distinct <= PARTIAL_MAX_DISTINCT)
+    return enum_like and selectivity <= PARTIAL_MAX_FREQ
+
+
 def _forms(ev: Evidence, design: IndexDesign) -> list[tuple[IndexDesign, str]]:
     """The other forms of one index the query motivates, each with what changed."""
     table, columns, keys = design.table, list(design.columns), list(design.key)
@@ -85,6 +164,10 @@ def _forms(ev: Evidence, design: IndexDesign) -> list[tuple[IndexDesign, str]]:
     where_column = _constant_column(ev, table, design.where) if design.where else None
     if design.include:
         forms.append((dataclasses.replace(design, include=()), "the same key without INCLUDE (smaller)"))
+        if len(keys) + len(design.include) <= MAX_SUBPLAN_KEY:
+            forms.append((dataclasses.replace(design, key=(*keys, *(KeyColumn(c) for c in design.include)),
+                                              include=()),
+                          f"{', '.join(design.include)} as trailing key columns instead of INCLUDE"))
     else:
         taken = {*columns, *([where_column] if where_column else [])}
         include = _include_columns(ev, table, taken)
@@ -103,7 +186,7 @@ def _forms(ev: Evidence, design: IndexDesign) -> list[tuple[IndexDesign, str]]:
         for column in columns:
             predicate = ev.shape.constant_predicates.get((table, column))
             rest = tuple(k for k in keys if k.name != column)
-            if predicate and rest:
+            if predicate and rest and _partial_worthy(ev, table, column):
                 forms.append((dataclasses.replace(design, key=rest, where=predicate),
                               f"partial: WHERE {predicate} instead of {column} in the key"))
     elif where_column is not None and where_column not in columns:
@@ -134,26 +217,40 @@ def design_variants(agent: AgentKey, ctx: AnalysisContext,
         return ()
     made = creates(proposal)
     indexes = made.indexes
-    if not made.complete or len(indexes) != len(proposal.sql_commands):
-        return ()  # something else than index builds (ANALYZE, an extension, a view …)
+    extensions = [c for c in made.commands if isinstance(c, Change) and c.kind == "extension"]
+    if not made.complete or len(indexes) + len(extensions) != len(proposal.sql_commands):
+        return ()  # something else than index builds (ANALYZE, a view …)
     ev = Evidence(ctx)
-    designs = [_as_design(ev, index) for index in indexes]
-    if any(d is None for d in designs):
-        return ()
-    plain = [d for d in designs if d is not None]
+    designs: list[IndexDesign] = []
+    forms_of: list[list[tuple[IndexDesign, str]]] = []
+    for index in indexes:
+        design = _as_design(ev, index)
+        if design is not None:
+            designs.append(design)
+            forms_of.append(_forms(ev, design))
+            continue
+        design, kinds = _kinds(ev, index)
+        if design is None:
+            return ()
+        designs.append(design)
+        forms_of.append(kinds)
     seen = {tuple(_norm(c) for c in sorted(index.canonical for index in indexes))}
     found: list[OptimizationProposal] = []
-    for i, design in enumerate(plain):
-        for form, change in _forms(ev, design):
+    for i, forms in enumerate(forms_of):
+        for form, change in forms:
             info = ev.table(form.table)
             assert info is not None
-            if not form.include and covering_index(info, (), form.columns, form.where) is not None:
+            if (not form.include and form.method == "btree"
+                    and covering_index(info, (), form.columns, form.where) is not None):
                 continue  # the table has this index already
             fraction, where_fraction = _fraction(ev, form)
+            observed = ev.observed_fraction(form.table) if ev.only_filter(form.table) else None
+            if form.method != "btree" and observed is not None:
+                fraction = observed  # what the query's filter keeps, as the plan shows it
             form = dataclasses.replace(form, fraction=fraction, where_fraction=where_fraction, reasons=(
-                f"A variant of a design of the squad ({', '.join(d.describe() for d in plain)}): "
+                f"A variant of a design of the squad ({', '.join(d.describe() for d in designs)}): "
                 f"{change} on {form.table}.",))
-            others = [d for j, d in enumerate(plain) if j != i]
+            others = [d for j, d in enumerate(designs) if j != i]
             variant = _set_proposal(agent, ev, [*others[:i], form, *others[i:]],
                                     proposal.estimated_impact.query_time_improvement)
             key = tuple(sorted(_norm(new.canonical) for new in creates(variant).indexes))
