@@ -48,10 +48,20 @@ flipping each time (previous first, then now first: a machine whose load drifts 
 and the ratio is of the summed task times.
                                 goal: previous_s / adaptive_s ≥ 2, same winner
 
+With --old-python PATH (the interpreter of another checkout's venv, e.g. the commit issue 25
+calls "today", 7a358b1), part 2 instead runs the slow query's adaptive task under both
+checkouts side by side on this one sandbox, --pairs N times, the order flipping each time: each
+task in a process of its own venv (`benchmarks/task_child.py`, which imports that venv's afs;
+the time is the fork server session + the task, not the interpreter's start), settled first,
+pg_stat_statements reset before it. It prints old s, new s, their ratio, both winners, and the
+new task's phases (per agent, from its `agent_phase` events: where the time went).
+                                goal: old_s / new_s ≥ 2, same winner
+
     AFS_HOME=... python benchmarks/overhead.py [--runs N] [--scale small|demo|large]
                                                [--part all|overhead|adaptive]
                                                [--slow-query SQL] [--skip-fixed] [--previous]
-                                               [--pairs N] [--json]
+                                               [--pairs N] [--old-python PATH
+                                               [--new-python PATH]] [--json]
 
 Each task starts settled (a checkpoint and a sync, not timed): no task pays for the writes of
 the one before it. It uses the configured AFS_HOME, starts the sandbox and seeds the demo database
@@ -62,7 +72,10 @@ missing (and drops it again). `--json` prints {"overhead_share", "overhead_parts
 "ratio_fixed_vs_adaptive", "same_winner", "fixed_slow_runs", "adaptive_slow_runs",
 "slow_baseline_ms", "adaptive_baseline_ms"} as the last line; with --previous also
 "previous_s", "now_s" (summed over the pairs), "previous_slow_runs", "now_slow_runs",
-"previous_baseline_ms" (one per pair), "ratio_previous_vs_adaptive", "same_winner_previous".
+"previous_baseline_ms" (one per pair), "ratio_previous_vs_adaptive", "same_winner_previous";
+with --old-python {"old_s", "new_s" (summed over the pairs), "ratio_old_vs_new",
+"same_winner_old", "side_by_side" (every task: side, python, task_s, query_s, slow_runs,
+baseline_ms, status, winner_sql, phases)}.
 The goal of part 2 is judged only for a query whose baseline ran ≥ 1 s here (the script prints
 the time it measured).
 """
@@ -71,8 +84,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import harness
@@ -105,6 +120,9 @@ SLOW_RUN_MS = 100.0  # part 2 counts the runs of statements slower than this on 
 GOAL_OVERHEAD = 0.10
 GOAL_RATIO = 3.0
 GOAL_PREVIOUS_RATIO = 2.0  # issue 25 item 5: the protocol before it against now
+GOAL_OLD_RATIO = 2.0  # issue 25: the slow-query task at least 2x faster than at 7a358b1
+CHILD = Path(__file__).resolve().parent / "task_child.py"
+CHILD_TIMEOUT_S = 1800
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 # pg_stat_statements: which statements run the query (or its variants) and which build
@@ -204,6 +222,65 @@ class Measured:
     fixed: Task | None
     adaptive: Task | None
     pairs: tuple[tuple[Task, Task], ...] = ()  # --previous: (without the large-effect rule, now)
+    sides: tuple[tuple[SideTask, SideTask], ...] = ()  # --old-python: (old checkout, new), pair by pair
+
+
+@dataclass(frozen=True)
+class SideTask:
+    """The slow query's task under one checkout's venv (benchmarks/task_child.py's answer)."""
+    side: str  # "old" or "new"
+    python: str
+    task_s: float | None  # None: the child failed (see error)
+    query_s: float
+    slow_runs: int
+    status: str
+    error: str | None = None
+    afs: str = ""  # where the child imported afs from
+    baseline_ms: float | None = None
+    winner_sql: tuple[str, ...] | None = None
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+async def one_side(settings: Settings, server: SandboxServer, admin: Connection, side: str, python: str,
+                   query: str, runs: int) -> SideTask:
+    """One task of the slow query in a process of `python`'s venv, settled first."""
+    await harness.settle(admin)
+    await admin.execute("SELECT pg_stat_statements_reset()")
+    command = [python, str(CHILD), "--db", settings.demo_database, "--query", query, "--runs", str(runs)]
+    with trio.move_on_after(CHILD_TIMEOUT_S) as scope:
+        done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False,
+                                      env=dict(os.environ), cwd="/")
+    row = await admin.fetchone(_TIMES, (SLOW_RUN_MS,))
+    assert row is not None
+    lines = done.stdout.decode().strip().splitlines() if not scope.cancelled_caught else []
+    if scope.cancelled_caught or done.returncode != 0 or not lines:
+        error = (f"over {CHILD_TIMEOUT_S} s" if scope.cancelled_caught
+                 else (done.stderr.decode().strip().splitlines() or ["no output"])[-1])
+        return SideTask(side, python, None, float(row[0]), int(row[2]), "failed", error)
+    data = json.loads(lines[-1])
+    winner = data.get("winner_sql")
+    return SideTask(side, python, data.get("task_s"), float(row[0]), int(row[2]), str(data.get("status")),
+                    data.get("error"), str(data.get("afs", "")), data.get("baseline_ms"),
+                    tuple(winner) if winner is not None else None, data.get("phases") or {})
+
+
+async def side_by_side(settings: Settings, server: SandboxServer, admin: Connection,
+                       args: argparse.Namespace) -> tuple[tuple[SideTask, SideTask], ...]:
+    """--old-python: the slow query's task under the old checkout and this one, pair by pair,
+    the order flipping each time."""
+    pythons = {"old": args.old_python, "new": args.new_python}
+    pairs = []
+    for n in range(args.pairs):
+        done: dict[str, SideTask] = {}
+        for side in ("old", "new") if n % 2 == 0 else ("new", "old"):
+            progress(f"slow query, pair {n + 1}: {side} ({pythons[side]})")
+            done[side] = await one_side(settings, server, admin, side, pythons[side], args.slow_query,
+                                        args.runs)
+            task = done[side]
+            progress(f"  {'-' if task.task_s is None else f'{task.task_s:.1f}'} s, {task.status}"
+                     f" (afs from {task.afs or '?'})" + (f", error {task.error}" if task.error else ""))
+        pairs.append((done["old"], done["new"]))
+    return tuple(pairs)
 
 
 async def measure(settings: Settings, server: SandboxServer, args: argparse.Namespace) -> Measured:
@@ -222,6 +299,9 @@ async def measure(settings: Settings, server: SandboxServer, args: argparse.Name
             fixed = adaptive = None
             if args.part == "overhead":
                 return Measured(tasks, fixed, adaptive)
+            if args.old_python:
+                return Measured(tasks, fixed, adaptive,
+                                sides=await side_by_side(settings, server, admin, args))
             if not args.skip_fixed:
                 progress(f"slow query, a fixed {args.runs} runs a side: {args.slow_query}")
                 fixed_settings = settings.with_(min_runs=args.runs, measure_budget_s=1e9)
@@ -279,7 +359,67 @@ def report(measured: Measured) -> dict[str, Any]:
     if measured.pairs:
         print()
         data.update(_report_previous(measured.pairs))
+    if measured.sides:
+        if measured.tasks:
+            print()
+        data.update(_report_sides(measured.sides))
     return data
+
+
+def _phases_text(phases: dict[str, dict[str, float]], least_s: float = 0.5) -> str:
+    """Per agent, its phases of at least `least_s`, the longest first."""
+    return "; ".join(
+        f"{agent}: " + ", ".join(f"{name} {s:.1f}" for name, s in sorted(own.items(), key=lambda x: -x[1])
+                                 if s >= least_s)
+        for agent, own in phases.items())
+
+
+def _report_sides(sides: tuple[tuple[SideTask, SideTask], ...]) -> dict[str, Any]:
+    """The slow query's task under the old checkout and this one, side by side."""
+    first = sides[0]
+    print(f"part 2: the slow query's task, old checkout against this one: old = {first[0].python}"
+          f" (afs from {first[0].afs or '?'}), new = {first[1].python} (afs from {first[1].afs or '?'})")
+    header = (f"{'pair':<4} {'old s':>8} {'new s':>8} {'old/new':>8} {'old base ms':>11} {'new base ms':>11}"
+              f"  winners (old | new)")
+    print(header)
+    print("-" * len(header))
+
+    def winner(task: SideTask) -> str:
+        if task.winner_sql is None:
+            return task.status if task.status != "completed" else "none"
+        return _short("; ".join(w for w in task.winner_sql if w), 60)
+
+    def cell(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    for n, (old, new) in enumerate(sides, 1):
+        ratio = old.task_s / new.task_s if old.task_s and new.task_s else None
+        print(f"{n:<4} {cell(old.task_s, '.2f'):>8} {cell(new.task_s, '.2f'):>8} {cell(ratio, '.2f'):>8}"
+              f" {cell(old.baseline_ms, '.0f'):>11} {cell(new.baseline_ms, '.0f'):>11}"
+              f"  {winner(old)} | {winner(new)}")
+    for n, (_old, new) in enumerate(sides, 1):
+        print(f"  pair {n}, new task's phases (s): {_phases_text(new.phases) or '-'}")
+    complete = all(o.task_s is not None and n.task_s is not None for o, n in sides)
+    old_s = sum(o.task_s or 0.0 for o, _ in sides)
+    new_s = sum(n.task_s or 0.0 for _, n in sides)
+    ratio = old_s / new_s if complete and new_s else None
+    same = all(o.winner_sql == n.winner_sql for o, n in sides)
+    verdict = "met" if ratio is not None and ratio >= GOAL_OLD_RATIO and same else "NOT met"
+    print(f"ratio_old_vs_new = {'-' if ratio is None else f'{ratio:.2f}'} (summed task times,"
+          f" {len(sides)} pair(s)), same winner: {same}"
+          f"  (goal ≥ {GOAL_OLD_RATIO:g} with the same winner: {verdict})")
+    return {
+        "old_s": round(old_s, 2), "new_s": round(new_s, 2),
+        "ratio_old_vs_new": round(ratio, 3) if ratio is not None else None,
+        "same_winner_old": same,
+        "side_by_side": [{"pair": n, "side": t.side, "python": t.python, "afs": t.afs,
+                          "task_s": None if t.task_s is None else round(t.task_s, 2),
+                          "query_s": round(t.query_s, 2), "slow_runs": t.slow_runs,
+                          "baseline_ms": t.baseline_ms, "status": t.status, "error": t.error,
+                          "winner_sql": list(t.winner_sql) if t.winner_sql is not None else None,
+                          "phases": t.phases}
+                         for n, pair in enumerate(sides, 1) for t in pair],
+    }
 
 
 def _report_previous(pairs: tuple[tuple[Task, Task], ...]) -> dict[str, Any]:
@@ -418,7 +558,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     done = [*measured.tasks,
             *(t for t in (measured.fixed, measured.adaptive) if t is not None),
             *(t for pair in measured.pairs for t in pair)]
-    failed = any(t.result.status == "failed" for t in done)
+    failed = (any(t.result.status == "failed" for t in done)
+              or any(t.status == "failed" for pair in measured.sides for t in pair))
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -441,8 +582,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="part 2 also runs the protocol before issue 25 item 5 (no large-effect rule)"
                              " and prints the ratio of the two and whether the winner is the same")
     parser.add_argument("--pairs", type=int, default=1, metavar="N",
-                        help="with --previous: how many pairs (previous, now) to run, the order flipping"
+                        help="with --previous or --old-python: how many pairs to run, the order flipping"
                              " each time (default 1)")
+    parser.add_argument("--old-python", metavar="PATH",
+                        help="part 2 runs the slow query's task under another checkout's venv (this"
+                             " interpreter's) and under this one's, side by side, instead of fixed"
+                             " against adaptive; e.g. the commit issue 25 calls today (7a358b1)")
+    parser.add_argument("--new-python", metavar="PATH", default=sys.executable,
+                        help="with --old-python: the interpreter of the new checkout's venv"
+                             " (default: this one)")
     parser.add_argument("--scale", choices=("small", "demo", "large"),
                         help="demo data size if it must be seeded (default: AFS_SCALE or demo)")
     parser.add_argument("--json", action="store_true",
@@ -452,6 +600,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--runs must be at least 1")
     if args.pairs < 1:
         parser.error("--pairs must be at least 1")
+    if args.old_python:
+        if args.previous:
+            parser.error("--old-python and --previous are two different part 2s: choose one")
+        for python in (args.old_python, args.new_python):
+            if not os.access(python, os.X_OK):
+                parser.error(f"not an executable interpreter: {python}")
     args.queries = args.queries or list(QUERIES)
     return args
 
