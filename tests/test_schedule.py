@@ -182,7 +182,11 @@ async def test_missed_runs_coalesce_to_one_run(store_db: str) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(scheduler.run_forever, poll_s=0.05))
             await called.wait()
-            await trio.sleep(0.5)  # the run is recorded; a few more polls: nothing else starts
+            with trio.fail_after(30):  # the run is recorded (a fixed sleep raced a slow store)
+                # polling the store: the scheduler's task records it there
+                while [r["status"] for r in await runs(store, hourly.id)] != ["completed"]:  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            await trio.sleep(0.5)  # a few more polls: nothing else starts
             nursery.cancel_scope.cancel()
         assert ran == [hourly.id]
         [record] = await runs(store, hourly.id)
@@ -250,7 +254,7 @@ async def test_two_schedulers_on_one_store_never_start_a_run_twice(store_db: str
         async with open_store(store_db) as doomed:
             [orphan] = await Scheduler(doomed, slow_run, now=clock).start_due()
         settled: list[int] = []
-        for _ in range(50):  # the server ends the closed session's backend (and its lock) shortly after
+        for _ in range(300):  # the server ends the closed session's backend (and its lock) shortly after
             settled = await Scheduler(survivor, slow_run, now=clock).settle_interrupted()
             if settled:
                 break
