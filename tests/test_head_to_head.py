@@ -13,14 +13,19 @@ from afs.agents import best_candidate, contest_note, tie_to_settle
 from afs.bench import (
     CONTEST_PAIRS,
     Contest,
+    Figure,
     Sample,
     StopRule,
     Suites,
     TaskMeasurements,
+    _pairs,
     benchmark,
     contest_verdict,
+    figure_significant,
     hideable_statistics,
     hiding,
+    keep_pairing,
+    paired_significant,
 )
 from afs.config import Measuring
 from afs.db import Connection, open_connection
@@ -162,6 +167,44 @@ async def test_a_contest_runs_once_per_task_and_each_agent_reads_it_in_its_own_o
     assert len(runs) == 1
     assert found["one"].faster == "second" and found["one"].second[0].ms == 200.0
     assert found["two"].faster == "first" and found["two"].first[0].ms == 200.0
+
+
+# -- where the effect is small, keep measuring (interleaved figures) ---------------------------
+# a busy server: the runs swing between 60 and 110 ms, and each candidate run is ~20 % faster
+# than the baseline run next to it; the two samples overlap from the third pair on
+BUSY_BASELINE = [100.0, 60.0, 110.0, 70.0, 105.0, 65.0, 100.0]
+BUSY_CANDIDATE = [80.0, 50.0, 90.0, 55.0, 85.0, 52.0, 80.0]
+
+
+def test_overlapping_samples_whose_every_pair_goes_one_way_are_measured_on() -> None:
+    rule = StopRule(min_runs=3, max_runs=5)
+    assert keep_pairing(BUSY_BASELINE[:3], BUSY_CANDIDATE[:3], rule)
+    assert keep_pairing(BUSY_BASELINE[:6], BUSY_CANDIDATE[:6], rule)  # beyond max_runs
+    assert not keep_pairing(BUSY_BASELINE, BUSY_CANDIDATE, rule)  # CONTEST_PAIRS reached
+    assert paired_significant(BUSY_BASELINE, BUSY_CANDIDATE)
+    assert not paired_significant(BUSY_BASELINE[:6], BUSY_CANDIDATE[:6])
+    # a pair the other way, medians within 5 %, or a fixed count: no more runs
+    assert not keep_pairing([100.0, 60.0, 50.0], [80.0, 50.0, 55.0], rule)
+    assert not keep_pairing([100.0, 101.0, 102.0], [99.0, 100.0, 101.0], rule)
+    assert not keep_pairing(BUSY_BASELINE[:3], BUSY_CANDIDATE[:3], StopRule(min_runs=4, max_runs=4))
+    # only interleaved pairs count as pairs
+    samples = [Sample(ms, 1) for ms in BUSY_BASELINE], [Sample(ms, 1) for ms in BUSY_CANDIDATE]
+    assert figure_significant(Figure(*samples, "separated", paired=True))
+    assert not figure_significant(Figure(*samples, "overlap"))
+
+
+async def test_an_interleaved_figure_with_a_small_effect_on_a_busy_server_gets_its_verdict() -> None:
+    base, cand = list(BUSY_BASELINE), list(BUSY_CANDIDATE)
+
+    async def run_baseline() -> Sample:
+        return Sample(base.pop(0), 100)
+
+    async def run_candidate() -> Sample:
+        return Sample(cand.pop(0), 100)
+
+    figure = await _pairs(run_baseline, run_candidate, StopRule(min_runs=3, max_runs=5), lambda: False)
+    assert len(figure.candidate) == CONTEST_PAIRS and figure.stopped == "separated"
+    assert figure.paired and figure_significant(figure)
 
 
 # -- extended statistics measured interleaved, in a real fork --------------------------------------
