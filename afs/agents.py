@@ -8,8 +8,7 @@ The workflow is the same for every agent (the seed's agent contract):
     before vs after, same fork) ─► the loop: the plan of the query with the best design in
     place, its bottleneck (afs.pg.bottleneck), the brain's extended design (a RefiningBrain),
     validated and measured the same way, kept while it beats the step before beyond the noise
-    ─► the two best designs head to head in this fork when only the score would tell them
-    apart (`tie_to_settle`, `_settle`) ─► close fork (MCP service_delete), always
+    ─► close fork (MCP service_delete), always
 
 The squad searches rather than repeats: a design another agent of the task measures already
 does not take a measuring slot (its measurement is taken afterwards, `TaskMeasurements.taken`);
@@ -379,8 +378,14 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         if members is None:
             members = await members_for(proposal)
 
+        # the agent's time less what closing its fork takes: a measurement made here, or the wait
+        # for another agent's, ends by then, so what the agent has measured is still reported
+        until = trio.current_effective_deadline() - limits.fork
+        waited = trio.CancelScope()  # the wait for another agent's measurement (`waiting`)
+
         async def measure() -> BenchmarkOutcome:
             nonlocal measured_here
+            waited.deadline = math.inf  # measured here after all: no wait to bound
             enter("waiting for the benchmark slot")
             t0 = trio.current_time()
             # in this process, then among processes measuring on the same server
@@ -389,7 +394,8 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
                 enter("benchmark")
                 measured_here = True
                 timed, known = split_slow_family(members, shared.slow_family)
-                with trio.fail_after(limits.benchmark + job.measuring.slow_cap_s):
+                with trio.fail_at(min(trio.current_time() + limits.benchmark + job.measuring.slow_cap_s,
+                                      until)):
                     rows_kept = await _rows_kept(conn, proposal)
                     outcome = await benchmark(
                         conn, Suites(suite, job.features.tables, candidate_suite=candidate_suite,
@@ -425,6 +431,7 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
             enter("waiting for a shared measurement")
+            waited.deadline = until
 
         if not held and not await in_place.clear():  # the fork as analysed before the next design
             events.emit("agent_phase", agent=agent, fork=state.fork, phase="undo failed",
@@ -433,17 +440,24 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         t0 = trio.current_time()
         try:
             # (no checkpoint since the caller asked `shared.taken`: the claim is this call's)
-            outcome, measured_by = await shared.measure(agent, proposal, measure, waiting)
+            with waited:
+                outcome, measured_by = await shared.measure(agent, proposal, measure, waiting)
+            if waited.cancelled_caught:
+                raise ProposalFailedError("not measured: another agent's measurement of the same design"
+                                          " did not finish within this agent's time")
         except _Short as stopped:
             tried[rank] = CandidateResult(
                 proposal, "measured", rank, validation, baseline_cost=baseline_cost,
                 planner_cost=costs.get(rank, shared.screened(proposal)), benchmark=stopped.outcome,
                 note="measured on the query as given only: not faster than the step before")
             return tried[rank]
-        except (ProposalFailedError, DatabaseError) as exc:
+        except (ProposalFailedError, DatabaseError, trio.TooSlowError) as exc:
+            # a measurement past its limit or the agent's time fails this design, not the agent
+            note = str(exc) if not isinstance(exc, trio.TooSlowError) else (
+                "measuring it did not finish within the benchmark limit or the agent's time")
             tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                           planner_cost=costs.get(rank), baseline_cost=baseline_cost,
-                                          note=str(exc))
+                                          note=note)
             if measured_here:
                 in_place.proposal = None
                 if not await _undone(conn, proposal):

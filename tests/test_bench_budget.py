@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import pytest
 import trio
 import trio.testing
 
@@ -18,6 +19,7 @@ from afs.bench import (
     Sample,
     StopRule,
     Suites,
+    TaskMeasurements,
     Warm,
     _measure,
     benchmark,
@@ -27,7 +29,8 @@ from afs.bench import (
 )
 from afs.config import Measuring
 from afs.db import Connection, open_connection
-from afs.models import EstimatedImpact, FamilyQuery, OptimizationProposal, QueryVariant
+from afs.errors import ProposalFailedError
+from afs.models import BenchmarkOutcome, EstimatedImpact, FamilyQuery, OptimizationProposal, QueryVariant
 
 RULE = StopRule(min_runs=3, max_runs=5)
 
@@ -141,3 +144,46 @@ async def test_a_value_past_its_share_of_the_budget_is_run_once_per_task(
             assert "share of the budget" in check.note
             await conn.execute(f"DROP INDEX {name}")
         assert fresh.slow_family == {SLOW_VALUE: False} and await probe_runs(conn) == 2
+
+
+async def test_a_measurement_that_runs_out_of_its_time_fails_its_waiters_at_once() -> None:
+    # the owner's run stops at its own limit (trio.TooSlowError from inside it): the agent waiting
+    # for it is told so at once instead of measuring the same design again in its own time
+    shared = TaskMeasurements()
+    design = index("CREATE INDEX t_k ON t (k)")
+    started, waited = trio.Event(), trio.Event()
+    runs: list[str] = []
+
+    async def owners_run() -> BenchmarkOutcome:
+        runs.append("owner")
+        started.set()
+        await waited.wait()
+        with trio.fail_after(0):
+            await trio.sleep(1)
+        raise AssertionError("the limit stops it")
+
+    async def waiters_run() -> BenchmarkOutcome:
+        runs.append("waiter")
+        raise AssertionError("the waiter must not measure it again")
+
+    failures: dict[str, str] = {}
+
+    async def owner() -> None:
+        with pytest.raises(trio.TooSlowError):
+            await shared.measure("gemini25pro", design, owners_run, lambda _: None)
+
+    async def waiter() -> None:
+        await started.wait()
+        try:
+            await shared.measure("gemini25flash", design, waiters_run, lambda _: waited.set())
+        except ProposalFailedError as exc:
+            failures["gemini25flash"] = str(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(owner)
+        nursery.start_soon(waiter)
+    assert runs == ["owner"]
+    assert "did not finish within its time limit (by gemini25pro)" in failures["gemini25flash"]
+    assert shared.taken("gemini20flash", design) is None  # nobody measures it; asking fails at once
+    with pytest.raises(ProposalFailedError):
+        await shared.measure("gemini20flash", design, waiters_run, lambda _: None)
