@@ -54,7 +54,8 @@ checkouts side by side on this one sandbox, --pairs N times, the order flipping 
 task in a process of its own venv (`benchmarks/task_child.py`, which imports that venv's afs;
 the time is the fork server session + the task, not the interpreter's start), settled first,
 pg_stat_statements reset before it. It prints old s, new s, their ratio, both winners, and the
-new task's phases (per agent, from its `agent_phase` events: where the time went).
+new task's phases (per agent, from its `agent_phase` events: where the time went) and each
+task's costliest statements (pg_stat_statements: calls and seconds).
                                 goal: old_s / new_s ≥ 2, same winner
 
     AFS_HOME=... python benchmarks/overhead.py [--runs N] [--scale small|demo|large]
@@ -75,7 +76,8 @@ missing (and drops it again). `--json` prints {"overhead_share", "overhead_parts
 "previous_baseline_ms" (one per pair), "ratio_previous_vs_adaptive", "same_winner_previous";
 with --old-python {"old_s", "new_s" (summed over the pairs), "ratio_old_vs_new",
 "same_winner_old", "side_by_side" (every task: side, python, task_s, query_s, slow_runs,
-baseline_ms, status, winner_sql, phases)}.
+baseline_ms, status, winner_sql, phases, statements: the five costliest
+statements of its query time)}.
 The goal of part 2 is judged only for a query whose baseline ran ≥ 1 s here (the script prints
 the time it measured).
 """
@@ -239,6 +241,14 @@ class SideTask:
     baseline_ms: float | None = None
     winner_sql: tuple[str, ...] | None = None
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the statements that took the most server time (pg_stat_statements): text, calls, seconds
+    statements: tuple[tuple[str, int, float], ...] = ()
+
+
+_TOP = f"""
+SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 90), calls::int, total_exec_time / 1000
+FROM pg_stat_statements WHERE {_QUERY} ORDER BY total_exec_time DESC LIMIT %s
+"""
 
 
 async def one_side(settings: Settings, server: SandboxServer, admin: Connection, side: str, python: str,
@@ -252,16 +262,17 @@ async def one_side(settings: Settings, server: SandboxServer, admin: Connection,
                                       env=dict(os.environ), cwd="/")
     row = await admin.fetchone(_TIMES, (SLOW_RUN_MS,))
     assert row is not None
+    top = tuple((str(r[0]), int(r[1]), float(r[2])) for r in await admin.fetchall(_TOP, (5,)))
     lines = done.stdout.decode().strip().splitlines() if not scope.cancelled_caught else []
     if scope.cancelled_caught or done.returncode != 0 or not lines:
         error = (f"over {CHILD_TIMEOUT_S} s" if scope.cancelled_caught
                  else (done.stderr.decode().strip().splitlines() or ["no output"])[-1])
-        return SideTask(side, python, None, float(row[0]), int(row[2]), "failed", error)
+        return SideTask(side, python, None, float(row[0]), int(row[2]), "failed", error, statements=top)
     data = json.loads(lines[-1])
     winner = data.get("winner_sql")
     return SideTask(side, python, data.get("task_s"), float(row[0]), int(row[2]), str(data.get("status")),
                     data.get("error"), str(data.get("afs", "")), data.get("baseline_ms"),
-                    tuple(winner) if winner is not None else None, data.get("phases") or {})
+                    tuple(winner) if winner is not None else None, data.get("phases") or {}, top)
 
 
 async def side_by_side(settings: Settings, server: SandboxServer, admin: Connection,
@@ -397,8 +408,13 @@ def _report_sides(sides: tuple[tuple[SideTask, SideTask], ...]) -> dict[str, Any
         print(f"{n:<4} {cell(old.task_s, '.2f'):>8} {cell(new.task_s, '.2f'):>8} {cell(ratio, '.2f'):>8}"
               f" {cell(old.baseline_ms, '.0f'):>11} {cell(new.baseline_ms, '.0f'):>11}"
               f"  {winner(old)} | {winner(new)}")
-    for n, (_old, new) in enumerate(sides, 1):
+    for n, (old, new) in enumerate(sides, 1):
         print(f"  pair {n}, new task's phases (s): {_phases_text(new.phases) or '-'}")
+        for task in (old, new):
+            print(f"  pair {n}, {task.side} task's query time {task.query_s:.1f} s"
+                  f" in {task.slow_runs} slow runs;"
+                  " most of it in: " + "; ".join(f"{calls} x {text} ({seconds:.1f} s)"
+                                                 for text, calls, seconds in task.statements[:3]))
     complete = all(o.task_s is not None and n.task_s is not None for o, n in sides)
     old_s = sum(o.task_s or 0.0 for o, _ in sides)
     new_s = sum(n.task_s or 0.0 for _, n in sides)
@@ -417,7 +433,9 @@ def _report_sides(sides: tuple[tuple[SideTask, SideTask], ...]) -> dict[str, Any
                           "query_s": round(t.query_s, 2), "slow_runs": t.slow_runs,
                           "baseline_ms": t.baseline_ms, "status": t.status, "error": t.error,
                           "winner_sql": list(t.winner_sql) if t.winner_sql is not None else None,
-                          "phases": t.phases}
+                          "phases": t.phases,
+                          "statements": [{"query": q, "calls": c, "s": round(x, 2)}
+                                         for q, c, x in t.statements]}
                          for n, pair in enumerate(sides, 1) for t in pair],
     }
 
