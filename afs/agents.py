@@ -8,7 +8,8 @@ The workflow is the same for every agent (the seed's agent contract):
     before vs after, same fork) ─► the loop: the plan of the query with the best design in
     place, its bottleneck (afs.pg.bottleneck), the brain's extended design (a RefiningBrain),
     validated and measured the same way, kept while it beats the step before beyond the noise
-    ─► close fork (MCP service_delete), always
+    ─► the two best designs head to head in this fork when only the score would tell them
+    apart (`tie_to_settle`, `_settle`) ─► close fork (MCP service_delete), always
 
 The squad searches rather than repeats: a design another agent of the task measures already
 does not take a measuring slot (its measurement is taken afterwards, `TaskMeasurements.taken`);

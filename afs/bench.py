@@ -466,6 +466,7 @@ class Figure:
     candidate: list[Sample]
     stopped: StopReason
     reused: int = 0
+    paired: bool = False  # baseline[i] and candidate[i] ran one after the other (`_pairs`)
 
 
 def settled(figure: Figure, rule: StopRule) -> bool:
@@ -584,17 +585,22 @@ async def _pairs(run_baseline: Callable[[], Awaitable[Sample]],
         reason = stop_reason([first[0].ms], [first[1].ms], rule, out_of_time(),
                              large_effect([first[0]], [first[1]], rule))
         if reason is not None:
-            return Figure(baseline, candidate, reason)
+            return Figure(baseline, candidate, reason, paired=True)
     while True:
         first_run, second_run = ((run_baseline, run_candidate) if (len(baseline) + flip) % 2 == 0
                                  else (run_candidate, run_baseline))
         a, b = await first_run(), await second_run()
         baseline.append(a if first_run is run_baseline else b)
         candidate.append(b if first_run is run_baseline else a)
-        reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule, out_of_time(),
-                             large_effect(baseline, candidate, rule))
+        b_ms, c_ms = [s.ms for s in baseline], [s.ms for s in candidate]
+        reason = stop_reason(b_ms, c_ms, rule, out_of_time(), large_effect(baseline, candidate, rule))
+        if reason == "overlap" and keep_pairing(b_ms, c_ms, rule) and not out_of_time():
+            continue  # the samples overlap, but every pair went one way: a small effect, keep measuring
         if reason is not None:
-            return Figure(baseline, candidate, reason)
+            if reason == "overlap" and paired_significant(b_ms, c_ms):
+                reason = "separated"
+            return Figure(baseline, candidate, reason, paired=True)
+
 
 
 async def _measure_alone(run: Callable[[], Awaitable[Sample]], rule: StopRule, budget: Budget,
@@ -1220,7 +1226,7 @@ async def benchmark(
             base_timing = dataclasses.replace(base_timing, lower_bound=True)
         measurements.append(Measurement(
             name=variant.name, baseline=base_timing, optimized=cand_timing, rows=before.rows,
-            equivalent=equivalent, significant=significant(measured.baseline, measured.candidate),
+            equivalent=equivalent, significant=figure_significant(measured),
             note=note, stopped=measured.stopped))
         if enough is not None and variant.name == "baseline" and not enough(cand_timing):
             delta = max(0.0, relations_after - relations_before)
@@ -1390,6 +1396,45 @@ def contest_verdict(first: Sequence[float], second: Sequence[float], rule: StopR
     if out_of_time:
         return "budget", None
     return None, None
+
+
+def one_way(first: Sequence[float], second: Sequence[float]) -> bool:
+    """Every pair (first[i], second[i]) won by the same side (pure; a tie is no win)."""
+    pairs = list(zip(first, second, strict=False))
+    return bool(pairs) and (all(a < b for a, b in pairs) or all(b < a for a, b in pairs))
+
+
+def paired_significant(baseline: Sequence[float], candidate: Sequence[float]) -> bool:
+    """A paired verdict on interleaved runs (pure): at least CONTEST_PAIRS pairs, every one won
+    by the same side, and the medians MIN_EFFECT apart. By chance 2^-7 = 0.008 (a sign test),
+    the false-alarm rate of the margin rule; the two runs of a pair are adjacent in time, so
+    drift between pairs (a busy server) does not hide an effect as it does for two samples."""
+    n = min(len(baseline), len(candidate))
+    if n < CONTEST_PAIRS or not one_way(baseline[:n], candidate[:n]):
+        return False
+    mb, mc = statistics.median(baseline[:n]), statistics.median(candidate[:n])
+    return abs(mb - mc) >= MIN_EFFECT * max(mb, mc)
+
+
+def keep_pairing(baseline: Sequence[float], candidate: Sequence[float], rule: StopRule) -> bool:
+    """Whether an interleaved loop whose samples overlap goes on (pure): where the effect is
+    small, keep measuring. Only when measuring is adaptive (`rule.min_runs` < `rule.max_runs`;
+    a fixed count stays fixed), while every pair went one way with the medians MIN_EFFECT apart,
+    and up to CONTEST_PAIRS pairs (`paired_significant` then judges), beyond `rule.max_runs`."""
+    n = min(len(baseline), len(candidate))
+    if rule.min_runs >= rule.max_runs or n >= CONTEST_PAIRS or not one_way(baseline, candidate):
+        return False
+    mb, mc = statistics.median(baseline), statistics.median(candidate)
+    return abs(mb - mc) >= MIN_EFFECT * max(mb, mc)
+
+
+def figure_significant(figure: Figure) -> bool:
+    """A figure's verdict: the two samples completely separated (`significant`), or, for
+    interleaved pairs, every one of at least CONTEST_PAIRS won by one side (`paired_significant`)."""
+    if significant(figure.baseline, figure.candidate):
+        return True
+    return figure.paired and paired_significant([s.ms for s in figure.baseline],
+                                                [s.ms for s in figure.candidate])
 
 
 def hiding(proposal: OptimizationProposal) -> tuple[str, ...] | None:
