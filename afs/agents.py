@@ -1351,7 +1351,7 @@ def contest_note(found: Contest, first: bool, other: int) -> str:
         won = (found.faster == "first") == first
         verdict = f"{'faster' if won else 'slower'} than #{other} head to head"
     return (f"{verdict} in one fork: {fmt_ms(timing(mine).median_ms)} against"
-            f" {fmt_ms(timing(theirs).median_ms)} ms ({len(found.first)} pairs of runs)")
+            f" {fmt_ms(timing(theirs).median_ms)} ({len(found.first)} pairs of runs)")
 
 
 def _best(state: _Progress, slower: frozenset[int] = frozenset()) -> AgentOutcome:

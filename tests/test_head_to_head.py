@@ -141,7 +141,8 @@ def test_a_clear_margin_settles_it_at_the_minimum() -> None:
 def test_the_note_says_which_design_won_and_by_how_much() -> None:
     found = Contest(tuple(Sample(ms, 1) for ms in (425.0, 430.0, 420.0)),
                     tuple(Sample(ms, 1) for ms in (210.0, 200.0, 220.0)), "second", "separated")
-    assert contest_note(found, True, 2).startswith("slower than #2 head to head in one fork: 425")
+    assert contest_note(found, True, 2) == ("slower than #2 head to head in one fork: 425.0 ms against"
+                                            " 210.0 ms (3 pairs of runs)")
     assert contest_note(found, False, 1).startswith("faster than #1 head to head")
 
 
