@@ -107,7 +107,9 @@ def test_up_cow_moves_the_sandbox_onto_an_image_and_forks_clone(own_home: Path) 
 
     moved = json.loads(afs("sandbox", "up", "--cow", "--cow-size", "1G", "--json", home=own_home).stdout)
     assert moved["running"] and moved["fork_method"] == "clone" and moved["cow_note"] is None
-    assert moved["size_mb"] == first["size_mb"]  # the demo data came along
+    # the demo data came along: the same size, give or take what the server wrote meanwhile
+    # (two separate readings: autovacuum's maps and statistics may add a few pages between them)
+    assert first["size_mb"] > 10 and moved["size_mb"] == pytest.approx(first["size_mb"], abs=1.0)
     image = CowImage(load_settings({"AFS_HOME": str(own_home)}))
     if before == "copy":  # ext4 and the like: the sandbox now lives on its own image
         assert moved["cow_image"] == str(image.image) and image.mounted()
