@@ -196,12 +196,16 @@ def _significant(b: Sequence[float], o: Sequence[float]) -> bool:
 @dataclass(frozen=True)
 class StopRule:
     """How many pairs a measuring loop runs: at least `min_runs`, at most `max_runs`; a large
-    effect (`large_effect` times faster, 0: never) on `large_runs` baseline runs."""
+    effect (`large_effect` times faster, 0: never) on `large_runs` baseline runs. `cut_short`:
+    a spent budget also ends a loop against reused runs before its fresh baseline runs (a
+    drift check, a top-up to `min_runs`): the query with other values, whose figure only gates
+    a design (`settled`); the suite's figures get their baseline runs whatever the budget."""
 
     min_runs: int
     max_runs: int
     large_effect: float = LARGE_EFFECT
     large_runs: int = LARGE_EFFECT_RUNS
+    cut_short: bool = False
 
     @classmethod
     def of(cls, policy: Measuring, max_runs: int | None = None) -> StopRule:
@@ -529,7 +533,7 @@ async def _measure(
             least = min(rule.min_runs, rule.max_runs)
             while True:
                 candidate.append(await run_candidate())
-                if out_of_time():
+                if rule.cut_short and out_of_time():
                     # its share of the budget is spent (one run of a slow query can take it
                     # all): no fresh baseline run more, for a drift check or a top-up; the
                     # verdict rests on the runs made (`settled` says whether it is one)
@@ -1007,7 +1011,7 @@ async def benchmark(
     known_slow, reuse, enough, held, held_s = (
         earlier.known_slow, earlier.reuse, earlier.enough, earlier.held, earlier.held_s)
     rule = StopRule.of(policy)
-    family_rule = StopRule.of(policy, policy.family_runs)
+    family_rule = dataclasses.replace(StopRule.of(policy, policy.family_runs), cut_short=True)
     memo = reuse if rule.min_runs < rule.max_runs else None
     slow_cache = reuse.slow_runs if reuse is not None else None
     statement_timeout_ms, slow_cap_ms = policy.statement_timeout_ms, int(policy.slow_cap_s * 1000)

@@ -32,7 +32,8 @@ from afs.db import Connection, open_connection
 from afs.errors import ProposalFailedError
 from afs.models import BenchmarkOutcome, EstimatedImpact, FamilyQuery, OptimizationProposal, QueryVariant
 
-RULE = StopRule(min_runs=3, max_runs=5)
+RULE = StopRule(min_runs=3, max_runs=5, cut_short=True)  # the rule of the query with other values
+SUITE_RULE = StopRule(min_runs=3, max_runs=5)
 
 
 class SlowRuns:
@@ -71,6 +72,11 @@ async def test_a_figure_whose_share_of_the_budget_is_spent_makes_no_more_runs(
     figure = await _measure(Runners(far.baseline, far.candidate), RULE, Budget(60.0, 4),
                             prior=prior, drift=Drift(), warm=Warm(True, True))
     assert far.order == ["c"] and figure.stopped == "budget" and settled(figure, RULE)
+    # the suite's figure still tops its baseline up to the minimum, spent budget or not
+    suite = SlowRuns([51_000.0] * 5, [49_000.0] * 5)
+    figure = await _measure(Runners(suite.baseline, suite.candidate), SUITE_RULE, Budget(60.0, 4),
+                            prior=prior, drift=Drift(), warm=Warm(True, True))
+    assert suite.order == ["c", "b", "b"] and len(figure.baseline) == 3
 
 
 async def test_within_its_share_a_close_figure_still_gets_its_baseline_runs(
