@@ -66,7 +66,11 @@ Ours on top of the original rules:
   between the two candidates' runs out, and the medians must be DRIFT_RATIO (2.2, the worst
   drift afs.bench saw between two measurements of one task) apart instead; complete
   separation, because it is the significance rule of the measurements themselves
-  (afs.bench.significant). Clearly faster is an interval order (transitive), so ranking by
+  (afs.bench.significant). A is not clearly faster when it serves the query's other
+  parameter values worse (`serves_family_as_well`: B's speed-up on a value timed for both is
+  DOMINANCE_MIN_RATIO times A's, or A's family average trails B's by more than
+  FAMILY_SLACK_PCT points): a partial index on today's constant must not outrank an index
+  that speeds up every value. Clearly faster is an interval order (transitive), so ranking by
   the number of qualified proposals clearly faster than a candidate keeps every such pair
   in order; among proposals none is clearly faster than, the seed's total decides as
   before. Gates are unchanged: a proposal disqualified by one never ranks above a
@@ -162,6 +166,9 @@ DOMINANCE_MIN_RATIO = 1.1
 # candidates' measurements does not divide out then (afs.bench: 2.2x at most seen on a loaded
 # two-core machine)
 DRIFT_RATIO = 2.2
+# ... and never by serving today's literals only: its average over the suite and the other
+# parameter values may trail the rival's by at most this many points (serves_family_as_well)
+FAMILY_SLACK_PCT = 5.0
 _MIN_MS = 0.001  # EXPLAIN reports times in µs: a time of 0 counts as 1 µs
 MIN_RISK_SCORE = 40.0
 LONE_SURVIVOR_MIN_TOTAL = 60.0  # a lone survivor needs a total strictly above this
@@ -464,7 +471,28 @@ def clearly_faster(a: Candidate, b: Candidate) -> bool:
     if ra is None or rb is None:
         return False
     needed = DRIFT_RATIO if ma.baseline.reused or mb.baseline.reused else DOMINANCE_MIN_RATIO
-    return ra[0] > rb[2] and ra[1] >= needed * rb[1]
+    return ra[0] > rb[2] and ra[1] >= needed * rb[1] and serves_family_as_well(a, b)
+
+
+def _family_speedups(benchmark: BenchmarkOutcome) -> dict[str, float]:
+    """The median speed-up of each other parameter value timed on both sides, by its label."""
+    return {check.label: max(check.baseline.median_ms, _MIN_MS) / max(check.optimized.median_ms, _MIN_MS)
+            for check in benchmark.parameter_checks
+            if check.baseline is not None and check.optimized is not None}
+
+
+def serves_family_as_well(a: Candidate, b: Candidate) -> bool:
+    """Whether `a` serves the query's other parameter values about as well as `b`: on no value
+    timed for both is `b`'s median speed-up DOMINANCE_MIN_RATIO times `a`'s or more, and `a`'s
+    average over the suite and the family (`family_improvement_pct`) is at most
+    FAMILY_SLACK_PCT points below `b`'s. A design that is faster only for the query's own
+    literals (a partial index on today's constant, where another design speeds up every value)
+    is then not *clearly faster*: the seed's total, which scores the whole family, decides."""
+    mine, theirs = _family_speedups(a.benchmark), _family_speedups(b.benchmark)
+    if any(theirs[label] >= DOMINANCE_MIN_RATIO * mine[label] for label in mine.keys() & theirs.keys()):
+        return False
+    return (a.benchmark.family_improvement_pct
+            >= b.benchmark.family_improvement_pct - FAMILY_SLACK_PCT)
 
 
 _QUOTED = re.compile(r"""('(?:[^']|'')*'|"(?:[^"]|"")*")""")  # literals and quoted names keep their case

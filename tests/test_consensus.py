@@ -33,6 +33,7 @@ from afs.consensus import (
     score_performance,
     score_risk,
     score_storage,
+    serves_family_as_well,
     speedup_range,
 )
 from afs.models import (
@@ -720,6 +721,36 @@ def test_against_reused_baseline_runs_only_a_factor_beyond_drift_counts() -> Non
                        measurements=reused((0.031, 0.029, 0.034, 0.030, 0.028)))  # 2.4x: beyond drift
     assert decide([plain, covering]).winner == "gemini25flash"
     assert DRIFT_RATIO > DOMINANCE_MIN_RATIO
+
+
+def test_faster_for_todays_literal_only_is_not_clearly_faster() -> None:
+    # a partial index on the query's own constant runs the query as given ~2× faster than a
+    # plain index, every run apart, but does nothing for the other values of the query's
+    # family that the plain index serves: the family decides, not today's literal
+    def value(label: str, after: float) -> ParameterCheck:
+        return ParameterCheck(label, True, False, timed((150.0, 152.0, 155.0)),
+                              timed((after, after + 1, after + 2)))
+
+    family = ("status = 'completed'", "status = 'refunded'")
+    partial = _with_family(
+        outcome("gemini25pro", ptype="partial_index", mb=0.5,
+                sql=("CREATE INDEX p ON orders (user_id, created_at) WHERE status = 'pending'",),
+                measurements=sampled((0.031, 0.029, 0.034, 0.030, 0.028))),
+        parameter_checks=tuple(value(label, 149.0) for label in family))
+    plain = _with_family(
+        outcome("gemini25flash", ptype="index", mb=3.0, sql=("CREATE INDEX i ON orders (user_id)",),
+                measurements=sampled((0.071, 0.069, 0.074, 0.066, 0.078))),
+        parameter_checks=tuple(value(label, 2.0) for label in family))
+    cands = [Candidate(o, o.proposal, o.validation, o.benchmark)  # type: ignore[arg-type]
+             for o in (partial, plain)]
+    assert not clearly_faster(cands[0], cands[1])
+    assert not serves_family_as_well(cands[0], cands[1]) and serves_family_as_well(cands[1], cands[0])
+    decision = decide([partial, plain])
+    assert decision.winner == "gemini25flash", decision.rationale
+    # the same partial index, where it serves the other values as well, is clearly faster
+    serving = _with_family(partial, parameter_checks=tuple(value(label, 2.0) for label in family))
+    assert clearly_faster(Candidate(serving, serving.proposal, serving.validation,  # type: ignore[arg-type]
+                                    serving.benchmark), cands[1])  # type: ignore[arg-type]
 
 
 def test_the_speedup_range_reads_both_samples() -> None:
