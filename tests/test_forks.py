@@ -139,7 +139,12 @@ async def test_cancelled_open_fork_leaves_no_fork(client: ForkClient, provider: 
         with trio.move_on_after(delay):
             async with client.open_fork("afs_demo", name=name):
                 await trio.sleep(10)
-        await trio.sleep(0.3)  # let a server-side creation in flight finish its own cleanup
+        # a server-side creation in flight finishes its own cleanup: a cancel request, a drop,
+        # which a loaded machine may take longer than a fixed 0.3 s for; then nothing comes back
+        with trio.fail_after(30):
+            while await database_exists(sandbox, name) or name in await fork_names(provider):  # noqa: ASYNC110
+                await trio.sleep(0.1)
+        await trio.sleep(0.3)
         assert not await database_exists(sandbox, name), name
         assert name not in await fork_names(provider)
 
