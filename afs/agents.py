@@ -8,7 +8,8 @@ The workflow is the same for every agent (the seed's agent contract):
     before vs after, same fork) ─► the loop: the plan of the query with the best design in
     place, its bottleneck (afs.pg.bottleneck), the brain's extended design (a RefiningBrain),
     validated and measured the same way, kept while it beats the step before beyond the noise
-    ─► close fork (MCP service_delete), always
+    ─► the two best designs head to head in this fork when only the score would tell them
+    apart (`tie_to_settle`, `_settle`) ─► close fork (MCP service_delete), always
 
 The squad searches rather than repeats: a design another agent of the task measures already
 does not take a measuring slot (its measurement is taken afterwards, `TaskMeasurements.taken`);
@@ -31,7 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,16 +42,24 @@ import trio
 from afs.analysis import SourceStats, explain_analyze, gather_context
 from afs.bench import (
     MIN_EFFECT,
+    Contest,
     Earlier,
     Reuse,
+    Runners,
     Suites,
     TaskMeasurements,
     benchmark,
+    capped,
+    contest,
+    family_cap_ms,
     hideable_indexes,
+    hiding,
     measure_before,
     past_timeout_check,
     planner_cost,
     result_of,
+    run_design,
+    timing,
     undo,
 )
 from afs.bench import apply as apply_proposal
@@ -370,8 +379,14 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         if members is None:
             members = await members_for(proposal)
 
+        # the agent's time less what closing its fork takes: a measurement made here, or the wait
+        # for another agent's, ends by then, so what the agent has measured is still reported
+        until = trio.current_effective_deadline() - limits.fork
+        waited = trio.CancelScope()  # the wait for another agent's measurement (`waiting`)
+
         async def measure() -> BenchmarkOutcome:
             nonlocal measured_here
+            waited.deadline = math.inf  # measured here after all: no wait to bound
             enter("waiting for the benchmark slot")
             t0 = trio.current_time()
             # in this process, then among processes measuring on the same server
@@ -380,7 +395,8 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
                 enter("benchmark")
                 measured_here = True
                 timed, known = split_slow_family(members, shared.slow_family)
-                with trio.fail_after(limits.benchmark + job.measuring.slow_cap_s):
+                with trio.fail_at(min(trio.current_time() + limits.benchmark + job.measuring.slow_cap_s,
+                                      until)):
                     rows_kept = await _rows_kept(conn, proposal)
                     outcome = await benchmark(
                         conn, Suites(suite, job.features.tables, candidate_suite=candidate_suite,
@@ -410,11 +426,13 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
                     # still with the proposal in place: check its rows for the members skipped
                     exact = all(v.exact for v in (*suite[:1], *(candidate_suite or ())[:1]))
                     return with_known_slow(outcome, await _result_checks(
-                        conn, known, shared.slow_family, exact, job.measuring.statement_timeout_ms))
+                        conn, known, reuse, exact, job.measuring.statement_timeout_ms,
+                        family_cap_ms(job.measuring, len(suite) + len(members))))
 
         def waiting(owner: AgentKey) -> None:
             events.emit("measurement_shared", agent=agent, fork=state.fork, measured_by=owner)
             enter("waiting for a shared measurement")
+            waited.deadline = until
 
         if not held and not await in_place.clear():  # the fork as analysed before the next design
             events.emit("agent_phase", agent=agent, fork=state.fork, phase="undo failed",
@@ -423,17 +441,24 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         t0 = trio.current_time()
         try:
             # (no checkpoint since the caller asked `shared.taken`: the claim is this call's)
-            outcome, measured_by = await shared.measure(agent, proposal, measure, waiting)
+            with waited:
+                outcome, measured_by = await shared.measure(agent, proposal, measure, waiting)
+            if waited.cancelled_caught:
+                raise ProposalFailedError("not measured: another agent's measurement of the same design"
+                                          " did not finish within this agent's time")
         except _Short as stopped:
             tried[rank] = CandidateResult(
                 proposal, "measured", rank, validation, baseline_cost=baseline_cost,
                 planner_cost=costs.get(rank, shared.screened(proposal)), benchmark=stopped.outcome,
                 note="measured on the query as given only: not faster than the step before")
             return tried[rank]
-        except (ProposalFailedError, DatabaseError) as exc:
+        except (ProposalFailedError, DatabaseError, trio.TooSlowError) as exc:
+            # a measurement past its limit or the agent's time fails this design, not the agent
+            note = str(exc) if not isinstance(exc, trio.TooSlowError) else (
+                "measuring it did not finish within the benchmark limit or the agent's time")
             tried[rank] = CandidateResult(proposal, "failed", rank, validation,
                                           planner_cost=costs.get(rank), baseline_cost=baseline_cost,
-                                          note=str(exc))
+                                          note=note)
             if measured_here:
                 in_place.proposal = None
                 if not await _undone(conn, proposal):
@@ -613,7 +638,65 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
     state.candidates = tuple(tried[r] for r in sorted(tried))
     if not state.candidates:  # nothing proposed, and the loop found nothing either
         return state.outcome("ok")
-    return _best(state)
+    slower = frozenset[int]() if in_place.unknown else await _settle(fork, shared, in_place)
+    return _best(state, slower)
+
+
+CONTEST_SHARE_OF_TIME_LEFT = 0.5  # a head-to-head takes at most this share of the agent's time left
+
+
+async def _settle(fork: _InFork, shared: TaskMeasurements, in_place: _InPlace) -> frozenset[int]:
+    """The agent's two best designs head to head when their measurements do not tell them
+    apart and complexity points would (`tie_to_settle`): both in place in this fork, each run
+    with the other's objects hidden, pair by pair (afs.bench.contest), once per task
+    (`TaskMeasurements.settle`). Returns the ranks of the design measured slower (none when
+    neither is faster beyond the noise: the score decides, as before); both candidates' notes
+    say what was found."""
+    conn, job, state = fork.conn, fork.job, fork.state
+    measured = [c for c in state.candidates if c.status == "measured" and c.benchmark is not None
+                and c.rank not in state.superseded and not c.benchmark.answer_cache]
+    pair = tie_to_settle(state.agent, measured, state.writes_per_read)
+    if pair is None:
+        return frozenset()
+    first, second = pair
+    key = TaskMeasurements.key
+
+    async def run(a: OptimizationProposal, b: OptimizationProposal) -> Contest:
+        hide_a, hide_b = hiding(a), hiding(b)
+        assert hide_a is not None and hide_b is not None
+        async with fork.bench_limiter, server_lock(conn, "benchmark"):
+            if not await in_place.put(a):
+                raise ProposalFailedError(f"applying a design for the head-to-head failed: {in_place.error}")
+            in_place.unknown = True  # both in place, only one recorded: nothing more is measured here
+            await apply_proposal(conn, b)
+            return await contest(Runners(
+                functools.partial(run_design, conn, a, hide_b, a.rewritten_query or job.query),
+                functools.partial(run_design, conn, b, hide_a, b.rewritten_query or job.query)),
+                job.measuring)
+
+    left = trio.current_effective_deadline() - trio.current_time()
+    with trio.move_on_after(CONTEST_SHARE_OF_TIME_LEFT * left):
+        try:
+            found = await shared.settle(first.proposal, second.proposal, run)
+        except (ProposalFailedError, DatabaseError) as exc:
+            fork.events.emit("candidates_contested", agent=state.agent, fork=state.fork,
+                             ranks=[first.rank, second.rank], error=str(exc))
+            return frozenset()
+        a, b = timing(found.first), timing(found.second)
+        fork.events.emit("candidates_contested", agent=state.agent, fork=state.fork,
+                         ranks=[first.rank, second.rank], ms=[a.median_ms, b.median_ms],
+                         pairs=len(found.first), faster=found.faster)
+        notes = {first.rank: contest_note(found, True, second.rank),
+                 second.rank: contest_note(found, False, first.rank)}
+        state.candidates = tuple(
+            dataclasses.replace(c, note="; ".join(n for n in (c.note, notes[c.rank]) if n))
+            if c.rank in notes else c for c in state.candidates)
+        if found.faster is None:
+            return frozenset()
+        loser = second if found.faster == "first" else first
+        return frozenset(c.rank for c in measured if key(c.proposal) == key(loser.proposal))
+    return frozenset()
+
 
 
 # -- the loop: the best design, the plan with it in place, the next design ------------------------
@@ -988,7 +1071,9 @@ async def _measure_before(fork: _InFork, ctx: AnalysisContext, family: Sequence[
         events.emit("baseline_measuring", agent=state.agent, fork=state.fork)
         try:
             with trio.fail_after(job.timeouts.benchmark):
-                measured = await measure_before(conn, ctx.suite, others, reuse, job.measuring.runs_ahead)
+                measured = await measure_before(
+                    conn, ctx.suite, others, reuse, job.measuring.runs_ahead,
+                    family_cap=family_cap_ms(job.measuring, len(ctx.suite) + len(others)))
         except (DatabaseError, trio.TooSlowError) as exc:
             events.emit("baseline_measured", agent=state.agent, fork=state.fork,
                         duration_s=trio.current_time() - t0, queries=0, error=str(exc) or "timed out")
@@ -1186,7 +1271,7 @@ def as_fast(candidate: tuple[float, float], fastest: tuple[float, float]) -> boo
 
 
 def best_candidate(agent: AgentKey, measured: Sequence[CandidateResult],
-                   writes_per_read: Mapping[str, float]) -> CandidateResult:
+                   writes_per_read: Mapping[str, float], slower: Collection[int] = ()) -> CandidateResult:
     """The best of an agent's measured candidates (at least one).
 
     Speed first, then the score consensus gives: the consensus performance score is in
@@ -1194,7 +1279,46 @@ def best_candidate(agent: AgentKey, measured: Sequence[CandidateResult],
     candidate was measured the same way in the same fork, so among those that qualify (same
     rows, not disqualified) the ones as fast as the fastest (`as_fast`) are preferred, and
     among them the best score (storage, complexity, risk) wins, then the brain's order.
+    `slower`: the ranks of candidates measured slower head to head (`tie_to_settle`) than
+    another as fast: they are not as fast as the fastest.
     """
+    return _ranked(agent, measured, writes_per_read, slower)[0][0]
+
+
+def tie_to_settle(agent: AgentKey, measured: Sequence[CandidateResult],
+                  writes_per_read: Mapping[str, float]) -> tuple[CandidateResult, CandidateResult] | None:
+    """The two best of an agent's candidates when their measurements do not tell them apart
+    and the score would (pure): both qualify and are as fast as the fastest (`as_fast`), they
+    are two designs, the one the score prefers was not measured faster beyond the noise on the
+    query as given (every run faster, medians MIN_EFFECT apart), neither runs within AS_FAST_MS
+    (sub-millisecond noise), and both can be in place in one fork, each hidden from the other's
+    runs (`afs.bench.hiding`). Each was measured against its own baseline runs, possibly
+    minutes and another fork apart: a busy server's drift between them can reach 2x
+    (afs.bench), so complexity points would decide a real difference by chance. None when there
+    is nothing to settle."""
+    contenders = _ranked(agent, measured, writes_per_read, ())[1]
+    if not contenders:
+        return None
+    first, key = contenders[0], TaskMeasurements.key
+    second = next((c for c in contenders[1:] if key(c.proposal) != key(first.proposal)), None)
+    if second is None:
+        return None
+    a, b = query_timing(first.benchmark), query_timing(second.benchmark)
+    if a is None or b is None or max(a.median_ms, b.median_ms) <= AS_FAST_MS:
+        return None
+    fastest_b = b.min_ms if b.min_ms is not None else b.median_ms - b.spread_ms
+    slowest_a = a.max_ms if a.max_ms is not None else a.median_ms + a.spread_ms
+    if slowest_a < fastest_b and b.median_ms - a.median_ms >= MIN_EFFECT * b.median_ms:
+        return None  # the score's choice is measured faster already
+    if hiding(first.proposal) is None or hiding(second.proposal) is None:
+        return None
+    return first, second
+
+
+def _ranked(agent: AgentKey, measured: Sequence[CandidateResult], writes_per_read: Mapping[str, float],
+            slower: Collection[int]) -> tuple[list[CandidateResult], list[CandidateResult]]:
+    """The candidates best first (`best_candidate`), and those of them that qualify and are as
+    fast as the fastest (the ones the score decides between)."""
     breakdowns: dict[int, ScoreBreakdown] = {}
     times: dict[int, tuple[float, float]] = {}
     for c in measured:
@@ -1211,14 +1335,28 @@ def best_candidate(agent: AgentKey, measured: Sequence[CandidateResult],
     def key(c: CandidateResult) -> tuple[bool, bool, bool, float, int]:
         assert c.benchmark is not None
         breakdown = breakdowns[c.rank]
-        slow = fastest is not None and not as_fast(times[c.rank], fastest)
+        slow = c.rank in slower or (fastest is not None and not as_fast(times[c.rank], fastest))
         return (not c.benchmark.equivalent, bool(breakdown.disqualified), slow, -breakdown.total, c.rank)
 
-    return min(measured, key=key)
+    order = sorted(measured, key=key)
+    return order, [c for c in order if not any(key(c)[:3])]
 
 
-def _best(state: _Progress) -> AgentOutcome:
-    """The agent's outcome: its best measured candidate (`best_candidate`)."""
+def contest_note(found: Contest, first: bool, other: int) -> str:
+    """What a head-to-head found, said of one of its two designs (pure)."""
+    mine, theirs = (found.first, found.second) if first else (found.second, found.first)
+    if found.faster is None:
+        verdict = f"not apart from #{other} head to head"
+    else:
+        won = (found.faster == "first") == first
+        verdict = f"{'faster' if won else 'slower'} than #{other} head to head"
+    return (f"{verdict} in one fork: {fmt_ms(timing(mine).median_ms)} against"
+            f" {fmt_ms(timing(theirs).median_ms)} ({len(found.first)} pairs of runs)")
+
+
+def _best(state: _Progress, slower: frozenset[int] = frozenset()) -> AgentOutcome:
+    """The agent's outcome: its best measured candidate (`best_candidate`; `slower`: the ranks
+    measured slower head to head, `_settle`)."""
     measured = [c for c in state.candidates if c.status == "measured" and c.benchmark is not None]
     measured = [c for c in measured if c.rank not in state.superseded] or measured
     if not measured:
@@ -1228,7 +1366,7 @@ def _best(state: _Progress) -> AgentOutcome:
         return state.outcome(status, first.note or "no candidate could be measured")
     # an answer cache cannot win: the best of the others does, if there is one
     real = [c for c in measured if not (c.benchmark and c.benchmark.answer_cache)] or measured
-    best = best_candidate(state.agent, real, state.writes_per_read)
+    best = best_candidate(state.agent, real, state.writes_per_read, slower)
     assert best.benchmark is not None
     state.proposal, state.validation = best.proposal, best.validation
     state.measured_by = state.shared_by.get(best.rank)
@@ -1305,26 +1443,34 @@ def with_known_slow(outcome: BenchmarkOutcome, checks: Sequence[ParameterCheck])
     return dataclasses.replace(outcome, parameter_checks=(*outcome.parameter_checks, *checks))
 
 
-async def _result_checks(conn: Connection, known: Sequence[FamilyQuery], readable: Mapping[str, bool],
-                         exact: bool, timeout_ms: int) -> tuple[ParameterCheck, ...]:
+async def _result_checks(conn: Connection, known: Sequence[FamilyQuery], reuse: Reuse,
+                         exact: bool, timeout_ms: int, cap_ms: int | None) -> tuple[ParameterCheck, ...]:
     """Rows of the original and of the proposal's query (in place) for members whose original
-    is known to run past the statement timeout: compared, not timed (timing the original would
-    only wait for the timeout again). Rows are read in whatever plan is fastest now."""
+    is known to run past the statement timeout or its share of the budget (`reuse.slow_family`,
+    `cap_ms`: afs.bench.family_cap_ms): compared, not timed (timing the original would only
+    wait for the timeout again). The original's rows are the task's (`reuse`) when they were
+    read; the proposal's are read under `cap_ms`, in whatever plan is fastest now."""
     checks: list[ParameterCheck] = []
     found = " (found with an earlier proposal of this task)"
     unchecked = f"not checked: {SLOW_ORIGINAL} for these values{found}"
     for member in known:
         assert member.candidate_sql is not None
-        if not readable.get(member.baseline_sql, True):
+        if not reuse.slow_family.get(member.baseline_sql, True):
             checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False, note=unchecked))
             continue
+        before = reuse.result_before(member.baseline_sql, False)
         try:
-            before = await result_of(conn, QueryVariant("baseline", member.baseline_sql, False, exact), False)
+            async with capped(conn, cap_ms):
+                if before is None:
+                    before = await result_of(conn, QueryVariant("baseline", member.baseline_sql, False,
+                                                                exact), False)
         except StatementTimeout:
             checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False, note=unchecked))
             continue
         try:
-            after = await result_of(conn, QueryVariant("baseline", member.candidate_sql, False, exact), False)
+            async with capped(conn, cap_ms):
+                after = await result_of(conn, QueryVariant("baseline", member.candidate_sql, False, exact),
+                                        False)
         except StatementTimeout:  # costs this value (not proven faster), a rewrite stays unproven
             checks.append(past_timeout_check(
                 member, statement_timeout_ms=timeout_ms, original_finished=False, rows=before.rows))

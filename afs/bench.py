@@ -7,8 +7,12 @@ then measured runs of server-side execution time and shared buffers
 Where it can, baseline and candidate alternate run by run so drift hits both
 alike: a proposal made only of named CREATE INDEX statements is hidden for a
 baseline run inside a rolled-back transaction (`BEGIN; DROP INDEX …; <query>;
-ROLLBACK`); a rewrite alternates with the original query. Otherwise (e.g.
-partitioning) the baseline runs before the change and the candidate after.
+ROLLBACK`), and so is one made of CREATE STATISTICS and ANALYZE
+(`hideable_statistics`: `DROP STATISTICS …`; the planner then plans without them,
+on the column statistics the ANALYZE left, which both sides share); a rewrite
+alternates with the original query. Otherwise (e.g. partitioning) the baseline runs
+before the change and the candidate after: minutes of drift on a busy server lie
+between the two, enough to hide a 20 % effect or fake one.
 
 Significance: with N runs per side, a difference is called real only when the
 two samples do not overlap at all (every candidate run faster than every
@@ -87,11 +91,12 @@ screening and the analysis before any change run once, and the `Reuse` records a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import statistics
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -115,7 +120,7 @@ from afs.models import (
 )
 from afs.pg.names import quote_qualified
 from afs.pg.plan import explained, plan_of, shared_buffers
-from afs.safety import Change, NewIndex, creates
+from afs.safety import Change, NewIndex, NewStatistics, creates
 from afs.suite import result_checksum_sql, result_checksums_sql
 
 MB = 1048576.0
@@ -191,12 +196,16 @@ def _significant(b: Sequence[float], o: Sequence[float]) -> bool:
 @dataclass(frozen=True)
 class StopRule:
     """How many pairs a measuring loop runs: at least `min_runs`, at most `max_runs`; a large
-    effect (`large_effect` times faster, 0: never) on `large_runs` baseline runs."""
+    effect (`large_effect` times faster, 0: never) on `large_runs` baseline runs. `cut_short`:
+    a spent budget also ends a loop against reused runs before its fresh baseline runs (a
+    drift check, a top-up to `min_runs`): the query with other values, whose figure only gates
+    a design (`settled`); the suite's figures get their baseline runs whatever the budget."""
 
     min_runs: int
     max_runs: int
     large_effect: float = LARGE_EFFECT
     large_runs: int = LARGE_EFFECT_RUNS
+    cut_short: bool = False
 
     @classmethod
     def of(cls, policy: Measuring, max_runs: int | None = None) -> StopRule:
@@ -304,9 +313,17 @@ class Reuse:
     # the one run of a query past the statement timeout under the long cap (by _result_key), for
     # every proposal of the task, measuring adaptive or not: it is paid once per task
     slow_runs: dict[str, tuple[Result | None, Sample]] = field(default_factory=dict)
+    # the queries with other values whose original runs past its cap (`family_cap_ms`) before
+    # any change (sql -> whether its rows could still be read): each later proposal would wait
+    # for the cap again for nothing (TaskMeasurements.slow_family is this record)
+    slow_family: dict[str, bool] = field(default_factory=dict)
 
     def for_fork(self) -> Reuse:
-        return Reuse(self.results, self.baselines, set(), self.slow_runs)
+        return Reuse(self.results, self.baselines, set(), self.slow_runs, self.slow_family)
+
+    def result_before(self, sql: str, ordered: bool) -> Result | None:
+        """The query's rows and checksum before any change, if they were read in this task."""
+        return self.results.get(_result_key(sql, ordered))
 
 
 def _result_key(sql: str, ordered: bool) -> str:
@@ -328,29 +345,69 @@ def _agrees(prior: Sequence[Sample], ms: float) -> bool:
 
 
 async def measure_before(conn: Connection, suite: Sequence[QueryVariant], family: Sequence[str],
-                         reuse: Reuse, runs: int) -> int:
+                         reuse: Reuse, runs: int, *, family_cap: int | None = None) -> int:
     """The task's queries as they run before any change, measured while the brains still
     think (adaptive measurement): each suite query's and each other-values query's (`family`)
     result, with both checksums where the order counts, and `runs` runs of it
     (`Measuring.runs_ahead`), into `reuse`.
     The candidates' benchmarks then find them there as their reused baseline runs (see the
     module's notes: a close candidate still gets its fresh baseline run). A query measured
-    already in the task is skipped; the first one past the statement timeout ends it (the
-    benchmark runs such a query once under its longer cap). Returns how many were measured."""
+    already in the task is skipped; the first suite query past the statement timeout ends it
+    (the benchmark runs such a query once under its longer cap). A query with other values
+    runs under `family_cap` ms (`family_cap_ms`; None: the statement timeout alone): one past
+    it goes to `reuse.slow_family`, once per task, and the next value is measured. Returns how
+    many were measured."""
     ordered, exact = (suite[0].ordered, suite[0].exact) if suite else (False, True)
     queries = [*suite, *(QueryVariant("baseline", sql, ordered, exact) for sql in family)]
+    members = set(family) - {v.sql for v in suite}
     measured = 0
     for variant in queries:
-        if variant.sql in reuse.baselines:
+        if variant.sql in reuse.baselines or variant.sql in reuse.slow_family:
             continue
+        member = variant.sql in members
+        read = False
         try:
-            await _results_before(conn, variant, reuse)  # its run warms the query up
-            samples = [await run_once(conn, variant.sql) for _ in range(runs)]
+            async with capped(conn, family_cap if member else None):
+                await _results_before(conn, variant, reuse)  # its run warms the query up
+                read = True
+                samples = [await run_once(conn, variant.sql) for _ in range(runs)]
         except StatementTimeout:
-            return measured
+            if not member:
+                return measured
+            reuse.slow_family[variant.sql] = read
+            continue
         reuse.baselines[variant.sql] = tuple(samples)
         measured += 1
     return measured
+
+
+def family_cap_ms(policy: Measuring, figures: int) -> int | None:
+    """The statement timeout of a run of the query with other values before any change (pure):
+    the share of the measuring budget one of a candidate's `figures` has (`policy.budget_s`
+    over them), below the statement timeout; None where that is no less. A value whose
+    original alone takes longer cannot be measured within the budget: every proposal of the
+    task would pay for its runs (one proposal spent minutes on two such values) to learn
+    nothing it can keep, so it is left unchecked like one past the statement timeout."""
+    share = int(policy.budget_s * 1000 / max(1, figures))
+    if policy.statement_timeout_ms and share >= policy.statement_timeout_ms:
+        return None
+    return max(1, share)
+
+
+@contextlib.asynccontextmanager
+async def capped(conn: Connection, cap_ms: int | None) -> AsyncIterator[None]:
+    """The statements inside under a statement timeout of `cap_ms` (None: as they are), in a
+    transaction rolled back afterwards (they only read)."""
+    if cap_ms is None:
+        yield
+        return
+    await conn.execute("BEGIN")
+    try:
+        await conn.execute(f"SET LOCAL statement_timeout = {int(cap_ms)}")
+        yield
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
 
 
 async def _results_before(conn: Connection, variant: QueryVariant, reuse: Reuse) -> None:
@@ -379,6 +436,21 @@ def hideable_indexes(proposal: OptimizationProposal) -> tuple[str, ...] | None:
     return tuple(names) or None
 
 
+def hideable_statistics(proposal: OptimizationProposal) -> tuple[str, ...] | None:
+    """Names of the extended statistics the proposal creates, if it creates nothing else (its
+    other commands ANALYZE): a baseline run drops them in a rolled-back transaction (pure)."""
+    created = creates(proposal)
+    if not created.complete:
+        return None
+    names: list[str] = []
+    for fact in created.commands:
+        if isinstance(fact, NewStatistics):
+            names.append(fact.name)
+        elif not (isinstance(fact, Change) and fact.kind == "analyze"):
+            return None
+    return tuple(names) or None
+
+
 @dataclass
 class Drift:
     """What the fresh baseline runs of a close candidate found, once per candidate's measurement:
@@ -398,6 +470,18 @@ class Figure:
     candidate: list[Sample]
     stopped: StopReason
     reused: int = 0
+    paired: bool = False  # baseline[i] and candidate[i] ran one after the other (`_pairs`)
+
+
+def settled(figure: Figure, rule: StopRule) -> bool:
+    """Whether a figure's samples carry a verdict (pure): always, unless the budget stopped it
+    before both sides had `rule.min_runs` runs (one run of a slow query may spend its share);
+    then only when every candidate run is REUSE_FACTOR times apart from every baseline run
+    (`_far_apart`: further than drift and one noisy run go), not on one run 5 % off."""
+    least = min(rule.min_runs, rule.max_runs)
+    if figure.stopped != "budget" or min(len(figure.baseline), len(figure.candidate)) >= least:
+        return True
+    return all(_far_apart(figure.baseline, s.ms) for s in figure.candidate)
 
 
 @dataclass(frozen=True)
@@ -449,6 +533,14 @@ async def _measure(
             least = min(rule.min_runs, rule.max_runs)
             while True:
                 candidate.append(await run_candidate())
+                if rule.cut_short and out_of_time():
+                    # its share of the budget is spent (one run of a slow query can take it
+                    # all): no fresh baseline run more, for a drift check or a top-up; the
+                    # verdict rests on the runs made (`settled` says whether it is one)
+                    baseline = [*prior, *fresh]
+                    reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule,
+                                         True, large_effect(baseline, candidate, rule))
+                    return Figure(baseline, candidate, reason or "budget", len(prior))
                 if (drift.held is None and len(prior) >= least
                         and not _far_apart(prior, candidate[-1].ms)):
                     if not warmed:
@@ -497,17 +589,22 @@ async def _pairs(run_baseline: Callable[[], Awaitable[Sample]],
         reason = stop_reason([first[0].ms], [first[1].ms], rule, out_of_time(),
                              large_effect([first[0]], [first[1]], rule))
         if reason is not None:
-            return Figure(baseline, candidate, reason)
+            return Figure(baseline, candidate, reason, paired=True)
     while True:
         first_run, second_run = ((run_baseline, run_candidate) if (len(baseline) + flip) % 2 == 0
                                  else (run_candidate, run_baseline))
         a, b = await first_run(), await second_run()
         baseline.append(a if first_run is run_baseline else b)
         candidate.append(b if first_run is run_baseline else a)
-        reason = stop_reason([s.ms for s in baseline], [s.ms for s in candidate], rule, out_of_time(),
-                             large_effect(baseline, candidate, rule))
+        b_ms, c_ms = [s.ms for s in baseline], [s.ms for s in candidate]
+        reason = stop_reason(b_ms, c_ms, rule, out_of_time(), large_effect(baseline, candidate, rule))
+        if reason == "overlap" and keep_pairing(b_ms, c_ms, rule) and not out_of_time():
+            continue  # the samples overlap, but every pair went one way: a small effect, keep measuring
         if reason is not None:
-            return Figure(baseline, candidate, reason)
+            if reason == "overlap" and paired_significant(b_ms, c_ms):
+                reason = "separated"
+            return Figure(baseline, candidate, reason, paired=True)
+
 
 
 async def _measure_alone(run: Callable[[], Awaitable[Sample]], rule: StopRule, budget: Budget,
@@ -551,9 +648,11 @@ async def _once(entries: dict[Any, _Once[T]], key: Any, run: Callable[[], Awaita
                 waiting: Callable[[AgentKey], None] | None = None) -> tuple[T, AgentKey | None]:
     """`run` once per `key` for every agent of a task: the first agent runs it, the others wait
     (`waiting` is told who runs it) and take its value; if the one running it fails before it
-    is done, the next one runs it itself. With `errors_shared`, an ProposalFailedError is raised to every
-    agent instead (applying the same design fails the same way in every fork). Returns the
-    value and the agent it was taken from (None: this one ran it)."""
+    is done, the next one runs it itself, unless it ran out of its time (trio.TooSlowError from
+    inside `run`): then every agent gets that failure (a ProposalFailedError) at once. With
+    `errors_shared`, an ProposalFailedError is raised to every agent instead (applying the same
+    design fails the same way in every fork). Returns the value and the agent it was taken from
+    (None: this one ran it)."""
     while True:
         entry = entries.get(key)
         if entry is None or (entry.done.is_set() and entry.value is None and entry.error is None):
@@ -564,6 +663,12 @@ async def _once(entries: dict[Any, _Once[T]], key: Any, run: Callable[[], Awaita
             except ProposalFailedError as exc:
                 if errors_shared:
                     entry.error = exc
+                raise
+            except trio.TooSlowError:
+                # it ran out of its time (a limit inside `run`): the others, no richer in time,
+                # are told so instead of waiting for it again
+                by = f" (by {owner})" if owner is not None else ""
+                entry.error = ProposalFailedError(f"it did not finish within its time limit{by}")
                 raise
             finally:
                 entry.done.set()
@@ -593,12 +698,13 @@ class TaskMeasurements:
         self._measurements: dict[ProposalKey, _Once[BenchmarkOutcome]] = {}
         self._screenings: dict[ProposalKey, _Once[float]] = {}
         self._analysis: dict[None, _Once[tuple[AnalysisContext, tuple[str, ...]]]] = {}
+        self._contests: dict[frozenset[ProposalKey], _Once[Contest]] = {}  # `settle`
         # results, baseline runs and long runs of the queries before any change, for every fork
         self.reuse = Reuse()
         # the query with other values (a family member's original) known to exceed the
         # statement timeout (sql -> whether its rows could still be read): each later proposal
         # would wait for that timeout again for nothing
-        self.slow_family: dict[str, bool] = {}
+        self.slow_family: dict[str, bool] = self.reuse.slow_family  # measure_before adds to it
         self._before_claimed = False
         # every agent's candidate designs as it proposed them, by design: (its rank in that
         # agent's list, the design). A measuring slot that a shared measurement frees goes to
@@ -657,6 +763,22 @@ class TaskMeasurements:
         if entry.done.is_set() and entry.value is None:
             return None
         return entry.owner
+
+    async def settle(self, first: OptimizationProposal, second: OptimizationProposal,
+                     run: Callable[[OptimizationProposal, OptimizationProposal], Awaitable[Contest]]
+                     ) -> Contest:
+        """Two designs measured head to head (`run`: `contest` in the caller's fork), once per
+        task: the first agent to ask runs it, the others take its verdict (every fork of a task
+        starts with the same data). If that agent fails before it is done, the next one runs it.
+        Every agent runs the two in the same order; the contest returned is in the caller's."""
+        swap = repr(self.key(second)) < repr(self.key(first))
+        a, b = (second, first) if swap else (first, second)
+        key = frozenset((self.key(first), self.key(second)))
+        value, _ = await _once(self._contests, key, functools.partial(run, a, b))
+        if not swap:
+            return value
+        faster: ContestSide | None = {"first": "second", "second": "first", None: None}[value.faster]
+        return Contest(value.second, value.first, faster, value.stopped)
 
 
 
@@ -889,7 +1011,7 @@ async def benchmark(
     known_slow, reuse, enough, held, held_s = (
         earlier.known_slow, earlier.reuse, earlier.enough, earlier.held, earlier.held_s)
     rule = StopRule.of(policy)
-    family_rule = StopRule.of(policy, policy.family_runs)
+    family_rule = dataclasses.replace(StopRule.of(policy, policy.family_runs), cut_short=True)
     memo = reuse if rule.min_runs < rule.max_runs else None
     slow_cache = reuse.slow_runs if reuse is not None else None
     statement_timeout_ms, slow_cap_ms = policy.statement_timeout_ms, int(policy.slow_cap_s * 1000)
@@ -970,16 +1092,26 @@ async def benchmark(
     family_ordered = bool(pairs) and ordered.get(pairs[0][0].name, False)
     family_exact = bool(pairs) and pairs[0][0].exact and pairs[0][1].exact
     family_before_results: dict[str, Result | None] = {}
+    # a value's original runs under its share of the budget (`family_cap_ms`); one known past
+    # it in this task (`measure_before`, an earlier proposal) is not run again
+    family_cap = family_cap_ms(policy, len(pairs) + sum(m.candidate_sql is not None for m in family))
     for member in family:
         if member.candidate_sql is None:
             continue
         probe = QueryVariant("baseline", member.baseline_sql, family_ordered, family_exact)
+        if reuse is not None and member.baseline_sql in reuse.slow_family:
+            family_before_results[member.label] = None
+            continue
         try:
-            family_before_results[member.label] = await checked(probe, family_ordered, True)
+            async with capped(conn, family_cap):
+                family_before_results[member.label] = await checked(probe, family_ordered, True)
         except StatementTimeout:
             family_before_results[member.label] = None
+            if reuse is not None:
+                reuse.slow_family[member.baseline_sql] = False
 
-    sequential = hidden is None and not rewrite and not settings
+    hidden_statistics = hideable_statistics(proposal) if hidden is None else None
+    sequential = hidden is None and hidden_statistics is None and not rewrite and not settings
     timed_family = [m for m in family if m.candidate_sql is not None]
     budget = Budget(policy.budget_s, (len(pairs) + len(timed_family)) * (2 if sequential else 1))
     sequential_baseline: dict[str, list[Sample]] = {}
@@ -1018,12 +1150,20 @@ async def benchmark(
         assert hidden is not None
         return await _run_without(conn, hidden, sql)
 
+    async def without_new_statistics(sql: str) -> Sample:
+        assert hidden_statistics is not None
+        return await _run_without_statistics(conn, hidden_statistics, sql)
+
     run_candidate = with_settings if settings else plain
     pristine = _pristine_baseline(proposal, hidden)
     if hidden is not None:
         sides = _Sides(without_new_indexes, run_candidate, True,
                        "interleaved; baseline with the new indexes hidden in a rolled-back transaction",
                        pristine)
+    elif hidden_statistics is not None:
+        # not pristine: the proposal's ANALYZE drew new column statistics for both sides
+        sides = _Sides(without_new_statistics, run_candidate, True,
+                       "interleaved; baseline with the new statistics hidden in a rolled-back transaction")
     elif rewrite or settings:
         sides = _Sides(plain, run_candidate, True,
                        "interleaved; original query against the "
@@ -1090,7 +1230,7 @@ async def benchmark(
             base_timing = dataclasses.replace(base_timing, lower_bound=True)
         measurements.append(Measurement(
             name=variant.name, baseline=base_timing, optimized=cand_timing, rows=before.rows,
-            equivalent=equivalent, significant=significant(measured.baseline, measured.candidate),
+            equivalent=equivalent, significant=figure_significant(measured),
             note=note, stopped=measured.stopped))
         if enough is not None and variant.name == "baseline" and not enough(cand_timing):
             delta = max(0.0, relations_after - relations_before)
@@ -1119,9 +1259,11 @@ async def benchmark(
             continue
         member_before = family_before_results[member.label]
         if member_before is None:
+            cap_note = ("" if family_cap is None
+                        else f" (here {family_cap / 1000:g} s: a value's share of the budget)")
             checks.append(ParameterCheck(label=member.label, equivalent=True, slower=False,
                                          note="not checked: the original exceeds the statement timeout"
-                                              " for these values"))
+                                              " for these values" + cap_note))
             continue
         other = QueryVariant("baseline", member.candidate_sql, family_ordered, family_exact)
         known_before = family_before.get(member.label) or (
@@ -1165,7 +1307,9 @@ async def benchmark(
                         f"{after.rows} after")))
             continue
         b, c = _timings(measured)
-        slower = significant(measured.baseline, measured.candidate) and c.median_ms > b.median_ms
+        # a value the budget cut short is called slower only far beyond the noise (`settled`)
+        slower = (significant(measured.baseline, measured.candidate) and c.median_ms > b.median_ms
+                  and settled(measured, family_rule))
         checks.append(ParameterCheck(
             label=member.label, equivalent=equivalent, slower=slower, baseline=b, optimized=c,
             rows=member_before.rows,
@@ -1185,6 +1329,18 @@ async def benchmark(
     )
 
 
+async def _run_without_statistics(conn: Connection, names: Sequence[str], sql: str) -> Sample:
+    """One run with the extended statistics `names` dropped inside a transaction that is rolled back."""
+    await conn.execute("BEGIN")
+    try:
+        for name in names:
+            await conn.execute(f"DROP STATISTICS {quote_qualified(name)}")
+        return await run_once(conn, sql)
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+
+
 async def _run_without(conn: Connection, indexes: Sequence[str], sql: str) -> Sample:
     """One run with `indexes` dropped inside a transaction that is rolled back."""
     await conn.execute("BEGIN")
@@ -1195,3 +1351,146 @@ async def _run_without(conn: Connection, indexes: Sequence[str], sql: str) -> Sa
     finally:
         with trio.CancelScope(shield=True):
             await conn.execute("ROLLBACK")
+
+# -- two designs head to head --------------------------------------------------------------
+# pairs of runs, every one won by the same design, that settle a contest: by chance 2^-7 =
+# 0.008, the false-alarm rate of the margin rule (`stop_reason`)
+CONTEST_PAIRS = 7
+
+ContestSide = Literal["first", "second"]
+
+
+@dataclass(frozen=True)
+class Contest:
+    """Two designs measured head to head in one fork (`contest`): their runs of the query as
+    given, pair by pair (each pair's order alternating), which one is faster (None: neither
+    beyond the noise), and why the runs stopped."""
+
+    first: tuple[Sample, ...]
+    second: tuple[Sample, ...]
+    faster: ContestSide | None
+    stopped: StopReason
+
+
+def contest_verdict(first: Sequence[float], second: Sequence[float], rule: StopRule,
+                    out_of_time: bool = False) -> tuple[StopReason | None, ContestSide | None]:
+    """Whether a head-to-head stops now, and which design is faster (pure; times in ms, pair
+    by pair). Paired, because the two runs of a pair are adjacent in time: drift between pairs
+    (a busy two-core server) does not count against the verdict as it does for two samples.
+
+    A design is faster when it won every pair and the medians are at least MIN_EFFECT apart:
+    after CONTEST_PAIRS pairs, or after `rule.min_runs` when the samples are separated with
+    the margin of `stop_reason`. A pair won by each side ends it without a verdict ("overlap":
+    it can no longer be every pair); so does `rule.max_runs` pairs or the budget."""
+    n = min(len(first), len(second))
+    if n == 0:
+        return None, None
+    a, b = list(first[:n]), list(second[:n])
+    if not (all(x < y for x, y in zip(a, b, strict=True)) or all(y < x for x, y in zip(a, b, strict=True))):
+        return "overlap", None
+    side: ContestSide = "first" if a[0] < b[0] else "second"
+    ma, mb = statistics.median(a), statistics.median(b)
+    apart = abs(ma - mb) >= MIN_EFFECT * max(ma, mb)
+    if n >= min(rule.min_runs, rule.max_runs) and stop_reason(b, a, rule) == "separated":
+        return "separated", side
+    if n >= CONTEST_PAIRS and apart:
+        return "separated", side
+    if n >= rule.max_runs:
+        return "max_runs", None
+    if out_of_time:
+        return "budget", None
+    return None, None
+
+
+def one_way(first: Sequence[float], second: Sequence[float]) -> bool:
+    """Every pair (first[i], second[i]) won by the same side (pure; a tie is no win)."""
+    pairs = list(zip(first, second, strict=False))
+    return bool(pairs) and (all(a < b for a, b in pairs) or all(b < a for a, b in pairs))
+
+
+def paired_significant(baseline: Sequence[float], candidate: Sequence[float]) -> bool:
+    """A paired verdict on interleaved runs (pure): at least CONTEST_PAIRS pairs, every one won
+    by the same side, and the medians MIN_EFFECT apart. By chance 2^-7 = 0.008 (a sign test),
+    the false-alarm rate of the margin rule; the two runs of a pair are adjacent in time, so
+    drift between pairs (a busy server) does not hide an effect as it does for two samples."""
+    n = min(len(baseline), len(candidate))
+    if n < CONTEST_PAIRS or not one_way(baseline[:n], candidate[:n]):
+        return False
+    mb, mc = statistics.median(baseline[:n]), statistics.median(candidate[:n])
+    return abs(mb - mc) >= MIN_EFFECT * max(mb, mc)
+
+
+def keep_pairing(baseline: Sequence[float], candidate: Sequence[float], rule: StopRule) -> bool:
+    """Whether an interleaved loop whose samples overlap goes on (pure): where the effect is
+    small, keep measuring. Only when measuring is adaptive (`rule.min_runs` < `rule.max_runs`;
+    a fixed count stays fixed), while every pair went one way with the medians MIN_EFFECT apart,
+    and up to CONTEST_PAIRS pairs (`paired_significant` then judges), beyond `rule.max_runs`."""
+    n = min(len(baseline), len(candidate))
+    if rule.min_runs >= rule.max_runs or n >= CONTEST_PAIRS or not one_way(baseline, candidate):
+        return False
+    mb, mc = statistics.median(baseline), statistics.median(candidate)
+    return abs(mb - mc) >= MIN_EFFECT * max(mb, mc)
+
+
+def figure_significant(figure: Figure) -> bool:
+    """A figure's verdict: the two samples completely separated (`significant`), or, for
+    interleaved pairs, every one of at least CONTEST_PAIRS won by one side (`paired_significant`)."""
+    if significant(figure.baseline, figure.candidate):
+        return True
+    return figure.paired and paired_significant([s.ms for s in figure.baseline],
+                                                [s.ms for s in figure.candidate])
+
+
+def hiding(proposal: OptimizationProposal) -> tuple[str, ...] | None:
+    """The statements that hide what the proposal creates inside a transaction (pure): none for
+    a rewrite or settings (it creates nothing), DROP INDEX for indexes, DROP STATISTICS for
+    extended statistics; None when something else is created (it cannot be hidden)."""
+    if not proposal.sql_commands:
+        return ()
+    indexes = hideable_indexes(proposal)
+    if indexes is not None:
+        return tuple(f"DROP INDEX {quote_qualified(name)}" for name in indexes)
+    stats = hideable_statistics(proposal)
+    if stats is not None:
+        return tuple(f"DROP STATISTICS {quote_qualified(name)}" for name in stats)
+    return None
+
+
+async def run_design(conn: Connection, proposal: OptimizationProposal, hide: Sequence[str],
+                     sql: str) -> Sample:
+    """One run of `sql` as the proposal would run it, in a transaction that is rolled back: the
+    other design's objects hidden (`hide`, from `hiding`) and its settings SET LOCAL."""
+    await conn.execute("BEGIN")
+    try:
+        for statement in hide:
+            await conn.execute(statement)
+        for name, value in proposal.settings:
+            await conn.execute(f"SET LOCAL {name} = {_setting_literal(value)}")
+        return await run_once(conn, sql)
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute("ROLLBACK")
+
+
+async def contest(runners: Runners, policy: Measuring) -> Contest:
+    """Two designs in place in one fork, head to head: a warm-up each, then pairs of runs (the
+    order alternating pair by pair) until `contest_verdict` stops: at most twice the policy's
+    runs (and at least CONTEST_PAIRS), within the policy's budget of query time.
+    `runners.baseline` runs the first design, `runners.candidate` the second."""
+    rule = StopRule(min_runs=policy.min_runs, max_runs=max(CONTEST_PAIRS, 2 * policy.runs))
+    started = trio.current_time()
+    await runners.baseline()
+    await runners.candidate()
+    first: list[Sample] = []
+    second: list[Sample] = []
+    while True:
+        if len(first) % 2 == 0:
+            first.append(await runners.baseline())
+            second.append(await runners.candidate())
+        else:
+            second.append(await runners.candidate())
+            first.append(await runners.baseline())
+        reason, faster = contest_verdict([s.ms for s in first], [s.ms for s in second], rule,
+                                         trio.current_time() - started >= policy.budget_s)
+        if reason is not None:
+            return Contest(tuple(first), tuple(second), faster, reason)

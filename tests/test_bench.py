@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from afs.bench import (
+    CONTEST_PAIRS,
     Budget,
     Drift,
     Earlier,
@@ -444,7 +445,8 @@ async def test_a_useless_index_stops_within_the_noise_or_at_the_maximum(fork_con
     for n in range(3):
         m = await measure_index(fork_conn, SLOW_SCAN, "CREATE INDEX {name} ON orders (shipping_country)",
                                 f"bench_country_{n}", policy=Measuring(runs=6, min_runs=3))
-        assert 3 <= m.optimized.runs <= 6 and m.baseline.runs == m.optimized.runs
+        # at most the maximum, or CONTEST_PAIRS while every pair went one way (keep_pairing)
+        assert 3 <= m.optimized.runs <= max(6, CONTEST_PAIRS) and m.baseline.runs == m.optimized.runs
         attempts.append(m.stopped)
         if m.stopped in ("overlap", "max_runs"):
             break
