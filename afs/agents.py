@@ -379,9 +379,10 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         if members is None:
             members = await members_for(proposal)
 
-        # the agent's time less what closing its fork takes: a measurement made here, or the wait
-        # for another agent's, ends by then, so what the agent has measured is still reported
-        until = trio.current_effective_deadline() - limits.fork
+        # the agent's time (run_agent's limit, not a loop's own) less what closing its fork takes:
+        # a measurement made here, or the wait for another agent's, ends by then, so what the
+        # agent has measured is still reported
+        until = state.started + limits.agent - limits.fork
         waited = trio.CancelScope()  # the wait for another agent's measurement (`waiting`)
 
         async def measure() -> BenchmarkOutcome:
