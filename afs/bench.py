@@ -1378,28 +1378,41 @@ def contest_verdict(first: Sequence[float], second: Sequence[float], rule: StopR
     by pair). Paired, because the two runs of a pair are adjacent in time: drift between pairs
     (a busy two-core server) does not count against the verdict as it does for two samples.
 
-    A design is faster when it won every pair and the medians are at least MIN_EFFECT apart:
-    after CONTEST_PAIRS pairs, or after `rule.min_runs` when the samples are separated with
-    the margin of `stop_reason`. A pair won by each side ends it without a verdict ("overlap":
-    it can no longer be every pair); so does `rule.max_runs` pairs or the budget."""
+    A design is faster when the medians are at least MIN_EFFECT apart and it won so many of
+    the pairs that chance explains it at most SIGN_TEST_P (a one-sided sign test: 7 of 7, 9 of
+    10), or, after `rule.min_runs` pairs, when the samples are separated with the margin of
+    `stop_reason`. One pair the other way (a burst on a busy server) does not end it: it ends
+    without a verdict ("overlap") once neither design can reach one within `rule.max_runs`
+    pairs, and at `rule.max_runs` pairs or the budget."""
     n = min(len(first), len(second))
     if n == 0:
         return None, None
     a, b = list(first[:n]), list(second[:n])
-    if not (all(x < y for x, y in zip(a, b, strict=True)) or all(y < x for x, y in zip(a, b, strict=True))):
-        return "overlap", None
-    side: ContestSide = "first" if a[0] < b[0] else "second"
+    won_a = sum(x < y for x, y in zip(a, b, strict=True))
+    won_b = sum(y < x for x, y in zip(a, b, strict=True))
+    side: ContestSide = "first" if won_a > won_b else "second"
     ma, mb = statistics.median(a), statistics.median(b)
-    apart = abs(ma - mb) >= MIN_EFFECT * max(ma, mb)
+    apart = abs(ma - mb) >= MIN_EFFECT * max(ma, mb) and (ma < mb) == (side == "first")
     if n >= min(rule.min_runs, rule.max_runs) and stop_reason(b, a, rule) == "separated":
-        return "separated", side
-    if n >= CONTEST_PAIRS and apart:
+        return "separated", "first" if ma < mb else "second"
+    if won_a != won_b and apart and sign_test_p(max(won_a, won_b), n) <= SIGN_TEST_P:
         return "separated", side
     if n >= rule.max_runs:
         return "max_runs", None
+    left = rule.max_runs - n
+    if all(sign_test_p(won + left, n + left) > SIGN_TEST_P for won in (won_a, won_b)):
+        return "overlap", None
     if out_of_time:
         return "budget", None
     return None, None
+
+
+SIGN_TEST_P = 0.011  # a head-to-head's false-alarm rate: 7 of 7 pairs (0.008), 9 of 10 (0.011)
+
+
+def sign_test_p(won: int, pairs: int) -> float:
+    """The chance of winning at least `won` of `pairs` pairs by coin flips (one-sided; pure)."""
+    return sum(math.comb(pairs, k) for k in range(won, pairs + 1)) / 2 ** pairs if pairs else 1.0
 
 
 def one_way(first: Sequence[float], second: Sequence[float]) -> bool:

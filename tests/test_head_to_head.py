@@ -125,9 +125,17 @@ def test_every_pair_won_by_one_design_settles_it_after_seven_pairs() -> None:
     assert contest_verdict(fast, slow, RULE) == ("separated", "first")
 
 
-def test_a_pair_won_by_each_design_ends_the_contest_without_a_verdict() -> None:
-    assert contest_verdict([300.0, 280.0, 310.0], [290.0, 295.0, 300.0], RULE) == ("overlap", None)
-    # every pair one way but the medians within 5 %: no verdict, up to the maximum of pairs
+def test_one_pair_the_other_way_does_not_end_the_contest_but_a_lost_cause_does() -> None:
+    # a burst in the second pair: 1 of 2 each, 9 of 10 can still be reached
+    assert contest_verdict([430.0, 460.0], [480.0, 420.0], RULE) == (None, None)
+    slow = [430.0, 460.0, 700.0, 650.0, 520.0, 610.0, 480.0, 690.0, 560.0, 600.0]
+    fast = [480.0, 420.0, 400.0, 420.0, 410.0, 380.0, 430.0, 440.0, 390.0, 405.0]
+    assert contest_verdict(slow[:9], fast[:9], RULE) == (None, None)  # 8 of 9: 0.02
+    assert contest_verdict(slow, fast, RULE) == ("separated", "second")  # 9 of 10: 0.011
+    # two pairs each way: neither can reach 9 of 10 any more
+    two_each = [300.0, 280.0, 310.0, 270.0], [290.0, 295.0, 300.0, 290.0]
+    assert contest_verdict(*two_each, RULE) == ("overlap", None)
+    # won pairs but the medians within 5 %: no verdict, up to the maximum of pairs
     a, b = [100.0 + i for i in range(10)], [101.0 + i for i in range(10)]
     assert contest_verdict(a[:9], b[:9], RULE) == (None, None)
     assert contest_verdict(a, b, RULE) == ("max_runs", None)
