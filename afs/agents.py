@@ -383,15 +383,17 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         # a measurement made here, or the wait for another agent's, ends by then, so what the
         # agent has measured is still reported
         until = state.started + limits.agent - limits.fork
-        waited = trio.CancelScope()  # the wait for another agent's measurement (`waiting`)
+        # the waits: for the benchmark slot, for another agent's measurement (`waiting`)
+        waited = trio.CancelScope()
 
         async def measure() -> BenchmarkOutcome:
             nonlocal measured_here
-            waited.deadline = math.inf  # measured here after all: no wait to bound
+            waited.deadline = until
             enter("waiting for the benchmark slot")
             t0 = trio.current_time()
             # in this process, then among processes measuring on the same server
             async with bench_limiter, server_lock(conn, "benchmark"):
+                waited.deadline = math.inf  # measured here: its own limit below
                 state.waited_s += trio.current_time() - t0
                 enter("benchmark")
                 measured_here = True
@@ -445,8 +447,8 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
             with waited:
                 outcome, measured_by = await shared.measure(agent, proposal, measure, waiting)
             if waited.cancelled_caught:
-                raise ProposalFailedError("not measured: another agent's measurement of the same design"
-                                          " did not finish within this agent's time")
+                raise ProposalFailedError("not measured: this agent's time ran out waiting for the benchmark"
+                                          " slot or for another agent's measurement of the same design")
         except _Short as stopped:
             tried[rank] = CandidateResult(
                 proposal, "measured", rank, validation, baseline_cost=baseline_cost,
