@@ -65,7 +65,9 @@ async def test_a_runaway_materialized_view_fails_fast_and_says_why(tight: LocalF
                 await check_growth(conn, RUNAWAY)
             with pytest.raises(ProposalFailedError, match="planner expects this statement to write about"):
                 await apply(conn, runaway_proposal())
-            assert trio.current_time() - started < 5
+            # refused from the planner's estimate: run, it would hold the fork to its 30 s statement
+            # timeout; a loaded machine's few round trips get more than 5 s of the difference
+            assert trio.current_time() - started < 15
             assert await conn.fetchval("SELECT to_regclass('runaway')") is None
             # what fits goes through
             await check_growth(conn, "CREATE MATERIALIZED VIEW small AS SELECT status, count(*)"
