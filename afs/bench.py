@@ -1378,41 +1378,68 @@ def contest_verdict(first: Sequence[float], second: Sequence[float], rule: StopR
     by pair). Paired, because the two runs of a pair are adjacent in time: drift between pairs
     (a busy two-core server) does not count against the verdict as it does for two samples.
 
-    A design is faster when the medians are at least MIN_EFFECT apart and it won so many of
-    the pairs that chance explains it at most SIGN_TEST_P (a one-sided sign test: 7 of 7, 9 of
-    10), or, after `rule.min_runs` pairs, when the samples are separated with the margin of
-    `stop_reason`. One pair the other way (a burst on a busy server) does not end it: it ends
-    without a verdict ("overlap") once neither design can reach one within `rule.max_runs`
-    pairs, and at `rule.max_runs` pairs or the budget."""
+    A design is faster when the medians are at least MIN_EFFECT apart and a one-sided Wilcoxon
+    signed-rank test on the pairs' log ratios (`signed_rank`: how often and by how much each
+    design won its pairs) gives at most CONTEST_P (7 of 7 pairs won: 0.008), or, after
+    `rule.min_runs` pairs, when the samples are separated with the margin of `stop_reason`. A
+    pair the other way (a burst on a busy server) does not end it: it ends without a verdict
+    ("overlap") once neither design can reach one within `rule.max_runs` pairs, and at
+    `rule.max_runs` pairs or the budget."""
     n = min(len(first), len(second))
     if n == 0:
         return None, None
     a, b = list(first[:n]), list(second[:n])
-    won_a = sum(x < y for x, y in zip(a, b, strict=True))
-    won_b = sum(y < x for x, y in zip(a, b, strict=True))
-    side: ContestSide = "first" if won_a > won_b else "second"
     ma, mb = statistics.median(a), statistics.median(b)
-    apart = abs(ma - mb) >= MIN_EFFECT * max(ma, mb) and (ma < mb) == (side == "first")
     if n >= min(rule.min_runs, rule.max_runs) and stop_reason(b, a, rule) == "separated":
         return "separated", "first" if ma < mb else "second"
-    if won_a != won_b and apart and sign_test_p(max(won_a, won_b), n) <= SIGN_TEST_P:
+    side, p, _ = signed_rank(a, b)
+    apart = abs(ma - mb) >= MIN_EFFECT * max(ma, mb) and (ma < mb) == (side == "first")
+    if side is not None and apart and p <= CONTEST_P:
         return "separated", side
     if n >= rule.max_runs:
         return "max_runs", None
+    # the best either design can still do: every pair left won by it, by more than any so far
     left = rule.max_runs - n
-    if all(sign_test_p(won + left, n + left) > SIGN_TEST_P for won in (won_a, won_b)):
+    lost = signed_rank(a, b)[2]
+    if all(_rank_sum_p(w, len(_log_ratios(a, b)) + left) > CONTEST_P for w in lost):
         return "overlap", None
     if out_of_time:
         return "budget", None
     return None, None
 
 
-SIGN_TEST_P = 0.011  # a head-to-head's false-alarm rate: 7 of 7 pairs (0.008), 9 of 10 (0.011)
+CONTEST_P = 0.01  # a head-to-head's false-alarm rate (one-sided): 7 of 7 pairs won is 0.008
 
 
-def sign_test_p(won: int, pairs: int) -> float:
-    """The chance of winning at least `won` of `pairs` pairs by coin flips (one-sided; pure)."""
-    return sum(math.comb(pairs, k) for k in range(won, pairs + 1)) / 2 ** pairs if pairs else 1.0
+def _log_ratios(first: Sequence[float], second: Sequence[float]) -> list[float]:
+    """log(first / second) pair by pair, ties left out (pure)."""
+    return [_log(x) - _log(y) for x, y in zip(first, second, strict=False) if _log(x) != _log(y)]
+
+
+def signed_rank(first: Sequence[float], second: Sequence[float]
+                ) -> tuple[ContestSide | None, float, tuple[int, int]]:
+    """A one-sided Wilcoxon signed-rank test of paired times (pure): the side whose pairs'
+    ranks (by the size of the log ratio) sum higher, the chance of the other's rank sum or less
+    by coin flips, and the rank sums of the pairs each side lost (first's, second's)."""
+    d = _log_ratios(first, second)
+    ranked = sorted(range(len(d)), key=lambda i: abs(d[i]))
+    lost_first = sum(r + 1 for r, i in enumerate(ranked) if d[i] > 0)  # first slower in pair i
+    lost_second = sum(r + 1 for r, i in enumerate(ranked) if d[i] < 0)
+    if not d or lost_first == lost_second:
+        return None, 1.0, (lost_first, lost_second)
+    side: ContestSide = "first" if lost_first < lost_second else "second"
+    return side, _rank_sum_p(min(lost_first, lost_second), len(d)), (lost_first, lost_second)
+
+
+def _rank_sum_p(w: int, n: int) -> float:
+    """The chance that the ranks 1..n a coin assigns to one side sum to at most `w` (pure)."""
+    if n <= 0:
+        return 1.0
+    counts = [1] + [0] * w  # subsets of the ranks so far by their sum, up to w
+    for rank in range(1, n + 1):
+        for total in range(w, rank - 1, -1):
+            counts[total] += counts[total - rank]
+    return math.ldexp(sum(counts), -n)  # their count over 2^n
 
 
 def one_way(first: Sequence[float], second: Sequence[float]) -> bool:

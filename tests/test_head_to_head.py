@@ -11,6 +11,7 @@ import trio
 
 from afs.agents import best_candidate, contest_note, tie_to_settle
 from afs.bench import (
+    CONTEST_P,
     CONTEST_PAIRS,
     Contest,
     Figure,
@@ -19,6 +20,7 @@ from afs.bench import (
     Suites,
     TaskMeasurements,
     _pairs,
+    _rank_sum_p,
     benchmark,
     contest_verdict,
     figure_significant,
@@ -26,6 +28,7 @@ from afs.bench import (
     hiding,
     keep_pairing,
     paired_significant,
+    signed_rank,
 )
 from afs.config import Measuring
 from afs.db import Connection, open_connection
@@ -126,20 +129,28 @@ def test_every_pair_won_by_one_design_settles_it_after_seven_pairs() -> None:
 
 
 def test_one_pair_the_other_way_does_not_end_the_contest_but_a_lost_cause_does() -> None:
-    # a burst in the second pair: 1 of 2 each, 9 of 10 can still be reached
+    # a burst in the second pair: the contest goes on
     assert contest_verdict([430.0, 460.0], [480.0, 420.0], RULE) == (None, None)
-    slow = [430.0, 460.0, 700.0, 650.0, 520.0, 610.0, 480.0, 690.0, 560.0, 600.0]
-    fast = [480.0, 420.0, 400.0, 420.0, 410.0, 380.0, 430.0, 440.0, 390.0, 405.0]
-    assert contest_verdict(slow[:9], fast[:9], RULE) == (None, None)  # 8 of 9: 0.02
-    assert contest_verdict(slow, fast, RULE) == ("separated", "second")  # 9 of 10: 0.011
-    # two pairs each way: neither can reach 9 of 10 any more
-    two_each = [300.0, 280.0, 310.0, 270.0], [290.0, 295.0, 300.0, 290.0]
-    assert contest_verdict(*two_each, RULE) == ("overlap", None)
+    # 10 pairs, the second design won 9, and the one it lost by little (460 vs 450): faster
+    slow = [460.0, 800.0, 700.0, 650.0, 520.0, 610.0, 480.0, 690.0, 560.0, 600.0]
+    fast = [470.0, 420.0, 400.0, 420.0, 410.0, 380.0, 430.0, 440.0, 390.0, 405.0]
+    assert contest_verdict(slow[:7], fast[:7], RULE) == (None, None)
+    assert contest_verdict(slow, fast, RULE)[1] == "second"
+    # pairs won by each design alike: neither can reach a verdict within the maximum of pairs
+    a, b = [300.0, 280.0, 310.0, 270.0, 305.0], [280.0, 300.0, 290.0, 290.0, 285.0]
+    assert contest_verdict(a[:4], b[:4], RULE) == (None, None)
+    assert contest_verdict(a, b, RULE) == ("overlap", None)
     # won pairs but the medians within 5 %: no verdict, up to the maximum of pairs
     a, b = [100.0 + i for i in range(10)], [101.0 + i for i in range(10)]
     assert contest_verdict(a[:9], b[:9], RULE) == (None, None)
     assert contest_verdict(a, b, RULE) == ("max_runs", None)
     assert contest_verdict(a[:4], b[:4], RULE, out_of_time=True) == ("budget", None)
+
+
+def test_the_signed_rank_test_counts_how_often_and_by_how_much() -> None:
+    assert _rank_sum_p(0, 7) == 1 / 128 and _rank_sum_p(5, 10) < CONTEST_P < _rank_sum_p(6, 10)
+    side, p, lost = signed_rank([400.0, 420.0, 410.0], [200.0, 430.0, 210.0])
+    assert side == "second" and lost == (5, 1) and p == 2 / 8
 
 
 def test_a_clear_margin_settles_it_at_the_minimum() -> None:
