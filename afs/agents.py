@@ -20,7 +20,6 @@ pool, `TaskMeasurements.offered`), else a variant of the squad's designs its bra
 screened with the planner and measured like the agent's own, and only where the planner expects
 a gain (`expects_gain`); the agent's measuring budget stays Measuring.measured.
 
-
 The brain is a `Brain`: an offline strategist (`StrategistBrain`) or a model.
 Expected failures come back as data (`AgentOutcome(status="failed")`); only
 bugs escape.
@@ -382,7 +381,7 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         # the agent's time (run_agent's limit, not a loop's own) less what closing its fork takes:
         # a measurement made here, or the wait for another agent's, ends by then, so what the
         # agent has measured is still reported
-        until = state.started + limits.agent - limits.fork
+        until = state.started + limits.agent - limits.closing
         # the waits: for the benchmark slot, for another agent's measurement (`waiting`)
         waited = trio.CancelScope()
 
@@ -699,7 +698,6 @@ async def _settle(fork: _InFork, shared: TaskMeasurements, in_place: _InPlace) -
         loser = second if found.faster == "first" else first
         return frozenset(c.rank for c in measured if key(c.proposal) == key(loser.proposal))
     return frozenset()
-
 
 
 # -- the loop: the best design, the plan with it in place, the next design ------------------------

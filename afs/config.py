@@ -172,6 +172,13 @@ class Timeouts:
     agent: float = 600.0
     task: float = 900.0
 
+    @property
+    def closing(self) -> float:
+        """What an agent keeps of its time for closing its fork, so what it measured is still
+        reported: the fork's limit, at most a quarter of the agent's time (a short agent time,
+        as in tests, would otherwise end every measurement before it starts)."""
+        return min(self.fork, self.agent / 4)
+
 
 @dataclass(frozen=True)
 class Quantiles:
