@@ -70,13 +70,15 @@ Ours on top of the original rules:
   parameter values worse (`serves_family_as_well`: B's speed-up on a value timed for both is
   DOMINANCE_MIN_RATIO times A's, or A's family average trails B's by more than
   FAMILY_SLACK_PCT points): a partial index on today's constant must not outrank an index
-  that speeds up every value. Clearly faster is an interval order (transitive), so ranking by
-  the number of qualified proposals clearly faster than a candidate keeps every such pair
-  in order; among proposals none is clearly faster than, the seed's total decides as
-  before. Gates are unchanged: a proposal disqualified by one never ranks above a
-  qualified one, however fast. Runs without their extremes recorded (results stored before
-  Timing.min_ms) never count as clearly faster. The rationale says why in numbers: the
-  query's time before and after, the ratio, and the rival's time;
+  that speeds up every value. And B ranks above A whatever their speed on the query as
+  given when B serves the other values clearly better (`serves_family_clearly_better`: on
+  some value B's speed-up is DRIFT_RATIO times A's, on none the reverse). A candidate
+  ranks by the number of qualified proposals that beat it either way; among proposals
+  none beats, the seed's total decides as before. Gates are unchanged: a proposal
+  disqualified by one never ranks above a qualified one, however fast. Runs without their
+  extremes recorded (results stored before Timing.min_ms) never count as clearly faster.
+  The rationale says why in numbers: the query's time before and after, the ratio, and
+  the rival's time;
 * before an agent hands its best design to consensus, two of its designs that only the score
   would tell apart (as fast as each other by their own measurements, each against its own
   baseline runs, possibly minutes and a fork apart) were measured head to head in one fork
@@ -481,6 +483,19 @@ def _family_speedups(benchmark: BenchmarkOutcome) -> dict[str, float]:
             if check.baseline is not None and check.optimized is not None}
 
 
+def serves_family_clearly_better(b: Candidate, a: Candidate) -> bool:
+    """Whether `b` serves the query's other parameter values clearly better than `a`: on some
+    value timed for both, `b`'s median speed-up is DRIFT_RATIO times `a`'s or more (the two
+    were measured in different forks, possibly minutes apart), and on none is `a`'s that far
+    above `b`'s. It ranks `b` above `a` however fast `a` is on the query as given: a design
+    that holds only for today's literals (a partial index on the query's constant, where `b`
+    speeds up every value) never wins over one that serves the family."""
+    mine, theirs = _family_speedups(a.benchmark), _family_speedups(b.benchmark)
+    common = mine.keys() & theirs.keys()
+    return (any(theirs[label] >= DRIFT_RATIO * mine[label] for label in common)
+            and not any(mine[label] >= DRIFT_RATIO * theirs[label] for label in common))
+
+
 def serves_family_as_well(a: Candidate, b: Candidate) -> bool:
     """Whether `a` serves the query's other parameter values about as well as `b`: on no value
     timed for both is `b`'s median speed-up DOMINANCE_MIN_RATIO times `a`'s or more, and `a`'s
@@ -557,7 +572,8 @@ def decide(outcomes: Sequence[AgentOutcome], weights: Mapping[str, float] | None
         scores[c.agent] = _disqualify(b, reasons)
 
     qualified = [c for c in candidates if not scores[c.agent].disqualified]
-    beaten = {c.agent: sum(clearly_faster(other, c) for other in qualified if other is not c)
+    beaten = {c.agent: sum(clearly_faster(other, c) or serves_family_clearly_better(other, c)
+                           for other in qualified if other is not c)
               for c in candidates}
     ranked = sorted(candidates, key=lambda c: _rank_key(c, scores[c.agent], beaten[c.agent]))
     winner = ranked[0] if ranked and not scores[ranked[0].agent].disqualified else None
@@ -755,6 +771,11 @@ def _winner_sentence(winner: Candidate, ranked: Sequence[Candidate],
                      if r.total > b.total else "")
         return (f"{head}; it is measured clearly faster than {rival.agent}"
                 f" ({_versus(winner, rival)}){outweighs}.")
+    if serves_family_clearly_better(winner, rival):
+        outweighs = (f", which outweighs {rival.agent}'s higher total ({_num(r.total)} vs {_num(b.total)})"
+                     if r.total > b.total else "")
+        return (f"{head}; it serves the query's other parameter values clearly better than"
+                f" {rival.agent} ({_family_versus(winner, rival)}){outweighs}.")
     if b.total == r.total:
         return (f"{head}; it ties with {rival.agent} and wins the tie-break on"
                 f" {_tie_break(winner, rival, scores)}.")
@@ -779,6 +800,9 @@ def _loser_sentence(c: Candidate, winner: Candidate | None, ranked: Sequence[Can
                       f" ({_num(b.total)} vs {_num(w.total)} for {winner.agent})")
         return (f"{c.agent} loses with {_num(b.total)} ({_summary(c, b)}): {faster.agent} is measured"
                 f" clearly faster ({_versus(faster, c)}){though}.")
+    if serves_family_clearly_better(winner, c):
+        return (f"{c.agent} loses with {_num(b.total)} ({_summary(c, b)}): {winner.agent} serves the"
+                f" query's other parameter values clearly better ({_family_versus(winner, c)}).")
     if b.total == w.total:
         return (f"{c.agent} ties with {winner.agent} at {_num(b.total)} and loses the tie-break on"
                 f" {_tie_break(winner, c, scores)}.")
@@ -811,6 +835,14 @@ def _versus(faster: Candidate, slower: Candidate) -> str:
     assert rf is not None and rs is not None
     return (f"{_duration(mf.optimized.median_ms)} vs {_duration(ms.optimized.median_ms)} on the query as"
             f" given, runs {_span(mf)} vs {_span(ms)}; {_ratio(rf[1])} vs {_ratio(rs[1])} faster than before")
+
+
+def _family_versus(better: Candidate, worse: Candidate) -> str:
+    """The other parameter value where `better` leads `worse` most, in their speed-ups:
+    "status = 'completed': 75× vs 1.0× faster than before"."""
+    mine, theirs = _family_speedups(better.benchmark), _family_speedups(worse.benchmark)
+    label = max(sorted(mine.keys() & theirs.keys()), key=lambda k: mine[k] / theirs[k])
+    return f"{label}: {_ratio(mine[label])} vs {_ratio(theirs[label])} faster than before"
 
 
 def _span(m: Measurement) -> str:

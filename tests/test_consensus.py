@@ -34,6 +34,7 @@ from afs.consensus import (
     score_risk,
     score_storage,
     serves_family_as_well,
+    serves_family_clearly_better,
     speedup_range,
 )
 from afs.models import (
@@ -751,6 +752,40 @@ def test_faster_for_todays_literal_only_is_not_clearly_faster() -> None:
     serving = _with_family(partial, parameter_checks=tuple(value(label, 2.0) for label in family))
     assert clearly_faster(Candidate(serving, serving.proposal, serving.validation,  # type: ignore[arg-type]
                                     serving.benchmark), cands[1])  # type: ignore[arg-type]
+
+
+def test_a_design_for_todays_literal_never_wins_over_one_that_serves_the_family() -> None:
+    # the partial index: the query as given 256 ms -> 0.03 ms, the other values unchanged; the
+    # plain index: the query as given only 40 % faster, every other value 75x. The partial one
+    # has the higher total (its suite saturates the bands), yet the plain one must win
+    def value(label: str, after: float) -> ParameterCheck:
+        return ParameterCheck(label, True, False, timed((150.0, 152.0, 155.0)),
+                              timed((after, after + 0.1, after + 0.2)))
+
+    family = ("status = 'completed'", "status = 'refunded'")
+    partial = _with_family(
+        outcome("gemini25pro", ptype="partial_index", mb=0.5,
+                sql=("CREATE INDEX p ON orders (user_id, created_at) WHERE status = 'pending'",),
+                measurements=sampled((0.031, 0.029, 0.034, 0.030, 0.028))),
+        parameter_checks=tuple(value(label, 149.0) for label in family))
+    plain = _with_family(
+        outcome("gemini25flash", ptype="index", mb=40.0, sql=("CREATE INDEX i ON orders (user_id)",),
+                measurements=sampled((150.0, 152.0, 155.0))),
+        parameter_checks=tuple(value(label, 2.0) for label in family))
+    one, other = (Candidate(o, o.proposal, o.validation, o.benchmark)  # type: ignore[arg-type]
+                  for o in (partial, plain))
+    assert serves_family_clearly_better(other, one) and not serves_family_clearly_better(one, other)
+    decision = decide([partial, plain])
+    assert decision.scores["gemini25pro"].total > decision.scores["gemini25flash"].total
+    assert decision.winner == "gemini25flash", decision.rationale
+    first, loser, *_ = decision.rationale
+    assert "serves the query's other parameter values clearly better than gemini25pro" in first, first
+    assert "status = 'completed': 72.4× vs 1.02× faster than before" in first, first
+    assert "outweighs gemini25pro's higher total" in first
+    assert loser.startswith("gemini25pro loses") and "serves the query's other parameter values" in loser
+    # values neither design serves differently decide nothing: the seed's total does
+    alike = _with_family(plain, parameter_checks=tuple(value(label, 149.0) for label in family))
+    assert decide([partial, alike]).winner == "gemini25pro"
 
 
 def test_the_speedup_range_reads_both_samples() -> None:
