@@ -1147,11 +1147,11 @@ async def benchmark(
 
     async def without_new_indexes(sql: str) -> Sample:
         assert hidden is not None
-        return await _run_without(conn, hidden, sql)
+        return await _run_without(conn, "INDEX", hidden, sql)
 
     async def without_new_statistics(sql: str) -> Sample:
         assert hidden_statistics is not None
-        return await _run_without_statistics(conn, hidden_statistics, sql)
+        return await _run_without(conn, "STATISTICS", hidden_statistics, sql)
 
     run_candidate = with_settings if settings else plain
     pristine = _pristine_baseline(proposal, hidden)
@@ -1338,24 +1338,13 @@ async def benchmark(
     )
 
 
-async def _run_without_statistics(conn: Connection, names: Sequence[str], sql: str) -> Sample:
-    """One run with the extended statistics `names` dropped inside a transaction that is rolled back."""
+async def _run_without(conn: Connection, kind: str, names: Sequence[str], sql: str) -> Sample:
+    """One run with the objects `names` of `kind` (INDEX, STATISTICS) dropped inside a
+    transaction that is rolled back."""
     await conn.execute("BEGIN")
     try:
         for name in names:
-            await conn.execute(f"DROP STATISTICS {quote_qualified(name)}")
-        return await run_once(conn, sql)
-    finally:
-        with trio.CancelScope(shield=True):
-            await conn.execute("ROLLBACK")
-
-
-async def _run_without(conn: Connection, indexes: Sequence[str], sql: str) -> Sample:
-    """One run with `indexes` dropped inside a transaction that is rolled back."""
-    await conn.execute("BEGIN")
-    try:
-        for name in indexes:
-            await conn.execute(f"DROP INDEX {quote_qualified(name)}")
+            await conn.execute(f"DROP {kind} {quote_qualified(name)}")
         return await run_once(conn, sql)
     finally:
         with trio.CancelScope(shield=True):

@@ -17,6 +17,7 @@ import trio
 from mcp import Client
 
 from afs.config import Settings, load_settings
+from afs.db import Connection, open_connection
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.forks.server import build_server
@@ -121,6 +122,18 @@ def own_home() -> Iterator[Path]:
             SandboxServer(load_settings({"AFS_HOME": str(home)})).destroy()
         finally:
             shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+async def fork_conn(provider: LocalForkProvider) -> AsyncIterator[Connection]:
+    """A connection to a fork of the demo database, the fork deleted afterwards (test_safety
+    has its own, a synchronous one to a hostile fork)."""
+    fork = await provider.fork("afs_demo", ttl_seconds=600)
+    try:
+        async with open_connection(fork.dsn) as conn:
+            yield conn
+    finally:
+        await provider.delete(fork.name)
 
 
 @pytest.fixture

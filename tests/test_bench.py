@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -33,8 +32,7 @@ from afs.bench import (
     stop_reason,
 )
 from afs.config import Measuring
-from afs.db import Connection, open_connection
-from afs.forks.provider import LocalForkProvider
+from afs.db import Connection
 from afs.models import EstimatedImpact, Measurement, OptimizationProposal, QueryVariant
 
 RULE = StopRule(min_runs=3, max_runs=5)
@@ -392,16 +390,6 @@ def index_proposal(*sql: str) -> OptimizationProposal:
     return OptimizationProposal(agent="gemini25flash", proposal_type="index", sql_commands=sql,
                                 rollback_commands=(), rationale="test",
                                 estimated_impact=EstimatedImpact(50, 1, "low", "low"))
-
-
-@pytest.fixture
-async def fork_conn(provider: LocalForkProvider) -> AsyncIterator[Connection]:
-    fork = await provider.fork("afs_demo", ttl_seconds=600)
-    try:
-        async with open_connection(fork.dsn) as conn:
-            yield conn
-    finally:
-        await provider.delete(fork.name)
 
 
 def suite(sql: str) -> tuple[QueryVariant, ...]:

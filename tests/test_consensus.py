@@ -724,56 +724,55 @@ def test_against_reused_baseline_runs_only_a_factor_beyond_drift_counts() -> Non
     assert DRIFT_RATIO > DOMINANCE_MIN_RATIO
 
 
-def test_faster_for_todays_literal_only_is_not_clearly_faster() -> None:
-    # a partial index on the query's own constant runs the query as given ~2× faster than a
-    # plain index, every run apart, but does nothing for the other values of the query's
-    # family that the plain index serves: the family decides, not today's literal
-    def value(label: str, after: float) -> ParameterCheck:
-        return ParameterCheck(label, True, False, timed((150.0, 152.0, 155.0)),
-                              timed((after, after + 1, after + 2)))
+# a partial index on the query's own constant (status = 'pending') and other values of the
+# query's family, each 152 ms before any change
+FAMILY = ("status = 'completed'", "status = 'refunded'")
+PLAIN_USER_ID = ("CREATE INDEX i ON orders (user_id)",)
 
-    family = ("status = 'completed'", "status = 'refunded'")
-    partial = _with_family(
-        outcome("gemini25pro", ptype="partial_index", mb=0.5,
-                sql=("CREATE INDEX p ON orders (user_id, created_at) WHERE status = 'pending'",),
-                measurements=sampled((0.031, 0.029, 0.034, 0.030, 0.028))),
-        parameter_checks=tuple(value(label, 149.0) for label in family))
-    plain = _with_family(
-        outcome("gemini25flash", ptype="index", mb=3.0, sql=("CREATE INDEX i ON orders (user_id)",),
-                measurements=sampled((0.071, 0.069, 0.074, 0.066, 0.078))),
-        parameter_checks=tuple(value(label, 2.0) for label in family))
-    cands = [Candidate(o, o.proposal, o.validation, o.benchmark)  # type: ignore[arg-type]
-             for o in (partial, plain)]
-    assert not clearly_faster(cands[0], cands[1])
-    assert not serves_family_as_well(cands[0], cands[1]) and serves_family_as_well(cands[1], cands[0])
+
+def other_values(after: float) -> tuple[ParameterCheck, ...]:
+    return tuple(ParameterCheck(label, True, False, timed((150.0, 152.0, 155.0)),
+                                timed((after, after + 0.1, after + 0.2))) for label in FAMILY)
+
+
+def served(o: AgentOutcome, after: float) -> AgentOutcome:
+    return _with_family(o, parameter_checks=other_values(after))
+
+
+def partial_on_todays_literal() -> AgentOutcome:
+    """The query as given 256 ms → 0.03 ms; the other values unchanged."""
+    return served(outcome("gemini25pro", ptype="partial_index", mb=0.5,
+                          sql=("CREATE INDEX p ON orders (user_id, created_at) WHERE status = 'pending'",),
+                          measurements=sampled((0.031, 0.029, 0.034, 0.030, 0.028))), 149.0)
+
+
+def as_candidate(o: AgentOutcome) -> Candidate:
+    assert o.proposal and o.validation and o.benchmark
+    return Candidate(o, o.proposal, o.validation, o.benchmark)
+
+
+def test_faster_for_todays_literal_only_is_not_clearly_faster() -> None:
+    # the partial index runs the query as given ~2× faster than a plain index, every run apart,
+    # but does nothing for the other values the plain index serves: the family decides
+    partial = partial_on_todays_literal()
+    plain = served(outcome("gemini25flash", ptype="index", mb=3.0, sql=PLAIN_USER_ID,
+                           measurements=sampled((0.071, 0.069, 0.074, 0.066, 0.078))), 2.0)
+    assert not clearly_faster(as_candidate(partial), as_candidate(plain))
+    assert not serves_family_as_well(as_candidate(partial), as_candidate(plain))
+    assert serves_family_as_well(as_candidate(plain), as_candidate(partial))
     decision = decide([partial, plain])
     assert decision.winner == "gemini25flash", decision.rationale
     # the same partial index, where it serves the other values as well, is clearly faster
-    serving = _with_family(partial, parameter_checks=tuple(value(label, 2.0) for label in family))
-    assert clearly_faster(Candidate(serving, serving.proposal, serving.validation,  # type: ignore[arg-type]
-                                    serving.benchmark), cands[1])  # type: ignore[arg-type]
+    assert clearly_faster(as_candidate(served(partial, 2.0)), as_candidate(plain))
 
 
 def test_a_design_for_todays_literal_never_wins_over_one_that_serves_the_family() -> None:
-    # the partial index: the query as given 256 ms -> 0.03 ms, the other values unchanged; the
-    # plain index: the query as given only 40 % faster, every other value 75x. The partial one
-    # has the higher total (its suite saturates the bands), yet the plain one must win
-    def value(label: str, after: float) -> ParameterCheck:
-        return ParameterCheck(label, True, False, timed((150.0, 152.0, 155.0)),
-                              timed((after, after + 0.1, after + 0.2)))
-
-    family = ("status = 'completed'", "status = 'refunded'")
-    partial = _with_family(
-        outcome("gemini25pro", ptype="partial_index", mb=0.5,
-                sql=("CREATE INDEX p ON orders (user_id, created_at) WHERE status = 'pending'",),
-                measurements=sampled((0.031, 0.029, 0.034, 0.030, 0.028))),
-        parameter_checks=tuple(value(label, 149.0) for label in family))
-    plain = _with_family(
-        outcome("gemini25flash", ptype="index", mb=40.0, sql=("CREATE INDEX i ON orders (user_id)",),
-                measurements=sampled((150.0, 152.0, 155.0))),
-        parameter_checks=tuple(value(label, 2.0) for label in family))
-    one, other = (Candidate(o, o.proposal, o.validation, o.benchmark)  # type: ignore[arg-type]
-                  for o in (partial, plain))
+    # the plain index: the query as given only 40 % faster, every other value 72×. The partial
+    # one has the higher total (its suite saturates the bands), yet the plain one must win
+    partial = partial_on_todays_literal()
+    plain = served(outcome("gemini25flash", ptype="index", mb=40.0, sql=PLAIN_USER_ID,
+                           measurements=sampled((150.0, 152.0, 155.0))), 2.0)
+    one, other = as_candidate(partial), as_candidate(plain)
     assert serves_family_clearly_better(other, one) and not serves_family_clearly_better(one, other)
     decision = decide([partial, plain])
     assert decision.scores["gemini25pro"].total > decision.scores["gemini25flash"].total
@@ -784,8 +783,7 @@ def test_a_design_for_todays_literal_never_wins_over_one_that_serves_the_family(
     assert "outweighs gemini25pro's higher total" in first
     assert loser.startswith("gemini25pro loses") and "serves the query's other parameter values" in loser
     # values neither design serves differently decide nothing: the seed's total does
-    alike = _with_family(plain, parameter_checks=tuple(value(label, 149.0) for label in family))
-    assert decide([partial, alike]).winner == "gemini25pro"
+    assert decide([partial, served(plain, 149.0)]).winner == "gemini25pro"
 
 
 def test_the_speedup_range_reads_both_samples() -> None:

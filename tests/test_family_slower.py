@@ -6,29 +6,16 @@ plain index, the next the partial one, for a value neither index can serve)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from afs.bench import Earlier, Reuse, Sample, Suites, benchmark
 from afs.config import Measuring
-from afs.db import Connection, open_connection
-from afs.forks.provider import LocalForkProvider
+from afs.db import Connection
 from afs.models import EstimatedImpact, FamilyQuery, OptimizationProposal, QueryVariant
 
 QUERY = "SELECT id, total_amount FROM orders WHERE user_id = 42"
 # another value of the query, and a scan the proposal's index cannot serve at all
 OTHER = "SELECT count(*) FROM orders WHERE total_amount > 0 AND user_id > 0"
-
-
-@pytest.fixture
-async def fork_conn(provider: LocalForkProvider) -> AsyncIterator[Connection]:
-    fork = await provider.fork("afs_demo", ttl_seconds=600)
-    try:
-        async with open_connection(fork.dsn) as conn:
-            yield conn
-    finally:
-        await provider.delete(fork.name)
 
 
 @pytest.mark.usefixtures("no_leaked_forks")

@@ -4,8 +4,6 @@ statistics are measured interleaved, hidden for the baseline runs, not before an
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 import trio
 
@@ -31,8 +29,7 @@ from afs.bench import (
     signed_rank,
 )
 from afs.config import Measuring
-from afs.db import Connection, open_connection
-from afs.forks.provider import LocalForkProvider
+from afs.db import Connection
 from afs.models import (
     BenchmarkOutcome,
     CandidateResult,
@@ -228,16 +225,6 @@ async def test_an_interleaved_figure_with_a_small_effect_on_a_busy_server_gets_i
 
 
 # -- extended statistics measured interleaved, in a real fork --------------------------------------
-@pytest.fixture
-async def fork_conn(provider: LocalForkProvider) -> AsyncIterator[Connection]:
-    fork = await provider.fork("afs_demo", ttl_seconds=600)
-    try:
-        async with open_connection(fork.dsn) as conn:
-            yield conn
-    finally:
-        await provider.delete(fork.name)
-
-
 @pytest.mark.usefixtures("no_leaked_forks")
 async def test_extended_statistics_are_measured_interleaved_with_the_baseline(fork_conn: Connection) -> None:
     sql = "SELECT status, shipping_country, count(*) FROM orders GROUP BY status, shipping_country"
