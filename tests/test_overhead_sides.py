@@ -47,9 +47,12 @@ async def test_old_python_side_by_side(sandbox: SandboxServer) -> None:
     # the phases come from the task's own events: every agent went through its fork and was done
     assert new["phases"] and all({"fork", "done"} <= set(p) for p in new["phases"].values())
     assert "ratio_old_vs_new" in out and "new task's phases" in out
-    # where each side's query time went: its costliest statements, the query as given among them
+    # where each side's query time went: its costliest statements, costliest first (which ones
+    # depends on the machine: at this scale the query as given takes microseconds, and the
+    # task's own lookups of statistics may cost more)
     assert all(t["statements"] and all(s["calls"] >= 1 for s in t["statements"]) for t in (old, new))
-    assert any("FROM orders o WHERE o.user_id = " in s["query"] for s in new["statements"])
+    assert all([s["s"] for s in t["statements"]] == sorted((s["s"] for s in t["statements"]),
+                                                                  reverse=True) for t in (old, new))
     async with open_connection(sandbox.dsn()) as conn:  # the extension it made for itself is gone
         assert not await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'")
     assert sandbox.status().running
