@@ -67,7 +67,7 @@ from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
 from afs.conditions import carry_into_fork, check_plan
 from afs.config import Measuring, Timeouts
-from afs.consensus import score
+from afs.consensus import Candidate, score, serves_family_clearly_better
 from afs.db import Connection, open_connection
 from afs.errors import (
     AfsError,
@@ -1275,7 +1275,9 @@ def best_candidate(agent: AgentKey, measured: Sequence[CandidateResult],
                    writes_per_read: Mapping[str, float], slower: Collection[int] = ()) -> CandidateResult:
     """The best of an agent's measured candidates (at least one).
 
-    Speed first, then the score consensus gives: the consensus performance score is in
+    A design another one serves the query's other parameter values clearly better than
+    (`consensus.serves_family_clearly_better`: it holds for today's literals only) comes after
+    those, however fast. Then speed, then the score consensus gives: the consensus performance score is in
     tiers that stop at 90 % (10×), so it cannot tell 10× from 500×; within one agent every
     candidate was measured the same way in the same fork, so among those that qualify (same
     rows, not disqualified) the ones as fast as the fastest (`as_fast`) are preferred, and
@@ -1322,25 +1324,32 @@ def _ranked(agent: AgentKey, measured: Sequence[CandidateResult], writes_per_rea
     fast as the fastest (the ones the score decides between)."""
     breakdowns: dict[int, ScoreBreakdown] = {}
     times: dict[int, tuple[float, float]] = {}
+    judged: dict[int, Candidate] = {}
     for c in measured:
         assert c.benchmark is not None
         trial = AgentOutcome(agent=agent, status="ok", proposal=c.proposal, validation=c.validation,
                              benchmark=c.benchmark, writes_per_read=dict(writes_per_read))
         breakdown = score(trial)
-        assert breakdown is not None
+        assert breakdown is not None and c.validation is not None  # scored: validated
         breakdowns[c.rank], times[c.rank] = breakdown, remaining_time(c.benchmark)
+        judged[c.rank] = Candidate(trial, c.proposal, c.validation, c.benchmark)
     qualified = [c.rank for c in measured if c.benchmark is not None and c.benchmark.equivalent
                  and not breakdowns[c.rank].disqualified]
-    fastest = min((times[r] for r in qualified), default=None)
+    # a design another one serves the query's other values clearly better than holds only for
+    # today's literals (consensus.serves_family_clearly_better): however fast, it comes after
+    narrow = {r for r in qualified
+              if any(serves_family_clearly_better(judged[o], judged[r]) for o in qualified if o != r)}
+    fastest = min((times[r] for r in qualified if r not in narrow), default=None)
 
-    def key(c: CandidateResult) -> tuple[bool, bool, bool, float, int]:
+    def key(c: CandidateResult) -> tuple[bool, bool, bool, bool, float, int]:
         assert c.benchmark is not None
         breakdown = breakdowns[c.rank]
         slow = c.rank in slower or (fastest is not None and not as_fast(times[c.rank], fastest))
-        return (not c.benchmark.equivalent, bool(breakdown.disqualified), slow, -breakdown.total, c.rank)
+        return (not c.benchmark.equivalent, bool(breakdown.disqualified), c.rank in narrow, slow,
+                -breakdown.total, c.rank)
 
     order = sorted(measured, key=key)
-    return order, [c for c in order if not any(key(c)[:3])]
+    return order, [c for c in order if not any(key(c)[:4])]
 
 
 def contest_note(found: Contest, first: bool, other: int) -> str:
