@@ -273,6 +273,10 @@ def test_a_rare_constant_gets_a_partial_index_carrying_the_sort_key() -> None:
     partial = next(c for c in decision.candidates if c.proposal_type == "partial_index")
     assert "(created_at)" in partial.sql_commands[0]
     assert partial.sql_commands[0].endswith("WHERE status = 'pending'")
+    # and its full form, for every status: measured too, the family decides between them
+    full = [c for c in decision.candidates if c.proposal_type != "partial_index"
+            and any("(status, created_at)" in s and "WHERE" not in s for s in c.sql_commands)]
+    assert full, [c.sql_commands for c in decision.candidates]
 
 
 def test_a_common_constant_gets_no_partial_index() -> None:

@@ -869,11 +869,31 @@ def _filter_designs(ev: Evidence, table: str, notes: list[str]) -> list[IndexDes
     found = _filter_design(ev, table, notes)
     if found is None:
         return []
-    if not found.include:
-        return [found]
-    plain = dataclasses.replace(found, include=(), reasons=tuple(
-        r for r in found.reasons if not r.startswith("INCLUDE (")))
-    return [found, plain]
+    designs = [found]
+    if found.include:
+        designs.append(dataclasses.replace(found, include=(), reasons=tuple(
+            r for r in found.reasons if not r.startswith("INCLUDE ("))))
+    full = _full_form(ev, found)
+    if full is not None:
+        designs.append(full)
+    return designs
+
+
+def _full_form(ev: Evidence, design: IndexDesign) -> IndexDesign | None:
+    """A partial index's full form: its WHERE column as the first key column instead, so every
+    value of it is served, not only the query's constant (the measured family decides between
+    them: afs.agents keeps the partial one only where the full one serves the other values no
+    better). None for a design without WHERE."""
+    if design.where is None:
+        return None
+    column = next((c for (t, c), predicate in ev.shape.constant_predicates.items()
+                   if t == design.table and predicate == design.where), None)
+    if column is None or column in design.columns:
+        return None
+    return dataclasses.replace(
+        design, key=(KeyColumn(column), *design.key), where=None, where_fraction=1.0,
+        reasons=(*design.reasons, f"the full form: {column} as the first key column instead of WHERE"
+                                  f" {design.where}, for every value of it"))
 
 
 def _trigram_index(info: TableInfo, column: str) -> IndexInfo | None:
