@@ -9,7 +9,7 @@ import os
 import pytest
 
 from afs.bench import TaskMeasurements
-from afs.brains import Squad, StrategistBrain
+from afs.brains import Brain, Squad, StrategistBrain
 from afs.config import Settings
 from afs.events import Emitter
 from afs.forks.client import ForkClient
@@ -27,9 +27,10 @@ PENDING = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending'
 
 
 async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient,
-              agents: tuple[AgentKey, ...]) -> TaskResult:
-    brain = StrategistBrain()
-    squad = Squad(brain_for=lambda _: brain, provider="heuristic", agents=agents)
+              agents: tuple[AgentKey, ...], brain: Brain | None = None) -> TaskResult:
+    """PENDING's task with `agents`, each asking `brain` (the offline strategists by default)."""
+    asked = brain or StrategistBrain()
+    squad = Squad(brain_for=lambda _: asked, provider="heuristic", agents=agents)
     # one measuring slot each and no loop: what is measured is what the slots went to
     return await optimize(settings.with_(measured=1, parameter_sets=1, loop_steps=0),
                           TaskRequest(query=PENDING, runs=3), source="afs_demo",

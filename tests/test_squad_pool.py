@@ -7,18 +7,15 @@ contexts, then one task in the embedded PostgreSQL whose three agents propose th
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 from afs.agents import expects_gain, offer, pooled, squad_options
 from afs.bench import TaskMeasurements
-from afs.brains import Squad, StrategistBrain, VaryingBrain
+from afs.brains import StrategistBrain, VaryingBrain
 from afs.brains.strategists.variants import MAX_VARIANTS, design_variants
 from afs.config import Settings
-from afs.events import Emitter
 from afs.forks.client import ForkClient
 from afs.models import (
     AgentKey,
@@ -26,14 +23,12 @@ from afs.models import (
     AnalysisResult,
     EstimatedImpact,
     OptimizationProposal,
-    TaskResult,
 )
-from afs.optimize import Crew, TaskRequest, optimize
 from afs.report import to_json
-from afs.router import load_rules
 from afs.safety import validate_candidate
 from afs.sandbox.server import SandboxServer
 from tests.test_index_design import ctx_of, docs_ctx, orders, plan_node, seq, support, with_catalog
+from tests.test_loop_squad import distinct_measured, run
 
 
 def design(*commands: str, agent: AgentKey = "gemini25pro",
@@ -148,10 +143,6 @@ def test_a_spare_slot_goes_only_where_the_planner_expects_a_gain() -> None:
 
 
 # -- one task: three agents whose candidates coincide ----------------------------------------------
-PENDING = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending' AND o.user_id = 42"
-           " ORDER BY o.created_at DESC")
-
-
 @dataclasses.dataclass
 class SameFirstChoice:
     """Every agent proposes the index designer's first choice only (the strategists'
@@ -173,29 +164,13 @@ class SameFirstChoice:
         return await self.inner.variants(agent, ctx, design)
 
 
-async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient,
-              agents: tuple[AgentKey, ...]) -> TaskResult:
-    brain = SameFirstChoice()
-    assert isinstance(brain, VaryingBrain)
-    squad = Squad(brain_for=lambda _: brain, provider="heuristic", agents=agents)
-    # one measuring slot each, no loop: what is measured is what the slots went to
-    return await optimize(settings.with_(measured=1, parameter_sets=1, loop_steps=0),
-                          TaskRequest(query=PENDING, runs=3), source="afs_demo",
-                          source_dsn=sandbox.dsn("afs_demo"),
-                          crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),
-                          events=Emitter("p" + os.urandom(3).hex()))
-
-
-def distinct_measured(result: TaskResult) -> set[Any]:
-    return {TaskMeasurements.key(c.proposal) for o in result.outcomes for c in o.candidates
-            if c.status == "measured"}
-
-
 @pytest.mark.usefixtures("no_leaked_forks")
 async def test_three_agents_whose_candidates_coincide_measure_more_distinct_designs_than_one(
         settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
-    alone = await run(settings, sandbox, forks, ("gemini25pro",))
-    squad = await run(settings, sandbox, forks, ("gemini25pro", "gemini25flash", "gemini20flash"))
+    brain = SameFirstChoice()
+    assert isinstance(brain, VaryingBrain)
+    alone = await run(settings, sandbox, forks, ("gemini25pro",), brain)
+    squad = await run(settings, sandbox, forks, ("gemini25pro", "gemini25flash", "gemini20flash"), brain)
     assert len(distinct_measured(alone)) == 1, to_json(alone)
     assert len(distinct_measured(squad)) > len(distinct_measured(alone)), to_json(squad)
     for outcome in squad.outcomes:
