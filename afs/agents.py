@@ -154,6 +154,7 @@ class _InFork:
     state: _Progress
     bench_limiter: trio.CapacityLimiter
     events: Emitter
+    squad: int = 1  # the task's agents (TaskCommon.squad)
 
 
 @dataclass
@@ -197,6 +198,7 @@ class TaskCommon:
     bench_limiter: trio.CapacityLimiter
     events: Emitter
     measurements: TaskMeasurements = field(default_factory=TaskMeasurements)
+    squad: int = 1  # the task's agents (a lone agent's slots stay its own designs')
 
 
 async def run_agent(agent: AgentKey, job: AgentJob, *, brain: Brain, common: TaskCommon) -> AgentOutcome:
@@ -232,8 +234,8 @@ async def run_agent(agent: AgentKey, job: AgentJob, *, brain: Brain, common: Tas
                             events.emit("plan_compared", agent=agent, fork=fork.name,
                                         matches=state.plan_check.matches,
                                         differences=list(state.plan_check.differences))
-                        outcome = await _work_in_fork(_InFork(conn, job, state, bench_limiter, events),
-                                                      brain, enter, common.measurements)
+                        in_fork = _InFork(conn, job, state, bench_limiter, events, common.squad)
+                        outcome = await _work_in_fork(in_fork, brain, enter, common.measurements)
                 closing = trio.current_time()
             # how long closing the fork took (its delete through the fork server)
             enter("done", fork_closed_s=round(trio.current_time() - closing, 3))
@@ -551,7 +553,7 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
                     option = dataclasses.replace(option, rollback_commands=validation.rollback_commands)
                 try:
                     cost = await shared.screen(option, functools.partial(
-                        planner_cost, conn, option.rewritten_query or job.query, option))
+                        _bounded_cost, conn, option.rewritten_query or job.query, option, job.measuring))
                 except ProposalFailedError:
                     passed.add(key(option))
                     continue
@@ -570,7 +572,18 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
 
     queue = list(chosen)
     deferred: list[int] = []  # designs another agent measures: their measurement is taken last
-    while queue and not in_place.unknown:
+    used = 0  # the measuring slots this agent has spent (a design taken over spends none)
+    while not in_place.unknown:
+        if not queue and fork.squad > 1 and used < job.measuring.measured:
+            # a slot its own designs leave unused goes to a design of the squad nobody measures
+            # (a lone agent has no squad to search with: its slots stay its own designs')
+            if not await in_place.clear():
+                events.emit("agent_phase", agent=agent, fork=state.fork, phase="undo failed",
+                            error=in_place.error)
+                break
+            queue.extend(await admit_from_squad())
+        if not queue:
+            break
         rank = queue.pop(0)
         proposal, validation, candidate_suite = by_rank[rank]
         members = await members_for(proposal)
@@ -592,6 +605,7 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
                 events.emit("measurement_pooled", agent=agent, fork=state.fork, rank=rank,
                             measured_by=owner, instead=queue[-1])
             continue
+        used += 1
         result = await measure_design(rank, proposal, validation, candidate_suite, members=members)
         if result is None:
             break
@@ -1214,6 +1228,20 @@ def squad_options(designs: Sequence[OptimizationProposal], free: Callable[[Optim
         if len(options) >= limit:
             break
     return options
+
+
+async def _bounded_cost(conn: Connection, sql: str, proposal: OptimizationProposal,
+                        measuring: Measuring) -> float:
+    """`planner_cost` of a squad design a spare slot screens, its rolled-back build bounded by
+    `Measuring.spare_build_s` (a statement past it fails the screening: the design is passed
+    over, not waited for)."""
+    bound_ms = min(int(measuring.spare_build_s * 1000), measuring.statement_timeout_ms or 2 ** 31 - 1)
+    await conn.execute(f"SET statement_timeout = {bound_ms}")
+    try:
+        return await planner_cost(conn, sql, proposal)
+    finally:
+        with trio.CancelScope(shield=True):
+            await conn.execute(f"SET statement_timeout = {int(measuring.statement_timeout_ms)}")
 
 
 def expects_gain(cost: float | None, baseline_cost: float | None) -> bool:

@@ -133,6 +133,10 @@ DEFAULT_MEASURED = 3  # of those, how many it measures for real in its fork
 # the agent's loop (afs.agents): the steps it may add to its best design, and the time they may take
 DEFAULT_LOOP_STEPS = 3
 DEFAULT_LOOP_BUDGET_S = 120.0
+# a squad design a spare measuring slot screens (afs.agents): its rolled-back build may take this
+# long in the fork, and one that takes longer is passed over (an SP-GiST build of a million ranges
+# ran past a minute only to be screened)
+DEFAULT_SPARE_BUILD_S = 10.0
 # other literal values every proposal is also checked with (afs.params.family); a batch fills a
 # statement's $n with its own values and as many others (afs.params.fill)
 DEFAULT_PARAMETER_SETS = 2
@@ -215,6 +219,7 @@ class Measuring:
     large_effect_runs: int = LARGE_EFFECT_RUNS  # baseline runs that settle a large effect
     loop_steps: int = DEFAULT_LOOP_STEPS  # designs the agent's loop may add to its best one (0: none)
     loop_budget_s: float = DEFAULT_LOOP_BUDGET_S  # time the agent's loop may take
+    spare_build_s: float = DEFAULT_SPARE_BUILD_S  # a spare slot's screening build, at most
 
     @property
     def adaptive(self) -> bool:

@@ -254,7 +254,8 @@ async def optimize(
     async def one(agent: AgentKey) -> None:
         with structlog.contextvars.bound_contextvars(task_id=task_id, agent=agent):  # every log line
             outcome = await run_agent(agent, job, brain=squad.brain_for(agent),
-                                      common=TaskCommon(forks, bench_limiter, events, shared))
+                                      common=TaskCommon(forks, bench_limiter, events, shared,
+                                                         squad=len(routing.agents)))
         outcomes[agent] = dataclasses.replace(outcome, usage=_usage(squad, agent))
 
     try:

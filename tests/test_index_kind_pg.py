@@ -15,11 +15,13 @@ import trio
 
 from afs.analysis import gather_context
 from afs.brains.strategists.index_design import decide_index_design
+from afs.brains.strategists.variants import design_variants
 from afs.db import Connection, open_connection
 from afs.forks.client import ForkClient
 from afs.forks.provider import LocalForkProvider
 from afs.models import AnalysisContext, OptimizationProposal
 from afs.query.features import extract_features
+from afs.safety import validate_candidate
 from afs.sandbox.server import SandboxServer
 
 pytestmark = pytest.mark.usefixtures("no_leaked_forks")
@@ -238,3 +240,38 @@ async def test_a_domain_column_is_served_by_its_base_types_classes(source: str, 
         assert decision.proposal is not None, decision.insights
         assert decision.proposal.sql_commands[0] == "CREATE INDEX afs_dd_e_idx ON dd (e DESC) INCLUDE (id)"
         await planner_scans(conn, decision.proposal, query)
+
+
+VARIED = [
+    # (query, a variant the squad may measure in a spare slot: another kind for the one key)
+    pytest.param("SELECT id FROM k WHERE lower(email) = 'user42@example.org'",
+                 "USING hash ((lower(email)))", id="lower-expression-hash"),
+    pytest.param("SELECT id FROM k WHERE to_tsvector('english', body) @@ to_tsquery('english', 'word42')",
+                 "USING gist ((to_tsvector('english'::regconfig, body)))", id="tsvector-expression-gist"),
+    pytest.param("SELECT id FROM k WHERE during && int4range(5000, 5030)", "USING spgist (during)",
+                 id="int4range-spgist"),
+    pytest.param("SELECT id, a, b FROM k WHERE a = 5", "USING hash (a)", id="btree-column-hash"),
+]
+
+
+@pytest.mark.parametrize(("query", "variant"), VARIED)
+async def test_a_one_key_design_varies_to_the_other_kinds_the_catalog_has_and_the_planner_uses_them(
+        source: str, forks: ForkClient, query: str, variant: str) -> None:
+    """Issue 25 item 3 with item 7: a design of one key (a column, or an expression the query
+    tests; a B-tree too) varies to every other method whose classes serve the query's operators
+    on that key, with the design's ANALYZE kept; PostgreSQL scans each variant's index."""
+    async with forks.open_fork(source) as fork, open_connection(fork.dsn) as conn:
+        ctx = await analyse(conn, query)
+        decision = decide_index_design(ctx)
+        assert decision.proposal is not None, decision.insights
+        found = design_variants("gemini25pro", ctx, decision.proposal)
+        by_index = {index_of(v): v for v in found}
+        assert variant in by_index, (decision.proposal.sql_commands, list(by_index))
+        chosen = by_index[variant]
+        assert validate_candidate(chosen).is_valid, chosen.sql_commands
+        if "ANALYZE" in " ".join(decision.proposal.sql_commands):
+            assert any(c.startswith("ANALYZE") for c in chosen.sql_commands), chosen.sql_commands
+        # never a B-tree's other B-tree class, never the design itself
+        assert index_of(decision.proposal) not in by_index
+        assert not any(" USING " not in k and "_pattern_ops" in k for k in by_index), list(by_index)
+        await planner_scans(conn, chosen, query)

@@ -27,12 +27,13 @@ PENDING = ("SELECT o.id, o.total_amount FROM orders o WHERE o.status = 'pending'
 
 
 async def run(settings: Settings, sandbox: SandboxServer, forks: ForkClient,
-              agents: tuple[AgentKey, ...], brain: Brain | None = None) -> TaskResult:
-    """PENDING's task with `agents`, each asking `brain` (the offline strategists by default)."""
+              agents: tuple[AgentKey, ...], brain: Brain | None = None, measured: int = 1) -> TaskResult:
+    """PENDING's task with `agents`, each asking `brain` (the offline strategists by default),
+    `measured` slots each."""
     asked = brain or StrategistBrain()
     squad = Squad(brain_for=lambda _: asked, provider="heuristic", agents=agents)
-    # one measuring slot each and no loop: what is measured is what the slots went to
-    return await optimize(settings.with_(measured=1, parameter_sets=1, loop_steps=0),
+    # one measuring slot each (by default) and no loop: what is measured is what the slots went to
+    return await optimize(settings.with_(measured=measured, parameter_sets=1, loop_steps=0),
                           TaskRequest(query=PENDING, runs=3), source="afs_demo",
                           source_dsn=sandbox.dsn("afs_demo"),
                           crew=Crew(forks=forks, squad=squad, rules=load_rules(None)),

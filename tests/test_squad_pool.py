@@ -182,3 +182,31 @@ async def test_three_agents_whose_candidates_coincide_measure_more_distinct_desi
             if c.rank > 1:
                 assert c.planner_cost is not None and c.baseline_cost is not None
                 assert c.planner_cost < 0.9 * c.baseline_cost
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_slot_an_agent_s_own_designs_leave_unused_goes_to_the_squad_and_a_lone_agent_s_stays_unused(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    """Two measuring slots each and one design each: in a squad, the agent that measures the
+    shared design fills its second slot with a design of the squad nobody measures (the others
+    theirs with the slots the shared measurement freed); a lone agent has no squad to search
+    with, and measures its one design."""
+    brain = SameFirstChoice()
+    alone = await run(settings, sandbox, forks, ("gemini25pro",), brain, measured=2)
+    squad = await run(settings, sandbox, forks, ("gemini25pro", "gemini25flash", "gemini20flash"), brain,
+                      measured=2)
+    assert len(distinct_measured(alone)) == 1, to_json(alone)
+    measured_by: dict[object, set[AgentKey]] = {}
+    owners = []
+    for outcome in squad.outcomes:
+        own = [c for c in outcome.candidates
+               if c.status == "measured" and not c.note.startswith("measured by")]
+        assert len(own) <= 2, [(c.rank, c.note) for c in outcome.candidates]  # the budget stays two
+        if any(c.rank == 1 for c in own):
+            owners.append((outcome.agent, len(own)))
+        for c in own:
+            measured_by.setdefault(TaskMeasurements.key(c.proposal), set()).add(outcome.agent)
+    # the agent that measured the shared first choice went on with the squad's designs
+    assert owners and all(n == 2 for _, n in owners), owners
+    assert all(len(agents) == 1 for agents in measured_by.values()), measured_by
+    assert len(distinct_measured(squad)) >= 4, to_json(squad)

@@ -2,7 +2,7 @@
 agent's measurement of its own design frees (afs.agents), once no other agent's candidate is left.
 
 Each index of a design that is a set of plain B-trees (columns, no expressions or operator
-classes, nothing but CREATE INDEX) is varied the ways the query motivates, the others kept:
+classes, nothing but CREATE INDEX and ANALYZE) is varied the ways the query motivates, the others kept:
 
     covering / plain   INCLUDE the other columns the query reads from the table (narrow ones,
                        as the index designer carries them), or the same key without INCLUDE, or
@@ -15,10 +15,13 @@ classes, nothing but CREATE INDEX) is varied the ways the query motivates, the o
                        as the index's WHERE (the rest of the key stays), or a partial index's
                        WHERE column as the first key column instead (every value of it)
 
-An index of another access method on one plain column (GIN, GiST, SP-GiST, hash) is varied by
-its kind: every other (method, operator class) the fork's catalog has that serves all the
-operators the query applies to that column (afs.query.opclasses.candidates: pg_amop,
-pg_opclass, those of trusted extensions too), e.g. GiST for a GIN trigram index.
+An index of one key (a plain column, or an expression of one column the query tests: a B-tree's
+too, after its forms above) is varied by its kind: every other (method, operator class) the
+fork's catalog has that serves all the operators the query applies to that key
+(afs.query.opclasses.candidates: pg_amop, pg_opclass, those of trusted extensions too), e.g.
+GiST for a GIN trigram index, a hash index for an equality on `lower(email)`. A B-tree's other
+B-tree classes are not varied to (they serve an equality alike). A design's ANALYZE of its
+tables (an expression key's statistics) is kept with the variant.
 
 Each variant is built by the index designer's own `_set_proposal` (name, rollback, size,
 rationale) and none is an index the table has already (`covering_index`). Nothing here says a
@@ -40,14 +43,16 @@ from afs.brains.strategists.index_design import (
     PARTIAL_MAX_FREQ,
     IndexDesign,
     KeyColumn,
+    _expression_label,
     _include_columns,
+    _norm_target,
     _selectivity_note,
     _set_proposal,
 )
 from afs.models import AgentKey, AnalysisContext, OptimizationProposal
 from afs.pg.stats import column_type, distinct_values
 from afs.query.opclasses import IndexKind, candidates, catalog_type
-from afs.safety import creates
+from afs.safety import creates, validate_commands
 from afs.safety.creates import Change, NewIndex
 
 __all__ = ["MAX_VARIANTS", "design_variants"]
@@ -57,6 +62,14 @@ MAX_VARIANTS: Final = 6  # variants of one design, at most
 
 def _norm(text: str) -> str:
     return " ".join(text.replace('"', "").lower().split())
+
+
+def _canonical(table: str, clauses: str) -> str:
+    """`CREATE INDEX ON table<clauses>` as the validator prints it back (the form
+    `NewIndex.canonical` has: `'english'::regconfig` and `CAST('english' AS regconfig)` alike);
+    "" when it does not read as one index."""
+    indexes = validate_commands((f"CREATE INDEX ON {table}{clauses}",), "index").creates.indexes
+    return indexes[0].canonical if len(indexes) == 1 else ""
 
 
 def _as_design(ev: Evidence, index: NewIndex) -> IndexDesign | None:
@@ -78,9 +91,16 @@ def _as_design(ev: Evidence, index: NewIndex) -> IndexDesign | None:
     return design if on and _norm(on) == _norm(rebuilt) else None
 
 
-def _needs(ev: Evidence, table: str, column: str) -> list[tuple[str, str | None]]:
+def _needs(ev: Evidence, table: str, column: str,
+           expression: str | None = None) -> list[tuple[str, str | None]]:
     """The (operator, type) pairs the query applies to `column` of `table` itself (its WHERE
-    terms with a symbolic operator, LIKE and ILIKE)."""
+    terms with a symbolic operator, LIKE and ILIKE), or to `expression` of it (its WHERE terms
+    with a symbolic operator on that expression, as pg_get_indexdef prints it)."""
+    if expression is not None:
+        return list(dict.fromkeys(
+            (t.operator, t.data_type) for t in ev.operator_terms
+            if t.table == table and t.expression is not None
+            and _norm_target(t.expression) == _norm_target(expression)))
     info = ev.table(table)
     data_type = column_type(info, column) if info is not None else None
     shown = catalog_type(data_type) if data_type else None
@@ -91,39 +111,93 @@ def _needs(ev: Evidence, table: str, column: str) -> list[tuple[str, str | None]
     return list(dict.fromkeys(needs))
 
 
-def _kind_design(ev: Evidence, index: NewIndex, kind: IndexKind) -> IndexDesign | None:
-    table = ev.resolver.table_key(index.table)
-    if table is None or len(index.columns) != 1 or index.include:
+def _key_of(ev: Evidence, table: str, index: NewIndex) -> tuple[str, str | None] | None:
+    """The index's one key as (column, expression): a plain column (expression None), or an
+    expression of one column the query applies an operator to (the expression as the query's
+    term reads it, pg_get_indexdef's form); None for anything else (several keys, DESC, an
+    expression the query does not test)."""
+    if len(index.keys) != 1 or index.keys[0].endswith(" DESC"):
         return None
-    return IndexDesign(table=table, key=(KeyColumn(index.columns[0], opclass=kind.opclass),),
+    if index.keys == index.columns:
+        return index.columns[0], None
+    mine = _norm(_canonical(index.table, f" ({index.keys[0]})"))
+    term = next((t for t in ev.operator_terms if t.table == table and t.expression is not None
+                 and _norm(_canonical(index.table, f" (({t.expression}))")) == mine), None)
+    return (term.column, term.expression) if term is not None and term.expression else None
+
+
+def _kind_design(ev: Evidence, index: NewIndex, kind: IndexKind,
+                 key: tuple[str, str | None]) -> IndexDesign | None:
+    table = ev.resolver.table_key(index.table)
+    if table is None:
+        return None
+    column, expression = key
+    label = _expression_label(column, expression) if expression is not None else None
+    return IndexDesign(table=table, key=(KeyColumn(column, expression=expression, opclass=kind.opclass,
+                                                   label=label),),
                        kind="filter", fraction=1.0, benefit=0.0, where=index.where or None,
-                       method=kind.method, extension=kind.extension)
+                       method=kind.method, extension=kind.extension, analyze=expression is not None)
+
+
+def _other_kinds(ev: Evidence, index: NewIndex, key: tuple[str, str | None], current: IndexKind,
+                 kinds: list[IndexKind], needs: list[tuple[str, str | None]]
+                 ) -> list[tuple[IndexDesign, str]]:
+    """The designs of the other kinds of `kinds` (the catalog's, best first) on the index's one
+    key, each with what changed: the first class of each method, never a B-tree's other B-tree
+    classes (text_pattern_ops for an equality orders alike)."""
+    target = key[1] or key[0]
+    taken: set[str] = set()
+    found: list[tuple[IndexDesign, str]] = []
+    for kind in kinds:
+        if ((kind.method, kind.opclass) == (current.method, current.opclass) or kind.method in taken
+                or current.method == kind.method == "btree"):
+            continue
+        design = _kind_design(ev, index, kind, key)
+        if design is None:
+            continue
+        taken.add(kind.method)
+        found.append((design, f"{kind.named} instead of {current.named} (the catalog's classes for "
+                              f"{', '.join(op for op, _ in needs)} on {target})"))
+    return found
 
 
 def _kinds(ev: Evidence, index: NewIndex) -> tuple[IndexDesign | None, list[tuple[IndexDesign, str]]]:
-    """An index of one plain column that is not a B-tree: the index as an IndexDesign (its kind
-    found among those the catalog has for the query's operators on the column, rebuilt to the
-    same index), and the other kinds that serve them all; (None, []) when it cannot be rebuilt."""
+    """An index of one key (a plain column, or an expression of one column the query tests),
+    of any access method and without INCLUDE: the index as an IndexDesign (its kind found among
+    those the catalog has for the query's operators on the key, rebuilt to the same index), and
+    the other kinds that serve them all (`_other_kinds`: a hash index for an equality on an
+    expression, GiST for a GIN trigram index …); (None, []) when it cannot be rebuilt."""
     table = ev.resolver.table_key(index.table)
-    if (table is None or not ev.catalog_read or index.unique or len(index.columns) != 1
-            or index.keys != index.columns or index.include):
+    if table is None or not ev.catalog_read or index.unique or index.include:
         return None, []
-    needs = _needs(ev, table, index.columns[0])
+    key = _key_of(ev, table, index)
+    if key is None:
+        return None, []
+    needs = _needs(ev, table, *key)
     kinds = candidates(ev.ctx.operator_classes, needs) if needs else []
-    _, _, on = index.canonical.partition(" ON ")
     current = None
     for kind in kinds:
-        design = _kind_design(ev, index, dataclasses.replace(kind, extension=None))
-        if design is not None and _norm(on) == _norm(f"{index.table}{design.clauses(())}"):
+        design = _kind_design(ev, index, dataclasses.replace(kind, extension=None), key)
+        if design is not None and _norm(index.canonical) == _norm(_canonical(index.table,
+                                                                             design.clauses(()))):
             current = kind
     if current is None:
         return None, []
-    base = _kind_design(ev, index, dataclasses.replace(current, extension=None))
-    forms = [(design, f"{kind.named} instead of {current.named} (the catalog's classes for "
-                      f"{', '.join(op for op, _ in needs)} on {index.columns[0]})")
-             for kind in kinds if (kind.method, kind.opclass) != (current.method, current.opclass)
-             and (design := _kind_design(ev, index, kind)) is not None]
-    return base, forms
+    base = _kind_design(ev, index, dataclasses.replace(current, extension=None), key)
+    return base, _other_kinds(ev, index, key, current, kinds, needs)
+
+
+def _btree_kinds(ev: Evidence, index: NewIndex, design: IndexDesign) -> list[tuple[IndexDesign, str]]:
+    """A B-tree of one plain column (`design`, its INCLUDE columns aside): the other methods
+    whose classes serve every operator the query applies to the column (a hash index for an
+    equality); [] for a B-tree of several keys, or without the catalog."""
+    if not ev.catalog_read or len(design.key) != 1 or design.key[0].desc or design.where:
+        return []
+    key = (design.key[0].name, None)
+    needs = _needs(ev, design.table, *key)
+    kinds = candidates(ev.ctx.operator_classes, needs) if needs else []
+    current = next((k for k in kinds if k.method == "btree" and k.opclass is None), None)
+    return _other_kinds(ev, index, key, current, kinds, needs) if current is not None else []
 
 
 def _equality_columns(ev: Evidence, table: str) -> list[str]:
@@ -217,9 +291,10 @@ def design_variants(agent: AgentKey, ctx: AnalysisContext,
         return ()
     made = creates(proposal)
     indexes = made.indexes
-    extensions = [c for c in made.commands if isinstance(c, Change) and c.kind == "extension"]
-    if not made.complete or len(indexes) + len(extensions) != len(proposal.sql_commands):
-        return ()  # something else than index builds (ANALYZE, a view …)
+    changes = [c for c in made.commands if isinstance(c, Change) and (
+        c.kind in ("extension", "analyze"))]
+    if not made.complete or len(indexes) + len(changes) != len(proposal.sql_commands):
+        return ()  # something else than index builds (and ANALYZE of their tables): a view …
     ev = Evidence(ctx)
     designs: list[IndexDesign] = []
     forms_of: list[list[tuple[IndexDesign, str]]] = []
@@ -227,7 +302,8 @@ def design_variants(agent: AgentKey, ctx: AnalysisContext,
         design = _as_design(ev, index)
         if design is not None:
             designs.append(design)
-            forms_of.append(_forms(ev, design))
+            # a B-tree's other forms, then the other methods that serve its one key's operators
+            forms_of.append([*_forms(ev, design), *_btree_kinds(ev, index, design)])
             continue
         design, kinds = _kinds(ev, index)
         if design is None:
