@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Final
 
 from afs.brains.strategists.evidence import Evidence, covering_index
@@ -62,6 +63,17 @@ MAX_VARIANTS: Final = 6  # variants of one design, at most
 
 def _norm(text: str) -> str:
     return " ".join(text.replace('"', "").lower().split())
+
+
+_CAST_CONSTANT = re.compile(r"CAST\(('(?:[^']|'')*') AS [a-z_ ]+\)", re.IGNORECASE)
+
+
+def _same(a: str, b: str) -> bool:
+    """Two index statements or keys alike once printed the same way: spacing, quoting and case
+    aside, and a constant's cast (`'kind'::text`, `CAST('kind' AS text)`, `'kind'`) aside."""
+    def loose(text: str) -> str:
+        return _norm_target(_CAST_CONSTANT.sub(r"\1", text))
+    return _norm(a) == _norm(b) or loose(a) == loose(b)
 
 
 def _canonical(table: str, clauses: str) -> str:
@@ -120,9 +132,9 @@ def _key_of(ev: Evidence, table: str, index: NewIndex) -> tuple[str, str | None]
         return None
     if index.keys == index.columns:
         return index.columns[0], None
-    mine = _norm(_canonical(index.table, f" ({index.keys[0]})"))
+    mine = _canonical(index.table, f" ({index.keys[0]})")
     term = next((t for t in ev.operator_terms if t.table == table and t.expression is not None
-                 and _norm(_canonical(index.table, f" (({t.expression}))")) == mine), None)
+                 and _same(_canonical(index.table, f" (({t.expression}))"), mine)), None)
     return (term.column, term.expression) if term is not None and term.expression else None
 
 
@@ -178,8 +190,7 @@ def _kinds(ev: Evidence, index: NewIndex) -> tuple[IndexDesign | None, list[tupl
     current = None
     for kind in kinds:
         design = _kind_design(ev, index, dataclasses.replace(kind, extension=None), key)
-        if design is not None and _norm(index.canonical) == _norm(_canonical(index.table,
-                                                                             design.clauses(()))):
+        if design is not None and _same(index.canonical, _canonical(index.table, design.clauses(()))):
             current = kind
     if current is None:
         return None, []
