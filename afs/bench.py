@@ -121,7 +121,7 @@ from afs.models import (
 from afs.pg.names import quote_qualified
 from afs.pg.plan import explained, plan_of, shared_buffers
 from afs.safety import Change, NewIndex, NewStatistics, creates
-from afs.suite import result_checksum_sql, result_checksums_sql
+from afs.suite import implied_limit, result_checksum_sql, result_checksums_sql
 
 MB = 1048576.0
 MIN_EFFECT = 0.05  # medians must differ by at least 5 % to count
@@ -344,6 +344,22 @@ def _agrees(prior: Sequence[Sample], ms: float) -> bool:
     return min(times) - tolerance <= ms <= max(times) + tolerance
 
 
+def measured_suite(suite: Sequence[QueryVariant]) -> tuple[tuple[QueryVariant, ...], tuple[str, ...]]:
+    """The suite's variants worth measuring, and why the others are not (pure): a variant whose
+    rows and plan the query as given already has (`afs.suite.implied_limit`: its own LIMIT,
+    kept or lowered a little) would only repeat its figure, at the cost of a figure's runs for
+    every design and its result check."""
+    kept: list[QueryVariant] = []
+    left: list[str] = []
+    for variant in suite:
+        reason = implied_limit(variant)
+        if reason is None:
+            kept.append(variant)
+        else:
+            left.append(reason)
+    return tuple(kept), tuple(left)
+
+
 async def measure_before(conn: Connection, suite: Sequence[QueryVariant], family: Sequence[str],
                          reuse: Reuse, runs: int, *, family_cap: int | None = None) -> int:
     """The task's queries as they run before any change, measured while the brains still
@@ -357,6 +373,7 @@ async def measure_before(conn: Connection, suite: Sequence[QueryVariant], family
     runs under `family_cap` ms (`family_cap_ms`; None: the statement timeout alone): one past
     it goes to `reuse.slow_family`, once per task, and the next value is measured. Returns how
     many were measured."""
+    suite, _ = measured_suite(suite)
     ordered, exact = (suite[0].ordered, suite[0].exact) if suite else (False, True)
     queries = [*suite, *(QueryVariant("baseline", sql, ordered, exact) for sql in family)]
     members = set(family) - {v.sql for v in suite}
@@ -1014,10 +1031,11 @@ async def benchmark(
     memo = reuse if rule.min_runs < rule.max_runs else None
     slow_cache = reuse.slow_runs if reuse is not None else None
     statement_timeout_ms, slow_cap_ms = policy.statement_timeout_ms, int(policy.slow_cap_s * 1000)
+    suite, implied = measured_suite(suite)
     candidates = {v.name: v for v in (candidate_suite or suite)}
     pairs = [(v, candidates[v.name]) for v in suite if v.name in candidates]
-    missing = [f"{v.name}: no equivalent query on the proposal's objects" for v in suite
-               if v.name not in candidates]
+    missing = [*implied, *(f"{v.name}: no equivalent query on the proposal's objects" for v in suite
+                           if v.name not in candidates)]
     hidden = hideable_indexes(proposal)
     held_names = hideable_indexes(dataclasses.replace(proposal, sql_commands=tuple(held))) if held else ()
     if held and (hidden is None or held_names is None or proposal.rewritten_query is not None

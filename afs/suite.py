@@ -68,6 +68,7 @@ __all__ = [
     "RECENT_SHARE",
     "SUITE_LIMIT",
     "build_suite",
+    "implied_limit",
     "result_checksum_sql",
     "result_checksums_sql",
 ]
@@ -177,6 +178,26 @@ def _parsed(sql: str) -> str:
     if problem:  # pragma: no cover - the inner statement parsed on its own
         raise ValueError(f"checksum query does not parse: {problem}")
     return sql
+
+
+_OWN_LIMIT = re.compile(r"the query's LIMIT (\d+) (?:kept|lowered)")
+
+
+def implied_limit(variant: QueryVariant) -> str | None:
+    """Why measuring the "limit" variant adds nothing to the query as given, or None (pure).
+
+    It adds nothing when the query as given has its own constant LIMIT that the variant keeps
+    (the same query) or lowers to no less than half of it (`_limit_variant`'s note says which):
+    its rows are the first of the query's own, by the same ORDER BY, and the plan that reads
+    them is the query's own, stopping a little sooner. A LIMIT lowered further (LIMIT 1000 to
+    10) may call for another plan (a fast start), so that variant is measured."""
+    match = _OWN_LIMIT.match(variant.note) if variant.name == "limit" else None
+    own = int(match.group(1)) if match is not None else 0
+    if match is None or own > SUITE_LIMIT * 2:
+        return None
+    kept = min(own, SUITE_LIMIT)
+    how = "the same query" if own == kept else f"{kept} of its rows, by the same plan stopping sooner"
+    return f"limit: not measured: the query as given has its own LIMIT {own} ({how})"
 
 
 # -- statements -------------------------------------------------------------------------------
