@@ -55,6 +55,12 @@ least one pair). The budget is the query time one candidate's measurement may
 take (warm-ups and runs of every suite query and parameter set), shared fairly
 by the loops still to come, so the unused part of a fast loop goes to the next.
 
+What is not measured at all (`measured_suite`): a suite variant that repeats the query as
+given, the "limit" variant that keeps the query's own constant LIMIT or lowers it to no less
+than half (`afs.suite.implied_limit`): its rows are the query's first, read by the same plan;
+measuring it again cost every design a figure (two runs of a slow original before any change,
+and a rewrite's runs and result check). The skipped list says so.
+
 What measuring reuses (`Reuse`, adaptive measurement only: with `min_runs` equal to
 `runs` every figure is measured afresh, warm-ups and checksums included, as before):
 
