@@ -234,8 +234,12 @@ async def _wait_for_wal_flush(conn: Connection) -> None:
 
     With `synchronous_commit = off` (the sandbox's), VACUUM cannot mark a page all-visible
     while the commit of the rows on it is not flushed yet (PostgreSQL sets no hint bit before
-    that): right after a restore it would leave the visibility map empty."""
+    that): right after a restore it would leave the visibility map empty. A transaction of
+    this session that takes an xid and commits with `synchronous_commit = on` flushes the WAL
+    up to its commit record, so everything before it: the poll then only confirms it (on a
+    busy disk the WAL writer alone took longer than the wait, and VACUUM marked nothing)."""
     target = await conn.fetchval("SELECT pg_current_wal_insert_lsn()")
+    await conn.fetchval("SELECT pg_current_xact_id()")  # autocommit: its commit flushes the WAL
     with trio.move_on_after(WAL_FLUSH_WAIT_S):
         for _ in range(int(WAL_FLUSH_WAIT_S / WAL_POLL_S)):  # polling the server: no event to wait for
             if await conn.fetchval("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (target,)):
