@@ -90,6 +90,7 @@ class QueryVariant:
     ordered: bool  # the query fixes a total order: results compare row by row
     exact: bool  # False when a LIMIT without a total order makes only the row count comparable
     note: str = ""
+    own_limit: int | None = None  # the "limit" variant: the query's own constant LIMIT it edits
 
 
 # -- routing ------------------------------------------------------------------------

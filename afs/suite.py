@@ -180,20 +180,16 @@ def _parsed(sql: str) -> str:
     return sql
 
 
-_OWN_LIMIT = re.compile(r"the query's LIMIT (\d+) (?:kept|lowered)")
-
-
 def implied_limit(variant: QueryVariant) -> str | None:
     """Why measuring the "limit" variant adds nothing to the query as given, or None (pure).
 
-    It adds nothing when the query as given has its own constant LIMIT that the variant keeps
-    (the same query) or lowers to no less than half of it (`_limit_variant`'s note says which):
-    its rows are the first of the query's own, by the same ORDER BY, and the plan that reads
-    them is the query's own, stopping a little sooner. A LIMIT lowered further (LIMIT 1000 to
-    10) may call for another plan (a fast start), so that variant is measured."""
-    match = _OWN_LIMIT.match(variant.note) if variant.name == "limit" else None
-    own = int(match.group(1)) if match is not None else 0
-    if match is None or own > SUITE_LIMIT * 2:
+    It adds nothing when the query as given has its own constant LIMIT (`own_limit`, which
+    `_limit_variant` edits) that the variant keeps (the same query) or lowers to no less than
+    half of it: its rows are the first of the query's own, by the same ORDER BY, and the plan
+    that reads them is the query's own, stopping a little sooner. A LIMIT lowered further
+    (LIMIT 1000 to 10) may call for another plan (a fast start), so that variant is measured."""
+    own = variant.own_limit if variant.name == "limit" else None
+    if own is None or own > SUITE_LIMIT * 2:
         return None
     kept = min(own, SUITE_LIMIT)
     how = "the same query" if own == kept else f"{kept} of its rows, by the same plan stopping sooner"
@@ -516,7 +512,7 @@ def _limit_variant(tree: exp.Query, main_table: TableInfo | None,
                 else f"the query's LIMIT {own} kept (not above {SUITE_LIMIT})" if own <= SUITE_LIMIT
                 else f"the query's LIMIT {own} lowered to {SUITE_LIMIT}")
         return QueryVariant("limit", _sql(edited), ordered=_fixes_total_order(edited, main),
-                            exact=_limits_deterministic(edited, main), note=note)
+                            exact=_limits_deterministic(edited, main), note=note, own_limit=own)
     # a set operation, LIMIT $n / LIMIT ALL, or FETCH FIRST: limit the whole query from outside
     why = ("a set operation" if isinstance(tree, exp.SetOperation)
            else "FETCH FIRST" if isinstance(limit, exp.Fetch)

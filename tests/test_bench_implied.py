@@ -60,6 +60,7 @@ def test_a_limit_the_query_does_not_have_is_measured(query: str) -> None:
 
 def test_only_the_limit_variant_can_be_implied() -> None:
     note = "the query's LIMIT 15 lowered to 10"
-    other = QueryVariant("sort", "SELECT 1", ordered=True, exact=True, note=note)
+    other = QueryVariant("sort", "SELECT 1", ordered=True, exact=True, note=note, own_limit=15)
     assert implied_limit(other) is None
-    assert implied_limit(QueryVariant("limit", "SELECT 1", ordered=True, exact=True, note=note)) is not None
+    assert implied_limit(QueryVariant("limit", "SELECT 1", ordered=True, exact=True, note=note,
+                                      own_limit=15)) is not None
