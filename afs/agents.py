@@ -7,8 +7,9 @@ The workflow is the same for every agent (the seed's agent contract):
     ─► propose (the brain) ─► validate (SQL allow-list) ─► benchmark (the suite,
     before vs after, same fork) ─► the loop: the plan of the query with the best design in
     place, its bottleneck (afs.pg.bottleneck), the brain's extended design (a RefiningBrain),
-    validated and measured the same way, kept while it beats the step before beyond the noise
-    ─► the two best designs head to head in this fork when only the score would tell them
+    validated and measured the same way, kept while it gains on the step before (`gains`:
+    beyond the noise, and by more than the ranking's "as fast") ─► the two best designs head
+    to head in this fork when only the score would tell them
     apart (`tie_to_settle`, `_settle`) ─► close fork (MCP service_delete), always
 
 The squad searches rather than repeats: a design another agent of the task measures already
@@ -31,7 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ import trio
 from afs.analysis import SourceStats, explain_analyze, gather_context
 from afs.bench import (
     MIN_EFFECT,
+    NOT_FURTHER,
     Contest,
     Earlier,
     Reuse,
@@ -67,7 +69,7 @@ from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
 from afs.conditions import carry_into_fork, check_plan
 from afs.config import Measuring, Timeouts
-from afs.consensus import Candidate, score, serves_family_clearly_better
+from afs.consensus import Candidate, family_speedups, score, serves_family_clearly_better
 from afs.db import Connection, open_connection
 from afs.errors import (
     AfsError,
@@ -122,6 +124,8 @@ LOOP_STARTS = 3  # measured designs the loop tries to extend, the best first
 LOOP_CLEAR_RATIO = 1.5  # a step this many times faster that reads fewer buffers gains (`beats`)
 PLAN_AHEAD_MS = 1000.0  # a design this fast on the query as given has its after-plan read while in place
 LOOP_ALTERNATIVES = 2  # other bottlenecks a loop step asks about when another agent measures its design
+DOMINATED_RATIO = 4.0  # a design this many times slower than one measured already is measured no further
+SERVED_RATIO = 1.5  # … one that serves each other value timed at least this many times faster
 PROMISING_COST = 0.9  # a design of the squad costing at most this share of the query's is expected to gain
 
 
@@ -364,19 +368,26 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
     async def measure_design(rank: int, proposal: OptimizationProposal, validation: ValidationResult,
                              candidate_suite: tuple[QueryVariant, ...] | None,
                              step: _StepBefore | None = None,
-                             members: tuple[FamilyQuery, ...] | None = None) -> CandidateResult | None:
+                             members: tuple[FamilyQuery, ...] | None = None,
+                             dominated: tuple[int, Timing] | None = None) -> CandidateResult | None:
         """One design measured (or its measurement taken from the agent that measures it):
         its result, also in `tried`; None when the fork's state is unknown after it.
-        `step`: a loop step's, what its step before leaves it (`_StepBefore`)."""
+        `step`: a loop step's, what its step before leaves it (`_StepBefore`). `dominated`:
+        the rank and time of the agent's fastest design measured already (`fastest_measured`):
+        measured `far_slower` on the query as given, the design is measured no further."""
         must_beat, held, held_s = ((step.must_beat, step.held, step.held_s) if step is not None
                                    else (None, (), 0.0))
         measured_here = False
-        short = False
+        short: str | None = None  # why the measurement stopped after the query as given
 
         def enough(new: Timing) -> bool:
             nonlocal short
-            short = must_beat is not None and not beats(must_beat, new)
-            return not short
+            if must_beat is not None and not gains(must_beat, new):
+                short = "no gain on the step before"
+            elif dominated is not None and far_slower(new, dominated[1]):
+                short = (f"{fmt_ms(new.median_ms)} there, {new.median_ms / dominated[1].median_ms:,.0f}x"
+                         f" the time of #{dominated[0]} ({fmt_ms(dominated[1].median_ms)})")
+            return short is None
         if members is None:
             members = await members_for(proposal)
 
@@ -410,8 +421,8 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
                                         held_s=held_s))
                     in_place.proposal = proposal  # the benchmark leaves it applied
                     await rows_kept()
-                    if short:  # not the whole measurement: not for another agent to take
-                        raise _Short(outcome)
+                    if short is not None:  # not the whole measurement: not for another agent to take
+                        raise _Short(outcome, short)
                     now = query_timing(outcome)
                     if (_loops(job, brain) and not ctx.slow and now is not None
                             and now.median_ms <= PLAN_AHEAD_MS):
@@ -454,7 +465,7 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
             tried[rank] = CandidateResult(
                 proposal, "measured", rank, validation, baseline_cost=baseline_cost,
                 planner_cost=costs.get(rank, shared.screened(proposal)), benchmark=stopped.outcome,
-                note="measured on the query as given only: not faster than the step before")
+                note=f"measured on the query as given only: {stopped.why}")
             return tried[rank]
         except (ProposalFailedError, DatabaseError, trio.TooSlowError) as exc:
             # a measurement past its limit or the agent's time fails this design, not the agent
@@ -606,10 +617,12 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
                             measured_by=owner, instead=queue[-1])
             continue
         used += 1
-        result = await measure_design(rank, proposal, validation, candidate_suite, members=members)
+        result = await measure_design(rank, proposal, validation, candidate_suite, members=members,
+                                      dominated=fastest_measured(tried.values()))
         if result is None:
             break
-        if result.status != "measured" or result.benchmark is None:
+        if (result.status != "measured" or result.benchmark is None
+                or NOT_FURTHER in result.benchmark.skipped):
             continue
         revised = await _revise_rewrite(brain, ctx, state, result, limits.model, events)
         if revised is not None:  # measured next, as one more candidate (at most once per agent)
@@ -628,7 +641,9 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         if in_place.unknown:
             break
         proposal, validation, candidate_suite = by_rank[rank]
-        if await measure_design(rank, proposal, validation, candidate_suite) is None:
+        # measured here when its agent's measurement failed or stopped short (not shared)
+        if await measure_design(rank, proposal, validation, candidate_suite,
+                                dominated=fastest_measured(tried.values())) is None:
             break
     for rank, proposal, validation, _ in checked:
         if rank not in tried:
@@ -718,7 +733,7 @@ async def _settle(fork: _InFork, shared: TaskMeasurements, in_place: _InPlace) -
 @dataclass(frozen=True)
 class _StepBefore:
     """What a loop step's measurement takes from its step before. `must_beat`: the step before's
-    timing: measured slower than it (not `beats`) on the query as given, the step is measured no
+    timing: not measured faster than it (`gains`) on the query as given, the step is measured no
     further (that measurement is not shared). `held`: the step's leading index builds, in place in
     the fork already, and `held_s` the time they took (`afs.bench.benchmark`)."""
 
@@ -732,11 +747,12 @@ MeasureDesign = Callable[[int, OptimizationProposal, ValidationResult, tuple[Que
 
 
 class _Short(Exception):
-    """A loop step's measurement that stopped after the query as given (afs.bench `enough`)."""
+    """A measurement that stopped after the query as given (afs.bench `enough`): a loop step
+    that cannot gain, or a design far slower there than one measured already; `why`."""
 
-    def __init__(self, outcome: BenchmarkOutcome) -> None:
+    def __init__(self, outcome: BenchmarkOutcome, why: str) -> None:
         super().__init__("measured on the query as given only")
-        self.outcome = outcome
+        self.outcome, self.why = outcome, why
 
 
 @dataclass
@@ -823,6 +839,47 @@ def beats(previous: Timing, new: Timing) -> bool:
     return separated or does_less
 
 
+def far_slower(new: Timing, fastest: Timing) -> bool:
+    """Whether a design measured `new` on the query as given is far slower than one measured
+    `fastest` already (pure): `fastest` gains on it (`gains`) and its median is at least
+    DOMINATED_RATIO times lower, beyond a busy server's drift between two measurements (up to
+    2x, afs.bench). The agent's ranking prefers the faster one whatever the design's other
+    figures show, so they are not measured."""
+    return new.median_ms >= DOMINATED_RATIO * fastest.median_ms and gains(new, fastest)
+
+
+def fastest_measured(measured: Iterable[CandidateResult]) -> tuple[int, Timing] | None:
+    """The rank and time on the query as given of the fastest of `measured` that qualifies so
+    far (pure): measured in full (not stopped after the query as given), the same rows, no
+    answer cache, no problem with other values, and each of those timed and served (at least
+    SERVED_RATIO times faster). A design that holds for today's literals only (a partial index
+    on the query's constant, which the other values do not use) must not stop the measurement
+    of one that serves them: consensus.serves_family_clearly_better ranks that one first,
+    however fast the other is on the query as given. None when there is none."""
+    def serves_family(b: BenchmarkOutcome) -> bool:
+        speedups = family_speedups(b)
+        return (len(speedups) == len(b.parameter_checks)
+                and all(s >= SERVED_RATIO for s in speedups.values()))
+
+    timed = [(t, c.rank) for c in measured
+             if c.status == "measured" and (b := c.benchmark) is not None and b.equivalent
+             and not b.answer_cache and not b.family_problem and NOT_FURTHER not in b.skipped
+             and serves_family(b) and (t := query_timing(b)) is not None]
+    if not timed:
+        return None
+    timing, rank = min(timed, key=lambda x: x[0].median_ms)
+    return rank, timing
+
+
+def gains(previous: Timing, new: Timing) -> bool:
+    """Whether a loop step gains on the step before: faster beyond the noise (`beats`), and by
+    more than the agent's ranking calls as fast (`as_fast`): its median more than
+    AS_FAST_RATIO times lower and more than AS_FAST_MS below. A step within that would be
+    ranked as fast as the step before, and it adds to what is built and written."""
+    return (beats(previous, new) and previous.median_ms > new.median_ms * AS_FAST_RATIO
+            and previous.median_ms - new.median_ms > AS_FAST_MS)
+
+
 async def after_plan(conn: Connection, sql: str, proposal: OptimizationProposal,
                      estimate_only: bool) -> tuple[dict[str, Any], bool]:
     """The plan of `sql` with `proposal` in place (its settings set for this transaction only):
@@ -871,7 +928,7 @@ def _loopable(c: CandidateResult) -> bool:
 class _Loop:
     """An agent's loop (issue 25): its best measured design; the plan of the query with it in
     place; the bottleneck there (afs.pg.bottleneck); the brain's extended design, validated and
-    measured like any other; kept when it beats the step before beyond the noise (`beats`).
+    measured like any other; kept when it gains on the step before (`gains`).
     It stops when a step does not gain, when the time goes to returning the rows, when the brain
     has nothing more, or when its budget (Measuring.loop_steps, loop_budget_s) is spent."""
 
@@ -1005,7 +1062,7 @@ class _Loop:
             if current is not None and current.benchmark is not None and current.benchmark.family_problem:
                 family = None
             kept = (result.benchmark.equivalent and not result.benchmark.answer_cache and not family
-                    and beats(previous, new))
+                    and gains(previous, new))
             if not kept:
                 cache = result.benchmark.answer_cache
                 than = f"step {n - 1}" if current is not None else "the query as given"
@@ -1015,7 +1072,7 @@ class _Loop:
                        else "it changes the query's results" if not result.benchmark.equivalent
                        else f"an answer cache: {cache}" if cache
                        else f"for other values: {family}" if family
-                       else f"not faster than {than} beyond the noise ({fmt_ms(previous.median_ms)} → "
+                       else f"no gain on {than} beyond the noise ({fmt_ms(previous.median_ms)} → "
                             f"{fmt_ms(new.median_ms)})")
                 self.steps.append(LoopStep(n, extended, motive, new.median_ms, False, why))
                 self.tried[rank] = dataclasses.replace(

@@ -476,7 +476,7 @@ def clearly_faster(a: Candidate, b: Candidate) -> bool:
     return ra[0] > rb[2] and ra[1] >= needed * rb[1] and serves_family_as_well(a, b)
 
 
-def _family_speedups(benchmark: BenchmarkOutcome) -> dict[str, float]:
+def family_speedups(benchmark: BenchmarkOutcome) -> dict[str, float]:
     """The median speed-up of each other parameter value timed on both sides, by its label."""
     return {check.label: max(check.baseline.median_ms, _MIN_MS) / max(check.optimized.median_ms, _MIN_MS)
             for check in benchmark.parameter_checks
@@ -490,7 +490,7 @@ def serves_family_clearly_better(b: Candidate, a: Candidate) -> bool:
     above `b`'s. It ranks `b` above `a` however fast `a` is on the query as given: a design
     that holds only for today's literals (a partial index on the query's constant, where `b`
     speeds up every value) never wins over one that serves the family."""
-    mine, theirs = _family_speedups(a.benchmark), _family_speedups(b.benchmark)
+    mine, theirs = family_speedups(a.benchmark), family_speedups(b.benchmark)
     common = mine.keys() & theirs.keys()
     return (any(theirs[label] >= DRIFT_RATIO * mine[label] for label in common)
             and not any(mine[label] >= DRIFT_RATIO * theirs[label] for label in common))
@@ -503,7 +503,7 @@ def serves_family_as_well(a: Candidate, b: Candidate) -> bool:
     FAMILY_SLACK_PCT points below `b`'s. A design that is faster only for the query's own
     literals (a partial index on today's constant, where another design speeds up every value)
     is then not *clearly faster*: the seed's total, which scores the whole family, decides."""
-    mine, theirs = _family_speedups(a.benchmark), _family_speedups(b.benchmark)
+    mine, theirs = family_speedups(a.benchmark), family_speedups(b.benchmark)
     if any(theirs[label] >= DOMINANCE_MIN_RATIO * mine[label] for label in mine.keys() & theirs.keys()):
         return False
     return (a.benchmark.family_improvement_pct
@@ -840,7 +840,7 @@ def _versus(faster: Candidate, slower: Candidate) -> str:
 def _family_versus(better: Candidate, worse: Candidate) -> str:
     """The other parameter value where `better` leads `worse` most, in their speed-ups:
     "status = 'completed': 75× vs 1.0× faster than before"."""
-    mine, theirs = _family_speedups(better.benchmark), _family_speedups(worse.benchmark)
+    mine, theirs = family_speedups(better.benchmark), family_speedups(worse.benchmark)
     label = max(sorted(mine.keys() & theirs.keys()), key=lambda k: mine[k] / theirs[k])
     return f"{label}: {_ratio(mine[label])} vs {_ratio(theirs[label])} faster than before"
 

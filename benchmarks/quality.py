@@ -774,6 +774,8 @@ class Verdict:
     error: str | None = None
     # distinct measured designs of the squad of three and of one agent (None: not run)
     designs: dict[str, int | None] = field(default_factory=lambda: {"three": None, "one": None})
+    # wall seconds of each phase of the case: build, routed, three, one, peer, measure
+    phases: dict[str, float] = field(default_factory=dict)
 
     def ms(self, label: str) -> float | None:
         config = self.configs.get(label)
@@ -903,6 +905,7 @@ class Verdict:
         return {
             "case": self.case.name, "source": self.case.source, "note": self.case.note,
             "error": self.error, "build_s": round(self.build_s, 1),
+            "phases_s": {k: round(v, 1) for k, v in self.phases.items()},
             "baseline_ms": self.ms("baseline"), "afs_ms": self.ms("afs"), "oracle_ms": self.ms("oracle"),
             "ratio_to_oracle": None if self.ratio is None else float(f"{self.ratio:.4g}"),
             "accepted_ratio_to_oracle": (None if self.accepted_ratio is None
@@ -942,18 +945,20 @@ async def run_case(settings: Settings, server: SandboxServer, client: ForkClient
         sizes = ", ".join(f"{k}={v}" for k, v in scaled(case.sizes, args.scale).items())
         progress(f"{case.name}: building {db} ({sizes})")
         verdict.build_s = await build_database(server, provider, case, values)
+        verdict.phases["build"] = verdict.build_s
         if not args.no_afs:
             progress(f"{case.name}: AFS optimize (offline strategists, routed squad)")
             task_settings = case_settings(settings, case)
             runs = args.afs_runs or settings.runs
             verdict.afs = await run_afs(task_settings, server, client, provider, db, verdict.query, runs)
+            verdict.phases["routed"] = verdict.afs.seconds
             progress(f"{case.name}: AFS {verdict.afs.status} in {verdict.afs.seconds:.1f} s, winner"
                      f" {verdict.afs.winner or 'none'}: {winner_short(verdict.afs.proposal)}")
             for line in chain_lines(verdict.afs.chain):
                 progress(f"{case.name}:   {line}")
             if not args.no_designs:
                 verdict.designs = await squad_designs(task_settings, server, client, provider, db,
-                                                      verdict.query, runs, verdict.afs)
+                                                      verdict.query, runs, verdict.afs, verdict.phases)
                 progress(f"{case.name}: distinct measured designs: three agents"
                          f" {verdict.designs['three']}, one agent {verdict.designs['one']}")
         else:
@@ -963,11 +968,14 @@ async def run_case(settings: Settings, server: SandboxServer, client: ForkClient
             started = time.monotonic()
             verdict.peer = await peer.advise(
                 case.name, [render(s, values) for s in (*case.schema, *case.data)], verdict.query)
-            progress(f"{case.name}: peer in {time.monotonic() - started:.1f} s: {verdict.peer.note}"
+            verdict.phases["peer"] = time.monotonic() - started
+            progress(f"{case.name}: peer in {verdict.phases['peer']:.1f} s: {verdict.peer.note}"
                      + "".join(f"; {d}" for d in verdict.peer.ddl or ()))
         progress(f"{case.name}: measuring baseline, AFS, oracle and peer in one fork ({args.runs} rounds)")
+        started = time.monotonic()
         verdict.configs = await measure_case(client, provider, db, case, values, verdict.afs, args.runs,
                                              verdict.peer)
+        verdict.phases["measure"] = time.monotonic() - started
         oracle = verdict.configs.get("oracle")
         if oracle is not None and (oracle.error or verdict.differs("oracle")):
             verdict.error = f"the oracle is broken: {oracle.error or 'it returns other rows'}"
@@ -981,15 +989,18 @@ async def run_case(settings: Settings, server: SandboxServer, client: ForkClient
 
 async def squad_designs(settings: Settings, server: SandboxServer, client: ForkClient,
                         provider: LocalForkProvider, db: str, query: str, runs: int,
-                        routed: AfsRun) -> dict[str, int | None]:
+                        routed: AfsRun, phases: dict[str, float]) -> dict[str, int | None]:
     """Distinct measured designs of the squad of three and of one agent alone on the query (the
-    routed run counts as the squad of three when the router sent all three)."""
+    routed run counts as the squad of three when the router sent all three); their wall times
+    go to `phases`."""
     three = routed
     if sorted(routed.agents) != sorted(ALL_AGENTS):
         progress("  designs: the squad of three")
         three = await run_afs(settings, server, client, provider, db, query, runs, ALL_AGENTS)
+        phases["three"] = three.seconds
     progress(f"  designs: {ONE_AGENT[0]} alone")
     one = await run_afs(settings, server, client, provider, db, query, runs, ONE_AGENT)
+    phases["one"] = one.seconds
     return {"three": distinct_designs(three) if three.outcomes else None,
             "one": distinct_designs(one) if one.outcomes else None}
 
@@ -1120,6 +1131,13 @@ def report(verdicts: Sequence[Verdict], wall_s: float, args: argparse.Namespace)
     print(f"distinct measured designs: three agents {three}, one agent ({ONE_AGENT[0]}) {one},"
           f" ratio {data['distinct_designs_ratio']}; median AFS task {data['median_task_s']} s"
           " (routed squad)")
+    totals: dict[str, float] = {}
+    for v in verdicts:
+        for phase, seconds in v.phases.items():
+            totals[phase] = totals.get(phase, 0.0) + seconds
+    spent = ", ".join(f"{phase} {seconds / 60:.1f} min" for phase, seconds in totals.items())
+    print(f"time by phase: {spent}"
+          + " (build: the case databases; routed, three, one: the AFS tasks; measure: the final rounds)")
     peer = data["peer"]
     print(f"peer (postgres-mcp): ran on {peer['cases_run']} of {data['cases']} cases, reach"
           f" {peer['reach_share']:.0%}, median peer/oracle {peer['median_ratio_to_oracle']}")

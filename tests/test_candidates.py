@@ -14,12 +14,14 @@ from afs.agents import (
     as_fast,
     best_candidate,
     choose_for_measurement,
+    far_slower,
+    fastest_measured,
     remaining_time,
     slow_originals,
     split_slow_family,
     with_known_slow,
 )
-from afs.bench import TaskMeasurements
+from afs.bench import NOT_FURTHER, TaskMeasurements
 from afs.config import Settings
 from afs.errors import DatabaseError, ProposalFailedError
 from afs.events import Emitter
@@ -281,6 +283,59 @@ async def test_an_agent_tries_several_designs_and_keeps_the_best(
         assert f" {m['baseline_runs']}/{m['runs']}" in text
     useless = next(c for c in outcome.candidates if c.rank == 1)
     assert useless.benchmark is not None and useless.planner_cost is not None
+
+
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_design_far_slower_than_one_measured_already_is_measured_no_further(
+        settings: Settings, sandbox: SandboxServer, forks: ForkClient) -> None:
+    brain = ScriptedBrain(lambda agent: (
+        proposal(agent, "composite_index", "CREATE INDEX c_good ON orders (user_id, created_at)"),
+        proposal(agent, "index", "CREATE INDEX c_useless ON orders (total_amount)"),
+    ))
+    by_user = "SELECT o.id, o.total_amount FROM orders o WHERE o.user_id = 42 ORDER BY o.created_at DESC"
+    result = await run(settings, sandbox, forks, by_user, brain)
+    (outcome,) = result.outcomes
+    good, useless = sorted(outcome.candidates, key=lambda c: c.rank)
+    assert good.benchmark is not None and good.benchmark.parameter_checks  # other users, served too
+    assert good.benchmark is not None and useless.benchmark is not None
+    assert NOT_FURTHER not in good.benchmark.skipped and len(good.benchmark.measurements) > 1
+    # the query as given only: as slow as it was, far slower than c_good
+    assert [m.name for m in useless.benchmark.measurements] == ["baseline"]
+    assert NOT_FURTHER in useless.benchmark.skipped
+    assert useless.note.startswith("measured on the query as given only:") and "#1" in useless.note
+    assert outcome.proposal is not None and "c_good" in outcome.proposal.sql_commands[0]
+
+
+def test_far_slower_needs_a_clear_gain_and_the_ratio() -> None:
+    def timing(*runs: float) -> Timing:
+        return Timing(median_ms=sorted(runs)[1], spread_ms=(max(runs) - min(runs)) / 2, runs=3,
+                      buffers=100, min_ms=min(runs), max_ms=max(runs))
+    fastest = timing(1.0, 1.1, 1.2)
+    assert far_slower(timing(40.0, 41.0, 42.0), fastest)
+    assert not far_slower(timing(3.0, 3.2, 3.4), fastest)  # under DOMINATED_RATIO (4x)
+    assert not far_slower(timing(0.9, 1.0, 1.1), fastest)
+    assert not far_slower(timing(0.2, 0.25, 0.3), timing(0.01, 0.02, 0.03))  # within 0.3 ms
+    full = measured(1, 100.0, 0.5, "CREATE INDEX a ON t (x)")
+    short = measured(2, 100.0, 0.1, "CREATE INDEX b ON t (y)")
+    assert short.benchmark is not None
+    short = dataclasses.replace(short, benchmark=dataclasses.replace(short.benchmark,
+                                                                     skipped=(NOT_FURTHER,)))
+    # the one measured in full, though the other was faster on the query as given
+    found = fastest_measured([full, short])
+    assert found is not None and found[0] == 1 and found[1].median_ms == 0.5
+    assert fastest_measured([short]) is None
+    # fast for today's literal, not faster for another value: it stops nothing (a design
+    # that serves that value may still rank first, consensus.serves_family_clearly_better)
+    assert full.benchmark is not None
+    other = ParameterCheck("status = 'paid'", True, False, Timing(100.0, 1.0, 3, 100),
+                           Timing(95.0, 1.0, 3, 100))
+    today_only = dataclasses.replace(full, benchmark=dataclasses.replace(full.benchmark,
+                                                                         parameter_checks=(other,)))
+    assert fastest_measured([today_only]) is None
+    served = dataclasses.replace(other, optimized=Timing(2.0, 0.1, 3, 5))
+    found = fastest_measured([dataclasses.replace(full, benchmark=dataclasses.replace(
+        full.benchmark, parameter_checks=(served,)))])
+    assert found is not None and found[0] == 1
 
 
 @pytest.mark.usefixtures("no_leaked_forks")

@@ -1,5 +1,5 @@
 """The strategists' next step (afs.brains.strategists.refine) on real plans of the embedded
-PostgreSQL, and the loop's rule for keeping a step (afs.agents.beats)."""
+PostgreSQL, and the loop's rule for keeping a step (afs.agents.beats and gains)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from afs.agents import after_plan, beats
+from afs.agents import after_plan, beats, gains
 from afs.analysis import explain_analyze, gather_context, source_table_stats
 from afs.brains.strategists.refine import refine_design
 from afs.db import Connection, open_connection
@@ -135,6 +135,18 @@ def test_a_step_is_kept_only_when_it_beats_the_one_before_beyond_the_noise() -> 
     assert beats(noisy, timing(5.0, 6.5, 14.0, buffers=40))
     assert not beats(noisy, timing(5.0, 6.5, 14.0, buffers=100))  # the same reads: noise
     assert not beats(noisy, timing(5.0, 11.0, 14.0, buffers=40))  # not 1.5x apart
+
+
+def test_a_step_gains_only_beyond_what_the_ranking_calls_as_fast() -> None:
+    before = timing(10.0, 10.4, 11.0)
+    assert gains(before, timing(2.0, 2.1, 2.3))
+    assert not gains(before, timing(9.9, 9.92, 9.95))  # does not beat it
+    # beats it beyond the noise, but by under AS_FAST_RATIO (1.1x): ranked as fast
+    assert beats(before, timing(9.5, 9.6, 9.7)) and not gains(before, timing(9.5, 9.6, 9.7))
+    # sub-millisecond: every run faster and 4x, but 0.24 ms: within AS_FAST_MS (0.3 ms)
+    quick = timing(0.31, 0.32, 0.33)
+    assert beats(quick, timing(0.07, 0.08, 0.09)) and not gains(quick, timing(0.07, 0.08, 0.09))
+    assert gains(timing(0.50, 0.52, 0.55), timing(0.07, 0.08, 0.09))  # 0.44 ms: a gain
 
 
 async def test_the_plan_with_a_design_is_read_without_running_it_when_the_query_is_too_slow(db: str) -> None:
