@@ -583,6 +583,13 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
 
     queue = list(chosen)
     deferred: list[int] = []  # designs another agent measures: their measurement is taken last
+
+    def fastest_known() -> tuple[int, Timing] | None:
+        """`fastest_measured` of the agent's designs measured so far, here or by another agent
+        (a shared measurement that is done, though taken last)."""
+        done = [CandidateResult(by_rank[r][0], "measured", r, by_rank[r][1], benchmark=outcome)
+                for r in deferred if (outcome := shared.finished(by_rank[r][0])) is not None]
+        return fastest_measured([*tried.values(), *done])
     used = 0  # the measuring slots this agent has spent (a design taken over spends none)
     while not in_place.unknown:
         if not queue and fork.squad > 1 and used < job.measuring.measured:
@@ -618,7 +625,7 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
             continue
         used += 1
         result = await measure_design(rank, proposal, validation, candidate_suite, members=members,
-                                      dominated=fastest_measured(tried.values()))
+                                      dominated=fastest_known())
         if result is None:
             break
         if (result.status != "measured" or result.benchmark is None
@@ -643,7 +650,7 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         proposal, validation, candidate_suite = by_rank[rank]
         # measured here when its agent's measurement failed or stopped short (not shared)
         if await measure_design(rank, proposal, validation, candidate_suite,
-                                dominated=fastest_measured(tried.values())) is None:
+                                dominated=fastest_known()) is None:
             break
     for rank, proposal, validation, _ in checked:
         if rank not in tried:

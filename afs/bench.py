@@ -774,6 +774,11 @@ class TaskMeasurements:
         """The measurement and, when it was taken over from another agent, that agent."""
         return await _once(self._measurements, self.key(proposal), run, owner=agent, waiting=waiting)
 
+    def finished(self, proposal: OptimizationProposal) -> BenchmarkOutcome | None:
+        """The design's measurement in this task if it is done already (without waiting)."""
+        entry = self._measurements.get(self.key(proposal))
+        return entry.value if entry is not None and entry.done.is_set() else None
+
     def taken(self, agent: AgentKey, proposal: OptimizationProposal) -> AgentKey | None:
         """The other agent that measures (or measured) this design in this task, if any: an
         agent then spends its own measuring slot on a design nobody measures (afs.agents) and

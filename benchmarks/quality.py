@@ -52,8 +52,9 @@ design, its measured time, and the plan node that motivated it.
 
 Two more figures: `median_task_s`, the median wall time of AFS's routed task per case; and
 `distinct_designs_ratio`, three agents against one: per case, the squad of three (the routed
-run when the router sent all three, else a second task with the fixed squad) and the index
-design agent alone each run a task, and the distinct designs their agents measured
+run when the router sent all three, else a second task with the fixed squad) and one agent
+alone, the one the router sends alone to a simple query (gemini25flash: the routed run when
+the router sent it alone, else a third task), and the distinct designs their agents measured
 (AgentOutcome.candidates with status "measured", one design however many agents measured it:
 its statements without the index's name, its rewrite as parsed, its settings) are summed
 over the cases; the ratio is three's sum over one's (`--no-designs` skips those tasks).
@@ -71,13 +72,14 @@ templates) are dropped at the end of each case, also on failure and Ctrl-C; fork
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -197,6 +199,33 @@ async def build_database(server: SandboxServer, provider: LocalForkProvider, cas
     return time.monotonic() - started
 
 
+class Build:
+    """One case database being built (`build_database`), possibly while the case before it runs
+    its designs' tasks; `wait` gives its seconds or raises what failed it."""
+
+    def __init__(self, case: Case) -> None:
+        self.case, self.done = case, trio.Event()
+        self.seconds = 0.0
+        self.error: AfsError | None = None
+
+    async def run(self, server: SandboxServer, provider: LocalForkProvider,
+                  values: Mapping[str, object]) -> None:
+        sizes = ", ".join(f"{k}={v}" for k, v in values.items() if k in self.case.sizes)
+        progress(f"{self.case.name}: building {database_name(self.case)} ({sizes})")
+        try:
+            self.seconds = await build_database(server, provider, self.case, values)
+        except AfsError as exc:
+            self.error = exc
+        finally:
+            self.done.set()
+
+    async def wait(self) -> float:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.seconds
+
+
 async def drop_database(provider: LocalForkProvider, case: Case) -> None:
     with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT_S):
         try:
@@ -219,7 +248,9 @@ class AfsRun:
 
 
 ALL_AGENTS: tuple[str, ...] = tuple(AGENTS)  # the squad of three
-ONE_AGENT: tuple[str, ...] = ALL_AGENTS[:1]  # index design, the generalist, alone
+# one agent alone: the one the router sends alone to a simple query (routing_rules.yaml,
+# low_complexity and simple_aggregation)
+ONE_AGENT: tuple[str, ...] = ("gemini25flash",)
 
 
 def case_settings(settings: Settings, case: Case) -> Settings:
@@ -932,19 +963,27 @@ class Verdict:
 
 
 # -- one case, all cases ------------------------------------------------------------------------
-async def run_case(settings: Settings, server: SandboxServer, client: ForkClient,
-                   provider: LocalForkProvider, facts: ServerFacts, peer: Peer, case: Case,
-                   args: argparse.Namespace) -> Verdict:
-    values: dict[str, object] = {**scaled(case.sizes, args.scale), **facts.values}
+def case_values(case: Case, facts: ServerFacts, args: argparse.Namespace) -> tuple[Case, dict[str, object]]:
+    """The case as run (the collation note added where it matters) and its placeholders' values."""
     if case.name == "prefix_like_collation":
         case = _with_note(case, facts.collation_note)
+    return case, {**scaled(case.sizes, args.scale), **facts.values}
+
+
+async def run_case(settings: Settings, server: SandboxServer, client: ForkClient,
+                   provider: LocalForkProvider, facts: ServerFacts, peer: Peer, case: Case,
+                   args: argparse.Namespace, build: Build,
+                   build_next: Callable[[], Build | None]) -> Verdict:
+    """One case, its database being built by `build`. `build_next` starts building the next
+    case's database (None: no case is left): while this case's designs' tasks run (their
+    designs are counted, not timed), and done before its final measurement, which runs alone."""
+    case, values = case_values(case, facts, args)
     db = database_name(case)
     verdict = Verdict(case=case, query=render(case.query, values), afs=AfsRun(), configs={},
                       peer=Advice(None, peer.status), build_s=0.0)
+    following: Build | None = None
     try:
-        sizes = ", ".join(f"{k}={v}" for k, v in scaled(case.sizes, args.scale).items())
-        progress(f"{case.name}: building {db} ({sizes})")
-        verdict.build_s = await build_database(server, provider, case, values)
+        verdict.build_s = await build.wait()
         verdict.phases["build"] = verdict.build_s
         if not args.no_afs:
             progress(f"{case.name}: AFS optimize (offline strategists, routed squad)")
@@ -957,12 +996,17 @@ async def run_case(settings: Settings, server: SandboxServer, client: ForkClient
             for line in chain_lines(verdict.afs.chain):
                 progress(f"{case.name}:   {line}")
             if not args.no_designs:
+                following = build_next()
                 verdict.designs = await squad_designs(task_settings, server, client, provider, db,
                                                       verdict.query, runs, verdict.afs, verdict.phases)
                 progress(f"{case.name}: distinct measured designs: three agents"
                          f" {verdict.designs['three']}, one agent {verdict.designs['one']}")
         else:
             verdict.afs.status = "skipped (--no-afs)"
+        if following is not None:  # the final measurement runs alone on the server
+            started = time.monotonic()
+            await following.done.wait()
+            verdict.phases["wait"] = time.monotonic() - started
         if peer.ready:
             progress(f"{case.name}: asking the peer (postgres-mcp) on its own server")
             started = time.monotonic()
@@ -991,16 +1035,17 @@ async def squad_designs(settings: Settings, server: SandboxServer, client: ForkC
                         provider: LocalForkProvider, db: str, query: str, runs: int,
                         routed: AfsRun, phases: dict[str, float]) -> dict[str, int | None]:
     """Distinct measured designs of the squad of three and of one agent alone on the query (the
-    routed run counts as the squad of three when the router sent all three); their wall times
-    go to `phases`."""
-    three = routed
+    routed run counts as the squad of three when the router sent all three, and as the one
+    agent when it sent that one alone); their wall times go to `phases`."""
+    three = one = routed
     if sorted(routed.agents) != sorted(ALL_AGENTS):
         progress("  designs: the squad of three")
         three = await run_afs(settings, server, client, provider, db, query, runs, ALL_AGENTS)
         phases["three"] = three.seconds
-    progress(f"  designs: {ONE_AGENT[0]} alone")
-    one = await run_afs(settings, server, client, provider, db, query, runs, ONE_AGENT)
-    phases["one"] = one.seconds
+    if routed.agents != ONE_AGENT:
+        progress(f"  designs: {ONE_AGENT[0]} alone")
+        one = await run_afs(settings, server, client, provider, db, query, runs, ONE_AGENT)
+        phases["one"] = one.seconds
     return {"three": distinct_designs(three) if three.outcomes else None,
             "one": distinct_designs(one) if one.outcomes else None}
 
@@ -1018,13 +1063,32 @@ async def measure_all(settings: Settings, server: SandboxServer, cases: Sequence
     verdicts = []
     async with peer_session(not args.no_peer, progress) as peer, open_forks(settings) as client:
         progress(f"peer (postgres-mcp): {peer.status}")
-        for number, case in enumerate(cases, 1):
-            progress(f"case {number}/{len(cases)}: {case.name}")
-            verdict = await run_case(settings, server, client, provider, facts, peer, case, args)
-            verdicts.append(verdict)
-            progress(f"{case.name}: baseline {_fmt(verdict.ms('baseline'))} ms, AFS {_fmt(verdict.ms('afs'))}"
-                     f" ms, oracle {_fmt(verdict.ms('oracle'))} ms, peer {peer_cell(verdict)},"
-                     f" reach {'yes' if verdict.reach else 'no'}")
+        builds: dict[int, Build] = {}  # by the case's index, once started
+        try:
+            async with trio.open_nursery() as nursery:
+
+                def start(index: int) -> Build | None:
+                    if index >= len(cases) or index in builds:
+                        return builds.get(index)
+                    case, values = case_values(cases[index], facts, args)
+                    builds[index] = Build(case)
+                    nursery.start_soon(builds[index].run, server, provider, values)
+                    return builds[index]
+
+                for number, case in enumerate(cases, 1):
+                    progress(f"case {number}/{len(cases)}: {case.name}")
+                    build = start(number - 1)
+                    assert build is not None
+                    verdict = await run_case(settings, server, client, provider, facts, peer, case, args,
+                                             build, functools.partial(start, number))
+                    verdicts.append(verdict)
+                    progress(f"{case.name}: baseline {_fmt(verdict.ms('baseline'))} ms, AFS"
+                             f" {_fmt(verdict.ms('afs'))} ms, oracle {_fmt(verdict.ms('oracle'))} ms,"
+                             f" peer {peer_cell(verdict)}, reach {'yes' if verdict.reach else 'no'}")
+        finally:  # a database built ahead for a case that did not run (interrupted)
+            for index, build in builds.items():
+                if index >= len(verdicts):
+                    await drop_database(provider, build.case)
     return verdicts
 
 

@@ -77,6 +77,11 @@ async def test_quality_script(sandbox: SandboxServer) -> None:
     one = sum(d["distinct_designs"]["one"] for d in data["details"])
     assert data["distinct_designs_ratio"] == (
         round(sum(d["distinct_designs"]["three"] for d in data["details"]) / one, 3) if one else None)
+    for d in data["details"]:
+        assert {"build", "routed", "measure"} <= set(d["phases_s"])
+        assert ("three" in d["phases_s"]) == (len(d["afs"]["agents"]) < 3)
+        # the routed run is the one agent's where the router sent that agent alone
+        assert ("one" in d["phases_s"]) == (d["afs"]["agents"] != ["gemini25flash"])
     seconds = sorted(d["afs"]["seconds"] for d in data["details"])
     assert seconds[0] - 0.05 <= data["median_task_s"] <= seconds[-1] + 0.05 and data["median_task_s"] > 0
     assert data["peer"]["cases_run"] == 0
