@@ -69,7 +69,7 @@ from afs.brains.strategists.rewrites import keyset_probe, keyset_rewrite
 from afs.catalog import catalog_problems, lost_rows, table_fingerprints
 from afs.conditions import carry_into_fork, check_plan
 from afs.config import Measuring, Timeouts
-from afs.consensus import Candidate, family_speedups, score, serves_family_clearly_better
+from afs.consensus import DRIFT_RATIO, Candidate, family_speedups, score, serves_family_clearly_better
 from afs.db import Connection, open_connection
 from afs.errors import (
     AfsError,
@@ -662,7 +662,9 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
     if _loops(job, brain) and not in_place.unknown:
         assert isinstance(brain, RefiningBrain)
         loop = _Loop(job, ctx, state, brain, in_place, events, enter, measure_design, tried, by_rank,
-                     taken=functools.partial(shared.taken, agent), plans=plans)
+                     taken=functools.partial(shared.taken, agent), plans=plans,
+                     head_to_head=functools.partial(step_contest, in_place, bench_limiter, shared,
+                                                    job.measuring, job.query))
         # within its budget, and within half the time the agent has left: what it measured
         # so far must still be reported
         left = trio.current_effective_deadline() - trio.current_time()
@@ -737,6 +739,28 @@ async def _settle(fork: _InFork, shared: TaskMeasurements, in_place: _InPlace) -
 
 
 # -- the loop: the best design, the plan with it in place, the next design ------------------------
+async def step_contest(in_place: _InPlace, limiter: trio.CapacityLimiter, shared: TaskMeasurements,
+                       policy: Measuring, query: str, before: OptimizationProposal,
+                       step: OptimizationProposal) -> Contest:
+    """A loop step that adds indexes to its step before, and that step, head to head in the fork
+    (afs.bench.contest, once per task: TaskMeasurements.settle): the step in place, the step
+    before run with the step's new indexes hidden. In the caller's order: first `before`,
+    second `step`."""
+    conn = in_place.conn
+    hide_new = hiding(dataclasses.replace(step, sql_commands=step.sql_commands[len(before.sql_commands):]))
+    if not hide_new or step.sql_commands[:len(before.sql_commands)] != before.sql_commands:
+        raise ProposalFailedError("a step settled head to head only adds indexes to its step before")
+
+    async def run(a: OptimizationProposal, b: OptimizationProposal) -> Contest:
+        async with limiter, server_lock(conn, "benchmark"):
+            if not await in_place.put(step):
+                raise ProposalFailedError(f"putting the step in place failed: {in_place.error}")
+            return await contest(Runners(*(
+                functools.partial(run_design, conn, d, hide_new if d is before else (), query)
+                for d in (a, b))), policy)
+    return await shared.settle(before, step, run)
+
+
 @dataclass(frozen=True)
 class _StepBefore:
     """What a loop step's measurement takes from its step before. `must_beat`: the step before's
@@ -953,6 +977,8 @@ class _Loop:
     taken: Callable[[OptimizationProposal], AgentKey | None] = lambda _: None
     # after-plans read while a design was in place for its measurement (by TaskMeasurements.key)
     plans: Mapping[Any, tuple[dict[str, Any], bool]] = field(default_factory=dict)
+    # a step that adds indexes and its step before, head to head in the fork (None: not settled)
+    head_to_head: Callable[[OptimizationProposal, OptimizationProposal], Awaitable[Contest]] | None = None
     steps: list[LoopStep] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)  # of the steps measured
     final: int | None = None  # the rank of the last kept step
@@ -1070,12 +1096,17 @@ class _Loop:
                 family = None
             kept = (result.benchmark.equivalent and not result.benchmark.answer_cache and not family
                     and gains(previous, new))
+            settled = None
+            if kept and held and current is not None and new.median_ms * DRIFT_RATIO > previous.median_ms:
+                settled = await self._settle(current.proposal, extended)
+                kept = settled is None or settled.faster == "second"
             if not kept:
                 cache = result.benchmark.answer_cache
                 than = f"step {n - 1}" if current is not None else "the query as given"
                 unproven = next((f"{c.note} ({c.label})" for c in result.benchmark.parameter_checks
                                  if c.note.startswith("not proven")), None)
                 why = (unproven if unproven
+                       else f"step {n - 1} {contest_note(settled, True, rank)}" if settled is not None
                        else "it changes the query's results" if not result.benchmark.equivalent
                        else f"an answer cache: {cache}" if cache
                        else f"for other values: {family}" if family
@@ -1093,6 +1124,26 @@ class _Loop:
             self.events.emit("loop_step", agent=agent, fork=self.state.fork, step=n, rank=rank,
                              motivated_by=motive, median_ms=new.median_ms)
         self._stop(f"{budget.loop_steps} loop steps taken (loop_steps)")
+
+    async def _settle(self, before: OptimizationProposal, step: OptimizationProposal) -> Contest | None:
+        """A step that gains less than DRIFT_RATIO on its step before, head to head with it in
+        the fork: the two were measured minutes apart, and the drift between two measurements
+        (up to about 2x on a busy server, a sub-millisecond query's plan state) is larger than
+        their noise. The contest (None where it could not run: the step's gain stands as
+        measured) keeps the step only when it is faster there."""
+        if self.head_to_head is None:
+            return None
+        try:
+            found = await self.head_to_head(before, step)
+        except (ProposalFailedError, DatabaseError) as exc:
+            self.events.emit("candidates_contested", agent=self.state.agent, fork=self.state.fork,
+                             error=str(exc), loop=True)
+            return None
+        a, b = timing(found.first), timing(found.second)
+        self.events.emit("candidates_contested", agent=self.state.agent, fork=self.state.fork,
+                         ms=[a.median_ms, b.median_ms], pairs=len(found.first), faster=found.faster,
+                         loop=True)
+        return found
 
     def _held(self, current: CandidateResult | None, extended: OptimizationProposal) -> tuple[str, ...]:
         if current is None or current.benchmark is None or self.ctx.slow:

@@ -4,10 +4,12 @@ statistics are measured interleaved, hidden for the baseline runs, not before an
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import trio
 
-from afs.agents import best_candidate, contest_note, tie_to_settle
+from afs.agents import _InPlace, best_candidate, contest_note, step_contest, tie_to_settle
 from afs.bench import (
     CONTEST_P,
     CONTEST_PAIRS,
@@ -27,9 +29,11 @@ from afs.bench import (
     keep_pairing,
     paired_significant,
     signed_rank,
+    timing,
 )
 from afs.config import Measuring
 from afs.db import Connection
+from afs.errors import ProposalFailedError
 from afs.models import (
     BenchmarkOutcome,
     CandidateResult,
@@ -239,3 +243,31 @@ async def test_extended_statistics_are_measured_interleaved_with_the_baseline(fo
     # the statistics stay in place after the measurement (the rolled-back drops hid them only)
     assert await fork_conn.fetchval(
         "SELECT count(*) FROM pg_statistic_ext WHERE stxname = 'h2h_orders_status_country'") == 1
+
+
+# -- a loop step and its step before, head to head in a real fork ----------------------------------
+@pytest.mark.usefixtures("no_leaked_forks")
+async def test_a_loop_step_is_run_head_to_head_with_its_step_before_hidden_from_its_new_index(
+        fork_conn: Connection) -> None:
+    sql = "SELECT o.id FROM orders o WHERE o.status = 'pending' AND o.user_id = 42"
+    before = dataclasses.replace(proposal("index", "CREATE INDEX h2h_status ON orders (status)"),
+                                 rollback_commands=("DROP INDEX IF EXISTS h2h_status",))
+    step = dataclasses.replace(
+        proposal("composite_index", *before.sql_commands, "CREATE INDEX h2h_user ON orders (user_id)"),
+        rollback_commands=("DROP INDEX IF EXISTS h2h_user", "DROP INDEX IF EXISTS h2h_status"))
+    in_place = _InPlace(fork_conn)
+    assert await in_place.put(before)
+    found = await step_contest(in_place, trio.CapacityLimiter(1), TaskMeasurements(),
+                               Measuring(runs=3, min_runs=3), sql, before, step)
+    # the step before ran without the new index (hidden in each of its runs' transactions): the
+    # user's few orders against every pending one
+    assert found.faster == "second", found
+    assert timing(found.second).median_ms < timing(found.first).median_ms
+    assert in_place.proposal == step  # the step stays in place, both indexes built
+    assert await fork_conn.fetchval(
+        "SELECT count(*) FROM pg_indexes WHERE indexname IN ('h2h_status', 'h2h_user')") == 2
+    # only a step that adds indexes to its step before is settled this way
+    other = proposal("index", "CREATE INDEX h2h_amount ON orders (total_amount)")
+    with pytest.raises(ProposalFailedError, match="only adds indexes"):
+        await step_contest(in_place, trio.CapacityLimiter(1), TaskMeasurements(),
+                           Measuring(runs=3, min_runs=3), sql, before, other)
