@@ -367,16 +367,12 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
 
     async def measure_design(rank: int, proposal: OptimizationProposal, validation: ValidationResult,
                              candidate_suite: tuple[QueryVariant, ...] | None,
-                             step: _StepBefore | None = None,
-                             members: tuple[FamilyQuery, ...] | None = None,
-                             dominated: tuple[int, Timing] | None = None) -> CandidateResult | None:
+                             step: _StepBefore = _StepBefore(),
+                             members: tuple[FamilyQuery, ...] | None = None) -> CandidateResult | None:
         """One design measured (or its measurement taken from the agent that measures it):
         its result, also in `tried`; None when the fork's state is unknown after it.
-        `step`: a loop step's, what its step before leaves it (`_StepBefore`). `dominated`:
-        the rank and time of the agent's fastest design measured already (`fastest_measured`):
-        measured `far_slower` on the query as given, the design is measured no further."""
-        must_beat, held, held_s = ((step.must_beat, step.held, step.held_s) if step is not None
-                                   else (None, (), 0.0))
+        `step`: what the measurements before it leave it (`_StepBefore`)."""
+        must_beat, held, held_s, dominated = step.must_beat, step.held, step.held_s, step.dominated
         measured_here = False
         short: str | None = None  # why the measurement stopped after the query as given
 
@@ -624,8 +620,8 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
                             measured_by=owner, instead=queue[-1])
             continue
         used += 1
-        result = await measure_design(rank, proposal, validation, candidate_suite, members=members,
-                                      dominated=fastest_known())
+        result = await measure_design(rank, proposal, validation, candidate_suite,
+                                      _StepBefore(dominated=fastest_known()), members=members)
         if result is None:
             break
         if (result.status != "measured" or result.benchmark is None
@@ -650,7 +646,7 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         proposal, validation, candidate_suite = by_rank[rank]
         # measured here when its agent's measurement failed or stopped short (not shared)
         if await measure_design(rank, proposal, validation, candidate_suite,
-                                dominated=fastest_known()) is None:
+                                _StepBefore(dominated=fastest_known())) is None:
             break
     for rank, proposal, validation, _ in checked:
         if rank not in tried:
@@ -663,8 +659,7 @@ async def _work_in_fork(fork: _InFork, brain: Brain, enter: Callable[[str], None
         assert isinstance(brain, RefiningBrain)
         loop = _Loop(job, ctx, state, brain, in_place, events, enter, measure_design, tried, by_rank,
                      taken=functools.partial(shared.taken, agent), plans=plans,
-                     head_to_head=functools.partial(step_contest, in_place, bench_limiter, shared,
-                                                    job.measuring, job.query))
+                     head_to_head=functools.partial(step_contest, fork, shared, in_place))
         # within its budget, and within half the time the agent has left: what it measured
         # so far must still be reported
         left = trio.current_effective_deadline() - trio.current_time()
@@ -739,20 +734,19 @@ async def _settle(fork: _InFork, shared: TaskMeasurements, in_place: _InPlace) -
 
 
 # -- the loop: the best design, the plan with it in place, the next design ------------------------
-async def step_contest(in_place: _InPlace, limiter: trio.CapacityLimiter, shared: TaskMeasurements,
-                       policy: Measuring, query: str, before: OptimizationProposal,
-                       step: OptimizationProposal) -> Contest:
+async def step_contest(fork: _InFork, shared: TaskMeasurements, in_place: _InPlace,
+                       before: OptimizationProposal, step: OptimizationProposal) -> Contest:
     """A loop step that adds indexes to its step before, and that step, head to head in the fork
-    (afs.bench.contest, once per task: TaskMeasurements.settle): the step in place, the step
-    before run with the step's new indexes hidden. In the caller's order: first `before`,
-    second `step`."""
-    conn = in_place.conn
+    (afs.bench.contest, once per task: TaskMeasurements.settle), in the benchmark slot: the step
+    in place, the step before run with the step's new indexes hidden. In the caller's order:
+    first `before`, second `step`."""
+    conn, policy, query = in_place.conn, fork.job.measuring, fork.job.query
     hide_new = hiding(dataclasses.replace(step, sql_commands=step.sql_commands[len(before.sql_commands):]))
     if not hide_new or step.sql_commands[:len(before.sql_commands)] != before.sql_commands:
         raise ProposalFailedError("a step settled head to head only adds indexes to its step before")
 
     async def run(a: OptimizationProposal, b: OptimizationProposal) -> Contest:
-        async with limiter, server_lock(conn, "benchmark"):
+        async with fork.bench_limiter, server_lock(conn, "benchmark"):
             if not await in_place.put(step):
                 raise ProposalFailedError(f"putting the step in place failed: {in_place.error}")
             return await contest(Runners(*(
@@ -763,14 +757,18 @@ async def step_contest(in_place: _InPlace, limiter: trio.CapacityLimiter, shared
 
 @dataclass(frozen=True)
 class _StepBefore:
-    """What a loop step's measurement takes from its step before. `must_beat`: the step before's
-    timing: not measured faster than it (`gains`) on the query as given, the step is measured no
-    further (that measurement is not shared). `held`: the step's leading index builds, in place in
-    the fork already, and `held_s` the time they took (`afs.bench.benchmark`)."""
+    """What a design's measurement takes from the ones before it. A loop step's, from its step
+    before: `must_beat`, the step before's timing: not measured faster than it (`gains`) on the
+    query as given, the step is measured no further (that measurement is not shared); `held`,
+    the step's leading index builds, in place in the fork already, and `held_s` the time they
+    took (`afs.bench.benchmark`). Any design's: `dominated`, the rank and time of the agent's
+    fastest design measured already (`fastest_measured`): measured `far_slower` on the query as
+    given, the design is measured no further."""
 
-    must_beat: Timing | None
-    held: tuple[str, ...]
-    held_s: float
+    must_beat: Timing | None = None
+    held: tuple[str, ...] = ()
+    held_s: float = 0.0
+    dominated: tuple[int, Timing] | None = None
 
 
 MeasureDesign = Callable[[int, OptimizationProposal, ValidationResult, tuple[QueryVariant, ...] | None,

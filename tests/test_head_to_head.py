@@ -9,7 +9,16 @@ import dataclasses
 import pytest
 import trio
 
-from afs.agents import _InPlace, best_candidate, contest_note, step_contest, tie_to_settle
+from afs.agents import (
+    AgentJob,
+    _InFork,
+    _InPlace,
+    _Progress,
+    best_candidate,
+    contest_note,
+    step_contest,
+    tie_to_settle,
+)
 from afs.bench import (
     CONTEST_P,
     CONTEST_PAIRS,
@@ -31,9 +40,10 @@ from afs.bench import (
     signed_rank,
     timing,
 )
-from afs.config import Measuring
+from afs.config import Measuring, Timeouts
 from afs.db import Connection
 from afs.errors import ProposalFailedError
+from afs.events import Emitter
 from afs.models import (
     BenchmarkOutcome,
     CandidateResult,
@@ -45,6 +55,7 @@ from afs.models import (
     Timing,
     ValidationResult,
 )
+from afs.query.features import extract_features
 
 RULE = StopRule(min_runs=3, max_runs=10)
 QUERY = "SELECT c.id FROM customers c WHERE c.id NOT IN (SELECT o.customer_id FROM orders o)"
@@ -257,8 +268,11 @@ async def test_a_loop_step_is_run_head_to_head_with_its_step_before_hidden_from_
         rollback_commands=("DROP INDEX IF EXISTS h2h_user", "DROP INDEX IF EXISTS h2h_status"))
     in_place = _InPlace(fork_conn)
     assert await in_place.put(before)
-    found = await step_contest(in_place, trio.CapacityLimiter(1), TaskMeasurements(),
-                               Measuring(runs=3, min_runs=3), sql, before, step)
+    job = AgentJob(task_id="h2h", task_type="query_optimization", query=sql, features=extract_features(sql),
+                   source="afs_demo", source_stats={}, timeouts=Timeouts(),
+                   measuring=Measuring(runs=3, min_runs=3))
+    fork = _InFork(fork_conn, job, _Progress("gemini25pro", 0.0), trio.CapacityLimiter(1), Emitter("h2h"))
+    found = await step_contest(fork, TaskMeasurements(), in_place, before, step)
     # the step before ran without the new index (hidden in each of its runs' transactions): the
     # user's few orders against every pending one
     assert found.faster == "second", found
@@ -269,5 +283,4 @@ async def test_a_loop_step_is_run_head_to_head_with_its_step_before_hidden_from_
     # only a step that adds indexes to its step before is settled this way
     other = proposal("index", "CREATE INDEX h2h_amount ON orders (total_amount)")
     with pytest.raises(ProposalFailedError, match="only adds indexes"):
-        await step_contest(in_place, trio.CapacityLimiter(1), TaskMeasurements(),
-                           Measuring(runs=3, min_runs=3), sql, before, other)
+        await step_contest(fork, TaskMeasurements(), in_place, before, other)
