@@ -1096,7 +1096,7 @@ class _Loop:
                     and gains(previous, new))
             settled = None
             if kept and held and current is not None and new.median_ms * DRIFT_RATIO > previous.median_ms:
-                settled = await self._settle(current.proposal, extended)
+                settled = await self._contest(current.proposal, extended)
                 kept = settled is None or settled.faster == "second"
             if not kept:
                 cache = result.benchmark.answer_cache
@@ -1123,7 +1123,7 @@ class _Loop:
                              motivated_by=motive, median_ms=new.median_ms)
         self._stop(f"{budget.loop_steps} loop steps taken (loop_steps)")
 
-    async def _settle(self, before: OptimizationProposal, step: OptimizationProposal) -> Contest | None:
+    async def _contest(self, before: OptimizationProposal, step: OptimizationProposal) -> Contest | None:
         """A step that gains less than DRIFT_RATIO on its step before, head to head with it in
         the fork: the two were measured minutes apart, and the drift between two measurements
         (up to about 2x on a busy server, a sub-millisecond query's plan state) is larger than
